@@ -1,0 +1,146 @@
+//! Wake-ups for a waiter that sleeps instead of spinning.
+//!
+//! A doorbell lives in shared memory next to what its owner waits for. The
+//! owner announces it is going to sleep (`arm`), checks its condition once
+//! more, and sleeps on a futex (or, for completion queues, on an eventfd that
+//! the waker holds). The waker publishes its data, then calls [`Doorbell::ring`],
+//! which costs one fence and one load while nobody sleeps. The fences on both
+//! sides form a Dekker pair: either the waker sees the armed flag, or the
+//! sleeper's re-check sees the data.
+
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::time::Duration;
+
+/// Arm flag: the owner sleeps on the futex word.
+pub const FUTEX: u32 = 1;
+/// Arm flag: the owner waits on its eventfd (a completion queue).
+pub const EVENTFD: u32 = 2;
+
+/// A futex word and the flags of a sleeping owner, on its own cache line.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct Doorbell {
+    seq: AtomicU32,
+    armed: AtomicU32,
+}
+
+impl Doorbell {
+    /// Announces that the owner is about to sleep in the given way(s) and
+    /// returns the futex sequence to pass to [`sleep`](Self::sleep). The owner
+    /// must re-check its condition after this call and before sleeping.
+    pub fn arm(&self, how: u32) -> u32 {
+        let seq = self.seq.load(Ordering::Acquire);
+        self.armed.fetch_or(how, Ordering::SeqCst);
+        // SeqCst fence: the re-check that follows cannot be ordered before the
+        // flag store (the sleeper's half of the Dekker pair).
+        fence(Ordering::SeqCst);
+        seq
+    }
+
+    /// Withdraws the announcement made by [`arm`](Self::arm).
+    pub fn disarm(&self, how: u32) {
+        self.armed.fetch_and(!how, Ordering::Relaxed);
+    }
+
+    /// Sleeps until the sequence moves past `seq`, a wake-up, or `timeout`.
+    /// Spurious returns are allowed; callers loop on their own condition.
+    pub fn sleep(&self, seq: u32, timeout: Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: the futex word is a valid, aligned u32 in memory mapped for the
+        // life of `self`; `ts` outlives the call. Not FUTEX_PRIVATE: the waker is
+        // another process.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.seq.as_ptr(),
+                libc::FUTEX_WAIT,
+                seq,
+                &ts as *const libc::timespec,
+            )
+        };
+    }
+
+    /// Called by the waker after it has published its data. Returns the arm
+    /// flags that were set (0 when nobody sleeps); wakes a futex sleeper itself
+    /// and leaves an eventfd wake-up to the caller, who holds the descriptor.
+    #[inline]
+    pub fn ring(&self) -> u32 {
+        // SeqCst fence: our earlier publication is ordered before reading the
+        // flag (the waker's half of the Dekker pair).
+        fence(Ordering::SeqCst);
+        if self.armed.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.ring_slow()
+    }
+
+    #[cold]
+    fn ring_slow(&self) -> u32 {
+        let how = self.armed.swap(0, Ordering::AcqRel);
+        if how & FUTEX != 0 {
+            self.seq.fetch_add(1, Ordering::Release);
+            // SAFETY: valid futex word as in `sleep`.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.seq.as_ptr(),
+                    libc::FUTEX_WAKE,
+                    i32::MAX,
+                )
+            };
+        }
+        how
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    #[test]
+    fn ring_without_sleeper_reports_nothing() {
+        let d = Doorbell::default();
+        assert_eq!(d.ring(), 0);
+    }
+
+    #[test]
+    fn ring_reports_and_clears_eventfd_arm() {
+        let d = Doorbell::default();
+        d.arm(EVENTFD);
+        assert_eq!(d.ring(), EVENTFD);
+        assert_eq!(d.ring(), 0, "a ring clears the flags it reported");
+    }
+
+    #[test]
+    fn sleeper_is_woken_by_ring() {
+        let d = Arc::new(Doorbell::default());
+        let flag = Arc::new(AtomicBool::new(false));
+        let (d2, f2) = (d.clone(), flag.clone());
+        let t = std::thread::spawn(move || {
+            let start = Instant::now();
+            while !f2.load(Ordering::Acquire) {
+                let seq = d2.arm(FUTEX);
+                if f2.load(Ordering::Acquire) {
+                    d2.disarm(FUTEX);
+                    break;
+                }
+                d2.sleep(seq, Duration::from_secs(30));
+            }
+            start.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        flag.store(true, Ordering::Release);
+        d.ring();
+        let waited = t.join().unwrap();
+        assert!(
+            waited < Duration::from_secs(30),
+            "woken by the ring, not the timeout"
+        );
+    }
+}

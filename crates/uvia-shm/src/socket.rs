@@ -1,0 +1,545 @@
+//! Connection rendezvous: owner-only Unix sockets that carry descriptors.
+//!
+//! A server listens on one `SOCK_SEQPACKET` socket per (nic, discriminator) in
+//! a private directory (0700; the socket itself 0600). Messages keep their
+//! boundaries and may carry file descriptors (the shared segment). The
+//! connected socket stays open for the life of a connection: when the peer
+//! process dies the kernel closes its end and [`Stream::peer_gone`] sees it.
+//! A socket file whose owner crashed is recognised (nobody accepts on it) and
+//! removed by whoever finds it.
+
+use crate::cvt;
+use std::ffi::OsStr;
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Most descriptors one message carries.
+pub const MAX_FDS: usize = 8;
+
+/// The private directory that holds the listening sockets of this user.
+#[derive(Debug, Clone)]
+pub struct SocketDir {
+    path: PathBuf,
+}
+
+impl SocketDir {
+    /// `$UVIA_SOCKET_DIR`, else `$XDG_RUNTIME_DIR/uvia`, else `/tmp/uvia-<uid>`.
+    /// Created 0700 if missing; refused if another user owns it or others may
+    /// enter it.
+    pub fn from_env() -> io::Result<SocketDir> {
+        let path = if let Some(p) = std::env::var_os("UVIA_SOCKET_DIR") {
+            PathBuf::from(p)
+        } else if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR") {
+            Path::new(&p).join("uvia")
+        } else {
+            // SAFETY: getuid cannot fail.
+            PathBuf::from(format!("/tmp/uvia-{}", unsafe { libc::getuid() }))
+        };
+        SocketDir::at(path)
+    }
+
+    /// Uses (and creates) `path` with the same checks as [`from_env`](Self::from_env).
+    pub fn at(path: PathBuf) -> io::Result<SocketDir> {
+        match std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&path)
+        {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("socket directory {}: {e}", path.display()),
+                ))
+            }
+        }
+        let md = std::fs::metadata(&path)?;
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        if !md.is_dir() || md.uid() != uid || md.permissions().mode() & 0o077 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "socket directory {} must be a directory owned by uid {uid} with mode 0700",
+                    path.display()
+                ),
+            ));
+        }
+        Ok(SocketDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The socket path for `name` (already a safe file name).
+    pub fn socket(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+fn sockaddr(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: an all-zero sockaddr_un is valid.
+    let mut addr: libc::sockaddr_un = unsafe { zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "socket path {} is longer than {} bytes",
+                path.display(),
+                addr.sun_path.len() - 1
+            ),
+        ));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = (size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    Ok((addr, len))
+}
+
+fn seqpacket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket creation.
+    let fd =
+        cvt(
+            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) }
+                as _,
+        )?;
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Waits until `fd` is readable; `false` on timeout. `None` waits forever.
+fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let ms = match deadline {
+            None => -1,
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .min(i32::MAX as u128) as i32,
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(n > 0);
+    }
+}
+
+/// A listening socket; its file is removed when dropped.
+#[derive(Debug)]
+pub struct Listener {
+    fd: OwnedFd,
+    path: PathBuf,
+    ino: u64,
+}
+
+impl Listener {
+    /// Listens on `path`. A leftover file from a crashed owner is removed;
+    /// a live listener there is an `AddrInUse` error.
+    pub fn bind(path: &Path) -> io::Result<Listener> {
+        let (addr, len) = sockaddr(path)?;
+        for attempt in 0..2 {
+            let fd = seqpacket()?;
+            // SAFETY: `addr` is a valid sockaddr_un of length `len`.
+            let r = unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    &addr as *const _ as *const libc::sockaddr,
+                    len,
+                )
+            };
+            if r == 0 {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                // SAFETY: listening on our bound socket.
+                cvt(unsafe { libc::listen(fd.as_raw_fd(), 64) } as _)?;
+                let ino = std::fs::metadata(path)?.ino();
+                return Ok(Listener {
+                    fd,
+                    path: path.to_owned(),
+                    ino,
+                });
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EADDRINUSE) || attempt == 1 {
+                return Err(e);
+            }
+            if !remove_if_stale(path)? {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("another process listens on {}", path.display()),
+                ));
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Accepts one connection; `Ok(None)` if none arrived within `timeout`.
+    pub fn accept(&self, timeout: Option<Duration>) -> io::Result<Option<Stream>> {
+        if !wait_readable(self.fd.as_raw_fd(), timeout)? {
+            return Ok(None);
+        }
+        // SAFETY: accepting on our listening socket; no address wanted.
+        let fd = cvt(unsafe {
+            libc::accept4(
+                self.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        } as _)?;
+        // SAFETY: a fresh descriptor we own.
+        Ok(Some(Stream {
+            fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
+        }))
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Remove the file only if it is still ours (a successor may have
+        // replaced a file it found stale).
+        if std::fs::metadata(&self.path)
+            .map(|m| m.ino() == self.ino)
+            .unwrap_or(false)
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Removes `path` if it is a socket nobody listens on; `true` if removed.
+pub fn remove_if_stale(path: &Path) -> io::Result<bool> {
+    let (addr, len) = sockaddr(path)?;
+    let fd = seqpacket()?;
+    // SAFETY: `addr` is a valid sockaddr_un of length `len`.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &addr as *const _ as *const libc::sockaddr,
+            len,
+        )
+    };
+    if r == 0 {
+        return Ok(false);
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::ECONNREFUSED) => match std::fs::remove_file(path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
+            Err(e) => Err(e),
+        },
+        Some(libc::ENOENT) => Ok(true),
+        _ => Ok(false),
+    }
+}
+
+/// One end of a connected rendezvous socket.
+#[derive(Debug)]
+pub struct Stream {
+    fd: OwnedFd,
+}
+
+/// How a connect attempt ended without a connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("nobody listens on {0} (timed out)")]
+    NoListener(PathBuf),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+impl Stream {
+    /// Connects to the listener at `path`, retrying while nobody listens
+    /// there yet, until `timeout`. A stale file found on the way is removed.
+    pub fn connect(path: &Path, timeout: Duration) -> Result<Stream, ConnectError> {
+        let (addr, len) = sockaddr(path)?;
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(100);
+        loop {
+            let fd = seqpacket()?;
+            // SAFETY: `addr` is a valid sockaddr_un of length `len`.
+            let r = unsafe {
+                libc::connect(
+                    fd.as_raw_fd(),
+                    &addr as *const _ as *const libc::sockaddr,
+                    len,
+                )
+            };
+            if r == 0 {
+                return Ok(Stream { fd });
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ECONNREFUSED) => {
+                    // A file nobody listens on: its owner is gone.
+                    let _ = std::fs::remove_file(path);
+                }
+                Some(libc::ENOENT) | Some(libc::EAGAIN) | Some(libc::EINTR) => {}
+                _ => return Err(e.into()),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ConnectError::NoListener(path.to_owned()));
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends one message with up to [`MAX_FDS`] descriptors.
+    pub fn send(&self, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        assert!(fds.len() <= MAX_FDS);
+        let mut iov = libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len(),
+        };
+        let mut cbuf = [0u64; 8];
+        // SAFETY: all-zero msghdr is valid; fields set below point to live buffers.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            // SAFETY: CMSG_SPACE is a pure computation.
+            let space =
+                unsafe { libc::CMSG_SPACE((fds.len() * size_of::<RawFd>()) as u32) } as usize;
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = space as _;
+            // SAFETY: msg_control points to `space` <= 64 bytes; the header and
+            // data written stay inside it.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN((fds.len() * size_of::<RawFd>()) as u32) as _;
+                std::ptr::copy_nonoverlapping(
+                    fds.as_ptr(),
+                    libc::CMSG_DATA(c) as *mut RawFd,
+                    fds.len(),
+                );
+            }
+        }
+        loop {
+            // SAFETY: `msg` describes valid buffers for the call.
+            let n = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+            if n >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Receives one message into `buf` with the descriptors it carried.
+    /// `Ok(None)` on timeout; `UnexpectedEof` when the peer has closed.
+    pub fn recv(
+        &self,
+        buf: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+        if !wait_readable(self.fd.as_raw_fd(), timeout)? {
+            return Ok(None);
+        }
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        let mut cbuf = [0u64; 8];
+        // SAFETY: all-zero msghdr is valid; fields set below point to live buffers.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = size_of::<[u64; 8]>() as _;
+        // SAFETY: `msg` describes valid buffers for the call.
+        let n = cvt(
+            unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) } as _,
+        )?;
+        let mut fds = Vec::new();
+        // SAFETY: walking the control buffer the kernel filled, within msg_controllen.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let count =
+                        ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                    let data = libc::CMSG_DATA(c) as *const RawFd;
+                    for i in 0..count {
+                        fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if n == 0 && fds.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "peer closed the connection",
+            ));
+        }
+        if msg.msg_flags & libc::MSG_TRUNC != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "rendezvous message larger than expected",
+            ));
+        }
+        Ok(Some((n as usize, fds)))
+    }
+
+    /// True once the peer has closed its end (or died). One `poll` call:
+    /// for idle loops, never for the data path.
+    pub fn peer_gone(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+    }
+
+    /// Process id and user id of the peer, as the kernel recorded them.
+    pub fn peer_cred(&self) -> io::Result<(i32, u32)> {
+        // SAFETY: all-zero ucred is valid; the kernel fills it.
+        let mut cred: libc::ucred = unsafe { zeroed() };
+        let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: out-parameters sized for ucred.
+        cvt(unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                &mut cred as *mut _ as *mut libc::c_void,
+                &mut len,
+            )
+        } as _)?;
+        Ok((cred.pid, cred.uid))
+    }
+
+    /// Shuts both directions down; the peer sees end-of-file.
+    pub fn shutdown(&self) {
+        // SAFETY: plain call on our descriptor.
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Hex-encodes a discriminator for use in a socket file name.
+pub fn hex_name(prefix: &str, bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(prefix.len() + 1 + bytes.len() * 2);
+    s.push_str(prefix);
+    s.push('.');
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    let _ = OsStr::new(&s);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> SocketDir {
+        let p = std::env::temp_dir().join(format!("uvia-sock-test-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        SocketDir::at(p).unwrap()
+    }
+
+    #[test]
+    fn listener_is_owner_only_and_removed_on_drop() {
+        let dir = tmpdir("perm");
+        let path = dir.socket("a");
+        let l = Listener::bind(&path).unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        drop(l);
+        assert!(!path.exists());
+        std::fs::remove_dir_all(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn message_with_descriptor_and_peer_death() {
+        let dir = tmpdir("msg");
+        let path = dir.socket("b");
+        let l = Listener::bind(&path).unwrap();
+        let c = Stream::connect(&path, Duration::from_secs(5)).unwrap();
+        let s = l.accept(Some(Duration::from_secs(5))).unwrap().unwrap();
+        let seg = crate::Segment::create(c"x", 4096).unwrap();
+        c.send(b"hello", &[seg.fd()]).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, fds) = s
+            .recv(&mut buf, Some(Duration::from_secs(5)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        assert_eq!(fds.len(), 1);
+        assert_eq!(s.peer_cred().unwrap().0, std::process::id() as i32);
+        assert!(!s.peer_gone());
+        drop(c);
+        assert!(s.peer_gone());
+        assert_eq!(
+            s.recv(&mut buf, Some(Duration::from_secs(1)))
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+        drop(l);
+        std::fs::remove_dir_all(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn stale_socket_file_is_replaced_and_connect_times_out() {
+        let dir = tmpdir("stale");
+        let path = dir.socket("c");
+        let l = Listener::bind(&path).unwrap();
+        // Simulate a crash: the descriptor closes but the file stays.
+        std::mem::forget(l.path.clone());
+        let fd = l.fd.as_raw_fd();
+        std::mem::forget(l);
+        // SAFETY: closing the leaked listener's descriptor, as a crash would.
+        unsafe { libc::close(fd) };
+        assert!(path.exists());
+        let err = Stream::connect(&path, Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(err, ConnectError::NoListener(_)), "{err}");
+        assert!(
+            !path.exists(),
+            "the stale file is removed by the one who found it"
+        );
+        let l2 = Listener::bind(&path).unwrap();
+        drop(l2);
+        std::fs::remove_dir_all(dir.path()).unwrap();
+    }
+}
