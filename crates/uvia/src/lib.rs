@@ -1,1 +1,36 @@
-//! placeholder
+//! uvia: user-level messaging in the shape of the Virtual Interface
+//! Architecture.
+//!
+//! Open a [`Nic`], create a [`Ptag`], register memory ([`Nic::alloc_region`]
+//! or [`Nic::register_mem`]), create a [`Vi`] and connect it (a server waits
+//! with [`Nic::connect_wait`], a client calls [`Vi::connect_request`]). Then
+//! post [`Descriptor`]s on its queues and take them back with the done
+//! (poll) or wait (block) calls, or learn of completions from a [`Cq`].
+//! A call that cannot be carried out returns an error and queues nothing; a
+//! failure after queuing is the completed descriptor's status.
+//!
+//! Providers: `shm` (processes of one host, shared memory: no system call on
+//! the data path).
+
+pub mod cm;
+pub mod cq;
+pub mod desc;
+pub mod error;
+pub mod mem;
+pub mod nic;
+mod shm;
+pub mod vi;
+
+pub use cm::{ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
+pub use cq::{Cq, CqCompletion};
+pub use desc::{
+    control, status, CompletionError, ControlSegment, Descriptor, MemHandle, Op, Segment,
+    MAX_SEGMENTS,
+};
+pub use error::{
+    ConnectError, CqError, MemError, OpenError, PostError, PtagError, Rejected, ViAttrError,
+    WaitError,
+};
+pub use mem::{AccessError, MemAttributes, Ptag, RegionInfo};
+pub use nic::{MemoryRegion, Nic, NicAttributes};
+pub use vi::{Queue, Reliability, Vi, ViAttributes, ViState, DEFAULT_WAIT_SPIN};

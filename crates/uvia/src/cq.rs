@@ -1,0 +1,270 @@
+//! Completion queues: one place to learn that any of many VI queues has a
+//! completed descriptor.
+//!
+//! A CQ holds notices (VI, queue), not descriptors: after [`Cq::done`] names a
+//! queue, the caller takes the descriptor with that VI's done call, as in
+//! VIPL. Polling a CQ drives progress on every VI attached to it. For event
+//! loops the CQ has an eventfd: [`Cq::arm`] asks for a wake-up, the fd becomes
+//! readable when a notice may be waiting.
+
+use crate::error::{CqError, WaitError};
+use crate::nic::{Nic, NicShared};
+use crate::vi::{Queue, Vi, ViShared};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+struct Notices {
+    q: VecDeque<(Weak<ViShared>, Queue)>,
+    cap: usize,
+    overflowed: bool,
+}
+
+pub(crate) struct CqShared {
+    pub nic: Arc<NicShared>,
+    pub efd: OwnedFd,
+    notices: Mutex<Notices>,
+    members: Mutex<Vec<Weak<ViShared>>>,
+    waiters: AtomicU32,
+}
+
+/// A completion notice: `queue` of `vi` has a completed descriptor at its head.
+#[derive(Debug, Clone)]
+pub struct CqCompletion {
+    pub vi: Vi,
+    pub queue: Queue,
+}
+
+/// A completion queue. Clones name the same CQ.
+#[derive(Clone)]
+pub struct Cq {
+    pub(crate) s: Arc<CqShared>,
+}
+
+impl std::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cq")
+            .field("entries", &self.s.lock_notices().cap)
+            .finish()
+    }
+}
+
+/// Spin this long in [`Cq::wait`] before sleeping.
+const CQ_WAIT_SPIN: Duration = Duration::from_micros(20);
+
+impl CqShared {
+    fn lock_notices(&self) -> MutexGuard<'_, Notices> {
+        self.notices.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_members(&self) -> MutexGuard<'_, Vec<Weak<ViShared>>> {
+        self.members.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn attach(&self, vi: &Arc<ViShared>) {
+        let mut m = self.lock_members();
+        m.retain(|w| w.strong_count() > 0);
+        if !m.iter().any(|w| w.as_ptr() == Arc::as_ptr(vi)) {
+            m.push(Arc::downgrade(vi));
+        }
+    }
+
+    /// Called by a VI (under its lock) when a descriptor of `q` completes.
+    pub(crate) fn notify(&self, vi: &Arc<ViShared>, q: Queue) {
+        let mut n = self.lock_notices();
+        if n.q.len() >= n.cap {
+            n.overflowed = true;
+        } else {
+            n.q.push_back((Arc::downgrade(vi), q));
+        }
+        drop(n);
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            crate::shm::write_eventfd(self.efd.as_raw_fd());
+        }
+    }
+
+    fn members(&self) -> Vec<Arc<ViShared>> {
+        self.lock_members()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+}
+
+impl Cq {
+    pub(crate) fn create(nic: &Nic, entries: usize) -> Result<Cq, CqError> {
+        let max = nic.attributes().max_cq_entries;
+        if entries == 0 || entries > max {
+            return Err(CqError::Size {
+                asked: entries,
+                max,
+            });
+        }
+        // SAFETY: plain eventfd creation.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(CqError::Size {
+                asked: entries,
+                max: 0,
+            });
+        }
+        Ok(Cq {
+            s: Arc::new(CqShared {
+                nic: nic.s.clone(),
+                // SAFETY: a fresh descriptor we own.
+                efd: unsafe { OwnedFd::from_raw_fd(fd) },
+                notices: Mutex::new(Notices {
+                    q: VecDeque::with_capacity(entries),
+                    cap: entries,
+                    overflowed: false,
+                }),
+                members: Mutex::new(Vec::new()),
+                waiters: AtomicU32::new(0),
+            }),
+        })
+    }
+
+    fn pop(&self) -> Result<Option<CqCompletion>, WaitError> {
+        let mut n = self.s.lock_notices();
+        if n.overflowed {
+            return Err(WaitError::CqOverflow(n.cap));
+        }
+        while let Some((w, queue)) = n.q.pop_front() {
+            if let Some(s) = w.upgrade() {
+                return Ok(Some(CqCompletion {
+                    vi: Vi { s },
+                    queue,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The oldest notice, if any (VipCQDone). Drives progress on the
+    /// attached VIs when none is waiting.
+    pub fn done(&self) -> Result<Option<CqCompletion>, WaitError> {
+        if let Some(c) = self.pop()? {
+            return Ok(Some(c));
+        }
+        for vi in self.s.members() {
+            Vi::poll_progress(&vi);
+        }
+        self.pop()
+    }
+
+    /// Waits for a notice (VipCQWait): spins briefly, then sleeps on the
+    /// eventfd. `None` waits forever.
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<CqCompletion, WaitError> {
+        let start = Instant::now();
+        while start.elapsed() < CQ_WAIT_SPIN {
+            if let Some(c) = self.done()? {
+                return Ok(c);
+            }
+        }
+        loop {
+            self.s.waiters.fetch_add(1, Ordering::AcqRel);
+            let ready = self.arm();
+            let c = self.done();
+            if !ready && !matches!(c, Ok(Some(_)) | Err(_)) {
+                let left = match timeout {
+                    Some(t) => t.saturating_sub(start.elapsed()),
+                    None => Duration::from_millis(20),
+                };
+                let ms = left.min(Duration::from_millis(20)).as_millis() as i32;
+                let mut p = libc::pollfd {
+                    fd: self.s.efd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut p, 1, ms) };
+                self.drain_eventfd();
+            }
+            self.s.waiters.fetch_sub(1, Ordering::AcqRel);
+            if let Some(c) = c? {
+                return Ok(c);
+            }
+            if let Some(c) = self.done()? {
+                return Ok(c);
+            }
+            if timeout.is_some_and(|t| start.elapsed() >= t) {
+                return Err(WaitError::Timeout);
+            }
+        }
+    }
+
+    /// The eventfd to put in an epoll set. It becomes readable after
+    /// [`arm`](Self::arm) when a notice may be waiting; read it (or call
+    /// [`drain_eventfd`](Self::drain_eventfd)), call `done` until it returns
+    /// `None`, then arm again.
+    pub fn eventfd(&self) -> RawFd {
+        self.s.efd.as_raw_fd()
+    }
+
+    /// Asks the attached VIs' peers to signal the eventfd on their next
+    /// message. Returns `true` if notices are already waiting (do not sleep).
+    pub fn arm(&self) -> bool {
+        let mut ready = false;
+        for vi in self.s.members() {
+            ready |= Vi::arm_eventfd(&vi);
+        }
+        ready || !self.s.lock_notices().q.is_empty()
+    }
+
+    /// Resets the eventfd's counter.
+    pub fn drain_eventfd(&self) {
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes into a live u64 from our non-blocking eventfd.
+        unsafe {
+            libc::read(
+                self.s.efd.as_raw_fd(),
+                &mut v as *mut u64 as *mut libc::c_void,
+                8,
+            )
+        };
+    }
+
+    /// Notices waiting.
+    pub fn len(&self) -> usize {
+        self.s.lock_notices().q.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Room for notices.
+    pub fn capacity(&self) -> usize {
+        self.s.lock_notices().cap
+    }
+
+    /// Changes the room for notices (VipResizeCQ); never below what it holds.
+    pub fn resize(&self, entries: usize) -> Result<(), CqError> {
+        let max = self.s.nic.attrs.max_cq_entries;
+        if entries == 0 || entries > max {
+            return Err(CqError::Size {
+                asked: entries,
+                max,
+            });
+        }
+        let mut n = self.s.lock_notices();
+        if entries < n.q.len() {
+            return Err(CqError::TooSmall(n.q.len()));
+        }
+        n.cap = entries;
+        let more = entries.saturating_sub(n.q.capacity());
+        n.q.reserve(more);
+        Ok(())
+    }
+
+    /// Destroys the CQ (VipDestroyCQ): refused while VIs are attached.
+    pub fn destroy(self) -> Result<(), (Cq, CqError)> {
+        let n = self.s.members().len();
+        if n > 0 {
+            return Err((self, CqError::InUse(n)));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,139 @@
+//! Errors of calls that could not be carried out. Nothing is queued when one
+//! of these is returned; failures after queuing are descriptor statuses
+//! ([`CompletionError`](crate::CompletionError)).
+
+use crate::desc::Descriptor;
+use crate::mem::AccessError;
+use crate::vi::ViState;
+use std::io;
+
+/// Opening a Nic failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("unknown provider {0:?} (known: \"shm\", \"shm:<instance>\")")]
+    UnknownProvider(String),
+    #[error("provider {provider} cannot start: {source}")]
+    Io {
+        provider: &'static str,
+        source: io::Error,
+    },
+}
+
+/// Creating or destroying a protection tag failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PtagError {
+    #[error("all {0} protection tags of this Nic are in use")]
+    TableFull(usize),
+    #[error("protection tag {0} does not belong to this Nic")]
+    Invalid(u32),
+    #[error("protection tag {0} is still used by a memory region or a VI")]
+    InUse(u32),
+}
+
+/// Registering, querying or deregistering memory failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemError {
+    #[error("cannot register an empty range")]
+    Empty,
+    #[error("range {addr:#x}+{len} wraps around the address space")]
+    Wraps { addr: u64, len: u64 },
+    #[error("protection tag {0} does not belong to this Nic")]
+    InvalidPtag(u32),
+    #[error("all {0} region slots of this Nic are in use")]
+    TableFull(usize),
+    #[error("memory handle {0:#x} does not name a registered region")]
+    NotRegistered(u32),
+}
+
+/// Creating a VI or changing its attributes failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ViAttrError {
+    #[error("protection tag {0} does not belong to this Nic")]
+    InvalidPtag(u32),
+    #[error("max transfer size {asked} exceeds the Nic's {max}")]
+    TransferTooLarge { asked: u32, max: u32 },
+    #[error("queue depth {asked} is outside 1..={max}")]
+    QueueDepth { asked: u32, max: u32 },
+    #[error("the {0} provider does not offer {1}")]
+    Unsupported(&'static str, &'static str),
+    #[error("completion queue belongs to another Nic")]
+    ForeignCq,
+    #[error("attributes cannot change in state {0:?}")]
+    InvalidState(ViState),
+}
+
+/// Why a post was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    #[error("VI is {0:?}, not connected: sends need a connected VI")]
+    NotConnected(ViState),
+    #[error("VI is in the Error state; disconnect and reconnect it")]
+    ViError,
+    #[error("the {0} queue is full ({1} descriptors outstanding)")]
+    QueueFull(&'static str, usize),
+    #[error("descriptor format: {0}")]
+    Format(&'static str),
+    #[error("segment {index}: {error}")]
+    Segment { index: usize, error: AccessError },
+    #[error("total length {len} exceeds the VI's max transfer size {max}")]
+    TooLong { len: u64, max: u32 },
+    #[error("{0} is not enabled on this VI")]
+    NotEnabled(&'static str),
+}
+
+/// A post that was refused hands its descriptor back with the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Rejected {
+    pub error: PostError,
+    pub descriptor: Box<Descriptor>,
+}
+
+/// Waiting for a completion ended without one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    #[error("timed out")]
+    Timeout,
+    #[error("this queue reports to a completion queue: wait on the CQ, then call done")]
+    BoundToCq,
+    #[error("completion queue overflowed: more completions than its {0} entries")]
+    CqOverflow(usize),
+}
+
+/// Connection management failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("VI is {0:?}; connection management needs an idle VI")]
+    InvalidState(ViState),
+    #[error("nobody listens on discriminator {discriminator} at {nic} (waited {waited_ms} ms)")]
+    NoListener {
+        nic: String,
+        discriminator: String,
+        waited_ms: u64,
+    },
+    #[error("timed out after {0} ms")]
+    Timeout(u64),
+    #[error("the peer rejected the connection")]
+    Rejected,
+    #[error("attributes do not match: {0}")]
+    Mismatch(String),
+    #[error("malformed connection message from the peer: {0}")]
+    Protocol(&'static str),
+    #[error("discriminator is {0} bytes; at most {max} are allowed", max = crate::cm::MAX_DISCRIMINATOR)]
+    DiscriminatorTooLong(usize),
+    #[error("this connection request was already answered")]
+    Answered,
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// Completion-queue management failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CqError {
+    #[error("CQ size {asked} is outside 1..={max}")]
+    Size { asked: usize, max: usize },
+    #[error("CQ holds {0} entries; it cannot shrink below that")]
+    TooSmall(usize),
+    #[error("CQ still has {0} VI queue(s) attached")]
+    InUse(usize),
+}

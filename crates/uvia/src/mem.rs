@@ -1,0 +1,290 @@
+//! Protection tags and registered memory.
+//!
+//! A region is a range of this process's memory that the Nic may read or
+//! write. Its handle names a slot of a fixed table plus a generation, so a
+//! stale handle is recognised. Lookups on the data path read the slot with
+//! atomic loads and take no lock; registration and deregistration (slow path)
+//! take the table's mutex.
+
+use crate::desc::MemHandle;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// A protection tag. Every region and every VI carries one; a descriptor may
+/// use only memory whose tag matches its VI's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ptag(pub(crate) u32);
+
+impl Ptag {
+    /// The raw value (for the C API).
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+}
+
+/// What a region lets the peer do and which tag guards it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemAttributes {
+    pub ptag: Ptag,
+    /// A peer may RDMA-write into the region.
+    pub enable_rdma_write: bool,
+    /// A peer may RDMA-read from the region.
+    pub enable_rdma_read: bool,
+}
+
+impl MemAttributes {
+    pub fn new(ptag: Ptag) -> MemAttributes {
+        MemAttributes {
+            ptag,
+            enable_rdma_write: false,
+            enable_rdma_read: false,
+        }
+    }
+
+    pub fn rdma_write(mut self, on: bool) -> Self {
+        self.enable_rdma_write = on;
+        self
+    }
+
+    pub fn rdma_read(mut self, on: bool) -> Self {
+        self.enable_rdma_read = on;
+        self
+    }
+}
+
+/// What a region lookup found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionInfo {
+    pub start: u64,
+    pub len: u64,
+    pub attrs: MemAttributes,
+}
+
+impl RegionInfo {
+    /// True when `[addr, addr + len)` lies inside the region.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.start
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.start + self.len)
+    }
+}
+
+/// Why a handle did not pass a check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    #[error("memory handle {0:#x} does not name a registered region")]
+    NotRegistered(u32),
+    #[error("memory handle {handle:#x} has protection tag {region} but the VI has {vi}")]
+    WrongPtag { handle: u32, region: u32, vi: u32 },
+    #[error("range {addr:#x}+{len} lies outside region {handle:#x} ({start:#x}+{region_len})")]
+    OutOfBounds {
+        handle: u32,
+        addr: u64,
+        len: u64,
+        start: u64,
+        region_len: u64,
+    },
+    #[error("region {0:#x} does not allow remote RDMA write")]
+    RdmaWriteDisabled(u32),
+    #[error("region {0:#x} does not allow remote RDMA read")]
+    RdmaReadDisabled(u32),
+}
+
+const FLAG_RDMA_WRITE: u32 = 1;
+const FLAG_RDMA_READ: u32 = 2;
+const INDEX_BITS: u32 = 16;
+
+#[derive(Default)]
+struct Slot {
+    /// Generation of the current registration; 0 while free.
+    gen: AtomicU32,
+    start: AtomicU64,
+    len: AtomicU64,
+    ptag: AtomicU32,
+    flags: AtomicU32,
+}
+
+/// The Nic's region table.
+pub(crate) struct RegionTable {
+    slots: Box<[Slot]>,
+    alloc: Mutex<TableAlloc>,
+}
+
+struct TableAlloc {
+    free: Vec<u32>,
+    next_gen: u32,
+}
+
+impl RegionTable {
+    pub(crate) fn new(capacity: usize) -> RegionTable {
+        let capacity = capacity.clamp(1, 1 << INDEX_BITS);
+        RegionTable {
+            slots: (0..capacity).map(|_| Slot::default()).collect(),
+            alloc: Mutex::new(TableAlloc {
+                free: (0..capacity as u32).rev().collect(),
+                next_gen: 1,
+            }),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(crate) fn insert(&self, start: u64, len: u64, attrs: MemAttributes) -> Option<MemHandle> {
+        let mut a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
+        let idx = a.free.pop()?;
+        let gen = a.next_gen;
+        a.next_gen = if a.next_gen == u16::MAX as u32 {
+            1
+        } else {
+            a.next_gen + 1
+        };
+        let s = &self.slots[idx as usize];
+        s.start.store(start, Ordering::Relaxed);
+        s.len.store(len, Ordering::Relaxed);
+        s.ptag.store(attrs.ptag.0, Ordering::Relaxed);
+        let flags = (attrs.enable_rdma_write as u32 * FLAG_RDMA_WRITE)
+            | (attrs.enable_rdma_read as u32 * FLAG_RDMA_READ);
+        s.flags.store(flags, Ordering::Relaxed);
+        // Release: a lookup that sees this generation sees the fields above.
+        s.gen.store(gen, Ordering::Release);
+        Some(MemHandle((gen << INDEX_BITS) | idx))
+    }
+
+    pub(crate) fn remove(&self, h: MemHandle) -> Option<RegionInfo> {
+        let info = self.lookup(h)?;
+        let mut a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
+        let idx = h.0 & ((1 << INDEX_BITS) - 1);
+        // Re-check under the lock: a concurrent remove of the same handle wins once.
+        if self.slots[idx as usize].gen.load(Ordering::Relaxed) != h.0 >> INDEX_BITS {
+            return None;
+        }
+        self.slots[idx as usize].gen.store(0, Ordering::Release);
+        a.free.push(idx);
+        Some(info)
+    }
+
+    pub(crate) fn set_attributes(&self, h: MemHandle, attrs: MemAttributes) -> Option<()> {
+        let _a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
+        self.lookup(h)?;
+        let s = &self.slots[(h.0 & ((1 << INDEX_BITS) - 1)) as usize];
+        s.ptag.store(attrs.ptag.0, Ordering::Relaxed);
+        let flags = (attrs.enable_rdma_write as u32 * FLAG_RDMA_WRITE)
+            | (attrs.enable_rdma_read as u32 * FLAG_RDMA_READ);
+        s.flags.store(flags, Ordering::Release);
+        Some(())
+    }
+
+    /// The region `h` names, if it is registered. Lock-free.
+    #[inline]
+    pub(crate) fn lookup(&self, h: MemHandle) -> Option<RegionInfo> {
+        let idx = (h.0 & ((1 << INDEX_BITS) - 1)) as usize;
+        let gen = h.0 >> INDEX_BITS;
+        let s = self.slots.get(idx)?;
+        // Acquire: pairs with the Release in `insert`.
+        if gen == 0 || s.gen.load(Ordering::Acquire) != gen {
+            return None;
+        }
+        let flags = s.flags.load(Ordering::Acquire);
+        let info = RegionInfo {
+            start: s.start.load(Ordering::Relaxed),
+            len: s.len.load(Ordering::Relaxed),
+            attrs: MemAttributes {
+                ptag: Ptag(s.ptag.load(Ordering::Relaxed)),
+                enable_rdma_write: flags & FLAG_RDMA_WRITE != 0,
+                enable_rdma_read: flags & FLAG_RDMA_READ != 0,
+            },
+        };
+        // A deregistration racing with this lookup changes the generation;
+        // re-reading it rejects a torn view.
+        if s.gen.load(Ordering::Acquire) != gen {
+            return None;
+        }
+        Some(info)
+    }
+
+    /// Checks that `[addr, addr+len)` is inside region `h` under tag `ptag`.
+    #[inline]
+    pub(crate) fn check(
+        &self,
+        h: MemHandle,
+        ptag: Ptag,
+        addr: u64,
+        len: u64,
+    ) -> Result<RegionInfo, AccessError> {
+        let r = self.lookup(h).ok_or(AccessError::NotRegistered(h.0))?;
+        if r.attrs.ptag != ptag {
+            return Err(AccessError::WrongPtag {
+                handle: h.0,
+                region: r.attrs.ptag.0,
+                vi: ptag.0,
+            });
+        }
+        if !r.contains(addr, len) {
+            return Err(AccessError::OutOfBounds {
+                handle: h.0,
+                addr,
+                len,
+                start: r.start,
+                region_len: r.len,
+            });
+        }
+        Ok(r)
+    }
+
+    pub(crate) fn uses_ptag(&self, ptag: Ptag) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.gen.load(Ordering::Acquire) != 0 && s.ptag.load(Ordering::Relaxed) == ptag.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_lookup_remove_and_stale_handle() {
+        let t = RegionTable::new(4);
+        let a = MemAttributes::new(Ptag(1)).rdma_write(true);
+        let h = t.insert(0x1000, 0x100, a).unwrap();
+        let r = t.lookup(h).unwrap();
+        assert_eq!((r.start, r.len, r.attrs), (0x1000, 0x100, a));
+        assert!(t.check(h, Ptag(1), 0x1080, 0x80).is_ok());
+        assert!(matches!(
+            t.check(h, Ptag(1), 0x1080, 0x81),
+            Err(AccessError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            t.check(h, Ptag(2), 0x1000, 1),
+            Err(AccessError::WrongPtag { .. })
+        ));
+        assert!(t.remove(h).is_some());
+        assert!(t.lookup(h).is_none());
+        assert!(t.remove(h).is_none(), "second removal of one handle fails");
+        let h2 = t.insert(0x1000, 0x100, a).unwrap();
+        assert_ne!(h, h2, "slot reuse gets a new generation");
+        assert_eq!(
+            t.check(h, Ptag(1), 0x1000, 1),
+            Err(AccessError::NotRegistered(h.0))
+        );
+    }
+
+    #[test]
+    fn table_full_and_overflowing_range() {
+        let t = RegionTable::new(1);
+        let a = MemAttributes::new(Ptag(1));
+        let h = t.insert(u64::MAX - 10, 10, a).unwrap();
+        assert!(t.insert(0, 1, a).is_none());
+        assert!(matches!(
+            t.check(h, Ptag(1), u64::MAX - 5, 100),
+            Err(AccessError::OutOfBounds { .. })
+        ));
+        assert!(
+            t.check(MemHandle(0), Ptag(1), 0, 0).is_err(),
+            "handle 0 is never valid"
+        );
+    }
+}

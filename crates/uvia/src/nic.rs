@@ -1,0 +1,436 @@
+//! The Nic: an opened provider instance and the owner of protection tags,
+//! registered memory, VIs and completion queues.
+
+use crate::cq::Cq;
+use crate::desc::{MemHandle, Segment, MAX_SEGMENTS};
+use crate::error::{MemError, OpenError, PtagError, ViAttrError};
+use crate::mem::{MemAttributes, Ptag, RegionInfo, RegionTable};
+use crate::shm::INLINE_MAX;
+use crate::vi::{Reliability, Vi, ViAttributes};
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use uvia_shm::{Listener, SocketDir};
+
+/// What a Nic can do, fixed when it is opened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NicAttributes {
+    /// The name it was opened with.
+    pub name: String,
+    /// The provider behind it.
+    pub provider: &'static str,
+    /// The address peers connect to (for `shm`, the instance name).
+    pub address: String,
+    pub max_transfer_size: u32,
+    pub max_segments_per_desc: usize,
+    pub max_queue_depth: u32,
+    pub max_cq_entries: usize,
+    pub max_ptags: usize,
+    pub max_registered_regions: usize,
+    /// Largest message sent inline in the ring; larger ones are copied once, by reference.
+    pub inline_threshold: usize,
+    pub reliability_levels: &'static [Reliability],
+    pub rdma_read: bool,
+    pub rdma_write: bool,
+}
+
+static NIC_SERIAL: AtomicU32 = AtomicU32::new(1);
+
+pub(crate) struct ShmNic {
+    pub instance: String,
+    pub dir: SocketDir,
+    pub listeners: Mutex<HashMap<Vec<u8>, Listener>>,
+}
+
+pub(crate) struct NicShared {
+    pub attrs: NicAttributes,
+    pub serial: u32,
+    pub regions: RegionTable,
+    /// Per allocated tag: how many VIs use it.
+    ptags: Mutex<Vec<Option<usize>>>,
+    pub shm: ShmNic,
+    pub next_vi: AtomicU32,
+}
+
+/// An opened provider instance. Cheap to clone; closed when the last clone,
+/// VI, CQ and region are gone.
+#[derive(Clone)]
+pub struct Nic {
+    pub(crate) s: Arc<NicShared>,
+}
+
+impl std::fmt::Debug for Nic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nic")
+            .field("name", &self.s.attrs.name)
+            .finish()
+    }
+}
+
+impl Nic {
+    /// Opens a provider by name: `shm` (instance `0`) or `shm:<instance>`.
+    /// Instances are separate address spaces for discriminators on one host.
+    pub fn open(name: &str) -> Result<Nic, OpenError> {
+        let instance = match name.split_once(':') {
+            None if name == "shm" => "0".to_string(),
+            Some(("shm", inst))
+                if !inst.is_empty()
+                    && inst
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
+            {
+                inst.to_string()
+            }
+            _ => return Err(OpenError::UnknownProvider(name.to_string())),
+        };
+        let dir = SocketDir::from_env().map_err(|source| OpenError::Io {
+            provider: "shm",
+            source,
+        })?;
+        let attrs = NicAttributes {
+            name: name.to_string(),
+            provider: "shm",
+            address: instance.clone(),
+            max_transfer_size: 16 << 20,
+            max_segments_per_desc: MAX_SEGMENTS,
+            max_queue_depth: 4096,
+            max_cq_entries: 1 << 16,
+            max_ptags: 256,
+            max_registered_regions: 4096,
+            inline_threshold: INLINE_MAX,
+            reliability_levels: &[
+                Reliability::Unreliable,
+                Reliability::ReliableDelivery,
+                Reliability::ReliableReception,
+            ],
+            rdma_read: true,
+            rdma_write: true,
+        };
+        let serial = NIC_SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff;
+        Ok(Nic {
+            s: Arc::new(NicShared {
+                regions: RegionTable::new(attrs.max_registered_regions),
+                ptags: Mutex::new(vec![None; attrs.max_ptags]),
+                shm: ShmNic {
+                    instance,
+                    dir,
+                    listeners: Mutex::new(HashMap::new()),
+                },
+                next_vi: AtomicU32::new(1),
+                serial,
+                attrs,
+            }),
+        })
+    }
+
+    pub fn attributes(&self) -> &NicAttributes {
+        &self.s.attrs
+    }
+
+    /// Creates a protection tag.
+    pub fn create_ptag(&self) -> Result<Ptag, PtagError> {
+        let mut t = self.s.ptags.lock().unwrap_or_else(|p| p.into_inner());
+        let idx = t
+            .iter()
+            .position(Option::is_none)
+            .ok_or(PtagError::TableFull(t.len()))?;
+        t[idx] = Some(0);
+        Ok(Ptag((self.s.serial << 16) | idx as u32))
+    }
+
+    /// Destroys a tag that no region and no VI uses.
+    pub fn destroy_ptag(&self, ptag: Ptag) -> Result<(), PtagError> {
+        let mut t = self.s.ptags.lock().unwrap_or_else(|p| p.into_inner());
+        let idx = self.s.ptag_index(ptag).ok_or(PtagError::Invalid(ptag.0))?;
+        match t[idx] {
+            None => Err(PtagError::Invalid(ptag.0)),
+            Some(n) if n > 0 || self.s.regions.uses_ptag(ptag) => Err(PtagError::InUse(ptag.0)),
+            Some(_) => {
+                t[idx] = None;
+                Ok(())
+            }
+        }
+    }
+
+    /// Registers `len` bytes at `addr` and returns their handle.
+    ///
+    /// # Safety
+    /// The memory must stay allocated until it is deregistered, and while a
+    /// descriptor that names it is posted the caller must not touch the bytes
+    /// the descriptor will read or write: the Nic (and, through RDMA enabled
+    /// here, the peer) accesses them concurrently.
+    pub unsafe fn register_mem(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        attrs: MemAttributes,
+    ) -> Result<MemHandle, MemError> {
+        if len == 0 {
+            return Err(MemError::Empty);
+        }
+        if (addr as u64).checked_add(len as u64).is_none() {
+            return Err(MemError::Wraps {
+                addr: addr as u64,
+                len: len as u64,
+            });
+        }
+        self.s
+            .check_ptag(attrs.ptag)
+            .map_err(|_| MemError::InvalidPtag(attrs.ptag.0))?;
+        self.s
+            .regions
+            .insert(addr as u64, len as u64, attrs)
+            .ok_or(MemError::TableFull(self.s.regions.capacity()))
+    }
+
+    /// Deregisters a region registered with [`register_mem`](Self::register_mem).
+    pub fn deregister_mem(&self, h: MemHandle) -> Result<(), MemError> {
+        self.s
+            .regions
+            .remove(h)
+            .map(|_| ())
+            .ok_or(MemError::NotRegistered(h.0))
+    }
+
+    /// What a handle names.
+    pub fn query_mem(&self, h: MemHandle) -> Result<RegionInfo, MemError> {
+        self.s.regions.lookup(h).ok_or(MemError::NotRegistered(h.0))
+    }
+
+    /// Changes a region's tag and RDMA enable bits.
+    pub fn set_mem_attributes(&self, h: MemHandle, attrs: MemAttributes) -> Result<(), MemError> {
+        self.s
+            .check_ptag(attrs.ptag)
+            .map_err(|_| MemError::InvalidPtag(attrs.ptag.0))?;
+        self.s
+            .regions
+            .set_attributes(h, attrs)
+            .ok_or(MemError::NotRegistered(h.0))
+    }
+
+    /// Allocates `len` zeroed, page-aligned bytes and registers them.
+    pub fn alloc_region(&self, len: usize, attrs: MemAttributes) -> Result<MemoryRegion, MemError> {
+        if len == 0 {
+            return Err(MemError::Empty);
+        }
+        let layout = Layout::from_size_align(len, 4096).map_err(|_| MemError::Wraps {
+            addr: 0,
+            len: len as u64,
+        })?;
+        // SAFETY: non-zero size layout.
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
+            .unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        // SAFETY: the allocation lives until the region is dropped, which
+        // deregisters it first.
+        match unsafe { self.register_mem(ptr.as_ptr(), len, attrs) } {
+            Ok(handle) => Ok(MemoryRegion {
+                nic: self.clone(),
+                ptr,
+                layout,
+                handle,
+            }),
+            Err(e) => {
+                // SAFETY: allocated above with this layout, never shared.
+                unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates a VI. Completions of its send and receive queues are reported
+    /// to the given CQs, if any.
+    pub fn create_vi(
+        &self,
+        attrs: ViAttributes,
+        send_cq: Option<&Cq>,
+        recv_cq: Option<&Cq>,
+    ) -> Result<Vi, ViAttrError> {
+        Vi::create(self, attrs, send_cq, recv_cq)
+    }
+
+    /// Creates a completion queue with room for `entries` notices.
+    pub fn create_cq(&self, entries: usize) -> Result<Cq, crate::CqError> {
+        Cq::create(self, entries)
+    }
+}
+
+impl NicShared {
+    fn ptag_index(&self, p: Ptag) -> Option<usize> {
+        let idx = (p.0 & 0xffff) as usize;
+        (p.0 >> 16 == self.serial && idx < self.attrs.max_ptags).then_some(idx)
+    }
+
+    pub(crate) fn check_ptag(&self, p: Ptag) -> Result<(), ()> {
+        let t = self.ptags.lock().unwrap_or_else(|e| e.into_inner());
+        match self.ptag_index(p) {
+            Some(i) if t[i].is_some() => Ok(()),
+            _ => Err(()),
+        }
+    }
+
+    /// Counts a VI's use of `p`; `false` if the tag is not ours.
+    pub(crate) fn hold_ptag(&self, p: Ptag, delta: isize) -> bool {
+        let mut t = self.ptags.lock().unwrap_or_else(|e| e.into_inner());
+        match self.ptag_index(p).and_then(|i| t[i].as_mut()) {
+            Some(n) => {
+                *n = n.saturating_add_signed(delta);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for NicShared {
+    fn drop(&mut self) {
+        // Listener sockets remove their files as they drop.
+        self.shm
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+/// Memory the Nic allocated and registered; deregistered and freed on drop.
+pub struct MemoryRegion {
+    nic: Nic,
+    ptr: NonNull<u8>,
+    layout: Layout,
+    handle: MemHandle,
+}
+
+// SAFETY: the region owns its allocation; the raw pointer is not shared
+// with anything that outlives it.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: shared references only read through `as_slice`.
+unsafe impl Sync for MemoryRegion {}
+
+impl MemoryRegion {
+    pub fn handle(&self) -> MemHandle {
+        self.handle
+    }
+
+    pub fn addr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layout.size() == 0
+    }
+
+    /// The bytes. Do not read bytes a posted descriptor is writing.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the allocation is `len` initialised (zeroed) bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
+    }
+
+    /// The bytes, writable. Do not change bytes a posted descriptor is reading.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, with exclusive access through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
+    }
+
+    /// A data segment for `len` bytes at `offset`. Bounds are checked when
+    /// the descriptor is posted, not here.
+    pub fn segment(&self, offset: usize, len: usize) -> Segment {
+        Segment::local(
+            self.ptr.as_ptr().wrapping_add(offset),
+            self.handle,
+            len as u32,
+        )
+    }
+
+    /// An address segment naming `offset` of this region, for a peer's RDMA.
+    pub fn remote(&self, offset: usize) -> Segment {
+        Segment::remote(self.ptr.as_ptr() as u64 + offset as u64, self.handle)
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let _ = self.nic.deregister_mem(self.handle);
+        // SAFETY: allocated in `alloc_region` with this layout; deregistered
+        // above so the Nic no longer names it.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_names() {
+        assert!(Nic::open("shm").is_ok());
+        assert!(Nic::open("shm:a-1").is_ok());
+        assert!(matches!(
+            Nic::open("shm:"),
+            Err(OpenError::UnknownProvider(_))
+        ));
+        assert!(matches!(
+            Nic::open("shm:../x"),
+            Err(OpenError::UnknownProvider(_))
+        ));
+        assert!(matches!(
+            Nic::open("ib0"),
+            Err(OpenError::UnknownProvider(_))
+        ));
+    }
+
+    #[test]
+    fn ptags_are_per_nic_and_guarded() {
+        let a = Nic::open("shm").unwrap();
+        let b = Nic::open("shm").unwrap();
+        let pa = a.create_ptag().unwrap();
+        assert_eq!(
+            b.destroy_ptag(pa),
+            Err(PtagError::Invalid(pa.raw())),
+            "another Nic's tag"
+        );
+        let r = a.alloc_region(100, MemAttributes::new(pa)).unwrap();
+        assert_eq!(a.destroy_ptag(pa), Err(PtagError::InUse(pa.raw())));
+        drop(r);
+        assert_eq!(a.destroy_ptag(pa), Ok(()));
+        assert_eq!(
+            a.destroy_ptag(pa),
+            Err(PtagError::Invalid(pa.raw())),
+            "destroyed twice"
+        );
+        assert!(matches!(
+            a.alloc_region(100, MemAttributes::new(pa)),
+            Err(MemError::InvalidPtag(_))
+        ));
+    }
+
+    #[test]
+    fn register_query_set_deregister() {
+        let nic = Nic::open("shm").unwrap();
+        let p = nic.create_ptag().unwrap();
+        let mut buf = vec![0u8; 256];
+        // SAFETY: `buf` outlives the registration.
+        let h = unsafe { nic.register_mem(buf.as_mut_ptr(), 256, MemAttributes::new(p)) }.unwrap();
+        let q = nic.query_mem(h).unwrap();
+        assert_eq!(
+            (q.start, q.len, q.attrs.enable_rdma_read),
+            (buf.as_ptr() as u64, 256, false)
+        );
+        nic.set_mem_attributes(h, MemAttributes::new(p).rdma_read(true))
+            .unwrap();
+        assert!(nic.query_mem(h).unwrap().attrs.enable_rdma_read);
+        nic.deregister_mem(h).unwrap();
+        assert_eq!(nic.deregister_mem(h), Err(MemError::NotRegistered(h.0)));
+        assert_eq!(nic.query_mem(h), Err(MemError::NotRegistered(h.0)));
+        // SAFETY: a zero-length range is refused before anything is kept.
+        assert_eq!(
+            unsafe { nic.register_mem(buf.as_mut_ptr(), 0, MemAttributes::new(p)) },
+            Err(MemError::Empty)
+        );
+    }
+}

@@ -1,0 +1,471 @@
+//! The `shm` provider: VIs between processes of one host.
+//!
+//! A connection is one memfd segment created by the client and passed to the
+//! server over the rendezvous socket. It holds a header, one control block per
+//! side (a doorbell to wake that side, an error report, a closed flag) and two
+//! rings of cache lines, one per direction. A message is one ring record:
+//! a small header and either the data itself (inline, built in place by the
+//! sender) or, for large transfers, the sender's address ranges, which the
+//! receiver copies in one step with cross-memory attach. This module owns the
+//! layout and the message format; the VI logic that drives it is in `vi`.
+
+use crate::desc::MemHandle;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use uvia_shm::cma::RemoteRange;
+use uvia_shm::{ring_bytes, Consumer, Doorbell, Producer, Segment, Stream, RING_ALIGN};
+
+pub(crate) const SEG_MAGIC: u64 = u64::from_le_bytes(*b"UVIA-SHM");
+pub(crate) const VERSION: u8 = 1;
+/// Lines per ring direction (64 KiB).
+pub(crate) const RING_LINES: usize = 1024;
+/// Largest payload sent inline; larger ones go by reference (one copy).
+pub(crate) const INLINE_MAX: usize = 8192;
+
+/// What side X of a connection observes; written by the other side.
+#[repr(C, align(128))]
+pub(crate) struct SideBlock {
+    /// Rung by the peer after it publishes something X may wait for.
+    pub bell: Doorbell,
+    /// `(id << 32) | status bits` of the first message of X's that failed at the peer.
+    pub error: AtomicU64,
+    /// Set by the peer when it disconnects.
+    pub closed: AtomicU32,
+}
+
+#[repr(C, align(128))]
+struct SegHeader {
+    magic: AtomicU64,
+    version: AtomicU32,
+    ring_lines: AtomicU32,
+}
+
+const HEADER_BYTES: usize = std::mem::size_of::<SegHeader>();
+const BLOCK_BYTES: usize = std::mem::size_of::<SideBlock>();
+
+fn layout(lines: usize) -> (usize, usize, usize) {
+    let ring = ring_bytes(lines).next_multiple_of(RING_ALIGN);
+    let ring0 = HEADER_BYTES + 2 * BLOCK_BYTES;
+    (ring0, ring0 + ring, ring0 + 2 * ring)
+}
+
+/// Message kinds on a ring.
+pub(crate) mod kind {
+    pub const SEND: u8 = 1;
+    pub const RDMA_WRITE: u8 = 2;
+    pub const RDMA_READ: u8 = 3;
+}
+
+/// Message flags.
+pub(crate) mod flag {
+    /// `imm` carries immediate data.
+    pub const IMM: u8 = 1;
+    /// The data is named by address ranges in the sender, not carried inline.
+    pub const BY_REF: u8 = 2;
+    /// The sender waits for this message to be consumed: ring its bell after release.
+    pub const ACK: u8 = 4;
+}
+
+/// Bytes of the common message header.
+pub(crate) const MSG_HEADER: usize = 16;
+/// Bytes of the RDMA extension after the common header.
+pub(crate) const RDMA_HEADER: usize = 16;
+/// Bytes of one address range in a by-reference message.
+pub(crate) const RANGE_BYTES: usize = 16;
+
+/// A message header as parsed from (or written to) a ring record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct MsgHeader {
+    pub kind: u8,
+    pub flags: u8,
+    pub nranges: u8,
+    pub imm: u32,
+    pub len: u32,
+    pub id: u32,
+    pub raddr: u64,
+    pub rhandle: MemHandle,
+}
+
+impl MsgHeader {
+    pub fn size(&self) -> usize {
+        MSG_HEADER
+            + if self.kind == kind::SEND {
+                0
+            } else {
+                RDMA_HEADER
+            }
+    }
+
+    /// Writes the header at `p`.
+    ///
+    /// # Safety
+    /// `p` is valid for `self.size()` bytes of writes.
+    pub unsafe fn write(&self, p: *mut u8) {
+        let mut h = [0u8; MSG_HEADER + RDMA_HEADER];
+        h[0] = self.kind;
+        h[1] = self.flags;
+        h[2] = self.nranges;
+        h[4..8].copy_from_slice(&self.imm.to_le_bytes());
+        h[8..12].copy_from_slice(&self.len.to_le_bytes());
+        h[12..16].copy_from_slice(&self.id.to_le_bytes());
+        h[16..24].copy_from_slice(&self.raddr.to_le_bytes());
+        h[24..28].copy_from_slice(&self.rhandle.0.to_le_bytes());
+        // SAFETY: the caller guarantees room for `size()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), p, self.size()) };
+    }
+
+    /// Parses a header from the start of a record body of `avail` bytes.
+    /// `None` if the bytes cannot be a header.
+    pub fn parse(body: &[u8]) -> Option<MsgHeader> {
+        let b = body.get(..MSG_HEADER)?;
+        let u32_at = |s: &[u8], o: usize| u32::from_le_bytes([s[o], s[o + 1], s[o + 2], s[o + 3]]);
+        let mut h = MsgHeader {
+            kind: b[0],
+            flags: b[1],
+            nranges: b[2],
+            imm: u32_at(b, 4),
+            len: u32_at(b, 8),
+            id: u32_at(b, 12),
+            ..MsgHeader::default()
+        };
+        match h.kind {
+            kind::SEND => {}
+            kind::RDMA_WRITE | kind::RDMA_READ => {
+                let r = body.get(MSG_HEADER..MSG_HEADER + RDMA_HEADER)?;
+                h.raddr = u64::from_le_bytes(r[0..8].try_into().ok()?);
+                h.rhandle = MemHandle(u32_at(r, 8));
+            }
+            _ => return None,
+        }
+        Some(h)
+    }
+
+    /// Reads the address ranges of a by-reference message from `body`.
+    pub fn ranges(&self, body: &[u8], out: &mut [RemoteRange]) -> Option<usize> {
+        let n = self.nranges as usize;
+        if n > out.len() {
+            return None;
+        }
+        let start = self.size();
+        let bytes = body.get(start..start + n * RANGE_BYTES)?;
+        for (i, o) in out.iter_mut().take(n).enumerate() {
+            let r = &bytes[i * RANGE_BYTES..(i + 1) * RANGE_BYTES];
+            *o = RemoteRange {
+                addr: u64::from_le_bytes(r[0..8].try_into().ok()?),
+                len: u64::from_le_bytes(r[8..16].try_into().ok()?),
+            };
+        }
+        Some(n)
+    }
+}
+
+/// Writes address range `i` of a by-reference message after its header.
+///
+/// # Safety
+/// `body` is valid for `hdr.size() + (i + 1) * RANGE_BYTES` bytes.
+pub(crate) unsafe fn write_range(body: *mut u8, hdr: &MsgHeader, i: usize, addr: u64, len: u64) {
+    let mut r = [0u8; RANGE_BYTES];
+    r[0..8].copy_from_slice(&addr.to_le_bytes());
+    r[8..16].copy_from_slice(&len.to_le_bytes());
+    // SAFETY: the caller guarantees the room.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            r.as_ptr(),
+            body.add(hdr.size() + i * RANGE_BYTES),
+            RANGE_BYTES,
+        )
+    };
+}
+
+/// One connected VI's medium: the segment, this side's ends of the rings,
+/// the rendezvous socket (kept open to notice a dead peer) and the peer's
+/// completion-queue eventfds.
+pub(crate) struct ShmConn {
+    // Rings and blocks point into the segment: it must outlive them, so it
+    // is declared (and dropped) last.
+    pub tx: Producer,
+    pub rx: Consumer,
+    pub stream: Stream,
+    pub peer_pid: i32,
+    peer_eventfds: Vec<OwnedFd>,
+    side: usize,
+    seg: Arc<Segment>,
+}
+
+impl ShmConn {
+    /// The client creates the segment.
+    pub fn create_segment() -> io::Result<Segment> {
+        let (_, _, total) = layout(RING_LINES);
+        let name = CString::new("uvia-vi").map_err(io::Error::other)?;
+        let seg = Segment::create(&name, total)?;
+        // SAFETY: the segment is at least `total` bytes, page aligned, and the
+        // header is written before the segment is shared.
+        let hdr = unsafe { &*(seg.as_ptr() as *const SegHeader) };
+        hdr.magic.store(SEG_MAGIC, Ordering::Relaxed);
+        hdr.version.store(VERSION as u32, Ordering::Relaxed);
+        hdr.ring_lines.store(RING_LINES as u32, Ordering::Release);
+        Ok(seg)
+    }
+
+    /// Checks a segment received from a client before mapping its rings.
+    pub fn check_segment(seg: &Segment) -> Result<(), &'static str> {
+        let (_, _, total) = layout(RING_LINES);
+        if seg.len() < total {
+            return Err("shared segment too small");
+        }
+        // SAFETY: the segment is at least one header long (checked above).
+        let hdr = unsafe { &*(seg.as_ptr() as *const SegHeader) };
+        if hdr.magic.load(Ordering::Acquire) != SEG_MAGIC
+            || hdr.version.load(Ordering::Relaxed) != VERSION as u32
+            || hdr.ring_lines.load(Ordering::Relaxed) != RING_LINES as u32
+        {
+            return Err("shared segment has an unknown layout");
+        }
+        Ok(())
+    }
+
+    /// Builds this side's view. `side` 0 is the client, 1 the server.
+    pub fn new(
+        seg: Arc<Segment>,
+        side: usize,
+        stream: Stream,
+        peer_pid: i32,
+        peer_eventfds: Vec<OwnedFd>,
+    ) -> ShmConn {
+        let (r0, r1, _) = layout(RING_LINES);
+        let (tx_off, rx_off) = if side == 0 { (r0, r1) } else { (r1, r0) };
+        // SAFETY: offsets are inside the segment (its size was checked), aligned
+        // to RING_ALIGN, zero-filled by memfd; this side is the only producer of
+        // its tx ring and the only consumer of its rx ring.
+        let (tx, rx) = unsafe {
+            (
+                Producer::new(seg.as_ptr().add(tx_off), RING_LINES),
+                Consumer::new(seg.as_ptr().add(rx_off), RING_LINES),
+            )
+        };
+        ShmConn {
+            tx,
+            rx,
+            stream,
+            peer_pid,
+            peer_eventfds,
+            side,
+            seg,
+        }
+    }
+
+    fn block(&self, side: usize) -> &SideBlock {
+        block_in(&self.seg, side)
+    }
+
+    /// 0 for the client, 1 for the server.
+    pub fn side(&self) -> usize {
+        self.side
+    }
+
+    /// What this side observes.
+    pub fn mine(&self) -> &SideBlock {
+        self.block(self.side)
+    }
+
+    /// What the peer observes.
+    pub fn peers(&self) -> &SideBlock {
+        self.block(1 - self.side)
+    }
+
+    /// Wakes the peer if it sleeps (futex) or waits on a completion queue
+    /// (eventfd). One fence and one load when it does neither.
+    #[inline]
+    pub fn wake_peer(&self) {
+        let how = self.peers().bell.ring();
+        if how & uvia_shm::doorbell::EVENTFD != 0 {
+            self.signal_peer_eventfds();
+        }
+    }
+
+    #[cold]
+    fn signal_peer_eventfds(&self) {
+        for fd in &self.peer_eventfds {
+            write_eventfd(fd.as_raw_fd());
+        }
+    }
+
+    /// Tells the peer this side is going away and closes the socket.
+    pub fn close(&self) {
+        self.peers().closed.store(1, Ordering::Release);
+        self.wake_peer();
+        self.stream.shutdown();
+    }
+}
+
+/// Side `side`'s control block in a connection segment (checked or created
+/// by this module, so at least the full layout long).
+pub(crate) fn block_in(seg: &Segment, side: usize) -> &SideBlock {
+    debug_assert!(side < 2 && seg.len() >= HEADER_BYTES + 2 * BLOCK_BYTES);
+    // SAFETY: both blocks lie inside the segment after the header, aligned to
+    // their type (the segment is page aligned, offsets are multiples of 128).
+    unsafe { &*(seg.as_ptr().add(HEADER_BYTES + side * BLOCK_BYTES) as *const SideBlock) }
+}
+
+/// Adds one to an eventfd's counter (a wake-up).
+pub(crate) fn write_eventfd(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a live u64 to a descriptor we hold.
+    unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+}
+
+/// Connection messages on the rendezvous socket.
+pub(crate) mod hello {
+    use crate::cm::{Discriminator, MAX_DISCRIMINATOR};
+    use crate::vi::{Reliability, ViAttributes};
+
+    pub const MAGIC: [u8; 4] = *b"UVIA";
+    pub const REQUEST: u8 = 1;
+    pub const ACCEPT: u8 = 2;
+    pub const REJECT: u8 = 3;
+    pub const LEN: usize = 24 + MAX_DISCRIMINATOR;
+
+    /// What one side tells the other about its VI.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Hello {
+        pub kind: u8,
+        pub reliability: Reliability,
+        pub rdma_write: bool,
+        pub rdma_read: bool,
+        pub max_transfer_size: u32,
+        pub discriminator: Discriminator,
+    }
+
+    impl Hello {
+        pub fn new(kind: u8, a: &ViAttributes, d: &Discriminator) -> Hello {
+            Hello {
+                kind,
+                reliability: a.reliability,
+                rdma_write: a.enable_rdma_write,
+                rdma_read: a.enable_rdma_read,
+                max_transfer_size: a.max_transfer_size,
+                discriminator: d.clone(),
+            }
+        }
+
+        pub fn emit(&self) -> [u8; LEN] {
+            let mut b = [0u8; LEN];
+            b[0..4].copy_from_slice(&MAGIC);
+            b[4] = super::VERSION;
+            b[5] = self.kind;
+            b[6] = self.reliability as u8;
+            b[7] = self.rdma_write as u8 | (self.rdma_read as u8) << 1;
+            b[8..12].copy_from_slice(&self.max_transfer_size.to_le_bytes());
+            let d = self.discriminator.as_bytes();
+            b[12] = d.len() as u8;
+            b[24..24 + d.len()].copy_from_slice(d);
+            b
+        }
+
+        pub fn parse(b: &[u8]) -> Result<Hello, &'static str> {
+            if b.len() != LEN || b[0..4] != MAGIC {
+                return Err("not a uvia connection message");
+            }
+            if b[4] != super::VERSION {
+                return Err("unsupported protocol version");
+            }
+            if !matches!(b[5], REQUEST | ACCEPT | REJECT) {
+                return Err("unknown connection message kind");
+            }
+            let reliability = Reliability::from_u8(b[6]).ok_or("unknown reliability level")?;
+            let dlen = b[12] as usize;
+            if dlen > MAX_DISCRIMINATOR {
+                return Err("discriminator too long");
+            }
+            let discriminator =
+                Discriminator::new(&b[24..24 + dlen]).map_err(|_| "discriminator too long")?;
+            Ok(Hello {
+                kind: b[5],
+                reliability,
+                rdma_write: b[7] & 1 != 0,
+                rdma_read: b[7] & 2 != 0,
+                max_transfer_size: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+                discriminator,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_header_bytes() {
+        let h = MsgHeader {
+            kind: kind::SEND,
+            flags: flag::IMM | flag::ACK,
+            nranges: 0,
+            imm: 0x0102_0304,
+            len: 8,
+            id: 7,
+            ..Default::default()
+        };
+        let mut b = [0xeeu8; 32];
+        // SAFETY: 32 bytes of room.
+        unsafe { h.write(b.as_mut_ptr()) };
+        assert_eq!(&b[..16], &[1, 5, 0, 0, 4, 3, 2, 1, 8, 0, 0, 0, 7, 0, 0, 0]);
+        assert_eq!(b[16], 0xee, "a send header is 16 bytes");
+        assert_eq!(MsgHeader::parse(&b).unwrap(), h);
+    }
+
+    #[test]
+    fn rdma_header_bytes_and_ranges() {
+        let h = MsgHeader {
+            kind: kind::RDMA_READ,
+            flags: flag::BY_REF | flag::ACK,
+            nranges: 1,
+            len: 4096,
+            id: 1,
+            raddr: 0x1122,
+            rhandle: MemHandle(0x10003),
+            ..Default::default()
+        };
+        let mut b = [0u8; 64];
+        // SAFETY: 64 bytes hold a 32-byte header and one range.
+        unsafe {
+            h.write(b.as_mut_ptr());
+            write_range(b.as_mut_ptr(), &h, 0, 0xdead_0000, 4096);
+        }
+        assert_eq!(
+            &b[16..32],
+            &[0x22, 0x11, 0, 0, 0, 0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0]
+        );
+        let p = MsgHeader::parse(&b).unwrap();
+        assert_eq!(p, h);
+        let mut r = [RemoteRange { addr: 0, len: 0 }; 4];
+        assert_eq!(p.ranges(&b, &mut r), Some(1));
+        assert_eq!(
+            r[0],
+            RemoteRange {
+                addr: 0xdead_0000,
+                len: 4096
+            }
+        );
+    }
+
+    #[test]
+    fn hostile_headers_are_refused() {
+        assert_eq!(MsgHeader::parse(&[1, 0, 0]), None, "short");
+        assert_eq!(MsgHeader::parse(&[9; 32]), None, "unknown kind");
+        assert_eq!(MsgHeader::parse(&[2; 20]), None, "RDMA header cut short");
+        let h = MsgHeader {
+            kind: kind::SEND,
+            nranges: 200,
+            ..Default::default()
+        };
+        let mut b = [0u8; 64];
+        // SAFETY: room for the header.
+        unsafe { h.write(b.as_mut_ptr()) };
+        let mut r = [RemoteRange { addr: 0, len: 0 }; 6];
+        assert_eq!(h.ranges(&b, &mut r), None, "more ranges than room");
+    }
+}

@@ -1,0 +1,1321 @@
+//! Virtual interfaces: a send queue and a receive queue joined to one peer.
+//!
+//! Posting validates the descriptor at once (nothing is queued when it is
+//! refused) and, when the ring has room, writes the message straight into the
+//! ring: the doorbell is that store. Progress (copying arrived messages into
+//! posted receive buffers, serving the peer's RDMA, noticing the peer's
+//! consumption) runs inside the caller's done and wait calls and the CQ's;
+//! there is no thread behind the caller's back. Descriptors complete in
+//! order on each queue and carry their status like VIPL's.
+
+use crate::cm::{check_compatible, socket_name, NetAddress, RemoteViAttributes};
+use crate::cq::{Cq, CqShared};
+use crate::desc::{control, status, Descriptor, MemHandle, Op, Segment, MAX_SEGMENTS};
+use crate::error::{ConnectError, PostError, Rejected, ViAttrError, WaitError};
+use crate::mem::{AccessError, Ptag};
+use crate::nic::{Nic, NicShared};
+use crate::shm::hello::{self, Hello};
+use crate::shm::{flag, kind, MsgHeader, ShmConn, INLINE_MAX};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use uvia_shm::cma::{self, LocalRange, RemoteRange};
+use uvia_shm::{doorbell, Segment as ShmSegment, Stream};
+
+/// VIA's reliability levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Reliability {
+    /// At most once; a receive error does not break the connection.
+    Unreliable = 0,
+    /// Exactly once, in order; a send completes when the peer's Nic has it.
+    ReliableDelivery = 1,
+    /// As above, and a send completes only when the data is in the peer's
+    /// receive buffer and its descriptor is complete.
+    ReliableReception = 2,
+}
+
+impl Reliability {
+    pub(crate) fn from_u8(v: u8) -> Option<Reliability> {
+        match v {
+            0 => Some(Reliability::Unreliable),
+            1 => Some(Reliability::ReliableDelivery),
+            2 => Some(Reliability::ReliableReception),
+            _ => None,
+        }
+    }
+}
+
+/// A VI's connection state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ViState {
+    Idle = 0,
+    PendingConnect = 1,
+    Connected = 2,
+    Error = 3,
+}
+
+/// Which queue of a VI.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Queue {
+    Send,
+    Recv,
+}
+
+/// What a VI is created with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ViAttributes {
+    pub reliability: Reliability,
+    pub ptag: Ptag,
+    /// Largest message or RDMA transfer, in bytes.
+    pub max_transfer_size: u32,
+    /// The peer may RDMA-write into this side's regions (that allow it).
+    pub enable_rdma_write: bool,
+    /// The peer may RDMA-read from this side's regions (that allow it).
+    pub enable_rdma_read: bool,
+    pub send_queue_depth: u32,
+    pub recv_queue_depth: u32,
+}
+
+impl ViAttributes {
+    /// Reliable delivery, 1 MiB transfers, no RDMA, 256-deep queues.
+    pub fn new(ptag: Ptag) -> ViAttributes {
+        ViAttributes {
+            reliability: Reliability::ReliableDelivery,
+            ptag,
+            max_transfer_size: 1 << 20,
+            enable_rdma_write: false,
+            enable_rdma_read: false,
+            send_queue_depth: 256,
+            recv_queue_depth: 256,
+        }
+    }
+
+    pub fn reliability(mut self, r: Reliability) -> Self {
+        self.reliability = r;
+        self
+    }
+
+    pub fn rdma(mut self, write: bool, read: bool) -> Self {
+        self.enable_rdma_write = write;
+        self.enable_rdma_read = read;
+        self
+    }
+
+    pub fn max_transfer_size(mut self, n: u32) -> Self {
+        self.max_transfer_size = n;
+        self
+    }
+
+    pub fn queue_depths(mut self, send: u32, recv: u32) -> Self {
+        self.send_queue_depth = send;
+        self.recv_queue_depth = recv;
+        self
+    }
+}
+
+/// Spin this long in a wait before sleeping, unless changed with
+/// [`Vi::set_wait_spin`].
+pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(20);
+/// A sleeping waiter looks at its peer's health this often.
+const SLEEP_SLICE: Duration = Duration::from_millis(20);
+/// Empty polls between two looks at the peer's health (a system call).
+const IDLE_CHECK_EVERY: u32 = 4096;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EntryState {
+    Queued,
+    InFlight,
+    Done,
+}
+
+/// A posted descriptor with what the post checked, so that progress never
+/// re-reads (or trusts) the caller's segments.
+struct Posted {
+    desc: NonNull<Descriptor>,
+    owned: bool,
+    op: Op,
+    fence: bool,
+    imm: Option<u32>,
+    ranges: [LocalRange; MAX_SEGMENTS],
+    nranges: u8,
+    total: u64,
+    remote: (u64, MemHandle),
+    id: u32,
+    /// Ring index just past this message once sent.
+    end: u64,
+    needs_ack: bool,
+    state: EntryState,
+}
+
+impl Posted {
+    fn ranges(&self) -> &[LocalRange] {
+        &self.ranges[..self.nranges as usize]
+    }
+}
+
+// SAFETY: a `Posted` names memory the caller handed to the VI for the time
+// the descriptor is outstanding; the VI is the only one touching it then.
+unsafe impl Send for Posted {}
+
+struct ViInner {
+    attrs: ViAttributes,
+    conn: Option<ShmConn>,
+    seg: Option<Arc<ShmSegment>>,
+    remote: Option<RemoteViAttributes>,
+    sq: VecDeque<Posted>,
+    /// Entries of `sq` that have been written to the ring (a prefix).
+    sq_sent: usize,
+    /// Entries written but waiting for the peer to consume them.
+    awaiting_ack: usize,
+    rq: VecDeque<Posted>,
+    /// Completed entries at the front of `rq`.
+    rq_done: usize,
+    next_id: u32,
+    idle: u32,
+    spin: Duration,
+    /// Set when an error reported by the peer should end the connection.
+    failed: Option<u32>,
+}
+
+pub(crate) struct ViShared {
+    pub id: u32,
+    nic: Arc<NicShared>,
+    send_cq: Option<Arc<CqShared>>,
+    recv_cq: Option<Arc<CqShared>>,
+    state: AtomicU8,
+    inner: Mutex<ViInner>,
+}
+
+/// A virtual interface. Clones name the same VI; it is destroyed when the
+/// last clone is dropped (or by [`destroy`](Vi::destroy)).
+#[derive(Clone)]
+pub struct Vi {
+    pub(crate) s: Arc<ViShared>,
+}
+
+impl std::fmt::Debug for Vi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vi")
+            .field("id", &self.s.id)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Vi {
+    pub(crate) fn create(
+        nic: &Nic,
+        attrs: ViAttributes,
+        send_cq: Option<&Cq>,
+        recv_cq: Option<&Cq>,
+    ) -> Result<Vi, ViAttrError> {
+        check_attrs(&nic.s, &attrs)?;
+        for cq in [send_cq, recv_cq].into_iter().flatten() {
+            if !Arc::ptr_eq(&cq.s.nic, &nic.s) {
+                return Err(ViAttrError::ForeignCq);
+            }
+        }
+        if !nic.s.hold_ptag(attrs.ptag, 1) {
+            return Err(ViAttrError::InvalidPtag(attrs.ptag.raw()));
+        }
+        let vi = Vi {
+            s: Arc::new(ViShared {
+                id: nic.s.next_vi.fetch_add(1, Ordering::Relaxed),
+                nic: nic.s.clone(),
+                send_cq: send_cq.map(|c| c.s.clone()),
+                recv_cq: recv_cq.map(|c| c.s.clone()),
+                state: AtomicU8::new(ViState::Idle as u8),
+                inner: Mutex::new(ViInner {
+                    attrs,
+                    conn: None,
+                    seg: None,
+                    remote: None,
+                    sq: VecDeque::with_capacity(attrs.send_queue_depth as usize),
+                    sq_sent: 0,
+                    awaiting_ack: 0,
+                    rq: VecDeque::with_capacity(attrs.recv_queue_depth as usize),
+                    rq_done: 0,
+                    next_id: 1,
+                    idle: 0,
+                    spin: DEFAULT_WAIT_SPIN,
+                    failed: None,
+                }),
+            }),
+        };
+        for cq in [send_cq, recv_cq].into_iter().flatten() {
+            cq.s.attach(&vi.s);
+        }
+        Ok(vi)
+    }
+
+    /// A small number naming this VI within its Nic.
+    pub fn id(&self) -> u32 {
+        self.s.id
+    }
+
+    pub fn state(&self) -> ViState {
+        match self.s.state.load(Ordering::Acquire) {
+            0 => ViState::Idle,
+            1 => ViState::PendingConnect,
+            2 => ViState::Connected,
+            _ => ViState::Error,
+        }
+    }
+
+    pub fn attributes(&self) -> ViAttributes {
+        self.lock().attrs
+    }
+
+    /// The peer's attributes, once connected.
+    pub fn remote_attributes(&self) -> Option<RemoteViAttributes> {
+        self.lock().remote.clone()
+    }
+
+    /// Changes attributes of an idle VI.
+    pub fn set_attributes(&self, attrs: ViAttributes) -> Result<(), ViAttrError> {
+        let mut g = self.lock();
+        if self.state() != ViState::Idle {
+            return Err(ViAttrError::InvalidState(self.state()));
+        }
+        check_attrs(&self.s.nic, &attrs)?;
+        if attrs.send_queue_depth as usize != g.attrs.send_queue_depth as usize && !g.sq.is_empty()
+            || attrs.recv_queue_depth != g.attrs.recv_queue_depth && !g.rq.is_empty()
+        {
+            return Err(ViAttrError::InvalidState(ViState::Idle));
+        }
+        if attrs.ptag != g.attrs.ptag {
+            if !self.s.nic.hold_ptag(attrs.ptag, 1) {
+                return Err(ViAttrError::InvalidPtag(attrs.ptag.raw()));
+            }
+            self.s.nic.hold_ptag(g.attrs.ptag, -1);
+        }
+        g.sq.reserve(attrs.send_queue_depth as usize);
+        g.rq.reserve(attrs.recv_queue_depth as usize);
+        g.attrs = attrs;
+        Ok(())
+    }
+
+    /// How long waits spin before they sleep (0: sleep at once).
+    pub fn set_wait_spin(&self, spin: Duration) {
+        self.lock().spin = spin;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ViInner> {
+        // A panic while holding the lock leaves the queues consistent (every
+        // mutation is completed before anything that can panic), so a
+        // poisoned lock is still usable.
+        self.s.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_state(&self, st: ViState) {
+        self.s.state.store(st as u8, Ordering::Release);
+    }
+
+    /// Posts a send, RDMA write or RDMA read.
+    pub fn post_send(&self, d: Box<Descriptor>) -> Result<(), Rejected> {
+        let p = NonNull::from(Box::leak(d));
+        // SAFETY: `p` is a live descriptor we own; on refusal it is turned
+        // back into the box it came from.
+        unsafe { self.post_send_raw(p, true) }.map_err(|error| Rejected {
+            error,
+            descriptor: unsafe { Box::from_raw(p.as_ptr()) },
+        })
+    }
+
+    /// Posts a receive.
+    pub fn post_recv(&self, d: Box<Descriptor>) -> Result<(), Rejected> {
+        let p = NonNull::from(Box::leak(d));
+        // SAFETY: as in `post_send`.
+        unsafe { self.post_recv_raw(p, true) }.map_err(|error| Rejected {
+            error,
+            descriptor: unsafe { Box::from_raw(p.as_ptr()) },
+        })
+    }
+
+    /// Posts a descriptor that lives in the caller's memory (the C API).
+    ///
+    /// # Safety
+    /// `d` points to a control segment followed by `seg_count` segments that
+    /// stay valid, and are not touched by the caller, until the descriptor is
+    /// handed back by a done or wait call. `owned` must be false unless `d`
+    /// came from `Box::into_raw`.
+    pub unsafe fn post_send_raw(
+        &self,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Result<(), PostError> {
+        let mut g = self.lock();
+        match self.state() {
+            ViState::Connected => {}
+            ViState::Error => return Err(PostError::ViError),
+            st => return Err(PostError::NotConnected(st)),
+        }
+        if g.sq.len() >= g.attrs.send_queue_depth as usize {
+            return Err(PostError::QueueFull("send", g.sq.len()));
+        }
+        // SAFETY: forwarded from the caller.
+        let mut e = unsafe { self.prepare(&g, d, owned, Queue::Send)? };
+        e.id = g.next_id;
+        g.next_id = g.next_id.wrapping_add(1);
+        g.sq.push_back(e);
+        if g.sq_sent == g.sq.len() - 1 {
+            self.send_queued(&mut g);
+        }
+        Ok(())
+    }
+
+    /// Posts a receive that lives in the caller's memory (the C API).
+    ///
+    /// # Safety
+    /// As for [`post_send_raw`](Self::post_send_raw).
+    pub unsafe fn post_recv_raw(
+        &self,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Result<(), PostError> {
+        let mut g = self.lock();
+        if self.state() == ViState::Error {
+            return Err(PostError::ViError);
+        }
+        if g.rq.len() >= g.attrs.recv_queue_depth as usize {
+            return Err(PostError::QueueFull("receive", g.rq.len()));
+        }
+        // SAFETY: forwarded from the caller.
+        let e = unsafe { self.prepare(&g, d, owned, Queue::Recv)? };
+        g.rq.push_back(e);
+        Ok(())
+    }
+
+    /// Checks a descriptor and captures what progress needs from it.
+    ///
+    /// # Safety
+    /// `d` is valid as described in `post_send_raw`.
+    unsafe fn prepare(
+        &self,
+        g: &ViInner,
+        d: NonNull<Descriptor>,
+        owned: bool,
+        q: Queue,
+    ) -> Result<Posted, PostError> {
+        // SAFETY: the caller guarantees a valid control segment.
+        let cs = unsafe { &mut (*d.as_ptr()).cs };
+        if cs.control & control::RESERVED != 0 {
+            return Err(PostError::Format("reserved control bits are set"));
+        }
+        let n = cs.seg_count as usize;
+        if n > MAX_SEGMENTS {
+            return Err(PostError::Format("more segments than the Nic supports"));
+        }
+        // SAFETY: `n` segments follow the control segment (caller's contract,
+        // and at most MAX_SEGMENTS, which a `Descriptor` holds).
+        let segs: &[Segment] = unsafe {
+            std::slice::from_raw_parts((d.as_ptr() as *const u8).add(32) as *const Segment, n)
+        };
+        let op = match cs.control & control::OP_MASK {
+            control::OP_SENDRECV => Op::SendRecv,
+            control::OP_RDMAWRITE => Op::RdmaWrite,
+            control::OP_RDMAREAD => Op::RdmaRead,
+            _ => return Err(PostError::Format("unknown operation")),
+        };
+        if q == Queue::Recv && op != Op::SendRecv {
+            return Err(PostError::Format(
+                "a receive descriptor must have the send/receive operation",
+            ));
+        }
+        let (remote, local, first) = match op {
+            Op::SendRecv => ((0, MemHandle(0)), segs, 0),
+            Op::RdmaWrite | Op::RdmaRead => {
+                let Some((r, rest)) = segs.split_first() else {
+                    return Err(PostError::Format(
+                        "an RDMA descriptor needs an address segment",
+                    ));
+                };
+                ((r.addr, r.handle), rest, 1)
+            }
+        };
+        if op == Op::RdmaRead && g.attrs.reliability == Reliability::Unreliable {
+            return Err(PostError::NotEnabled(
+                "RDMA read (VIA requires a reliable VI)",
+            ));
+        }
+        if op == Op::RdmaRead && cs.control & control::IMMEDIATE != 0 {
+            return Err(PostError::Format("RDMA read carries no immediate data"));
+        }
+        let mut e = Posted {
+            desc: d,
+            owned,
+            op,
+            fence: cs.control & control::QFENCE != 0,
+            imm: (cs.control & control::IMMEDIATE != 0).then_some(cs.immediate_data),
+            ranges: [LocalRange {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            }; MAX_SEGMENTS],
+            nranges: 0,
+            total: 0,
+            remote,
+            id: 0,
+            end: 0,
+            needs_ack: false,
+            state: EntryState::Queued,
+        };
+        for (i, s) in local.iter().enumerate() {
+            if s.length == 0 {
+                continue;
+            }
+            self.s
+                .nic
+                .regions
+                .check(s.handle, g.attrs.ptag, s.addr, s.length as u64)
+                .map_err(|error| PostError::Segment {
+                    index: first + i,
+                    error,
+                })?;
+            e.ranges[e.nranges as usize] = LocalRange {
+                ptr: s.addr as *mut u8,
+                len: s.length as usize,
+            };
+            e.nranges += 1;
+            e.total += s.length as u64;
+        }
+        if e.total > g.attrs.max_transfer_size as u64 {
+            return Err(PostError::TooLong {
+                len: e.total,
+                max: g.attrs.max_transfer_size,
+            });
+        }
+        cs.status = 0;
+        if q == Queue::Recv {
+            cs.length = 0;
+        }
+        Ok(e)
+    }
+
+    /// Writes queued sends into the ring while it has room.
+    fn send_queued(&self, g: &mut ViInner) {
+        while g.sq_sent < g.sq.len() {
+            let i = g.sq_sent;
+            if g.sq[i].fence && g.sq.iter().take(i).any(|e| e.state != EntryState::Done) {
+                return;
+            }
+            if !self.write_message(g, i) {
+                return;
+            }
+            g.sq_sent += 1;
+        }
+    }
+
+    /// Builds send-queue entry `i` in the ring. `false` if the ring is full.
+    fn write_message(&self, g: &mut ViInner, i: usize) -> bool {
+        let reliability = g.attrs.reliability;
+        let ViInner {
+            conn,
+            sq,
+            awaiting_ack,
+            ..
+        } = g;
+        let Some(conn) = conn.as_mut() else {
+            return false;
+        };
+        let e = &mut sq[i];
+        let by_ref = e.op == Op::RdmaRead || e.total as usize > INLINE_MAX;
+        e.needs_ack =
+            by_ref || e.op != Op::SendRecv || reliability == Reliability::ReliableReception;
+        let hdr = MsgHeader {
+            kind: match e.op {
+                Op::SendRecv => kind::SEND,
+                Op::RdmaWrite => kind::RDMA_WRITE,
+                Op::RdmaRead => kind::RDMA_READ,
+            },
+            flags: (e.imm.is_some() as u8 * flag::IMM)
+                | (by_ref as u8 * flag::BY_REF)
+                | (e.needs_ack as u8 * flag::ACK),
+            nranges: if by_ref { e.nranges } else { 0 },
+            imm: e.imm.unwrap_or(0),
+            len: e.total as u32,
+            id: e.id,
+            raddr: e.remote.0,
+            rhandle: e.remote.1,
+        };
+        let body_len = hdr.size()
+            + if by_ref {
+                e.nranges as usize * crate::shm::RANGE_BYTES
+            } else {
+                e.total as usize
+            };
+        let Some(p) = conn.tx.reserve(body_len) else {
+            return false;
+        };
+        // SAFETY: `reserve` returned `body_len` writable bytes; local ranges
+        // were checked against registered memory when posted.
+        unsafe {
+            hdr.write(p);
+            if by_ref {
+                for (k, r) in e.ranges().iter().enumerate() {
+                    crate::shm::write_range(p, &hdr, k, r.ptr as u64, r.len as u64);
+                }
+            } else {
+                let mut at = p.add(hdr.size());
+                for r in e.ranges() {
+                    std::ptr::copy_nonoverlapping(r.ptr, at, r.len);
+                    at = at.add(r.len);
+                }
+            }
+        }
+        conn.tx.commit();
+        e.end = conn.tx.head();
+        conn.wake_peer();
+        if e.needs_ack {
+            e.state = EntryState::InFlight;
+            *awaiting_ack += 1;
+        } else {
+            self.complete_send(e, 0);
+        }
+        true
+    }
+
+    fn complete_send(&self, e: &mut Posted, err_bits: u32) {
+        let op_bits = match e.op {
+            Op::SendRecv => status::OP_SEND,
+            Op::RdmaWrite => status::OP_RDMA_WRITE,
+            Op::RdmaRead => status::OP_RDMA_READ,
+        };
+        // SAFETY: the descriptor is ours until it is handed back.
+        unsafe {
+            let cs = &mut (*e.desc.as_ptr()).cs;
+            cs.length = e.total as u32;
+            cs.status = status::DONE | op_bits | err_bits;
+        }
+        e.state = EntryState::Done;
+        if let Some(cq) = &self.s.send_cq {
+            cq.notify(&self.s, Queue::Send);
+        }
+    }
+
+    fn complete_recv(
+        &self,
+        e: &mut Posted,
+        op_bits: u32,
+        len: u32,
+        imm: Option<u32>,
+        err_bits: u32,
+    ) {
+        // SAFETY: the descriptor is ours until it is handed back.
+        unsafe {
+            let cs = &mut (*e.desc.as_ptr()).cs;
+            cs.length = len;
+            if let Some(v) = imm {
+                cs.immediate_data = v;
+            }
+            cs.status = status::DONE
+                | op_bits
+                | err_bits
+                | if imm.is_some() { status::IMMEDIATE } else { 0 };
+        }
+        e.state = EntryState::Done;
+        if let Some(cq) = &self.s.recv_cq {
+            cq.notify(&self.s, Queue::Recv);
+        }
+    }
+
+    /// Moves everything forward that can move without waiting. Returns true
+    /// if anything happened.
+    fn progress(&self, g: &mut ViInner) -> bool {
+        if g.conn.is_none() || self.state() == ViState::Error {
+            return false;
+        }
+        let mut moved = false;
+        if g.awaiting_ack > 0 {
+            moved |= self.reap_acks(g);
+        }
+        moved |= self.serve_incoming(g);
+        if g.sq_sent < g.sq.len() {
+            let before = g.sq_sent;
+            self.send_queued(g);
+            moved |= g.sq_sent != before;
+        }
+        if let Some(bits) = g.failed.take() {
+            self.fail(g, bits);
+            moved = true;
+        }
+        if moved {
+            g.idle = 0;
+        } else {
+            g.idle += 1;
+            if g.idle % IDLE_CHECK_EVERY == 0 {
+                moved = self.check_peer(g);
+            }
+        }
+        moved
+    }
+
+    /// Completes sends the peer has consumed, with the error it reported, if any.
+    fn reap_acks(&self, g: &mut ViInner) -> bool {
+        let Some(conn) = g.conn.as_ref() else {
+            return false;
+        };
+        let consumed = conn.tx.consumed();
+        // Read after `consumed` (Acquire): the peer stores its report before it releases the message.
+        let report = conn.mine().error.load(Ordering::Acquire);
+        let mut moved = false;
+        for i in 0..g.sq_sent {
+            let e = &g.sq[i];
+            if e.state != EntryState::InFlight {
+                continue;
+            }
+            if e.end > consumed {
+                break;
+            }
+            let bits = if report != 0 && (report >> 32) as u32 == e.id {
+                report as u32 & status::ERROR_MASK
+            } else {
+                0
+            };
+            let e = &mut g.sq[i];
+            self.complete_send(e, bits);
+            g.awaiting_ack -= 1;
+            moved = true;
+            if bits != 0 {
+                g.failed = Some(status::DESC_FLUSHED_ERROR);
+                break;
+            }
+        }
+        moved
+    }
+
+    /// Handles messages from the peer until the ring is empty or a message
+    /// needs a receive descriptor that is not posted yet.
+    fn serve_incoming(&self, g: &mut ViInner) -> bool {
+        let mut moved = false;
+        let reliable = g.attrs.reliability != Reliability::Unreliable;
+        loop {
+            let ViInner {
+                conn,
+                rq,
+                rq_done,
+                attrs,
+                failed,
+                ..
+            } = &mut *g;
+            let Some(conn) = conn.as_mut() else {
+                return moved;
+            };
+            let rec = match conn.rx.peek() {
+                Ok(Some(r)) => r,
+                Ok(None) => return moved,
+                Err(_) => {
+                    *failed = Some(status::TRANSPORT_ERROR);
+                    return true;
+                }
+            };
+            // SAFETY: the record's body stays valid and unchanged by the peer
+            // until we release it.
+            let body = unsafe { std::slice::from_raw_parts(rec.as_ptr(), rec.len()) };
+            let Some(h) = MsgHeader::parse(body) else {
+                *failed = Some(status::TRANSPORT_ERROR);
+                return true;
+            };
+            let needs_recv =
+                h.kind == kind::SEND || (h.kind == kind::RDMA_WRITE && h.flags & flag::IMM != 0);
+            if needs_recv && *rq_done >= rq.len() {
+                // Receiver not ready: the message waits in the ring (the sender
+                // is held back by the ring, nothing is lost).
+                return moved;
+            }
+            let mut remote = [RemoteRange { addr: 0, len: 0 }; MAX_SEGMENTS];
+            let by_ref = h.flags & flag::BY_REF != 0;
+            let mut nr = 0;
+            let mut malformed = false;
+            if by_ref {
+                match h.ranges(body, &mut remote) {
+                    Some(n) if remote[..n].iter().map(|r| r.len).sum::<u64>() == h.len as u64 => {
+                        nr = n
+                    }
+                    _ => malformed = true,
+                }
+            } else if body.len() < h.size() + h.len as usize {
+                malformed = true;
+            }
+            if malformed {
+                *failed = Some(status::TRANSPORT_ERROR);
+                return true;
+            }
+            let inline = &body[h.size()..];
+            let imm = (h.flags & flag::IMM != 0).then_some(h.imm);
+            // Error to report back to the sender (status bits), if any.
+            let mut report = 0u32;
+            match h.kind {
+                kind::SEND => {
+                    let e = &mut rq[*rq_done];
+                    if h.len as u64 > e.total || h.len > attrs.max_transfer_size {
+                        self.complete_recv(e, status::OP_RECEIVE, 0, imm, status::LENGTH_ERROR);
+                        if reliable {
+                            report = status::REMOTE_DESC_ERROR;
+                        }
+                    } else {
+                        let ok = if by_ref {
+                            // SAFETY: local ranges are registered receive memory checked at post.
+                            unsafe {
+                                cma::read(conn.peer_pid, e.ranges(), &remote[..nr], h.len as usize)
+                            }
+                            .is_ok()
+                        } else {
+                            scatter(&inline[..h.len as usize], e.ranges());
+                            true
+                        };
+                        if ok {
+                            self.complete_recv(e, status::OP_RECEIVE, h.len, imm, 0);
+                        } else {
+                            self.complete_recv(
+                                e,
+                                status::OP_RECEIVE,
+                                0,
+                                imm,
+                                status::TRANSPORT_ERROR,
+                            );
+                            report = status::TRANSPORT_ERROR;
+                        }
+                    }
+                    *rq_done += 1;
+                }
+                kind::RDMA_WRITE | kind::RDMA_READ => {
+                    let write = h.kind == kind::RDMA_WRITE;
+                    match self.check_rdma(attrs, &h, write) {
+                        Err(_) => report = status::RDMA_PROT_ERROR,
+                        Ok(()) => {
+                            let target = [LocalRange {
+                                ptr: h.raddr as *mut u8,
+                                len: h.len as usize,
+                            }];
+                            let nt = (h.len > 0) as usize;
+                            // SAFETY: the target range was checked against this
+                            // side's registered regions, tag and enable bits.
+                            let ok = unsafe {
+                                match (write, by_ref) {
+                                    (true, true) => cma::read(
+                                        conn.peer_pid,
+                                        &target[..nt],
+                                        &remote[..nr],
+                                        h.len as usize,
+                                    )
+                                    .is_ok(),
+                                    (true, false) => {
+                                        std::ptr::copy_nonoverlapping(
+                                            inline.as_ptr(),
+                                            h.raddr as *mut u8,
+                                            h.len as usize,
+                                        );
+                                        true
+                                    }
+                                    (false, _) => cma::write(
+                                        conn.peer_pid,
+                                        &target[..nt],
+                                        &remote[..nr],
+                                        h.len as usize,
+                                    )
+                                    .is_ok(),
+                                }
+                            };
+                            if !ok {
+                                report = status::TRANSPORT_ERROR;
+                            }
+                        }
+                    }
+                    if write && imm.is_some() {
+                        let e = &mut rq[*rq_done];
+                        let err = if report != 0 {
+                            status::TRANSPORT_ERROR
+                        } else {
+                            0
+                        };
+                        self.complete_recv(e, status::OP_REMOTE_RDMA_WRITE, h.len, imm, err);
+                        *rq_done += 1;
+                    }
+                }
+                _ => unreachable!("MsgHeader::parse accepts only known kinds"),
+            }
+            if report != 0 {
+                // Release: the report is visible before the release below.
+                conn.peers()
+                    .error
+                    .store(((h.id as u64) << 32) | report as u64, Ordering::Release);
+            }
+            conn.rx.release(rec);
+            if h.flags & flag::ACK != 0 || report != 0 {
+                conn.wake_peer();
+            }
+            moved = true;
+            if report != 0 && (reliable || report == status::RDMA_PROT_ERROR) {
+                *failed = Some(status::DESC_FLUSHED_ERROR);
+                return true;
+            }
+        }
+    }
+
+    /// Target-side check of an RDMA request: handle, bounds, tag, enable bits.
+    fn check_rdma(
+        &self,
+        attrs: &ViAttributes,
+        h: &MsgHeader,
+        write: bool,
+    ) -> Result<(), AccessError> {
+        let r = self
+            .s
+            .nic
+            .regions
+            .check(h.rhandle, attrs.ptag, h.raddr, h.len as u64)?;
+        match write {
+            true if !(r.attrs.enable_rdma_write && attrs.enable_rdma_write) => {
+                Err(AccessError::RdmaWriteDisabled(h.rhandle.0))
+            }
+            false if !(r.attrs.enable_rdma_read && attrs.enable_rdma_read) => {
+                Err(AccessError::RdmaReadDisabled(h.rhandle.0))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Looks at the peer's health; fails the VI if it is gone.
+    fn check_peer(&self, g: &mut ViInner) -> bool {
+        let Some(conn) = g.conn.as_ref() else {
+            return false;
+        };
+        if conn.mine().closed.load(Ordering::Acquire) != 0 || conn.stream.peer_gone() {
+            // Messages the peer published before leaving are still delivered.
+            self.serve_incoming(g);
+            self.fail(g, status::TRANSPORT_ERROR);
+            return true;
+        }
+        false
+    }
+
+    /// Moves the VI to Error: sends in flight complete with `inflight_bits`,
+    /// everything else outstanding is flushed.
+    fn fail(&self, g: &mut ViInner, inflight_bits: u32) {
+        self.set_state(ViState::Error);
+        self.flush(g, inflight_bits);
+    }
+
+    fn flush(&self, g: &mut ViInner, inflight_bits: u32) {
+        let ViInner {
+            sq,
+            rq,
+            rq_done,
+            awaiting_ack,
+            sq_sent,
+            ..
+        } = g;
+        for e in sq.iter_mut() {
+            match e.state {
+                EntryState::Done => {}
+                EntryState::InFlight => self.complete_send(e, inflight_bits),
+                EntryState::Queued => self.complete_send(e, status::DESC_FLUSHED_ERROR),
+            }
+        }
+        *awaiting_ack = 0;
+        *sq_sent = sq.len();
+        for e in rq.iter_mut().skip(*rq_done) {
+            self.complete_recv(e, status::OP_RECEIVE, 0, None, status::DESC_FLUSHED_ERROR);
+        }
+        *rq_done = rq.len();
+    }
+
+    fn pop(&self, g: &mut ViInner, q: Queue, owned: bool) -> Option<NonNull<Descriptor>> {
+        let head = match q {
+            Queue::Send => g.sq.front(),
+            Queue::Recv => g.rq.front(),
+        }?;
+        if head.state != EntryState::Done || head.owned != owned {
+            return None;
+        }
+        let e = match q {
+            Queue::Send => {
+                g.sq_sent -= 1;
+                g.sq.pop_front()
+            }
+            Queue::Recv => {
+                g.rq_done -= 1;
+                g.rq.pop_front()
+            }
+        }?;
+        Some(e.desc)
+    }
+
+    fn done_inner(&self, q: Queue, owned: bool) -> Option<NonNull<Descriptor>> {
+        let mut g = self.lock();
+        if let Some(d) = self.pop(&mut g, q, owned) {
+            return Some(d);
+        }
+        self.progress(&mut g);
+        self.pop(&mut g, q, owned)
+    }
+
+    /// The oldest send-queue descriptor if it has completed (VipSendDone).
+    pub fn send_done(&self) -> Option<Box<Descriptor>> {
+        // SAFETY: only descriptors posted with `owned = true` (from a Box) are popped here.
+        self.done_inner(Queue::Send, true)
+            .map(|p| unsafe { Box::from_raw(p.as_ptr()) })
+    }
+
+    /// The oldest receive-queue descriptor if it has completed (VipRecvDone).
+    pub fn recv_done(&self) -> Option<Box<Descriptor>> {
+        // SAFETY: as in `send_done`.
+        self.done_inner(Queue::Recv, true)
+            .map(|p| unsafe { Box::from_raw(p.as_ptr()) })
+    }
+
+    /// Like [`send_done`](Self::send_done) for descriptors posted raw.
+    pub fn send_done_raw(&self) -> Option<NonNull<Descriptor>> {
+        self.done_inner(Queue::Send, false)
+    }
+
+    /// Like [`recv_done`](Self::recv_done) for descriptors posted raw.
+    pub fn recv_done_raw(&self) -> Option<NonNull<Descriptor>> {
+        self.done_inner(Queue::Recv, false)
+    }
+
+    /// Waits for the oldest send to complete (VipSendWait): spins for the
+    /// wait-spin time, then sleeps. `None` waits forever.
+    pub fn send_wait(&self, timeout: Option<Duration>) -> Result<Box<Descriptor>, WaitError> {
+        // SAFETY: owned descriptors only, as in `send_done`.
+        self.wait(Queue::Send, timeout, true)
+            .map(|p| unsafe { Box::from_raw(p.as_ptr()) })
+    }
+
+    /// Waits for the oldest receive to complete (VipRecvWait).
+    pub fn recv_wait(&self, timeout: Option<Duration>) -> Result<Box<Descriptor>, WaitError> {
+        // SAFETY: owned descriptors only, as in `send_done`.
+        self.wait(Queue::Recv, timeout, true)
+            .map(|p| unsafe { Box::from_raw(p.as_ptr()) })
+    }
+
+    /// Waits for a raw-posted descriptor (the C API).
+    pub fn wait_raw(
+        &self,
+        q: Queue,
+        timeout: Option<Duration>,
+    ) -> Result<NonNull<Descriptor>, WaitError> {
+        self.wait(q, timeout, false)
+    }
+
+    fn wait(
+        &self,
+        q: Queue,
+        timeout: Option<Duration>,
+        owned: bool,
+    ) -> Result<NonNull<Descriptor>, WaitError> {
+        let bound = match q {
+            Queue::Send => self.s.send_cq.is_some(),
+            Queue::Recv => self.s.recv_cq.is_some(),
+        };
+        if bound {
+            return Err(WaitError::BoundToCq);
+        }
+        let start = Instant::now();
+        let spin = self.lock().spin;
+        // Spin phase: poll without sleeping; look at the clock every 64 rounds.
+        let mut k = 0u32;
+        loop {
+            if let Some(d) = self.done_inner(q, owned) {
+                return Ok(d);
+            }
+            k = k.wrapping_add(1);
+            if k % 64 == 0 && start.elapsed() >= spin {
+                break;
+            }
+        }
+        // Sleep phase: announce, re-check, sleep on this side's doorbell.
+        let mut look_at_peer = false;
+        loop {
+            let armed = {
+                let mut g = self.lock();
+                if let Some(d) = self.pop(&mut g, q, owned) {
+                    return Ok(d);
+                }
+                let armed = match (&g.conn, &g.seg) {
+                    (Some(conn), Some(seg)) => Some((
+                        seg.clone(),
+                        conn.side(),
+                        conn.mine().bell.arm(doorbell::FUTEX),
+                    )),
+                    _ => None,
+                };
+                // Re-check after arming: a message published before the arm is seen here.
+                self.progress(&mut g);
+                if look_at_peer {
+                    self.check_peer(&mut g);
+                }
+                if let Some(d) = self.pop(&mut g, q, owned) {
+                    return Ok(d);
+                }
+                armed
+            };
+            let left = match timeout {
+                Some(t) => match t.checked_sub(start.elapsed()) {
+                    Some(l) if !l.is_zero() => l,
+                    _ => return Err(WaitError::Timeout),
+                },
+                None => SLEEP_SLICE,
+            };
+            let nap = left.min(SLEEP_SLICE);
+            let t0 = Instant::now();
+            match armed {
+                Some((seg, side, seq)) => crate::shm::block_in(&seg, side).bell.sleep(seq, nap),
+                None => std::thread::sleep(nap.min(Duration::from_millis(1))),
+            }
+            // A full slice without a wake-up: look at the peer's health next round.
+            look_at_peer = t0.elapsed() + Duration::from_millis(1) >= SLEEP_SLICE;
+        }
+    }
+
+    /// Connects to a server waiting on `remote` (VipConnectRequest). Waits up
+    /// to `timeout` for a listener to appear and for its answer.
+    pub fn connect_request(
+        &self,
+        remote: &NetAddress,
+        timeout: Duration,
+    ) -> Result<RemoteViAttributes, ConnectError> {
+        let attrs = {
+            let g = self.lock();
+            let st = self.state();
+            if st != ViState::Idle {
+                return Err(ConnectError::InvalidState(st));
+            }
+            self.set_state(ViState::PendingConnect);
+            g.attrs
+        };
+        let r = self.connect_inner(remote, timeout, &attrs);
+        if r.is_err() {
+            self.set_state(ViState::Idle);
+        }
+        r
+    }
+
+    fn connect_inner(
+        &self,
+        remote: &NetAddress,
+        timeout: Duration,
+        attrs: &ViAttributes,
+    ) -> Result<RemoteViAttributes, ConnectError> {
+        let start = Instant::now();
+        let nic = &self.s.nic;
+        let path = nic
+            .shm
+            .dir
+            .socket(&socket_name(&remote.host, &remote.discriminator));
+        let stream = Stream::connect(&path, timeout).map_err(|e| match e {
+            uvia_shm::socket::ConnectError::NoListener(_) => ConnectError::NoListener {
+                nic: remote.host.clone(),
+                discriminator: remote.discriminator.to_string(),
+                waited_ms: start.elapsed().as_millis() as u64,
+            },
+            uvia_shm::socket::ConnectError::Io(e) => ConnectError::Io(e),
+        })?;
+        let seg = ShmConn::create_segment()?;
+        let mut fds: Vec<RawFd> = vec![seg.fd()];
+        fds.extend(self.cq_eventfds());
+        stream.send(
+            &Hello::new(hello::REQUEST, attrs, &remote.discriminator).emit(),
+            &fds,
+        )?;
+        let left = timeout.saturating_sub(start.elapsed());
+        let mut buf = [0u8; hello::LEN + 16];
+        let (n, peer_fds) = match stream.recv(&mut buf, Some(left)) {
+            Ok(Some(x)) => x,
+            Ok(None) => return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64)),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(ConnectError::Rejected)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let reply = Hello::parse(&buf[..n]).map_err(ConnectError::Protocol)?;
+        match reply.kind {
+            hello::REJECT => return Err(ConnectError::Rejected),
+            hello::ACCEPT => {}
+            _ => {
+                return Err(ConnectError::Protocol(
+                    "unexpected reply to a connection request",
+                ))
+            }
+        }
+        check_compatible(attrs, &reply)?;
+        let (pid, _) = stream.peer_cred()?;
+        let mut g = self.lock();
+        self.install(&mut g, seg, 0, stream, pid, peer_fds, (&reply).into());
+        Ok((&reply).into())
+    }
+
+    /// The server half of a connection, called by `ConnRequest::accept`.
+    pub(crate) fn accept_from(
+        &self,
+        stream: Stream,
+        mut fds: Vec<OwnedFd>,
+        req: &Hello,
+        pid: i32,
+    ) -> Result<(), ConnectError> {
+        let mut g = self.lock();
+        let st = self.state();
+        let refuse = |stream: &Stream| {
+            let _ = stream.send(
+                &Hello {
+                    kind: hello::REJECT,
+                    ..req.clone()
+                }
+                .emit(),
+                &[],
+            );
+        };
+        if st != ViState::Idle {
+            refuse(&stream);
+            return Err(ConnectError::InvalidState(st));
+        }
+        if let Err(e) = check_compatible(&g.attrs, req) {
+            refuse(&stream);
+            return Err(e);
+        }
+        if fds.is_empty() {
+            return Err(ConnectError::Protocol(
+                "connection request without a shared segment",
+            ));
+        }
+        let seg = ShmSegment::open(fds.remove(0), 0)?;
+        ShmConn::check_segment(&seg).map_err(ConnectError::Protocol)?;
+        stream.send(
+            &Hello::new(hello::ACCEPT, &g.attrs, &req.discriminator).emit(),
+            &self.cq_eventfds(),
+        )?;
+        self.install(&mut g, seg, 1, stream, pid, fds, req.into());
+        Ok(())
+    }
+
+    fn cq_eventfds(&self) -> Vec<RawFd> {
+        let mut v: Vec<RawFd> = [&self.s.send_cq, &self.s.recv_cq]
+            .into_iter()
+            .flatten()
+            .map(|c| c.efd.as_raw_fd())
+            .collect();
+        v.dedup();
+        v
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn install(
+        &self,
+        g: &mut ViInner,
+        seg: ShmSegment,
+        side: usize,
+        stream: Stream,
+        pid: i32,
+        fds: Vec<OwnedFd>,
+        remote: RemoteViAttributes,
+    ) {
+        let seg = Arc::new(seg);
+        g.conn = Some(ShmConn::new(seg.clone(), side, stream, pid, fds));
+        g.seg = Some(seg);
+        g.remote = Some(remote);
+        g.idle = 0;
+        g.failed = None;
+        self.set_state(ViState::Connected);
+    }
+
+    /// Ends the connection (VipDisconnect): the peer sees its VI fail, every
+    /// outstanding descriptor here completes as flushed, and the VI is Idle.
+    pub fn disconnect(&self) {
+        let mut g = self.lock();
+        if let Some(conn) = g.conn.take() {
+            conn.close();
+        }
+        g.seg = None;
+        self.flush(&mut g, status::DESC_FLUSHED_ERROR);
+        g.remote = None;
+        self.set_state(ViState::Idle);
+    }
+
+    /// Destroys the VI (VipDestroyVi): refused while connected or while
+    /// descriptors are still queued.
+    pub fn destroy(self) -> Result<(), (Vi, ViAttrError)> {
+        let st = self.state();
+        let busy = {
+            let g = self.lock();
+            !g.sq.is_empty() || !g.rq.is_empty()
+        };
+        if st == ViState::Connected || st == ViState::PendingConnect || busy {
+            return Err((self, ViAttrError::InvalidState(st)));
+        }
+        drop(self);
+        Ok(())
+    }
+
+    /// Completes what can complete without waiting (used by CQs).
+    pub(crate) fn poll_progress(s: &Arc<ViShared>) {
+        let vi = Vi { s: s.clone() };
+        let mut g = vi.lock();
+        vi.progress(&mut g);
+    }
+
+    /// Arms this VI's doorbell for an eventfd wake-up; `true` if something
+    /// is already waiting to be served.
+    pub(crate) fn arm_eventfd(s: &Arc<ViShared>) -> bool {
+        let vi = Vi { s: s.clone() };
+        let mut g = vi.lock();
+        match g.conn.as_ref() {
+            Some(c) => {
+                c.mine().bell.arm(doorbell::EVENTFD);
+                vi.progress(&mut g) || vi.check_peer(&mut g)
+            }
+            None => false,
+        }
+    }
+}
+
+fn scatter(mut src: &[u8], dst: &[LocalRange]) {
+    for r in dst {
+        if src.is_empty() {
+            break;
+        }
+        let n = r.len.min(src.len());
+        // SAFETY: `r` is registered receive memory checked at post; `n` <= its length.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), r.ptr, n) };
+        src = &src[n..];
+    }
+}
+
+fn check_attrs(nic: &NicShared, a: &ViAttributes) -> Result<(), ViAttrError> {
+    if a.max_transfer_size > nic.attrs.max_transfer_size {
+        return Err(ViAttrError::TransferTooLarge {
+            asked: a.max_transfer_size,
+            max: nic.attrs.max_transfer_size,
+        });
+    }
+    for d in [a.send_queue_depth, a.recv_queue_depth] {
+        if d == 0 || d > nic.attrs.max_queue_depth {
+            return Err(ViAttrError::QueueDepth {
+                asked: d,
+                max: nic.attrs.max_queue_depth,
+            });
+        }
+    }
+    nic.check_ptag(a.ptag)
+        .map_err(|_| ViAttrError::InvalidPtag(a.ptag.raw()))
+}
+
+impl Drop for ViShared {
+    fn drop(&mut self) {
+        let g = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(conn) = g.conn.take() {
+            conn.close();
+        }
+        for e in g.sq.drain(..).chain(g.rq.drain(..)) {
+            if e.owned {
+                // SAFETY: owned descriptors came from `Box::leak` in post_*.
+                drop(unsafe { Box::from_raw(e.desc.as_ptr()) });
+            }
+        }
+        self.nic.hold_ptag(g.attrs.ptag, -1);
+    }
+}
