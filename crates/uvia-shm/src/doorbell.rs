@@ -4,9 +4,17 @@
 //! owner announces it is going to sleep (`arm`), checks its condition once
 //! more, and sleeps on a futex (or, for completion queues, on an eventfd that
 //! the waker holds). The waker publishes its data, then calls [`Doorbell::ring`],
-//! which costs one fence and one load while nobody sleeps. The fences on both
-//! sides form a Dekker pair: either the waker sees the armed flag, or the
-//! sleeper's re-check sees the data.
+//! which costs one load while the owner has never slept and one fence and one
+//! load after that. The fences on both sides form a Dekker pair: either the
+//! waker sees the armed flag, or the sleeper's re-check sees the data.
+//!
+//! The fence stalls the waker until its published store is visible to the
+//! other core, a full cache-line transfer, so a peer that only ever polls is
+//! spared it: the `sleepy` flag is set the first time the owner arms and never
+//! cleared. A waker that read `sleepy` before that first arm became visible
+//! can miss that one wake-up; the sleeper then wakes at the end of its sleep
+//! slice. That can happen once per doorbell, at the switch from polling to
+//! sleeping, and costs latency, never a lost message.
 
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::Duration;
@@ -22,6 +30,8 @@ pub const EVENTFD: u32 = 2;
 pub struct Doorbell {
     seq: AtomicU32,
     armed: AtomicU32,
+    /// Set the first time the owner arms; until then wakers skip the fence.
+    sleepy: AtomicU32,
 }
 
 impl Doorbell {
@@ -30,6 +40,9 @@ impl Doorbell {
     /// must re-check its condition after this call and before sleeping.
     pub fn arm(&self, how: u32) -> u32 {
         let seq = self.seq.load(Ordering::Acquire);
+        if self.sleepy.load(Ordering::Relaxed) == 0 {
+            self.sleepy.store(1, Ordering::SeqCst);
+        }
         self.armed.fetch_or(how, Ordering::SeqCst);
         // SeqCst fence: the re-check that follows cannot be ordered before the
         // flag store (the sleeper's half of the Dekker pair).
@@ -68,6 +81,9 @@ impl Doorbell {
     /// and leaves an eventfd wake-up to the caller, who holds the descriptor.
     #[inline]
     pub fn ring(&self) -> u32 {
+        if self.sleepy.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
         // SeqCst fence: our earlier publication is ordered before reading the
         // flag (the waker's half of the Dekker pair).
         fence(Ordering::SeqCst);

@@ -157,23 +157,47 @@ pub struct Listener {
 impl Listener {
     /// Listens on `path`. A leftover file from a crashed owner is removed;
     /// a live listener there is an `AddrInUse` error.
+    ///
+    /// The socket is bound and put into the listening state under a private
+    /// temporary name and only then renamed into place (refusing to replace
+    /// an existing file), so a file at `path` always belongs to a socket that
+    /// accepts: a connect refused there means its owner is gone.
     pub fn bind(path: &Path) -> io::Result<Listener> {
-        let (addr, len) = sockaddr(path)?;
-        for attempt in 0..2 {
-            let fd = seqpacket()?;
-            // SAFETY: `addr` is a valid sockaddr_un of length `len`.
+        static SERIAL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".{}.{n}.tmp", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let (addr, len) = sockaddr(&tmp)?;
+        let fd = seqpacket()?;
+        let _ = std::fs::remove_file(&tmp);
+        // SAFETY: `addr` is a valid sockaddr_un of length `len`.
+        cvt(unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                &addr as *const _ as *const libc::sockaddr,
+                len,
+            )
+        } as _)?;
+        let tmp_guard = TmpFile(&tmp);
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        // SAFETY: listening on our bound socket.
+        cvt(unsafe { libc::listen(fd.as_raw_fd(), 64) } as _)?;
+        let ino = std::fs::metadata(&tmp)?.ino();
+        let (from, to) = (cpath(&tmp)?, cpath(path)?);
+        for _ in 0..2 {
+            // SAFETY: two valid C strings; RENAME_NOREPLACE never replaces a file.
             let r = unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    &addr as *const _ as *const libc::sockaddr,
-                    len,
+                libc::renameat2(
+                    libc::AT_FDCWD,
+                    from.as_ptr(),
+                    libc::AT_FDCWD,
+                    to.as_ptr(),
+                    libc::RENAME_NOREPLACE,
                 )
             };
             if r == 0 {
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-                // SAFETY: listening on our bound socket.
-                cvt(unsafe { libc::listen(fd.as_raw_fd(), 64) } as _)?;
-                let ino = std::fs::metadata(path)?.ino();
+                std::mem::forget(tmp_guard);
                 return Ok(Listener {
                     fd,
                     path: path.to_owned(),
@@ -181,17 +205,17 @@ impl Listener {
                 });
             }
             let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EADDRINUSE) || attempt == 1 {
+            if e.raw_os_error() != Some(libc::EEXIST) {
                 return Err(e);
             }
             if !remove_if_stale(path)? {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("another process listens on {}", path.display()),
-                ));
+                break;
             }
         }
-        unreachable!("the loop returns on its second attempt")
+        Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("another process listens on {}", path.display()),
+        ))
     }
 
     pub fn path(&self) -> &Path {
@@ -232,8 +256,28 @@ impl Drop for Listener {
     }
 }
 
-/// Removes `path` if it is a socket nobody listens on; `true` if removed.
+/// Removes a temporary socket file unless forgotten.
+struct TmpFile<'a>(&'a Path);
+
+impl Drop for TmpFile<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
+}
+
+fn cpath(p: &Path) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// Removes `path` if it is a socket nobody listens on; `true` if it is gone.
+/// The file is removed only if it is still the one that refused us.
 pub fn remove_if_stale(path: &Path) -> io::Result<bool> {
+    let ino = match std::fs::symlink_metadata(path) {
+        Ok(m) => m.ino(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(e),
+    };
     let (addr, len) = sockaddr(path)?;
     let fd = seqpacket()?;
     // SAFETY: `addr` is a valid sockaddr_un of length `len`.
@@ -248,11 +292,19 @@ pub fn remove_if_stale(path: &Path) -> io::Result<bool> {
         return Ok(false);
     }
     match io::Error::last_os_error().raw_os_error() {
-        Some(libc::ECONNREFUSED) => match std::fs::remove_file(path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
-            Err(e) => Err(e),
-        },
+        Some(libc::ECONNREFUSED) => {
+            if std::fs::symlink_metadata(path)
+                .map(|m| m.ino() == ino)
+                .unwrap_or(false)
+            {
+                match std::fs::remove_file(path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(true)
+        }
         Some(libc::ENOENT) => Ok(true),
         _ => Ok(false),
     }
@@ -275,11 +327,13 @@ pub enum ConnectError {
 
 impl Stream {
     /// Connects to the listener at `path`, retrying while nobody listens
-    /// there yet, until `timeout`. A stale file found on the way is removed.
+    /// there yet, until `timeout`. A file still refusing at the end is stale
+    /// (its owner is gone) and is removed.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Stream, ConnectError> {
         let (addr, len) = sockaddr(path)?;
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_micros(100);
+        let mut refused = false;
         loop {
             let fd = seqpacket()?;
             // SAFETY: `addr` is a valid sockaddr_un of length `len`.
@@ -295,15 +349,15 @@ impl Stream {
             }
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
-                Some(libc::ECONNREFUSED) => {
-                    // A file nobody listens on: its owner is gone.
-                    let _ = std::fs::remove_file(path);
-                }
-                Some(libc::ENOENT) | Some(libc::EAGAIN) | Some(libc::EINTR) => {}
+                Some(libc::ECONNREFUSED) => refused = true,
+                Some(libc::ENOENT) | Some(libc::EAGAIN) | Some(libc::EINTR) => refused = false,
                 _ => return Err(e.into()),
             }
             let now = Instant::now();
             if now >= deadline {
+                if refused {
+                    remove_if_stale(path)?;
+                }
                 return Err(ConnectError::NoListener(path.to_owned()));
             }
             std::thread::sleep(pause.min(deadline - now));

@@ -13,6 +13,7 @@
 //! the data path).
 
 pub mod cm;
+mod copy;
 pub mod cq;
 pub mod desc;
 pub mod error;

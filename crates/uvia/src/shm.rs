@@ -103,18 +103,22 @@ impl MsgHeader {
     ///
     /// # Safety
     /// `p` is valid for `self.size()` bytes of writes.
+    #[inline]
     pub unsafe fn write(&self, p: *mut u8) {
-        let mut h = [0u8; MSG_HEADER + RDMA_HEADER];
-        h[0] = self.kind;
-        h[1] = self.flags;
-        h[2] = self.nranges;
-        h[4..8].copy_from_slice(&self.imm.to_le_bytes());
-        h[8..12].copy_from_slice(&self.len.to_le_bytes());
-        h[12..16].copy_from_slice(&self.id.to_le_bytes());
-        h[16..24].copy_from_slice(&self.raddr.to_le_bytes());
-        h[24..28].copy_from_slice(&self.rhandle.0.to_le_bytes());
-        // SAFETY: the caller guarantees room for `size()` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), p, self.size()) };
+        let w0 = self.kind as u32 | (self.flags as u32) << 8 | (self.nranges as u32) << 16;
+        let common = w0 as u128
+            | (self.imm as u128) << 32
+            | (self.len as u128) << 64
+            | (self.id as u128) << 96;
+        // SAFETY: the caller guarantees room for `size()` bytes; fixed-size
+        // unaligned stores keep this a few instructions.
+        unsafe {
+            std::ptr::write_unaligned(p as *mut [u8; 16], common.to_le_bytes());
+            if self.kind != kind::SEND {
+                let rdma = self.raddr as u128 | (self.rhandle.0 as u128) << 64;
+                std::ptr::write_unaligned(p.add(MSG_HEADER) as *mut [u8; 16], rdma.to_le_bytes());
+            }
+        }
     }
 
     /// Parses a header from the start of a record body of `avail` bytes.

@@ -16,11 +16,12 @@ use crate::mem::{AccessError, Ptag};
 use crate::nic::{Nic, NicShared};
 use crate::shm::hello::{self, Hello};
 use crate::shm::{flag, kind, MsgHeader, ShmConn, INLINE_MAX};
+use spin::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uvia_shm::cma::{self, LocalRange, RemoteRange};
 use uvia_shm::{doorbell, Segment as ShmSegment, Stream};
@@ -305,11 +306,12 @@ impl Vi {
         self.lock().spin = spin;
     }
 
+    /// The VI's state lock. A spin lock, not `std::sync::Mutex`: its release
+    /// is a plain store, where std's unlock is an exchange (a full barrier
+    /// that waits for the ring store just made to reach the other core).
+    /// Nothing sleeps or makes a long call while holding it.
     fn lock(&self) -> MutexGuard<'_, ViInner> {
-        // A panic while holding the lock leaves the queues consistent (every
-        // mutation is completed before anything that can panic), so a
-        // poisoned lock is still usable.
-        self.s.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.s.inner.lock()
     }
 
     fn set_state(&self, st: ViState) {
@@ -562,7 +564,7 @@ impl Vi {
             } else {
                 let mut at = p.add(hdr.size());
                 for r in e.ranges() {
-                    std::ptr::copy_nonoverlapping(r.ptr, at, r.len);
+                    crate::copy::copy(at, r.ptr, r.len);
                     at = at.add(r.len);
                 }
             }
@@ -1280,7 +1282,7 @@ fn scatter(mut src: &[u8], dst: &[LocalRange]) {
         }
         let n = r.len.min(src.len());
         // SAFETY: `r` is registered receive memory checked at post; `n` <= its length.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), r.ptr, n) };
+        unsafe { crate::copy::copy(r.ptr, src.as_ptr(), n) };
         src = &src[n..];
     }
 }
@@ -1306,7 +1308,7 @@ fn check_attrs(nic: &NicShared, a: &ViAttributes) -> Result<(), ViAttrError> {
 
 impl Drop for ViShared {
     fn drop(&mut self) {
-        let g = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+        let g = self.inner.get_mut();
         if let Some(conn) = g.conn.take() {
             conn.close();
         }
