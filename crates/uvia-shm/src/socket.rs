@@ -333,7 +333,7 @@ impl Stream {
         let (addr, len) = sockaddr(path)?;
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_micros(100);
-        let mut refused = false;
+        let mut refused;
         loop {
             let fd = seqpacket()?;
             // SAFETY: `addr` is a valid sockaddr_un of length `len`.

@@ -17,7 +17,6 @@ use crate::nic::{Nic, NicShared};
 use crate::shm::hello::{self, Hello};
 use crate::shm::{flag, kind, MsgHeader, ShmConn, INLINE_MAX};
 use spin::{Mutex, MutexGuard};
-use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -163,17 +162,120 @@ impl Posted {
 // the descriptor is outstanding; the VI is the only one touching it then.
 unsafe impl Send for Posted {}
 
+impl Posted {
+    fn empty() -> Posted {
+        Posted {
+            desc: NonNull::dangling(),
+            owned: false,
+            op: Op::SendRecv,
+            fence: false,
+            imm: None,
+            ranges: [LocalRange {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            }; MAX_SEGMENTS],
+            nranges: 0,
+            total: 0,
+            remote: (0, MemHandle(0)),
+            id: 0,
+            end: 0,
+            needs_ack: false,
+            state: EntryState::Done,
+        }
+    }
+}
+
+/// A descriptor queue: a fixed ring of entries filled in place, so posting
+/// moves no entry and allocates nothing.
+struct SlotQueue {
+    slots: Box<[Posted]>,
+    head: usize,
+    len: usize,
+}
+
+impl SlotQueue {
+    fn new(depth: u32) -> SlotQueue {
+        SlotQueue {
+            slots: (0..depth.max(1)).map(|_| Posted::empty()).collect(),
+            head: 0,
+            len: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn slot(&self, i: usize) -> usize {
+        let at = self.head + i;
+        if at >= self.slots.len() {
+            at - self.slots.len()
+        } else {
+            at
+        }
+    }
+
+    /// The free slot after the last entry, to fill before `commit`.
+    fn next_free(&mut self) -> Option<&mut Posted> {
+        if self.len == self.slots.len() {
+            return None;
+        }
+        let i = self.slot(self.len);
+        Some(&mut self.slots[i])
+    }
+
+    fn commit(&mut self) {
+        self.len += 1;
+    }
+
+    fn front(&self) -> Option<&Posted> {
+        (self.len > 0).then(|| &self.slots[self.head])
+    }
+
+    fn pop_front(&mut self) -> Option<(NonNull<Descriptor>, bool)> {
+        let e = self.front()?;
+        let r = (e.desc, e.owned);
+        self.head = self.slot(1);
+        self.len -= 1;
+        Some(r)
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Posted> {
+        let (len, head, cap) = (self.len, self.head, self.slots.len());
+        let (a, b) = self.slots.split_at_mut(head);
+        b.iter_mut().chain(a.iter_mut()).take(len.min(cap))
+    }
+}
+
+impl std::ops::Index<usize> for SlotQueue {
+    type Output = Posted;
+    fn index(&self, i: usize) -> &Posted {
+        &self.slots[self.slot(i)]
+    }
+}
+
+impl std::ops::IndexMut<usize> for SlotQueue {
+    fn index_mut(&mut self, i: usize) -> &mut Posted {
+        let i = self.slot(i);
+        &mut self.slots[i]
+    }
+}
+
 struct ViInner {
     attrs: ViAttributes,
     conn: Option<ShmConn>,
     seg: Option<Arc<ShmSegment>>,
     remote: Option<RemoteViAttributes>,
-    sq: VecDeque<Posted>,
+    sq: SlotQueue,
     /// Entries of `sq` that have been written to the ring (a prefix).
     sq_sent: usize,
     /// Entries written but waiting for the peer to consume them.
     awaiting_ack: usize,
-    rq: VecDeque<Posted>,
+    rq: SlotQueue,
     /// Completed entries at the front of `rq`.
     rq_done: usize,
     next_id: u32,
@@ -236,10 +338,10 @@ impl Vi {
                     conn: None,
                     seg: None,
                     remote: None,
-                    sq: VecDeque::with_capacity(attrs.send_queue_depth as usize),
+                    sq: SlotQueue::new(attrs.send_queue_depth),
                     sq_sent: 0,
                     awaiting_ack: 0,
-                    rq: VecDeque::with_capacity(attrs.recv_queue_depth as usize),
+                    rq: SlotQueue::new(attrs.recv_queue_depth),
                     rq_done: 0,
                     next_id: 1,
                     idle: 0,
@@ -295,8 +397,12 @@ impl Vi {
             }
             self.s.nic.hold_ptag(g.attrs.ptag, -1);
         }
-        g.sq.reserve(attrs.send_queue_depth as usize);
-        g.rq.reserve(attrs.recv_queue_depth as usize);
+        if attrs.send_queue_depth != g.attrs.send_queue_depth {
+            g.sq = SlotQueue::new(attrs.send_queue_depth);
+        }
+        if attrs.recv_queue_depth != g.attrs.recv_queue_depth {
+            g.rq = SlotQueue::new(attrs.recv_queue_depth);
+        }
         g.attrs = attrs;
         Ok(())
     }
@@ -357,14 +463,17 @@ impl Vi {
             ViState::Error => return Err(PostError::ViError),
             st => return Err(PostError::NotConnected(st)),
         }
-        if g.sq.len() >= g.attrs.send_queue_depth as usize {
-            return Err(PostError::QueueFull("send", g.sq.len()));
-        }
+        let (attrs, id) = (g.attrs, g.next_id);
+        let nic = &self.s.nic;
+        let len = g.sq.len();
+        let Some(slot) = g.sq.next_free() else {
+            return Err(PostError::QueueFull("send", len));
+        };
         // SAFETY: forwarded from the caller.
-        let mut e = unsafe { self.prepare(&g, d, owned, Queue::Send)? };
-        e.id = g.next_id;
-        g.next_id = g.next_id.wrapping_add(1);
-        g.sq.push_back(e);
+        unsafe { prepare(nic, &attrs, slot, d, owned, Queue::Send)? };
+        slot.id = id;
+        g.next_id = id.wrapping_add(1);
+        g.sq.commit();
         if g.sq_sent == g.sq.len() - 1 {
             self.send_queued(&mut g);
         }
@@ -384,125 +493,22 @@ impl Vi {
         if self.state() == ViState::Error {
             return Err(PostError::ViError);
         }
-        if g.rq.len() >= g.attrs.recv_queue_depth as usize {
-            return Err(PostError::QueueFull("receive", g.rq.len()));
-        }
+        let attrs = g.attrs;
+        let len = g.rq.len();
+        let Some(slot) = g.rq.next_free() else {
+            return Err(PostError::QueueFull("receive", len));
+        };
         // SAFETY: forwarded from the caller.
-        let e = unsafe { self.prepare(&g, d, owned, Queue::Recv)? };
-        g.rq.push_back(e);
+        unsafe { prepare(&self.s.nic, &attrs, slot, d, owned, Queue::Recv)? };
+        g.rq.commit();
         Ok(())
-    }
-
-    /// Checks a descriptor and captures what progress needs from it.
-    ///
-    /// # Safety
-    /// `d` is valid as described in `post_send_raw`.
-    unsafe fn prepare(
-        &self,
-        g: &ViInner,
-        d: NonNull<Descriptor>,
-        owned: bool,
-        q: Queue,
-    ) -> Result<Posted, PostError> {
-        // SAFETY: the caller guarantees a valid control segment.
-        let cs = unsafe { &mut (*d.as_ptr()).cs };
-        if cs.control & control::RESERVED != 0 {
-            return Err(PostError::Format("reserved control bits are set"));
-        }
-        let n = cs.seg_count as usize;
-        if n > MAX_SEGMENTS {
-            return Err(PostError::Format("more segments than the Nic supports"));
-        }
-        // SAFETY: `n` segments follow the control segment (caller's contract,
-        // and at most MAX_SEGMENTS, which a `Descriptor` holds).
-        let segs: &[Segment] = unsafe {
-            std::slice::from_raw_parts((d.as_ptr() as *const u8).add(32) as *const Segment, n)
-        };
-        let op = match cs.control & control::OP_MASK {
-            control::OP_SENDRECV => Op::SendRecv,
-            control::OP_RDMAWRITE => Op::RdmaWrite,
-            control::OP_RDMAREAD => Op::RdmaRead,
-            _ => return Err(PostError::Format("unknown operation")),
-        };
-        if q == Queue::Recv && op != Op::SendRecv {
-            return Err(PostError::Format(
-                "a receive descriptor must have the send/receive operation",
-            ));
-        }
-        let (remote, local, first) = match op {
-            Op::SendRecv => ((0, MemHandle(0)), segs, 0),
-            Op::RdmaWrite | Op::RdmaRead => {
-                let Some((r, rest)) = segs.split_first() else {
-                    return Err(PostError::Format(
-                        "an RDMA descriptor needs an address segment",
-                    ));
-                };
-                ((r.addr, r.handle), rest, 1)
-            }
-        };
-        if op == Op::RdmaRead && g.attrs.reliability == Reliability::Unreliable {
-            return Err(PostError::NotEnabled(
-                "RDMA read (VIA requires a reliable VI)",
-            ));
-        }
-        if op == Op::RdmaRead && cs.control & control::IMMEDIATE != 0 {
-            return Err(PostError::Format("RDMA read carries no immediate data"));
-        }
-        let mut e = Posted {
-            desc: d,
-            owned,
-            op,
-            fence: cs.control & control::QFENCE != 0,
-            imm: (cs.control & control::IMMEDIATE != 0).then_some(cs.immediate_data),
-            ranges: [LocalRange {
-                ptr: std::ptr::null_mut(),
-                len: 0,
-            }; MAX_SEGMENTS],
-            nranges: 0,
-            total: 0,
-            remote,
-            id: 0,
-            end: 0,
-            needs_ack: false,
-            state: EntryState::Queued,
-        };
-        for (i, s) in local.iter().enumerate() {
-            if s.length == 0 {
-                continue;
-            }
-            self.s
-                .nic
-                .regions
-                .check(s.handle, g.attrs.ptag, s.addr, s.length as u64)
-                .map_err(|error| PostError::Segment {
-                    index: first + i,
-                    error,
-                })?;
-            e.ranges[e.nranges as usize] = LocalRange {
-                ptr: s.addr as *mut u8,
-                len: s.length as usize,
-            };
-            e.nranges += 1;
-            e.total += s.length as u64;
-        }
-        if e.total > g.attrs.max_transfer_size as u64 {
-            return Err(PostError::TooLong {
-                len: e.total,
-                max: g.attrs.max_transfer_size,
-            });
-        }
-        cs.status = 0;
-        if q == Queue::Recv {
-            cs.length = 0;
-        }
-        Ok(e)
     }
 
     /// Writes queued sends into the ring while it has room.
     fn send_queued(&self, g: &mut ViInner) {
         while g.sq_sent < g.sq.len() {
             let i = g.sq_sent;
-            if g.sq[i].fence && g.sq.iter().take(i).any(|e| e.state != EntryState::Done) {
+            if g.sq[i].fence && (0..i).any(|k| g.sq[k].state != EntryState::Done) {
                 return;
             }
             if !self.write_message(g, i) {
@@ -935,7 +941,7 @@ impl Vi {
         if head.state != EntryState::Done || head.owned != owned {
             return None;
         }
-        let e = match q {
+        let (desc, _) = match q {
             Queue::Send => {
                 g.sq_sent -= 1;
                 g.sq.pop_front()
@@ -945,7 +951,7 @@ impl Vi {
                 g.rq.pop_front()
             }
         }?;
-        Some(e.desc)
+        Some(desc)
     }
 
     fn done_inner(&self, q: Queue, owned: bool) -> Option<NonNull<Descriptor>> {
@@ -1275,6 +1281,104 @@ impl Vi {
     }
 }
 
+/// Checks a descriptor and captures what progress needs from it.
+///
+/// # Safety
+/// `d` is valid as described in `post_send_raw`.
+unsafe fn prepare(
+    nic: &NicShared,
+    attrs: &ViAttributes,
+    e: &mut Posted,
+    d: NonNull<Descriptor>,
+    owned: bool,
+    q: Queue,
+) -> Result<(), PostError> {
+    // SAFETY: the caller guarantees a valid control segment.
+    let cs = unsafe { &mut (*d.as_ptr()).cs };
+    if cs.control & control::RESERVED != 0 {
+        return Err(PostError::Format("reserved control bits are set"));
+    }
+    let n = cs.seg_count as usize;
+    if n > MAX_SEGMENTS {
+        return Err(PostError::Format("more segments than the Nic supports"));
+    }
+    // SAFETY: `n` segments follow the control segment (caller's contract,
+    // and at most MAX_SEGMENTS, which a `Descriptor` holds).
+    let segs: &[Segment] = unsafe {
+        std::slice::from_raw_parts((d.as_ptr() as *const u8).add(32) as *const Segment, n)
+    };
+    let op = match cs.control & control::OP_MASK {
+        control::OP_SENDRECV => Op::SendRecv,
+        control::OP_RDMAWRITE => Op::RdmaWrite,
+        control::OP_RDMAREAD => Op::RdmaRead,
+        _ => return Err(PostError::Format("unknown operation")),
+    };
+    if q == Queue::Recv && op != Op::SendRecv {
+        return Err(PostError::Format(
+            "a receive descriptor must have the send/receive operation",
+        ));
+    }
+    let (remote, local, first) = match op {
+        Op::SendRecv => ((0, MemHandle(0)), segs, 0),
+        Op::RdmaWrite | Op::RdmaRead => {
+            let Some((r, rest)) = segs.split_first() else {
+                return Err(PostError::Format(
+                    "an RDMA descriptor needs an address segment",
+                ));
+            };
+            ((r.addr, r.handle), rest, 1)
+        }
+    };
+    if op == Op::RdmaRead && attrs.reliability == Reliability::Unreliable {
+        return Err(PostError::NotEnabled(
+            "RDMA read (VIA requires a reliable VI)",
+        ));
+    }
+    if op == Op::RdmaRead && cs.control & control::IMMEDIATE != 0 {
+        return Err(PostError::Format("RDMA read carries no immediate data"));
+    }
+    e.desc = d;
+    e.owned = owned;
+    e.op = op;
+    e.fence = cs.control & control::QFENCE != 0;
+    e.imm = (cs.control & control::IMMEDIATE != 0).then_some(cs.immediate_data);
+    e.nranges = 0;
+    e.total = 0;
+    e.remote = remote;
+    e.id = 0;
+    e.end = 0;
+    e.needs_ack = false;
+    e.state = EntryState::Queued;
+    for (i, s) in local.iter().enumerate() {
+        if s.length == 0 {
+            continue;
+        }
+        nic.regions
+            .check(s.handle, attrs.ptag, s.addr, s.length as u64)
+            .map_err(|error| PostError::Segment {
+                index: first + i,
+                error,
+            })?;
+        e.ranges[e.nranges as usize] = LocalRange {
+            ptr: s.addr as *mut u8,
+            len: s.length as usize,
+        };
+        e.nranges += 1;
+        e.total += s.length as u64;
+    }
+    if e.total > attrs.max_transfer_size as u64 {
+        return Err(PostError::TooLong {
+            len: e.total,
+            max: attrs.max_transfer_size,
+        });
+    }
+    cs.status = 0;
+    if q == Queue::Recv {
+        cs.length = 0;
+    }
+    Ok(())
+}
+
 fn scatter(mut src: &[u8], dst: &[LocalRange]) {
     for r in dst {
         if src.is_empty() {
@@ -1312,10 +1416,12 @@ impl Drop for ViShared {
         if let Some(conn) = g.conn.take() {
             conn.close();
         }
-        for e in g.sq.drain(..).chain(g.rq.drain(..)) {
-            if e.owned {
-                // SAFETY: owned descriptors came from `Box::leak` in post_*.
-                drop(unsafe { Box::from_raw(e.desc.as_ptr()) });
+        for q in [&mut g.sq, &mut g.rq] {
+            while let Some((desc, owned)) = q.pop_front() {
+                if owned {
+                    // SAFETY: owned descriptors came from `Box::leak` in post_*.
+                    drop(unsafe { Box::from_raw(desc.as_ptr()) });
+                }
             }
         }
         self.nic.hold_ptag(g.attrs.ptag, -1);
