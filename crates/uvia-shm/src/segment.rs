@@ -53,13 +53,44 @@ impl Segment {
         Segment::map(fd, len)
     }
 
+    /// Maps a peer's segment for reading only (the descriptor may be
+    /// read-only). Its size is read from the file.
+    pub fn open_read_only(fd: OwnedFd) -> io::Result<Segment> {
+        // SAFETY: zeroed stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid pointer for the duration of the call.
+        cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } as _)?;
+        Segment::map_prot(fd, st.st_size as usize, libc::PROT_READ)
+    }
+
+    /// A read-only descriptor for the same memory, to hand to a peer that
+    /// may read but not write (or resize) it.
+    pub fn read_only_fd(&self) -> io::Result<OwnedFd> {
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+            .map_err(io::Error::other)?;
+        // SAFETY: a valid C string path; flags are constants.
+        let fd = cvt(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) } as _)?;
+        // SAFETY: a fresh descriptor we own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+
     fn map(fd: OwnedFd, len: usize) -> io::Result<Segment> {
+        Segment::map_prot(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    fn map_prot(fd: OwnedFd, len: usize, prot: libc::c_int) -> io::Result<Segment> {
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "empty shared segment",
+            ));
+        }
         // SAFETY: mapping a descriptor we own; the kernel picks the address.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                prot,
                 libc::MAP_SHARED | libc::MAP_POPULATE,
                 fd.as_raw_fd(),
                 0,
@@ -115,6 +146,22 @@ mod tests {
             *a.as_ptr().add(100) = 42;
             assert_eq!(*b.as_ptr().add(100), 42);
         }
+    }
+
+    #[test]
+    fn read_only_view_sees_writes_and_cannot_write() {
+        let a = Segment::create(c"t", 4096).unwrap();
+        let b = Segment::open_read_only(a.read_only_fd().unwrap()).unwrap();
+        // SAFETY: both mappings are 4096 bytes long.
+        unsafe {
+            *a.as_ptr().add(7) = 9;
+            assert_eq!(*b.as_ptr().add(7), 9);
+        }
+        // The descriptor itself refuses writes.
+        let fd = a.read_only_fd().unwrap();
+        // SAFETY: writing one byte from a live buffer to our descriptor.
+        let n = unsafe { libc::write(fd.as_raw_fd(), [1u8].as_ptr() as *const libc::c_void, 1) };
+        assert_eq!(n, -1);
     }
 
     #[test]

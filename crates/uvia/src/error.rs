@@ -43,6 +43,8 @@ pub enum MemError {
     TableFull(usize),
     #[error("memory handle {0:#x} does not name a registered region")]
     NotRegistered(u32),
+    #[error("cannot allocate {len} bytes of shareable memory: {reason}")]
+    Alloc { len: usize, reason: String },
 }
 
 /// Creating a VI or changing its attributes failed.

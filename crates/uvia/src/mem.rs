@@ -58,6 +58,10 @@ pub struct RegionInfo {
     pub start: u64,
     pub len: u64,
     pub attrs: MemAttributes,
+    /// The memfd behind a region the Nic allocated (shareable with a peer), or -1.
+    pub(crate) fd: i32,
+    /// Distinguishes registrations that reuse a handle's slot and generation.
+    pub(crate) serial: u32,
 }
 
 impl RegionInfo {
@@ -103,6 +107,8 @@ struct Slot {
     len: AtomicU64,
     ptag: AtomicU32,
     flags: AtomicU32,
+    fd: std::sync::atomic::AtomicI32,
+    serial: AtomicU32,
 }
 
 /// The Nic's region table.
@@ -114,6 +120,7 @@ pub(crate) struct RegionTable {
 struct TableAlloc {
     free: Vec<u32>,
     next_gen: u32,
+    next_serial: u32,
 }
 
 impl RegionTable {
@@ -124,6 +131,7 @@ impl RegionTable {
             alloc: Mutex::new(TableAlloc {
                 free: (0..capacity as u32).rev().collect(),
                 next_gen: 1,
+                next_serial: 1,
             }),
         }
     }
@@ -132,7 +140,14 @@ impl RegionTable {
         self.slots.len()
     }
 
-    pub(crate) fn insert(&self, start: u64, len: u64, attrs: MemAttributes) -> Option<MemHandle> {
+    /// Registers a range; `fd` is the memfd behind it (-1 for caller memory).
+    pub(crate) fn insert(
+        &self,
+        start: u64,
+        len: u64,
+        attrs: MemAttributes,
+        fd: i32,
+    ) -> Option<MemHandle> {
         let mut a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
         let idx = a.free.pop()?;
         let gen = a.next_gen;
@@ -148,6 +163,9 @@ impl RegionTable {
         let flags = (attrs.enable_rdma_write as u32 * FLAG_RDMA_WRITE)
             | (attrs.enable_rdma_read as u32 * FLAG_RDMA_READ);
         s.flags.store(flags, Ordering::Relaxed);
+        s.fd.store(fd, Ordering::Relaxed);
+        s.serial.store(a.next_serial, Ordering::Relaxed);
+        a.next_serial = a.next_serial.wrapping_add(1);
         // Release: a lookup that sees this generation sees the fields above.
         s.gen.store(gen, Ordering::Release);
         Some(MemHandle((gen << INDEX_BITS) | idx))
@@ -196,6 +214,8 @@ impl RegionTable {
                 enable_rdma_write: flags & FLAG_RDMA_WRITE != 0,
                 enable_rdma_read: flags & FLAG_RDMA_READ != 0,
             },
+            fd: s.fd.load(Ordering::Relaxed),
+            serial: s.serial.load(Ordering::Relaxed),
         };
         // A deregistration racing with this lookup changes the generation;
         // re-reading it rejects a torn view.
@@ -249,7 +269,7 @@ mod tests {
     fn insert_lookup_remove_and_stale_handle() {
         let t = RegionTable::new(4);
         let a = MemAttributes::new(Ptag(1)).rdma_write(true);
-        let h = t.insert(0x1000, 0x100, a).unwrap();
+        let h = t.insert(0x1000, 0x100, a, -1).unwrap();
         let r = t.lookup(h).unwrap();
         assert_eq!((r.start, r.len, r.attrs), (0x1000, 0x100, a));
         assert!(t.check(h, Ptag(1), 0x1080, 0x80).is_ok());
@@ -264,7 +284,7 @@ mod tests {
         assert!(t.remove(h).is_some());
         assert!(t.lookup(h).is_none());
         assert!(t.remove(h).is_none(), "second removal of one handle fails");
-        let h2 = t.insert(0x1000, 0x100, a).unwrap();
+        let h2 = t.insert(0x1000, 0x100, a, -1).unwrap();
         assert_ne!(h, h2, "slot reuse gets a new generation");
         assert_eq!(
             t.check(h, Ptag(1), 0x1000, 1),
@@ -276,8 +296,8 @@ mod tests {
     fn table_full_and_overflowing_range() {
         let t = RegionTable::new(1);
         let a = MemAttributes::new(Ptag(1));
-        let h = t.insert(u64::MAX - 10, 10, a).unwrap();
-        assert!(t.insert(0, 1, a).is_none());
+        let h = t.insert(u64::MAX - 10, 10, a, -1).unwrap();
+        assert!(t.insert(0, 1, a, -1).is_none());
         assert!(matches!(
             t.check(h, Ptag(1), u64::MAX - 5, 100),
             Err(AccessError::OutOfBounds { .. })

@@ -7,12 +7,10 @@ use crate::error::{MemError, OpenError, PtagError, ViAttrError};
 use crate::mem::{MemAttributes, Ptag, RegionInfo, RegionTable};
 use crate::shm::INLINE_MAX;
 use crate::vi::{Reliability, Vi, ViAttributes};
-use std::alloc::Layout;
 use std::collections::HashMap;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use uvia_shm::{Listener, SocketDir};
+use uvia_shm::{Listener, Segment as ShmSegment, SocketDir};
 
 /// What a Nic can do, fixed when it is opened.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,12 +174,22 @@ impl Nic {
                 len: len as u64,
             });
         }
+        self.register(addr, len, attrs, -1)
+    }
+
+    fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        attrs: MemAttributes,
+        fd: i32,
+    ) -> Result<MemHandle, MemError> {
         self.s
             .check_ptag(attrs.ptag)
             .map_err(|_| MemError::InvalidPtag(attrs.ptag.0))?;
         self.s
             .regions
-            .insert(addr as u64, len as u64, attrs)
+            .insert(addr as u64, len as u64, attrs, fd)
             .ok_or(MemError::TableFull(self.s.regions.capacity()))
     }
 
@@ -211,32 +219,26 @@ impl Nic {
     }
 
     /// Allocates `len` zeroed, page-aligned bytes and registers them.
+    ///
+    /// The memory is a memfd mapping, so the `shm` provider can let a peer
+    /// map it read-only and copy large messages out of it once, with a plain
+    /// memory copy (memory registered with [`register_mem`](Self::register_mem)
+    /// is copied by cross-memory attach instead).
     pub fn alloc_region(&self, len: usize, attrs: MemAttributes) -> Result<MemoryRegion, MemError> {
         if len == 0 {
             return Err(MemError::Empty);
         }
-        let layout = Layout::from_size_align(len, 4096).map_err(|_| MemError::Wraps {
-            addr: 0,
-            len: len as u64,
+        let seg = ShmSegment::create(c"uvia-region", len).map_err(|e| MemError::Alloc {
+            len,
+            reason: e.to_string(),
         })?;
-        // SAFETY: non-zero size layout.
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
-            .unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        // SAFETY: the allocation lives until the region is dropped, which
-        // deregisters it first.
-        match unsafe { self.register_mem(ptr.as_ptr(), len, attrs) } {
-            Ok(handle) => Ok(MemoryRegion {
-                nic: self.clone(),
-                ptr,
-                layout,
-                handle,
-            }),
-            Err(e) => {
-                // SAFETY: allocated above with this layout, never shared.
-                unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-                Err(e)
-            }
-        }
+        let handle = self.register(seg.as_ptr(), len, attrs, seg.fd())?;
+        Ok(MemoryRegion {
+            nic: self.clone(),
+            seg,
+            len,
+            handle,
+        })
     }
 
     /// Creates a VI. Completions of its send and receive queues are reported
@@ -297,16 +299,19 @@ impl Drop for NicShared {
 /// Memory the Nic allocated and registered; deregistered and freed on drop.
 pub struct MemoryRegion {
     nic: Nic,
-    ptr: NonNull<u8>,
-    layout: Layout,
+    seg: ShmSegment,
+    len: usize,
     handle: MemHandle,
 }
 
-// SAFETY: the region owns its allocation; the raw pointer is not shared
-// with anything that outlives it.
-unsafe impl Send for MemoryRegion {}
-// SAFETY: shared references only read through `as_slice`.
-unsafe impl Sync for MemoryRegion {}
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("handle", &self.handle)
+            .field("len", &self.len)
+            .finish()
+    }
+}
 
 impl MemoryRegion {
     pub fn handle(&self) -> MemHandle {
@@ -314,34 +319,34 @@ impl MemoryRegion {
     }
 
     pub fn addr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.seg.as_ptr()
     }
 
     pub fn len(&self) -> usize {
-        self.layout.size()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.layout.size() == 0
+        self.len == 0
     }
 
     /// The bytes. Do not read bytes a posted descriptor is writing.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the allocation is `len` initialised (zeroed) bytes owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
+        // SAFETY: the mapping is `len` initialised (zero-filled) bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.seg.as_ptr(), self.len) }
     }
 
     /// The bytes, writable. Do not change bytes a posted descriptor is reading.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, with exclusive access through `&mut self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
+        unsafe { std::slice::from_raw_parts_mut(self.seg.as_ptr(), self.len) }
     }
 
     /// A data segment for `len` bytes at `offset`. Bounds are checked when
     /// the descriptor is posted, not here.
     pub fn segment(&self, offset: usize, len: usize) -> Segment {
         Segment::local(
-            self.ptr.as_ptr().wrapping_add(offset),
+            self.seg.as_ptr().wrapping_add(offset),
             self.handle,
             len as u32,
         )
@@ -349,16 +354,14 @@ impl MemoryRegion {
 
     /// An address segment naming `offset` of this region, for a peer's RDMA.
     pub fn remote(&self, offset: usize) -> Segment {
-        Segment::remote(self.ptr.as_ptr() as u64 + offset as u64, self.handle)
+        Segment::remote(self.seg.as_ptr() as u64 + offset as u64, self.handle)
     }
 }
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        // Deregister before the mapping goes (the segment drops after this).
         let _ = self.nic.deregister_mem(self.handle);
-        // SAFETY: allocated in `alloc_region` with this layout; deregistered
-        // above so the Nic no longer names it.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
     }
 }
 

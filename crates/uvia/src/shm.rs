@@ -10,12 +10,13 @@
 //! layout and the message format; the VI logic that drives it is in `vi`.
 
 use crate::desc::MemHandle;
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use uvia_shm::cma::RemoteRange;
+use uvia_shm::cma::{LocalRange, RemoteRange};
 use uvia_shm::{ring_bytes, Consumer, Doorbell, Producer, Segment, Stream, RING_ALIGN};
 
 pub(crate) const SEG_MAGIC: u64 = u64::from_le_bytes(*b"UVIA-SHM");
@@ -74,7 +75,22 @@ pub(crate) const MSG_HEADER: usize = 16;
 /// Bytes of the RDMA extension after the common header.
 pub(crate) const RDMA_HEADER: usize = 16;
 /// Bytes of one address range in a by-reference message.
-pub(crate) const RANGE_BYTES: usize = 16;
+pub(crate) const RANGE_BYTES: usize = 24;
+
+/// One range of a by-reference message: an offset into a region the sender
+/// has shared (`handle` non-zero; the receiver copies from its read-only
+/// mapping) or an address in the sender's memory (`handle` zero; copied by
+/// cross-memory attach).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WireRange {
+    pub addr: u64,
+    pub len: u64,
+    pub handle: MemHandle,
+    pub serial: u32,
+}
+
+/// Tag of a region announcement on the rendezvous socket.
+const REGION_MAGIC: [u8; 4] = *b"UVRG";
 
 /// A message header as parsed from (or written to) a ring record.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -148,7 +164,7 @@ impl MsgHeader {
     }
 
     /// Reads the address ranges of a by-reference message from `body`.
-    pub fn ranges(&self, body: &[u8], out: &mut [RemoteRange]) -> Option<usize> {
+    pub fn ranges(&self, body: &[u8], out: &mut [WireRange]) -> Option<usize> {
         let n = self.nranges as usize;
         if n > out.len() {
             return None;
@@ -157,9 +173,11 @@ impl MsgHeader {
         let bytes = body.get(start..start + n * RANGE_BYTES)?;
         for (i, o) in out.iter_mut().take(n).enumerate() {
             let r = &bytes[i * RANGE_BYTES..(i + 1) * RANGE_BYTES];
-            *o = RemoteRange {
+            *o = WireRange {
                 addr: u64::from_le_bytes(r[0..8].try_into().ok()?),
                 len: u64::from_le_bytes(r[8..16].try_into().ok()?),
+                handle: MemHandle(u32::from_le_bytes(r[16..20].try_into().ok()?)),
+                serial: u32::from_le_bytes(r[20..24].try_into().ok()?),
             };
         }
         Some(n)
@@ -170,10 +188,12 @@ impl MsgHeader {
 ///
 /// # Safety
 /// `body` is valid for `hdr.size() + (i + 1) * RANGE_BYTES` bytes.
-pub(crate) unsafe fn write_range(body: *mut u8, hdr: &MsgHeader, i: usize, addr: u64, len: u64) {
+pub(crate) unsafe fn write_range(body: *mut u8, hdr: &MsgHeader, i: usize, w: &WireRange) {
     let mut r = [0u8; RANGE_BYTES];
-    r[0..8].copy_from_slice(&addr.to_le_bytes());
-    r[8..16].copy_from_slice(&len.to_le_bytes());
+    r[0..8].copy_from_slice(&w.addr.to_le_bytes());
+    r[8..16].copy_from_slice(&w.len.to_le_bytes());
+    r[16..20].copy_from_slice(&w.handle.0.to_le_bytes());
+    r[20..24].copy_from_slice(&w.serial.to_le_bytes());
     // SAFETY: the caller guarantees the room.
     unsafe {
         std::ptr::copy_nonoverlapping(
@@ -195,6 +215,10 @@ pub(crate) struct ShmConn {
     pub stream: Stream,
     pub peer_pid: i32,
     peer_eventfds: Vec<OwnedFd>,
+    /// Regions of ours the peer has been given: (handle, serial).
+    announced: Vec<(u32, u32)>,
+    /// The peer's regions we have mapped read-only: handle -> (serial, mapping).
+    peer_regions: HashMap<u32, (u32, Segment)>,
     side: usize,
     seg: Arc<Segment>,
 }
@@ -256,6 +280,8 @@ impl ShmConn {
             stream,
             peer_pid,
             peer_eventfds,
+            announced: Vec::new(),
+            peer_regions: HashMap::new(),
             side,
             seg,
         }
@@ -297,12 +323,161 @@ impl ShmConn {
         }
     }
 
+    /// Gives the peer a read-only descriptor of region (`handle`, `serial`)
+    /// backed by memfd `fd`, once per connection. Sent before any ring
+    /// message that names the region: a Unix socket queues it at the peer
+    /// before `send` returns, so the peer finds it when it needs it.
+    pub fn announce(&mut self, handle: MemHandle, serial: u32, fd: RawFd) -> io::Result<()> {
+        if self.announced.contains(&(handle.0, serial)) {
+            return Ok(());
+        }
+        let ro = reopen_read_only(fd)?;
+        let mut m = [0u8; 12];
+        m[0..4].copy_from_slice(&REGION_MAGIC);
+        m[4..8].copy_from_slice(&handle.0.to_le_bytes());
+        m[8..12].copy_from_slice(&serial.to_le_bytes());
+        self.stream.send(&m, &[ro.as_raw_fd()])?;
+        self.announced.push((handle.0, serial));
+        Ok(())
+    }
+
+    /// The peer's region (`handle`, `serial`), mapped read-only; reads the
+    /// announcements waiting on the socket when it is not mapped yet.
+    pub fn peer_region(&mut self, handle: MemHandle, serial: u32) -> Option<&Segment> {
+        if self
+            .peer_regions
+            .get(&handle.0)
+            .is_none_or(|(s, _)| *s != serial)
+        {
+            loop {
+                let mut m = [0u8; 16];
+                let (n, mut fds) = self
+                    .stream
+                    .recv(&mut m, Some(std::time::Duration::ZERO))
+                    .ok()??;
+                if n != 12 || m[0..4] != REGION_MAGIC || fds.len() != 1 {
+                    return None;
+                }
+                let h = u32::from_le_bytes([m[4], m[5], m[6], m[7]]);
+                let s = u32::from_le_bytes([m[8], m[9], m[10], m[11]]);
+                let seg = Segment::open_read_only(fds.remove(0)).ok()?;
+                self.peer_regions.insert(h, (s, seg));
+                if h == handle.0 && s == serial {
+                    break;
+                }
+            }
+        }
+        self.peer_regions.get(&handle.0).map(|(_, seg)| seg)
+    }
+
+    /// Copies the data a by-reference message names into `local`, in order.
+    /// `false` if a range cannot be read (unknown region, out of bounds, or
+    /// the peer's memory is gone).
+    pub fn gather(&mut self, ranges: &[WireRange], local: &[LocalRange]) -> bool {
+        let mut cur = Cursor {
+            local,
+            i: 0,
+            off: 0,
+        };
+        for r in ranges {
+            let len = r.len as usize;
+            if r.handle.0 == 0 {
+                let mut sub = [LocalRange {
+                    ptr: std::ptr::null_mut(),
+                    len: 0,
+                }; crate::desc::MAX_SEGMENTS];
+                let Some(n) = cur.take(len, &mut sub) else {
+                    return false;
+                };
+                let remote = [RemoteRange {
+                    addr: r.addr,
+                    len: r.len,
+                }];
+                // SAFETY: local sub-ranges lie in registered receive memory.
+                if unsafe { uvia_shm::cma::read(self.peer_pid, &sub[..n], &remote, len) }.is_err() {
+                    return false;
+                }
+            } else {
+                let Some(seg) = self.peer_region(r.handle, r.serial) else {
+                    return false;
+                };
+                if r.addr
+                    .checked_add(r.len)
+                    .is_none_or(|end| end > seg.len() as u64)
+                {
+                    return false;
+                }
+                // SAFETY: the range was checked against the mapping's length.
+                let src = unsafe { seg.as_ptr().add(r.addr as usize) };
+                let mut sub = [LocalRange {
+                    ptr: std::ptr::null_mut(),
+                    len: 0,
+                }; crate::desc::MAX_SEGMENTS];
+                let Some(n) = cur.take(len, &mut sub) else {
+                    return false;
+                };
+                let mut at = 0;
+                for d in &sub[..n] {
+                    // SAFETY: `d` is registered receive memory; the source
+                    // range lies inside the peer's mapping (checked above).
+                    unsafe { std::ptr::copy_nonoverlapping(src.add(at), d.ptr, d.len) };
+                    at += d.len;
+                }
+            }
+        }
+        true
+    }
+
     /// Tells the peer this side is going away and closes the socket.
     pub fn close(&self) {
         self.peers().closed.store(1, Ordering::Release);
         self.wake_peer();
         self.stream.shutdown();
     }
+}
+
+/// Walks a list of local ranges, handing out consecutive pieces.
+struct Cursor<'a> {
+    local: &'a [LocalRange],
+    i: usize,
+    off: usize,
+}
+
+impl Cursor<'_> {
+    /// The next `len` bytes as sub-ranges in `out`; `None` if the local
+    /// ranges are too short or too fragmented for `out`.
+    fn take(&mut self, mut len: usize, out: &mut [LocalRange]) -> Option<usize> {
+        let mut n = 0;
+        while len > 0 {
+            let r = self.local.get(self.i)?;
+            let k = (r.len - self.off).min(len);
+            if k > 0 {
+                *out.get_mut(n)? = LocalRange {
+                    ptr: r.ptr.wrapping_add(self.off),
+                    len: k,
+                };
+                n += 1;
+            }
+            len -= k;
+            self.off += k;
+            if self.off == r.len {
+                self.i += 1;
+                self.off = 0;
+            }
+        }
+        Some(n)
+    }
+}
+
+fn reopen_read_only(fd: RawFd) -> io::Result<OwnedFd> {
+    let path = CString::new(format!("/proc/self/fd/{fd}")).map_err(io::Error::other)?;
+    // SAFETY: a valid C string path; flags are constants.
+    let r = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(r) })
 }
 
 /// Side `side`'s control block in a connection segment (checked or created
@@ -437,7 +612,17 @@ mod tests {
         // SAFETY: 64 bytes hold a 32-byte header and one range.
         unsafe {
             h.write(b.as_mut_ptr());
-            write_range(b.as_mut_ptr(), &h, 0, 0xdead_0000, 4096);
+            write_range(
+                b.as_mut_ptr(),
+                &h,
+                0,
+                &WireRange {
+                    addr: 0xdead_0000,
+                    len: 4096,
+                    handle: MemHandle(7),
+                    serial: 9,
+                },
+            );
         }
         assert_eq!(
             &b[16..32],
@@ -469,7 +654,7 @@ mod tests {
         let mut b = [0u8; 64];
         // SAFETY: room for the header.
         unsafe { h.write(b.as_mut_ptr()) };
-        let mut r = [RemoteRange { addr: 0, len: 0 }; 6];
+        let mut r = [WireRange::default(); 6];
         assert_eq!(h.ranges(&b, &mut r), None, "more ranges than room");
     }
 }

@@ -15,7 +15,7 @@ use crate::error::{ConnectError, PostError, Rejected, ViAttrError, WaitError};
 use crate::mem::{AccessError, Ptag};
 use crate::nic::{Nic, NicShared};
 use crate::shm::hello::{self, Hello};
-use crate::shm::{flag, kind, MsgHeader, ShmConn, INLINE_MAX};
+use crate::shm::{flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX};
 use spin::{Mutex, MutexGuard};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
@@ -133,6 +133,26 @@ enum EntryState {
     Done,
 }
 
+/// The registered region a local range lies in.
+#[derive(Clone, Copy)]
+struct Source {
+    handle: MemHandle,
+    serial: u32,
+    /// The region's memfd, or -1 for caller memory.
+    fd: i32,
+    /// Offset of the range in the region.
+    offset: u64,
+}
+
+impl Source {
+    const NONE: Source = Source {
+        handle: MemHandle(0),
+        serial: 0,
+        fd: -1,
+        offset: 0,
+    };
+}
+
 /// A posted descriptor with what the post checked, so that progress never
 /// re-reads (or trusts) the caller's segments.
 struct Posted {
@@ -142,6 +162,8 @@ struct Posted {
     fence: bool,
     imm: Option<u32>,
     ranges: [LocalRange; MAX_SEGMENTS],
+    /// Where each range lives: its region, to share it with the peer.
+    src: [Source; MAX_SEGMENTS],
     nranges: u8,
     total: u64,
     remote: (u64, MemHandle),
@@ -174,6 +196,7 @@ impl Posted {
                 ptr: std::ptr::null_mut(),
                 len: 0,
             }; MAX_SEGMENTS],
+            src: [Source::NONE; MAX_SEGMENTS],
             nranges: 0,
             total: 0,
             remote: (0, MemHandle(0)),
@@ -564,8 +587,29 @@ impl Vi {
         unsafe {
             hdr.write(p);
             if by_ref {
-                for (k, r) in e.ranges().iter().enumerate() {
-                    crate::shm::write_range(p, &hdr, k, r.ptr as u64, r.len as u64);
+                for k in 0..e.nranges as usize {
+                    let (r, src) = (e.ranges[k], e.src[k]);
+                    // Data the peer reads comes from a shared mapping when
+                    // the region can be shared; an RDMA read's ranges are
+                    // written by the peer, so they stay addresses.
+                    let shared = e.op != Op::RdmaRead
+                        && src.fd >= 0
+                        && conn.announce(src.handle, src.serial, src.fd).is_ok();
+                    let w = if shared {
+                        WireRange {
+                            addr: src.offset,
+                            len: r.len as u64,
+                            handle: src.handle,
+                            serial: src.serial,
+                        }
+                    } else {
+                        WireRange {
+                            addr: r.ptr as u64,
+                            len: r.len as u64,
+                            ..WireRange::default()
+                        }
+                    };
+                    crate::shm::write_range(p, &hdr, k, &w);
                 }
             } else {
                 let mut at = p.add(hdr.size());
@@ -735,7 +779,7 @@ impl Vi {
                 // is held back by the ring, nothing is lost).
                 return moved;
             }
-            let mut remote = [RemoteRange { addr: 0, len: 0 }; MAX_SEGMENTS];
+            let mut remote = [WireRange::default(); MAX_SEGMENTS];
             let by_ref = h.flags & flag::BY_REF != 0;
             let mut nr = 0;
             let mut malformed = false;
@@ -767,11 +811,7 @@ impl Vi {
                         }
                     } else {
                         let ok = if by_ref {
-                            // SAFETY: local ranges are registered receive memory checked at post.
-                            unsafe {
-                                cma::read(conn.peer_pid, e.ranges(), &remote[..nr], h.len as usize)
-                            }
-                            .is_ok()
+                            conn.gather(&remote[..nr], e.ranges())
                         } else {
                             scatter(&inline[..h.len as usize], e.ranges());
                             true
@@ -805,13 +845,7 @@ impl Vi {
                             // side's registered regions, tag and enable bits.
                             let ok = unsafe {
                                 match (write, by_ref) {
-                                    (true, true) => cma::read(
-                                        conn.peer_pid,
-                                        &target[..nt],
-                                        &remote[..nr],
-                                        h.len as usize,
-                                    )
-                                    .is_ok(),
+                                    (true, true) => conn.gather(&remote[..nr], &target[..nt]),
                                     (true, false) => {
                                         std::ptr::copy_nonoverlapping(
                                             inline.as_ptr(),
@@ -820,13 +854,24 @@ impl Vi {
                                         );
                                         true
                                     }
-                                    (false, _) => cma::write(
-                                        conn.peer_pid,
-                                        &target[..nt],
-                                        &remote[..nr],
-                                        h.len as usize,
-                                    )
-                                    .is_ok(),
+                                    (false, _) => {
+                                        let mut dst =
+                                            [RemoteRange { addr: 0, len: 0 }; MAX_SEGMENTS];
+                                        for (d, r) in dst.iter_mut().zip(&remote[..nr]) {
+                                            *d = RemoteRange {
+                                                addr: r.addr,
+                                                len: r.len,
+                                            };
+                                        }
+                                        remote[..nr].iter().all(|r| r.handle.0 == 0)
+                                            && cma::write(
+                                                conn.peer_pid,
+                                                &target[..nt],
+                                                &dst[..nr],
+                                                h.len as usize,
+                                            )
+                                            .is_ok()
+                                    }
                                 }
                             };
                             if !ok {
@@ -1353,12 +1398,19 @@ unsafe fn prepare(
         if s.length == 0 {
             continue;
         }
-        nic.regions
+        let region = nic
+            .regions
             .check(s.handle, attrs.ptag, s.addr, s.length as u64)
             .map_err(|error| PostError::Segment {
                 index: first + i,
                 error,
             })?;
+        e.src[e.nranges as usize] = Source {
+            handle: s.handle,
+            serial: region.serial,
+            fd: region.fd,
+            offset: s.addr - region.start,
+        };
         e.ranges[e.nranges as usize] = LocalRange {
             ptr: s.addr as *mut u8,
             len: s.length as usize,
