@@ -630,15 +630,16 @@ mod tests {
         );
         let p = MsgHeader::parse(&b).unwrap();
         assert_eq!(p, h);
-        let mut r = [RemoteRange { addr: 0, len: 0 }; 4];
+        let mut r = [WireRange::default(); 4];
         assert_eq!(p.ranges(&b, &mut r), Some(1));
-        assert_eq!(
-            r[0],
-            RemoteRange {
-                addr: 0xdead_0000,
-                len: 4096
-            }
-        );
+        let want = WireRange {
+            addr: 0xdead_0000,
+            len: 4096,
+            handle: MemHandle(7),
+            serial: 9,
+        };
+        assert_eq!(r[0], want);
+        assert_eq!(&b[48..56], &[7, 0, 0, 0, 9, 0, 0, 0]);
     }
 
     #[test]
