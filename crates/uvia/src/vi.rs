@@ -306,6 +306,8 @@ struct ViInner {
     spin: Duration,
     /// Set when an error reported by the peer should end the connection.
     failed: Option<u32>,
+    /// The server's listening socket, on the client side of a connection.
+    server_socket: Option<std::path::PathBuf>,
 }
 
 pub(crate) struct ViShared {
@@ -370,6 +372,7 @@ impl Vi {
                     idle: 0,
                     spin: DEFAULT_WAIT_SPIN,
                     failed: None,
+                    server_socket: None,
                 }),
             }),
         };
@@ -938,7 +941,16 @@ impl Vi {
         let Some(conn) = g.conn.as_ref() else {
             return false;
         };
-        if conn.mine().closed.load(Ordering::Acquire) != 0 || conn.stream.peer_gone() {
+        let closed = conn.mine().closed.load(Ordering::Acquire) != 0;
+        if closed || conn.stream.peer_gone() {
+            if !closed {
+                // The peer died without disconnecting. If it was the server,
+                // its listening socket may be left behind: remove it if
+                // nobody accepts on it any more.
+                if let Some(path) = &g.server_socket {
+                    let _ = uvia_shm::socket::remove_if_stale(path);
+                }
+            }
             // Messages the peer published before leaving are still delivered.
             self.serve_incoming(g);
             self.fail(g, status::TRANSPORT_ERROR);
@@ -1200,6 +1212,7 @@ impl Vi {
         let (pid, _) = stream.peer_cred()?;
         let mut g = self.lock();
         self.install(&mut g, seg, 0, stream, pid, peer_fds, (&reply).into());
+        g.server_socket = Some(path);
         Ok((&reply).into())
     }
 
@@ -1273,6 +1286,7 @@ impl Vi {
         g.remote = Some(remote);
         g.idle = 0;
         g.failed = None;
+        g.server_socket = None;
         self.set_state(ViState::Connected);
     }
 
