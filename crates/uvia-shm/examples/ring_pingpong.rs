@@ -67,4 +67,35 @@ fn main() {
         (s[s.len() / 2] / 2).as_nanos()
     );
     drop(seg);
+    cacheline(iters);
+}
+
+/// The raw limit for comparison: one shared cache line bounced between the
+/// two cores, timed the same way.
+fn cacheline(iters: usize) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let line: &'static Line = Box::leak(Box::new(Line(AtomicU64::new(0))));
+    let t = std::thread::spawn(move || {
+        pin(1);
+        for i in 0..iters as u64 {
+            while line.0.load(Ordering::Acquire) != 2 * i + 1 {}
+            line.0.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    pin(0);
+    let mut s = Vec::with_capacity(iters);
+    for i in 0..iters as u64 {
+        let t0 = Instant::now();
+        line.0.store(2 * i + 1, Ordering::Release);
+        while line.0.load(Ordering::Acquire) != 2 * i + 2 {}
+        s.push(t0.elapsed());
+    }
+    t.join().unwrap();
+    s.sort();
+    println!(
+        "cache line one-way p50 {} ns",
+        (s[s.len() / 2] / 2).as_nanos()
+    );
 }

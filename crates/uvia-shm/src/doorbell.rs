@@ -79,7 +79,7 @@ impl Doorbell {
     /// Called by the waker after it has published its data. Returns the arm
     /// flags that were set (0 when nobody sleeps); wakes a futex sleeper itself
     /// and leaves an eventfd wake-up to the caller, who holds the descriptor.
-    #[inline]
+    #[inline(always)]
     pub fn ring(&self) -> u32 {
         if self.sleepy.load(Ordering::Relaxed) == 0 {
             return 0;

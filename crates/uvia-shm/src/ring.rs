@@ -41,10 +41,12 @@ struct RecordHeader {
 /// The stamp a record starting at line index `pos` carries. Never zero on the
 /// first lap, so zero-filled memory reads as empty; on later laps a stale
 /// stamp differs because the ring is far smaller than 2^32 lines.
+#[inline(always)]
 fn stamp_for(pos: u64) -> u32 {
     (pos as u32).wrapping_add(1)
 }
 
+#[inline(always)]
 fn lines_for(body_len: usize) -> u64 {
     (RECORD_HEADER + body_len).div_ceil(LINE) as u64
 }
@@ -96,12 +98,14 @@ impl Shared {
     }
 
     /// The record header at line index `pos`.
+    #[inline(always)]
     fn record(&self, pos: u64) -> &RecordHeader {
         let off = ((pos & (self.nlines - 1)) as usize) * LINE;
         // SAFETY: `off` is inside the line array and line aligned.
         unsafe { &*(self.lines.add(off) as *const RecordHeader) }
     }
 
+    #[inline(always)]
     fn body(&self, pos: u64) -> *mut u8 {
         let off = ((pos & (self.nlines - 1)) as usize) * LINE + RECORD_HEADER;
         // SAFETY: inside the line array.
@@ -145,6 +149,7 @@ impl Producer {
     }
 
     /// Line index just past the last published record.
+    #[inline]
     pub fn head(&self) -> u64 {
         self.head
     }
@@ -160,6 +165,7 @@ impl Producer {
     /// the body, or `None` while the ring is full. `len` must not exceed
     /// [`max_body`](Self::max_body). The record is invisible to the consumer
     /// until [`commit`](Self::commit).
+    #[inline(always)]
     pub fn reserve(&mut self, len: usize) -> Option<*mut u8> {
         debug_assert!(len <= self.max_body());
         debug_assert_eq!(self.reserved, 0, "reserve twice without commit");
@@ -193,6 +199,7 @@ impl Producer {
     }
 
     /// Publishes the record reserved last.
+    #[inline(always)]
     pub fn commit(&mut self) {
         debug_assert!(self.reserved > 0, "commit without reserve");
         // Release: the body written through the reserved pointer is visible
@@ -280,7 +287,7 @@ impl Consumer {
 
     /// The next record, if one has been published. Calling it again without
     /// `release` returns the same record.
-    #[inline]
+    #[inline(always)]
     pub fn peek(&mut self) -> Result<Option<Record>, Corrupt> {
         loop {
             let rec = self.ring.record(self.pos);
@@ -308,7 +315,7 @@ impl Consumer {
     }
 
     /// Gives the lines of `rec` (and any pad before it) back to the producer.
-    #[inline]
+    #[inline(always)]
     pub fn release(&mut self, rec: Record) {
         self.pos = rec.end;
         // Release: our reads of the body (and anything we wrote before, such

@@ -104,6 +104,7 @@ impl Segment {
         Ok(Segment { fd, base, len })
     }
 
+    #[inline(always)]
     pub fn as_ptr(&self) -> *mut u8 {
         self.base.as_ptr()
     }

@@ -139,6 +139,7 @@ impl MsgHeader {
 
     /// Parses a header from the start of a record body of `avail` bytes.
     /// `None` if the bytes cannot be a header.
+    #[inline(always)]
     pub fn parse(body: &[u8]) -> Option<MsgHeader> {
         let b = body.get(..MSG_HEADER)?;
         let u32_at = |s: &[u8], o: usize| u32::from_le_bytes([s[o], s[o + 1], s[o + 2], s[o + 3]]);
@@ -287,6 +288,7 @@ impl ShmConn {
         }
     }
 
+    #[inline(always)]
     fn block(&self, side: usize) -> &SideBlock {
         block_in(&self.seg, side)
     }
@@ -308,7 +310,7 @@ impl ShmConn {
 
     /// Wakes the peer if it sleeps (futex) or waits on a completion queue
     /// (eventfd). One fence and one load when it does neither.
-    #[inline]
+    #[inline(always)]
     pub fn wake_peer(&self) {
         let how = self.peers().bell.ring();
         if how & uvia_shm::doorbell::EVENTFD != 0 {
@@ -482,6 +484,7 @@ fn reopen_read_only(fd: RawFd) -> io::Result<OwnedFd> {
 
 /// Side `side`'s control block in a connection segment (checked or created
 /// by this module, so at least the full layout long).
+#[inline(always)]
 pub(crate) fn block_in(seg: &Segment, side: usize) -> &SideBlock {
     debug_assert!(side < 2 && seg.len() >= HEADER_BYTES + 2 * BLOCK_BYTES);
     // SAFETY: both blocks lie inside the segment after the header, aligned to

@@ -233,6 +233,7 @@ impl SlotQueue {
         self.len == 0
     }
 
+    #[inline]
     fn slot(&self, i: usize) -> usize {
         let at = self.head + i;
         if at >= self.slots.len() {
@@ -259,6 +260,7 @@ impl SlotQueue {
         (self.len > 0).then(|| &self.slots[self.head])
     }
 
+    #[inline]
     fn pop_front(&mut self) -> Option<(NonNull<Descriptor>, bool)> {
         let e = self.front()?;
         let r = (e.desc, e.owned);
@@ -489,6 +491,10 @@ impl Vi {
             ViState::Error => return Err(PostError::ViError),
             st => return Err(PostError::NotConnected(st)),
         }
+        // SAFETY: forwarded from the caller.
+        if let Some(r) = unsafe { self.send_inline_fast(&mut g, d, owned) } {
+            return r;
+        }
         let (attrs, id) = (g.attrs, g.next_id);
         let nic = &self.s.nic;
         let len = g.sq.len();
@@ -504,6 +510,133 @@ impl Vi {
             self.send_queued(&mut g);
         }
         Ok(())
+    }
+
+    /// The common case in few instructions: a plain send of one segment that
+    /// fits inline, nothing queued ahead of it, completing when written
+    /// (Unreliable and Reliable Delivery). `None` leaves the descriptor to
+    /// the general path, which gives the same result for these cases.
+    ///
+    /// # Safety
+    /// As for [`post_send_raw`](Self::post_send_raw).
+    #[inline]
+    unsafe fn send_inline_fast(
+        &self,
+        g: &mut ViInner,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Option<Result<(), PostError>> {
+        // SAFETY: the caller guarantees a valid control segment.
+        let cs = unsafe { &mut (*d.as_ptr()).cs };
+        if cs.control & !control::IMMEDIATE != 0
+            || cs.seg_count != 1
+            || g.sq_sent != g.sq.len()
+            || g.attrs.reliability == Reliability::ReliableReception
+        {
+            return None;
+        }
+        // SAFETY: one segment follows the control segment (caller's contract).
+        let s = unsafe { *((d.as_ptr() as *const u8).add(32) as *const Segment) };
+        let len = s.length as usize;
+        if len > INLINE_MAX || s.length > g.attrs.max_transfer_size {
+            return None;
+        }
+        if let Err(error) = self
+            .s
+            .nic
+            .regions
+            .check(s.handle, g.attrs.ptag, s.addr, len as u64)
+        {
+            return Some(Err(PostError::Segment { index: 0, error }));
+        }
+        let id = g.next_id;
+        let ViInner { conn, sq, .. } = g;
+        let slot = sq.next_free()?;
+        let conn = conn.as_mut()?;
+        let p = conn.tx.reserve(crate::shm::MSG_HEADER + len)?;
+        let imm = cs.control & control::IMMEDIATE != 0;
+        let hdr = MsgHeader {
+            kind: kind::SEND,
+            flags: imm as u8 * flag::IMM,
+            imm: cs.immediate_data,
+            len: len as u32,
+            id,
+            ..MsgHeader::default()
+        };
+        // SAFETY: `reserve` gave room for the header and `len` bytes; the
+        // source was checked against registered memory above.
+        unsafe {
+            hdr.write(p);
+            crate::copy::copy(p.add(crate::shm::MSG_HEADER), s.addr as *const u8, len);
+        }
+        conn.tx.commit();
+        conn.wake_peer();
+        cs.length = len as u32;
+        cs.status = status::DONE | status::OP_SEND;
+        slot.desc = d;
+        slot.owned = owned;
+        slot.op = Op::SendRecv;
+        slot.total = len as u64;
+        slot.nranges = 0;
+        slot.id = id;
+        slot.state = EntryState::Done;
+        sq.commit();
+        g.sq_sent += 1;
+        g.next_id = id.wrapping_add(1);
+        if let Some(cq) = &self.s.send_cq {
+            cq.notify(&self.s, Queue::Send);
+        }
+        Some(Ok(()))
+    }
+
+    /// The receiving half of the common case: the next message is an inline
+    /// send and the oldest receive is waiting for it. Completes and returns
+    /// that receive; `None` leaves everything to the general path.
+    #[inline]
+    fn recv_inline_fast(&self, g: &mut ViInner, owned: bool) -> Option<NonNull<Descriptor>> {
+        if g.rq_done != 0 || g.failed.is_some() {
+            return None;
+        }
+        let max = g.attrs.max_transfer_size;
+        let ViInner { conn, rq, idle, .. } = g;
+        let e = rq.front()?;
+        if e.owned != owned {
+            return None;
+        }
+        let conn = conn.as_mut()?;
+        let rec = conn.rx.peek().ok()??;
+        // SAFETY: the record's body stays valid and unchanged until released.
+        let body = unsafe { std::slice::from_raw_parts(rec.as_ptr(), rec.len()) };
+        let h = MsgHeader::parse(body)?;
+        let len = h.len as usize;
+        if h.kind != kind::SEND
+            || h.flags & (flag::BY_REF | flag::ACK) != 0
+            || h.len as u64 > e.total
+            || h.len > max
+            || body.len() < crate::shm::MSG_HEADER + len
+        {
+            return None;
+        }
+        scatter(
+            &body[crate::shm::MSG_HEADER..crate::shm::MSG_HEADER + len],
+            e.ranges(),
+        );
+        let imm = h.flags & flag::IMM != 0;
+        // SAFETY: the descriptor is ours until it is handed back.
+        unsafe {
+            let cs = &mut (*e.desc.as_ptr()).cs;
+            cs.length = h.len;
+            if imm {
+                cs.immediate_data = h.imm;
+            }
+            cs.status = status::DONE | status::OP_RECEIVE | if imm { status::IMMEDIATE } else { 0 };
+        }
+        conn.rx.release(rec);
+        *idle = 0;
+        if let Some(cq) = &self.s.recv_cq {
+            cq.notify(&self.s, Queue::Recv);
+        }
+        rq.pop_front().map(|(desc, _)| desc)
     }
 
     /// Posts a receive that lives in the caller's memory (the C API).
@@ -1016,6 +1149,11 @@ impl Vi {
         if let Some(d) = self.pop(&mut g, q, owned) {
             return Some(d);
         }
+        if q == Queue::Recv && self.state() == ViState::Connected {
+            if let Some(d) = self.recv_inline_fast(&mut g, owned) {
+                return Some(d);
+            }
+        }
         self.progress(&mut g);
         self.pop(&mut g, q, owned)
     }
@@ -1366,6 +1504,44 @@ unsafe fn prepare(
     let segs: &[Segment] = unsafe {
         std::slice::from_raw_parts((d.as_ptr() as *const u8).add(32) as *const Segment, n)
     };
+    if cs.control & !control::IMMEDIATE == 0 && n == 1 {
+        // One segment, send or receive: the common case, in few instructions.
+        // SAFETY: one segment follows the control segment.
+        let s = unsafe { *((d.as_ptr() as *const u8).add(32) as *const Segment) };
+        let region = nic
+            .regions
+            .check(s.handle, attrs.ptag, s.addr, s.length as u64)
+            .map_err(|error| PostError::Segment { index: 0, error })?;
+        if s.length > attrs.max_transfer_size {
+            return Err(PostError::TooLong {
+                len: s.length as u64,
+                max: attrs.max_transfer_size,
+            });
+        }
+        e.desc = d;
+        e.owned = owned;
+        e.op = Op::SendRecv;
+        e.fence = false;
+        e.imm = (cs.control & control::IMMEDIATE != 0).then_some(cs.immediate_data);
+        e.state = EntryState::Queued;
+        e.ranges[0] = LocalRange {
+            ptr: s.addr as *mut u8,
+            len: s.length as usize,
+        };
+        e.src[0] = Source {
+            handle: s.handle,
+            serial: region.serial,
+            fd: region.fd,
+            offset: s.addr - region.start,
+        };
+        e.nranges = 1;
+        e.total = s.length as u64;
+        cs.status = 0;
+        if q == Queue::Recv {
+            cs.length = 0;
+        }
+        return Ok(());
+    }
     let op = match cs.control & control::OP_MASK {
         control::OP_SENDRECV => Op::SendRecv,
         control::OP_RDMAWRITE => Op::RdmaWrite,
@@ -1401,17 +1577,11 @@ unsafe fn prepare(
     e.op = op;
     e.fence = cs.control & control::QFENCE != 0;
     e.imm = (cs.control & control::IMMEDIATE != 0).then_some(cs.immediate_data);
-    e.nranges = 0;
-    e.total = 0;
     e.remote = remote;
-    e.id = 0;
-    e.end = 0;
-    e.needs_ack = false;
     e.state = EntryState::Queued;
-    for (i, s) in local.iter().enumerate() {
-        if s.length == 0 {
-            continue;
-        }
+    let mut total = 0u64;
+    let slots = e.ranges.iter_mut().zip(e.src.iter_mut());
+    for (i, ((r, src), s)) in slots.zip(local).enumerate() {
         let region = nic
             .regions
             .check(s.handle, attrs.ptag, s.addr, s.length as u64)
@@ -1419,19 +1589,20 @@ unsafe fn prepare(
                 index: first + i,
                 error,
             })?;
-        e.src[e.nranges as usize] = Source {
+        *r = LocalRange {
+            ptr: s.addr as *mut u8,
+            len: s.length as usize,
+        };
+        *src = Source {
             handle: s.handle,
             serial: region.serial,
             fd: region.fd,
             offset: s.addr - region.start,
         };
-        e.ranges[e.nranges as usize] = LocalRange {
-            ptr: s.addr as *mut u8,
-            len: s.length as usize,
-        };
-        e.nranges += 1;
-        e.total += s.length as u64;
+        total += s.length as u64;
     }
+    e.nranges = local.len() as u8;
+    e.total = total;
     if e.total > attrs.max_transfer_size as u64 {
         return Err(PostError::TooLong {
             len: e.total,
@@ -1445,7 +1616,15 @@ unsafe fn prepare(
     Ok(())
 }
 
+#[inline(always)]
 fn scatter(mut src: &[u8], dst: &[LocalRange]) {
+    if let [r] = dst {
+        // One receive buffer (the common case); its length was checked against `src`.
+        let n = r.len.min(src.len());
+        // SAFETY: `r` is registered receive memory checked at post; `n` <= its length.
+        unsafe { crate::copy::copy(r.ptr, src.as_ptr(), n) };
+        return;
+    }
     for r in dst {
         if src.is_empty() {
             break;
