@@ -68,6 +68,54 @@ fn main() {
     );
     drop(seg);
     cacheline(iters);
+    futex(iters / 10);
+}
+
+/// The raw cost of a blocking hand-off: two threads take turns sleeping on a
+/// futex word and waking each other.
+fn futex(iters: usize) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let word: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(0)));
+    let wait = |v: u32| {
+        while word.load(Ordering::Acquire) == v {
+            // SAFETY: a valid futex word that lives forever.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    word.as_ptr(),
+                    libc::FUTEX_WAIT,
+                    v,
+                    std::ptr::null::<libc::timespec>(),
+                )
+            };
+        }
+    };
+    let wake = |v: u32| {
+        word.store(v, Ordering::Release);
+        // SAFETY: as above.
+        unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1) };
+    };
+    let t = std::thread::spawn(move || {
+        pin(1);
+        for i in 0..iters as u32 {
+            wait(2 * i);
+            wake(2 * i + 2);
+        }
+    });
+    pin(0);
+    let mut s = Vec::with_capacity(iters);
+    for i in 0..iters as u32 {
+        let t0 = Instant::now();
+        wake(2 * i + 1);
+        wait(2 * i + 1);
+        s.push(t0.elapsed());
+    }
+    t.join().unwrap();
+    s.sort();
+    println!(
+        "futex hand-off one-way p50 {} ns",
+        (s[s.len() / 2] / 2).as_nanos()
+    );
 }
 
 /// The raw limit for comparison: one shared cache line bounced between the

@@ -2,7 +2,7 @@
 //! vpingpong: prints the median one-way latency for one message size.
 //! `uvia pingpong` is the full harness; this is the shortest correct program.
 //!
-//! Usage: `vpingpong [SIZE] [ITERS]` (starts its own peer process).
+//! Usage: `vpingpong [SIZE] [ITERS] [poll|block]` (starts its own peer process).
 
 use std::time::{Duration, Instant};
 use uvia::{Descriptor, Discriminator, MemAttributes, NetAddress, Nic, ViAttributes};
@@ -15,6 +15,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|s| s.parse())
         .transpose()?
         .unwrap_or(100_000);
+    let blocking = match args.get(3).map(String::as_str) {
+        None | Some("poll") => false,
+        Some("block") => true,
+        Some(other) => return Err(format!("mode must be poll or block, not {other:?}").into()),
+    };
     let peer = std::env::var("VPINGPONG_PEER").ok();
     let disc = match &peer {
         Some(d) => d.parse()?,
@@ -50,8 +55,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Duration::from_secs(10),
         )?;
     }
+    if blocking {
+        vi.set_wait_spin(Duration::ZERO);
+    }
     let recv = |vi: &uvia::Vi| loop {
-        if let Some(d) = vi.recv_done() {
+        if blocking {
+            if let Ok(d) = vi.recv_wait(Some(Duration::from_secs(10))) {
+                return d;
+            }
+        } else if let Some(d) = vi.recv_done() {
             return d;
         }
     };

@@ -1221,9 +1221,11 @@ impl Vi {
         }
         let start = Instant::now();
         let spin = self.lock().spin;
-        // Spin phase: poll without sleeping; look at the clock every 64 rounds.
+        // Spin phase: poll without sleeping; look at the clock every 64
+        // rounds. With no spin time, go straight to sleep (the sleep phase
+        // polls once after arming).
         let mut k = 0u32;
-        loop {
+        while !spin.is_zero() {
             if let Some(d) = self.done_inner(q, owned) {
                 return Ok(d);
             }
@@ -1237,6 +1239,12 @@ impl Vi {
         loop {
             let armed = {
                 let mut g = self.lock();
+                if let Some(d) = self.pop(&mut g, q, owned) {
+                    return Ok(d);
+                }
+                // Look before arming: after a wake-up the message is usually
+                // here, and an armed bell would cost the next sender a wake call.
+                self.progress(&mut g);
                 if let Some(d) = self.pop(&mut g, q, owned) {
                     return Ok(d);
                 }
@@ -1254,6 +1262,9 @@ impl Vi {
                     self.check_peer(&mut g);
                 }
                 if let Some(d) = self.pop(&mut g, q, owned) {
+                    if let Some(conn) = &g.conn {
+                        conn.mine().bell.disarm(doorbell::FUTEX);
+                    }
                     return Ok(d);
                 }
                 armed
