@@ -6,7 +6,9 @@ use super::{Endpoint, EndpointConfig, Listener, Mode};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::VecDeque;
 use std::time::Duration;
-use uvia::{Descriptor, Discriminator, MemAttributes, MemoryRegion, NetAddress, Nic, Vi, ViAttributes};
+use uvia::{
+    Descriptor, Discriminator, MemAttributes, MemoryRegion, NetAddress, Nic, Vi, ViAttributes,
+};
 
 /// Receive buffers kept posted.
 const RECV_AHEAD: usize = 16;
@@ -25,21 +27,32 @@ fn side(cfg: &EndpointConfig) -> Result<Side> {
     let ptag = nic.create_ptag()?;
     let max = cfg.max_size.max(1);
     let send = nic.alloc_region(max, MemAttributes::new(ptag))?;
-    let recv = (0..RECV_AHEAD).map(|_| nic.alloc_region(max, MemAttributes::new(ptag))).collect::<Result<Vec<_>, _>>()?;
+    let recv = (0..RECV_AHEAD)
+        .map(|_| nic.alloc_region(max, MemAttributes::new(ptag)))
+        .collect::<Result<Vec<_>, _>>()?;
     let depth = (cfg.window.max(1) as u32).max(RECV_AHEAD as u32) * 2;
-    let attrs = ViAttributes::new(ptag).max_transfer_size(max.max(1 << 20) as u32).queue_depths(depth, depth);
+    let attrs = ViAttributes::new(ptag)
+        .max_transfer_size(max.max(1 << 20) as u32)
+        .queue_depths(depth, depth);
     let vi = nic.create_vi(attrs, None, None)?;
     if cfg.mode == Mode::Blocking {
         vi.set_wait_spin(Duration::ZERO);
     }
     // Touch every buffer once so page faults stay out of the measurement.
-    let mut s = Side { nic, vi, send, recv, cfg: cfg.clone() };
+    let mut s = Side {
+        nic,
+        vi,
+        send,
+        recv,
+        cfg: cfg.clone(),
+    };
     s.send.as_mut_slice().fill(0x5a);
     for r in &mut s.recv {
         r.as_mut_slice().fill(0);
     }
     for i in 0..RECV_AHEAD {
-        s.vi.post_recv(Box::new(Descriptor::recv(&[s.recv[i].segment(0, max)]))).map_err(|e| anyhow!("posting a receive: {e}"))?;
+        s.vi.post_recv(Box::new(Descriptor::recv(&[s.recv[i].segment(0, max)])))
+            .map_err(|e| anyhow!("posting a receive: {e}"))?;
     }
     Ok(s)
 }
@@ -51,7 +64,10 @@ struct ShmListener {
 
 pub fn listen(cfg: &EndpointConfig) -> Result<Box<dyn Listener>> {
     let side = side(cfg)?;
-    let disc = ((std::process::id() as u64) << 32) ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.subsec_nanos() as u64);
+    let disc = ((std::process::id() as u64) << 32)
+        ^ (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .subsec_nanos() as u64);
     Ok(Box::new(ShmListener { side, disc }))
 }
 
@@ -61,17 +77,30 @@ impl Listener for ShmListener {
     }
 
     fn accept(self: Box<Self>) -> Result<Box<dyn Endpoint>> {
-        let mut req = self.side.nic.connect_wait(&Discriminator::from_u64(self.disc), Some(CONNECT_TIMEOUT)).context("waiting for the shm client")?;
-        req.accept(&self.side.vi).context("accepting the shm client")?;
-        self.side.nic.stop_listening(&Discriminator::from_u64(self.disc));
+        let mut req = self
+            .side
+            .nic
+            .connect_wait(&Discriminator::from_u64(self.disc), Some(CONNECT_TIMEOUT))
+            .context("waiting for the shm client")?;
+        req.accept(&self.side.vi)
+            .context("accepting the shm client")?;
+        self.side
+            .nic
+            .stop_listening(&Discriminator::from_u64(self.disc));
         Ok(Box::new(ShmEndpoint::new(self.side)))
     }
 }
 
 pub fn connect(cfg: &EndpointConfig, info: &str) -> Result<Box<dyn Endpoint>> {
-    let disc = u64::from_str_radix(info.trim(), 16).with_context(|| format!("bad shm listener info {info:?}"))?;
+    let disc = u64::from_str_radix(info.trim(), 16)
+        .with_context(|| format!("bad shm listener info {info:?}"))?;
     let side = side(cfg)?;
-    side.vi.connect_request(&NetAddress::new("0", Discriminator::from_u64(disc)), CONNECT_TIMEOUT).context("connecting to the shm server")?;
+    side.vi
+        .connect_request(
+            &NetAddress::new("0", Discriminator::from_u64(disc)),
+            CONNECT_TIMEOUT,
+        )
+        .context("connecting to the shm server")?;
     Ok(Box::new(ShmEndpoint::new(side)))
 }
 
@@ -89,20 +118,35 @@ struct ShmEndpoint {
 
 impl ShmEndpoint {
     fn new(s: Side) -> ShmEndpoint {
-        let free = (0..s.cfg.window.max(1) + 1).map(|_| Box::new(Descriptor::default())).collect();
-        ShmEndpoint { s, free, in_flight: 0, posted: (0..RECV_AHEAD).collect(), current: None, last_len: 0 }
+        let free = (0..s.cfg.window.max(1) + 1)
+            .map(|_| Box::new(Descriptor::default()))
+            .collect();
+        ShmEndpoint {
+            s,
+            free,
+            in_flight: 0,
+            posted: (0..RECV_AHEAD).collect(),
+            current: None,
+            last_len: 0,
+        }
     }
 
     fn reap(&mut self, block: bool) -> Result<()> {
         loop {
             let d = if block && self.s.cfg.mode == Mode::Blocking {
-                Some(self.s.vi.send_wait(Some(Duration::from_secs(30))).map_err(|e| anyhow!("send wait: {e}"))?)
+                Some(
+                    self.s
+                        .vi
+                        .send_wait(Some(Duration::from_secs(30)))
+                        .map_err(|e| anyhow!("send wait: {e}"))?,
+                )
             } else {
                 self.s.vi.send_done()
             };
             match d {
                 Some(d) => {
-                    d.result().map_err(|e| anyhow!("send completed with an error: {e}"))?;
+                    d.result()
+                        .map_err(|e| anyhow!("send completed with an error: {e}"))?;
                     self.in_flight -= 1;
                     self.free.push(d);
                     if block {
@@ -123,38 +167,57 @@ impl Endpoint for ShmEndpoint {
 
     fn send(&mut self, len: usize) -> Result<()> {
         if len > self.s.send.len() {
-            bail!("message of {len} bytes is larger than the endpoint's {} byte buffer", self.s.send.len());
-        }
-        if self.in_flight > 0 {
-            self.reap(false)?;
+            bail!(
+                "message of {len} bytes is larger than the endpoint's {} byte buffer",
+                self.s.send.len()
+            );
         }
         while self.in_flight >= self.s.cfg.window.max(1) {
             self.reap(true)?;
         }
-        let mut d = self.free.pop().ok_or_else(|| anyhow!("no free send descriptor"))?;
+        let mut d = self
+            .free
+            .pop()
+            .ok_or_else(|| anyhow!("no free send descriptor"))?;
         *d = Descriptor::send(&[self.s.send.segment(0, len)]);
-        self.s.vi.post_send(d).map_err(|e| anyhow!("post send: {e}"))?;
+        self.s
+            .vi
+            .post_send(d)
+            .map_err(|e| anyhow!("post send: {e}"))?;
         self.in_flight += 1;
-        Ok(())
+        // Take back what has completed after posting, off the message's path.
+        self.reap(false)
     }
 
     fn recv(&mut self) -> Result<usize> {
         if let Some((i, mut d)) = self.current.take() {
             d.reset();
             *d = Descriptor::recv(&[self.s.recv[i].segment(0, self.s.recv[i].len())]);
-            self.s.vi.post_recv(d).map_err(|e| anyhow!("post receive: {e}"))?;
+            self.s
+                .vi
+                .post_recv(d)
+                .map_err(|e| anyhow!("post receive: {e}"))?;
             self.posted.push_back(i);
         }
         let d = match self.s.cfg.mode {
-            Mode::Blocking => self.s.vi.recv_wait(Some(Duration::from_secs(30))).map_err(|e| anyhow!("receive wait: {e}"))?,
+            Mode::Blocking => self
+                .s
+                .vi
+                .recv_wait(Some(Duration::from_secs(30)))
+                .map_err(|e| anyhow!("receive wait: {e}"))?,
             Mode::Polling => loop {
                 if let Some(d) = self.s.vi.recv_done() {
                     break d;
                 }
             },
         };
-        let n = d.result().map_err(|e| anyhow!("receive completed with an error: {e}"))? as usize;
-        let i = self.posted.pop_front().ok_or_else(|| anyhow!("receive completed with no buffer posted"))?;
+        let n = d
+            .result()
+            .map_err(|e| anyhow!("receive completed with an error: {e}"))? as usize;
+        let i = self
+            .posted
+            .pop_front()
+            .ok_or_else(|| anyhow!("receive completed with no buffer posted"))?;
         self.current = Some((i, d));
         self.last_len = n;
         Ok(n)
