@@ -1,1 +1,274 @@
-fn main() {}
+//! `uvia`: the benchmark tool of the uvia project.
+
+mod bench;
+mod clock;
+mod cpu;
+mod endpoint;
+#[path = "endpoint/kernel_tcp.rs"]
+mod kernel_tcp;
+#[path = "endpoint/kernel_udp.rs"]
+mod kernel_udp;
+mod limit;
+mod pin;
+mod report;
+mod run;
+mod size;
+#[path = "endpoint/sys.rs"]
+mod sock;
+mod stats;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use endpoint::Mode;
+use run::{Kind, Plan, Provider};
+use std::path::PathBuf;
+
+/// uvia benchmark tool: physical limits of this host, one-way latency and
+/// bandwidth of uvia's shm provider side by side with kernel UDP and TCP.
+///
+/// Every measurement runs two processes: this one (the client, pinned to core
+/// 0) and a server it starts from its own binary (pinned to core 1). Times are
+/// taken with the CPU's time stamp counter; one-way latency is half a round trip.
+#[derive(Parser)]
+#[command(name = "uvia", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Physical limits of this host: cache-line and futex ping-pong between
+    /// two processes on two cores, memcpy bandwidth, cross-core copy bandwidth.
+    Limit(LimitArgs),
+    /// One-way latency by message size: round trips of one message each way.
+    Pingpong(RunArgs),
+    /// Bandwidth and message rate by size: back-to-back messages one way,
+    /// one small ack per batch.
+    Bw(BwArgs),
+    /// The main job: limits, then shm, kernel UDP (blocking and busy-poll) and
+    /// kernel TCP ping-pong and bandwidth side by side, with headline ratios
+    /// measured in interleaved rounds, and a report folder with plots.
+    Bench(BenchArgs),
+    /// (internal) The server half of a measurement, started by the client.
+    #[command(hide = true)]
+    ServePeer(PeerArgs),
+}
+
+#[derive(Args)]
+struct LimitArgs {
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Fewer rounds (a few seconds in all).
+    #[arg(long)]
+    quick: bool,
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// Message provider.
+    #[arg(long, short = 'p', value_enum)]
+    provider: Provider,
+    /// Receivers spin on the receive path (the default; non-blocking socket
+    /// calls for the kernel providers).
+    #[arg(long, conflicts_with = "blocking")]
+    polling: bool,
+    /// Receivers sleep in the kernel until a message arrives.
+    #[arg(long)]
+    blocking: bool,
+    /// Same as --polling: for kernel-udp a non-blocking receive spin
+    /// (recv with MSG_DONTWAIT in a tight loop).
+    #[arg(long, conflicts_with = "blocking")]
+    busy_poll: bool,
+    /// Message sizes, comma-separated; K and M suffixes are binary
+    /// (default 1,8,64,256,1K,4K,16K,64K,256K,1M).
+    #[arg(long, value_name = "LIST")]
+    sizes: Option<String>,
+    /// Measured iterations per size (default: ping-pong 100,000 round trips up
+    /// to 1 KiB and fewer above; bandwidth about 512 MiB per size, 1,000 to 200,000 messages).
+    #[arg(long, value_name = "N")]
+    iters: Option<usize>,
+    /// Untimed warm-up iterations per size (default: a tenth of --iters, 10 to 10,000).
+    #[arg(long, value_name = "N")]
+    warmup: Option<usize>,
+    /// Multiply the default iteration counts by F (e.g. 0.1 for a quick look).
+    #[arg(long, value_name = "F", default_value_t = 1.0)]
+    scale: f64,
+    /// Pause between round trips, in microseconds (ping-pong only; to measure
+    /// the CPU use of a receiver that waits).
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    interval_us: u64,
+    /// Core for the client (this process).
+    #[arg(long, value_name = "CORE", default_value_t = 0)]
+    client_cpu: usize,
+    /// Core for the server process.
+    #[arg(long, value_name = "CORE", default_value_t = 1)]
+    server_cpu: usize,
+    /// Do not pin either process.
+    #[arg(long)]
+    no_pin: bool,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args, Clone)]
+struct BwArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Sends a sender may have outstanding before it waits for completions.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    window: usize,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// A short run (under a minute): fewer sizes and iterations.
+    #[arg(long)]
+    quick: bool,
+    /// Folder for report.md, results.json and the SVG plots.
+    #[arg(long, value_name = "DIR", default_value = "report")]
+    out: PathBuf,
+    /// Interleaved pairs for each headline comparison.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pairs: usize,
+}
+
+#[derive(Args)]
+struct PeerArgs {
+    #[arg(long, value_enum)]
+    provider: Provider,
+    #[arg(long, value_parser = parse_mode)]
+    mode: Mode,
+    #[arg(long, value_enum)]
+    kind: Kind,
+    #[arg(long)]
+    sizes: String,
+    #[arg(long)]
+    iters: String,
+    #[arg(long)]
+    warmup: String,
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    #[arg(long)]
+    cpu: Option<usize>,
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    match s {
+        "polling" | "busy-poll" => Ok(Mode::Polling),
+        "blocking" => Ok(Mode::Blocking),
+        _ => Err(format!("unknown mode {s:?} (polling or blocking)")),
+    }
+}
+
+fn parse_list(s: &str) -> Result<Vec<usize>> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .with_context(|| format!("bad number {x:?}"))
+        })
+        .collect()
+}
+
+pub const DEFAULT_SIZES: &str = "1,8,64,256,1K,4K,16K,64K,256K,1M";
+
+fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
+    let sizes = size::parse_sizes(a.sizes.as_deref().unwrap_or(DEFAULT_SIZES))?;
+    if a.iters == Some(0) {
+        bail!("--iters must be at least 1");
+    }
+    if window == 0 {
+        bail!("--window must be at least 1");
+    }
+    if !(a.scale.is_finite() && a.scale > 0.0) {
+        bail!("--scale must be a positive number");
+    }
+    let iters: Vec<usize> = sizes
+        .iter()
+        .map(|&s| {
+            a.iters.unwrap_or_else(|| {
+                let d = if kind == Kind::Pingpong {
+                    run::default_pp_iters(s)
+                } else {
+                    run::default_bw_iters(s)
+                };
+                ((d as f64 * a.scale) as usize).max(1)
+            })
+        })
+        .collect();
+    let warmup = iters
+        .iter()
+        .map(|&i| a.warmup.unwrap_or_else(|| run::default_warmup(i)))
+        .collect();
+    let mode = if a.blocking {
+        Mode::Blocking
+    } else {
+        Mode::Polling
+    };
+    Ok(Plan {
+        provider: a.provider,
+        mode,
+        kind,
+        sizes,
+        iters,
+        warmup,
+        window,
+        interval_us: a.interval_us,
+        client_cpu: (!a.no_pin).then_some(a.client_cpu),
+        server_cpu: (!a.no_pin).then_some(a.server_cpu),
+    })
+}
+
+fn write_json<T: serde::Serialize>(path: &Option<PathBuf>, v: &T) -> Result<()> {
+    if let Some(p) = path {
+        let s = serde_json::to_string_pretty(v)?;
+        std::fs::write(p, s + "\n").with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
+    let plan = plan_from(a, kind, window)?;
+    let r = run::run(&plan)?;
+    print!("{}", report::run_table(&r));
+    write_json(&a.json, &r)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Limit(a) => (|| {
+            let r = limit::run_all(a.quick)?;
+            print!("{}", report::limit_table(&r));
+            write_json(&a.json, &r)
+        })(),
+        Cmd::Pingpong(a) => measure(&a, Kind::Pingpong, 64),
+        Cmd::Bw(a) => measure(&a.run, Kind::Bw, a.window),
+        Cmd::Bench(a) => bench::bench(a.quick, &a.out, a.pairs),
+        Cmd::ServePeer(p) => (|| -> Result<()> {
+            let sizes = parse_list(&p.sizes)?;
+            let iters = parse_list(&p.iters)?;
+            let warmup = parse_list(&p.warmup)?;
+            let plan = Plan {
+                provider: p.provider,
+                mode: p.mode,
+                kind: p.kind,
+                sizes,
+                iters,
+                warmup,
+                window: p.window,
+                interval_us: 0,
+                client_cpu: None,
+                server_cpu: p.cpu,
+            };
+            run::serve(&plan)
+        })(),
+    };
+    if let Err(e) = res {
+        eprintln!("uvia: error: {e:#}");
+        std::process::exit(1);
+    }
+}

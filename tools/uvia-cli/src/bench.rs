@@ -1,0 +1,3 @@
+pub fn bench(_q: bool, _o: &std::path::Path, _p: usize) -> anyhow::Result<()> {
+    anyhow::bail!("todo")
+}

@@ -1,0 +1,406 @@
+//! Physical limits of this host, as probes that return samples so that the
+//! bench can interleave short rounds of them with the contenders.
+//!
+//! Two-process probes map shared anonymous memory, fork a child pinned to core
+//! 1 (the parent pins itself to core 0 for the probe and restores its mask
+//! afterwards). The child only spins on atomics and makes raw system calls
+//! before `_exit`, so forking from a process with other threads is safe here.
+//! The child dies with its parent (PR_SET_PDEATHSIG); the parent checks every
+//! so often that the child is alive and gives up after a deadline.
+
+use crate::clock;
+use crate::pin;
+use crate::stats::{median, Stats};
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const CORE_A: usize = 0;
+const CORE_B: usize = 1;
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Shared {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Shared {
+    fn new(len: usize) -> Result<Shared> {
+        let len = len.max(4096).div_ceil(4096) * 4096;
+        // SAFETY: anonymous shared mapping; checked for failure.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            bail!(
+                "mmap of {len} shared bytes: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(Shared {
+            ptr: p as *mut u8,
+            len,
+        })
+    }
+
+    /// The word at byte offset `off` (8-aligned) as an atomic.
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: inside the page-aligned mapping, 8-aligned, lives as long as self.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as above, 4-aligned.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: unmaps what new mapped.
+        unsafe {
+            libc::munmap(self.ptr as *mut libc::c_void, self.len);
+        }
+    }
+}
+
+/// A forked child on core B running `f`; killed and reaped on drop.
+struct Peer {
+    pid: libc::pid_t,
+    started: Instant,
+    spins: u32,
+}
+
+impl Peer {
+    fn fork(f: impl FnOnce()) -> Result<Peer> {
+        // SAFETY: the child runs only `f` (atomics and raw syscalls) and then _exit.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            bail!("fork: {}", std::io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: plain system calls in the child.
+            unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(CORE_B, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+            f();
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(0) }
+        }
+        Ok(Peer {
+            pid,
+            started: Instant::now(),
+            spins: 0,
+        })
+    }
+
+    /// Call while spinning; an error once the child has died or the deadline passed.
+    #[inline]
+    fn check(&mut self) -> Result<()> {
+        self.spins = self.spins.wrapping_add(1);
+        if self.spins & 0xffff != 0 {
+            return Ok(());
+        }
+        self.check_now()
+    }
+
+    fn check_now(&mut self) -> Result<()> {
+        let mut st = 0;
+        // SAFETY: waits without blocking on our own child.
+        if unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) } == self.pid {
+            self.pid = 0;
+            bail!("the probe's child process died");
+        }
+        if self.started.elapsed() > DEADLINE {
+            bail!("the probe did not finish within {DEADLINE:?} (are cores {CORE_A} and {CORE_B} both available?)");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if self.pid > 0 {
+            let mut st = 0;
+            // SAFETY: our own child.
+            unsafe {
+                if libc::waitpid(self.pid, &mut st, libc::WNOHANG) == 0 {
+                    libc::kill(self.pid, libc::SIGKILL);
+                    libc::waitpid(self.pid, &mut st, 0);
+                }
+            }
+        }
+    }
+}
+
+/// Pins this thread to core A for the probe and restores the old mask after.
+struct PinA(Option<libc::cpu_set_t>);
+
+impl PinA {
+    fn new() -> PinA {
+        let old = pin::current();
+        let _ = pin::pin_to(CORE_A);
+        PinA(old)
+    }
+}
+
+impl Drop for PinA {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            pin::restore(s);
+        }
+    }
+}
+
+/// Cache-line ping-pong: one 64-byte aligned line, a tight spin with no pause
+/// instruction on either side. Returns one-way times in ns (round trip / 2),
+/// one per measured round trip (after a tenth as many warm-up rounds).
+pub fn cacheline(rounds: usize) -> Result<Vec<f64>> {
+    let sh = Shared::new(4096)?;
+    let warm = (rounds / 10).max(100) as u64;
+    let total = warm + rounds as u64;
+    let _pin = PinA::new();
+    let line = sh.u64_at(0);
+    let mut peer = Peer::fork(|| {
+        for k in 0..total {
+            while line.load(Ordering::Acquire) != 2 * k + 1 {}
+            line.store(2 * k + 2, Ordering::Release);
+        }
+    })?;
+    let mut out = Vec::with_capacity(rounds);
+    for k in 0..total {
+        let t0 = clock::ticks();
+        line.store(2 * k + 1, Ordering::Release);
+        while line.load(Ordering::Acquire) != 2 * k + 2 {
+            peer.check()?;
+        }
+        let t1 = clock::ticks();
+        if k >= warm {
+            out.push(clock::to_ns(t1.wrapping_sub(t0)) / 2.0);
+        }
+    }
+    Ok(out)
+}
+
+fn futex(word: &AtomicU32, op: i32, val: u32) {
+    // SAFETY: a shared (not private) futex on a live word in the shared mapping.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            op,
+            val,
+            std::ptr::null::<libc::timespec>(),
+            0,
+            0,
+        );
+    }
+}
+
+/// Futex hand-off ping-pong on a shared (not process-private) futex word:
+/// each side waits in FUTEX_WAIT until the other stores its value and calls
+/// FUTEX_WAKE. Returns one-way times in ns.
+pub fn futex_pingpong(rounds: usize) -> Result<Vec<f64>> {
+    let sh = Shared::new(4096)?;
+    let warm = (rounds / 10).max(50) as u32;
+    let total = warm + rounds as u32;
+    let _pin = PinA::new();
+    let w = sh.u32_at(0);
+    let mut peer = Peer::fork(|| {
+        for k in 0..total {
+            loop {
+                let v = w.load(Ordering::Acquire);
+                if v == 2 * k + 1 {
+                    break;
+                }
+                futex(w, libc::FUTEX_WAIT, v);
+            }
+            w.store(2 * k + 2, Ordering::Release);
+            futex(w, libc::FUTEX_WAKE, 1);
+        }
+    })?;
+    let mut out = Vec::with_capacity(rounds);
+    for k in 0..total {
+        let t0 = clock::ticks();
+        w.store(2 * k + 1, Ordering::Release);
+        futex(w, libc::FUTEX_WAKE, 1);
+        loop {
+            let v = w.load(Ordering::Acquire);
+            if v == 2 * k + 2 {
+                break;
+            }
+            let ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000_000,
+            };
+            // SAFETY: shared futex wait with a timeout on a live word.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    w.as_ptr(),
+                    libc::FUTEX_WAIT,
+                    v,
+                    &ts as *const libc::timespec,
+                    0,
+                    0,
+                );
+            }
+            if w.load(Ordering::Acquire) != 2 * k + 2 {
+                // Rare (a timeout or a spurious wake): is the child still there?
+                peer.check_now()?;
+            }
+        }
+        let t1 = clock::ticks();
+        if k >= warm {
+            out.push(clock::to_ns(t1.wrapping_sub(t0)) / 2.0);
+        }
+    }
+    Ok(out)
+}
+
+/// Single-process memcpy bandwidth at `size` bytes, MB/s (1 MB = 1e6 B):
+/// the median of 5 runs of repeated copies (about 64 MiB each, at least 4 copies).
+pub fn memcpy_mbps(size: usize) -> Result<f64> {
+    if size == 0 {
+        bail!("memcpy size must be at least 1 byte");
+    }
+    let src = vec![0x5au8; size];
+    let mut dst = vec![0u8; size];
+    let reps = ((64usize << 20) / size).max(4);
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let t0 = clock::ticks();
+        for _ in 0..reps {
+            // SAFETY: two distinct live buffers of `size` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    std::hint::black_box(src.as_ptr()),
+                    std::hint::black_box(dst.as_mut_ptr()),
+                    size,
+                )
+            };
+        }
+        let ns = clock::to_ns(clock::ticks().wrapping_sub(t0));
+        std::hint::black_box(&mut dst);
+        runs.push((reps * size) as f64 / ns * 1e3);
+    }
+    Ok(median(&runs))
+}
+
+/// Cross-core copy: the child on core B fills a shared buffer with a new byte
+/// pattern and signals; this process (core A) copies it into private memory
+/// and signals back. Returns MB/s of each timed copy.
+pub fn cross_core_copy(size: usize, reps: usize) -> Result<Vec<f64>> {
+    if size == 0 {
+        bail!("copy size must be at least 1 byte");
+    }
+    let sh = Shared::new(4096 + size)?;
+    let warm = 3u64;
+    let total = warm + reps as u64;
+    let mut private = vec![0u8; size];
+    let _pin = PinA::new();
+    let flag = sh.u64_at(0);
+    // SAFETY: the buffer part of the mapping, after the flag's page.
+    let buf = unsafe { sh.ptr.add(4096) };
+    let mut peer = Peer::fork(|| {
+        for r in 0..total {
+            // SAFETY: the parent does not touch the buffer until the flag says so.
+            unsafe { std::ptr::write_bytes(buf, r as u8, size) };
+            flag.store(2 * r + 1, Ordering::Release);
+            while flag.load(Ordering::Acquire) != 2 * r + 2 {}
+        }
+    })?;
+    let mut out = Vec::with_capacity(reps);
+    for r in 0..total {
+        while flag.load(Ordering::Acquire) != 2 * r + 1 {
+            peer.check()?;
+        }
+        let t0 = clock::ticks();
+        // SAFETY: the child has finished writing (flag) and waits for our signal.
+        unsafe { std::ptr::copy_nonoverlapping(buf, private.as_mut_ptr(), size) };
+        let t1 = clock::ticks();
+        std::hint::black_box(&mut private);
+        flag.store(2 * r + 2, Ordering::Release);
+        if r >= warm {
+            out.push(size as f64 / clock::to_ns(t1.wrapping_sub(t0)) * 1e3);
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct MinP50 {
+    pub p50: f64,
+    pub min: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct P50 {
+    pub p50: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct SizeMbps {
+    pub size: usize,
+    pub mbytes_per_s: f64,
+}
+
+/// The JSON of `uvia limit`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LimitResult {
+    pub command: String,
+    pub cacheline_one_way_ns: MinP50,
+    pub futex_one_way_ns: P50,
+    pub memcpy: Vec<SizeMbps>,
+    pub cross_core_copy: Vec<SizeMbps>,
+}
+
+/// Runs every probe. Cache-line: several runs; p50 is the median of the runs'
+/// medians, min the smallest sample seen.
+pub fn run_all(quick: bool) -> Result<LimitResult> {
+    let (runs, rounds) = if quick { (3, 50_000) } else { (5, 200_000) };
+    let mut p50s = Vec::new();
+    let mut min = f64::INFINITY;
+    for _ in 0..runs {
+        let s = Stats::of(&cacheline(rounds)?);
+        p50s.push(s.p50);
+        min = min.min(s.min);
+    }
+    let fut = Stats::of(&futex_pingpong(if quick { 5_000 } else { 20_000 })?);
+    let mut memcpy = Vec::new();
+    for size in [64 << 10, 1 << 20, 16 << 20] {
+        memcpy.push(SizeMbps {
+            size,
+            mbytes_per_s: memcpy_mbps(size)?,
+        });
+    }
+    let mut cross = Vec::new();
+    for size in [64 << 10, 1 << 20] {
+        let reps = if quick { 50 } else { 300 };
+        cross.push(SizeMbps {
+            size,
+            mbytes_per_s: median(&cross_core_copy(size, reps)?),
+        });
+    }
+    Ok(LimitResult {
+        command: "limit".into(),
+        cacheline_one_way_ns: MinP50 {
+            p50: median(&p50s),
+            min,
+        },
+        futex_one_way_ns: P50 { p50: fut.p50 },
+        memcpy,
+        cross_core_copy: cross,
+    })
+}

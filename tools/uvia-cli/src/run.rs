@@ -1,0 +1,583 @@
+//! The ping-pong and bandwidth drivers, and the two-process set-up.
+//!
+//! The client (this process) spawns the server as a child of its own binary
+//! (`uvia serve-peer ...`), pins itself to one core and the child to another,
+//! reads `READY <info>` from the child's stdout, connects, runs the schedule,
+//! and finally reads the child's `RESULT <json>` line with its CPU use per
+//! size. The child prints `ERROR <message>` and exits when anything fails, and
+//! exits when its stdin reaches end of file (the client died). The client
+//! reads the child's stdout with time limits and kills the child on error; if
+//! the child dies in the middle of a measurement the client reports it and
+//! exits rather than spin forever on a receive that cannot complete.
+
+use crate::clock;
+use crate::cpu::CpuMeter;
+use crate::endpoint::{self, Endpoint, EndpointConfig, Listener, Mode};
+use crate::stats::Stats;
+use crate::{kernel_tcp, kernel_udp, pin};
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// The message providers the tool can measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Provider {
+    /// uvia's shared-memory provider.
+    Shm,
+    /// Kernel UDP sockets on 127.0.0.1.
+    KernelUdp,
+    /// Kernel TCP sockets on 127.0.0.1 (TCP_NODELAY).
+    KernelTcp,
+}
+
+impl Provider {
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Shm => "shm",
+            Provider::KernelUdp => "kernel-udp",
+            Provider::KernelTcp => "kernel-tcp",
+        }
+    }
+}
+
+/// Which driver runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Round trips of one message each way.
+    Pingpong,
+    /// Back-to-back messages one way, one small ack per batch.
+    Bw,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Pingpong => "pingpong",
+            Kind::Bw => "bw",
+        }
+    }
+}
+
+pub fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Polling => "polling",
+        Mode::Blocking => "blocking",
+    }
+}
+
+/// Everything both processes must agree on.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub provider: Provider,
+    pub mode: Mode,
+    pub kind: Kind,
+    pub sizes: Vec<usize>,
+    pub iters: Vec<usize>,
+    pub warmup: Vec<usize>,
+    pub window: usize,
+    /// Pause between round trips (ping-pong only), microseconds; 0 for none.
+    pub interval_us: u64,
+    pub client_cpu: Option<usize>,
+    pub server_cpu: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct CpuUse {
+    pub client: f64,
+    pub server: f64,
+}
+
+/// One size's result.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SizeResult {
+    pub size: usize,
+    pub iters: usize,
+    /// Ping-pong: one-way latency (round trip / 2) per round trip.
+    /// Bandwidth: time per message, from per-batch samples (batch time / batch messages).
+    pub lat_ns: Stats,
+    pub mbytes_per_s: f64,
+    pub msgs_per_s: f64,
+    pub cpu: CpuUse,
+}
+
+/// The JSON of `uvia pingpong` and `uvia bw`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunResult {
+    pub command: String,
+    pub provider: String,
+    pub mode: String,
+    pub results: Vec<SizeResult>,
+}
+
+/// Default round trips for a ping-pong size: 100,000 up to 1 KiB, then fewer
+/// so that each size takes well under a second.
+pub fn default_pp_iters(size: usize) -> usize {
+    if size <= 1024 {
+        100_000
+    } else {
+        (100_000 * 1024 / size).clamp(500, 100_000)
+    }
+}
+
+/// Default messages for a bandwidth size: about 512 MiB, between 1,000 and 200,000.
+pub fn default_bw_iters(size: usize) -> usize {
+    ((512usize << 20) / size.max(1)).clamp(1000, 200_000)
+}
+
+pub fn default_warmup(iters: usize) -> usize {
+    (iters / 10).clamp(10, 10_000)
+}
+
+/// Bandwidth batches: (count, messages per batch). Both sides compute the same.
+pub fn bw_batches(iters: usize) -> (usize, usize) {
+    let batches = iters.clamp(1, 20);
+    (batches, iters.div_ceil(batches).max(1))
+}
+
+pub fn listen(provider: Provider, cfg: &EndpointConfig) -> Result<Box<dyn Listener>> {
+    match provider {
+        Provider::Shm => endpoint::shm::listen(cfg),
+        Provider::KernelUdp => kernel_udp::listen(cfg),
+        Provider::KernelTcp => kernel_tcp::listen(cfg),
+    }
+}
+
+pub fn connect(provider: Provider, cfg: &EndpointConfig, info: &str) -> Result<Box<dyn Endpoint>> {
+    match provider {
+        Provider::Shm => endpoint::shm::connect(cfg, info),
+        Provider::KernelUdp => kernel_udp::connect(cfg, info),
+        Provider::KernelTcp => kernel_tcp::connect(cfg, info),
+    }
+}
+
+fn config(plan: &Plan) -> EndpointConfig {
+    EndpointConfig {
+        mode: plan.mode,
+        max_size: plan.sizes.iter().copied().max().unwrap_or(8).max(8),
+        window: plan.window.max(1),
+    }
+}
+
+const ACK: usize = 8;
+/// What the server's replies carry, and what bandwidth messages carry.
+const REPLY_BYTE: u8 = 0x3c;
+const BW_BYTE: u8 = 0xa5;
+
+/// Checks the first and last byte of a message (a cheap guard against a
+/// provider that delivers the wrong bytes; it also makes the receiver touch
+/// the data, as a real application would).
+fn check_bytes(b: &[u8], want: u8) -> Result<()> {
+    if b.first().is_some_and(|&x| x != want) || b.last().is_some_and(|&x| x != want) {
+        bail!("received bytes differ from what was sent");
+    }
+    Ok(())
+}
+
+fn expect_len(n: usize, want: usize) -> Result<()> {
+    if n != want {
+        bail!("received a {n} byte message where {want} bytes were expected");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- server side
+
+#[derive(Serialize, Deserialize)]
+struct ServerReport {
+    cpu: Vec<f64>,
+}
+
+/// The hidden `serve-peer` command: the server half of one measurement.
+/// Never returns.
+pub fn serve(plan: &Plan) -> ! {
+    pin::pin_or_warn(plan.server_cpu, "server");
+    // Exit when the client goes away (our stdin reaches end of file).
+    std::thread::spawn(|| {
+        let mut sink = [0u8; 64];
+        let mut stdin = std::io::stdin();
+        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        std::process::exit(3);
+    });
+    match serve_inner(plan) {
+        Ok(report) => {
+            println!(
+                "RESULT {}",
+                serde_json::to_string(&report).unwrap_or_default()
+            );
+            let _ = std::io::stdout().flush();
+            std::process::exit(0)
+        }
+        Err(e) => {
+            println!("ERROR {}", format!("{e:#}").replace('\n', " "));
+            let _ = std::io::stdout().flush();
+            std::process::exit(1)
+        }
+    }
+}
+
+fn serve_inner(plan: &Plan) -> Result<ServerReport> {
+    let cfg = config(plan);
+    let listener = listen(plan.provider, &cfg)
+        .with_context(|| format!("{} server: listening", plan.provider.name()))?;
+    println!("READY {}", listener.info());
+    std::io::stdout().flush()?;
+    let mut ep = listener
+        .accept()
+        .with_context(|| format!("{} server: accepting", plan.provider.name()))?;
+    ep.send_buf().fill(REPLY_BYTE);
+    let mut cpu = Vec::new();
+    for (i, &size) in plan.sizes.iter().enumerate() {
+        let (iters, warm) = (plan.iters[i], plan.warmup[i]);
+        let c = match plan.kind {
+            Kind::Pingpong => {
+                for _ in 0..warm {
+                    expect_len(ep.recv()?, size)?;
+                    ep.send(size)?;
+                }
+                let m = CpuMeter::start();
+                for _ in 0..iters {
+                    expect_len(ep.recv()?, size)?;
+                    ep.send(size)?;
+                }
+                let c = m.stop();
+                ep.flush()?;
+                c
+            }
+            Kind::Bw => {
+                for _ in 0..warm {
+                    expect_len(ep.recv()?, size)?;
+                    check_bytes(ep.recv_buf(), BW_BYTE)?;
+                }
+                ep.send(ACK)?;
+                let (batches, per) = bw_batches(iters);
+                let m = CpuMeter::start();
+                for _ in 0..batches {
+                    for _ in 0..per {
+                        expect_len(ep.recv()?, size)?;
+                        check_bytes(ep.recv_buf(), BW_BYTE)?;
+                    }
+                    ep.send(ACK)?;
+                }
+                let c = m.stop();
+                ep.flush()?;
+                c
+            }
+        };
+        cpu.push(c);
+    }
+    Ok(ServerReport { cpu })
+}
+
+fn server_args(plan: &Plan) -> Vec<String> {
+    let list = |v: &[usize]| {
+        v.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut a = vec![
+        "serve-peer".to_string(),
+        "--provider".into(),
+        plan.provider.name().into(),
+        "--mode".into(),
+        mode_name(plan.mode).into(),
+        "--kind".into(),
+        plan.kind.name().into(),
+        "--sizes".into(),
+        list(&plan.sizes),
+        "--iters".into(),
+        list(&plan.iters),
+        "--warmup".into(),
+        list(&plan.warmup),
+        "--window".into(),
+        plan.window.to_string(),
+    ];
+    if let Some(c) = plan.server_cpu {
+        a.push("--cpu".into());
+        a.push(c.to_string());
+    }
+    a
+}
+
+// ---------------------------------------------------------------- client side
+
+enum Line {
+    Text(String),
+    Eof,
+}
+
+/// Kills and reaps the child unless it has exited by itself.
+struct ChildGuard {
+    child: Child,
+    /// Held open so the server sees end of file only when this process is done.
+    _stdin: Option<std::process::ChildStdin>,
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const STATE_SETUP: u8 = 0;
+const STATE_MEASURING: u8 = 1;
+const STATE_DONE: u8 = 2;
+
+/// Waits for a line starting with one of the expected words (skipping others);
+/// turns `ERROR ...` and end of file into errors.
+fn wait_line(
+    rx: &mpsc::Receiver<Line>,
+    want: &str,
+    timeout: Duration,
+    what: &str,
+) -> Result<String> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Line::Text(l)) => {
+                if let Some(rest) = l.strip_prefix(want) {
+                    return Ok(rest.trim().to_string());
+                }
+                if let Some(msg) = l.strip_prefix("ERROR ") {
+                    bail!("the server failed: {msg}");
+                }
+            }
+            Ok(Line::Eof) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                bail!("the server process exited before {what}")
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                bail!("timed out after {timeout:?} waiting for the server's {what}")
+            }
+        }
+    }
+}
+
+/// Runs one measurement (client half), spawning the server.
+pub fn run(plan: &Plan) -> Result<RunResult> {
+    if plan.sizes.is_empty()
+        || plan.sizes.len() != plan.iters.len()
+        || plan.sizes.len() != plan.warmup.len()
+    {
+        bail!("internal: sizes, iterations and warm-ups differ in length");
+    }
+    if plan.iters.contains(&0) {
+        bail!("iterations must be at least 1");
+    }
+    let exe = std::env::current_exe().context("finding this program's path to start the server")?;
+    let mut child = Command::new(exe)
+        .args(server_args(plan))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting the server process")?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no stdout from the server process"))?;
+    let stdin = child.stdin.take();
+    let _guard = ChildGuard {
+        child,
+        _stdin: stdin,
+    };
+    let state = Arc::new(AtomicU8::new(STATE_SETUP));
+    let last_error = Arc::new(Mutex::new(None::<String>));
+    let (tx, rx) = mpsc::channel();
+    {
+        let state = state.clone();
+        let last_error = last_error.clone();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            loop {
+                let mut l = String::new();
+                match r.read_line(&mut l) {
+                    Ok(n) if n > 0 => {
+                        let l = l.trim_end().to_string();
+                        if let Some(m) = l.strip_prefix("ERROR ") {
+                            *last_error.lock().unwrap() = Some(m.to_string());
+                        }
+                        let _ = tx.send(Line::Text(l));
+                    }
+                    _ => break,
+                }
+            }
+            let _ = tx.send(Line::Eof);
+            // The server is gone. If the measurement is still running, a
+            // receive may never complete: give it a moment, then give up.
+            std::thread::sleep(Duration::from_secs(3));
+            if state.load(Ordering::SeqCst) == STATE_MEASURING {
+                let why = last_error
+                    .lock()
+                    .unwrap()
+                    .clone()
+                    .unwrap_or_else(|| "it exited or was killed".into());
+                eprintln!("uvia: error: the server process stopped in the middle of the measurement: {why}");
+                std::process::exit(1);
+            }
+        });
+    }
+    let info = wait_line(&rx, "READY", Duration::from_secs(30), "READY line")?;
+    pin::pin_or_warn(plan.client_cpu, "client");
+    let cfg = config(plan);
+    state.store(STATE_MEASURING, Ordering::SeqCst);
+    let measured = (|| -> Result<Vec<SizeResult>> {
+        let mut ep = connect(plan.provider, &cfg, &info)
+            .with_context(|| format!("{} client: connecting", plan.provider.name()))?;
+        let mut out = Vec::new();
+        for (i, &size) in plan.sizes.iter().enumerate() {
+            let r = match plan.kind {
+                Kind::Pingpong => pingpong_client(
+                    ep.as_mut(),
+                    size,
+                    plan.iters[i],
+                    plan.warmup[i],
+                    plan.interval_us,
+                ),
+                Kind::Bw => bw_client(ep.as_mut(), size, plan.iters[i], plan.warmup[i]),
+            }
+            .with_context(|| {
+                format!(
+                    "{} {} at {} bytes",
+                    plan.provider.name(),
+                    plan.kind.name(),
+                    size
+                )
+            })?;
+            out.push(r);
+        }
+        Ok(out)
+    })();
+    state.store(STATE_DONE, Ordering::SeqCst);
+    let mut results = match measured {
+        Ok(r) => r,
+        Err(e) => {
+            // Prefer the server's own account when it failed first.
+            std::thread::sleep(Duration::from_millis(100));
+            if let Some(m) = last_error.lock().unwrap().clone() {
+                return Err(e.context(format!("the server failed: {m}")));
+            }
+            return Err(e);
+        }
+    };
+    let report = wait_line(&rx, "RESULT", Duration::from_secs(30), "RESULT line")?;
+    let report: ServerReport =
+        serde_json::from_str(&report).context("reading the server's RESULT line")?;
+    for (r, c) in results.iter_mut().zip(report.cpu) {
+        r.cpu.server = c;
+    }
+    Ok(RunResult {
+        command: plan.kind.name().into(),
+        provider: plan.provider.name().into(),
+        mode: mode_name(plan.mode).into(),
+        results,
+    })
+}
+
+fn pingpong_client(
+    ep: &mut dyn Endpoint,
+    size: usize,
+    iters: usize,
+    warm: usize,
+    interval_us: u64,
+) -> Result<SizeResult> {
+    for (i, b) in ep.send_buf()[..size].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    for _ in 0..warm {
+        ep.send(size)?;
+        expect_len(ep.recv()?, size)?;
+    }
+    let mut ticks = Vec::with_capacity(iters);
+    let pause = Duration::from_micros(interval_us);
+    let m = CpuMeter::start();
+    for _ in 0..iters {
+        let t0 = clock::ticks();
+        ep.send(size)?;
+        let n = ep.recv()?;
+        let t1 = clock::ticks();
+        ticks.push(t1.wrapping_sub(t0));
+        expect_len(n, size)?;
+        if interval_us > 0 {
+            std::thread::sleep(pause);
+        }
+    }
+    let cpu = m.stop();
+    check_bytes(ep.recv_buf(), REPLY_BYTE).context("checking the last reply")?;
+    ep.flush()?;
+    let samples: Vec<f64> = ticks.iter().map(|&t| clock::to_ns(t) / 2.0).collect();
+    let lat = Stats::of(&samples);
+    Ok(SizeResult {
+        size,
+        iters,
+        lat_ns: lat,
+        mbytes_per_s: if lat.p50 > 0.0 {
+            size as f64 / lat.p50 * 1e3
+        } else {
+            0.0
+        },
+        msgs_per_s: if lat.mean > 0.0 { 1e9 / lat.mean } else { 0.0 },
+        cpu: CpuUse {
+            client: cpu,
+            server: 0.0,
+        },
+    })
+}
+
+fn bw_client(ep: &mut dyn Endpoint, size: usize, iters: usize, warm: usize) -> Result<SizeResult> {
+    ep.send_buf()[..size].fill(BW_BYTE);
+    for _ in 0..warm {
+        ep.send(size)?;
+    }
+    ep.flush()?;
+    expect_len(ep.recv()?, ACK)?;
+    let (batches, per) = bw_batches(iters);
+    let mut per_msg = Vec::with_capacity(batches);
+    let mut total_ticks = 0u64;
+    let m = CpuMeter::start();
+    for _ in 0..batches {
+        let t0 = clock::ticks();
+        for _ in 0..per {
+            ep.send(size)?;
+        }
+        ep.flush()?;
+        let n = ep.recv()?;
+        let t1 = clock::ticks();
+        expect_len(n, ACK)?;
+        let dt = t1.wrapping_sub(t0);
+        total_ticks += dt;
+        per_msg.push(clock::to_ns(dt) / per as f64);
+    }
+    let cpu = m.stop();
+    let msgs = batches * per;
+    let total_ns = clock::to_ns(total_ticks);
+    Ok(SizeResult {
+        size,
+        iters: msgs,
+        lat_ns: Stats::of(&per_msg),
+        mbytes_per_s: if total_ns > 0.0 {
+            (msgs * size) as f64 / total_ns * 1e3
+        } else {
+            0.0
+        },
+        msgs_per_s: if total_ns > 0.0 {
+            msgs as f64 / total_ns * 1e9
+        } else {
+            0.0
+        },
+        cpu: CpuUse {
+            client: cpu,
+            server: 0.0,
+        },
+    })
+}
