@@ -178,6 +178,19 @@ impl Posted {
     fn ranges(&self) -> &[LocalRange] {
         &self.ranges[..self.nranges as usize]
     }
+
+    /// True while every region the descriptor names is still the one that
+    /// was registered when it was posted. Checked before the Nic touches the
+    /// memory later than the post itself, so memory deregistered (and perhaps
+    /// freed) in between is never written or read.
+    #[inline]
+    fn still_registered(&self, regions: &crate::mem::RegionTable) -> bool {
+        self.src[..self.nranges as usize].iter().all(|s| {
+            regions
+                .lookup(s.handle)
+                .is_some_and(|r| r.serial == s.serial)
+        })
+    }
 }
 
 // SAFETY: a `Posted` names memory the caller handed to the VI for the time
@@ -614,6 +627,7 @@ impl Vi {
             || h.len as u64 > e.total
             || h.len > max
             || body.len() < crate::shm::MSG_HEADER + len
+            || !e.still_registered(&self.s.nic.regions)
         {
             return None;
         }
@@ -691,6 +705,11 @@ impl Vi {
         };
         let e = &mut sq[i];
         let by_ref = e.op == Op::RdmaRead || e.total as usize > INLINE_MAX;
+        if !by_ref && !e.still_registered(&self.s.nic.regions) {
+            // Deregistered while the send waited for ring space.
+            self.complete_send(e, status::PROTECTION_ERROR);
+            return true;
+        }
         e.needs_ack =
             by_ref || e.op != Op::SendRecv || reliability == Reliability::ReliableReception;
         let hdr = MsgHeader {
@@ -942,6 +961,11 @@ impl Vi {
                     let e = &mut rq[*rq_done];
                     if h.len as u64 > e.total || h.len > attrs.max_transfer_size {
                         self.complete_recv(e, status::OP_RECEIVE, 0, imm, status::LENGTH_ERROR);
+                        if reliable {
+                            report = status::REMOTE_DESC_ERROR;
+                        }
+                    } else if !e.still_registered(&self.s.nic.regions) {
+                        self.complete_recv(e, status::OP_RECEIVE, 0, imm, status::PROTECTION_ERROR);
                         if reliable {
                             report = status::REMOTE_DESC_ERROR;
                         }
