@@ -1,3 +1,807 @@
-pub fn bench(_q: bool, _o: &std::path::Path, _p: usize) -> anyhow::Result<()> {
-    anyhow::bail!("todo")
+//! `uvia bench`: the main job.
+//!
+//! 1. The physical limits (`limit`).
+//! 2. Every provider and mode, ping-pong and bandwidth, each measurement in
+//!    its own client process (`uvia pingpong|bw ... --json FILE`, which starts
+//!    its own server), under a time limit: a provider that fails or hangs is
+//!    reported as failed with its error and the others go on.
+//! 3. The headline comparisons, measured in short interleaved rounds (contender,
+//!    baseline, contender, baseline, ...) so that both see the same state of a
+//!    noisy host; each pair gives a ratio and the headline is the median ratio.
+//! 4. The report folder: report.md, results.json, latency.svg, bandwidth.svg.
+
+use crate::limit::{self, LimitResult};
+use crate::report::{self, fmt_ns, fmt_pct, md_table, push, text_table, Series};
+use crate::run::RunResult;
+use crate::size::human;
+use crate::stats::{median, Stats};
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One provider/mode configuration.
+#[derive(Clone, Copy)]
+struct Config {
+    provider: &'static str,
+    /// CLI flag selecting the mode.
+    flag: &'static str,
+    /// Label in tables and plots.
+    label: &'static str,
+}
+
+const CONFIGS: [Config; 6] = [
+    Config {
+        provider: "shm",
+        flag: "--polling",
+        label: "shm polling",
+    },
+    Config {
+        provider: "shm",
+        flag: "--blocking",
+        label: "shm blocking",
+    },
+    Config {
+        provider: "kernel-udp",
+        flag: "--busy-poll",
+        label: "kernel-udp busy-poll",
+    },
+    Config {
+        provider: "kernel-udp",
+        flag: "--blocking",
+        label: "kernel-udp blocking",
+    },
+    Config {
+        provider: "kernel-tcp",
+        flag: "--polling",
+        label: "kernel-tcp polling",
+    },
+    Config {
+        provider: "kernel-tcp",
+        flag: "--blocking",
+        label: "kernel-tcp blocking",
+    },
+];
+
+const UDP_BP: &str = "kernel-udp busy-poll";
+
+#[derive(Serialize)]
+struct RunEntry {
+    label: String,
+    provider: String,
+    mode: String,
+    kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<RunResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Serialize, Clone)]
+struct Pair {
+    contender: f64,
+    baseline: f64,
+    ratio: f64,
+}
+
+#[derive(Serialize)]
+struct Headline {
+    name: String,
+    /// How the ratio is formed.
+    ratio_is: String,
+    unit: String,
+    target: String,
+    pairs: Vec<Pair>,
+    /// Median of the pair ratios.
+    ratio: Option<f64>,
+    pass: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Blocked {
+    label: String,
+    interval_us: u64,
+    receiver_cpu: Option<f64>,
+    one_way_p50_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct BenchResult {
+    command: String,
+    quick: bool,
+    limit: Option<LimitResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit_error: Option<String>,
+    headline: Vec<Headline>,
+    blocked_receiver: Vec<Blocked>,
+    runs: Vec<RunEntry>,
+}
+
+/// Runs `uvia <args> --json FILE` as a child process under a time limit.
+fn sub(args: &[String], timeout: Duration) -> Result<RunResult> {
+    let exe = std::env::current_exe().context("finding this program's path")?;
+    let tmp = std::env::temp_dir().join(format!(
+        "uvia-bench-{}-{}.json",
+        std::process::id(),
+        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let mut child = Command::new(exe)
+        .args(args)
+        .arg("--json")
+        .arg(&tmp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting a measurement process")?;
+    let mut stderr = child.stderr.take();
+    let errs = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(e) = stderr.as_mut() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let err_text = errs.join().unwrap_or_default();
+    let msg = err_text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.trim_start_matches("uvia: error: ").trim().to_string())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let r = match status {
+        None => Err(anyhow!(
+            "did not finish within {timeout:?}{}",
+            if msg.is_empty() {
+                String::new()
+            } else {
+                format!(" ({msg})")
+            }
+        )),
+        Some(st) if !st.success() => Err(anyhow!(
+            "{}",
+            if msg.is_empty() {
+                format!("exited with {st}")
+            } else {
+                msg
+            }
+        )),
+        Some(_) => {
+            let text = std::fs::read_to_string(&tmp).context("reading the measurement's JSON")?;
+            serde_json::from_str::<RunResult>(&text).context("parsing the measurement's JSON")
+        }
+    };
+    let _ = std::fs::remove_file(&tmp);
+    r
+}
+
+static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn args(kind: &str, c: &Config, sizes: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        kind.into(),
+        "--provider".into(),
+        c.provider.into(),
+        c.flag.into(),
+        "--sizes".into(),
+        sizes.into(),
+    ];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn first(r: &RunResult) -> Result<&crate::run::SizeResult> {
+    r.results.first().ok_or_else(|| anyhow!("no result"))
+}
+
+fn cfg(label: &str) -> &'static Config {
+    CONFIGS
+        .iter()
+        .find(|c| c.label == label)
+        .expect("known configuration")
+}
+
+/// Interleaves `pairs` rounds of contender and baseline; `ratio(c, b)`.
+fn interleave(
+    pb: &ProgressBar,
+    name: &str,
+    ratio_is: &str,
+    unit: &str,
+    target: &str,
+    pairs: usize,
+    mut contender: impl FnMut() -> Result<f64>,
+    mut baseline: impl FnMut() -> Result<f64>,
+    ratio: impl Fn(f64, f64) -> f64,
+    pass: impl Fn(f64) -> bool,
+) -> Headline {
+    let mut h = Headline {
+        name: name.into(),
+        ratio_is: ratio_is.into(),
+        unit: unit.into(),
+        target: target.into(),
+        pairs: Vec::new(),
+        ratio: None,
+        pass: None,
+        error: None,
+    };
+    for i in 0..pairs {
+        pb.set_message(format!("headline: {name} (pair {}/{pairs})", i + 1));
+        let c = match contender() {
+            Ok(v) => v,
+            Err(e) => {
+                h.error = Some(format!("contender: {e:#}"));
+                break;
+            }
+        };
+        let b = match baseline() {
+            Ok(v) => v,
+            Err(e) => {
+                h.error = Some(format!("baseline: {e:#}"));
+                break;
+            }
+        };
+        h.pairs.push(Pair {
+            contender: c,
+            baseline: b,
+            ratio: ratio(c, b),
+        });
+        pb.inc(1);
+    }
+    if !h.pairs.is_empty() && h.error.is_none() {
+        let r = median(&h.pairs.iter().map(|p| p.ratio).collect::<Vec<_>>());
+        h.ratio = Some(r);
+        h.pass = Some(pass(r));
+    }
+    h
+}
+
+pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
+    if pairs == 0 {
+        bail!("--pairs must be at least 1");
+    }
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("creating the report folder {}", out.display()))?;
+    let sizes = if quick {
+        "8,1K,64K,1M"
+    } else {
+        crate::DEFAULT_SIZES
+    };
+    let scale = if quick { "0.05" } else { "1" };
+    let timeout = Duration::from_secs(if quick { 60 } else { 300 });
+    let total = 1 + CONFIGS.len() as u64 * 2 + 4 * pairs as u64 + 2;
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.enable_steady_tick(Duration::from_millis(200));
+
+    // 1. Limits.
+    pb.set_message("physical limits");
+    let (limit, limit_error) = match limit::run_all(quick) {
+        Ok(l) => (Some(l), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    pb.inc(1);
+
+    // 2. Every provider and mode.
+    let mut runs = Vec::new();
+    for kind in ["pingpong", "bw"] {
+        for c in &CONFIGS {
+            pb.set_message(format!("{kind} {}", c.label));
+            let r = sub(&args(kind, c, sizes, &["--scale", scale]), timeout);
+            let (result, error) = match r {
+                Ok(r) => (Some(r), None),
+                Err(e) => {
+                    pb.println(format!("{kind} {}: failed: {e:#}", c.label));
+                    (None, Some(format!("{e:#}")))
+                }
+            };
+            runs.push(RunEntry {
+                label: c.label.into(),
+                provider: c.provider.into(),
+                mode: if c.flag == "--blocking" {
+                    "blocking".into()
+                } else {
+                    "polling".into()
+                },
+                kind: kind.into(),
+                result,
+                error,
+            });
+            pb.inc(1);
+        }
+    }
+
+    // 3. Headlines, interleaved.
+    let pp_iters = if quick { "20000" } else { "100000" };
+    let lim_rounds = if quick { 20_000 } else { 100_000 };
+    let shm_p = cfg("shm polling");
+    let shm_b = cfg("shm blocking");
+    let udp = cfg(UDP_BP);
+    let p50_of = |c: &Config, kind: &str, size: &str, iters: &str| -> Result<f64> {
+        Ok(
+            first(&sub(&args(kind, c, size, &["--iters", iters]), timeout)?)?
+                .lat_ns
+                .p50,
+        )
+    };
+    let mut headline = Vec::new();
+    headline.push(interleave(
+        &pb,
+        "shm 8 B one-way p50 vs cache-line ping-pong",
+        "shm p50 / cache-line p50",
+        "ns",
+        "<= 2.5x",
+        pairs,
+        || p50_of(shm_p, "pingpong", "8", pp_iters),
+        || Ok(Stats::of(&limit::cacheline(lim_rounds)?).p50),
+        |c, b| c / b,
+        |r| r <= 2.5,
+    ));
+    let udp_iters = if quick { "5000" } else { "20000" };
+    headline.push(interleave(
+        &pb,
+        "shm 8 B one-way p50 vs kernel UDP busy-poll 8 B",
+        "UDP busy-poll p50 / shm p50 (times lower)",
+        "ns",
+        ">= 15x lower",
+        pairs,
+        || p50_of(shm_p, "pingpong", "8", pp_iters),
+        || p50_of(udp, "pingpong", "8", udp_iters),
+        |c, b| b / c,
+        |r| r >= 15.0,
+    ));
+    let bw_iters = if quick { "300" } else { "2000" };
+    let copy_reps = if quick { 50 } else { 300 };
+    headline.push(interleave(
+        &pb,
+        "shm 1 MiB bandwidth vs cross-core copy 1 MiB",
+        "shm MB/s / cross-core copy MB/s",
+        "MB/s",
+        ">= 0.8x",
+        pairs,
+        || {
+            Ok(first(&sub(
+                &args("bw", shm_p, "1M", &["--iters", bw_iters]),
+                timeout,
+            )?)?
+            .mbytes_per_s)
+        },
+        || Ok(median(&limit::cross_core_copy(1 << 20, copy_reps)?)),
+        |c, b| c / b,
+        |r| r >= 0.8,
+    ));
+    let blk_iters = if quick { "5000" } else { "20000" };
+    headline.push(interleave(
+        &pb,
+        "shm blocking 8 B one-way p50 vs futex hand-off",
+        "shm blocking p50 / futex p50",
+        "ns",
+        "<= 1.3x",
+        pairs,
+        || p50_of(shm_b, "pingpong", "8", blk_iters),
+        || Ok(Stats::of(&limit::futex_pingpong(if quick { 5_000 } else { 20_000 })?).p50),
+        |c, b| c / b,
+        |r| r <= 1.3,
+    ));
+
+    // Blocked receiver: a paced ping-pong (one round trip per millisecond) in
+    // blocking mode; the server spends nearly all its time waiting.
+    let mut blocked = Vec::new();
+    for label in ["shm blocking", "kernel-udp blocking"] {
+        pb.set_message(format!("blocked receiver CPU: {label}"));
+        let c = cfg(label);
+        let interval = 1000u64;
+        let n = if quick { "300" } else { "1000" };
+        let r = sub(
+            &args(
+                "pingpong",
+                c,
+                "8",
+                &[
+                    "--iters",
+                    n,
+                    "--warmup",
+                    "20",
+                    "--interval-us",
+                    &interval.to_string(),
+                ],
+            ),
+            timeout,
+        );
+        blocked.push(
+            match r.and_then(|r| first(&r).map(|x| (x.cpu.server, x.lat_ns.p50))) {
+                Ok((cpu, p50)) => Blocked {
+                    label: label.into(),
+                    interval_us: interval,
+                    receiver_cpu: Some(cpu),
+                    one_way_p50_ns: Some(p50),
+                    error: None,
+                },
+                Err(e) => Blocked {
+                    label: label.into(),
+                    interval_us: interval,
+                    receiver_cpu: None,
+                    one_way_p50_ns: None,
+                    error: Some(format!("{e:#}")),
+                },
+            },
+        );
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+
+    let res = BenchResult {
+        command: "bench".into(),
+        quick,
+        limit,
+        limit_error,
+        headline,
+        blocked_receiver: blocked,
+        runs,
+    };
+    let json = serde_json::to_string_pretty(&res)? + "\n";
+    std::fs::write(out.join("results.json"), json)
+        .with_context(|| format!("writing {}", out.join("results.json").display()))?;
+    let (text, md) = render(&res, out);
+    std::fs::write(out.join("report.md"), md)
+        .with_context(|| format!("writing {}", out.join("report.md").display()))?;
+    print!("{text}");
+    println!("\nreport: {}", out.join("report.md").display());
+    Ok(())
+}
+
+fn verdict(h: &Headline) -> String {
+    match (&h.error, h.pass) {
+        (Some(_), _) => "FAILED".into(),
+        (None, Some(true)) => "met".into(),
+        (None, Some(false)) => "not met".into(),
+        _ => "-".into(),
+    }
+}
+
+fn fmt_val(v: f64, unit: &str) -> String {
+    if unit == "ns" {
+        fmt_ns(v)
+    } else {
+        format!("{v:.0} {unit}")
+    }
+}
+
+/// The printed summary and the markdown report; writes the plots.
+fn render(res: &BenchResult, out: &Path) -> (String, String) {
+    let mut text = String::new();
+    let mut md = String::new();
+    push(
+        &mut md,
+        format!("# uvia bench{}", if res.quick { " (quick)" } else { "" }),
+    );
+    push(&mut md, "");
+    push(&mut md, "Two processes pinned to cores 0 and 1; times from the TSC; one-way latency = round trip / 2. Ratios in the headline come from interleaved pairs (contender, baseline, contender, ...); the headline ratio is the median of the pair ratios.");
+    push(&mut md, "");
+
+    // Headline.
+    let head = [
+        "comparison",
+        "ratio (median of pairs)",
+        "target",
+        "verdict",
+        "pair ratios",
+        "contender / baseline (median)",
+    ];
+    let rows: Vec<Vec<String>> = res
+        .headline
+        .iter()
+        .map(|h| {
+            let pr = h
+                .pairs
+                .iter()
+                .map(|p| format!("{:.2}", p.ratio))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let cb = if h.pairs.is_empty() {
+                "-".into()
+            } else {
+                format!(
+                    "{} / {}",
+                    fmt_val(
+                        median(&h.pairs.iter().map(|p| p.contender).collect::<Vec<_>>()),
+                        &h.unit
+                    ),
+                    fmt_val(
+                        median(&h.pairs.iter().map(|p| p.baseline).collect::<Vec<_>>()),
+                        &h.unit
+                    )
+                )
+            };
+            let ratio = h
+                .ratio
+                .map(|r| format!("{r:.2}x"))
+                .unwrap_or_else(|| "-".into());
+            vec![h.name.clone(), ratio, h.target.clone(), verdict(h), pr, cb]
+        })
+        .collect();
+    let mut brows: Vec<Vec<String>> = Vec::new();
+    for b in &res.blocked_receiver {
+        let cpu = b.receiver_cpu.map(fmt_pct).unwrap_or_else(|| "-".into());
+        let v = match (b.receiver_cpu, &b.error) {
+            (_, Some(_)) => "FAILED".to_string(),
+            (Some(c), None) if b.label.starts_with("shm") => {
+                if c < 0.05 { "met" } else { "not met" }.into()
+            }
+            _ => "(reference)".into(),
+        };
+        brows.push(vec![
+            format!(
+                "{} receiver CPU, one 8 B round trip per {} us",
+                b.label, b.interval_us
+            ),
+            cpu,
+            if b.label.starts_with("shm") {
+                "< 5%".into()
+            } else {
+                "-".into()
+            },
+            v,
+        ]);
+    }
+    push(&mut text, "Headline");
+    text += &text_table(
+        &head[..5],
+        &rows.iter().map(|r| r[..5].to_vec()).collect::<Vec<_>>(),
+    );
+    text += &text_table(&["blocked receiver", "cpu", "target", "verdict"], &brows);
+    push(&mut md, "## Headline");
+    push(&mut md, "");
+    md += &md_table(&head, &rows);
+    push(&mut md, "");
+    md += &md_table(&["blocked receiver", "cpu", "target", "verdict"], &brows);
+    push(&mut md, "");
+    let mut errs = Vec::new();
+    for h in &res.headline {
+        if let Some(e) = &h.error {
+            errs.push(format!("{}: {e}", h.name));
+        }
+    }
+    for b in &res.blocked_receiver {
+        if let Some(e) = &b.error {
+            errs.push(format!("blocked receiver {}: {e}", b.label));
+        }
+    }
+    for e in &errs {
+        push(&mut md, format!("- failed: {e}"));
+        push(&mut text, format!("failed: {e}"));
+    }
+    if !errs.is_empty() {
+        push(&mut md, "");
+    }
+
+    // Limits.
+    push(&mut md, "## Physical limits");
+    push(&mut md, "");
+    push(&mut text, "");
+    match (&res.limit, &res.limit_error) {
+        (Some(l), _) => {
+            text += &report::limit_table(l);
+            md += &md_table(&["probe", "value"], &report::limit_rows(l));
+        }
+        (None, e) => {
+            let e = e.clone().unwrap_or_default();
+            push(&mut text, format!("limits: failed: {e}"));
+            push(&mut md, format!("failed: {e}"));
+        }
+    }
+    push(&mut md, "");
+
+    // Side by side.
+    let cl = res
+        .limit
+        .as_ref()
+        .map(|l| l.cacheline_one_way_ns.p50)
+        .filter(|x| *x > 0.0);
+    let xc = res
+        .limit
+        .as_ref()
+        .and_then(|l| l.cross_core_copy.iter().find(|x| x.size == 1 << 20))
+        .map(|x| x.mbytes_per_s)
+        .filter(|x| *x > 0.0);
+    let find = |kind: &str, label: &str| {
+        res.runs
+            .iter()
+            .find(|r| r.kind == kind && r.label == label)
+            .and_then(|r| r.result.as_ref())
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    };
+    let mut lat_rows = Vec::new();
+    let mut bw_rows = Vec::new();
+    for kind in ["pingpong", "bw"] {
+        for r in res.runs.iter().filter(|r| r.kind == kind) {
+            match (&r.result, &r.error) {
+                (Some(rr), _) => {
+                    for x in &rr.results {
+                        let udp = find(kind, UDP_BP)
+                            .and_then(|u| u.results.iter().find(|y| y.size == x.size));
+                        if kind == "pingpong" {
+                            lat_rows.push(vec![
+                                r.label.clone(),
+                                human(x.size),
+                                fmt_ns(x.lat_ns.p50),
+                                fmt_ns(x.lat_ns.p99),
+                                format!("{:.0}", x.mbytes_per_s),
+                                format!("{} / {}", fmt_pct(x.cpu.client), fmt_pct(x.cpu.server)),
+                                ratio(Some(x.lat_ns.p50), cl),
+                                ratio(udp.map(|u| u.lat_ns.p50), Some(x.lat_ns.p50)),
+                            ]);
+                        } else {
+                            bw_rows.push(vec![
+                                r.label.clone(),
+                                human(x.size),
+                                format!("{:.0}", x.mbytes_per_s),
+                                report::fmt_rate(x.msgs_per_s),
+                                format!("{} / {}", fmt_pct(x.cpu.client), fmt_pct(x.cpu.server)),
+                                ratio(Some(x.mbytes_per_s), xc),
+                                ratio(Some(x.mbytes_per_s), udp.map(|u| u.mbytes_per_s)),
+                            ]);
+                        }
+                    }
+                }
+                (None, e) => {
+                    let e = format!("FAILED: {}", e.clone().unwrap_or_default());
+                    let row = if kind == "pingpong" {
+                        &mut lat_rows
+                    } else {
+                        &mut bw_rows
+                    };
+                    let mut v = vec![r.label.clone(), e];
+                    v.resize(if kind == "pingpong" { 8 } else { 7 }, String::new());
+                    row.push(v);
+                }
+            }
+        }
+    }
+    let lat_head = [
+        "provider / mode",
+        "size",
+        "one-way p50",
+        "p99",
+        "MB/s",
+        "cpu cli/srv",
+        "x limit",
+        "UDP-bp / this",
+    ];
+    let bw_head = [
+        "provider / mode",
+        "size",
+        "MB/s",
+        "msgs/s",
+        "cpu cli/srv",
+        "/ copy 1 MiB",
+        "/ UDP-bp",
+    ];
+    push(&mut text, "");
+    push(&mut text, "Ping-pong (x limit = one-way p50 / cache-line one-way p50; UDP-bp / this = kernel UDP busy-poll p50 / this p50)");
+    text += &text_table(&lat_head, &lat_rows);
+    push(&mut text, "");
+    push(&mut text, "Bandwidth (/ copy 1 MiB = MB/s / cross-core copy at 1 MiB; / UDP-bp = MB/s / kernel UDP busy-poll MB/s)");
+    text += &text_table(&bw_head, &bw_rows);
+    push(&mut md, "## Ping-pong: one-way latency");
+    push(&mut md, "");
+    push(&mut md, "`x limit` = one-way p50 / cache-line one-way p50 (lower is better, 1 is the hardware). `UDP-bp / this` = kernel UDP busy-poll p50 / this p50 (how many times lower than UDP). CPU is (user + system time) / wall time of each process over the measured loop.");
+    push(&mut md, "");
+    md += &md_table(&lat_head, &lat_rows);
+    push(&mut md, "");
+    push(&mut md, "![one-way latency vs size](latency.svg)");
+    push(&mut md, "");
+    push(&mut md, "## Bandwidth");
+    push(&mut md, "");
+    push(&mut md, "The client sends back-to-back messages (up to 64 outstanding) in batches; the server answers each batch with one 8-byte ack. MB/s = bytes / total batch time (1 MB = 1e6 B). In results.json the `lat_ns` of a bandwidth run is the time per message from per-batch samples (batch time / messages in the batch). `/ copy 1 MiB` = MB/s / cross-core copy bandwidth at 1 MiB.");
+    push(&mut md, "");
+    md += &md_table(&bw_head, &bw_rows);
+    push(&mut md, "");
+    push(&mut md, "![bandwidth vs size](bandwidth.svg)");
+    push(&mut md, "");
+
+    // Plots.
+    let series = |kind: &str, f: &dyn Fn(&crate::run::SizeResult) -> f64| -> Vec<Series> {
+        res.runs
+            .iter()
+            .filter(|r| r.kind == kind)
+            .filter_map(|r| {
+                r.result.as_ref().map(|rr| Series {
+                    label: r.label.clone(),
+                    points: rr.results.iter().map(|x| (x.size as f64, f(x))).collect(),
+                    dashed: false,
+                })
+            })
+            .collect()
+    };
+    let mut lat = series("pingpong", &|x| x.lat_ns.p50 / 1e3);
+    if let (Some(c), Some(l)) = (cl, res.limit.as_ref()) {
+        let (lo, hi) = lat
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0))
+            .fold((f64::MAX, 0f64), |(a, b), x| (a.min(x), b.max(x)));
+        if hi > 0.0 {
+            lat.push(Series {
+                label: "limit: cache-line one-way p50".into(),
+                points: vec![(lo, c / 1e3), (hi, c / 1e3)],
+                dashed: true,
+            });
+            lat.push(Series {
+                label: "limit: futex hand-off one-way p50".into(),
+                points: vec![
+                    (lo, l.futex_one_way_ns.p50 / 1e3),
+                    (hi, l.futex_one_way_ns.p50 / 1e3),
+                ],
+                dashed: true,
+            });
+        }
+    }
+    let mut bw = series("bw", &|x| x.mbytes_per_s);
+    if let Some(l) = &res.limit {
+        bw.push(Series {
+            label: "limit: cross-core copy".into(),
+            points: l
+                .cross_core_copy
+                .iter()
+                .map(|x| (x.size as f64, x.mbytes_per_s))
+                .collect(),
+            dashed: true,
+        });
+        bw.push(Series {
+            label: "limit: memcpy".into(),
+            points: l
+                .memcpy
+                .iter()
+                .map(|x| (x.size as f64, x.mbytes_per_s))
+                .collect(),
+            dashed: true,
+        });
+    }
+    for (file, title, y, s) in [
+        (
+            "latency.svg",
+            "One-way latency (p50) vs message size",
+            "one-way latency (us)",
+            &lat,
+        ),
+        (
+            "bandwidth.svg",
+            "Bandwidth vs message size",
+            "bandwidth (MB/s)",
+            &bw,
+        ),
+    ] {
+        let p: PathBuf = out.join(file);
+        if let Err(e) = report::plot(&p, title, y, s) {
+            push(&mut text, format!("plot {file}: {e:#}"));
+            push(&mut md, format!("(plot {file} failed: {e:#})"));
+        }
+    }
+    (text, md)
 }
