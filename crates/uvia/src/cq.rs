@@ -268,3 +268,90 @@ impl Cq {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::vi::tests::connected_pair_with;
+    use crate::*;
+    use std::time::Duration;
+
+    #[test]
+    fn notices_name_each_vi_in_completion_order() {
+        let nic = Nic::open("shm").unwrap();
+        let cq = nic.create_cq(16).unwrap();
+        let (a1, b1) = connected_pair_with(&nic, Some(&cq));
+        let (a2, b2) = connected_pair_with(&nic, Some(&cq));
+        let (r1, r2) = (b1.recv_buf(), b2.recv_buf());
+        b1.vi
+            .post_recv(Box::new(Descriptor::recv(&[r1.segment(0, 64)])))
+            .unwrap();
+        b2.vi
+            .post_recv(Box::new(Descriptor::recv(&[r2.segment(0, 64)])))
+            .unwrap();
+        a2.send(b"second vi");
+        a1.send(b"first vi");
+        let n1 = cq.wait(Some(Duration::from_secs(5))).unwrap();
+        let n2 = cq.wait(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(n1.queue, Queue::Recv);
+        assert_eq!(n2.queue, Queue::Recv);
+        let ids = [n1.vi.id(), n2.vi.id()];
+        assert!(
+            ids.contains(&b1.vi.id()) && ids.contains(&b2.vi.id()),
+            "{ids:?}"
+        );
+        // The notice says the head is complete; the VI's done call hands it over.
+        assert_eq!(b1.vi.recv_done().unwrap().result(), Ok(8));
+        assert_eq!(b2.vi.recv_done().unwrap().result(), Ok(9));
+        assert!(cq.done().unwrap().is_none());
+        assert_eq!(
+            b1.vi.recv_wait(Some(Duration::from_millis(1))).unwrap_err(),
+            WaitError::BoundToCq
+        );
+        drop((a1, a2));
+    }
+
+    #[test]
+    fn eventfd_becomes_readable_when_armed_and_a_message_arrives() {
+        let nic = Nic::open("shm").unwrap();
+        let cq = nic.create_cq(4).unwrap();
+        let (a, b) = connected_pair_with(&nic, Some(&cq));
+        let r = b.recv_buf();
+        b.vi.post_recv(Box::new(Descriptor::recv(&[r.segment(0, 64)])))
+            .unwrap();
+        assert!(!cq.arm(), "nothing pending yet");
+        let mut pfd = libc::pollfd {
+            fd: cq.eventfd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        assert_eq!(
+            unsafe { libc::poll(&mut pfd, 1, 0) },
+            0,
+            "not readable before a message"
+        );
+        a.send(b"ping");
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { libc::poll(&mut pfd, 1, 5000) },
+            1,
+            "readable after the message"
+        );
+        cq.drain_eventfd();
+        assert!(cq.done().unwrap().is_some());
+    }
+
+    #[test]
+    fn resize_and_destroy_rules() {
+        let nic = Nic::open("shm").unwrap();
+        assert!(matches!(nic.create_cq(0), Err(CqError::Size { .. })));
+        let cq = nic.create_cq(2).unwrap();
+        cq.resize(8).unwrap();
+        assert_eq!(cq.capacity(), 8);
+        let (_a, b) = connected_pair_with(&nic, Some(&cq));
+        let (cq, err) = cq.destroy().unwrap_err();
+        assert_eq!(err, CqError::InUse(1));
+        drop(b);
+        cq.destroy().unwrap();
+    }
+}

@@ -1707,3 +1707,224 @@ impl Drop for ViShared {
         self.nic.hold_ptag(g.attrs.ptag, -1);
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use crate::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+
+    /// One end of an in-process connection with its buffers.
+    pub(crate) struct Side {
+        pub vi: Vi,
+        pub nic: Nic,
+        pub ptag: Ptag,
+        pub buf: MemoryRegion,
+    }
+
+    impl Side {
+        pub fn recv_buf(&self) -> &MemoryRegion {
+            &self.buf
+        }
+
+        /// Sends `data` from a fresh region and waits for the send to complete.
+        pub fn send(&self, data: &[u8]) {
+            let mut r = self
+                .nic
+                .alloc_region(data.len().max(1), MemAttributes::new(self.ptag))
+                .unwrap();
+            r.as_mut_slice()[..data.len()].copy_from_slice(data);
+            self.vi
+                .post_send(Box::new(Descriptor::send(&[r.segment(0, data.len())])))
+                .unwrap();
+            let d = self.vi.send_wait(Some(Duration::from_secs(5))).unwrap();
+            assert_eq!(d.result(), Ok(data.len() as u32));
+        }
+    }
+
+    /// A client VI and a server VI of `nic` connected to each other; the
+    /// server's receive queue reports to `recv_cq`. Returns (client, server).
+    pub(crate) fn connected_pair_with(nic: &Nic, recv_cq: Option<&Cq>) -> (Side, Side) {
+        let attrs = |p| ViAttributes::new(p).rdma(true, true);
+        let ptag = nic.create_ptag().unwrap();
+        let client = nic.create_vi(attrs(ptag), None, None).unwrap();
+        let server = nic.create_vi(attrs(ptag), None, recv_cq).unwrap();
+        let disc = Discriminator::from_u64(
+            (std::process::id() as u64) << 32 | NEXT.fetch_add(1, Ordering::Relaxed),
+        );
+        let (n2, s2, d2) = (nic.clone(), server.clone(), disc.clone());
+        let t = std::thread::spawn(move || {
+            let mut req = n2.connect_wait(&d2, Some(Duration::from_secs(5))).unwrap();
+            req.accept(&s2).unwrap();
+            n2.stop_listening(&d2);
+        });
+        client
+            .connect_request(&NetAddress::new("0", disc), Duration::from_secs(5))
+            .unwrap();
+        t.join().unwrap();
+        let side = |vi: Vi| Side {
+            vi,
+            nic: nic.clone(),
+            ptag,
+            buf: nic
+                .alloc_region(
+                    4096,
+                    MemAttributes::new(ptag).rdma_write(true).rdma_read(true),
+                )
+                .unwrap(),
+        };
+        (side(client), side(server))
+    }
+
+    #[test]
+    fn send_recv_with_immediate_and_in_order() {
+        let nic = Nic::open("shm").unwrap();
+        let (a, b) = connected_pair_with(&nic, None);
+        for i in 0..5u8 {
+            b.vi.post_recv(Box::new(Descriptor::recv(&[b
+                .buf
+                .segment(64 * i as usize, 64)])))
+                .unwrap();
+        }
+        let mut src = nic.alloc_region(64, MemAttributes::new(a.ptag)).unwrap();
+        for i in 0..5u8 {
+            src.as_mut_slice()[0] = i;
+            let d =
+                Descriptor::send(&[src.segment(0, 1 + i as usize)]).with_immediate(100 + i as u32);
+            a.vi.post_send(Box::new(d)).unwrap();
+            a.vi.send_wait(Some(Duration::from_secs(5)))
+                .unwrap()
+                .result()
+                .unwrap();
+        }
+        for i in 0..5u8 {
+            let d = b.vi.recv_wait(Some(Duration::from_secs(5))).unwrap();
+            assert_eq!(d.result(), Ok(1 + i as u32));
+            assert_eq!(d.immediate(), Some(100 + i as u32));
+            assert_eq!(b.buf.as_slice()[64 * i as usize], i);
+        }
+    }
+
+    #[test]
+    fn refused_posts_hand_the_descriptor_back_and_queue_nothing() {
+        let nic = Nic::open("shm").unwrap();
+        let ptag = nic.create_ptag().unwrap();
+        let idle = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+        let r = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+        let rej = idle
+            .post_send(Box::new(Descriptor::send(&[r.segment(0, 8)])))
+            .unwrap_err();
+        assert_eq!(rej.error, PostError::NotConnected(ViState::Idle));
+        assert_eq!(
+            rej.descriptor.ds[0].length, 8,
+            "the same descriptor comes back"
+        );
+
+        let (a, _b) = connected_pair_with(&nic, None);
+        let beyond =
+            a.vi.post_send(Box::new(Descriptor::send(&[a.buf.segment(4000, 200)])))
+                .unwrap_err();
+        assert!(matches!(
+            beyond.error,
+            PostError::Segment {
+                index: 0,
+                error: AccessError::OutOfBounds { .. }
+            }
+        ));
+        let other = nic.create_ptag().unwrap();
+        let foreign = nic.alloc_region(64, MemAttributes::new(other)).unwrap();
+        let wrong =
+            a.vi.post_send(Box::new(Descriptor::send(&[foreign.segment(0, 8)])))
+                .unwrap_err();
+        assert!(matches!(
+            wrong.error,
+            PostError::Segment {
+                error: AccessError::WrongPtag { .. },
+                ..
+            }
+        ));
+        let bogus = Segment::local(a.buf.addr(), MemHandle(0x7777_0001), 8);
+        let unreg =
+            a.vi.post_send(Box::new(Descriptor::send(&[bogus])))
+                .unwrap_err();
+        assert!(matches!(
+            unreg.error,
+            PostError::Segment {
+                error: AccessError::NotRegistered(_),
+                ..
+            }
+        ));
+        let too_many =
+            a.vi.post_send(Box::new(Descriptor::send(&[a.buf.segment(0, 1); 7])))
+                .unwrap_err();
+        assert!(matches!(too_many.error, PostError::Format(_)));
+        assert!(a.vi.send_done().is_none(), "nothing was queued");
+        assert_eq!(a.vi.state(), ViState::Connected, "the VI stays usable");
+    }
+
+    #[test]
+    fn wait_times_out_and_disconnect_flushes_both_sides() {
+        let nic = Nic::open("shm").unwrap();
+        let (a, b) = connected_pair_with(&nic, None);
+        b.vi.post_recv(Box::new(Descriptor::recv(&[b.buf.segment(0, 64)])))
+            .unwrap();
+        assert_eq!(
+            b.vi.recv_wait(Some(Duration::from_millis(30))).unwrap_err(),
+            WaitError::Timeout
+        );
+        a.vi.disconnect();
+        assert_eq!(a.vi.state(), ViState::Idle);
+        let d = b.vi.recv_wait(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(d.error(), Some(CompletionError::Flushed));
+        assert_eq!(b.vi.state(), ViState::Error);
+    }
+
+    #[test]
+    fn rdma_write_and_read_are_checked_on_the_target() {
+        let nic = Nic::open("shm").unwrap();
+        let (a, b) = connected_pair_with(&nic, None);
+        let mut src = nic.alloc_region(256, MemAttributes::new(a.ptag)).unwrap();
+        src.as_mut_slice().fill(0xab);
+        // The target serves requests inside its own calls: poll it from a thread.
+        let target = b.vi.clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let t = std::thread::spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                let _ = target.recv_done();
+            }
+        });
+        let w = Descriptor::rdma_write(b.buf.remote(100), &[src.segment(0, 50)]);
+        a.vi.post_send(Box::new(w)).unwrap();
+        assert_eq!(
+            a.vi.send_wait(Some(Duration::from_secs(5)))
+                .unwrap()
+                .result(),
+            Ok(50)
+        );
+        let mut dst = nic.alloc_region(64, MemAttributes::new(a.ptag)).unwrap();
+        let r = Descriptor::rdma_read(b.buf.remote(100), &[dst.segment(0, 50)]);
+        a.vi.post_send(Box::new(r)).unwrap();
+        assert_eq!(
+            a.vi.send_wait(Some(Duration::from_secs(5)))
+                .unwrap()
+                .result(),
+            Ok(50)
+        );
+        assert!(dst.as_mut_slice()[..50].iter().all(|&x| x == 0xab));
+        // Out of the target region's bounds: refused there, nothing written.
+        let bad = Descriptor::rdma_write(b.buf.remote(4090), &[src.segment(0, 50)]);
+        a.vi.post_send(Box::new(bad)).unwrap();
+        let d = a.vi.send_wait(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(d.error(), Some(CompletionError::RdmaProtection));
+        stop.store(true, Ordering::Relaxed);
+        t.join().unwrap();
+        assert!(
+            b.buf.as_slice()[4090..].iter().all(|&x| x == 0),
+            "target memory untouched"
+        );
+        assert_eq!(a.vi.state(), ViState::Error);
+    }
+}
