@@ -1,0 +1,213 @@
+//! Runs the built `uvia` binary: ping-pong over the kernel providers, the JSON
+//! shape, and clear errors for bad input. Asserts behaviour, never timings.
+
+use std::process::Command;
+
+fn uvia() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_uvia"))
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("uvia-test-{}-{name}", std::process::id()))
+}
+
+fn check_run_json(
+    path: &std::path::Path,
+    command: &str,
+    provider: &str,
+    mode: &str,
+    sizes: &[u64],
+) {
+    let text = std::fs::read_to_string(path).expect("the JSON file was written");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    assert_eq!(v["command"], command);
+    assert_eq!(v["provider"], provider);
+    assert_eq!(v["mode"], mode);
+    let results = v["results"].as_array().expect("results array");
+    assert_eq!(results.len(), sizes.len());
+    for (r, &size) in results.iter().zip(sizes) {
+        assert_eq!(r["size"].as_u64(), Some(size));
+        assert!(r["iters"].as_u64().unwrap() > 0);
+        for k in ["min", "p50", "p99", "mean"] {
+            let x = r["lat_ns"][k]
+                .as_f64()
+                .unwrap_or_else(|| panic!("lat_ns.{k} is a number"));
+            assert!(x.is_finite() && x > 0.0, "lat_ns.{k} = {x}");
+        }
+        let lat = &r["lat_ns"];
+        assert!(
+            lat["min"].as_f64() <= lat["p50"].as_f64()
+                && lat["p50"].as_f64() <= lat["p99"].as_f64()
+        );
+        for k in ["mbytes_per_s", "msgs_per_s"] {
+            let x = r[k].as_f64().unwrap();
+            assert!(x.is_finite() && x > 0.0, "{k} = {x}");
+        }
+        for k in ["client", "server"] {
+            let x = r["cpu"][k].as_f64().unwrap();
+            assert!(x.is_finite() && x >= 0.0, "cpu.{k} = {x}");
+        }
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+fn pingpong(provider: &str, extra: &[&str], mode: &str) {
+    let json = tmp(&format!("pp-{provider}-{mode}.json"));
+    let out = uvia()
+        .args([
+            "pingpong",
+            "--provider",
+            provider,
+            "--sizes",
+            "8",
+            "--iters",
+            "2000",
+        ])
+        .args(extra)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "uvia pingpong failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_run_json(&json, "pingpong", provider, mode, &[8]);
+}
+
+#[test]
+fn pingpong_kernel_udp() {
+    pingpong("kernel-udp", &[], "polling");
+}
+
+#[test]
+fn pingpong_kernel_tcp() {
+    pingpong("kernel-tcp", &[], "polling");
+}
+
+#[test]
+fn pingpong_kernel_udp_blocking_large() {
+    // 100 KiB messages are split into several datagrams and put back together.
+    let json = tmp("pp-udp-large.json");
+    let out = uvia()
+        .args([
+            "pingpong",
+            "--provider",
+            "kernel-udp",
+            "--blocking",
+            "--sizes",
+            "1,100K",
+            "--iters",
+            "200",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_run_json(
+        &json,
+        "pingpong",
+        "kernel-udp",
+        "blocking",
+        &[1, 100 * 1024],
+    );
+}
+
+#[test]
+fn bw_kernel_providers() {
+    for provider in ["kernel-udp", "kernel-tcp"] {
+        let json = tmp(&format!("bw-{provider}.json"));
+        let out = uvia()
+            .args([
+                "bw",
+                "--provider",
+                provider,
+                "--sizes",
+                "8,1M",
+                "--iters",
+                "300",
+                "--json",
+            ])
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{provider}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        check_run_json(&json, "bw", provider, "polling", &[8, 1 << 20]);
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    for args in [
+        vec!["pingpong", "--provider", "kernel-udp", "--sizes", "abc"],
+        vec!["pingpong", "--provider", "kernel-udp", "--sizes", "0"],
+        vec!["pingpong", "--provider", "kernel-udp", "--iters", "0"],
+        vec!["pingpong", "--provider", "nope"],
+        vec!["bw", "--provider", "kernel-tcp", "--window", "0"],
+    ] {
+        let out = uvia().args(&args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+        assert!(!err.trim().is_empty(), "{args:?} gave no message");
+    }
+}
+
+#[test]
+fn limit_json_shape() {
+    let json = tmp("limit.json");
+    let out = uvia()
+        .args(["limit", "--quick", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["command"], "limit");
+    for x in [
+        &v["cacheline_one_way_ns"]["p50"],
+        &v["cacheline_one_way_ns"]["min"],
+        &v["futex_one_way_ns"]["p50"],
+    ] {
+        assert!(x.as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "{x}");
+    }
+    let sizes = |k: &str| {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["size"].as_u64().unwrap(),
+                    e["mbytes_per_s"].as_f64().unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let m = sizes("memcpy");
+    assert_eq!(
+        m.iter().map(|x| x.0).collect::<Vec<_>>(),
+        vec![65536, 1 << 20, 16 << 20]
+    );
+    let c = sizes("cross_core_copy");
+    assert_eq!(
+        c.iter().map(|x| x.0).collect::<Vec<_>>(),
+        vec![65536, 1 << 20]
+    );
+    assert!(m.iter().chain(&c).all(|x| x.1.is_finite() && x.1 > 0.0));
+    let _ = std::fs::remove_file(&json);
+}
