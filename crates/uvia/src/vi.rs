@@ -1173,6 +1173,21 @@ impl Vi {
         if let Some(d) = self.pop(&mut g, q, owned) {
             return Some(d);
         }
+        // An empty poll in a few instructions: nothing of ours in flight or
+        // queued, and nothing published by the peer.
+        if g.awaiting_ack == 0 && g.sq_sent == g.sq.len() && g.failed.is_none() {
+            let quiet = match &g.conn {
+                Some(c) => !c.rx.ready(),
+                None => return None,
+            };
+            if quiet {
+                g.idle += 1;
+                if g.idle % IDLE_CHECK_EVERY == 0 && self.check_peer(&mut g) {
+                    return self.pop(&mut g, q, owned);
+                }
+                return None;
+            }
+        }
         if q == Queue::Recv && self.state() == ViState::Connected {
             if let Some(d) = self.recv_inline_fast(&mut g, owned) {
                 return Some(d);
