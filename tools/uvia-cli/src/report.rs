@@ -207,6 +207,23 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(90, 90, 90),
 ];
 
+/// An axis label for a decimal tick: 10, 100, 1k, 10k, 1M.
+fn decimal(x: f64) -> String {
+    let r = |v: f64| {
+        format!("{v:.1}")
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
+    };
+    if x >= 1e6 {
+        format!("{}M", r(x / 1e6))
+    } else if x >= 1e3 {
+        format!("{}k", r(x / 1e3))
+    } else {
+        r(x)
+    }
+}
+
 /// A log-log line plot of value against message size.
 pub fn plot(path: &Path, title: &str, y_label: &str, series: &[Series]) -> Result<()> {
     let pts: Vec<(f64, f64)> = series
@@ -240,7 +257,7 @@ pub fn plot(path: &Path, title: &str, y_label: &str, series: &[Series]) -> Resul
         .configure_mesh()
         .x_desc("message size (bytes)")
         .y_desc(y_label)
-        .x_label_formatter(&|x| human(x.round() as usize).replace(' ', ""))
+        .x_label_formatter(&|x| decimal(*x))
         .y_label_formatter(&|y| {
             if *y >= 1000.0 {
                 format!("{:.0}", y)

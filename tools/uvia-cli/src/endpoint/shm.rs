@@ -10,8 +10,13 @@ use uvia::{
     Descriptor, Discriminator, MemAttributes, MemoryRegion, NetAddress, Nic, Vi, ViAttributes,
 };
 
-/// Receive buffers kept posted.
+/// Receive descriptors kept posted.
 const RECV_AHEAD: usize = 16;
+/// Receive buffers behind them. One, like the source documents' programs:
+/// the working set stays in cache, and since messages are placed one at a
+/// time inside the library's calls, the last message's bytes stay put until
+/// the next `recv`.
+const RECV_BUFFERS: usize = 1;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 
 struct Side {
@@ -27,7 +32,7 @@ fn side(cfg: &EndpointConfig) -> Result<Side> {
     let ptag = nic.create_ptag()?;
     let max = cfg.max_size.max(1);
     let send = nic.alloc_region(max, MemAttributes::new(ptag))?;
-    let recv = (0..RECV_AHEAD)
+    let recv = (0..RECV_BUFFERS)
         .map(|_| nic.alloc_region(max, MemAttributes::new(ptag)))
         .collect::<Result<Vec<_>, _>>()?;
     let depth = (cfg.window.max(1) as u32).max(RECV_AHEAD as u32) * 2;
@@ -51,7 +56,7 @@ fn side(cfg: &EndpointConfig) -> Result<Side> {
         r.as_mut_slice().fill(0);
     }
     for i in 0..RECV_AHEAD {
-        s.vi.post_recv(Box::new(Descriptor::recv(&[s.recv[i].segment(0, max)])))
+        s.vi.post_recv(Box::new(Descriptor::recv(&[s.recv[i % RECV_BUFFERS].segment(0, max)])))
             .map_err(|e| anyhow!("posting a receive: {e}"))?;
     }
     Ok(s)
@@ -125,7 +130,7 @@ impl ShmEndpoint {
             s,
             free,
             in_flight: 0,
-            posted: (0..RECV_AHEAD).collect(),
+            posted: (0..RECV_AHEAD).map(|i| i % RECV_BUFFERS).collect(),
             current: None,
             last_len: 0,
         }
