@@ -56,8 +56,10 @@ fn side(cfg: &EndpointConfig) -> Result<Side> {
         r.as_mut_slice().fill(0);
     }
     for i in 0..RECV_AHEAD {
-        s.vi.post_recv(Box::new(Descriptor::recv(&[s.recv[i % RECV_BUFFERS].segment(0, max)])))
-            .map_err(|e| anyhow!("posting a receive: {e}"))?;
+        s.vi.post_recv(Box::new(Descriptor::recv(&[
+            s.recv[i % RECV_BUFFERS].segment(0, max)
+        ])))
+        .map_err(|e| anyhow!("posting a receive: {e}"))?;
     }
     Ok(s)
 }
