@@ -168,6 +168,9 @@ impl Listener {
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".{}.{n}.tmp", std::process::id()));
         let tmp = PathBuf::from(tmp);
+        if let Some(dir) = path.parent() {
+            remove_orphaned_tmp(dir);
+        }
         let (addr, len) = sockaddr(&tmp)?;
         let fd = seqpacket()?;
         let _ = std::fs::remove_file(&tmp);
@@ -252,6 +255,33 @@ impl Drop for Listener {
             .unwrap_or(false)
         {
             let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Removes temporary socket files (`<name>.<pid>.<n>.tmp`) left by a
+/// process that died between binding and renaming.
+fn remove_orphaned_tmp(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(stem) = name.strip_suffix(".tmp") else {
+            continue;
+        };
+        let mut parts = stem.rsplitn(3, '.');
+        let (_n, pid) = (
+            parts.next(),
+            parts.next().and_then(|p| p.parse::<i32>().ok()),
+        );
+        let Some(pid) = pid else { continue };
+        // SAFETY: signal 0 only checks whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }
