@@ -126,7 +126,7 @@ struct BenchResult {
 
 /// Runs `uvia <args> --json FILE` as a child process under a time limit.
 fn sub(args: &[String], timeout: Duration) -> Result<RunResult> {
-    let exe = std::env::current_exe().context("finding this program's path")?;
+    let exe = crate::self_exe()?;
     let tmp = std::env::temp_dir().join(format!(
         "uvia-bench-{}-{}.json",
         std::process::id(),

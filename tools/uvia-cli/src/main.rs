@@ -173,6 +173,17 @@ fn parse_list(s: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// The path to start another copy of this program. On Linux `/proc/self/exe`,
+/// which keeps naming this very binary even when a rebuild replaces the file
+/// on disk in the middle of a long `bench`.
+pub fn self_exe() -> Result<PathBuf> {
+    let proc = PathBuf::from("/proc/self/exe");
+    if proc.exists() {
+        return Ok(proc);
+    }
+    std::env::current_exe().context("finding this program's path to start another process")
+}
+
 pub const DEFAULT_SIZES: &str = "1,8,64,256,1K,4K,16K,64K,256K,1M";
 
 fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {

@@ -231,6 +231,9 @@ fn serve_inner(plan: &Plan) -> Result<ServerReport> {
         .accept()
         .with_context(|| format!("{} server: accepting", plan.provider.name()))?;
     ep.send_buf().fill(REPLY_BYTE);
+    let die_after: Option<usize> = std::env::var("UVIA_TEST_SERVER_DIES_AFTER")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let mut cpu = Vec::new();
     for (i, &size) in plan.sizes.iter().enumerate() {
         let (iters, warm) = (plan.iters[i], plan.warmup[i]);
@@ -241,8 +244,12 @@ fn serve_inner(plan: &Plan) -> Result<ServerReport> {
                     ep.send(size)?;
                 }
                 let m = CpuMeter::start();
-                for _ in 0..iters {
+                for k in 0..iters {
                     expect_len(ep.recv()?, size)?;
+                    if die_after == Some(k) {
+                        // Test hook: vanish without a word, as a crashed server would.
+                        std::process::exit(9);
+                    }
                     ep.send(size)?;
                 }
                 let c = m.stop();
@@ -374,7 +381,7 @@ pub fn run(plan: &Plan) -> Result<RunResult> {
     if plan.iters.contains(&0) {
         bail!("iterations must be at least 1");
     }
-    let exe = std::env::current_exe().context("finding this program's path to start the server")?;
+    let exe = crate::self_exe()?;
     let mut child = Command::new(exe)
         .args(server_args(plan))
         .stdin(Stdio::piped())

@@ -211,3 +211,38 @@ fn limit_json_shape() {
     assert!(m.iter().chain(&c).all(|x| x.1.is_finite() && x.1 > 0.0));
     let _ = std::fs::remove_file(&json);
 }
+
+#[test]
+fn server_death_is_a_clear_error_not_a_hang() {
+    for provider in ["kernel-udp", "kernel-tcp"] {
+        let start = std::time::Instant::now();
+        let out = uvia()
+            .args([
+                "pingpong",
+                "--provider",
+                provider,
+                "--sizes",
+                "8",
+                "--iters",
+                "100000000",
+            ])
+            .env("UVIA_TEST_SERVER_DIES_AFTER", "500")
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "{provider}: should fail when the server dies"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("server") || err.contains("peer"),
+            "{provider}: unclear error: {err}"
+        );
+        assert!(!err.contains("panicked"), "{provider}: {err}");
+        // Not a timing assertion on the measurement: only that it gives up instead of hanging.
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "{provider}: took too long to give up"
+        );
+    }
+}
