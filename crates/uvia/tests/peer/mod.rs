@@ -1,0 +1,174 @@
+//! Two-process test support: a test re-runs its own binary as the peer.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::Duration;
+use uvia::*;
+
+pub const T: Duration = Duration::from_secs(10);
+
+/// The peer's argument when this process is the peer of a test.
+pub fn peer_arg() -> Option<String> {
+    std::env::var("UVIA_TEST_PEER").ok()
+}
+
+/// The Nic instance (`shm:<instance>`) of one test run, shared by both of
+/// its processes: tests running side by side each get their own socket
+/// names. The peer learns it from the environment.
+pub fn instance(test: &str) -> String {
+    if let Ok(i) = std::env::var("UVIA_TEST_INSTANCE") {
+        return i;
+    }
+    format!("t{}-{test}", std::process::id())
+}
+
+/// The socket directory the library uses when nothing is configured.
+fn default_socket_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("UVIA_SOCKET_DIR") {
+        return PathBuf::from(p);
+    }
+    if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(p).join("uvia");
+    }
+    // SAFETY: getuid cannot fail.
+    PathBuf::from(format!("/tmp/uvia-{}", unsafe { libc::getuid() }))
+}
+
+/// Socket files of `instance` left in the socket directory.
+pub fn leftovers(instance: &str) -> Vec<String> {
+    let prefix = format!("shm-{instance}.");
+    std::fs::read_dir(default_socket_dir())
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The peer process; killed if the test ends without waiting for it.
+pub struct Peer(pub Option<Child>);
+
+impl Peer {
+    /// Starts this test binary running only `test`, as the peer of Nic
+    /// instance `inst`, with `arg`.
+    pub fn spawn(test: &str, inst: &str, arg: &str) -> Peer {
+        let exe = std::env::current_exe().unwrap();
+        let child = Command::new(exe)
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env("UVIA_TEST_PEER", arg)
+            .env("UVIA_TEST_INSTANCE", inst)
+            .spawn()
+            .unwrap();
+        Peer(Some(child))
+    }
+
+    /// Waits for the peer (at most `T`) and asserts it succeeded.
+    pub fn join(mut self) {
+        let mut c = self.0.take().unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                assert!(st.success(), "peer failed: {st}");
+                return;
+            }
+            if start.elapsed() > T * 3 {
+                let _ = c.kill();
+                panic!("peer did not finish");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.0 = None;
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Nic, a tag, a VI and a 2 MiB buffer (RDMA enabled) on one side.
+pub struct End {
+    pub inst: String,
+    pub nic: Nic,
+    pub ptag: Ptag,
+    pub vi: Vi,
+    pub buf: MemoryRegion,
+}
+
+pub fn end(inst: &str, attrs: impl Fn(Ptag) -> ViAttributes) -> End {
+    let nic = Nic::open(&format!("shm:{inst}")).unwrap();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(attrs(ptag), None, None).unwrap();
+    let buf = nic
+        .alloc_region(
+            2 << 20,
+            MemAttributes::new(ptag).rdma_write(true).rdma_read(true),
+        )
+        .unwrap();
+    End {
+        inst: inst.to_string(),
+        nic,
+        ptag,
+        vi,
+        buf,
+    }
+}
+
+pub fn disc(n: u64) -> Discriminator {
+    Discriminator::from_u64(0xD15C_0000_0000 | n)
+}
+
+/// Accepts one client on `d`.
+pub fn accept(e: &End, d: u64) {
+    let mut req = e.nic.connect_wait(&disc(d), Some(T)).unwrap();
+    req.accept(&e.vi).unwrap();
+}
+
+pub fn connect(e: &End, d: u64) {
+    e.vi.connect_request(&NetAddress::new(&e.inst, disc(d)), T)
+        .unwrap();
+}
+
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Posts a receive of `len` bytes at `off` of the buffer and waits for it.
+pub fn recv(e: &End, off: usize, len: usize) -> Box<Descriptor> {
+    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(off, len)])))
+        .unwrap();
+    e.vi.recv_wait(Some(T)).unwrap()
+}
+
+/// Sends `len` bytes at `off` of the buffer and waits for the send.
+pub fn send(e: &End, off: usize, len: usize) -> Box<Descriptor> {
+    e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(off, len)])))
+        .unwrap();
+    e.vi.send_wait(Some(T)).unwrap()
+}
+
+/// Waits until the peer disconnects: a posted receive comes back flushed.
+pub fn until_peer_leaves(e: &End) {
+    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
+        .unwrap();
+    let d = e.vi.recv_wait(Some(T)).unwrap();
+    assert!(
+        d.error().is_some(),
+        "expected the peer's disconnect, got a message"
+    );
+    assert_eq!(e.vi.state(), ViState::Error);
+}

