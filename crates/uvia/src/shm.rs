@@ -24,7 +24,9 @@ pub(crate) const VERSION: u8 = 1;
 /// Lines per ring direction (64 KiB).
 pub(crate) const RING_LINES: usize = 1024;
 /// Largest payload sent inline; larger ones go by reference (one copy).
-pub(crate) const INLINE_MAX: usize = 8192;
+/// Measured crossover: from 1 KiB up the single copy out of a shared
+/// mapping beats two copies through the ring (docs/DESIGN.md).
+pub(crate) const INLINE_MAX: usize = 512;
 
 /// What side X of a connection observes; written by the other side.
 #[repr(C, align(128))]
