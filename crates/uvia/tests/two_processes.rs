@@ -8,7 +8,22 @@ use peer::*;
 use std::time::{Duration, Instant};
 use uvia::*;
 
-const SIZES: &[usize] = &[1, 8, 40, 56, 57, 64, 512, 513, 1000, 4096, 8192, 8193, 65536, 1 << 20];
+const SIZES: &[usize] = &[
+    1,
+    8,
+    40,
+    56,
+    57,
+    64,
+    512,
+    513,
+    1000,
+    4096,
+    8192,
+    8193,
+    65536,
+    1 << 20,
+];
 
 fn levels() -> [Reliability; 3] {
     [
