@@ -4,7 +4,6 @@
 
 use super::{Endpoint, EndpointConfig, Listener, Mode};
 use anyhow::{anyhow, bail, Context, Result};
-use std::collections::VecDeque;
 use std::time::Duration;
 use uvia::{
     Descriptor, Discriminator, MemAttributes, MemoryRegion, NetAddress, Nic, Vi, ViAttributes,
@@ -12,18 +11,17 @@ use uvia::{
 
 /// Receive descriptors kept posted.
 const RECV_AHEAD: usize = 16;
-/// Receive buffers behind them. One, like the source documents' programs:
-/// the working set stays in cache, and since messages are placed one at a
-/// time inside the library's calls, the last message's bytes stay put until
-/// the next `recv`.
-const RECV_BUFFERS: usize = 1;
+// All of them point at one receive buffer, like the source documents'
+// programs: the working set stays in cache, and since messages are placed one
+// at a time inside the library's calls, the last message's bytes stay put
+// until the next `recv`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 
 struct Side {
     nic: Nic,
     vi: Vi,
     send: MemoryRegion,
-    recv: Vec<MemoryRegion>,
+    recv: MemoryRegion,
     cfg: EndpointConfig,
 }
 
@@ -32,9 +30,7 @@ fn side(cfg: &EndpointConfig) -> Result<Side> {
     let ptag = nic.create_ptag()?;
     let max = cfg.max_size.max(1);
     let send = nic.alloc_region(max, MemAttributes::new(ptag))?;
-    let recv = (0..RECV_BUFFERS)
-        .map(|_| nic.alloc_region(max, MemAttributes::new(ptag)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let recv = nic.alloc_region(max, MemAttributes::new(ptag))?;
     let depth = (cfg.window.max(1) as u32).max(RECV_AHEAD as u32) * 2;
     let attrs = ViAttributes::new(ptag)
         .max_transfer_size(max.max(1 << 20) as u32)
@@ -52,14 +48,10 @@ fn side(cfg: &EndpointConfig) -> Result<Side> {
         cfg: cfg.clone(),
     };
     s.send.as_mut_slice().fill(0x5a);
-    for r in &mut s.recv {
-        r.as_mut_slice().fill(0);
-    }
-    for i in 0..RECV_AHEAD {
-        s.vi.post_recv(Box::new(Descriptor::recv(&[
-            s.recv[i % RECV_BUFFERS].segment(0, max)
-        ])))
-        .map_err(|e| anyhow!("posting a receive: {e}"))?;
+    s.recv.as_mut_slice().fill(0);
+    for _ in 0..RECV_AHEAD {
+        s.vi.post_recv(Box::new(Descriptor::recv(&[s.recv.segment(0, max)])))
+            .map_err(|e| anyhow!("posting a receive: {e}"))?;
     }
     Ok(s)
 }
@@ -116,10 +108,8 @@ struct ShmEndpoint {
     /// Spare send descriptors.
     free: Vec<Box<Descriptor>>,
     in_flight: usize,
-    /// Receive buffers in the order their descriptors were posted.
-    posted: VecDeque<usize>,
-    /// The buffer holding the last message and its descriptor, re-posted on the next `recv`.
-    current: Option<(usize, Box<Descriptor>)>,
+    /// The descriptor of the last message, re-posted on the next `recv`.
+    current: Option<Box<Descriptor>>,
     last_len: usize,
 }
 
@@ -132,7 +122,6 @@ impl ShmEndpoint {
             s,
             free,
             in_flight: 0,
-            posted: (0..RECV_AHEAD).map(|i| i % RECV_BUFFERS).collect(),
             current: None,
             last_len: 0,
         }
@@ -197,14 +186,12 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn recv(&mut self) -> Result<usize> {
-        if let Some((i, mut d)) = self.current.take() {
-            d.reset();
-            *d = Descriptor::recv(&[self.s.recv[i].segment(0, self.s.recv[i].len())]);
+        if let Some(mut d) = self.current.take() {
+            *d = Descriptor::recv(&[self.s.recv.segment(0, self.s.recv.len())]);
             self.s
                 .vi
                 .post_recv(d)
                 .map_err(|e| anyhow!("post receive: {e}"))?;
-            self.posted.push_back(i);
         }
         let d = match self.s.cfg.mode {
             Mode::Blocking => self
@@ -221,18 +208,14 @@ impl Endpoint for ShmEndpoint {
         let n = d
             .result()
             .map_err(|e| anyhow!("receive completed with an error: {e}"))? as usize;
-        let i = self
-            .posted
-            .pop_front()
-            .ok_or_else(|| anyhow!("receive completed with no buffer posted"))?;
-        self.current = Some((i, d));
+        self.current = Some(d);
         self.last_len = n;
         Ok(n)
     }
 
     fn recv_buf(&self) -> &[u8] {
         match &self.current {
-            Some((i, _)) => &self.s.recv[*i].as_slice()[..self.last_len],
+            Some(_) => &self.s.recv.as_slice()[..self.last_len],
             None => &[],
         }
     }
