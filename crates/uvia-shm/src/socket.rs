@@ -286,6 +286,25 @@ fn remove_orphaned_tmp(dir: &Path) {
     }
 }
 
+/// One connect attempt: the outer error is a failure to make a socket, the
+/// inner one the connect's own answer (refused, not found, ...).
+fn try_connect(addr: &libc::sockaddr_un, len: libc::socklen_t) -> io::Result<io::Result<OwnedFd>> {
+    let fd = seqpacket()?;
+    // SAFETY: `addr` is a valid sockaddr_un of length `len`.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            addr as *const _ as *const libc::sockaddr,
+            len,
+        )
+    };
+    Ok(if r == 0 {
+        Ok(fd)
+    } else {
+        Err(io::Error::last_os_error())
+    })
+}
+
 /// Removes a temporary socket file unless forgotten.
 struct TmpFile<'a>(&'a Path);
 
@@ -309,19 +328,10 @@ pub fn remove_if_stale(path: &Path) -> io::Result<bool> {
         Err(e) => return Err(e),
     };
     let (addr, len) = sockaddr(path)?;
-    let fd = seqpacket()?;
-    // SAFETY: `addr` is a valid sockaddr_un of length `len`.
-    let r = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            &addr as *const _ as *const libc::sockaddr,
-            len,
-        )
-    };
-    if r == 0 {
+    let Err(e) = try_connect(&addr, len)? else {
         return Ok(false);
-    }
-    match io::Error::last_os_error().raw_os_error() {
+    };
+    match e.raw_os_error() {
         Some(libc::ECONNREFUSED) => {
             if std::fs::symlink_metadata(path)
                 .map(|m| m.ino() == ino)
@@ -365,19 +375,10 @@ impl Stream {
         let mut pause = Duration::from_micros(100);
         let mut refused;
         loop {
-            let fd = seqpacket()?;
-            // SAFETY: `addr` is a valid sockaddr_un of length `len`.
-            let r = unsafe {
-                libc::connect(
-                    fd.as_raw_fd(),
-                    &addr as *const _ as *const libc::sockaddr,
-                    len,
-                )
+            let e = match try_connect(&addr, len)? {
+                Ok(fd) => return Ok(Stream { fd }),
+                Err(e) => e,
             };
-            if r == 0 {
-                return Ok(Stream { fd });
-            }
-            let e = io::Error::last_os_error();
             match e.raw_os_error() {
                 Some(libc::ECONNREFUSED) => refused = true,
                 Some(libc::ENOENT) | Some(libc::EAGAIN) | Some(libc::EINTR) => refused = false,
