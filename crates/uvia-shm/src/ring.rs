@@ -372,7 +372,7 @@ mod tests {
 
     #[test]
     fn unpublished_record_is_invisible() {
-        let (_m, mut p, mut c) = ring();
+        let (_m, mut p, c) = ring();
         let b = p.reserve(10).unwrap();
         // SAFETY: 10 bytes reserved.
         unsafe { std::ptr::write_bytes(b, 1, 10) };

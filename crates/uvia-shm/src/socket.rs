@@ -410,8 +410,7 @@ impl Stream {
         msg.msg_iovlen = 1;
         if !fds.is_empty() {
             // SAFETY: CMSG_SPACE is a pure computation.
-            let space =
-                unsafe { libc::CMSG_SPACE((fds.len() * size_of::<RawFd>()) as u32) } as usize;
+            let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
             msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
             msg.msg_controllen = space as _;
             // SAFETY: msg_control points to `space` <= 64 bytes; the header and
@@ -420,7 +419,7 @@ impl Stream {
                 let c = libc::CMSG_FIRSTHDR(&msg);
                 (*c).cmsg_level = libc::SOL_SOCKET;
                 (*c).cmsg_type = libc::SCM_RIGHTS;
-                (*c).cmsg_len = libc::CMSG_LEN((fds.len() * size_of::<RawFd>()) as u32) as _;
+                (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
                 std::ptr::copy_nonoverlapping(
                     fds.as_ptr(),
                     libc::CMSG_DATA(c) as *mut RawFd,

@@ -25,10 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("echo server: client {} connected", req.peer_pid());
 
     loop {
-        let mut d = match vi.recv_wait(None) {
-            Ok(d) => d,
-            Err(e) => return Err(e.into()),
-        };
+        let mut d = vi.recv_wait(None)?;
         let n = match d.result() {
             Ok(n) => n as usize,
             // The client went away: every outstanding descriptor is flushed.

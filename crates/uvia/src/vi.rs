@@ -854,7 +854,7 @@ impl Vi {
             g.idle = 0;
         } else {
             g.idle += 1;
-            if g.idle % IDLE_CHECK_EVERY == 0 {
+            if g.idle.is_multiple_of(IDLE_CHECK_EVERY) {
                 moved = self.check_peer(g);
             }
         }
@@ -1182,7 +1182,7 @@ impl Vi {
             };
             if quiet {
                 g.idle += 1;
-                if g.idle % IDLE_CHECK_EVERY == 0 && self.check_peer(&mut g) {
+                if g.idle.is_multiple_of(IDLE_CHECK_EVERY) && self.check_peer(&mut g) {
                     return self.pop(&mut g, q, owned);
                 }
                 return None;
@@ -1269,7 +1269,7 @@ impl Vi {
                 return Ok(d);
             }
             k = k.wrapping_add(1);
-            if k % 64 == 0 && start.elapsed() >= spin {
+            if k.is_multiple_of(64) && start.elapsed() >= spin {
                 break;
             }
         }

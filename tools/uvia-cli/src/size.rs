@@ -50,9 +50,9 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
 
 /// A size as people write it: 8 B, 1 KiB, 64 KiB, 1 MiB.
 pub fn human(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{} MiB", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{} KiB", n >> 10)
     } else {
         format!("{n} B")
