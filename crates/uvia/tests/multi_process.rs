@@ -467,3 +467,348 @@ fn rdma_write_and_read_small_and_1mib() {
     drop((vi, small, rbuf, nic));
     dir.assert_empty("after both sides closed");
 }
+
+// ---------------------------------------------------------------------------
+// 5. RDMA protection, checked on the target.
+// ---------------------------------------------------------------------------
+
+/// (what, write?, target VI allows write, target VI allows read)
+const PROT_CASES: &[(&str, bool, bool, bool)] = &[
+    ("write to a region without the enable bit", true, true, true),
+    (
+        "read from a region without the enable bit",
+        false,
+        true,
+        true,
+    ),
+    ("write with a bad memory handle", true, true, true),
+    ("write out of the region's bounds", true, true, true),
+    ("read out of the region's bounds", false, true, true),
+    ("write to a region under another ptag", true, true, true),
+    (
+        "write to a VI without RDMA write enabled",
+        true,
+        false,
+        true,
+    ),
+    (
+        "read from a VI without RDMA read enabled",
+        false,
+        true,
+        false,
+    ),
+    ("1 MiB write out of the region's bounds", true, true, true),
+];
+
+fn prot_peer(arg: &str) {
+    let base: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let other = nic.create_ptag().unwrap();
+    let all = |p| MemAttributes::new(p).rdma_write(true).rdma_read(true);
+    let mut ok = nic.alloc_region(4096, all(ptag)).unwrap();
+    let mut noen = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    let mut foreign = nic.alloc_region(4096, all(other)).unwrap();
+    ok.as_mut_slice().copy_from_slice(&pattern(4096, 1));
+    noen.as_mut_slice().copy_from_slice(&pattern(4096, 2));
+    foreign.as_mut_slice().copy_from_slice(&pattern(4096, 3));
+    let mut sbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    let rbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    for (i, &(what, _, w, r)) in PROT_CASES.iter().enumerate() {
+        let vi = nic
+            .create_vi(ViAttributes::new(ptag).rdma(w, r), None, None)
+            .unwrap();
+        accept(&nic, &vi, base + i as u64);
+        let mut info = encode_remote(ok.remote(0)).to_vec();
+        info.extend_from_slice(&encode_remote(noen.remote(0)));
+        info.extend_from_slice(&encode_remote(foreign.remote(0)));
+        send_bytes(&vi, &mut sbuf, 0, &info);
+        // Wait (and so serve the request) until the connection ends: the
+        // refused request breaks it, or the initiator disconnects.
+        post_recv(&vi, &rbuf, 0, 64);
+        let d = vi.recv_wait(Some(T)).unwrap();
+        assert!(d.error().is_some(), "{what}: no message was expected");
+        vi.disconnect();
+        assert!(
+            ok.as_slice() == pattern(4096, 1),
+            "{what}: target memory untouched"
+        );
+        assert!(
+            noen.as_slice() == pattern(4096, 2),
+            "{what}: target memory untouched"
+        );
+        assert!(
+            foreign.as_slice() == pattern(4096, 3),
+            "{what}: target memory untouched"
+        );
+    }
+}
+
+#[test]
+fn rdma_protection_is_enforced_on_the_target() {
+    if let Some(a) = peer_arg() {
+        return prot_peer(&a);
+    }
+    let dir = SockDir::new("prot");
+    let base = disc_base(5);
+    let peer = Peer::spawn(
+        "rdma_protection_is_enforced_on_the_target",
+        &dir,
+        &base.to_string(),
+    );
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let mut src = nic.alloc_region(MIB, MemAttributes::new(ptag)).unwrap();
+    src.as_mut_slice().fill(0xee);
+    let dst = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    let rbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    for (i, &(what, write, _, _)) in PROT_CASES.iter().enumerate() {
+        let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+        post_recv(&vi, &rbuf, 0, 64);
+        connect(&vi, base + i as u64);
+        assert_eq!(recv_ok(&vi), 36);
+        let b = rbuf.as_slice();
+        let (ok, noen, foreign) = (
+            decode_remote(&b[..12]),
+            decode_remote(&b[12..24]),
+            decode_remote(&b[24..36]),
+        );
+        let (remote, len) = match i {
+            0 | 1 => (noen, 100),
+            2 => (Segment::remote(ok.addr, MemHandle(0x7ffe_0003)), 100),
+            3 => (Segment::remote(ok.addr + 4096 - 10, ok.handle), 50),
+            4 => (Segment::remote(ok.addr + 4000, ok.handle), 200),
+            5 => (foreign, 100),
+            6 | 7 => (ok, 100),
+            8 => (Segment::remote(ok.addr + 2048, ok.handle), MIB),
+            _ => unreachable!(),
+        };
+        let d = if write {
+            Descriptor::rdma_write(remote, &[src.segment(0, len)])
+        } else {
+            Descriptor::rdma_read(remote, &[dst.segment(0, len)])
+        };
+        vi.post_send(Box::new(d)).unwrap();
+        let c = vi.send_wait(Some(T)).unwrap();
+        assert_eq!(
+            c.error(),
+            Some(CompletionError::RdmaProtection),
+            "{what}: status {:#x}",
+            c.cs.status
+        );
+        assert!(
+            dst.as_slice().iter().all(|&b| b == 0),
+            "{what}: nothing read"
+        );
+        vi.disconnect();
+    }
+    peer.join();
+    drop(nic);
+    dir.assert_empty("after both sides closed");
+}
+
+// ---------------------------------------------------------------------------
+// 6. One CQ for the receive queues of several VIs; its eventfd.
+// ---------------------------------------------------------------------------
+
+fn cq_peer(arg: &str) {
+    let base: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let mut sbuf = nic.alloc_region(8192, MemAttributes::new(ptag)).unwrap();
+    let rbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    let vis: Vec<Vi> = (0..3)
+        .map(|_| nic.create_vi(ViAttributes::new(ptag), None, None).unwrap())
+        .collect();
+    post_recv(&vis[0], &rbuf, 0, 64);
+    for (i, vi) in vis.iter().enumerate() {
+        accept(&nic, vi, base + i as u64);
+    }
+    for i in [2usize, 0, 1] {
+        let len = 100 + 1000 * i;
+        send_bytes(&vis[i], &mut sbuf, 0, &pattern(len, i as u8));
+    }
+    // Wait for the go-ahead, then send once more on VI 1.
+    assert_eq!(recv_ok(&vis[0]), 2);
+    assert_eq!(&rbuf.as_slice()[..2], b"go");
+    send_bytes(&vis[1], &mut sbuf, 0, b"late");
+    for vi in &vis {
+        until_peer_leaves(vi, &rbuf);
+    }
+}
+
+#[test]
+fn cq_with_several_vis_and_its_eventfd() {
+    if let Some(a) = peer_arg() {
+        return cq_peer(&a);
+    }
+    let dir = SockDir::new("cq");
+    let base = disc_base(6);
+    let peer = Peer::spawn(
+        "cq_with_several_vis_and_its_eventfd",
+        &dir,
+        &base.to_string(),
+    );
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let cq = nic.create_cq(16).unwrap();
+    let rbuf = nic
+        .alloc_region(3 * 8192, MemAttributes::new(ptag))
+        .unwrap();
+    let mut sbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    let vis: Vec<Vi> = (0..3)
+        .map(|_| {
+            nic.create_vi(ViAttributes::new(ptag), None, Some(&cq))
+                .unwrap()
+        })
+        .collect();
+    for (i, vi) in vis.iter().enumerate() {
+        post_recv(vi, &rbuf, i * 8192, 8192);
+        connect(vi, base + i as u64);
+    }
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let n = cq.wait(Some(T)).unwrap();
+        assert_eq!(n.queue, Queue::Recv);
+        let i = vis
+            .iter()
+            .position(|v| v.id() == n.vi.id())
+            .expect("a notice names one of the VIs");
+        assert!(!seen.contains(&i), "one notice per VI");
+        seen.push(i);
+        let d = n.vi.recv_done().expect("the notice's descriptor is done");
+        let len = 100 + 1000 * i;
+        assert_eq!(d.result(), Ok(len as u32));
+        assert!(rbuf.as_slice()[i * 8192..i * 8192 + len] == pattern(len, i as u8)[..]);
+    }
+    assert!(cq.done().unwrap().is_none(), "no more notices");
+    assert_eq!(
+        vis[0]
+            .recv_wait(Some(Duration::from_millis(1)))
+            .unwrap_err(),
+        WaitError::BoundToCq
+    );
+
+    // The eventfd: armed, not readable until a message arrives.
+    post_recv(&vis[1], &rbuf, 8192, 64);
+    assert!(!cq.arm(), "nothing is pending yet");
+    let mut pfd = libc::pollfd {
+        fd: cq.eventfd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut pfd, 1, 0) }, 0, "not readable yet");
+    send_bytes(&vis[0], &mut sbuf, 0, b"go");
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::poll(&mut pfd, 1, T.as_millis() as i32) },
+        1,
+        "readable once the message arrived"
+    );
+    assert_ne!(pfd.revents & libc::POLLIN, 0);
+    cq.drain_eventfd();
+    let n = cq.wait(Some(T)).unwrap();
+    assert_eq!((n.vi.id(), n.queue), (vis[1].id(), Queue::Recv));
+    assert_eq!(vis[1].recv_done().unwrap().result(), Ok(4));
+    assert_eq!(&rbuf.as_slice()[8192..8196], b"late");
+    for vi in &vis {
+        vi.disconnect();
+    }
+    peer.join();
+    drop((vis, cq, nic));
+    dir.assert_empty("after both sides closed");
+}
+
+// ---------------------------------------------------------------------------
+// 7. Blocking waits: timeouts, and sleeping instead of spinning.
+// ---------------------------------------------------------------------------
+
+const PINGS: usize = 30;
+
+fn ping_len(i: usize) -> usize {
+    [8, 4096, 100_000][i % 3]
+}
+
+fn blocking_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic
+        .create_vi(
+            ViAttributes::new(ptag).reliability(Reliability::ReliableReception),
+            None,
+            None,
+        )
+        .unwrap();
+    vi.set_wait_spin(Duration::ZERO);
+    let rbuf = nic.alloc_region(MIB, MemAttributes::new(ptag)).unwrap();
+    let mut sbuf = nic.alloc_region(MIB, MemAttributes::new(ptag)).unwrap();
+    post_recv(&vi, &rbuf, 0, MIB);
+    accept(&nic, &vi, d);
+    assert_eq!(recv_ok(&vi), 2, "the go-ahead");
+    // Make the other side go to sleep before the first reply.
+    std::thread::sleep(Duration::from_millis(100));
+    for i in 0..PINGS {
+        post_recv(&vi, &rbuf, 0, MIB);
+        let n = ping_len(i);
+        send_bytes(&vi, &mut sbuf, 0, &pattern(n, i as u8));
+        assert_eq!(recv_ok(&vi), n);
+        assert!(rbuf.as_slice()[..n] == pattern(n, 100 + i as u8)[..]);
+    }
+    until_peer_leaves(&vi, &rbuf);
+}
+
+#[test]
+fn blocking_waits_time_out_and_wake_up() {
+    if let Some(a) = peer_arg() {
+        return blocking_peer(&a);
+    }
+    let dir = SockDir::new("blocking");
+    let d = disc_base(7);
+    let peer = Peer::spawn("blocking_waits_time_out_and_wake_up", &dir, &d.to_string());
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic
+        .create_vi(
+            ViAttributes::new(ptag).reliability(Reliability::ReliableReception),
+            None,
+            None,
+        )
+        .unwrap();
+    let rbuf = nic.alloc_region(MIB, MemAttributes::new(ptag)).unwrap();
+    let mut sbuf = nic.alloc_region(MIB, MemAttributes::new(ptag)).unwrap();
+    connect(&vi, d);
+    post_recv(&vi, &rbuf, 0, MIB);
+    assert_eq!(
+        vi.recv_wait(Some(Duration::from_millis(50))).unwrap_err(),
+        WaitError::Timeout,
+        "nothing is coming"
+    );
+    assert_eq!(
+        vi.send_wait(Some(Duration::from_millis(50))).unwrap_err(),
+        WaitError::Timeout,
+        "nothing was sent"
+    );
+    assert_eq!(vi.state(), ViState::Connected, "a timeout changes nothing");
+    vi.set_wait_spin(Duration::ZERO);
+    assert_eq!(
+        vi.recv_wait(Some(Duration::from_millis(50))).unwrap_err(),
+        WaitError::Timeout,
+        "nothing is coming (blocking mode)"
+    );
+    send_bytes(&vi, &mut sbuf, 0, b"go");
+    for i in 0..PINGS {
+        let n = ping_len(i);
+        assert_eq!(recv_ok(&vi), n, "ping {i}");
+        assert!(rbuf.as_slice()[..n] == pattern(n, i as u8)[..]);
+        if i + 1 < PINGS {
+            post_recv(&vi, &rbuf, 0, MIB);
+        }
+        send_bytes(&vi, &mut sbuf, 0, &pattern(n, 100 + i as u8));
+    }
+    vi.disconnect();
+    peer.join();
+    drop((vi, nic));
+    dir.assert_empty("after both sides closed");
+}
