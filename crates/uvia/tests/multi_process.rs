@@ -812,3 +812,406 @@ fn blocking_waits_time_out_and_wake_up() {
     drop((vi, nic));
     dir.assert_empty("after both sides closed");
 }
+
+// ---------------------------------------------------------------------------
+// 8. Bad inputs: a clear error, the descriptor back, nothing lost.
+// ---------------------------------------------------------------------------
+
+fn bad_posts_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let rbuf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    post_recv(&vi, &rbuf, 0, 4096);
+    accept(&nic, &vi, d);
+    // Exactly one message: nothing of the refused posts went out.
+    assert_eq!(recv_ok(&vi), 100);
+    assert!(rbuf.as_slice()[..100] == pattern(100, 77)[..]);
+    until_peer_leaves(&vi, &rbuf);
+}
+
+#[test]
+fn bad_posts_are_rejected_and_the_vi_stays_usable() {
+    if let Some(a) = peer_arg() {
+        return bad_posts_peer(&a);
+    }
+    let dir = SockDir::new("badpost");
+    let d = disc_base(8);
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let other = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let mut buf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    let foreign = nic.alloc_region(4096, MemAttributes::new(other)).unwrap();
+    let rbuf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+
+    // Not connected yet.
+    let seg = buf.segment(0, 8);
+    let rej = vi
+        .post_send(Box::new(Descriptor::send(&[seg]).with_immediate(5)))
+        .unwrap_err();
+    assert_eq!(rej.error, PostError::NotConnected(ViState::Idle));
+    assert_eq!(rej.descriptor.ds[0], seg, "the same descriptor comes back");
+    assert_eq!(rej.descriptor.cs.immediate_data, 5);
+    assert!(!rej.error.to_string().is_empty());
+
+    let peer = Peer::spawn(
+        "bad_posts_are_rejected_and_the_vi_stays_usable",
+        &dir,
+        &d.to_string(),
+    );
+    connect(&vi, d);
+    let bogus = Segment::local(buf.addr(), MemHandle(0x7ffd_0042), 8);
+    let beyond = buf.segment(4000, 200);
+    let wrong = foreign.segment(0, 8);
+    type Check = fn(&PostError) -> bool;
+    let cases: [(&str, Segment, Check); 3] = [
+        ("unregistered memory", bogus, |e| {
+            matches!(
+                e,
+                PostError::Segment {
+                    index: 0,
+                    error: AccessError::NotRegistered(0x7ffd_0042)
+                }
+            )
+        }),
+        ("segment beyond its region", beyond, |e| {
+            matches!(
+                e,
+                PostError::Segment {
+                    index: 0,
+                    error: AccessError::OutOfBounds { .. }
+                }
+            )
+        }),
+        ("region under another ptag", wrong, |e| {
+            matches!(
+                e,
+                PostError::Segment {
+                    index: 0,
+                    error: AccessError::WrongPtag { .. }
+                }
+            )
+        }),
+    ];
+    for (what, bad, check) in cases {
+        for (q, post) in [
+            (
+                "send",
+                Vi::post_send as fn(&Vi, Box<Descriptor>) -> Result<(), Rejected>,
+            ),
+            ("recv", Vi::post_recv),
+        ] {
+            let rej = post(&vi, Box::new(Descriptor::send(&[bad]))).unwrap_err();
+            assert!(check(&rej.error), "{q} {what}: {:?}", rej.error);
+            assert!(!rej.error.to_string().is_empty());
+            assert_eq!(rej.descriptor.ds[0], bad, "{q} {what}: descriptor back");
+            assert_eq!(rej.descriptor.cs.seg_count, 1);
+            assert_eq!(rej.descriptor.cs.status, 0, "{q} {what}: not completed");
+            assert_eq!(vi.state(), ViState::Connected, "{q} {what}");
+            // A bad segment after good ones names its index.
+            let rej = post(
+                &vi,
+                Box::new(Descriptor::send(&[
+                    buf.segment(0, 4),
+                    buf.segment(4, 4),
+                    bad,
+                ])),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(rej.error, PostError::Segment { index: 2, .. }),
+                "{q} {what} as third segment: {:?}",
+                rej.error
+            );
+        }
+    }
+    let rej = vi
+        .post_send(Box::new(Descriptor::send(&[buf.segment(0, 1); 7])))
+        .unwrap_err();
+    assert!(matches!(rej.error, PostError::Format(_)), "{:?}", rej.error);
+    assert!(vi.send_done().is_none(), "nothing was queued");
+    assert!(vi.recv_done().is_none(), "nothing was queued");
+
+    // A good post goes through, and is the only message the peer gets.
+    post_recv(&vi, &rbuf, 0, 64);
+    send_bytes(&vi, &mut buf, 0, &pattern(100, 77));
+    vi.disconnect();
+    let flushed = vi.recv_done().expect("disconnect completes the receive");
+    assert_eq!(flushed.error(), Some(CompletionError::Flushed));
+    peer.join();
+    drop((vi, nic));
+    dir.assert_empty("after both sides closed");
+}
+
+/// (sent bytes, receive buffer bytes): inline and by reference.
+const SHORT_CASES: &[(usize, usize)] = &[(64, 16), (4096, 1024)];
+
+fn short_peer(arg: &str) {
+    let base: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let rbuf = nic.alloc_region(8192, MemAttributes::new(ptag)).unwrap();
+    let mut keep = Vec::new();
+    let mut i = 0;
+    for level in levels() {
+        for &(n, room) in SHORT_CASES {
+            let what = format!("{level:?}, {n} B into {room} B");
+            let vi = nic
+                .create_vi(ViAttributes::new(ptag).reliability(level), None, None)
+                .unwrap();
+            post_recv(&vi, &rbuf, 0, room);
+            accept(&nic, &vi, base + i);
+            i += 1;
+            let r = vi.recv_wait(Some(T)).unwrap();
+            assert_eq!(r.error(), Some(CompletionError::Length), "{what}");
+            assert_eq!(r.cs.status & status::OP_MASK, status::OP_RECEIVE, "{what}");
+            if level == Reliability::Unreliable {
+                assert_eq!(vi.state(), ViState::Connected, "{what}: unreliable goes on");
+                post_recv(&vi, &rbuf, 0, 8192);
+                assert_eq!(recv_ok(&vi), 8, "{what}: the next message");
+                assert_eq!(&rbuf.as_slice()[..8], b"followup");
+                until_peer_leaves(&vi, &rbuf);
+            } else {
+                assert_eq!(vi.state(), ViState::Error, "{what}: reliable breaks");
+                assert_eq!(
+                    vi.post_recv(Box::new(Descriptor::recv(&[rbuf.segment(0, 64)])))
+                        .unwrap_err()
+                        .error,
+                    PostError::ViError
+                );
+            }
+            // Kept open until the initiator has seen the outcome.
+            keep.push(vi);
+        }
+    }
+    let last = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    accept(&nic, &last, base + 100);
+    until_peer_leaves(&last, &rbuf);
+}
+
+#[test]
+fn short_receive_buffer_is_a_length_error() {
+    if let Some(a) = peer_arg() {
+        return short_peer(&a);
+    }
+    let dir = SockDir::new("short");
+    let base = disc_base(9);
+    let peer = Peer::spawn(
+        "short_receive_buffer_is_a_length_error",
+        &dir,
+        &base.to_string(),
+    );
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let mut sbuf = nic.alloc_region(8192, MemAttributes::new(ptag)).unwrap();
+    let rbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    let mut i = 0;
+    for level in levels() {
+        for &(n, room) in SHORT_CASES {
+            let what = format!("{level:?}, {n} B into {room} B");
+            let vi = nic
+                .create_vi(ViAttributes::new(ptag).reliability(level), None, None)
+                .unwrap();
+            post_recv(&vi, &rbuf, 0, 64);
+            connect(&vi, base + i);
+            i += 1;
+            sbuf.as_mut_slice()[..n].copy_from_slice(&pattern(n, 3));
+            let s = send(&vi, &sbuf, 0, n);
+            match level {
+                Reliability::Unreliable => {
+                    assert_eq!(s.result(), Ok(n as u32), "{what}: sender unaware");
+                    send_bytes(&vi, &mut sbuf, 0, b"followup");
+                    assert_eq!(vi.state(), ViState::Connected, "{what}");
+                    vi.disconnect();
+                    continue;
+                }
+                // Reliable delivery may complete an inline send when the
+                // message is handed over, before the receiver has looked.
+                Reliability::ReliableDelivery if n <= nic.attributes().inline_threshold => {
+                    assert!(
+                        matches!(s.result(), Ok(_) | Err(CompletionError::RemoteDescriptor)),
+                        "{what}: {:?}",
+                        s.result()
+                    );
+                }
+                _ => assert_eq!(
+                    s.error(),
+                    Some(CompletionError::RemoteDescriptor),
+                    "{what}: status {:#x}",
+                    s.cs.status
+                ),
+            }
+            // Either way the connection is broken on both sides: the
+            // sender's outstanding receive comes back with an error.
+            let r = vi
+                .recv_wait(Some(T))
+                .unwrap_or_else(|e| panic!("{what}: sender's receive: {e}; VI {:?}", vi.state()));
+            assert!(
+                matches!(
+                    r.error(),
+                    Some(CompletionError::Flushed | CompletionError::Transport)
+                ),
+                "{what}: sender's receive {:?}",
+                r.result()
+            );
+            assert_eq!(vi.state(), ViState::Error, "{what}: sender's VI");
+            vi.disconnect();
+            assert_eq!(vi.state(), ViState::Idle);
+        }
+    }
+    let last = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    connect(&last, base + 100);
+    last.disconnect();
+    peer.join();
+    drop((last, nic));
+    dir.assert_empty("after both sides closed");
+}
+
+fn conn_err_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let rbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    // 1: reject.
+    let mut req = nic.connect_wait(&disc(d), Some(T)).unwrap();
+    assert_eq!(
+        req.remote_attributes().reliability,
+        Reliability::ReliableReception
+    );
+    assert_eq!(req.discriminator(), &disc(d));
+    req.reject().unwrap();
+    assert!(matches!(req.reject(), Err(ConnectError::Answered)));
+    // 2: reliability mismatch (this VI is unreliable, the client's reliable reception).
+    let unrel = nic
+        .create_vi(
+            ViAttributes::new(ptag).reliability(Reliability::Unreliable),
+            None,
+            None,
+        )
+        .unwrap();
+    let mut req = nic.connect_wait(&disc(d), Some(T)).unwrap();
+    let e = req.accept(&unrel).unwrap_err();
+    assert!(matches!(e, ConnectError::Mismatch(_)), "{e}");
+    assert_eq!(unrel.state(), ViState::Idle);
+    // 3: the same level: accepted.
+    let vi = nic
+        .create_vi(
+            ViAttributes::new(ptag).reliability(Reliability::ReliableReception),
+            None,
+            None,
+        )
+        .unwrap();
+    let mut req = nic.connect_wait(&disc(d), Some(T)).unwrap();
+    req.accept(&vi).unwrap();
+    assert!(matches!(req.accept(&vi), Err(ConnectError::Answered)));
+    until_peer_leaves(&vi, &rbuf);
+}
+
+#[test]
+fn connection_errors_no_listener_rejected_mismatch() {
+    if let Some(a) = peer_arg() {
+        return conn_err_peer(&a);
+    }
+    let dir = SockDir::new("connerr");
+    let d = disc_base(10);
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic
+        .create_vi(
+            ViAttributes::new(ptag).reliability(Reliability::ReliableReception),
+            None,
+            None,
+        )
+        .unwrap();
+    // Nobody listens.
+    let e = vi
+        .connect_request(
+            &NetAddress::new("0", disc(d + 99)),
+            Duration::from_millis(200),
+        )
+        .unwrap_err();
+    assert!(matches!(e, ConnectError::NoListener { .. }), "{e}");
+    assert_eq!(vi.state(), ViState::Idle);
+    dir.assert_empty("after a connect to nobody");
+
+    let peer = Peer::spawn(
+        "connection_errors_no_listener_rejected_mismatch",
+        &dir,
+        &d.to_string(),
+    );
+    let addr = NetAddress::new("0", disc(d));
+    let e = vi.connect_request(&addr, T).unwrap_err();
+    assert!(matches!(e, ConnectError::Rejected), "{e}");
+    assert_eq!(vi.state(), ViState::Idle, "a rejected VI is idle again");
+    // The server's VI has another reliability level: refused. (The server's
+    // accept reports Mismatch; the client learns of a refusal.)
+    let e = vi.connect_request(&addr, T).unwrap_err();
+    assert!(
+        matches!(e, ConnectError::Mismatch(_) | ConnectError::Rejected),
+        "{e}"
+    );
+    assert_eq!(vi.state(), ViState::Idle);
+    let remote = vi.connect_request(&addr, T).unwrap();
+    assert_eq!(remote.reliability, Reliability::ReliableReception);
+    assert_eq!(vi.state(), ViState::Connected);
+    assert!(matches!(
+        vi.connect_request(&addr, T),
+        Err(ConnectError::InvalidState(ViState::Connected))
+    ));
+    vi.disconnect();
+    peer.join();
+    drop((vi, nic));
+    dir.assert_empty("after both sides closed");
+}
+
+/// The client side of a reliability mismatch: the client's own check.
+fn mismatch_client_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic
+        .create_vi(
+            ViAttributes::new(ptag).reliability(Reliability::Unreliable),
+            None,
+            None,
+        )
+        .unwrap();
+    let e = vi
+        .connect_request(&NetAddress::new("0", disc(d)), T)
+        .unwrap_err();
+    assert!(matches!(e, ConnectError::Mismatch(_)), "client side: {e}");
+    assert_eq!(vi.state(), ViState::Idle);
+}
+
+#[test]
+fn reliability_mismatch_is_reported_to_the_client() {
+    if let Some(a) = peer_arg() {
+        return mismatch_client_peer(&a);
+    }
+    let dir = SockDir::new("mismatch");
+    let d = disc_base(11);
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic
+        .create_vi(
+            ViAttributes::new(ptag).reliability(Reliability::ReliableDelivery),
+            None,
+            None,
+        )
+        .unwrap();
+    let peer = Peer::spawn(
+        "reliability_mismatch_is_reported_to_the_client",
+        &dir,
+        &d.to_string(),
+    );
+    let mut req = nic.connect_wait(&disc(d), Some(T)).unwrap();
+    let e = req.accept(&vi).unwrap_err();
+    assert!(matches!(e, ConnectError::Mismatch(_)), "server side: {e}");
+    assert_eq!(vi.state(), ViState::Idle);
+    peer.join();
+    nic.stop_listening(&disc(d));
+    drop((vi, nic));
+    dir.assert_empty("after both sides closed");
+}
