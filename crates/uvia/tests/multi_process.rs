@@ -1215,3 +1215,291 @@ fn reliability_mismatch_is_reported_to_the_client() {
     drop((vi, nic));
     dir.assert_empty("after both sides closed");
 }
+
+// ---------------------------------------------------------------------------
+// 9. A peer killed with SIGKILL.
+// ---------------------------------------------------------------------------
+
+/// Server that also listens on a second discriminator nobody connects to,
+/// then streams numbered 4 KiB messages until it is killed.
+fn streaming_server_peer(arg: &str) {
+    let (d, spare) = arg.split_once(':').unwrap();
+    let (d, spare): (u64, u64) = (d.parse().unwrap(), spare.parse().unwrap());
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic
+        .create_vi(
+            ViAttributes::new(ptag).reliability(Reliability::ReliableReception),
+            None,
+            None,
+        )
+        .unwrap();
+    let mut sbuf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    assert!(matches!(
+        nic.connect_wait(&disc(spare), Some(Duration::from_millis(1))),
+        Err(ConnectError::Timeout(_))
+    ));
+    accept(&nic, &vi, d);
+    sbuf.as_mut_slice().copy_from_slice(&pattern(4096, 0));
+    for seq in 0u64.. {
+        sbuf.as_mut_slice()[..8].copy_from_slice(&seq.to_le_bytes());
+        // Never returns an error before the kill; an unbounded wait is fine
+        // here because the test kills this process.
+        assert_eq!(send(&vi, &sbuf, 0, 4096).result(), Ok(4096));
+    }
+}
+
+#[test]
+fn killed_server_mid_stream() {
+    if let Some(a) = peer_arg() {
+        return streaming_server_peer(&a);
+    }
+    let dir = SockDir::new("killsrv");
+    let d = disc_base(12);
+    let spare = d + 1;
+    let mut peer = Peer::spawn("killed_server_mid_stream", &dir, &format!("{d}:{spare}"));
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic
+        .create_vi(
+            ViAttributes::new(ptag).reliability(Reliability::ReliableReception),
+            None,
+            None,
+        )
+        .unwrap();
+    const SLOTS: usize = 8;
+    let rbuf = nic
+        .alloc_region(SLOTS * 4096, MemAttributes::new(ptag))
+        .unwrap();
+    let mut sbuf = nic.alloc_region(MIB, MemAttributes::new(ptag)).unwrap();
+    for k in 0..SLOTS {
+        post_recv(&vi, &rbuf, k * 4096, 4096);
+    }
+    connect(&vi, d);
+    let mut next = 0u64;
+    let check = |k: usize, seq: u64| {
+        let b = &rbuf.as_slice()[k * 4096..(k + 1) * 4096];
+        assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), seq);
+        assert!(b[8..] == pattern(4096, 0)[8..], "message {seq} content");
+    };
+    for _ in 0..20 {
+        assert_eq!(recv_ok(&vi), 4096);
+        check(next as usize % SLOTS, next);
+        post_recv(&vi, &rbuf, next as usize % SLOTS * 4096, 4096);
+        next += 1;
+    }
+    // Sends the peer never takes (it posts no receive): in flight at the kill.
+    sbuf.as_mut_slice().fill(1);
+    vi.post_send(Box::new(Descriptor::send(&[sbuf.segment(0, 64)])))
+        .unwrap();
+    vi.post_send(Box::new(Descriptor::send(&[sbuf.segment(0, 100_000)])))
+        .unwrap();
+    peer.kill();
+
+    // Every outstanding receive completes: first the messages the peer
+    // published before it died, in order, then errors only.
+    let mut failed = false;
+    for _ in 0..SLOTS {
+        let r = vi
+            .recv_wait(Some(T))
+            .expect("every outstanding receive completes");
+        match r.result() {
+            Ok(n) => {
+                assert!(!failed, "a message after an error");
+                assert_eq!(n, 4096);
+                check(next as usize % SLOTS, next);
+                next += 1;
+            }
+            Err(e) => {
+                failed = true;
+                assert!(
+                    matches!(e, CompletionError::Transport | CompletionError::Flushed),
+                    "receive: {e}"
+                );
+            }
+        }
+    }
+    assert!(failed, "at least one receive fails");
+    for what in ["64 B send", "100 KB send"] {
+        let s = vi.send_wait(Some(T)).expect("every send completes");
+        assert!(
+            matches!(
+                s.error(),
+                Some(CompletionError::Transport | CompletionError::Flushed)
+            ),
+            "{what}: {:?}",
+            s.result()
+        );
+    }
+    assert_eq!(vi.state(), ViState::Error);
+    assert!(vi.recv_done().is_none() && vi.send_done().is_none());
+    let rej = vi
+        .post_send(Box::new(Descriptor::send(&[sbuf.segment(0, 8)])))
+        .unwrap_err();
+    assert_eq!(rej.error, PostError::ViError);
+    assert!(matches!(
+        vi.post_recv(Box::new(Descriptor::recv(&[rbuf.segment(0, 8)])))
+            .unwrap_err()
+            .error,
+        PostError::ViError
+    ));
+
+    // The client removed the dead server's socket when it noticed; the
+    // spare listener's file stays until a connect attempt finds it stale.
+    let left = dir.entries();
+    assert_eq!(left.len(), 1, "only the spare listener is left: {left:?}");
+    let other = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let e = other
+        .connect_request(
+            &NetAddress::new("0", disc(spare)),
+            Duration::from_millis(100),
+        )
+        .unwrap_err();
+    assert!(matches!(e, ConnectError::NoListener { .. }), "{e}");
+    dir.assert_empty("after the stale listener was found");
+    vi.disconnect();
+    assert_eq!(vi.state(), ViState::Idle, "an errored VI can be reset");
+    drop((vi, other, nic));
+    dir.assert_empty("after both sides are gone");
+}
+
+/// Client that says hello, then posts a receive and waits until killed.
+fn waiting_client_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let mut sbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    connect(&vi, d);
+    send_bytes(&vi, &mut sbuf, 0, b"hello");
+    post_recv(&vi, &sbuf, 0, 64);
+    loop {
+        let _ = vi.recv_wait(Some(T));
+    }
+}
+
+#[test]
+fn killed_client_while_server_waits() {
+    if let Some(a) = peer_arg() {
+        return waiting_client_peer(&a);
+    }
+    let dir = SockDir::new("killcli");
+    let d = disc_base(13);
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let rbuf = nic
+        .alloc_region(4 * 4096, MemAttributes::new(ptag))
+        .unwrap();
+    let sbuf = nic.alloc_region(MIB, MemAttributes::new(ptag)).unwrap();
+    for k in 0..4 {
+        post_recv(&vi, &rbuf, k * 4096, 4096);
+    }
+    let mut peer = Peer::spawn("killed_client_while_server_waits", &dir, &d.to_string());
+    accept(&nic, &vi, d);
+    assert_eq!(recv_ok(&vi), 5);
+    assert_eq!(&rbuf.as_slice()[..5], b"hello");
+    // A by-reference send waits for the peer to take it; the peer's one
+    // receive is too small, but the peer dies first or the error shows.
+    vi.post_send(Box::new(Descriptor::send(&[sbuf.segment(0, 200_000)])))
+        .unwrap();
+    peer.kill();
+    for k in 0..3 {
+        let r = vi
+            .recv_wait(Some(T))
+            .expect("every outstanding receive completes");
+        assert!(
+            matches!(
+                r.error(),
+                Some(CompletionError::Transport | CompletionError::Flushed)
+            ),
+            "receive {k}: {:?}",
+            r.result()
+        );
+    }
+    let s = vi.send_wait(Some(T)).expect("the send completes");
+    assert!(s.error().is_some(), "the send fails: {:?}", s.result());
+    assert_eq!(vi.state(), ViState::Error);
+    // Only the server's own listener is left, until it stops listening.
+    assert_eq!(dir.entries().len(), 1, "{:?}", dir.entries());
+    nic.stop_listening(&disc(d));
+    dir.assert_empty("after the server stopped listening");
+    drop((vi, nic));
+    dir.assert_empty("after both sides are gone");
+}
+
+// ---------------------------------------------------------------------------
+// 10. Disconnect.
+// ---------------------------------------------------------------------------
+
+fn disconnect_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let mut buf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    for k in 0..3 {
+        post_recv(&vi, &buf, k * 64, 64);
+    }
+    accept(&nic, &vi, d);
+    for k in 0..3 {
+        let r = vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(
+            r.error(),
+            Some(CompletionError::Flushed),
+            "receive {k} after the peer's disconnect"
+        );
+    }
+    assert_eq!(vi.state(), ViState::Error);
+    assert_eq!(
+        vi.post_send(Box::new(Descriptor::send(&[buf.segment(0, 8)])))
+            .unwrap_err()
+            .error,
+        PostError::ViError
+    );
+    // Reset and serve the same client again.
+    vi.disconnect();
+    assert_eq!(vi.state(), ViState::Idle);
+    post_recv(&vi, &buf, 0, 64);
+    accept(&nic, &vi, d);
+    assert_eq!(recv_ok(&vi), 5);
+    assert_eq!(&buf.as_slice()[..5], b"again");
+    send_bytes(&vi, &mut buf, 1024, b"welcome back");
+    until_peer_leaves(&vi, &buf);
+}
+
+#[test]
+fn disconnect_flushes_the_peer_and_allows_reconnecting() {
+    if let Some(a) = peer_arg() {
+        return disconnect_peer(&a);
+    }
+    let dir = SockDir::new("disc");
+    let d = disc_base(14);
+    let peer = Peer::spawn(
+        "disconnect_flushes_the_peer_and_allows_reconnecting",
+        &dir,
+        &d.to_string(),
+    );
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let mut buf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    post_recv(&vi, &buf, 0, 64);
+    connect(&vi, d);
+    vi.disconnect();
+    assert_eq!(vi.state(), ViState::Idle);
+    let r = vi.recv_done().expect("own receive completes at disconnect");
+    assert_eq!(r.error(), Some(CompletionError::Flushed));
+    assert!(vi.remote_attributes().is_none());
+    // The same VI connects again.
+    post_recv(&vi, &buf, 2048, 64);
+    connect(&vi, d);
+    assert_eq!(vi.state(), ViState::Connected);
+    send_bytes(&vi, &mut buf, 0, b"again");
+    assert_eq!(recv_ok(&vi), 12);
+    assert_eq!(&buf.as_slice()[2048..2060], b"welcome back");
+    vi.disconnect();
+    peer.join();
+    drop((vi, nic));
+    dir.assert_empty("after both sides closed");
+}
