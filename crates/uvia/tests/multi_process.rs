@@ -690,7 +690,11 @@ fn cq_with_several_vis_and_its_eventfd() {
     );
 
     // The eventfd: armed, not readable until a message arrives.
+    // As documented: drain the fd (earlier waits may have left wake-ups in
+    // it), see `done` return None, then arm.
     post_recv(&vis[1], &rbuf, 8192, 64);
+    cq.drain_eventfd();
+    assert!(cq.done().unwrap().is_none());
     assert!(!cq.arm(), "nothing is pending yet");
     let mut pfd = libc::pollfd {
         fd: cq.eventfd(),
