@@ -521,7 +521,12 @@ pub(crate) mod hello {
         pub rdma_read: bool,
         pub max_transfer_size: u32,
         pub discriminator: Discriminator,
+        /// Why a reject: 0 the server's choice, [`MISMATCH`] attributes differ.
+        pub reason: u8,
     }
+
+    /// Reject reason: the two VIs' attributes do not match.
+    pub const MISMATCH: u8 = 1;
 
     impl Hello {
         pub fn new(kind: u8, a: &ViAttributes, d: &Discriminator) -> Hello {
@@ -532,6 +537,7 @@ pub(crate) mod hello {
                 rdma_read: a.enable_rdma_read,
                 max_transfer_size: a.max_transfer_size,
                 discriminator: d.clone(),
+                reason: 0,
             }
         }
 
@@ -545,6 +551,7 @@ pub(crate) mod hello {
             b[8..12].copy_from_slice(&self.max_transfer_size.to_le_bytes());
             let d = self.discriminator.as_bytes();
             b[12] = d.len() as u8;
+            b[13] = self.reason;
             b[24..24 + d.len()].copy_from_slice(d);
             b
         }
@@ -573,6 +580,7 @@ pub(crate) mod hello {
                 rdma_read: b[7] & 2 != 0,
                 max_transfer_size: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
                 discriminator,
+                reason: b[13],
             })
         }
     }

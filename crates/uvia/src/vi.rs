@@ -839,6 +839,15 @@ impl Vi {
         let mut moved = false;
         if g.awaiting_ack > 0 {
             moved |= self.reap_acks(g);
+        } else if g.failed.is_none()
+            && g.conn
+                .as_ref()
+                .is_some_and(|c| c.mine().error.load(Ordering::Acquire) != 0)
+        {
+            // The peer reported an error for a send that completed when it
+            // was written: the reliable connection is broken all the same.
+            g.failed = Some(status::TRANSPORT_ERROR);
+            moved = true;
         }
         moved |= self.serve_incoming(g);
         if g.sq_sent < g.sq.len() {
@@ -1177,7 +1186,7 @@ impl Vi {
         // queued, and nothing published by the peer.
         if g.awaiting_ack == 0 && g.sq_sent == g.sq.len() && g.failed.is_none() {
             let quiet = match &g.conn {
-                Some(c) => !c.rx.ready(),
+                Some(c) => !c.rx.ready() && c.mine().error.load(Ordering::Relaxed) == 0,
                 None => return None,
             };
             if quiet {
@@ -1388,6 +1397,10 @@ impl Vi {
         };
         let reply = Hello::parse(&buf[..n]).map_err(ConnectError::Protocol)?;
         match reply.kind {
+            hello::REJECT if reply.reason == hello::MISMATCH => {
+                check_compatible(attrs, &reply)?;
+                return Err(ConnectError::Rejected);
+            }
             hello::REJECT => return Err(ConnectError::Rejected),
             hello::ACCEPT => {}
             _ => {
@@ -1429,7 +1442,10 @@ impl Vi {
             return Err(ConnectError::InvalidState(st));
         }
         if let Err(e) = check_compatible(&g.attrs, req) {
-            refuse(&stream);
+            // Tell the client why, with this side's attributes.
+            let mut why = Hello::new(hello::REJECT, &g.attrs, &req.discriminator);
+            why.reason = hello::MISMATCH;
+            let _ = stream.send(&why.emit(), &[]);
             return Err(e);
         }
         if fds.is_empty() {
