@@ -1,0 +1,1767 @@
+//! One VI connection: handshake, fragmentation and reassembly, RDMA, and
+//! VIA's three reliability levels.
+//!
+//! The caller feeds frames addressed to this connection to
+//! [`Conn::handle_frame`], lets time pass with [`Conn::handle_timeout`], and
+//! pulls out frames to send ([`Conn::poll_transmit`]), the next deadline
+//! ([`Conn::poll_timeout`]) and completions ([`Conn::poll_event`]). Payload
+//! bytes never pass through the engine's own buffers: it asks the caller's
+//! [`Memory`] to copy them straight between frames and descriptors.
+
+use crate::rtt::RttEstimator;
+use crate::seq::{self, SeqWindow};
+use crate::wire::{
+    self, ack_flags, data_flags, ConnAttrs, DataHeader, NakCode, Op, RejectReason, Repr, SackList,
+    DATA_HEADER_LEN, MAX_SACK,
+};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// VIA's reliability levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Level {
+    /// At most once, in order; corrupt or incomplete messages are dropped
+    /// and counted; nothing is sent twice.
+    Unreliable = 0,
+    /// Exactly once, in order; a send completes when the peer has it.
+    ReliableDelivery = 1,
+    /// Exactly once, in order; a send completes when its data is in the
+    /// peer's receive buffer and that descriptor is complete.
+    ReliableReception = 2,
+}
+
+impl Level {
+    pub fn from_wire(v: u8) -> Option<Level> {
+        Some(match v {
+            0 => Level::Unreliable,
+            1 => Level::ReliableDelivery,
+            2 => Level::ReliableReception,
+            _ => return None,
+        })
+    }
+
+    pub fn is_reliable(self) -> bool {
+        self != Level::Unreliable
+    }
+}
+
+/// What to do when a message arrives for a receive descriptor that is not
+/// posted yet (reliable levels only; the unreliable level drops it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RnrPolicy {
+    /// VIA's behaviour: the connection breaks, both sides in Error.
+    Fail,
+    /// Tell the sender to try again after `delay`, at most `limit` times in
+    /// a row.
+    Retry { delay: Duration, limit: u32 },
+}
+
+/// A connection's settings. Both sides should use the same window.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub level: Level,
+    /// Largest frame this side sends or accepts, header included.
+    pub max_frame: u32,
+    /// Largest message.
+    pub max_transfer: u32,
+    pub rdma_write: bool,
+    pub rdma_read: bool,
+    /// Most frames in flight (and the receive window).
+    pub window: u32,
+    /// Most payload bytes in flight; keep it below the receiver's socket buffer.
+    pub window_bytes: u32,
+    /// How long an acknowledgement may wait for a frame to ride on.
+    pub ack_delay: Duration,
+    /// Acknowledge at once after this many unacknowledged frames.
+    pub ack_every: u32,
+    pub initial_rto: Duration,
+    pub min_rto: Duration,
+    pub max_rto: Duration,
+    /// Retransmission timeouts in a row, without progress, before the
+    /// connection breaks.
+    pub retry_limit: u32,
+    /// Silence from the peer longer than this breaks the connection.
+    pub idle_timeout: Duration,
+    /// Ping a silent peer this often.
+    pub keepalive: Duration,
+    pub rnr: RnrPolicy,
+    /// Repeat a connection request (or accept, or disconnect) this often.
+    pub handshake_retry: Duration,
+    /// Give up a connection request after this long.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            level: Level::ReliableDelivery,
+            max_frame: 1472,
+            max_transfer: 16 << 20,
+            rdma_write: true,
+            rdma_read: true,
+            window: 1024,
+            window_bytes: 1 << 20,
+            ack_delay: Duration::from_micros(50),
+            ack_every: 16,
+            initial_rto: Duration::from_millis(20),
+            min_rto: Duration::from_millis(1),
+            max_rto: Duration::from_millis(500),
+            retry_limit: 12,
+            idle_timeout: Duration::from_secs(5),
+            keepalive: Duration::from_secs(1),
+            rnr: RnrPolicy::Fail,
+            handshake_retry: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Config {
+    fn attrs(&self, initial_psn: u32) -> ConnAttrs {
+        ConnAttrs {
+            reliability: self.level as u8,
+            rdma_write: self.rdma_write,
+            rdma_read: self.rdma_read,
+            max_frame: self.max_frame,
+            max_transfer: self.max_transfer,
+            initial_psn,
+        }
+    }
+}
+
+/// The operation of a posted send-queue descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendKind {
+    Send,
+    RdmaWrite { raddr: u64, rkey: u32 },
+    RdmaRead { raddr: u64, rkey: u32 },
+}
+
+/// A send-queue descriptor as the engine sees it: what, how long, and the
+/// immediate data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendOp {
+    pub kind: SendKind,
+    pub len: u32,
+    pub imm: Option<u32>,
+}
+
+/// Why a post was refused (nothing was queued).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// The connection is not established, or has ended.
+    #[error("connection is not established")]
+    State,
+    /// Longer than this side's or the peer's largest message.
+    #[error("message of {len} bytes exceeds the largest transfer {max}")]
+    TooLong { len: u32, max: u32 },
+    /// RDMA read needs a reliable level and a peer that allows it.
+    #[error("RDMA read is not available on this connection")]
+    ReadUnavailable,
+    /// The peer does not allow RDMA write.
+    #[error("RDMA write is not enabled by the peer")]
+    WriteUnavailable,
+}
+
+/// How a descriptor ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    /// The message did not fit the receive descriptor.
+    Length,
+    /// The peer refused the operation: its code says why.
+    Remote(NakCode),
+    /// The connection broke while the descriptor was being carried.
+    Transport,
+    /// The connection broke before the descriptor was started.
+    Flushed,
+}
+
+/// Why a connection ended in Error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailReason {
+    /// The peer stayed silent past the idle timeout.
+    PeerSilent,
+    /// Retransmissions ran out.
+    RetriesExhausted,
+    /// Receiver-not-ready retries ran out.
+    RnrExhausted,
+    /// The peer reported a fatal error.
+    Remote(NakCode),
+    /// This side found a fatal error in the peer's traffic.
+    Local(NakCode),
+}
+
+/// What happened, in the order it happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Connected,
+    Rejected(RejectReason),
+    ConnectTimedOut,
+    /// Send-queue descriptor `msn` completed (in posting order).
+    SendDone {
+        msn: u32,
+        outcome: Outcome,
+    },
+    /// Receive descriptor `rsn` completed (in posting order). `len` is the
+    /// message length (for an RDMA write with immediate data, the length
+    /// written); `imm` its immediate data.
+    RecvDone {
+        rsn: u32,
+        len: u32,
+        imm: Option<u32>,
+        outcome: Outcome,
+    },
+    /// The peer disconnected.
+    Disconnected,
+    /// The connection is in Error; every descriptor has been completed.
+    Failed(FailReason),
+}
+
+/// The caller's memory, as the engine moves bytes through it. The engine
+/// has checked lengths against what was posted; RDMA targets are checked
+/// here, by the owner of the memory table.
+pub trait Memory {
+    /// Copies bytes `offset..offset + buf.len()` of send-queue descriptor
+    /// `msn` (a send or RDMA write source) into `buf`.
+    fn read_send(&mut self, msn: u32, offset: u32, buf: &mut [u8]);
+    /// Places received bytes of receive descriptor `rsn` at `offset`.
+    fn write_recv(&mut self, rsn: u32, offset: u32, data: &[u8]);
+    /// Places read-response bytes into RDMA-read descriptor `msn` at `offset`.
+    fn write_read(&mut self, msn: u32, offset: u32, data: &[u8]);
+    /// Checks that the peer may access `[raddr, raddr + len)` under `rkey`
+    /// (`write`: for RDMA write, else read).
+    fn check_rdma(&mut self, rkey: u32, raddr: u64, len: u32, write: bool) -> Result<(), NakCode>;
+    /// RDMA write target: stores `data` at `raddr`. `check_rdma` passed for
+    /// the whole message when its first frame came; the memory is checked
+    /// again here because it may have been deregistered since.
+    fn rdma_write(&mut self, rkey: u32, raddr: u64, data: &[u8]) -> Result<(), NakCode>;
+    /// RDMA read target: loads bytes at `raddr` into `buf`.
+    fn rdma_read(&mut self, rkey: u32, raddr: u64, buf: &mut [u8]);
+}
+
+/// Counters of what happened on the wire.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub frames_sent: u64,
+    pub frames_received: u64,
+    pub retransmitted: u64,
+    pub duplicates: u64,
+    /// Frames outside the receive window, from a stale connection, or out of place.
+    pub dropped: u64,
+    /// Unreliable messages dropped for a missing or incomplete piece.
+    pub messages_dropped: u64,
+    pub rto_expired: u64,
+    pub rnr_naks: u64,
+    pub acks_sent: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Client: the request goes out until an answer comes.
+    Connecting {
+        since: Instant,
+        last: Option<Instant>,
+    },
+    /// Server: connected; the accept goes out until the client confirms.
+    Accepting {
+        last: Option<Instant>,
+    },
+    Connected,
+    /// Our disconnect goes out until it is answered (a few tries).
+    Closing {
+        tries: u32,
+        last: Option<Instant>,
+    },
+    Closed,
+    Failed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OutKind {
+    Send,
+    Write {
+        raddr: u64,
+        rkey: u32,
+    },
+    ReadRequest {
+        raddr: u64,
+        rkey: u32,
+    },
+    /// Bytes of our memory the peer asked for with its read `msn`.
+    ReadResponse {
+        raddr: u64,
+        rkey: u32,
+    },
+}
+
+/// A message going out.
+#[derive(Clone, Debug)]
+struct OutMsg {
+    /// Our msn, or for a read response the reader's.
+    msn: u32,
+    kind: OutKind,
+    /// Bytes carried (a read request carries none; `len` is the read's size).
+    len: u32,
+    imm: Option<u32>,
+    rsn: Option<u32>,
+    /// Bytes put in frames so far.
+    framed: u32,
+    /// Frames sent but not yet acknowledged.
+    unacked: u32,
+    /// Read responses arrived (read requests).
+    read_got: u32,
+    /// Frames sent at least once.
+    started: bool,
+}
+
+impl OutMsg {
+    fn payload_len(&self) -> u32 {
+        match self.kind {
+            OutKind::ReadRequest { .. } => 0,
+            _ => self.len,
+        }
+    }
+
+    fn fully_framed(&self) -> bool {
+        self.started && self.framed >= self.payload_len()
+    }
+
+    fn op(&self) -> Op {
+        match self.kind {
+            OutKind::Send => Op::Send,
+            OutKind::Write { .. } => Op::RdmaWrite,
+            OutKind::ReadRequest { .. } => Op::ReadRequest,
+            OutKind::ReadResponse { .. } => Op::ReadResponse,
+        }
+    }
+}
+
+/// A frame in flight: enough to build it again.
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    response: bool,
+    msn: u32,
+    offset: u32,
+    len: u32,
+    sent_at: Instant,
+    transmissions: u16,
+    acked: bool,
+    /// Declared lost: to be sent again.
+    lost: bool,
+}
+
+/// A message coming in.
+#[derive(Clone, Copy, Debug)]
+struct InMsg {
+    op: Op,
+    total: u32,
+    got: u32,
+    imm: Option<u32>,
+    /// The receive descriptor it fills (unreliable binds on arrival).
+    bound: Option<u32>,
+}
+
+/// One VI connection's transport state.
+pub struct Conn {
+    cfg: Config,
+    state: State,
+    local_id: u32,
+    peer_id: u32,
+    peer: Option<ConnAttrs>,
+    discriminator: Vec<u8>,
+    /// Payload bytes per data frame.
+    frag: u32,
+    events: VecDeque<Event>,
+    stats: Stats,
+    last_rx: Instant,
+    last_ping: Option<Instant>,
+
+    // Sending.
+    msgs: VecDeque<OutMsg>,
+    /// Index in `msgs` of the first message not fully framed.
+    frame_cursor: usize,
+    responses: VecDeque<OutMsg>,
+    next_msn: u32,
+    next_rsn: u32,
+    /// Oldest unacknowledged psn; `inflight[0]` is its record.
+    snd_una: u32,
+    snd_nxt: u32,
+    inflight: VecDeque<Sent>,
+    inflight_bytes: u32,
+    /// Frames marked lost, waiting to go again.
+    lost: u32,
+    largest_acked: Option<u32>,
+    rtt: RttEstimator,
+    rto_deadline: Option<Instant>,
+    /// When a frame sent before one already acked counts as lost if its
+    /// own ack has not come (time-based loss detection, as RACK does).
+    loss_deadline: Option<Instant>,
+    /// Send time of the most recently sent frame acked so far.
+    rack_time: Option<Instant>,
+    timeouts_in_a_row: u32,
+    /// Peer's count of our messages completed at its side.
+    peer_done: u32,
+    rnr_until: Option<Instant>,
+    rnr_in_a_row: u32,
+
+    // Receiving.
+    rcv: SeqWindow,
+    in_msgs: VecDeque<Option<InMsg>>,
+    /// The peer's msn of `in_msgs[0]`; also the count of its messages
+    /// completed here.
+    in_base: u32,
+    /// Capacities of posted receive descriptors, from `recv_base`.
+    recvs: VecDeque<u32>,
+    recv_base: u32,
+    /// Receive descriptors the unreliable level has bound (from `recv_base`).
+    recvs_bound: u32,
+    ack_pending: u32,
+    ack_deadline: Option<Instant>,
+    ack_now: bool,
+    /// The peer pinged: answer even on the unreliable level.
+    pong_due: bool,
+    /// The psn we told the peer we were not ready for.
+    rnr_nak_at: Option<u32>,
+    nak: Option<(NakCode, u32)>,
+    confirm_due: bool,
+    disconnect_ack_due: bool,
+}
+
+impl Conn {
+    fn new(now: Instant, cfg: Config, local_id: u32, initial_psn: u32) -> Conn {
+        let rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
+        Conn {
+            rcv: SeqWindow::new(0, cfg.window),
+            cfg,
+            state: State::Closed,
+            local_id,
+            peer_id: 0,
+            peer: None,
+            discriminator: Vec::new(),
+            frag: 0,
+            events: VecDeque::with_capacity(64),
+            stats: Stats::default(),
+            last_rx: now,
+            last_ping: None,
+            msgs: VecDeque::new(),
+            frame_cursor: 0,
+            responses: VecDeque::new(),
+            next_msn: 0,
+            next_rsn: 0,
+            snd_una: initial_psn,
+            snd_nxt: initial_psn,
+            inflight: VecDeque::new(),
+            inflight_bytes: 0,
+            lost: 0,
+            largest_acked: None,
+            rtt,
+            rto_deadline: None,
+            loss_deadline: None,
+            rack_time: None,
+            timeouts_in_a_row: 0,
+            peer_done: 0,
+            rnr_until: None,
+            rnr_in_a_row: 0,
+            in_msgs: VecDeque::new(),
+            in_base: 0,
+            recvs: VecDeque::new(),
+            recv_base: 0,
+            recvs_bound: 0,
+            ack_pending: 0,
+            ack_deadline: None,
+            ack_now: false,
+            pong_due: false,
+            rnr_nak_at: None,
+            nak: None,
+            confirm_due: false,
+            disconnect_ack_due: false,
+        }
+    }
+
+    /// A client connection: asks `discriminator` at the peer for a
+    /// connection. Frames go to the server's address with destination id 0.
+    pub fn connect(
+        now: Instant,
+        cfg: Config,
+        local_id: u32,
+        initial_psn: u32,
+        discriminator: &[u8],
+    ) -> Conn {
+        let mut c = Conn::new(now, cfg, local_id, initial_psn);
+        c.discriminator =
+            discriminator[..discriminator.len().min(wire::MAX_DISCRIMINATOR)].to_vec();
+        c.state = State::Connecting {
+            since: now,
+            last: None,
+        };
+        c
+    }
+
+    /// A server connection answering a request from `peer_id` with
+    /// `peer_attrs`. Connected at once; the accept repeats until the client
+    /// confirms it. The caller has checked the attributes match.
+    pub fn accept(
+        now: Instant,
+        cfg: Config,
+        local_id: u32,
+        initial_psn: u32,
+        peer_id: u32,
+        peer_attrs: ConnAttrs,
+    ) -> Conn {
+        let mut c = Conn::new(now, cfg, local_id, initial_psn);
+        c.establish(peer_id, peer_attrs);
+        c.state = State::Accepting { last: None };
+        c
+    }
+
+    fn establish(&mut self, peer_id: u32, attrs: ConnAttrs) {
+        self.peer_id = peer_id;
+        self.peer = Some(attrs);
+        self.rcv = SeqWindow::new(attrs.initial_psn, self.cfg.window);
+        let frame = self.cfg.max_frame.min(attrs.max_frame);
+        self.frag = frame.saturating_sub(DATA_HEADER_LEN as u32).max(1);
+    }
+
+    /// The frame a server sends to refuse a request; it keeps no state, so
+    /// a repeated request gets the same answer.
+    pub fn reject_frame(buf: &mut [u8], peer_id: u32, reason: RejectReason) -> usize {
+        Repr::ConnReject { reason }.emit(buf, peer_id, 0)
+    }
+
+    /// The frame that answers a disconnect for a connection that no longer exists.
+    pub fn disconnect_ack_frame(buf: &mut [u8], peer_id: u32, local_id: u32) -> usize {
+        Repr::DisconnectAck.emit(buf, peer_id, local_id)
+    }
+
+    pub fn local_id(&self) -> u32 {
+        self.local_id
+    }
+
+    /// The peer's connection id (0 until it is known).
+    pub fn peer_id(&self) -> u32 {
+        self.peer_id
+    }
+
+    pub fn peer_attrs(&self) -> Option<ConnAttrs> {
+        self.peer
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// True once the handshake is done and until the connection ends.
+    pub fn is_connected(&self) -> bool {
+        matches!(self.state, State::Accepting { .. } | State::Connected)
+    }
+
+    /// True when the connection has ended (closed, refused or failed).
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closed | State::Failed)
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.state == State::Failed
+    }
+
+    /// Send-queue descriptors not yet completed.
+    pub fn sends_outstanding(&self) -> usize {
+        self.msgs.len()
+    }
+
+    /// Queues a send-queue descriptor; returns its msn (sequential from 0),
+    /// which its [`Event::SendDone`] names.
+    pub fn post_send(&mut self, now: Instant, op: SendOp) -> Result<u32, PostError> {
+        if !self.is_connected() {
+            return Err(PostError::State);
+        }
+        let peer = self.peer.ok_or(PostError::State)?;
+        let max = self.cfg.max_transfer.min(peer.max_transfer);
+        if op.len > max {
+            return Err(PostError::TooLong { len: op.len, max });
+        }
+        let kind = match op.kind {
+            SendKind::Send => OutKind::Send,
+            SendKind::RdmaWrite { raddr, rkey } => {
+                if !peer.rdma_write {
+                    return Err(PostError::WriteUnavailable);
+                }
+                OutKind::Write { raddr, rkey }
+            }
+            SendKind::RdmaRead { raddr, rkey } => {
+                if !self.cfg.level.is_reliable() || !peer.rdma_read {
+                    return Err(PostError::ReadUnavailable);
+                }
+                OutKind::ReadRequest { raddr, rkey }
+            }
+        };
+        let consumes = matches!(kind, OutKind::Send)
+            || matches!(kind, OutKind::Write { .. }) && op.imm.is_some();
+        let rsn = consumes.then(|| {
+            let r = self.next_rsn;
+            self.next_rsn = r.wrapping_add(1);
+            r
+        });
+        let msn = self.next_msn;
+        self.next_msn = msn.wrapping_add(1);
+        self.msgs.push_back(OutMsg {
+            msn,
+            kind,
+            len: op.len,
+            imm: op.imm,
+            rsn,
+            framed: 0,
+            unacked: 0,
+            read_got: 0,
+            started: false,
+        });
+        let _ = now;
+        Ok(msn)
+    }
+
+    /// Posts a receive descriptor of `capacity` bytes; returns its rsn
+    /// (sequential from 0), which its [`Event::RecvDone`] names.
+    pub fn post_recv(&mut self, capacity: u32) -> Result<u32, PostError> {
+        if self.is_closed() {
+            return Err(PostError::State);
+        }
+        let rsn = self.recv_base.wrapping_add(self.recvs.len() as u32);
+        self.recvs.push_back(capacity);
+        // A message may have been waiting for this descriptor.
+        if self.rnr_nak_at.is_some() {
+            self.rnr_nak_at = None;
+        }
+        Ok(rsn)
+    }
+
+    /// Starts a disconnect: outstanding descriptors complete as flushed,
+    /// and the peer is told.
+    pub fn close(&mut self, now: Instant) {
+        if self.is_closed() || matches!(self.state, State::Closing { .. }) {
+            return;
+        }
+        let was_connecting = matches!(self.state, State::Connecting { .. });
+        self.flush(Outcome::Flushed);
+        self.state = if was_connecting {
+            State::Closed
+        } else {
+            State::Closing {
+                tries: 0,
+                last: None,
+            }
+        };
+        let _ = now;
+    }
+
+    /// The next event, if any. Call after each `handle_*`, `post_*` and
+    /// `poll_transmit` until it returns `None`.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    // ------------------------------------------------------------------
+    // Input.
+
+    /// Takes in a frame whose destination id is this connection's (or, for
+    /// a client still connecting, an answer to its request). `src` is the
+    /// frame's source connection id. Returns false if the frame was dropped.
+    pub fn handle_frame(
+        &mut self,
+        now: Instant,
+        src: u32,
+        frame: &Repr<'_>,
+        mem: &mut dyn Memory,
+    ) -> bool {
+        self.stats.frames_received += 1;
+        match (self.state, frame) {
+            (State::Connecting { .. }, Repr::ConnAccept { attrs }) => {
+                if Level::from_wire(attrs.reliability) != Some(self.cfg.level) {
+                    self.state = State::Closed;
+                    self.events
+                        .push_back(Event::Rejected(RejectReason::Mismatch));
+                    return true;
+                }
+                self.establish(src, *attrs);
+                self.state = State::Connected;
+                self.last_rx = now;
+                self.confirm_due = true;
+                self.events.push_back(Event::Connected);
+                return true;
+            }
+            (State::Connecting { .. }, Repr::ConnReject { reason }) => {
+                self.state = State::Closed;
+                self.events.push_back(Event::Rejected(*reason));
+                return true;
+            }
+            (State::Connecting { .. }, _) => {
+                self.stats.dropped += 1;
+                return false;
+            }
+            _ => {}
+        }
+        if src != self.peer_id {
+            self.stats.dropped += 1;
+            return false;
+        }
+        self.last_rx = now;
+        match frame {
+            Repr::ConnAccept { .. } => {
+                // Our confirm was lost: say it again.
+                self.confirm_due = true;
+                true
+            }
+            Repr::ConnRequest { .. } => {
+                // A repeated request: the accept goes out again.
+                if matches!(self.state, State::Accepting { .. } | State::Connected) {
+                    self.state = State::Accepting { last: None };
+                }
+                true
+            }
+            Repr::ConnConfirm => {
+                if matches!(self.state, State::Accepting { .. }) {
+                    self.state = State::Connected;
+                }
+                true
+            }
+            Repr::ConnReject { .. } => {
+                self.stats.dropped += 1;
+                false
+            }
+            Repr::Disconnect => {
+                self.disconnect_ack_due = true;
+                if !self.is_closed() {
+                    if !matches!(self.state, State::Closing { .. }) {
+                        self.flush(Outcome::Transport);
+                        self.events.push_back(Event::Disconnected);
+                    }
+                    self.state = State::Closed;
+                }
+                true
+            }
+            Repr::DisconnectAck => {
+                if matches!(self.state, State::Closing { .. }) {
+                    self.state = State::Closed;
+                }
+                true
+            }
+            Repr::Ack {
+                ack,
+                done,
+                flags,
+                sack,
+            } => {
+                self.confirmed();
+                if !self.is_connected() {
+                    return false;
+                }
+                if flags & ack_flags::PING != 0 {
+                    self.pong_due = true;
+                }
+                self.on_ack(now, *ack, *done, sack.as_slice());
+                true
+            }
+            Repr::Nak { code, psn, ack } => {
+                self.confirmed();
+                if !self.is_connected() {
+                    return false;
+                }
+                self.on_ack(now, *ack, self.peer_done, &[]);
+                self.on_nak(now, *code, *psn);
+                true
+            }
+            Repr::Data { header, payload } => {
+                self.confirmed();
+                if !self.is_connected() {
+                    if self.state == State::Failed && self.nak.is_none() {
+                        // Our first word of the failure may have been lost.
+                        self.nak = Some((NakCode::Failed, header.psn));
+                    }
+                    self.stats.dropped += 1;
+                    return false;
+                }
+                if self.cfg.level.is_reliable() {
+                    self.on_ack(now, header.ack, header.done, &[]);
+                }
+                self.on_data(now, header, payload, mem)
+            }
+        }
+    }
+
+    /// Anything from the peer after our accept means it has the accept.
+    fn confirmed(&mut self) {
+        if matches!(self.state, State::Accepting { .. }) {
+            self.state = State::Connected;
+        }
+    }
+
+    fn on_data(
+        &mut self,
+        now: Instant,
+        h: &DataHeader,
+        payload: &[u8],
+        mem: &mut dyn Memory,
+    ) -> bool {
+        let reliable = self.cfg.level.is_reliable();
+        if !reliable {
+            if !self.rcv.in_window(h.psn) {
+                if seq::lt(h.psn, self.rcv.base()) {
+                    self.stats.dropped += 1;
+                    return false;
+                }
+                // Far ahead: what lay between is lost for good.
+                let to = h.psn.wrapping_sub(self.rcv.size() - 1);
+                self.rcv.advance(to);
+            }
+            if self.rcv.contains(h.psn) {
+                self.stats.duplicates += 1;
+                return false;
+            }
+        } else if self.rcv.contains(h.psn) {
+            // Seen before: our ack was lost, so say it again soon.
+            self.stats.duplicates += 1;
+            self.ack_now = true;
+            return false;
+        } else if !self.rcv.in_window(h.psn) {
+            self.stats.dropped += 1;
+            return false;
+        }
+        let accepted = match h.op {
+            Op::ReadResponse => self.on_read_response(h, payload, mem),
+            _ => self.on_message_frame(now, h, payload, mem),
+        };
+        if !accepted {
+            return false;
+        }
+        self.rcv.insert(h.psn);
+        if !reliable {
+            return true;
+        }
+        self.ack_pending += 1;
+        if h.flags & data_flags::ACK_NOW != 0
+            || self.ack_pending >= self.cfg.ack_every
+            || self.rcv.has_gap()
+        {
+            self.ack_now = true;
+        } else if self.ack_deadline.is_none() {
+            self.ack_deadline = Some(now + self.cfg.ack_delay);
+        }
+        true
+    }
+
+    fn on_read_response(&mut self, h: &DataHeader, payload: &[u8], mem: &mut dyn Memory) -> bool {
+        let Some(i) = self.msg_index(h.msn) else {
+            self.stats.dropped += 1;
+            return false;
+        };
+        let m = &mut self.msgs[i];
+        let end = h.offset as u64 + payload.len() as u64;
+        if !matches!(m.kind, OutKind::ReadRequest { .. }) || end > m.len as u64 {
+            self.stats.dropped += 1;
+            return false;
+        }
+        mem.write_read(h.msn, h.offset, payload);
+        m.read_got += payload.len() as u32;
+        if h.total == 0 {
+            m.read_got = m.len;
+        }
+        self.complete_sends();
+        true
+    }
+
+    /// Index in `msgs` of our message `msn`.
+    fn msg_index(&self, msn: u32) -> Option<usize> {
+        let first = self.msgs.front()?.msn;
+        let i = msn.wrapping_sub(first) as usize;
+        (i < self.msgs.len()).then_some(i)
+    }
+
+    fn on_message_frame(
+        &mut self,
+        now: Instant,
+        h: &DataHeader,
+        payload: &[u8],
+        mem: &mut dyn Memory,
+    ) -> bool {
+        let reliable = self.cfg.level.is_reliable();
+        let at = h.msn.wrapping_sub(self.in_base);
+        if at >= self.cfg.window {
+            // Below the base (already completed) or absurdly far ahead.
+            self.stats.dropped += 1;
+            return false;
+        }
+        let at = at as usize;
+        let consumes = h.flags & data_flags::CONSUMES != 0;
+        // The operation must be allowed here.
+        let allowed = match h.op {
+            Op::Send => consumes,
+            Op::RdmaWrite => self.cfg.rdma_write,
+            Op::ReadRequest => self.cfg.rdma_read && reliable,
+            Op::ReadResponse => false,
+        };
+        if !allowed {
+            return self.refuse(h.psn, NakCode::Operation, None);
+        }
+        let at = if !reliable && at > 0 {
+            // A newer message: the ones still in assembly will never be
+            // complete at this level (nothing is sent twice), and order
+            // must hold, so they are dropped.
+            self.abandon(at);
+            0
+        } else {
+            at
+        };
+        if self.in_msgs.len() <= at {
+            self.in_msgs.resize(at + 1, None);
+        }
+        if self.in_msgs[at].is_none() {
+            // First frame of this message to arrive.
+            let bound = if !consumes {
+                None
+            } else if reliable {
+                let idx = h.rsn.wrapping_sub(self.recv_base);
+                if idx as usize >= self.recvs.len() {
+                    return self.not_ready(h.psn);
+                }
+                Some(h.rsn)
+            } else {
+                if self.recvs_bound as usize >= self.recvs.len() {
+                    self.stats.messages_dropped += 1;
+                    return false;
+                }
+                let r = self.recv_base.wrapping_add(self.recvs_bound);
+                self.recvs_bound += 1;
+                Some(r)
+            };
+            if let Some(r) = bound {
+                let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
+                if h.op == Op::Send && h.total > cap {
+                    // Too long for the descriptor: it completes with a
+                    // length error (and a reliable connection breaks).
+                    self.in_msgs[at] = Some(InMsg {
+                        op: h.op,
+                        total: h.total,
+                        got: h.total,
+                        imm: None,
+                        bound: Some(r),
+                    });
+                    if reliable {
+                        self.complete_recv_error(r, h.total, Outcome::Length);
+                        return self.refuse(h.psn, NakCode::Length, None);
+                    }
+                    self.deliver_in_order();
+                    return true;
+                }
+            }
+            if matches!(h.op, Op::RdmaWrite | Op::ReadRequest) {
+                let write = h.op == Op::RdmaWrite;
+                if let Err(code) = mem.check_rdma(h.rkey, h.raddr, h.total, write) {
+                    if reliable {
+                        return self.refuse(h.psn, code, None);
+                    }
+                    self.stats.messages_dropped += 1;
+                    if let Some(r) = bound {
+                        // Unbind: the descriptor stays for the next message.
+                        let _ = r;
+                        self.recvs_bound -= 1;
+                    }
+                    return false;
+                }
+            }
+            self.in_msgs[at] = Some(InMsg {
+                op: h.op,
+                total: h.total,
+                got: 0,
+                imm: (h.flags & data_flags::IMM != 0).then_some(h.imm),
+                bound,
+            });
+        }
+        let Some(m) = self.in_msgs[at] else {
+            return false;
+        };
+        if m.op != h.op || m.total != h.total {
+            self.stats.dropped += 1;
+            return false;
+        }
+        match h.op {
+            Op::Send => {
+                if let Some(r) = m.bound {
+                    let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
+                    if h.offset as u64 + payload.len() as u64 <= cap as u64 {
+                        mem.write_recv(r, h.offset, payload);
+                    }
+                }
+            }
+            Op::RdmaWrite => {
+                let at = h.raddr.wrapping_add(h.offset as u64);
+                if let Err(code) = mem.rdma_write(h.rkey, at, payload) {
+                    return self.refuse(h.psn, code, None);
+                }
+            }
+            Op::ReadRequest => {
+                self.responses.push_back(OutMsg {
+                    msn: h.msn,
+                    kind: OutKind::ReadResponse {
+                        raddr: h.raddr,
+                        rkey: h.rkey,
+                    },
+                    len: h.total,
+                    imm: None,
+                    rsn: None,
+                    framed: 0,
+                    unacked: 0,
+                    read_got: 0,
+                    started: false,
+                });
+            }
+            Op::ReadResponse => {}
+        }
+        let got = if h.op == Op::ReadRequest {
+            h.total
+        } else {
+            m.got + payload.len() as u32
+        };
+        if let Some(Some(mm)) = self.in_msgs.get_mut(at) {
+            mm.got = got;
+        }
+        let _ = now;
+        self.deliver_in_order();
+        true
+    }
+
+    /// Drops the first `n` incoming messages (unreliable level): their
+    /// descriptors go to the messages after them.
+    fn abandon(&mut self, n: usize) {
+        for _ in 0..n {
+            if let Some(m) = self.in_msgs.pop_front() {
+                if let Some(m) = m {
+                    self.stats.messages_dropped += 1;
+                    if m.bound.is_some() {
+                        self.recvs_bound -= 1;
+                    }
+                }
+            }
+            self.in_base = self.in_base.wrapping_add(1);
+        }
+    }
+
+    /// Completes incoming messages whose every byte is here, in order.
+    fn deliver_in_order(&mut self) {
+        loop {
+            let front_done = matches!(self.in_msgs.front(), Some(Some(m)) if m.got >= m.total);
+            if !front_done {
+                return;
+            }
+            let Some(Some(m)) = self.in_msgs.pop_front() else {
+                return;
+            };
+            self.in_base = self.in_base.wrapping_add(1);
+            if let Some(r) = m.bound {
+                let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
+                let outcome = if m.op == Op::Send && m.total > cap {
+                    Outcome::Length
+                } else {
+                    Outcome::Ok
+                };
+                self.complete_recv(m.total, m.imm, outcome);
+            }
+        }
+    }
+
+    /// Completes the oldest receive descriptor.
+    fn complete_recv(&mut self, len: u32, imm: Option<u32>, outcome: Outcome) {
+        if self.recvs.pop_front().is_none() {
+            return;
+        }
+        let rsn = self.recv_base;
+        self.recv_base = self.recv_base.wrapping_add(1);
+        if !self.cfg.level.is_reliable() {
+            self.recvs_bound = self.recvs_bound.saturating_sub(1);
+        }
+        self.events.push_back(Event::RecvDone {
+            rsn,
+            len,
+            imm,
+            outcome,
+        });
+    }
+
+    /// Completes receive descriptor `r` with an error, completing those
+    /// before it as flushed (a reliable connection is about to break).
+    fn complete_recv_error(&mut self, r: u32, len: u32, outcome: Outcome) {
+        while seq::lt(self.recv_base, r) && !self.recvs.is_empty() {
+            self.complete_recv(0, None, Outcome::Flushed);
+        }
+        self.complete_recv(len, None, outcome);
+    }
+
+    /// No descriptor for a reliable message yet.
+    fn not_ready(&mut self, psn: u32) -> bool {
+        self.stats.rnr_naks += 1;
+        match self.cfg.rnr {
+            RnrPolicy::Retry { .. } => {
+                if self.rnr_nak_at.is_none_or(|p| seq::lt(psn, p)) {
+                    self.rnr_nak_at = Some(psn);
+                    self.nak = Some((NakCode::ReceiverNotReady, psn));
+                }
+                false
+            }
+            RnrPolicy::Fail => self.refuse(psn, NakCode::NoDescriptor, None),
+        }
+    }
+
+    /// A fatal error in the peer's traffic: tell it, and break.
+    fn refuse(&mut self, psn: u32, code: NakCode, _outcome: Option<Outcome>) -> bool {
+        if !self.cfg.level.is_reliable() {
+            self.stats.messages_dropped += 1;
+            return false;
+        }
+        self.nak = Some((code, psn));
+        self.fail(FailReason::Local(code), None);
+        false
+    }
+
+    fn on_ack(&mut self, now: Instant, ack: u32, done: u32, sack: &[(u32, u32)]) {
+        if !self.cfg.level.is_reliable() {
+            return;
+        }
+        // Ignore acks of psns we never sent.
+        if seq::lt(self.snd_nxt, ack) {
+            return;
+        }
+        let mut progress = false;
+        // Send time of the most recently sent frame this ack covers.
+        let mut newest: Option<Instant> = None;
+        let mut note = |t: Instant| newest = Some(newest.map_or(t, |n: Instant| n.max(t)));
+        while seq::lt(self.snd_una, ack) {
+            if let Some(s) = self.inflight.pop_front() {
+                if s.lost {
+                    self.lost -= 1;
+                }
+                if !s.acked {
+                    note(s.sent_at);
+                    self.frame_acked(now, &s);
+                    progress = true;
+                }
+            }
+            self.snd_una = self.snd_una.wrapping_add(1);
+        }
+        for &(start, end) in sack {
+            if seq::lt(end, start) || !seq::le(end, self.snd_nxt) {
+                continue;
+            }
+            let mut p = if seq::lt(start, self.snd_una) {
+                self.snd_una
+            } else {
+                start
+            };
+            while seq::lt(p, end) {
+                let i = p.wrapping_sub(self.snd_una) as usize;
+                if let Some(s) = self.inflight.get(i).copied() {
+                    if !s.acked {
+                        if s.lost {
+                            self.inflight[i].lost = false;
+                            self.lost -= 1;
+                        }
+                        self.inflight[i].acked = true;
+                        note(s.sent_at);
+                        self.frame_acked(now, &s);
+                        progress = true;
+                    }
+                }
+                p = p.wrapping_add(1);
+            }
+            let last = end.wrapping_sub(1);
+            if self.largest_acked.is_none_or(|l| seq::lt(l, last)) {
+                self.largest_acked = Some(last);
+            }
+        }
+        if self
+            .largest_acked
+            .is_none_or(|l| seq::lt(l, ack.wrapping_sub(1)))
+        {
+            self.largest_acked = Some(ack.wrapping_sub(1));
+        }
+        // Fast retransmit: three later frames arrived, this one did not.
+        if let Some(l) = self.largest_acked {
+            for i in 0..self.inflight.len() {
+                let psn = self.snd_una.wrapping_add(i as u32);
+                if !seq::lt(psn.wrapping_add(3), l.wrapping_add(1)) {
+                    break;
+                }
+                let s = &mut self.inflight[i];
+                if !s.acked && !s.lost && s.transmissions == 1 {
+                    s.lost = true;
+                    self.lost += 1;
+                }
+            }
+        }
+        if let Some(t) = newest {
+            self.detect_by_time(now, Some(t));
+        }
+        if seq::lt(self.peer_done, done) && seq::le(done, self.next_msn) {
+            self.peer_done = done;
+            progress = true;
+        }
+        if progress {
+            self.timeouts_in_a_row = 0;
+            self.rnr_in_a_row = 0;
+            self.rtt.reset_backoff();
+            self.complete_sends();
+        }
+        self.rto_deadline = self.rto_from_oldest();
+    }
+
+    /// Marks lost every frame sent before the newest acked one (`acked`
+    /// remembers its send time) whose ack is now overdue by more than the
+    /// reordering allowance; arms a timer for those not yet overdue.
+    fn detect_by_time(&mut self, now: Instant, acked: Option<Instant>) {
+        if let Some(t) = acked {
+            if self.rack_time.is_none_or(|r| r < t) {
+                self.rack_time = Some(t);
+            }
+        }
+        let Some(rack) = self.rack_time else {
+            return;
+        };
+        let wait = self.rtt.srtt().unwrap_or(self.cfg.initial_rto)
+            + self.rtt.reorder_window(Duration::from_micros(20));
+        self.loss_deadline = None;
+        for s in self.inflight.iter_mut() {
+            if s.acked || s.lost || s.sent_at >= rack {
+                continue;
+            }
+            let due = s.sent_at + wait;
+            if now >= due {
+                s.lost = true;
+                self.lost += 1;
+            } else if self.loss_deadline.is_none_or(|d| due < d) {
+                self.loss_deadline = Some(due);
+            }
+        }
+    }
+
+    fn frame_acked(&mut self, now: Instant, s: &Sent) {
+        self.inflight_bytes = self.inflight_bytes.saturating_sub(s.len);
+        if s.transmissions == 1 {
+            self.rtt.sample(now.saturating_duration_since(s.sent_at));
+        }
+        let m = if s.response {
+            self.responses.iter_mut().find(|m| m.msn == s.msn)
+        } else {
+            match self.msg_index(s.msn) {
+                Some(i) => self.msgs.get_mut(i),
+                None => None,
+            }
+        };
+        if let Some(m) = m {
+            m.unacked = m.unacked.saturating_sub(1);
+        }
+        // Responses fully acknowledged are done.
+        while matches!(self.responses.front(), Some(r) if r.fully_framed() && r.unacked == 0) {
+            self.responses.pop_front();
+        }
+    }
+
+    fn on_nak(&mut self, now: Instant, code: NakCode, psn: u32) {
+        if code == NakCode::ReceiverNotReady {
+            if let RnrPolicy::Retry { delay, limit } = self.cfg.rnr {
+                self.rnr_in_a_row += 1;
+                if self.rnr_in_a_row > limit {
+                    self.fail(FailReason::RnrExhausted, None);
+                    return;
+                }
+                self.rnr_until = Some(now + delay);
+            } else {
+                self.rnr_until = Some(now + self.rtt.rto());
+            }
+            // Everything from `psn` on goes again after the pause.
+            for i in 0..self.inflight.len() {
+                let p = self.snd_una.wrapping_add(i as u32);
+                let s = &mut self.inflight[i];
+                if !seq::lt(p, psn) && !s.acked && !s.lost {
+                    s.lost = true;
+                    self.lost += 1;
+                }
+            }
+            return;
+        }
+        // A fatal error: the message it names completes with it.
+        let msn = self
+            .inflight
+            .get(psn.wrapping_sub(self.snd_una) as usize)
+            .filter(|s| !s.response)
+            .map(|s| s.msn);
+        self.fail(
+            FailReason::Remote(code),
+            msn.map(|m| (m, Outcome::Remote(code))),
+        );
+    }
+
+    /// Completes finished send-queue descriptors, in posting order.
+    fn complete_sends(&mut self) {
+        let level = self.cfg.level;
+        while let Some(m) = self.msgs.front() {
+            let done = match m.kind {
+                OutKind::ReadRequest { .. } => m.read_got >= m.len && m.fully_framed(),
+                _ => match level {
+                    Level::Unreliable => m.fully_framed(),
+                    Level::ReliableDelivery => m.fully_framed() && m.unacked == 0,
+                    Level::ReliableReception => seq::lt(m.msn, self.peer_done),
+                },
+            };
+            if !done {
+                break;
+            }
+            let msn = m.msn;
+            self.msgs.pop_front();
+            self.frame_cursor = self.frame_cursor.saturating_sub(1);
+            self.events.push_back(Event::SendDone {
+                msn,
+                outcome: Outcome::Ok,
+            });
+        }
+    }
+
+    /// Breaks the connection: every outstanding descriptor completes with
+    /// an error (`first` names one with a specific outcome).
+    fn fail(&mut self, reason: FailReason, first: Option<(u32, Outcome)>) {
+        if self.is_closed() {
+            return;
+        }
+        if let Some((msn, outcome)) = first {
+            // Those before it completed on the wire already.
+            while let Some(m) = self.msgs.front() {
+                if m.msn == msn {
+                    break;
+                }
+                let msn = m.msn;
+                self.msgs.pop_front();
+                self.events.push_back(Event::SendDone {
+                    msn,
+                    outcome: Outcome::Transport,
+                });
+            }
+            if self.msgs.pop_front().is_some() {
+                self.events.push_back(Event::SendDone { msn, outcome });
+            }
+        }
+        self.flush(Outcome::Transport);
+        self.state = State::Failed;
+        self.events.push_back(Event::Failed(reason));
+    }
+
+    /// Completes every outstanding descriptor: started sends with
+    /// `started`, the rest flushed.
+    fn flush(&mut self, started: Outcome) {
+        while let Some(m) = self.msgs.pop_front() {
+            let outcome = if m.started { started } else { Outcome::Flushed };
+            self.events.push_back(Event::SendDone {
+                msn: m.msn,
+                outcome,
+            });
+        }
+        let partial = self.in_msgs.iter().flatten().filter_map(|m| m.bound).next();
+        while !self.recvs.is_empty() {
+            let outcome = if Some(self.recv_base) == partial {
+                started
+            } else {
+                Outcome::Flushed
+            };
+            self.complete_recv(0, None, outcome);
+        }
+        self.frame_cursor = 0;
+        self.responses.clear();
+        self.inflight.clear();
+        self.inflight_bytes = 0;
+        self.lost = 0;
+        self.in_msgs.clear();
+        self.rto_deadline = None;
+        self.loss_deadline = None;
+        self.ack_deadline = None;
+    }
+
+    // ------------------------------------------------------------------
+    // Time.
+
+    /// When [`handle_timeout`](Self::handle_timeout) must next be called.
+    /// Ask again after every other call.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t: Option<Instant> = None;
+        let mut at = |d: Option<Instant>| {
+            if let Some(d) = d {
+                t = Some(t.map_or(d, |t| t.min(d)));
+            }
+        };
+        match self.state {
+            State::Connecting { since, last } => {
+                at(Some(since + self.cfg.connect_timeout));
+                at(Some(last.map_or(since, |l| l + self.cfg.handshake_retry)));
+            }
+            State::Accepting { last } | State::Closing { last, .. } => {
+                at(last.map(|l| l + self.cfg.handshake_retry));
+            }
+            _ => {}
+        }
+        if self.is_connected() {
+            at(self.ack_deadline);
+            at(self.rto_deadline);
+            at(self.loss_deadline);
+            at(self.rnr_until);
+            at(Some(self.last_rx + self.cfg.idle_timeout));
+            at(Some(self.keepalive_at()));
+        }
+        t
+    }
+
+    fn keepalive_at(&self) -> Instant {
+        let base = self.last_rx.max(self.last_ping.unwrap_or(self.last_rx));
+        base + self.cfg.keepalive
+    }
+
+    /// Lets time pass: retransmission and handshake timers, delayed acks,
+    /// keep-alives and the idle timeout.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let State::Connecting { since, .. } = self.state {
+            if now >= since + self.cfg.connect_timeout {
+                self.state = State::Closed;
+                self.events.push_back(Event::ConnectTimedOut);
+            }
+            return;
+        }
+        if let State::Closing { tries, .. } = self.state {
+            if tries >= 3 {
+                self.state = State::Closed;
+            }
+            return;
+        }
+        if !self.is_connected() {
+            return;
+        }
+        if now >= self.last_rx + self.cfg.idle_timeout {
+            self.fail(FailReason::PeerSilent, None);
+            return;
+        }
+        if self.ack_deadline.is_some_and(|d| now >= d) {
+            self.ack_now = true;
+            self.ack_deadline = None;
+        }
+        if self.rnr_until.is_some_and(|d| now >= d) {
+            self.rnr_until = None;
+        }
+        if self.loss_deadline.is_some_and(|d| now >= d) {
+            self.detect_by_time(now, None);
+        }
+        if self.rto_deadline.is_some_and(|d| now >= d) {
+            self.on_rto(now);
+        }
+    }
+
+    fn on_rto(&mut self, now: Instant) {
+        self.stats.rto_expired += 1;
+        self.timeouts_in_a_row += 1;
+        if self.timeouts_in_a_row > self.cfg.retry_limit {
+            self.fail(FailReason::RetriesExhausted, None);
+            return;
+        }
+        self.rtt.back_off();
+        // Everything outstanding long enough goes again.
+        let rto = self.rtt.rto();
+        for s in self.inflight.iter_mut() {
+            if !s.acked && !s.lost && now.saturating_duration_since(s.sent_at) >= rto / 2 {
+                s.lost = true;
+                self.lost += 1;
+            }
+        }
+        if let Some(s) = self.inflight.iter_mut().find(|s| !s.acked) {
+            if !s.lost {
+                s.lost = true;
+                self.lost += 1;
+            }
+        }
+        self.rto_deadline = Some(now + self.rtt.rto());
+    }
+
+    fn rto_from_oldest(&self) -> Option<Instant> {
+        let oldest = self.inflight.iter().find(|s| !s.acked)?;
+        Some(oldest.sent_at + self.rtt.rto())
+    }
+
+    // ------------------------------------------------------------------
+    // Output.
+
+    /// Builds the next frame to send into `buf` (at least `max_frame`
+    /// bytes) and returns its length, or `None` when there is nothing to
+    /// send now. Call after every `handle_*` and `post_*` until it returns
+    /// `None`. Frames of a client still connecting go to the server's
+    /// address with destination id 0; all others to the peer.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        mem: &mut dyn Memory,
+    ) -> Option<usize> {
+        let n = self.transmit(now, buf, mem)?;
+        self.stats.frames_sent += 1;
+        Some(n)
+    }
+
+    fn transmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
+        let (dst, src) = (self.peer_id, self.local_id);
+        match self.state {
+            State::Connecting { since, last } => {
+                if last.is_none_or(|l| now >= l + self.cfg.handshake_retry) {
+                    let _ = since;
+                    self.state = State::Connecting {
+                        since,
+                        last: Some(now),
+                    };
+                    let r = Repr::ConnRequest {
+                        attrs: self.cfg.attrs(self.snd_nxt),
+                        discriminator: &self.discriminator,
+                    };
+                    return Some(r.emit(buf, 0, src));
+                }
+                return None;
+            }
+            State::Accepting { last } => {
+                if last.is_none_or(|l| now >= l + self.cfg.handshake_retry) {
+                    self.state = State::Accepting { last: Some(now) };
+                    let r = Repr::ConnAccept {
+                        attrs: self.cfg.attrs(self.snd_una),
+                    };
+                    return Some(r.emit(buf, dst, src));
+                }
+            }
+            State::Closing { tries, last } => {
+                if self.disconnect_ack_due {
+                    self.disconnect_ack_due = false;
+                    return Some(Repr::DisconnectAck.emit(buf, dst, src));
+                }
+                if tries < 3 && last.is_none_or(|l| now >= l + self.cfg.handshake_retry) {
+                    self.state = State::Closing {
+                        tries: tries + 1,
+                        last: Some(now),
+                    };
+                    return Some(Repr::Disconnect.emit(buf, dst, src));
+                }
+                return None;
+            }
+            State::Closed | State::Failed => {
+                if self.disconnect_ack_due {
+                    self.disconnect_ack_due = false;
+                    return Some(Repr::DisconnectAck.emit(buf, dst, src));
+                }
+                if let Some((code, psn)) = self.nak.take() {
+                    let ack = self.rcv.base();
+                    return Some(Repr::Nak { code, psn, ack }.emit(buf, dst, src));
+                }
+                return None;
+            }
+            State::Connected => {}
+        }
+        if self.confirm_due {
+            self.confirm_due = false;
+            return Some(Repr::ConnConfirm.emit(buf, dst, src));
+        }
+        if let Some((code, psn)) = self.nak.take() {
+            let ack = self.rcv.base();
+            return Some(Repr::Nak { code, psn, ack }.emit(buf, dst, src));
+        }
+        if self.rnr_until.is_none() {
+            if let Some(n) = self.retransmit(now, buf, mem) {
+                return Some(n);
+            }
+            if let Some(n) = self.send_new(now, buf, mem) {
+                return Some(n);
+            }
+        }
+        let ping_due = now >= self.keepalive_at();
+        let ack_due = self.ack_now && self.cfg.level.is_reliable();
+        if ack_due || ping_due || self.pong_due {
+            self.ack_now = false;
+            self.pong_due = false;
+            let flags = if ping_due {
+                self.last_ping = Some(now);
+                ack_flags::PING
+            } else {
+                0
+            };
+            self.ack_pending = 0;
+            self.ack_deadline = None;
+            self.stats.acks_sent += 1;
+            let mut sack = SackList::default();
+            self.rcv.ranges(MAX_SACK, |s, e| {
+                sack.push(s, e);
+            });
+            let r = Repr::Ack {
+                ack: self.rcv.base(),
+                done: self.in_base,
+                flags,
+                sack,
+            };
+            return Some(r.emit(buf, dst, src));
+        }
+        None
+    }
+
+    fn retransmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
+        if self.lost == 0 {
+            return None;
+        }
+        let i = self.inflight.iter().position(|s| s.lost && !s.acked)?;
+        let s = self.inflight[i];
+        let psn = self.snd_una.wrapping_add(i as u32);
+        let m = if s.response {
+            self.responses.iter().find(|m| m.msn == s.msn).cloned()
+        } else {
+            self.msg_index(s.msn).map(|j| self.msgs[j].clone())
+        };
+        let Some(m) = m else {
+            // Its message is gone (completed by a later ack); nothing to send.
+            self.inflight[i].lost = false;
+            self.inflight[i].acked = true;
+            self.lost -= 1;
+            return None;
+        };
+        self.inflight[i].lost = false;
+        self.inflight[i].transmissions = s.transmissions.saturating_add(1);
+        self.inflight[i].sent_at = now;
+        self.lost -= 1;
+        self.stats.retransmitted += 1;
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.rtt.rto());
+        }
+        Some(self.emit_data(buf, psn, &m, s.offset, s.len, data_flags::ACK_NOW, mem))
+    }
+
+    fn send_new(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
+        let reliable = self.cfg.level.is_reliable();
+        if reliable
+            && (self.inflight.len() as u32 >= self.cfg.window
+                || self.inflight_bytes >= self.cfg.window_bytes)
+        {
+            return None;
+        }
+        // Read responses first: the peer is waiting for them.
+        let (response, idx) = if let Some(i) = self.responses.iter().position(|m| !m.fully_framed())
+        {
+            (true, i)
+        } else if self.frame_cursor < self.msgs.len() {
+            (false, self.frame_cursor)
+        } else {
+            return None;
+        };
+        let m = if response {
+            &mut self.responses[idx]
+        } else {
+            &mut self.msgs[idx]
+        };
+        let offset = m.framed;
+        let len = (m.payload_len() - offset).min(self.frag);
+        m.framed += len;
+        m.started = true;
+        m.unacked += 1;
+        let m = m.clone();
+        let last = m.framed >= m.payload_len();
+        if !response && last {
+            self.frame_cursor += 1;
+        }
+        let psn = self.snd_nxt;
+        self.snd_nxt = psn.wrapping_add(1);
+        let more =
+            self.frame_cursor < self.msgs.len() || self.responses.iter().any(|m| !m.fully_framed());
+        let flags = if last && !more && self.cfg.level == Level::ReliableReception {
+            // Reliable reception completes on the peer's word: ask for it now.
+            data_flags::ACK_NOW
+        } else {
+            0
+        };
+        if reliable {
+            self.inflight.push_back(Sent {
+                response,
+                msn: m.msn,
+                offset,
+                len,
+                sent_at: now,
+                transmissions: 1,
+                acked: false,
+                lost: false,
+            });
+            self.inflight_bytes += len;
+            if self.rto_deadline.is_none() {
+                self.rto_deadline = Some(now + self.rtt.rto());
+            }
+        }
+        let n = self.emit_data(buf, psn, &m, offset, len, flags, mem);
+        if !reliable {
+            if let Some(j) = self.msg_index(m.msn).filter(|_| !response) {
+                self.msgs[j].unacked = 0;
+            }
+            self.complete_sends();
+        }
+        Some(n)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn emit_data(
+        &mut self,
+        buf: &mut [u8],
+        psn: u32,
+        m: &OutMsg,
+        offset: u32,
+        len: u32,
+        flags: u8,
+        mem: &mut dyn Memory,
+    ) -> usize {
+        let (raddr, rkey) = match m.kind {
+            OutKind::Send => (0, 0),
+            OutKind::Write { raddr, rkey }
+            | OutKind::ReadRequest { raddr, rkey }
+            | OutKind::ReadResponse { raddr, rkey } => (raddr, rkey),
+        };
+        let mut f = flags;
+        if m.imm.is_some() {
+            f |= data_flags::IMM;
+        }
+        if m.rsn.is_some() {
+            f |= data_flags::CONSUMES;
+        }
+        let h = DataHeader {
+            psn,
+            ack: self.rcv.base(),
+            msn: m.msn,
+            op: m.op(),
+            flags: f,
+            offset,
+            total: m.len,
+            imm: m.imm.unwrap_or(0),
+            rkey,
+            raddr,
+            rsn: m.rsn.unwrap_or(0),
+            done: self.in_base,
+        };
+        let end = DATA_HEADER_LEN + len as usize;
+        h.emit(buf, self.peer_id, self.local_id);
+        let payload = &mut buf[DATA_HEADER_LEN..end];
+        match m.kind {
+            OutKind::Send | OutKind::Write { .. } => mem.read_send(m.msn, offset, payload),
+            OutKind::ReadResponse { raddr, rkey } => {
+                mem.rdma_read(rkey, raddr.wrapping_add(offset as u64), payload)
+            }
+            OutKind::ReadRequest { .. } => {}
+        }
+        wire::fill_checksum(&mut buf[..end]);
+        // The frame carries our ack: no separate one is needed.
+        if self.cfg.level.is_reliable() {
+            self.ack_pending = 0;
+            self.ack_deadline = None;
+            self.ack_now = false;
+        }
+        end
+    }
+}

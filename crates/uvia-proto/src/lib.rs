@@ -1,0 +1,17 @@
+//! The VI protocol engine: frame formats and the per-connection transport
+//! that gives VIA's reliability levels over a medium that loses, duplicates,
+//! reorders and corrupts frames.
+//!
+//! It owns no socket, no thread and no clock: time comes in as an argument,
+//! frames come in through `handle_*` and go out through `poll_*`, so the
+//! same engine runs over UDP, raw Ethernet, or a simulated network.
+
+pub mod conn;
+pub mod rtt;
+pub mod seq;
+pub mod wire;
+
+pub use conn::{
+    Config, Conn, Event, FailReason, Level, Memory, Outcome, PostError, RnrPolicy, SendKind,
+    SendOp, Stats,
+};

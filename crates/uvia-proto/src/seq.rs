@@ -1,0 +1,189 @@
+//! Sequence-number arithmetic and the receive window of packet numbers.
+//!
+//! Sequence numbers are 32-bit and wrap; every comparison goes through the
+//! signed difference, so order holds across the wrap as long as the two
+//! numbers are within 2^31 of each other (the window is far smaller).
+
+/// `a` comes before `b`.
+#[inline]
+pub fn lt(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+/// `a` comes before or is `b`.
+#[inline]
+pub fn le(a: u32, b: u32) -> bool {
+    !lt(b, a)
+}
+
+/// Which packet numbers of a window `[base, base + size)` have arrived.
+/// Everything below `base` has.
+#[derive(Clone, Debug)]
+pub struct SeqWindow {
+    base: u32,
+    bits: Box<[u64]>,
+    size: u32,
+}
+
+impl SeqWindow {
+    /// A window of `size` numbers (rounded up to a multiple of 64) starting at `base`.
+    pub fn new(base: u32, size: u32) -> SeqWindow {
+        let words = size.div_ceil(64).max(1) as usize;
+        SeqWindow {
+            base,
+            bits: vec![0; words].into_boxed_slice(),
+            size: (words * 64) as u32,
+        }
+    }
+
+    /// Every number below this one has arrived.
+    pub fn base(&self) -> u32 {
+        self.base
+    }
+
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    #[inline]
+    fn bit(&self, n: u32) -> (usize, u64) {
+        let i = (n % self.size) as usize;
+        (i / 64, 1u64 << (i % 64))
+    }
+
+    /// True when `n` lies in the window (not yet below the base, not too far ahead).
+    pub fn in_window(&self, n: u32) -> bool {
+        n.wrapping_sub(self.base) < self.size
+    }
+
+    /// True when `n` has arrived (everything below the base has).
+    pub fn contains(&self, n: u32) -> bool {
+        if lt(n, self.base) {
+            return true;
+        }
+        if !self.in_window(n) {
+            return false;
+        }
+        let (w, m) = self.bit(n);
+        self.bits[w] & m != 0
+    }
+
+    /// Marks `n` arrived. Returns false if it had already, or lies beyond
+    /// the window (the caller drops the frame either way). Slides the base
+    /// over every number that is now contiguous.
+    pub fn insert(&mut self, n: u32) -> bool {
+        if !self.in_window(n) {
+            return false;
+        }
+        let (w, m) = self.bit(n);
+        if self.bits[w] & m != 0 {
+            return false;
+        }
+        self.bits[w] |= m;
+        while {
+            let (w, m) = self.bit(self.base);
+            self.bits[w] & m != 0
+        } {
+            let (w, m) = self.bit(self.base);
+            self.bits[w] &= !m;
+            self.base = self.base.wrapping_add(1);
+        }
+        true
+    }
+
+    /// Moves the base forward to `to`, forgetting what lay below (the
+    /// unreliable level does this: a gap it will never fill).
+    pub fn advance(&mut self, to: u32) {
+        while lt(self.base, to) {
+            let (w, m) = self.bit(self.base);
+            self.bits[w] &= !m;
+            self.base = self.base.wrapping_add(1);
+            // Everything that had arrived just past the old gap is contiguous now.
+        }
+        while self.contains_bit(self.base) {
+            let (w, m) = self.bit(self.base);
+            self.bits[w] &= !m;
+            self.base = self.base.wrapping_add(1);
+        }
+    }
+
+    fn contains_bit(&self, n: u32) -> bool {
+        let (w, m) = self.bit(n);
+        self.bits[w] & m != 0
+    }
+
+    /// The arrived ranges above the base, lowest first, at most `max` of
+    /// them: what a selective acknowledgement reports.
+    pub fn ranges(&self, max: usize, mut out: impl FnMut(u32, u32)) {
+        let mut n = 0;
+        let mut i = 1;
+        while i < self.size && n < max {
+            let s = self.base.wrapping_add(i);
+            if self.contains_bit(s) {
+                let mut e = i;
+                while e < self.size && self.contains_bit(self.base.wrapping_add(e)) {
+                    e += 1;
+                }
+                out(s, self.base.wrapping_add(e));
+                n += 1;
+                i = e;
+            } else {
+                // Skip empty words quickly.
+                let (w, _) = self.bit(s);
+                if self.bits[w] == 0 && (s % 64) == 0 {
+                    i += 64;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// True when some number above the base has arrived.
+    pub fn has_gap(&self) -> bool {
+        self.bits.iter().any(|&w| w != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_across_the_wrap() {
+        assert!(lt(u32::MAX, 0));
+        assert!(lt(u32::MAX - 5, 3));
+        assert!(!lt(3, u32::MAX - 5));
+        assert!(le(7, 7));
+    }
+
+    #[test]
+    fn window_slides_over_contiguous_numbers_and_reports_gaps() {
+        let mut w = SeqWindow::new(u32::MAX - 1, 128);
+        assert!(w.insert(u32::MAX));
+        assert!(!w.insert(u32::MAX), "duplicate");
+        assert_eq!(w.base(), u32::MAX - 1);
+        assert!(w.insert(2));
+        assert!(w.insert(3));
+        let mut r = vec![];
+        w.ranges(8, |s, e| r.push((s, e)));
+        assert_eq!(r, vec![(u32::MAX, 0), (2, 4)]);
+        assert!(w.insert(u32::MAX - 1));
+        assert_eq!(w.base(), 0);
+        assert!(w.insert(0));
+        assert!(w.insert(1));
+        assert_eq!(w.base(), 4);
+        assert!(!w.has_gap());
+        assert!(w.contains(2), "below the base counts as arrived");
+        assert!(!w.insert(4 + 128), "beyond the window");
+    }
+
+    #[test]
+    fn advance_skips_a_gap() {
+        let mut w = SeqWindow::new(10, 64);
+        assert!(w.insert(12));
+        w.advance(12);
+        assert_eq!(w.base(), 13);
+        assert!(!w.has_gap());
+    }
+}

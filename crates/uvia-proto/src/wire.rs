@@ -1,0 +1,689 @@
+//! Frame formats of the VI protocol: a checked view over bytes ([`Frame`])
+//! and a parsed representation ([`Repr`]) with `parse`, `emit` and
+//! `buffer_len`. Every frame starts with the same 16-byte header and is
+//! covered by a CRC-32 over all of its bytes, so a medium that corrupts
+//! without telling (or the fault injector) cannot slip a bad frame through.
+//!
+//! All fields are big-endian. Byte-vector tests sit at the bottom.
+//!
+//! ```text
+//!  0       1       2               4               8              12              16
+//! +-------+-------+---------------+---------------+---------------+---------------+
+//! |version| kind  |    flags      |   dst conn    |   src conn    |   checksum    |
+//! +-------+-------+---------------+---------------+---------------+---------------+
+//! | kind-specific body ...
+//! ```
+
+use std::fmt;
+
+/// The protocol version this crate speaks; frames of another version are
+/// dropped (and counted) before anything else is read.
+pub const VERSION: u8 = 1;
+/// Bytes of the header every frame starts with.
+pub const HEADER_LEN: usize = 16;
+/// Bytes of a data frame before its payload.
+pub const DATA_HEADER_LEN: usize = 64;
+/// Most selective-acknowledgement ranges in one ack frame.
+pub const MAX_SACK: usize = 8;
+/// Most bytes in a discriminator.
+pub const MAX_DISCRIMINATOR: usize = 32;
+
+mod field {
+    use std::ops::Range;
+    pub const VERSION: usize = 0;
+    pub const KIND: usize = 1;
+    pub const FLAGS: Range<usize> = 2..4;
+    pub const DST: Range<usize> = 4..8;
+    pub const SRC: Range<usize> = 8..12;
+    pub const CHECKSUM: Range<usize> = 12..16;
+}
+
+/// Frame kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// A client asks a server's discriminator for a connection.
+    ConnRequest = 1,
+    /// The server's yes, with its VI's attributes.
+    ConnAccept = 2,
+    /// The server's no.
+    ConnReject = 3,
+    /// The client saw the accept: the server may stop repeating it.
+    ConnConfirm = 4,
+    /// Either side ends the connection.
+    Disconnect = 5,
+    /// The answer to a disconnect.
+    DisconnectAck = 6,
+    /// A fragment of a message, an RDMA read request, or read response data.
+    Data = 7,
+    /// Cumulative and selective acknowledgement (and keep-alive).
+    Ack = 8,
+    /// A negative acknowledgement: receiver not ready, or a fatal error.
+    Nak = 9,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::ConnRequest,
+            2 => Kind::ConnAccept,
+            3 => Kind::ConnReject,
+            4 => Kind::ConnConfirm,
+            5 => Kind::Disconnect,
+            6 => Kind::DisconnectAck,
+            7 => Kind::Data,
+            8 => Kind::Ack,
+            9 => Kind::Nak,
+            _ => return None,
+        })
+    }
+
+    /// Fixed bytes of this kind of frame, header included (data frames
+    /// add a payload, ack frames their ranges).
+    fn fixed_len(self) -> usize {
+        match self {
+            Kind::ConnRequest => HEADER_LEN + 16 + MAX_DISCRIMINATOR,
+            Kind::ConnAccept => HEADER_LEN + 16,
+            Kind::ConnReject => HEADER_LEN + 4,
+            Kind::ConnConfirm | Kind::Disconnect | Kind::DisconnectAck => HEADER_LEN,
+            Kind::Data => DATA_HEADER_LEN,
+            Kind::Ack => HEADER_LEN + 12,
+            Kind::Nak => HEADER_LEN + 12,
+        }
+    }
+}
+
+/// Why bytes are not a frame. Counted and dropped by the receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Fewer bytes than the header or the kind's fixed part.
+    #[error("frame truncated")]
+    Truncated,
+    /// A version this engine does not speak.
+    #[error("unknown protocol version {0}")]
+    Version(u8),
+    /// A kind byte no frame has.
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    /// The checksum does not match the bytes.
+    #[error("checksum mismatch")]
+    Checksum,
+    /// A field holds a value no sender emits (a length past the frame, an
+    /// unknown operation or reliability level).
+    #[error("malformed field: {0}")]
+    Malformed(&'static str),
+}
+
+/// A checked view over the bytes of one frame.
+#[derive(Clone, Copy)]
+pub struct Frame<T: AsRef<[u8]>> {
+    buf: T,
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(x)
+}
+
+fn put16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_be_bytes());
+}
+
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+}
+
+/// The CRC-32 of a frame with its checksum field taken as zero.
+fn crc_of(b: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&b[..field::CHECKSUM.start]);
+    h.update(&[0; 4]);
+    h.update(&b[field::CHECKSUM.end..]);
+    h.finalize()
+}
+
+/// Writes the checksum of a fully emitted frame into its header. Call after
+/// the payload is in place.
+pub fn fill_checksum(frame: &mut [u8]) {
+    let c = crc_of(frame);
+    put32(frame, field::CHECKSUM.start, c);
+}
+
+impl<T: AsRef<[u8]>> Frame<T> {
+    /// Checks length, version, kind and checksum; after this every accessor
+    /// is in bounds.
+    pub fn new_checked(buf: T) -> Result<Frame<T>, WireError> {
+        let b = buf.as_ref();
+        if b.len() < HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        if b[field::VERSION] != VERSION {
+            return Err(WireError::Version(b[field::VERSION]));
+        }
+        let kind = Kind::from_u8(b[field::KIND]).ok_or(WireError::Kind(b[field::KIND]))?;
+        if b.len() < kind.fixed_len() {
+            return Err(WireError::Truncated);
+        }
+        if be32(b, field::CHECKSUM.start) != crc_of(b) {
+            return Err(WireError::Checksum);
+        }
+        Ok(Frame { buf })
+    }
+
+    fn b(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+
+    pub fn kind(&self) -> Kind {
+        // new_checked accepted only known kinds.
+        Kind::from_u8(self.b()[field::KIND]).unwrap_or(Kind::Ack)
+    }
+
+    pub fn flags(&self) -> u16 {
+        be16(self.b(), field::FLAGS.start)
+    }
+
+    /// The receiver's connection id (0 in a connection request).
+    pub fn dst_conn(&self) -> u32 {
+        be32(self.b(), field::DST.start)
+    }
+
+    /// The sender's connection id.
+    pub fn src_conn(&self) -> u32 {
+        be32(self.b(), field::SRC.start)
+    }
+
+    pub fn len(&self) -> usize {
+        self.b().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.b().is_empty()
+    }
+}
+
+/// The operation a data frame belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    /// A send, consuming a receive descriptor.
+    Send = 1,
+    /// An RDMA write into the target's registered memory.
+    RdmaWrite = 2,
+    /// A request to read `total` bytes of the target's memory.
+    ReadRequest = 3,
+    /// Bytes read on behalf of the peer's request `msn`.
+    ReadResponse = 4,
+}
+
+impl Op {
+    fn from_u8(v: u8) -> Option<Op> {
+        Some(match v {
+            1 => Op::Send,
+            2 => Op::RdmaWrite,
+            3 => Op::ReadRequest,
+            4 => Op::ReadResponse,
+            _ => return None,
+        })
+    }
+}
+
+/// Data frame flags.
+pub mod data_flags {
+    /// The frame carries immediate data (valid in every fragment).
+    pub const IMM: u8 = 1;
+    /// The message consumes a receive descriptor (a send, or a write with
+    /// immediate data): `rsn` is meaningful.
+    pub const CONSUMES: u8 = 2;
+    /// The sender wants an acknowledgement at once (last frame of a burst,
+    /// or a retransmission).
+    pub const ACK_NOW: u8 = 4;
+}
+
+/// Ack frame flags.
+pub mod ack_flags {
+    /// A keep-alive: answer with an ack even if nothing new arrived.
+    pub const PING: u8 = 1;
+}
+
+/// The attributes a side announces in a request or an accept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnAttrs {
+    /// Reliability level as its wire byte (0 unreliable, 1 delivery, 2 reception).
+    pub reliability: u8,
+    pub rdma_write: bool,
+    pub rdma_read: bool,
+    /// Largest frame the sender of these attributes accepts.
+    pub max_frame: u32,
+    pub max_transfer: u32,
+    /// The first packet sequence number it will send.
+    pub initial_psn: u32,
+}
+
+impl ConnAttrs {
+    fn parse(b: &[u8], at: usize) -> Result<ConnAttrs, WireError> {
+        let reliability = b[at];
+        if reliability > 2 {
+            return Err(WireError::Malformed("reliability level"));
+        }
+        let rdma = b[at + 1];
+        if rdma & !3 != 0 {
+            return Err(WireError::Malformed("rdma flags"));
+        }
+        Ok(ConnAttrs {
+            reliability,
+            rdma_write: rdma & 1 != 0,
+            rdma_read: rdma & 2 != 0,
+            max_frame: be32(b, at + 4),
+            max_transfer: be32(b, at + 8),
+            initial_psn: be32(b, at + 12),
+        })
+    }
+
+    fn emit(&self, b: &mut [u8], at: usize) {
+        b[at] = self.reliability;
+        b[at + 1] = self.rdma_write as u8 | (self.rdma_read as u8) << 1;
+        b[at + 2] = 0;
+        b[at + 3] = 0;
+        put32(b, at + 4, self.max_frame);
+        put32(b, at + 8, self.max_transfer);
+        put32(b, at + 12, self.initial_psn);
+    }
+}
+
+/// Why a server refused a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RejectReason {
+    /// The server said no.
+    Refused = 1,
+    /// Nobody waits on that discriminator.
+    NoListener = 2,
+    /// The two VIs' attributes do not match (reliability level).
+    Mismatch = 3,
+}
+
+impl RejectReason {
+    fn from_u8(v: u8) -> Option<RejectReason> {
+        Some(match v {
+            1 => RejectReason::Refused,
+            2 => RejectReason::NoListener,
+            3 => RejectReason::Mismatch,
+            _ => return None,
+        })
+    }
+}
+
+/// What a negative acknowledgement says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum NakCode {
+    /// Receiver not ready: no receive descriptor for the message at `psn`;
+    /// send it again later.
+    ReceiverNotReady = 1,
+    /// The message at `psn` does not fit the receive descriptor.
+    Length = 2,
+    /// An RDMA access at `psn` failed the target's protection checks.
+    Protection = 3,
+    /// The operation at `psn` is not enabled on the target VI.
+    Operation = 4,
+    /// No receive descriptor and the VI does not retry: the connection ends.
+    NoDescriptor = 5,
+    /// The receiving side has failed for a reason of its own.
+    Failed = 6,
+}
+
+impl NakCode {
+    fn from_u8(v: u8) -> Option<NakCode> {
+        Some(match v {
+            1 => NakCode::ReceiverNotReady,
+            2 => NakCode::Length,
+            3 => NakCode::Protection,
+            4 => NakCode::Operation,
+            5 => NakCode::NoDescriptor,
+            6 => NakCode::Failed,
+            _ => return None,
+        })
+    }
+
+    /// True for codes that end the connection.
+    pub fn is_fatal(self) -> bool {
+        self != NakCode::ReceiverNotReady
+    }
+}
+
+/// The fields of a data frame other than its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataHeader {
+    /// Packet sequence number in the sender's stream.
+    pub psn: u32,
+    /// Piggybacked cumulative ack: every psn below this one arrived.
+    pub ack: u32,
+    /// Message sequence number (for a read response: the reader's msn).
+    pub msn: u32,
+    pub op: Op,
+    pub flags: u8,
+    /// Offset of this fragment's payload in the message.
+    pub offset: u32,
+    /// Length of the whole message (of the read, for read requests).
+    pub total: u32,
+    pub imm: u32,
+    /// Remote memory handle and address (RDMA write, read request).
+    pub rkey: u32,
+    pub raddr: u64,
+    /// Receive sequence number: which of the target's receive descriptors,
+    /// counted from the start of the connection, the message consumes.
+    pub rsn: u32,
+    /// Piggybacked count of the peer's messages completed here (reliable
+    /// reception completes sends on it).
+    pub done: u32,
+}
+
+impl DataHeader {
+    fn parse(b: &[u8]) -> Result<DataHeader, WireError> {
+        let op = Op::from_u8(b[28]).ok_or(WireError::Malformed("data operation"))?;
+        Ok(DataHeader {
+            psn: be32(b, 16),
+            ack: be32(b, 20),
+            msn: be32(b, 24),
+            op,
+            flags: b[29],
+            offset: be32(b, 32),
+            total: be32(b, 36),
+            imm: be32(b, 40),
+            rkey: be32(b, 44),
+            raddr: be64(b, 48),
+            rsn: be32(b, 56),
+            done: be32(b, 60),
+        })
+    }
+
+    /// Writes the header of a data frame (common header included, checksum
+    /// left zero) into `b[..DATA_HEADER_LEN]`. The caller puts the payload
+    /// after it and then calls [`fill_checksum`].
+    pub fn emit(&self, b: &mut [u8], dst: u32, src: u32) {
+        emit_header(b, Kind::Data, dst, src);
+        put32(b, 16, self.psn);
+        put32(b, 20, self.ack);
+        put32(b, 24, self.msn);
+        b[28] = self.op as u8;
+        b[29] = self.flags;
+        put16(b, 30, 0);
+        put32(b, 32, self.offset);
+        put32(b, 36, self.total);
+        put32(b, 40, self.imm);
+        put32(b, 44, self.rkey);
+        put64(b, 48, self.raddr);
+        put32(b, 56, self.rsn);
+        put32(b, 60, self.done);
+    }
+}
+
+/// A parsed frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Repr<'a> {
+    ConnRequest {
+        attrs: ConnAttrs,
+        discriminator: &'a [u8],
+    },
+    ConnAccept {
+        attrs: ConnAttrs,
+    },
+    ConnReject {
+        reason: RejectReason,
+    },
+    ConnConfirm,
+    Disconnect,
+    DisconnectAck,
+    Data {
+        header: DataHeader,
+        payload: &'a [u8],
+    },
+    Ack {
+        /// Every psn below this one arrived.
+        ack: u32,
+        /// Messages of the ack's receiver completed at its sender.
+        done: u32,
+        flags: u8,
+        /// Ranges `[start, end)` of psns above `ack` that arrived.
+        sack: SackList,
+    },
+    Nak {
+        code: NakCode,
+        psn: u32,
+        ack: u32,
+    },
+}
+
+/// Up to [`MAX_SACK`] psn ranges, without allocating.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SackList {
+    ranges: [(u32, u32); MAX_SACK],
+    len: u8,
+}
+
+impl SackList {
+    pub fn push(&mut self, start: u32, end: u32) -> bool {
+        if self.len as usize == MAX_SACK {
+            return false;
+        }
+        self.ranges[self.len as usize] = (start, end);
+        self.len += 1;
+        true
+    }
+
+    pub fn as_slice(&self) -> &[(u32, u32)] {
+        &self.ranges[..self.len as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+fn emit_header(b: &mut [u8], kind: Kind, dst: u32, src: u32) {
+    b[field::VERSION] = VERSION;
+    b[field::KIND] = kind as u8;
+    put16(b, field::FLAGS.start, 0);
+    put32(b, field::DST.start, dst);
+    put32(b, field::SRC.start, src);
+    put32(b, field::CHECKSUM.start, 0);
+}
+
+impl<'a> Repr<'a> {
+    /// Parses a checked frame. Never panics, whatever the bytes.
+    pub fn parse(frame: Frame<&'a [u8]>) -> Result<Repr<'a>, WireError> {
+        let b: &'a [u8] = frame.buf;
+        Ok(match frame.kind() {
+            Kind::ConnRequest => {
+                let attrs = ConnAttrs::parse(b, HEADER_LEN)?;
+                let n = b[HEADER_LEN + 2] as usize;
+                if n > MAX_DISCRIMINATOR {
+                    return Err(WireError::Malformed("discriminator length"));
+                }
+                let at = HEADER_LEN + 16;
+                Repr::ConnRequest {
+                    attrs,
+                    discriminator: &b[at..at + n],
+                }
+            }
+            Kind::ConnAccept => Repr::ConnAccept {
+                attrs: ConnAttrs::parse(b, HEADER_LEN)?,
+            },
+            Kind::ConnReject => Repr::ConnReject {
+                reason: RejectReason::from_u8(b[HEADER_LEN])
+                    .ok_or(WireError::Malformed("reject reason"))?,
+            },
+            Kind::ConnConfirm => Repr::ConnConfirm,
+            Kind::Disconnect => Repr::Disconnect,
+            Kind::DisconnectAck => Repr::DisconnectAck,
+            Kind::Data => {
+                let header = DataHeader::parse(b)?;
+                let payload = &b[DATA_HEADER_LEN..];
+                if payload.len() as u64 + header.offset as u64 > header.total as u64
+                    && header.op != Op::ReadRequest
+                {
+                    return Err(WireError::Malformed("fragment past message end"));
+                }
+                if header.op == Op::ReadRequest && !payload.is_empty() {
+                    return Err(WireError::Malformed("read request with payload"));
+                }
+                Repr::Data { header, payload }
+            }
+            Kind::Ack => {
+                let n = b[HEADER_LEN + 9] as usize;
+                if n > MAX_SACK {
+                    return Err(WireError::Malformed("sack count"));
+                }
+                let fixed = Kind::Ack.fixed_len();
+                if b.len() != fixed + 8 * n {
+                    return Err(WireError::Malformed("ack length"));
+                }
+                let mut sack = SackList::default();
+                for i in 0..n {
+                    let at = fixed + 8 * i;
+                    sack.push(be32(b, at), be32(b, at + 4));
+                }
+                Repr::Ack {
+                    ack: be32(b, HEADER_LEN),
+                    done: be32(b, HEADER_LEN + 4),
+                    flags: b[HEADER_LEN + 8],
+                    sack,
+                }
+            }
+            Kind::Nak => Repr::Nak {
+                code: NakCode::from_u8(b[HEADER_LEN]).ok_or(WireError::Malformed("nak code"))?,
+                psn: be32(b, HEADER_LEN + 4),
+                ack: be32(b, HEADER_LEN + 8),
+            },
+        })
+    }
+
+    /// Bytes [`emit`](Self::emit) writes.
+    pub fn buffer_len(&self) -> usize {
+        match self {
+            Repr::ConnRequest { .. } => Kind::ConnRequest.fixed_len(),
+            Repr::ConnAccept { .. } => Kind::ConnAccept.fixed_len(),
+            Repr::ConnReject { .. } => Kind::ConnReject.fixed_len(),
+            Repr::ConnConfirm | Repr::Disconnect | Repr::DisconnectAck => HEADER_LEN,
+            Repr::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
+            Repr::Ack { sack, .. } => Kind::Ack.fixed_len() + 8 * sack.len(),
+            Repr::Nak { .. } => Kind::Nak.fixed_len(),
+        }
+    }
+
+    /// Writes the whole frame, checksum included, into `b` and returns its
+    /// length. `b` must hold [`buffer_len`](Self::buffer_len) bytes.
+    pub fn emit(&self, b: &mut [u8], dst: u32, src: u32) -> usize {
+        let len = self.buffer_len();
+        let b = &mut b[..len];
+        match self {
+            Repr::ConnRequest {
+                attrs,
+                discriminator,
+            } => {
+                emit_header(b, Kind::ConnRequest, dst, src);
+                attrs.emit(b, HEADER_LEN);
+                let n = discriminator.len().min(MAX_DISCRIMINATOR);
+                b[HEADER_LEN + 2] = n as u8;
+                let at = HEADER_LEN + 16;
+                b[at..at + MAX_DISCRIMINATOR].fill(0);
+                b[at..at + n].copy_from_slice(&discriminator[..n]);
+            }
+            Repr::ConnAccept { attrs } => {
+                emit_header(b, Kind::ConnAccept, dst, src);
+                attrs.emit(b, HEADER_LEN);
+            }
+            Repr::ConnReject { reason } => {
+                emit_header(b, Kind::ConnReject, dst, src);
+                b[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&[*reason as u8, 0, 0, 0]);
+            }
+            Repr::ConnConfirm => emit_header(b, Kind::ConnConfirm, dst, src),
+            Repr::Disconnect => emit_header(b, Kind::Disconnect, dst, src),
+            Repr::DisconnectAck => emit_header(b, Kind::DisconnectAck, dst, src),
+            Repr::Data { header, payload } => {
+                header.emit(b, dst, src);
+                b[DATA_HEADER_LEN..].copy_from_slice(payload);
+            }
+            Repr::Ack {
+                ack,
+                done,
+                flags,
+                sack,
+            } => {
+                emit_header(b, Kind::Ack, dst, src);
+                put32(b, HEADER_LEN, *ack);
+                put32(b, HEADER_LEN + 4, *done);
+                b[HEADER_LEN + 8] = *flags;
+                b[HEADER_LEN + 9] = sack.len() as u8;
+                put16(b, HEADER_LEN + 10, 0);
+                let fixed = Kind::Ack.fixed_len();
+                for (i, (s, e)) in sack.as_slice().iter().enumerate() {
+                    put32(b, fixed + 8 * i, *s);
+                    put32(b, fixed + 8 * i + 4, *e);
+                }
+            }
+            Repr::Nak { code, psn, ack } => {
+                emit_header(b, Kind::Nak, dst, src);
+                b[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&[*code as u8, 0, 0, 0]);
+                put32(b, HEADER_LEN + 4, *psn);
+                put32(b, HEADER_LEN + 8, *ack);
+            }
+        }
+        fill_checksum(b);
+        len
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Checks and parses bytes: the two connection ids and the representation.
+pub fn parse(bytes: &[u8]) -> Result<(u32, u32, Repr<'_>), WireError> {
+    let f = Frame::new_checked(bytes)?;
+    Ok((f.dst_conn(), f.src_conn(), Repr::parse(f)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(r: &Repr<'_>, dst: u32, src: u32) -> Vec<u8> {
+        let mut b = vec![0u8; r.buffer_len()];
+        assert_eq!(r.emit(&mut b, dst, src), b.len());
+        let (d, s, back) = parse(&b).expect("parses");
+        assert_eq!((d, s), (dst, src));
+        assert_eq!(&back, r);
+        b
+    }
+
+    #[test]
+    fn disconnect_bytes() {
+        let b = roundtrip(&Repr::Disconnect, 0x0102_0304, 0x0a0b_0c0d);
+        let crc = crc_of(&b).to_be_bytes();
+        let want = [
+            1, 5, 0, 0, 1, 2, 3, 4, 10, 11, 12, 13, crc[0], crc[1], crc[2], crc[3],
+        ];
+        assert_eq!(b, want);
+    }
+}

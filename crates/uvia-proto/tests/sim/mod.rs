@@ -1,0 +1,444 @@
+//! A deterministic simulated network between two engines: virtual time, a
+//! seeded random source, and faults (loss, duplication, reordering, delay,
+//! bit corruption) applied to every frame in both directions.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+use uvia_proto::wire::{self, NakCode, Repr};
+use uvia_proto::{Config, Conn, Event, Memory, Outcome, SendKind, SendOp};
+
+/// splitmix64: small, seeded, and the same on every machine.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    pub loss: f64,
+    pub dup: f64,
+    /// Chance a frame is held back by up to `reorder_by`.
+    pub reorder: f64,
+    pub reorder_by: Duration,
+    pub corrupt: f64,
+    /// One-way delay of every frame.
+    pub delay: Duration,
+}
+
+/// Base address and key of each side's RDMA-enabled region.
+pub const REGION_ADDR: u64 = 0x10_0000;
+pub const REGION_KEY: u32 = 7;
+
+/// One side's memory: send sources by msn, receive buffers by rsn, read
+/// destinations by msn, and one RDMA region.
+#[derive(Default)]
+pub struct Mem {
+    pub sends: VecDeque<(u32, Vec<u8>)>,
+    pub recvs: VecDeque<(u32, Vec<u8>)>,
+    pub reads: VecDeque<(u32, Vec<u8>)>,
+    pub region: Vec<u8>,
+    pub region_writable: bool,
+    pub region_readable: bool,
+}
+
+fn find(q: &mut VecDeque<(u32, Vec<u8>)>, k: u32) -> Option<&mut Vec<u8>> {
+    q.iter_mut().find(|(n, _)| *n == k).map(|(_, b)| b)
+}
+
+impl Memory for Mem {
+    fn read_send(&mut self, msn: u32, offset: u32, buf: &mut [u8]) {
+        let src = find(&mut self.sends, msn).expect("send source");
+        buf.copy_from_slice(&src[offset as usize..offset as usize + buf.len()]);
+    }
+
+    fn write_recv(&mut self, rsn: u32, offset: u32, data: &[u8]) {
+        let dst = find(&mut self.recvs, rsn).expect("receive buffer");
+        dst[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+    }
+
+    fn write_read(&mut self, msn: u32, offset: u32, data: &[u8]) {
+        let dst = find(&mut self.reads, msn).expect("read destination");
+        dst[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+    }
+
+    fn check_rdma(&mut self, rkey: u32, raddr: u64, len: u32, write: bool) -> Result<(), NakCode> {
+        let ok_bits = if write {
+            self.region_writable
+        } else {
+            self.region_readable
+        };
+        let end = raddr.checked_add(len as u64);
+        if rkey != REGION_KEY
+            || !ok_bits
+            || raddr < REGION_ADDR
+            || end.is_none_or(|e| e > REGION_ADDR + self.region.len() as u64)
+        {
+            return Err(NakCode::Protection);
+        }
+        Ok(())
+    }
+
+    fn rdma_write(&mut self, rkey: u32, raddr: u64, data: &[u8]) -> Result<(), NakCode> {
+        self.check_rdma(rkey, raddr, data.len() as u32, true)?;
+        let at = (raddr - REGION_ADDR) as usize;
+        self.region[at..at + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn rdma_read(&mut self, _rkey: u32, raddr: u64, buf: &mut [u8]) {
+        let at = (raddr - REGION_ADDR) as usize;
+        buf.copy_from_slice(&self.region[at..at + buf.len()]);
+    }
+}
+
+pub struct Side {
+    pub conn: Option<Conn>,
+    pub mem: Mem,
+    pub events: Vec<Event>,
+    pub cfg: Config,
+    pub id: u32,
+}
+
+impl Side {
+    pub fn conn(&mut self) -> &mut Conn {
+        self.conn.as_mut().expect("connection")
+    }
+
+    /// Posts a send of `data`; returns its msn.
+    pub fn send(&mut self, now: Instant, data: Vec<u8>, imm: Option<u32>) -> u32 {
+        let len = data.len() as u32;
+        let msn = self
+            .conn()
+            .post_send(
+                now,
+                SendOp {
+                    kind: SendKind::Send,
+                    len,
+                    imm,
+                },
+            )
+            .expect("post send");
+        self.mem.sends.push_back((msn, data));
+        msn
+    }
+
+    pub fn post(&mut self, now: Instant, op: SendOp, data: Vec<u8>) -> u32 {
+        let msn = self.conn().post_send(now, op).expect("post");
+        match op.kind {
+            SendKind::RdmaRead { .. } => self.mem.reads.push_back((msn, data)),
+            _ => self.mem.sends.push_back((msn, data)),
+        }
+        msn
+    }
+
+    pub fn recv(&mut self, capacity: u32) -> u32 {
+        let rsn = self.conn().post_recv(capacity).expect("post recv");
+        self.mem.recvs.push_back((rsn, vec![0; capacity as usize]));
+        rsn
+    }
+
+    /// Completed receives with their data, in order, since the last call.
+    pub fn take_recvs(&mut self) -> Vec<(Vec<u8>, Option<u32>, Outcome)> {
+        let mut out = vec![];
+        let evs = std::mem::take(&mut self.events);
+        for e in evs {
+            if let Event::RecvDone {
+                rsn,
+                len,
+                imm,
+                outcome,
+            } = e
+            {
+                let i = self
+                    .mem
+                    .recvs
+                    .iter()
+                    .position(|(n, _)| *n == rsn)
+                    .expect("receive buffer of a completion");
+                let (_, mut b) = self.mem.recvs.remove(i).expect("index");
+                b.truncate((len as usize).min(b.len()));
+                out.push((b, imm, outcome));
+            } else {
+                self.events.push(e);
+            }
+        }
+        out
+    }
+
+    pub fn sends_done(&self) -> Vec<(u32, Outcome)> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::SendDone { msn, outcome } => Some((*msn, *outcome)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn failed(&self) -> bool {
+        self.events.iter().any(|e| matches!(e, Event::Failed(_)))
+    }
+}
+
+struct InFlight {
+    at: Instant,
+    to: usize,
+    bytes: Vec<u8>,
+    seq: u64,
+}
+
+pub struct Sim {
+    pub now: Instant,
+    pub start: Instant,
+    pub rng: Rng,
+    pub faults: [Faults; 2],
+    pub sides: [Side; 2],
+    net: Vec<InFlight>,
+    seq: u64,
+    /// Frames that failed to parse (corruption caught by the checksum).
+    pub malformed: u64,
+    pub delivered: u64,
+    /// Link rate of each direction in bytes per second (frames queue
+    /// behind each other, so goodput means something).
+    pub rate: f64,
+    link_free: [Instant; 2],
+    buf: Vec<u8>,
+}
+
+impl Sim {
+    /// Two sides; side 0 connects to side 1, which accepts any request.
+    pub fn new(seed: u64, cfg: Config, faults: Faults) -> Sim {
+        let start = Instant::now();
+        let mk = |id| Side {
+            conn: None,
+            mem: Mem {
+                region: vec![0; 1 << 16],
+                region_writable: true,
+                region_readable: true,
+                ..Mem::default()
+            },
+            events: vec![],
+            cfg: cfg.clone(),
+            id,
+        };
+        let mut sim = Sim {
+            now: start,
+            start,
+            rng: Rng::new(seed),
+            faults: [faults, faults],
+            sides: [mk(0x0a00_0001), mk(0x0b00_0002)],
+            net: vec![],
+            seq: 0,
+            malformed: 0,
+            delivered: 0,
+            rate: 1.25e9,
+            link_free: [start, start],
+            buf: vec![0; 1 << 17],
+        };
+        let c = Conn::connect(start, cfg, sim.sides[0].id, 1000, b"sim");
+        sim.sides[0].conn = Some(c);
+        sim
+    }
+
+    /// Frames on the wire.
+    pub fn in_flight(&self) -> usize {
+        self.net.len()
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.now - self.start
+    }
+
+    /// Runs until both sides are connected (or `limit` of virtual time passes).
+    pub fn connect(&mut self, limit: Duration) -> bool {
+        self.run_until(limit, |s| {
+            s.sides
+                .iter()
+                .all(|x| x.conn.as_ref().is_some_and(|c| c.is_connected()))
+                && s.sides[1].conn.as_ref().is_some_and(|c| c.is_connected())
+        })
+    }
+
+    fn transmit(&mut self) {
+        for i in 0..2 {
+            loop {
+                let side = &mut self.sides[i];
+                let Some(conn) = side.conn.as_mut() else {
+                    break;
+                };
+                let Some(n) = conn.poll_transmit(self.now, &mut self.buf, &mut side.mem) else {
+                    break;
+                };
+                let bytes = self.buf[..n].to_vec();
+                self.inject(1 - i, bytes);
+            }
+        }
+    }
+
+    fn inject(&mut self, to: usize, mut bytes: Vec<u8>) {
+        let f = self.faults[1 - to];
+        let wire = Duration::from_secs_f64(bytes.len() as f64 / self.rate);
+        let depart = self.now.max(self.link_free[to]) + wire;
+        self.link_free[to] = depart;
+        if self.rng.chance(f.loss) {
+            return;
+        }
+        if self.rng.chance(f.corrupt) {
+            let bit = self.rng.below(bytes.len() as u64 * 8);
+            bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+        }
+        let copies = if self.rng.chance(f.dup) { 2 } else { 1 };
+        for _ in 0..copies {
+            let mut at = depart + f.delay;
+            if self.rng.chance(f.reorder) {
+                at += Duration::from_nanos(self.rng.below(f.reorder_by.as_nanos() as u64 + 1));
+            }
+            self.seq += 1;
+            self.net.push(InFlight {
+                at,
+                to,
+                bytes: bytes.clone(),
+                seq: self.seq,
+            });
+        }
+    }
+
+    fn deliver(&mut self, f: InFlight) {
+        let Ok((dst, src, repr)) = wire::parse(&f.bytes) else {
+            self.malformed += 1;
+            return;
+        };
+        self.delivered += 1;
+        let side = &mut self.sides[f.to];
+        if side.conn.is_none() {
+            if let Repr::ConnRequest { attrs, .. } = repr {
+                if dst == 0 {
+                    side.conn = Some(Conn::accept(
+                        self.now,
+                        side.cfg.clone(),
+                        side.id,
+                        5000,
+                        src,
+                        attrs,
+                    ));
+                }
+            }
+            return;
+        }
+        let Some(conn) = side.conn.as_mut() else {
+            return;
+        };
+        if dst != conn.local_id() && !(dst == 0 && matches!(repr, Repr::ConnRequest { .. })) {
+            return;
+        }
+        conn.handle_frame(self.now, src, &repr, &mut side.mem);
+    }
+
+    fn drain_events(&mut self) {
+        for s in self.sides.iter_mut() {
+            if let Some(c) = s.conn.as_mut() {
+                while let Some(e) = c.poll_event() {
+                    s.events.push(e);
+                }
+            }
+        }
+    }
+
+    /// Advances virtual time to the next thing that happens and does it.
+    /// Returns false when nothing is left to happen.
+    pub fn step(&mut self) -> bool {
+        self.transmit();
+        self.drain_events();
+        let next_frame = self.net.iter().map(|f| (f.at, f.seq)).min();
+        let next_timer = self
+            .sides
+            .iter()
+            .filter_map(|s| s.conn.as_ref().and_then(|c| c.poll_timeout()))
+            .min();
+        let t = match (next_frame, next_timer) {
+            (None, None) => return false,
+            (Some((f, _)), None) => f,
+            (None, Some(t)) => t,
+            (Some((f, _)), Some(t)) => f.min(t),
+        };
+        if t > self.now {
+            self.now = t;
+        }
+        // Every frame due now, in arrival order.
+        loop {
+            let Some(i) = self
+                .net
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| f.at <= self.now)
+                .min_by_key(|(_, f)| (f.at, f.seq))
+                .map(|(i, _)| i)
+            else {
+                break;
+            };
+            let f = self.net.swap_remove(i);
+            self.deliver(f);
+        }
+        for s in self.sides.iter_mut() {
+            if let Some(c) = s.conn.as_mut() {
+                if c.poll_timeout().is_some_and(|d| d <= self.now) {
+                    c.handle_timeout(self.now);
+                }
+            }
+        }
+        self.transmit();
+        self.drain_events();
+        true
+    }
+
+    /// Steps until `done` holds or `limit` of virtual time has passed.
+    pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&mut Sim) -> bool) -> bool {
+        let end = self.now + limit;
+        loop {
+            if done(self) {
+                return true;
+            }
+            if self.now > end || !self.step() {
+                return done(self);
+            }
+        }
+    }
+}
+
+/// Message `i`'s bytes: its index, then a pattern that depends on it.
+pub fn message(i: u32, len: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..len)
+        .map(|k| (k as u32).wrapping_mul(31).wrapping_add(i.wrapping_mul(7)) as u8)
+        .collect();
+    for (k, b) in i.to_le_bytes().iter().enumerate() {
+        if k < v.len() {
+            v[k] = *b;
+        }
+    }
+    v
+}
