@@ -210,6 +210,8 @@ pub enum Event {
         rsn: u32,
         len: u32,
         imm: Option<u32>,
+        /// True when an RDMA write with immediate data consumed it (not a send).
+        remote_write: bool,
         outcome: Outcome,
     },
     /// The peer disconnected.
@@ -1067,13 +1069,13 @@ impl Conn {
                 } else {
                     Outcome::Ok
                 };
-                self.complete_recv(m.total, m.imm, outcome);
+                self.complete_recv(m.total, m.imm, m.op == Op::RdmaWrite, outcome);
             }
         }
     }
 
     /// Completes the oldest receive descriptor.
-    fn complete_recv(&mut self, len: u32, imm: Option<u32>, outcome: Outcome) {
+    fn complete_recv(&mut self, len: u32, imm: Option<u32>, remote_write: bool, outcome: Outcome) {
         if self.recvs.pop_front().is_none() {
             return;
         }
@@ -1086,6 +1088,7 @@ impl Conn {
             rsn,
             len,
             imm,
+            remote_write,
             outcome,
         });
     }
@@ -1094,9 +1097,9 @@ impl Conn {
     /// before it as flushed (a reliable connection is about to break).
     fn complete_recv_error(&mut self, r: u32, len: u32, outcome: Outcome) {
         while seq::lt(self.recv_base, r) && !self.recvs.is_empty() {
-            self.complete_recv(0, None, Outcome::Flushed);
+            self.complete_recv(0, None, false, Outcome::Flushed);
         }
-        self.complete_recv(len, None, outcome);
+        self.complete_recv(len, None, false, outcome);
     }
 
     /// No descriptor for a reliable message yet.
@@ -1372,7 +1375,7 @@ impl Conn {
             } else {
                 Outcome::Flushed
             };
-            self.complete_recv(0, None, outcome);
+            self.complete_recv(0, None, false, outcome);
         }
         self.frame_cursor = 0;
         self.responses.clear();

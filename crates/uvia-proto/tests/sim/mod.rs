@@ -172,6 +172,7 @@ impl Side {
                 len,
                 imm,
                 outcome,
+                ..
             } = e
             {
                 let i = self
