@@ -1,0 +1,177 @@
+//! Network media: things that move opaque frames to and from peer addresses,
+//! and nothing else. They know nothing of descriptors, VIs or the protocol;
+//! the I/O-free engine builds and parses the frames they carry.
+//!
+//! A medium is a small trait with a capabilities struct ([`Medium`],
+//! [`Caps`]); wrappers (the fault injector) hold an `inner` medium.
+
+pub mod inject;
+pub mod netns;
+pub mod udp;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// A peer's address on a medium.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Addr {
+    Ip(SocketAddr),
+}
+
+impl fmt::Display for Addr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Addr::Ip(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// What a medium can do, fixed when it is created.
+#[derive(Clone, Debug)]
+pub struct Caps {
+    pub name: &'static str,
+    /// Largest frame (datagram payload) it carries.
+    pub max_frame: usize,
+    /// Most frames per send or receive call.
+    pub max_batch: usize,
+    /// UDP segmentation offload is used on send.
+    pub gso: bool,
+    /// UDP receive offload is used (coalesced datagrams are split again).
+    pub gro: bool,
+}
+
+/// A frame to send.
+#[derive(Clone, Copy, Debug)]
+pub struct OutFrame<'a> {
+    pub to: Addr,
+    pub bytes: &'a [u8],
+}
+
+/// Counters of a medium.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MediumStats {
+    pub frames_sent: u64,
+    pub frames_received: u64,
+    pub datagrams_sent: u64,
+    pub datagrams_received: u64,
+    /// Send errors about the peer (unreachable, refused) that were swallowed.
+    pub send_errors: u64,
+}
+
+pub trait Medium: Send + Sync {
+    fn caps(&self) -> &Caps;
+    fn local_addr(&self) -> Addr;
+    /// Sends every frame, blocking only while the kernel's send buffer is
+    /// full. Frames to one address leave in the order given. Errors about
+    /// the peer (ICMP unreachable) are swallowed and counted: the protocol
+    /// above copes with loss. `Err` is a local failure.
+    fn send(&self, frames: &[OutFrame<'_>]) -> io::Result<()>;
+    /// Receives what has arrived, without blocking, into `batch` (cleared
+    /// first). Returns the number of frames.
+    fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize>;
+    /// Sleeps until a frame may be ready or `timeout` passes (`None`: no
+    /// limit). Spurious wake-ups are allowed.
+    fn wait(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// A descriptor that becomes readable when frames arrive.
+    fn fd(&self) -> RawFd;
+    fn stats(&self) -> MediumStats {
+        MediumStats::default()
+    }
+}
+
+impl<M: Medium + ?Sized> Medium for Box<M> {
+    fn caps(&self) -> &Caps {
+        (**self).caps()
+    }
+    fn local_addr(&self) -> Addr {
+        (**self).local_addr()
+    }
+    fn send(&self, frames: &[OutFrame<'_>]) -> io::Result<()> {
+        (**self).send(frames)
+    }
+    fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        (**self).recv(batch)
+    }
+    fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
+        (**self).wait(timeout)
+    }
+    fn fd(&self) -> RawFd {
+        (**self).fd()
+    }
+    fn stats(&self) -> MediumStats {
+        (**self).stats()
+    }
+}
+
+/// Buffers for one receive call, allocated once and reused: `slots`
+/// datagram buffers of `slot_len` bytes, and the frames found in them (a
+/// coalesced datagram yields several).
+pub struct RecvBatch {
+    pub(crate) buf: Vec<u8>,
+    pub(crate) slot_len: usize,
+    pub(crate) slots: usize,
+    /// (source, offset in `buf`, length) of each frame.
+    pub(crate) frames: Vec<(Addr, usize, usize)>,
+    /// Bytes of `buf` in use by pushed frames.
+    pub(crate) used: usize,
+}
+
+impl RecvBatch {
+    /// Room for `max_datagrams` datagrams of up to `max_datagram` bytes.
+    pub fn new(max_datagrams: usize, max_datagram: usize) -> RecvBatch {
+        let slots = max_datagrams.max(1);
+        let slot_len = max_datagram.max(1);
+        RecvBatch {
+            buf: vec![0; slots * slot_len],
+            slot_len,
+            slots,
+            // A coalesced datagram of 64 KiB holds at most 64 frames of
+            // 1 KiB; leave room so splitting never allocates.
+            frames: Vec::with_capacity(slots * 64),
+            used: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.frames.clear();
+        self.used = 0;
+    }
+
+    /// Frame `i`: its source and bytes.
+    pub fn frame(&self, i: usize) -> (Addr, &[u8]) {
+        let (a, at, n) = self.frames[i];
+        (a, &self.buf[at..at + n])
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (Addr, &[u8])> {
+        (0..self.len()).map(|i| self.frame(i))
+    }
+
+    /// Adds a frame by copying it in (used by wrappers and fakes).
+    pub fn push(&mut self, from: Addr, bytes: &[u8]) -> bool {
+        let used = self.used;
+        if used + bytes.len() > self.buf.len() {
+            return false;
+        }
+        self.buf[used..used + bytes.len()].copy_from_slice(bytes);
+        self.frames.push((from, used, bytes.len()));
+        self.used += bytes.len();
+        true
+    }
+
+    /// The slot size: the largest datagram one receive takes.
+    pub fn slot_len(&self) -> usize {
+        self.slot_len
+    }
+}

@@ -1,0 +1,252 @@
+//! Test hosts: two network namespaces joined by a veth pair, with IPv4 and
+//! IPv6 addresses that exist only inside them. Made with the `ip` command
+//! (iproute2) and removed when dropped, so traffic between them never
+//! leaves this machine.
+
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::Command;
+
+/// One of the two hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    A,
+    B,
+}
+
+/// Making the test hosts failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// Root, the `ip` command or namespace support is missing.
+    #[error("test hosts unavailable: {0}")]
+    Unavailable(String),
+    /// An `ip` command failed.
+    #[error("`ip {args}` failed: {stderr}")]
+    Command { args: String, stderr: String },
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// Two network namespaces `uvia-<tag>-a` and `uvia-<tag>-b` joined by a veth pair.
+#[derive(Debug)]
+pub struct TestHosts {
+    names: [String; 2],
+    net: u8,
+}
+
+fn ip(args: &[&str]) -> Result<(), NetnsError> {
+    let out = Command::new("ip").args(args).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(NetnsError::Command {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+impl TestHosts {
+    /// Whether test hosts can be made here; the reason when not, in one line.
+    pub fn available() -> Result<(), String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root (network namespaces need CAP_SYS_ADMIN)".into());
+        }
+        match Command::new("ip").arg("-V").output() {
+            Ok(o) if o.status.success() => {}
+            _ => return Err("the `ip` command (iproute2) is not installed".into()),
+        }
+        if !std::path::Path::new("/proc/self/ns/net").exists() {
+            return Err("the kernel has no network namespaces".into());
+        }
+        Ok(())
+    }
+
+    /// Makes the two hosts. `tag` (shortened, letters and digits kept)
+    /// and this process's id name them, so concurrent runs do not collide.
+    pub fn create(tag: &str) -> Result<TestHosts, NetnsError> {
+        TestHosts::available().map_err(NetnsError::Unavailable)?;
+        let clean: String = tag
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(6)
+            .collect();
+        let pid = std::process::id();
+        let seq = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("{clean}{:x}", (pid << 4) ^ seq);
+        let hosts = TestHosts {
+            names: [format!("uvia-{id}-a"), format!("uvia-{id}-b")],
+            // A /24 per run from the pid, inside 10.0.0.0/8 of the namespaces only.
+            net: ((pid ^ seq.wrapping_mul(97)) % 250) as u8 + 1,
+        };
+        hosts.build()?;
+        Ok(hosts)
+    }
+
+    fn build(&self) -> Result<(), NetnsError> {
+        let [a, b] = &self.names;
+        // veth names are at most 15 bytes.
+        let tail = &a[5..a.len() - 2];
+        let short = &tail[tail.len().saturating_sub(9)..];
+        let (va, vb) = (format!("va{short}"), format!("vb{short}"));
+        ip(&["netns", "add", a])?;
+        ip(&["netns", "add", b])?;
+        ip(&[
+            "link", "add", &va, "netns", a, "type", "veth", "peer", "name", &vb, "netns", b,
+        ])?;
+        for (ns, dev, side) in [(a, &va, Side::A), (b, &vb, Side::B)] {
+            let v4 = format!("{}/24", self.ipv4(side));
+            let v6 = format!("{}/64", self.ipv6(side));
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+            ip(&["-n", ns, "addr", "add", &v4, "dev", dev])?;
+            ip(&["-n", ns, "addr", "add", &v6, "dev", dev, "nodad"])?;
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+        }
+        Ok(())
+    }
+
+    pub fn name(&self, side: Side) -> &str {
+        &self.names[side as usize]
+    }
+
+    pub fn ipv4(&self, side: Side) -> Ipv4Addr {
+        Ipv4Addr::new(10, 199, self.net, 1 + side as u8)
+    }
+
+    pub fn ipv6(&self, side: Side) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x7576, self.net as u16, 0, 0, 0, 0, 1 + side as u16)
+    }
+
+    /// A command that runs `program` on one host.
+    pub fn command(&self, side: Side, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", self.name(side)]).arg(program);
+        c
+    }
+
+    /// Moves the calling thread onto one host until the guard is dropped.
+    /// Sockets the thread opens meanwhile belong to that host.
+    pub fn enter(&self, side: Side) -> io::Result<NsGuard> {
+        let here = std::fs::File::open("/proc/thread-self/ns/net")?;
+        let there = std::fs::File::open(format!("/run/netns/{}", self.name(side)))?;
+        // SAFETY: setns on a namespace file we opened; affects this thread only.
+        if unsafe { libc::setns(there.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(NsGuard { back: here.into() })
+    }
+}
+
+static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Returns the thread to the namespace it came from when dropped.
+pub struct NsGuard {
+    back: OwnedFd,
+}
+
+impl Drop for NsGuard {
+    fn drop(&mut self) {
+        // SAFETY: setns back to the namespace file opened in `enter`.
+        if unsafe { libc::setns(self.back.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            eprintln!(
+                "uvia-net: could not return to the original network namespace: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+impl Drop for TestHosts {
+    fn drop(&mut self) {
+        for n in &self.names {
+            if let Err(e) = ip(&["netns", "del", n]) {
+                eprintln!("uvia-net: removing test host {n}: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::udp::{UdpMedium, UdpOptions};
+    use crate::{Addr, Medium, OutFrame, RecvBatch};
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+
+    fn listed() -> String {
+        Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn frames_cross_the_veth_pair_and_the_hosts_are_removed() {
+        if let Err(why) = TestHosts::available() {
+            println!("skipped: {why}");
+            return;
+        }
+        let hosts = TestHosts::create("nt").unwrap();
+        let names = [
+            hosts.name(Side::A).to_string(),
+            hosts.name(Side::B).to_string(),
+        ];
+        for v6 in [false, true] {
+            let addr = |s| -> SocketAddr {
+                if v6 {
+                    (hosts.ipv6(s), 0).into()
+                } else {
+                    (hosts.ipv4(s), 0).into()
+                }
+            };
+            let b = {
+                let _g = hosts.enter(Side::B).unwrap();
+                UdpMedium::bind(addr(Side::B), UdpOptions::default()).unwrap()
+            };
+            let a = {
+                let _g = hosts.enter(Side::A).unwrap();
+                UdpMedium::bind(addr(Side::A), UdpOptions::default()).unwrap()
+            };
+            assert!(
+                a.caps().max_frame <= 1472,
+                "veth MTU: {}",
+                a.caps().max_frame
+            );
+            let data: Vec<Vec<u8>> = (0..20).map(|i| vec![i as u8; 1000]).collect();
+            let out: Vec<OutFrame<'_>> = data
+                .iter()
+                .map(|d| OutFrame {
+                    to: b.local_addr(),
+                    bytes: d,
+                })
+                .collect();
+            let mut got = vec![];
+            let mut batch = RecvBatch::new(64, 65_536);
+            let start = Instant::now();
+            // Neighbour discovery may drop the first frames; send until they pass.
+            while got.len() < data.len() && start.elapsed() < Duration::from_secs(5) {
+                if got.is_empty() {
+                    a.send(&out).unwrap();
+                }
+                b.wait(Some(Duration::from_millis(50))).unwrap();
+                b.recv(&mut batch).unwrap();
+                got.extend(batch.iter().map(|(from, f)| {
+                    assert_eq!(from, a.local_addr());
+                    f.to_vec()
+                }));
+            }
+            assert!(got.len() >= data.len(), "frames crossed (v6: {v6})");
+            let Addr::Ip(sa) = a.local_addr();
+            assert_eq!(sa.is_ipv6(), v6);
+        }
+        drop(hosts);
+        let after = listed();
+        for n in names {
+            assert!(!after.contains(&n), "{n} removed");
+        }
+    }
+}

@@ -1,0 +1,641 @@
+//! Kernel UDP as a frame medium: one unconnected socket per Nic (IPv4 or
+//! IPv6), batched with `sendmmsg`/`recvmmsg`, with UDP segmentation offload
+//! on send and receive offload on receive where the kernel has them.
+//!
+//! The socket is blocking, so a send waits while the kernel's send buffer is
+//! full (back-pressure, not loss); receives pass `MSG_DONTWAIT`, so a poll
+//! never sleeps. Nothing is allocated per call: message headers, I/O vectors
+//! and control buffers live in fixed arrays on the stack.
+
+use crate::{Addr, Caps, Medium, MediumStats, OutFrame, RecvBatch};
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+// From linux/udp.h (not in every libc target's constants).
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+
+/// Most datagrams per system call.
+const BATCH: usize = 64;
+/// Most segments the kernel takes in one GSO send.
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Most bytes of one UDP datagram (IPv4; IPv6 allows 20 more).
+const MAX_DATAGRAM: usize = 65_507;
+
+/// Settings for [`UdpMedium::bind`].
+#[derive(Clone, Debug)]
+pub struct UdpOptions {
+    /// Largest frame; `None` picks the bound interface's MTU less the IP
+    /// and UDP headers (1472 for IPv4, 1452 for IPv6 on Ethernet; about
+    /// 64 KiB on loopback), or the Ethernet values when it cannot be learned.
+    pub max_frame: Option<usize>,
+    /// Use UDP segmentation offload for runs of equal-size frames.
+    pub gso: bool,
+    /// Use UDP receive offload.
+    pub gro: bool,
+    /// Socket send and receive buffer sizes.
+    pub buffer_bytes: usize,
+}
+
+impl Default for UdpOptions {
+    fn default() -> UdpOptions {
+        UdpOptions {
+            max_frame: None,
+            gso: true,
+            gro: true,
+            buffer_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Opening a UDP medium failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UdpError {
+    /// The socket could not be created.
+    #[error("creating a UDP socket: {0}")]
+    Socket(io::Error),
+    /// The address could not be bound (in use, not local, ...).
+    #[error("binding UDP to {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+    /// A socket option the medium needs was refused.
+    #[error("setting {name} on the UDP socket: {source}")]
+    Option {
+        name: &'static str,
+        source: io::Error,
+    },
+}
+
+/// A bound UDP socket carrying frames.
+pub struct UdpMedium {
+    fd: OwnedFd,
+    local: SocketAddr,
+    caps: Caps,
+    /// Cleared when the kernel refuses a segmented send.
+    gso: AtomicBool,
+    frames_sent: AtomicU64,
+    frames_received: AtomicU64,
+    datagrams_sent: AtomicU64,
+    datagrams_received: AtomicU64,
+    send_errors: AtomicU64,
+}
+
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: a valid fd and a pointer to a live c_int of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &v as *const libc::c_int as *const libc::c_void,
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A socket address in the kernel's form.
+fn to_raw(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; all zeros is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+            let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = v4.port().to_be();
+            sin.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = v6.port().to_be();
+            sin6.sin6_addr.s6_addr = v6.ip().octets();
+            sin6.sin6_flowinfo = v6.flowinfo();
+            sin6.sin6_scope_id = v6.scope_id();
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn from_raw(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                sin6.sin6_addr.s6_addr.into(),
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// The MTU of the interface that holds `ip`, from the kernel's interface
+/// list and `/sys/class/net/<name>/mtu`.
+fn interface_mtu(ip: IpAddr) -> Option<usize> {
+    if ip.is_loopback() {
+        return std::fs::read_to_string("/sys/class/net/lo/mtu")
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+    }
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `ifap` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return None;
+    }
+    let mut name = None;
+    let mut p = ifap;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned.
+        let ifa = unsafe { &*p };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points to a sockaddr of at most storage size.
+            let ss = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_storage) };
+            let family = ss.ss_family as libc::c_int;
+            if family == libc::AF_INET || family == libc::AF_INET6 {
+                if let Some(a) = from_raw(ss) {
+                    if a.ip() == ip {
+                        // SAFETY: ifa_name is a NUL-terminated string.
+                        let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+                        name = Some(n.to_string_lossy().into_owned());
+                        break;
+                    }
+                }
+            }
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: the list came from getifaddrs.
+    unsafe { libc::freeifaddrs(ifap) };
+    let name = name?;
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+fn default_max_frame(ip: IpAddr) -> usize {
+    let (hdr, fallback) = match ip {
+        IpAddr::V4(_) => (28, 1472),
+        IpAddr::V6(_) => (48, 1452),
+    };
+    match interface_mtu(ip) {
+        Some(mtu) if mtu > hdr => (mtu - hdr).min(MAX_DATAGRAM),
+        _ => fallback,
+    }
+}
+
+impl UdpMedium {
+    /// Binds a UDP socket to `addr` (port 0 picks one; `local_addr` tells).
+    pub fn bind(addr: SocketAddr, opts: UdpOptions) -> Result<UdpMedium, UdpError> {
+        let family = if addr.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: plain socket creation; the result is checked.
+        let raw = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(UdpError::Socket(io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let opt = |name, r: io::Result<()>| r.map_err(|source| UdpError::Option { name, source });
+        let buf = opts.buffer_bytes.min(i32::MAX as usize) as libc::c_int;
+        // The FORCE variants pass the system limit when privileged; the
+        // plain ones are the fallback (capped by the limit).
+        if setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, buf).is_err() {
+            opt(
+                "SO_RCVBUF",
+                setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, buf),
+            )?;
+        }
+        if setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, buf).is_err() {
+            opt(
+                "SO_SNDBUF",
+                setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, buf),
+            )?;
+        }
+        if family == libc::AF_INET6 {
+            opt(
+                "IPV6_V6ONLY",
+                setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1),
+            )?;
+        }
+        let gro = opts.gro && setsockopt_int(raw, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        let (ss, len) = to_raw(&addr);
+        // SAFETY: `ss` holds a socket address of `len` bytes.
+        if unsafe { libc::bind(raw, &ss as *const _ as *const libc::sockaddr, len) } != 0 {
+            return Err(UdpError::Bind {
+                addr,
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: sockaddr_storage is plain data.
+        let mut got: libc::sockaddr_storage = unsafe { zeroed() };
+        let mut glen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: `got` has room for any address.
+        unsafe { libc::getsockname(raw, &mut got as *mut _ as *mut libc::sockaddr, &mut glen) };
+        let local = from_raw(&got).unwrap_or(addr);
+        let max_frame = opts
+            .max_frame
+            .unwrap_or_else(|| default_max_frame(addr.ip()))
+            .clamp(64, MAX_DATAGRAM);
+        Ok(UdpMedium {
+            fd,
+            local,
+            caps: Caps {
+                name: "udp",
+                max_frame,
+                max_batch: BATCH,
+                gso: opts.gso,
+                gro,
+            },
+            gso: AtomicBool::new(opts.gso),
+            frames_sent: AtomicU64::new(0),
+            frames_received: AtomicU64::new(0),
+            datagrams_sent: AtomicU64::new(0),
+            datagrams_received: AtomicU64::new(0),
+            send_errors: AtomicU64::new(0),
+        })
+    }
+
+    /// Sends up to `BATCH` datagrams built from `frames` (all to one
+    /// address per datagram); returns how many frames went.
+    fn send_chunk(&self, frames: &[OutFrame<'_>], gso: bool) -> io::Result<usize> {
+        const CMSG_SPACE: usize = 32;
+        #[repr(C, align(8))]
+        struct Cmsg([u8; CMSG_SPACE]);
+        // SAFETY: these are plain C structures; zero is a valid initial value.
+        let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+        let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
+        let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
+        let mut cmsgs: [Cmsg; BATCH] = unsafe { zeroed() };
+        let mut n_iov = 0;
+        let mut n_msg = 0;
+        let mut i = 0;
+        while i < frames.len() && n_msg < BATCH && n_iov < BATCH {
+            let f = &frames[i];
+            let Addr::Ip(to) = f.to;
+            // A run of equal-size frames to one address (the last may be
+            // shorter) goes as one segmented datagram.
+            let seg = f.bytes.len();
+            let mut run = 1;
+            if gso && seg > 0 {
+                let mut total = seg;
+                while i + run < frames.len()
+                    && run < GSO_MAX_SEGMENTS
+                    && n_iov + run < BATCH
+                    && frames[i + run].to == f.to
+                    && frames[i + run].bytes.len() <= seg
+                    && total + frames[i + run].bytes.len() <= MAX_DATAGRAM
+                    && frames[i + run - 1].bytes.len() == seg
+                {
+                    total += frames[i + run].bytes.len();
+                    run += 1;
+                }
+            }
+            let first_iov = n_iov;
+            for k in 0..run {
+                let b = frames[i + k].bytes;
+                iovs[n_iov] = libc::iovec {
+                    iov_base: b.as_ptr() as *mut libc::c_void,
+                    iov_len: b.len(),
+                };
+                n_iov += 1;
+            }
+            let (ss, len) = to_raw(&to);
+            names[n_msg] = ss;
+            let h = &mut hdrs[n_msg].msg_hdr;
+            h.msg_name = &mut names[n_msg] as *mut _ as *mut libc::c_void;
+            h.msg_namelen = len;
+            h.msg_iov = &mut iovs[first_iov];
+            h.msg_iovlen = run as _;
+            if run > 1 {
+                let c = &mut cmsgs[n_msg];
+                h.msg_control = c.0.as_mut_ptr() as *mut libc::c_void;
+                // SAFETY: CMSG_SPACE of a u16 fits the 32-byte buffer.
+                h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
+                // SAFETY: the control buffer is set and large enough for one header.
+                unsafe {
+                    let cm = libc::CMSG_FIRSTHDR(h);
+                    (*cm).cmsg_level = libc::SOL_UDP;
+                    (*cm).cmsg_type = UDP_SEGMENT;
+                    (*cm).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cm) as *mut u16, seg as u16);
+                }
+            }
+            n_msg += 1;
+            i += run;
+        }
+        let mut sent_msgs = 0;
+        while sent_msgs < n_msg {
+            // SAFETY: `hdrs[sent_msgs..n_msg]` are filled headers pointing at
+            // live names, vectors, control buffers and frame bytes.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    hdrs.as_mut_ptr().add(sent_msgs),
+                    (n_msg - sent_msgs) as u32,
+                    0,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
+                        // About the peer, not us: count it, drop the datagram.
+                        self.send_errors.fetch_add(1, Ordering::Relaxed);
+                        sent_msgs += 1;
+                        continue;
+                    }
+                    _ => return Err(e),
+                }
+            }
+            sent_msgs += r as usize;
+        }
+        self.datagrams_sent
+            .fetch_add(n_msg as u64, Ordering::Relaxed);
+        self.frames_sent.fetch_add(i as u64, Ordering::Relaxed);
+        Ok(i)
+    }
+}
+
+impl Medium for UdpMedium {
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    fn local_addr(&self) -> Addr {
+        Addr::Ip(self.local)
+    }
+
+    fn send(&self, mut frames: &[OutFrame<'_>]) -> io::Result<()> {
+        while !frames.is_empty() {
+            let gso = self.gso.load(Ordering::Relaxed);
+            match self.send_chunk(frames, gso) {
+                Ok(n) => frames = &frames[n..],
+                Err(e) if gso && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
+                    // The kernel or device refuses segmentation: send plain
+                    // datagrams from now on.
+                    self.gso.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        batch.clear();
+        let n = batch.slots.min(BATCH);
+        const CMSG_SPACE: usize = 64;
+        #[repr(C, align(8))]
+        struct Cmsg([u8; CMSG_SPACE]);
+        // SAFETY: plain C structures; zero is a valid initial value.
+        let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+        let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
+        let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
+        let mut cmsgs: [Cmsg; BATCH] = unsafe { zeroed() };
+        let base = batch.buf.as_mut_ptr();
+        for i in 0..n {
+            iovs[i] = libc::iovec {
+                // SAFETY: slot `i` lies within the batch buffer.
+                iov_base: unsafe { base.add(i * batch.slot_len) } as *mut libc::c_void,
+                iov_len: batch.slot_len,
+            };
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = &mut names[i] as *mut _ as *mut libc::c_void;
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = cmsgs[i].0.as_mut_ptr() as *mut libc::c_void;
+            h.msg_controllen = CMSG_SPACE as _;
+        }
+        // SAFETY: `hdrs[..n]` point at live buffers of the stated sizes.
+        let r = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                n as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(e),
+            };
+        }
+        let got = r as usize;
+        for i in 0..got {
+            let h = &hdrs[i].msg_hdr;
+            let len = hdrs[i].msg_len as usize;
+            let Some(from) = from_raw(&names[i]) else {
+                continue;
+            };
+            let mut seg = 0usize;
+            // SAFETY: the kernel filled the control buffer it was given.
+            unsafe {
+                let mut cm = libc::CMSG_FIRSTHDR(h);
+                while !cm.is_null() {
+                    if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                        seg = std::ptr::read_unaligned(libc::CMSG_DATA(cm) as *const libc::c_int)
+                            as usize;
+                    }
+                    cm = libc::CMSG_NXTHDR(h, cm);
+                }
+            }
+            let at = i * batch.slot_len;
+            if seg == 0 || seg >= len {
+                batch.frames.push((Addr::Ip(from), at, len));
+            } else {
+                let mut off = 0;
+                while off < len {
+                    let n = seg.min(len - off);
+                    batch.frames.push((Addr::Ip(from), at + off, n));
+                    off += n;
+                }
+            }
+        }
+        batch.used = batch.buf.len();
+        self.datagrams_received
+            .fetch_add(got as u64, Ordering::Relaxed);
+        self.frames_received
+            .fetch_add(batch.frames.len() as u64, Ordering::Relaxed);
+        Ok(batch.frames.len())
+    }
+
+    fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: t.subsec_nanos() as libc::c_long,
+        });
+        let tsp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: one valid pollfd; `tsp` is null or points at a live timespec.
+        let r = unsafe { libc::ppoll(&mut p, 1, tsp, std::ptr::null()) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn stats(&self) -> MediumStats {
+        MediumStats {
+            frames_sent: self.frames_sent.load(Ordering::Relaxed),
+            frames_received: self.frames_received.load(Ordering::Relaxed),
+            datagrams_sent: self.datagrams_sent.load(Ordering::Relaxed),
+            datagrams_received: self.datagrams_received.load(Ordering::Relaxed),
+            send_errors: self.send_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn pair(ip: &str, opts: UdpOptions) -> (UdpMedium, UdpMedium) {
+        let ip: IpAddr = ip.parse().unwrap();
+        let a = UdpMedium::bind((ip, 0).into(), opts.clone()).unwrap();
+        let b = UdpMedium::bind((ip, 0).into(), opts).unwrap();
+        (a, b)
+    }
+
+    /// Receives `want` frames from `m` within a few seconds.
+    fn collect(m: &UdpMedium, want: usize) -> Vec<Vec<u8>> {
+        let mut batch = RecvBatch::new(64, 65_536);
+        let mut out = vec![];
+        let start = Instant::now();
+        while out.len() < want && start.elapsed() < Duration::from_secs(5) {
+            m.wait(Some(Duration::from_millis(50))).unwrap();
+            m.recv(&mut batch).unwrap();
+            out.extend(batch.iter().map(|(_, b)| b.to_vec()));
+        }
+        out
+    }
+
+    fn frames(sizes: &[usize]) -> Vec<Vec<u8>> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|k| (k * 7 + i * 13) as u8).collect())
+            .collect()
+    }
+
+    fn exchange(ip: &str, opts: UdpOptions) {
+        let (a, b) = pair(ip, opts);
+        // Runs that segment (equal sizes, a shorter tail) and lone frames.
+        let mut sizes = vec![1200; 40];
+        sizes.push(300);
+        sizes.extend([1, 64, 1472, 9000, 1472, 1472]);
+        sizes.extend(vec![1000; 100]);
+        let data = frames(&sizes);
+        let out: Vec<OutFrame<'_>> = data
+            .iter()
+            .map(|d| OutFrame {
+                to: b.local_addr(),
+                bytes: d,
+            })
+            .collect();
+        a.send(&out).unwrap();
+        let got = collect(&b, data.len());
+        assert_eq!(got.len(), data.len(), "every frame arrives ({ip})");
+        assert_eq!(got, data, "identical and in order ({ip})");
+    }
+
+    #[test]
+    fn frames_arrive_identical_and_in_order_v4_and_v6_with_and_without_offloads() {
+        for ip in ["127.0.0.1", "::1"] {
+            exchange(ip, UdpOptions::default());
+            exchange(
+                ip,
+                UdpOptions {
+                    gso: false,
+                    gro: false,
+                    ..UdpOptions::default()
+                },
+            );
+        }
+    }
+
+    #[test]
+    fn bad_bind_addresses_fail_clearly() {
+        // An address no interface here has.
+        let e = UdpMedium::bind("192.0.2.1:0".parse().unwrap(), UdpOptions::default())
+            .err()
+            .expect("bind must fail");
+        assert!(e.to_string().contains("binding UDP to 192.0.2.1:0"), "{e}");
+        let a = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
+        let taken = a.local_addr();
+        let Addr::Ip(taken) = taken;
+        assert!(UdpMedium::bind(taken, UdpOptions::default()).is_err());
+    }
+
+    #[test]
+    fn sending_to_a_closed_port_is_not_an_error() {
+        let a = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
+        let closed = {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.local_addr().unwrap()
+        };
+        for _ in 0..3 {
+            a.send(&[OutFrame {
+                to: Addr::Ip(closed),
+                bytes: b"nobody",
+            }])
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn loopback_frames_are_large() {
+        let a = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
+        assert!(a.caps().max_frame > 9000, "{}", a.caps().max_frame);
+    }
+}
