@@ -90,6 +90,10 @@ pub(crate) fn socket_name(instance: &str, d: &Discriminator) -> String {
 
 /// A connection request a server has received and not yet answered.
 pub struct ConnRequest {
+    /// A request that came over the network (the other fields are then
+    /// unused but for `hello`, which describes it).
+    pub(crate) net: Option<crate::vi::net::Incoming>,
+    pub(crate) nic: Option<Nic>,
     pub(crate) stream: Option<Stream>,
     pub(crate) fds: Vec<OwnedFd>,
     pub(crate) hello: Hello,
@@ -123,6 +127,10 @@ impl ConnRequest {
 
     /// Connects `vi` (idle, same reliability level) to the client.
     pub fn accept(&mut self, vi: &Vi) -> Result<(), ConnectError> {
+        if self.nic.is_some() {
+            let req = self.net.take().ok_or(ConnectError::Answered)?;
+            return vi.net_accept(&req);
+        }
         let stream = self.stream.take().ok_or(ConnectError::Answered)?;
         let fds = std::mem::take(&mut self.fds);
         vi.accept_from(stream, fds, &self.hello, self.peer_pid)
@@ -130,6 +138,13 @@ impl ConnRequest {
 
     /// Refuses the request; the client's connect returns `Rejected`.
     pub fn reject(&mut self) -> Result<(), ConnectError> {
+        if let Some(nic) = &self.nic {
+            let req = self.net.take().ok_or(ConnectError::Answered)?;
+            nic.s
+                .net()
+                .reject(&req, uvia_proto::wire::RejectReason::Refused);
+            return Ok(());
+        }
         let stream = self.stream.take().ok_or(ConnectError::Answered)?;
         let reply = Hello {
             kind: hello::REJECT,
@@ -150,6 +165,9 @@ impl Nic {
         timeout: Option<Duration>,
     ) -> Result<ConnRequest, ConnectError> {
         let start = std::time::Instant::now();
+        if self.s.net.is_some() {
+            return self.net_connect_wait(discriminator, timeout, start);
+        }
         let key = discriminator.as_bytes().to_vec();
         let mut ls = self
             .s
@@ -190,6 +208,8 @@ impl Nic {
                 continue;
             };
             return Ok(ConnRequest {
+                net: None,
+                nic: None,
                 stream: Some(stream),
                 fds,
                 hello: h,
@@ -198,8 +218,55 @@ impl Nic {
         }
     }
 
+    fn net_connect_wait(
+        &self,
+        discriminator: &Discriminator,
+        timeout: Option<Duration>,
+        start: std::time::Instant,
+    ) -> Result<ConnRequest, ConnectError> {
+        let net = self.s.net();
+        net.listen(discriminator.as_bytes());
+        loop {
+            if let Some(req) = net.take_request(discriminator.as_bytes()) {
+                let hello = Hello {
+                    kind: hello::REQUEST,
+                    reliability: Reliability::from_u8(req.attrs.reliability)
+                        .unwrap_or(Reliability::Unreliable),
+                    rdma_write: req.attrs.rdma_write,
+                    rdma_read: req.attrs.rdma_read,
+                    max_transfer_size: req.attrs.max_transfer,
+                    discriminator: discriminator.clone(),
+                    reason: 0,
+                };
+                return Ok(ConnRequest {
+                    net: Some(req),
+                    nic: Some(self.clone()),
+                    stream: None,
+                    fds: Vec::new(),
+                    hello,
+                    peer_pid: 0,
+                });
+            }
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
+            }
+            // Serve the medium (frames of this Nic's connections too) and
+            // sleep until the next frame.
+            net.poll(None, std::time::Instant::now());
+            let nap = left
+                .unwrap_or(Duration::from_millis(20))
+                .min(Duration::from_millis(20));
+            let _ = net.medium.wait(Some(nap));
+        }
+    }
+
     /// Stops listening on `discriminator` and removes its socket file.
     pub fn stop_listening(&self, discriminator: &Discriminator) {
+        if let Some(net) = &self.s.net {
+            net.stop_listening(discriminator.as_bytes());
+            return;
+        }
         self.s
             .shm
             .listeners

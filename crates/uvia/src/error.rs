@@ -10,8 +10,12 @@ use std::io;
 /// Opening a Nic failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    #[error("unknown provider {0:?} (known: \"shm\", \"shm:<instance>\")")]
+    #[error("unknown provider {0:?} (known: \"shm\", \"shm:<instance>\", \"udp\", \"udp:<ip>[:<port>]\")")]
     UnknownProvider(String),
+    #[error("bad address in {name:?}: {reason}")]
+    BadAddress { name: String, reason: String },
+    #[error("bad fault-injection spec: {0}")]
+    BadInject(String),
     #[error("provider {provider} cannot start: {source}")]
     Io {
         provider: &'static str,
@@ -125,6 +129,8 @@ pub enum ConnectError {
     DiscriminatorTooLong(usize),
     #[error("this connection request was already answered")]
     Answered,
+    #[error("cannot resolve host address {0:?} (want ip:port, [ipv6]:port or name:port)")]
+    BadAddress(String),
     #[error("{0}")]
     Io(#[from] io::Error),
 }

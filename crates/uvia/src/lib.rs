@@ -33,5 +33,5 @@ pub use error::{
     WaitError,
 };
 pub use mem::{AccessError, MemAttributes, Ptag, RegionInfo};
-pub use nic::{MemoryRegion, Nic, NicAttributes};
+pub use nic::{MemoryRegion, Nic, NicAttributes, NicOptions};
 pub use vi::{Queue, Reliability, Vi, ViAttributes, ViState, DEFAULT_WAIT_SPIN};

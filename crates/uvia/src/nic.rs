@@ -49,7 +49,31 @@ pub(crate) struct NicShared {
     /// Per allocated tag: how many VIs use it.
     ptags: Mutex<Vec<Option<usize>>>,
     pub shm: ShmNic,
+    /// The network medium and connection table, on a network Nic.
+    pub net: Option<crate::vi::net::NetNic>,
     pub next_vi: AtomicU32,
+}
+
+impl NicShared {
+    /// The network half of a network Nic. Only called on paths that a
+    /// network VI or Nic takes (its connection exists, or `net` was checked).
+    pub(crate) fn net(&self) -> &crate::vi::net::NetNic {
+        self.net
+            .as_ref()
+            .expect("network path taken on a Nic without a network medium")
+    }
+}
+
+/// Settings for [`Nic::open_with`].
+#[derive(Clone, Debug, Default)]
+pub struct NicOptions {
+    /// Faults to inject on a network Nic's receive path, as
+    /// `loss=0.05,dup=0.01,reorder=0.01,delay=100us,corrupt=0.001,seed=7`.
+    /// `None` reads the `UVIA_INJECT` environment variable.
+    pub inject: Option<String>,
+    /// Silence from a peer longer than this breaks its connections
+    /// (network Nics; default 5 s).
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 /// An opened provider instance. Cheap to clone; closed when the last clone,
@@ -68,9 +92,19 @@ impl std::fmt::Debug for Nic {
 }
 
 impl Nic {
-    /// Opens a provider by name: `shm` (instance `0`) or `shm:<instance>`.
-    /// Instances are separate address spaces for discriminators on one host.
+    /// Opens a provider by name: `shm` (instance `0`) or `shm:<instance>`
+    /// (instances are separate address spaces for discriminators on one
+    /// host); `udp` (127.0.0.1, any port) or `udp:<ip>[:<port>]`, IPv6 in
+    /// brackets.
     pub fn open(name: &str) -> Result<Nic, OpenError> {
+        Nic::open_with(name, &NicOptions::default())
+    }
+
+    /// Opens a provider with settings.
+    pub fn open_with(name: &str, opts: &NicOptions) -> Result<Nic, OpenError> {
+        if name == "udp" || name.starts_with("udp:") {
+            return Nic::open_udp(name, opts);
+        }
         let instance = match name.split_once(':') {
             None if name == "shm" => "0".to_string(),
             Some(("shm", inst))
@@ -116,6 +150,88 @@ impl Nic {
                     dir,
                     listeners: Mutex::new(HashMap::new()),
                 },
+                net: None,
+                next_vi: AtomicU32::new(1),
+                serial,
+                attrs,
+            }),
+        })
+    }
+
+    fn open_udp(name: &str, opts: &NicOptions) -> Result<Nic, OpenError> {
+        use std::net::{IpAddr, SocketAddr};
+        let bad = |reason: &str| OpenError::BadAddress {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        };
+        let spec = name.strip_prefix("udp").unwrap_or("");
+        let bind: SocketAddr = match spec.strip_prefix(':') {
+            None | Some("") => SocketAddr::from(([127, 0, 0, 1], 0)),
+            Some(a) => match a.parse::<SocketAddr>() {
+                Ok(sa) => sa,
+                Err(_) => match a.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>() {
+                    Ok(ip) => SocketAddr::new(ip, 0),
+                    Err(_) => return Err(bad("want <ip>, <ip>:<port> or [<ipv6>]:<port>")),
+                },
+            },
+        };
+        let io = |source| OpenError::Io {
+            provider: "udp",
+            source,
+        };
+        let udp = uvia_net::udp::UdpMedium::bind(bind, uvia_net::udp::UdpOptions::default())
+            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        let inject = match &opts.inject {
+            Some(s) => Some(s.clone()),
+            None => std::env::var("UVIA_INJECT").ok().filter(|s| !s.is_empty()),
+        };
+        let medium: Box<dyn uvia_net::Medium> = match inject {
+            None => Box::new(udp),
+            Some(spec) => {
+                let f: uvia_net::inject::FaultSpec =
+                    spec.parse()
+                        .map_err(|e: uvia_net::inject::FaultSpecError| {
+                            OpenError::BadInject(e.to_string())
+                        })?;
+                Box::new(uvia_net::inject::Inject::new(udp, f))
+            }
+        };
+        let address = medium.local_addr().to_string();
+        let max_frame = medium.caps().max_frame;
+        let attrs = NicAttributes {
+            name: name.to_string(),
+            provider: "udp",
+            address: address.clone(),
+            max_transfer_size: 16 << 20,
+            max_segments_per_desc: MAX_SEGMENTS,
+            max_queue_depth: 4096,
+            max_cq_entries: 1 << 16,
+            max_ptags: 256,
+            max_registered_regions: 4096,
+            inline_threshold: max_frame.saturating_sub(uvia_proto::wire::DATA_HEADER_LEN),
+            reliability_levels: &[
+                Reliability::Unreliable,
+                Reliability::ReliableDelivery,
+                Reliability::ReliableReception,
+            ],
+            rdma_read: true,
+            rdma_write: true,
+        };
+        let dir = SocketDir::from_env().map_err(io)?;
+        let serial = NIC_SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff;
+        let idle = opts
+            .idle_timeout
+            .unwrap_or(std::time::Duration::from_secs(5));
+        Ok(Nic {
+            s: Arc::new(NicShared {
+                regions: RegionTable::new(attrs.max_registered_regions),
+                ptags: Mutex::new(vec![None; attrs.max_ptags]),
+                shm: ShmNic {
+                    instance: address,
+                    dir,
+                    listeners: Mutex::new(HashMap::new()),
+                },
+                net: Some(crate::vi::net::NetNic::new(medium, idle)),
                 next_vi: AtomicU32::new(1),
                 serial,
                 attrs,

@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 use uvia_shm::cma::{self, LocalRange, RemoteRange};
 use uvia_shm::{doorbell, Segment as ShmSegment, Stream};
 
+pub(crate) mod net;
+
 /// VIA's reliability levels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -79,6 +81,11 @@ pub struct ViAttributes {
     pub enable_rdma_read: bool,
     pub send_queue_depth: u32,
     pub recv_queue_depth: u32,
+    /// On a reliable network VI, a message that finds no posted receive
+    /// descriptor is sent again later instead of breaking the connection
+    /// (VIA's behaviour, the default, is the error). `shm` always holds
+    /// such a message in its ring until a descriptor is posted.
+    pub rnr_retry: bool,
 }
 
 impl ViAttributes {
@@ -92,7 +99,13 @@ impl ViAttributes {
             enable_rdma_read: false,
             send_queue_depth: 256,
             recv_queue_depth: 256,
+            rnr_retry: false,
         }
+    }
+
+    pub fn rnr_retry(mut self, on: bool) -> Self {
+        self.rnr_retry = on;
+        self
     }
 
     pub fn reliability(mut self, r: Reliability) -> Self {
@@ -125,6 +138,9 @@ pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(20);
 const SLEEP_SLICE: Duration = Duration::from_millis(20);
 /// Empty polls between two looks at the peer's health (a system call).
 const IDLE_CHECK_EVERY: u32 = 4096;
+/// Longest sleep of a network VI's waiter: the engine's timers (delayed
+/// acks, retransmissions, keep-alives) run in its progress.
+const NET_NAP: Duration = Duration::from_millis(1);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum EntryState {
@@ -303,7 +319,7 @@ impl std::ops::IndexMut<usize> for SlotQueue {
     }
 }
 
-struct ViInner {
+pub(crate) struct ViInner {
     attrs: ViAttributes,
     conn: Option<ShmConn>,
     seg: Option<Arc<ShmSegment>>,
@@ -323,6 +339,8 @@ struct ViInner {
     failed: Option<u32>,
     /// The server's listening socket, on the client side of a connection.
     server_socket: Option<std::path::PathBuf>,
+    /// The network connection, on a network Nic.
+    net: Option<Box<net::NetVi>>,
 }
 
 pub(crate) struct ViShared {
@@ -388,6 +406,7 @@ impl Vi {
                     spin: DEFAULT_WAIT_SPIN,
                     failed: None,
                     server_socket: None,
+                    net: None,
                 }),
             }),
         };
@@ -503,6 +522,10 @@ impl Vi {
             ViState::Connected => {}
             ViState::Error => return Err(PostError::ViError),
             st => return Err(PostError::NotConnected(st)),
+        }
+        if g.net.is_some() {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.net_post_send(&mut g, d, owned) };
         }
         // SAFETY: forwarded from the caller.
         if let Some(r) = unsafe { self.send_inline_fast(&mut g, d, owned) } {
@@ -674,6 +697,9 @@ impl Vi {
         // SAFETY: forwarded from the caller.
         unsafe { prepare(&self.s.nic, &attrs, slot, d, owned, Queue::Recv)? };
         g.rq.commit();
+        if g.net.is_some() {
+            self.net_post_recv(&mut g);
+        }
         Ok(())
     }
 
@@ -833,6 +859,9 @@ impl Vi {
     /// Moves everything forward that can move without waiting. Returns true
     /// if anything happened.
     fn progress(&self, g: &mut ViInner) -> bool {
+        if g.net.is_some() {
+            return self.net_progress(g);
+        }
         if g.conn.is_none() || self.state() == ViState::Error {
             return false;
         }
@@ -1187,6 +1216,7 @@ impl Vi {
         if g.awaiting_ack == 0 && g.sq_sent == g.sq.len() && g.failed.is_none() {
             let quiet = match &g.conn {
                 Some(c) => !c.rx.ready() && c.mine().error.load(Ordering::Relaxed) == 0,
+                None if g.net.is_some() => false,
                 None => return None,
             };
             if quiet {
@@ -1285,7 +1315,7 @@ impl Vi {
         // Sleep phase: announce, re-check, sleep on this side's doorbell.
         let mut look_at_peer = false;
         loop {
-            let armed = {
+            let (armed, on_medium) = {
                 let mut g = self.lock();
                 if let Some(d) = self.pop(&mut g, q, owned) {
                     return Ok(d);
@@ -1304,6 +1334,7 @@ impl Vi {
                     )),
                     _ => None,
                 };
+                let on_medium = g.net.is_some();
                 // Re-check after arming: a message published before the arm is seen here.
                 self.progress(&mut g);
                 if look_at_peer {
@@ -1315,7 +1346,7 @@ impl Vi {
                     }
                     return Ok(d);
                 }
-                armed
+                (armed, on_medium)
             };
             let left = match timeout {
                 Some(t) => match t.checked_sub(start.elapsed()) {
@@ -1328,6 +1359,11 @@ impl Vi {
             let t0 = Instant::now();
             match armed {
                 Some((seg, side, seq)) => crate::shm::block_in(&seg, side).bell.sleep(seq, nap),
+                // A network VI sleeps until a frame arrives, or its engine's
+                // next timer (a retransmission, a delayed ack) is due.
+                None if on_medium => {
+                    let _ = self.s.nic.net().medium.wait(Some(nap.min(NET_NAP)));
+                }
                 None => std::thread::sleep(nap.min(Duration::from_millis(1))),
             }
             // A full slice without a wake-up: look at the peer's health next round.
@@ -1364,6 +1400,9 @@ impl Vi {
         timeout: Duration,
         attrs: &ViAttributes,
     ) -> Result<RemoteViAttributes, ConnectError> {
+        if self.s.nic.net.is_some() {
+            return self.net_connect(remote, timeout);
+        }
         let start = Instant::now();
         let nic = &self.s.nic;
         let path = nic
@@ -1498,6 +1537,9 @@ impl Vi {
     /// outstanding descriptor here completes as flushed, and the VI is Idle.
     pub fn disconnect(&self) {
         let mut g = self.lock();
+        if g.net.is_some() {
+            self.net_disconnect(&mut g);
+        }
         if let Some(conn) = g.conn.take() {
             conn.close();
         }
@@ -1539,6 +1581,8 @@ impl Vi {
                 c.mine().bell.arm(doorbell::EVENTFD);
                 vi.progress(&mut g) || vi.check_peer(&mut g)
             }
+            // Frames wake the CQ's waiter through the medium's descriptor.
+            None if g.net.is_some() => vi.progress(&mut g),
             None => false,
         }
     }
@@ -1726,6 +1770,9 @@ impl Drop for ViShared {
         let g = self.inner.get_mut();
         if let Some(conn) = g.conn.take() {
             conn.close();
+        }
+        if let Some(n) = g.net.take() {
+            net::NetVi::drop_connection(&self.nic, n);
         }
         for q in [&mut g.sq, &mut g.rq] {
             while let Some((desc, owned)) = q.pop_front() {

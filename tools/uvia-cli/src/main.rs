@@ -20,11 +20,11 @@ mod stats;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use endpoint::Mode;
-use run::{Kind, Plan, Provider};
+use run::{Kind, Level, Plan, Provider};
 use std::path::PathBuf;
 
 /// uvia benchmark tool: physical limits of this host, one-way latency and
-/// bandwidth of uvia's shm provider side by side with kernel UDP and TCP.
+/// bandwidth of uvia's providers (shm, udp) side by side with kernel UDP and TCP.
 ///
 /// Every measurement runs two processes: this one (the client, pinned to core
 /// 0) and a server it starts from its own binary (pinned to core 1). Times are
@@ -111,6 +111,18 @@ struct RunArgs {
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Reliability level of uvia's VIs (shm, udp).
+    #[arg(long, value_enum, default_value = "delivery")]
+    reliability: Level,
+    /// Faults injected on both sides' receive paths (udp provider), e.g.
+    /// loss=0.05,dup=0.01,reorder=0.01,delay=100us,corrupt=0.001,seed=7.
+    #[arg(long, value_name = "SPEC")]
+    inject: Option<String>,
+    /// Run the two sides on two test hosts the tool makes for the run: two
+    /// network namespaces joined by a veth pair (removed afterwards; needs
+    /// root). For udp, kernel-udp and kernel-tcp.
+    #[arg(long)]
+    netns: bool,
 }
 
 #[derive(Args, Clone)]
@@ -153,6 +165,12 @@ struct PeerArgs {
     window: usize,
     #[arg(long)]
     cpu: Option<usize>,
+    #[arg(long, value_enum, default_value = "delivery")]
+    reliability: Level,
+    #[arg(long)]
+    inject: Option<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    ip: std::net::IpAddr,
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -230,6 +248,10 @@ fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
         interval_us: a.interval_us,
         client_cpu: (!a.no_pin).then_some(a.client_cpu),
         server_cpu: (!a.no_pin).then_some(a.server_cpu),
+        reliability: a.reliability,
+        inject: a.inject.clone(),
+        ip: std::net::Ipv4Addr::LOCALHOST.into(),
+        server_netns: None,
     })
 }
 
@@ -242,7 +264,31 @@ fn write_json<T: serde::Serialize>(path: &Option<PathBuf>, v: &T) -> Result<()> 
 }
 
 fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
-    let plan = plan_from(a, kind, window)?;
+    let mut plan = plan_from(a, kind, window)?;
+    if a.inject.is_some() && a.provider != Provider::Udp {
+        bail!("--inject needs a uvia network provider (--provider udp)");
+    }
+    // The test hosts live as long as the measurement; this thread (the
+    // client) runs on host a, the server is started on host b.
+    let _hosts = if a.netns {
+        if a.provider == Provider::Shm {
+            bail!("--netns needs a network provider (udp, kernel-udp, kernel-tcp)");
+        }
+        uvia_net::netns::TestHosts::available().map_err(|why| anyhow::anyhow!("--netns: {why}"))?;
+        let hosts = uvia_net::netns::TestHosts::create("bench")
+            .context("--netns: making the test hosts")?;
+        let guard = hosts
+            .enter(uvia_net::netns::Side::A)
+            .context("--netns: entering test host a")?;
+        plan.ip = hosts.ipv4(uvia_net::netns::Side::A).into();
+        plan.server_netns = Some((
+            hosts.name(uvia_net::netns::Side::B).to_string(),
+            hosts.ipv4(uvia_net::netns::Side::B).into(),
+        ));
+        Some((guard, hosts))
+    } else {
+        None
+    };
     let r = run::run(&plan)?;
     print!("{}", report::run_table(&r));
     write_json(&a.json, &r)
@@ -274,6 +320,10 @@ fn main() {
                 interval_us: 0,
                 client_cpu: None,
                 server_cpu: p.cpu,
+                reliability: p.reliability,
+                inject: p.inject,
+                ip: p.ip,
+                server_netns: None,
             };
             run::serve(&plan)
         })(),

@@ -29,6 +29,8 @@ use std::time::Duration;
 pub enum Provider {
     /// uvia's shared-memory provider.
     Shm,
+    /// uvia's udp provider (the protocol engine over kernel UDP sockets).
+    Udp,
     /// Kernel UDP sockets on 127.0.0.1.
     KernelUdp,
     /// Kernel TCP sockets on 127.0.0.1 (TCP_NODELAY).
@@ -39,6 +41,7 @@ impl Provider {
     pub fn name(self) -> &'static str {
         match self {
             Provider::Shm => "shm",
+            Provider::Udp => "udp",
             Provider::KernelUdp => "kernel-udp",
             Provider::KernelTcp => "kernel-tcp",
         }
@@ -85,6 +88,43 @@ pub struct Plan {
     pub interval_us: u64,
     pub client_cpu: Option<usize>,
     pub server_cpu: Option<usize>,
+    /// Reliability level of uvia's VIs.
+    pub reliability: Level,
+    /// Faults injected on both sides' receive paths (uvia network providers).
+    pub inject: Option<String>,
+    /// The local address of this side (127.0.0.1, or a test host's).
+    pub ip: std::net::IpAddr,
+    /// Runs the server in this network namespace (`--netns`).
+    pub server_netns: Option<(String, std::net::IpAddr)>,
+}
+
+/// VIA's reliability levels, as the tool names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Level {
+    Unreliable,
+    /// Reliable delivery: a send completes when the peer has it.
+    Delivery,
+    /// Reliable reception: a send completes when it is in the peer's buffer.
+    Reception,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Unreliable => "unreliable",
+            Level::Delivery => "delivery",
+            Level::Reception => "reception",
+        }
+    }
+
+    fn reliability(self) -> uvia::Reliability {
+        match self {
+            Level::Unreliable => uvia::Reliability::Unreliable,
+            Level::Delivery => uvia::Reliability::ReliableDelivery,
+            Level::Reception => uvia::Reliability::ReliableReception,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
@@ -142,7 +182,7 @@ pub fn bw_batches(iters: usize) -> (usize, usize) {
 
 pub fn listen(provider: Provider, cfg: &EndpointConfig) -> Result<Box<dyn Listener>> {
     match provider {
-        Provider::Shm => endpoint::shm::listen(cfg),
+        Provider::Shm | Provider::Udp => endpoint::via::listen(cfg),
         Provider::KernelUdp => kernel_udp::listen(cfg),
         Provider::KernelTcp => kernel_tcp::listen(cfg),
     }
@@ -150,17 +190,28 @@ pub fn listen(provider: Provider, cfg: &EndpointConfig) -> Result<Box<dyn Listen
 
 pub fn connect(provider: Provider, cfg: &EndpointConfig, info: &str) -> Result<Box<dyn Endpoint>> {
     match provider {
-        Provider::Shm => endpoint::shm::connect(cfg, info),
+        Provider::Shm | Provider::Udp => endpoint::via::connect(cfg, info),
         Provider::KernelUdp => kernel_udp::connect(cfg, info),
         Provider::KernelTcp => kernel_tcp::connect(cfg, info),
     }
 }
 
 fn config(plan: &Plan) -> EndpointConfig {
+    let nic = match plan.provider {
+        Provider::Udp => match plan.ip {
+            std::net::IpAddr::V6(a) => format!("udp:[{a}]"),
+            a => format!("udp:{a}"),
+        },
+        _ => "shm".to_string(),
+    };
     EndpointConfig {
         mode: plan.mode,
         max_size: plan.sizes.iter().copied().max().unwrap_or(8).max(8),
         window: plan.window.max(1),
+        nic,
+        reliability: plan.reliability.reliability(),
+        inject: plan.inject.clone(),
+        ip: plan.ip,
     }
 }
 
@@ -309,6 +360,12 @@ fn server_args(plan: &Plan) -> Vec<String> {
         a.push("--cpu".into());
         a.push(c.to_string());
     }
+    a.extend(["--reliability".into(), plan.reliability.name().into()]);
+    if let Some(f) = &plan.inject {
+        a.extend(["--inject".into(), f.clone()]);
+    }
+    let ip = plan.server_netns.as_ref().map_or(plan.ip, |(_, ip)| *ip);
+    a.extend(["--ip".into(), ip.to_string()]);
     a
 }
 
@@ -382,7 +439,17 @@ pub fn run(plan: &Plan) -> Result<RunResult> {
         bail!("iterations must be at least 1");
     }
     let exe = crate::self_exe()?;
-    let mut child = Command::new(exe)
+    let mut cmd = match &plan.server_netns {
+        // The server runs on the other test host.
+        Some((ns, _)) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns])
+                .arg(std::fs::read_link(&exe).unwrap_or(exe));
+            c
+        }
+        None => Command::new(exe),
+    };
+    let mut child = cmd
         .args(server_args(plan))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

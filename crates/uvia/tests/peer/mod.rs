@@ -24,6 +24,38 @@ pub fn instance(test: &str) -> String {
     format!("t{}-{test}", std::process::id())
 }
 
+/// A test run over the udp provider on loopback: `udp:127.0.0.1:<P>`,
+/// where the peer process binds port P and the test process P + 1 (both
+/// free when chosen).
+pub fn udp_instance() -> String {
+    if let Ok(i) = std::env::var("UVIA_TEST_INSTANCE") {
+        return i;
+    }
+    loop {
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let p = a.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::UdpSocket::bind(("127.0.0.1", p + 1)).is_ok() {
+            return format!("udp:127.0.0.1:{p}");
+        }
+    }
+}
+
+/// The Nic name this process opens for `inst`, and the host its peer's
+/// Nic answers at.
+fn nic_and_peer(inst: &str) -> (String, String) {
+    let Some(rest) = inst.strip_prefix("udp:") else {
+        return (format!("shm:{inst}"), inst.to_string());
+    };
+    let (ip, port) = rest.rsplit_once(':').unwrap();
+    let base: u16 = port.parse().unwrap();
+    let (mine, theirs) = if peer_arg().is_some() {
+        (base, base + 1)
+    } else {
+        (base + 1, base)
+    };
+    (format!("udp:{ip}:{mine}"), format!("{ip}:{theirs}"))
+}
+
 /// The socket directory the library uses when nothing is configured.
 fn default_socket_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("UVIA_SOCKET_DIR") {
@@ -108,7 +140,11 @@ pub struct End {
 }
 
 pub fn end(inst: &str, attrs: impl Fn(Ptag) -> ViAttributes) -> End {
-    let nic = Nic::open(&format!("shm:{inst}")).unwrap();
+    end_with(inst, &NicOptions::default(), attrs)
+}
+
+pub fn end_with(inst: &str, opts: &NicOptions, attrs: impl Fn(Ptag) -> ViAttributes) -> End {
+    let nic = Nic::open_with(&nic_and_peer(inst).0, opts).unwrap();
     let ptag = nic.create_ptag().unwrap();
     let vi = nic.create_vi(attrs(ptag), None, None).unwrap();
     let buf = nic
@@ -137,8 +173,13 @@ pub fn accept(e: &End, d: u64) {
 }
 
 pub fn connect(e: &End, d: u64) {
-    e.vi.connect_request(&NetAddress::new(&e.inst, disc(d)), T)
+    e.vi.connect_request(&NetAddress::new(&peer_host(&e.inst), disc(d)), T)
         .unwrap();
+}
+
+/// The host address of the peer's Nic.
+pub fn peer_host(inst: &str) -> String {
+    nic_and_peer(inst).1
 }
 
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -163,12 +204,19 @@ pub fn send(e: &End, off: usize, len: usize) -> Box<Descriptor> {
 
 /// Waits until the peer disconnects: a posted receive comes back flushed.
 pub fn until_peer_leaves(e: &End) {
-    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
-        .unwrap();
-    let d = e.vi.recv_wait(Some(T)).unwrap();
-    assert!(
-        d.error().is_some(),
-        "expected the peer's disconnect, got a message"
-    );
+    match e
+        .vi
+        .post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
+    {
+        Ok(()) => {
+            let d = e.vi.recv_wait(Some(T)).unwrap();
+            assert!(
+                d.error().is_some(),
+                "expected the peer's disconnect, got a message"
+            );
+        }
+        // The disconnect was seen already.
+        Err(r) => assert!(matches!(r.error, PostError::ViError), "{:?}", r.error),
+    }
     assert_eq!(e.vi.state(), ViState::Error);
 }

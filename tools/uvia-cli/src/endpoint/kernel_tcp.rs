@@ -1,4 +1,4 @@
-//! Kernel TCP on 127.0.0.1 with TCP_NODELAY and a 4-byte length prefix per
+//! Kernel TCP on 127.0.0.1 (or a test host's address) with TCP_NODELAY and a 4-byte length prefix per
 //! message. Sends are one `writev` of prefix and payload; receives read into a
 //! staging buffer (so a small message costs one system call) and move long
 //! payloads straight into the message buffer.
@@ -183,8 +183,8 @@ struct TcpListen {
 }
 
 pub fn listen(cfg: &EndpointConfig) -> Result<Box<dyn Listener>> {
-    let listener =
-        TcpListener::bind("127.0.0.1:0").context("binding a TCP listener on 127.0.0.1")?;
+    let listener = TcpListener::bind((cfg.ip, 0))
+        .with_context(|| format!("binding a TCP listener on {}", cfg.ip))?;
     Ok(Box::new(TcpListen {
         listener,
         cfg: cfg.clone(),
@@ -195,7 +195,7 @@ impl Listener for TcpListen {
     fn info(&self) -> String {
         self.listener
             .local_addr()
-            .map(|a| a.port().to_string())
+            .map(|a| a.to_string())
             .unwrap_or_default()
     }
 
@@ -220,11 +220,11 @@ impl Listener for TcpListen {
 }
 
 pub fn connect(cfg: &EndpointConfig, info: &str) -> Result<Box<dyn Endpoint>> {
-    let port: u16 = info
+    let addr: std::net::SocketAddr = info
         .trim()
         .parse()
-        .with_context(|| format!("bad TCP listener info {info:?} (expected a port)"))?;
-    let stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), IO_TIMEOUT)
-        .context("connecting to the TCP server")?;
+        .with_context(|| format!("bad TCP listener info {info:?} (expected ip:port)"))?;
+    let stream =
+        TcpStream::connect_timeout(&addr, IO_TIMEOUT).context("connecting to the TCP server")?;
     Ok(Box::new(TcpEndpoint::new(stream, cfg)?))
 }

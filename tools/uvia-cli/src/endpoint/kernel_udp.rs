@@ -1,4 +1,4 @@
-//! Kernel UDP on 127.0.0.1.
+//! Kernel UDP on 127.0.0.1 (or a test host's address).
 //!
 //! Every datagram starts with a 32-byte header: kind, fragment offset, message
 //! total, and the sender's cumulative count of messages and bytes received
@@ -65,8 +65,8 @@ pub struct UdpEndpoint {
     told_bytes: u64,
 }
 
-fn bind_socket() -> Result<UdpSocket> {
-    let sock = UdpSocket::bind("127.0.0.1:0").context("binding a UDP socket on 127.0.0.1")?;
+fn bind_socket(ip: std::net::IpAddr) -> Result<UdpSocket> {
+    let sock = UdpSocket::bind((ip, 0)).with_context(|| format!("binding a UDP socket on {ip}"))?;
     let fd = sock.as_raw_fd();
     sys::set_buf(fd, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, SOCK_BUF);
     sys::set_buf(fd, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SOCK_BUF);
@@ -335,7 +335,7 @@ struct UdpListener {
 
 pub fn listen(cfg: &EndpointConfig) -> Result<Box<dyn Listener>> {
     Ok(Box::new(UdpListener {
-        sock: bind_socket()?,
+        sock: bind_socket(cfg.ip)?,
         cfg: cfg.clone(),
     }))
 }
@@ -344,7 +344,7 @@ impl Listener for UdpListener {
     fn info(&self) -> String {
         self.sock
             .local_addr()
-            .map(|a| a.port().to_string())
+            .map(|a| a.to_string())
             .unwrap_or_default()
     }
 
@@ -368,12 +368,11 @@ impl Listener for UdpListener {
 }
 
 pub fn connect(cfg: &EndpointConfig, info: &str) -> Result<Box<dyn Endpoint>> {
-    let port: u16 = info
+    let addr: SocketAddr = info
         .trim()
         .parse()
-        .with_context(|| format!("bad UDP listener info {info:?} (expected a port)"))?;
-    let sock = bind_socket()?;
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        .with_context(|| format!("bad UDP listener info {info:?} (expected ip:port)"))?;
+    let sock = bind_socket(cfg.ip)?;
     sock.connect(addr).context("connecting the UDP socket")?;
     let start = Instant::now();
     sys::set_rcv_timeout(sock.as_raw_fd(), std::time::Duration::from_millis(200))?;

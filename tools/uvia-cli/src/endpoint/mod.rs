@@ -2,12 +2,12 @@
 //!
 //! The harness (ping-pong, bandwidth) talks only to [`Endpoint`]; each provider
 //! module turns it into its own calls. Buffers belong to the endpoint so that a
-//! provider that needs registered memory (shm) sends from and receives into it
-//! without an extra copy.
+//! provider that needs registered memory (uvia's) sends from and receives into
+//! it without an extra copy.
 
 use anyhow::Result;
 
-pub mod shm;
+pub mod via;
 
 /// How a receiver waits for data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -27,6 +27,15 @@ pub struct EndpointConfig {
     pub max_size: usize,
     /// Sends a bandwidth sender may have in flight before it waits for completions.
     pub window: usize,
+    /// The uvia Nic to open (`shm`, `udp:<ip>`); unused by the kernel endpoints.
+    pub nic: String,
+    /// The uvia VI's reliability level.
+    pub reliability: uvia::Reliability,
+    /// Faults injected on a uvia network Nic's receive path.
+    pub inject: Option<String>,
+    /// The local address the kernel endpoints bind (127.0.0.1 by default;
+    /// a test host's address with `--netns`).
+    pub ip: std::net::IpAddr,
 }
 
 /// One connected side. Messages are delivered whole and in order.

@@ -1,12 +1,13 @@
-//! The shm provider as a benchmark endpoint: registered send and receive
-//! buffers, receives kept posted ahead, descriptors reused (no allocation in
-//! the measured loop).
+//! A uvia provider (shm, udp) as a benchmark endpoint: registered send and
+//! receive buffers, receives kept posted ahead, descriptors reused (no
+//! allocation in the measured loop).
 
 use super::{Endpoint, EndpointConfig, Listener, Mode};
 use anyhow::{anyhow, bail, Context, Result};
 use std::time::Duration;
 use uvia::{
-    Descriptor, Discriminator, MemAttributes, MemoryRegion, NetAddress, Nic, Vi, ViAttributes,
+    Descriptor, Discriminator, MemAttributes, MemoryRegion, NetAddress, Nic, NicOptions, Vi,
+    ViAttributes,
 };
 
 /// Receive descriptors kept posted.
@@ -25,14 +26,32 @@ struct Side {
     cfg: EndpointConfig,
 }
 
+/// Receives kept posted: on the network providers a reliable sender's
+/// whole window must find descriptors (a message without one breaks a VIA
+/// connection); `shm` holds early messages in its ring.
+fn recv_ahead(cfg: &EndpointConfig) -> usize {
+    if cfg.nic.starts_with("shm") {
+        RECV_AHEAD
+    } else {
+        RECV_AHEAD + cfg.window.max(1)
+    }
+}
+
 fn side(cfg: &EndpointConfig) -> Result<Side> {
-    let nic = Nic::open("shm").context("opening the shm Nic")?;
+    let opts = NicOptions {
+        inject: cfg.inject.clone(),
+        ..NicOptions::default()
+    };
+    let nic = Nic::open_with(&cfg.nic, &opts)
+        .with_context(|| format!("opening the Nic {:?}", cfg.nic))?;
     let ptag = nic.create_ptag()?;
     let max = cfg.max_size.max(1);
     let send = nic.alloc_region(max, MemAttributes::new(ptag))?;
     let recv = nic.alloc_region(max, MemAttributes::new(ptag))?;
-    let depth = (cfg.window.max(1) as u32).max(RECV_AHEAD as u32) * 2;
+    let ahead = recv_ahead(cfg);
+    let depth = (cfg.window.max(1) as u32).max(ahead as u32) * 2;
     let attrs = ViAttributes::new(ptag)
+        .reliability(cfg.reliability)
         .max_transfer_size(max.max(1 << 20) as u32)
         .queue_depths(depth, depth);
     let vi = nic.create_vi(attrs, None, None)?;
@@ -49,14 +68,14 @@ fn side(cfg: &EndpointConfig) -> Result<Side> {
     };
     s.send.as_mut_slice().fill(0x5a);
     s.recv.as_mut_slice().fill(0);
-    for _ in 0..RECV_AHEAD {
+    for _ in 0..ahead {
         s.vi.post_recv(Box::new(Descriptor::recv(&[s.recv.segment(0, max)])))
             .map_err(|e| anyhow!("posting a receive: {e}"))?;
     }
     Ok(s)
 }
 
-struct ShmListener {
+struct ViaListener {
     side: Side,
     disc: u64,
 }
@@ -67,12 +86,13 @@ pub fn listen(cfg: &EndpointConfig) -> Result<Box<dyn Listener>> {
         ^ (std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .subsec_nanos() as u64);
-    Ok(Box::new(ShmListener { side, disc }))
+    Ok(Box::new(ViaListener { side, disc }))
 }
 
-impl Listener for ShmListener {
+impl Listener for ViaListener {
+    /// `<host address>/<discriminator>`.
     fn info(&self) -> String {
-        format!("{:x}", self.disc)
+        format!("{}/{:x}", self.side.nic.attributes().address, self.disc)
     }
 
     fn accept(self: Box<Self>) -> Result<Box<dyn Endpoint>> {
@@ -80,30 +100,30 @@ impl Listener for ShmListener {
             .side
             .nic
             .connect_wait(&Discriminator::from_u64(self.disc), Some(CONNECT_TIMEOUT))
-            .context("waiting for the shm client")?;
-        req.accept(&self.side.vi)
-            .context("accepting the shm client")?;
+            .context("waiting for the client")?;
+        req.accept(&self.side.vi).context("accepting the client")?;
         self.side
             .nic
             .stop_listening(&Discriminator::from_u64(self.disc));
-        Ok(Box::new(ShmEndpoint::new(self.side)))
+        Ok(Box::new(ViaEndpoint::new(self.side)))
     }
 }
 
 pub fn connect(cfg: &EndpointConfig, info: &str) -> Result<Box<dyn Endpoint>> {
-    let disc = u64::from_str_radix(info.trim(), 16)
-        .with_context(|| format!("bad shm listener info {info:?}"))?;
+    let bad = || format!("bad listener info {info:?} (expected <host>/<discriminator>)");
+    let (host, disc) = info.trim().rsplit_once('/').with_context(bad)?;
+    let disc = u64::from_str_radix(disc, 16).with_context(bad)?;
     let side = side(cfg)?;
     side.vi
         .connect_request(
-            &NetAddress::new("0", Discriminator::from_u64(disc)),
+            &NetAddress::new(host, Discriminator::from_u64(disc)),
             CONNECT_TIMEOUT,
         )
-        .context("connecting to the shm server")?;
-    Ok(Box::new(ShmEndpoint::new(side)))
+        .with_context(|| format!("connecting to the server at {host}"))?;
+    Ok(Box::new(ViaEndpoint::new(side)))
 }
 
-struct ShmEndpoint {
+struct ViaEndpoint {
     s: Side,
     /// Spare send descriptors, boxed because posting hands the box to the VI.
     #[allow(clippy::vec_box)]
@@ -114,12 +134,12 @@ struct ShmEndpoint {
     last_len: usize,
 }
 
-impl ShmEndpoint {
-    fn new(s: Side) -> ShmEndpoint {
+impl ViaEndpoint {
+    fn new(s: Side) -> ViaEndpoint {
         let free = (0..s.cfg.window.max(1) + 1)
             .map(|_| Box::new(Descriptor::default()))
             .collect();
-        ShmEndpoint {
+        ViaEndpoint {
             s,
             free,
             in_flight: 0,
@@ -157,7 +177,7 @@ impl ShmEndpoint {
     }
 }
 
-impl Endpoint for ShmEndpoint {
+impl Endpoint for ViaEndpoint {
     fn send_buf(&mut self) -> &mut [u8] {
         self.s.send.as_mut_slice()
     }

@@ -1,0 +1,921 @@
+//! VIs between hosts: the protocol engine ([`uvia_proto::Conn`], one per
+//! VI) driven over a network medium ([`uvia_net::Medium`], one per Nic).
+//!
+//! Progress runs inside the caller's post, done and wait calls, as on `shm`:
+//! whoever polls reads what the medium has, hands each frame to the VI it
+//! names (by connection id) and sends what the engines want sent. The engine
+//! moves payload straight between frames and the descriptors' registered
+//! memory through [`ViMem`]; completions come back as engine events and are
+//! written into the descriptors here.
+
+use super::{EntryState, Posted, SlotQueue, Vi, ViInner, ViShared, ViState};
+use crate::cm::{NetAddress, RemoteViAttributes};
+use crate::desc::{status, Descriptor, MemHandle, Op};
+use crate::error::{ConnectError, PostError};
+use crate::mem::RegionTable;
+use crate::vi::{Queue, Reliability, ViAttributes};
+use std::collections::{HashMap, VecDeque};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use uvia_net::{Addr, Medium, OutFrame, RecvBatch};
+use uvia_proto::wire::{self, ConnAttrs, NakCode, RejectReason, Repr};
+use uvia_proto::{Config, Conn, Event, Level, Memory, Outcome, RnrPolicy, SendKind, SendOp};
+
+/// Most frames gathered before one call to the medium.
+const TX_BATCH: usize = 32;
+/// Pause before a message the receiver was not ready for goes again.
+const RNR_DELAY: Duration = Duration::from_micros(200);
+/// Requests refused recently, answered again without asking anyone.
+const REJECTED_MEMORY: usize = 64;
+
+/// A connection request waiting for a server's answer.
+#[derive(Clone, Debug)]
+pub(crate) struct Incoming {
+    pub from: Addr,
+    pub peer_id: u32,
+    pub attrs: ConnAttrs,
+}
+
+/// The network half of a Nic: its medium and the table of connections.
+pub(crate) struct NetNic {
+    pub medium: Box<dyn Medium>,
+    pub max_frame: usize,
+    pub idle_timeout: Duration,
+    /// Local connection id -> its VI.
+    conns: spin::Mutex<HashMap<u32, Weak<ViShared>>>,
+    /// (peer address, peer connection id) -> local id, so a repeated
+    /// request reaches the connection it made.
+    accepted: spin::Mutex<HashMap<(Addr, u32), u32>>,
+    /// Discriminators someone waits on, with requests not yet taken.
+    listening: spin::Mutex<HashMap<Vec<u8>, VecDeque<Incoming>>>,
+    rejected: spin::Mutex<VecDeque<(Addr, u32, RejectReason)>>,
+    rx: std::sync::Mutex<RxState>,
+    next_id: AtomicU32,
+    /// Frames that failed the checksum or did not parse.
+    pub malformed: AtomicU64,
+}
+
+struct RxState {
+    batch: RecvBatch,
+    /// For frames answered without a VI (rejects, disconnect acks).
+    reply: Vec<u8>,
+}
+
+impl NetNic {
+    pub fn new(medium: Box<dyn Medium>, idle_timeout: Duration) -> NetNic {
+        let caps = medium.caps().clone();
+        // Connection ids start somewhere different in each Nic, so frames of
+        // an earlier run's connection do not land on a new one.
+        let seed = std::process::id()
+            ^ Instant::now().elapsed().subsec_nanos()
+            ^ (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0)
+                << 8);
+        NetNic {
+            max_frame: caps.max_frame,
+            idle_timeout,
+            conns: spin::Mutex::new(HashMap::new()),
+            accepted: spin::Mutex::new(HashMap::new()),
+            listening: spin::Mutex::new(HashMap::new()),
+            rejected: spin::Mutex::new(VecDeque::new()),
+            rx: std::sync::Mutex::new(RxState {
+                batch: RecvBatch::new(caps.max_batch.clamp(1, 64), 65_536),
+                reply: vec![0; 256],
+            }),
+            next_id: AtomicU32::new(seed | 1),
+            malformed: AtomicU64::new(0),
+            medium,
+        }
+    }
+
+    fn new_id(&self) -> u32 {
+        loop {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            if id != 0 {
+                return id;
+            }
+        }
+    }
+
+    /// Starts queueing requests for `discriminator`.
+    pub fn listen(&self, discriminator: &[u8]) {
+        self.listening
+            .lock()
+            .entry(discriminator.to_vec())
+            .or_default();
+    }
+
+    pub fn stop_listening(&self, discriminator: &[u8]) {
+        self.listening.lock().remove(discriminator);
+    }
+
+    /// The oldest request waiting on `discriminator`.
+    pub fn take_request(&self, discriminator: &[u8]) -> Option<Incoming> {
+        self.listening
+            .lock()
+            .get_mut(discriminator)
+            .and_then(|q| q.pop_front())
+    }
+
+    /// Answers a request with a refusal, now and for its repetitions.
+    pub fn reject(&self, req: &Incoming, reason: RejectReason) {
+        {
+            let mut r = self.rejected.lock();
+            if r.len() == REJECTED_MEMORY {
+                r.pop_front();
+            }
+            r.push_back((req.from, req.peer_id, reason));
+        }
+        let mut buf = [0u8; 64];
+        let n = Conn::reject_frame(&mut buf, req.peer_id, reason);
+        let _ = self.medium.send(&[OutFrame {
+            to: req.from,
+            bytes: &buf[..n],
+        }]);
+    }
+
+    fn register(&self, id: u32, vi: &Arc<ViShared>) {
+        self.conns.lock().insert(id, Arc::downgrade(vi));
+    }
+
+    pub fn unregister(&self, id: u32) {
+        self.conns.lock().remove(&id);
+        self.accepted.lock().retain(|_, v| *v != id);
+    }
+
+    /// Reads what has arrived and hands each frame to its VI. `me` is the
+    /// calling VI, already locked. Returns true if any frame arrived. Only
+    /// one caller polls at a time; the others return at once (they are
+    /// served by the one polling).
+    pub fn poll(&self, mut me: Option<(&Vi, &mut ViInner)>, now: Instant) -> bool {
+        let Ok(mut rx) = self.rx.try_lock() else {
+            return false;
+        };
+        let RxState { batch, reply } = &mut *rx;
+        let n = match self.medium.recv(batch) {
+            Ok(n) => n,
+            Err(_) => return false,
+        };
+        for i in 0..n {
+            let (from, bytes) = batch.frame(i);
+            let Ok((dst, src, repr)) = wire::parse(bytes) else {
+                self.malformed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            if dst == 0 {
+                if let Repr::ConnRequest {
+                    attrs,
+                    discriminator,
+                } = repr
+                {
+                    self.on_request(from, src, attrs, discriminator, &mut me, now, reply);
+                }
+                continue;
+            }
+            let target = self.conns.lock().get(&dst).and_then(Weak::upgrade);
+            let Some(target) = target else {
+                if matches!(repr, Repr::Disconnect) {
+                    // The connection is gone already; say so, so the peer
+                    // does not keep asking.
+                    let n = Conn::disconnect_ack_frame(reply, src, dst);
+                    let _ = self.medium.send(&[OutFrame {
+                        to: from,
+                        bytes: &reply[..n],
+                    }]);
+                }
+                continue;
+            };
+            match &mut me {
+                Some((vi, g)) if Arc::ptr_eq(&vi.s, &target) => {
+                    vi.net_input(g, from, src, &repr, now);
+                }
+                _ => {
+                    let vi = Vi { s: target };
+                    let mut g = vi.lock();
+                    vi.net_input(&mut g, from, src, &repr, now);
+                    vi.net_output(&mut g, now);
+                }
+            }
+        }
+        n > 0
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_request(
+        &self,
+        from: Addr,
+        peer_id: u32,
+        attrs: ConnAttrs,
+        discriminator: &[u8],
+        me: &mut Option<(&Vi, &mut ViInner)>,
+        now: Instant,
+        reply: &mut [u8],
+    ) {
+        // A repetition of a request already accepted: its connection
+        // answers (with the accept again).
+        let known = self.accepted.lock().get(&(from, peer_id)).copied();
+        if let Some(id) = known {
+            let target = self.conns.lock().get(&id).and_then(Weak::upgrade);
+            if let Some(target) = target {
+                let repr = Repr::ConnRequest {
+                    attrs,
+                    discriminator,
+                };
+                match me {
+                    Some((vi, g)) if Arc::ptr_eq(&vi.s, &target) => {
+                        vi.net_input(g, from, peer_id, &repr, now)
+                    }
+                    _ => {
+                        let vi = Vi { s: target };
+                        let mut g = vi.lock();
+                        vi.net_input(&mut g, from, peer_id, &repr, now);
+                        vi.net_output(&mut g, now);
+                    }
+                }
+            }
+            return;
+        }
+        let refused = self
+            .rejected
+            .lock()
+            .iter()
+            .find(|(a, p, _)| *a == from && *p == peer_id)
+            .map(|(_, _, r)| *r);
+        let reason = match refused {
+            Some(r) => Some(r),
+            None => {
+                let mut ls = self.listening.lock();
+                match ls.get_mut(discriminator) {
+                    Some(q) => {
+                        if !q.iter().any(|r| r.from == from && r.peer_id == peer_id) {
+                            q.push_back(Incoming {
+                                from,
+                                peer_id,
+                                attrs,
+                            });
+                        }
+                        None
+                    }
+                    None => Some(RejectReason::NoListener),
+                }
+            }
+        };
+        if let Some(reason) = reason {
+            let n = Conn::reject_frame(reply, peer_id, reason);
+            let _ = self.medium.send(&[OutFrame {
+                to: from,
+                bytes: &reply[..n],
+            }]);
+        }
+    }
+}
+
+/// A VI's network connection.
+pub(crate) struct NetVi {
+    pub conn: Conn,
+    pub peer: Addr,
+    pub id: u32,
+    /// Frames built and not yet handed to the medium.
+    tx: Vec<u8>,
+    tx_lens: Vec<usize>,
+    /// The last handshake event, for the connecting call.
+    handshake: Option<Event>,
+}
+
+impl NetVi {
+    /// The VI is gone: tell the peer (once; its idle timeout covers a lost
+    /// frame) and forget the connection id.
+    pub(crate) fn drop_connection(nic: &crate::nic::NicShared, n: Box<NetVi>) {
+        let net = nic.net();
+        if n.conn.is_connected() {
+            let mut buf = [0u8; 64];
+            let len = Repr::Disconnect.emit(&mut buf, n.conn.peer_id(), n.id);
+            let _ = net.medium.send(&[OutFrame {
+                to: n.peer,
+                bytes: &buf[..len],
+            }]);
+        }
+        net.unregister(n.id);
+    }
+
+    fn new(conn: Conn, peer: Addr, id: u32, max_frame: usize) -> Box<NetVi> {
+        Box::new(NetVi {
+            conn,
+            peer,
+            id,
+            tx: vec![0; TX_BATCH * max_frame],
+            tx_lens: Vec::with_capacity(TX_BATCH),
+            handshake: None,
+        })
+    }
+}
+
+/// The engine's view of a VI's descriptors and of the Nic's registered
+/// memory.
+struct ViMem<'a> {
+    regions: &'a RegionTable,
+    attrs: &'a ViAttributes,
+    sq: &'a SlotQueue,
+    rq: &'a SlotQueue,
+}
+
+/// The entry of `q` whose id is `id`: ids are consecutive from the front.
+fn entry(q: &SlotQueue, id: u32) -> Option<&Posted> {
+    let first = q.front()?.id;
+    let i = id.wrapping_sub(first) as usize;
+    (i < q.len()).then(|| &q[i])
+}
+
+/// Calls `f(range pointer, position in the caller's buffer, n)` for each
+/// piece of the entry's ranges that covers `len` bytes from `offset`.
+fn pieces(e: &Posted, mut offset: usize, len: usize, mut f: impl FnMut(*mut u8, usize, usize)) {
+    let mut done = 0;
+    for r in e.ranges() {
+        if done == len {
+            break;
+        }
+        if offset >= r.len {
+            offset -= r.len;
+            continue;
+        }
+        let n = (r.len - offset).min(len - done);
+        // SAFETY (of the pointer arithmetic): `offset < r.len`.
+        f(unsafe { r.ptr.add(offset) }, done, n);
+        done += n;
+        offset = 0;
+    }
+}
+
+/// Copies the entry's bytes at `offset` into `buf`.
+fn gather_at(e: &Posted, offset: usize, buf: &mut [u8]) {
+    let dst = buf.as_mut_ptr();
+    pieces(e, offset, buf.len(), |p, at, n| {
+        // SAFETY: `p..p+n` lies in registered memory checked at post (and
+        // re-checked by the caller with `still_registered`); `at + n` is
+        // within `buf`.
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.add(at), n) }
+    });
+}
+
+/// Copies `data` into the entry's ranges at `offset`.
+fn scatter_at(e: &Posted, offset: usize, data: &[u8]) {
+    pieces(e, offset, data.len(), |p, at, n| {
+        // SAFETY: as in `gather_at`, the other way.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), p, n) }
+    });
+}
+
+impl Memory for ViMem<'_> {
+    fn read_send(&mut self, msn: u32, offset: u32, buf: &mut [u8]) {
+        match entry(self.sq, msn) {
+            Some(e) if e.still_registered(self.regions) => gather_at(e, offset as usize, buf),
+            // Deregistered under a posted descriptor: the caller broke the
+            // contract; send zeros rather than touch freed memory.
+            _ => buf.fill(0),
+        }
+    }
+
+    fn write_recv(&mut self, rsn: u32, offset: u32, data: &[u8]) {
+        if let Some(e) = entry(self.rq, rsn) {
+            if e.still_registered(self.regions) {
+                scatter_at(e, offset as usize, data);
+            }
+        }
+    }
+
+    fn write_read(&mut self, msn: u32, offset: u32, data: &[u8]) {
+        if let Some(e) = entry(self.sq, msn) {
+            if e.still_registered(self.regions) {
+                scatter_at(e, offset as usize, data);
+            }
+        }
+    }
+
+    fn check_rdma(&mut self, rkey: u32, raddr: u64, len: u32, write: bool) -> Result<(), NakCode> {
+        check_rdma(self.regions, self.attrs, rkey, raddr, len as u64, write)
+    }
+
+    fn rdma_write(&mut self, rkey: u32, raddr: u64, data: &[u8]) -> Result<(), NakCode> {
+        check_rdma(
+            self.regions,
+            self.attrs,
+            rkey,
+            raddr,
+            data.len() as u64,
+            true,
+        )?;
+        // SAFETY: the range was just checked against this Nic's registered
+        // regions, the VI's tag and the enable bits.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), raddr as *mut u8, data.len()) };
+        Ok(())
+    }
+
+    fn rdma_read(&mut self, rkey: u32, raddr: u64, buf: &mut [u8]) {
+        if check_rdma(
+            self.regions,
+            self.attrs,
+            rkey,
+            raddr,
+            buf.len() as u64,
+            false,
+        )
+        .is_err()
+        {
+            // Deregistered since the request was checked: zeros, not freed memory.
+            buf.fill(0);
+            return;
+        }
+        // SAFETY: as in `rdma_write`, for reading.
+        unsafe { std::ptr::copy_nonoverlapping(raddr as *const u8, buf.as_mut_ptr(), buf.len()) };
+    }
+}
+
+fn check_rdma(
+    regions: &RegionTable,
+    attrs: &ViAttributes,
+    rkey: u32,
+    raddr: u64,
+    len: u64,
+    write: bool,
+) -> Result<(), NakCode> {
+    let r = regions
+        .check(MemHandle(rkey), attrs.ptag, raddr, len)
+        .map_err(|_| NakCode::Protection)?;
+    let allowed = if write {
+        r.attrs.enable_rdma_write && attrs.enable_rdma_write
+    } else {
+        r.attrs.enable_rdma_read && attrs.enable_rdma_read
+    };
+    if allowed {
+        Ok(())
+    } else {
+        Err(NakCode::Protection)
+    }
+}
+
+fn level(r: Reliability) -> Level {
+    match r {
+        Reliability::Unreliable => Level::Unreliable,
+        Reliability::ReliableDelivery => Level::ReliableDelivery,
+        Reliability::ReliableReception => Level::ReliableReception,
+    }
+}
+
+fn reliability(l: u8) -> Reliability {
+    Reliability::from_u8(l).unwrap_or(Reliability::Unreliable)
+}
+
+fn outcome_bits(o: Outcome) -> u32 {
+    match o {
+        Outcome::Ok => 0,
+        Outcome::Length => status::LENGTH_ERROR,
+        Outcome::Remote(NakCode::Protection) | Outcome::Remote(NakCode::Operation) => {
+            status::RDMA_PROT_ERROR
+        }
+        Outcome::Remote(_) => status::REMOTE_DESC_ERROR,
+        Outcome::Transport => status::TRANSPORT_ERROR,
+        Outcome::Flushed => status::DESC_FLUSHED_ERROR,
+    }
+}
+
+/// Parses a host of a [`NetAddress`]: `ip:port`, `[v6]:port`, or
+/// `name:port` resolved by the system.
+pub(crate) fn resolve(host: &str) -> Result<Addr, ConnectError> {
+    if let Ok(a) = host.parse::<SocketAddr>() {
+        return Ok(Addr::Ip(a));
+    }
+    host.to_socket_addrs()
+        .ok()
+        .and_then(|mut it| it.next())
+        .map(Addr::Ip)
+        .ok_or_else(|| ConnectError::BadAddress(host.to_string()))
+}
+
+impl Vi {
+    fn net_config(&self, attrs: &ViAttributes) -> Config {
+        let net = self.s.nic.net();
+        Config {
+            level: level(attrs.reliability),
+            max_frame: net.max_frame as u32,
+            max_transfer: attrs.max_transfer_size,
+            rdma_write: attrs.enable_rdma_write,
+            rdma_read: attrs.enable_rdma_read,
+            idle_timeout: net.idle_timeout,
+            keepalive: net.idle_timeout / 4,
+            rnr: if attrs.rnr_retry {
+                // Sent again every RNR_DELAY until the idle timeout's worth
+                // of tries has passed.
+                RnrPolicy::Retry {
+                    delay: RNR_DELAY,
+                    limit: (net.idle_timeout.as_micros() / RNR_DELAY.as_micros()).max(1) as u32,
+                }
+            } else {
+                RnrPolicy::Fail
+            },
+            ..Config::default()
+        }
+    }
+
+    /// Hands a frame to this VI's engine.
+    fn net_input(&self, g: &mut ViInner, from: Addr, src: u32, repr: &Repr<'_>, now: Instant) {
+        let ViInner {
+            net, sq, rq, attrs, ..
+        } = g;
+        let Some(net) = net.as_mut() else {
+            return;
+        };
+        if from != net.peer {
+            return;
+        }
+        let mut mem = ViMem {
+            regions: &self.s.nic.regions,
+            attrs,
+            sq,
+            rq,
+        };
+        net.conn.handle_frame(now, src, repr, &mut mem);
+        self.net_events(g);
+    }
+
+    /// Sends what the engine has to send and applies its events.
+    pub(super) fn net_output(&self, g: &mut ViInner, now: Instant) -> bool {
+        let medium = &self.s.nic.net().medium;
+        let mut sent = false;
+        loop {
+            let ViInner {
+                net, sq, rq, attrs, ..
+            } = &mut *g;
+            let Some(net) = net.as_mut() else {
+                return sent;
+            };
+            let mut mem = ViMem {
+                regions: &self.s.nic.regions,
+                attrs,
+                sq,
+                rq,
+            };
+            let frame = net.tx.len() / TX_BATCH;
+            net.tx_lens.clear();
+            while net.tx_lens.len() < TX_BATCH {
+                let at = net.tx_lens.len() * frame;
+                match net
+                    .conn
+                    .poll_transmit(now, &mut net.tx[at..at + frame], &mut mem)
+                {
+                    Some(n) => net.tx_lens.push(n),
+                    None => break,
+                }
+            }
+            let k = net.tx_lens.len();
+            if k > 0 {
+                let empty = OutFrame {
+                    to: net.peer,
+                    bytes: &[],
+                };
+                let mut frames: [OutFrame<'_>; TX_BATCH] = [empty; TX_BATCH];
+                for (i, &n) in net.tx_lens.iter().enumerate() {
+                    frames[i] = OutFrame {
+                        to: net.peer,
+                        bytes: &net.tx[i * frame..i * frame + n],
+                    };
+                }
+                // A local send failure is a lost frame to the engine: the
+                // reliable levels send it again, the unreliable one lost it.
+                let _ = medium.send(&frames[..k]);
+                sent = true;
+            }
+            self.net_events(g);
+            if k < TX_BATCH {
+                return sent;
+            }
+        }
+    }
+
+    /// Writes engine completions into the descriptors.
+    fn net_events(&self, g: &mut ViInner) -> bool {
+        let mut moved = false;
+        loop {
+            let Some(ev) = g.net.as_mut().and_then(|n| n.conn.poll_event()) else {
+                return moved;
+            };
+            moved = true;
+            match ev {
+                Event::SendDone { msn, outcome } => {
+                    let first = g.sq.front().map(|e| e.id).unwrap_or(msn);
+                    let i = msn.wrapping_sub(first) as usize;
+                    if i < g.sq.len() {
+                        let e = &mut g.sq[i];
+                        if e.state != EntryState::Done {
+                            self.complete_send(e, outcome_bits(outcome));
+                        }
+                    }
+                }
+                Event::RecvDone {
+                    rsn,
+                    len,
+                    imm,
+                    remote_write,
+                    outcome,
+                } => {
+                    let first = g.rq.front().map(|e| e.id).unwrap_or(rsn);
+                    let i = rsn.wrapping_sub(first) as usize;
+                    if i < g.rq.len() {
+                        let op = if remote_write {
+                            status::OP_REMOTE_RDMA_WRITE
+                        } else {
+                            status::OP_RECEIVE
+                        };
+                        let len = if outcome == Outcome::Ok { len } else { 0 };
+                        let e = &mut g.rq[i];
+                        if e.state != EntryState::Done {
+                            self.complete_recv(e, op, len, imm, outcome_bits(outcome));
+                            g.rq_done += 1;
+                        }
+                    }
+                }
+                Event::Connected | Event::Rejected(_) | Event::ConnectTimedOut => {
+                    if let Some(n) = g.net.as_mut() {
+                        n.handshake = Some(ev);
+                    }
+                }
+                Event::Disconnected | Event::Failed(_) => {
+                    // Every descriptor was completed by the engine first.
+                    self.set_state(ViState::Error);
+                }
+            }
+        }
+    }
+
+    /// Moves a network VI forward: reads the medium, runs timers, sends.
+    pub(super) fn net_progress(&self, g: &mut ViInner) -> bool {
+        let now = Instant::now();
+        let nic = self.s.nic.net();
+        let mut moved = nic.poll(Some((self, &mut *g)), now);
+        if let Some(net) = g.net.as_mut() {
+            if net.conn.poll_timeout().is_some_and(|t| t <= now) {
+                net.conn.handle_timeout(now);
+                moved = true;
+            }
+        }
+        moved |= self.net_output(g, now);
+        moved
+    }
+
+    /// Posts a send-queue descriptor on a network VI and sends what can go now.
+    ///
+    /// # Safety
+    /// As for [`Vi::post_send_raw`].
+    pub(super) unsafe fn net_post_send(
+        &self,
+        g: &mut ViInner,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Result<(), PostError> {
+        let attrs = g.attrs;
+        let len = g.sq.len();
+        let Some(slot) = g.sq.next_free() else {
+            return Err(PostError::QueueFull("send", len));
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { super::prepare(&self.s.nic, &attrs, slot, d, owned, Queue::Send)? };
+        let op = SendOp {
+            kind: match slot.op {
+                Op::SendRecv => SendKind::Send,
+                Op::RdmaWrite => SendKind::RdmaWrite {
+                    raddr: slot.remote.0,
+                    rkey: slot.remote.1 .0,
+                },
+                Op::RdmaRead => SendKind::RdmaRead {
+                    raddr: slot.remote.0,
+                    rkey: slot.remote.1 .0,
+                },
+            },
+            len: slot.total as u32,
+            imm: slot.imm,
+        };
+        let now = Instant::now();
+        let Some(net) = g.net.as_mut() else {
+            return Err(PostError::NotConnected(self.state()));
+        };
+        let msn = net.conn.post_send(now, op).map_err(|e| match e {
+            uvia_proto::PostError::State => PostError::NotConnected(self.state()),
+            uvia_proto::PostError::TooLong { len, max } => PostError::TooLong {
+                len: len as u64,
+                max,
+            },
+            uvia_proto::PostError::ReadUnavailable => {
+                PostError::NotEnabled("RDMA read (the peer does not allow it)")
+            }
+            uvia_proto::PostError::WriteUnavailable => {
+                PostError::NotEnabled("RDMA write (the peer does not allow it)")
+            }
+        })?;
+        let Some(slot) = g.sq.next_free() else {
+            return Err(PostError::QueueFull("send", len));
+        };
+        slot.id = msn;
+        slot.state = EntryState::InFlight;
+        g.sq.commit();
+        g.sq_sent = g.sq.len();
+        self.net_output(g, now);
+        Ok(())
+    }
+
+    /// Tells the engine of a receive descriptor just queued at the back.
+    pub(super) fn net_post_recv(&self, g: &mut ViInner) {
+        let Some(net) = g.net.as_mut() else {
+            return;
+        };
+        let i = g.rq.len() - 1;
+        let cap = g.rq[i].total.min(u32::MAX as u64) as u32;
+        if let Ok(rsn) = net.conn.post_recv(cap) {
+            g.rq[i].id = rsn;
+        }
+    }
+
+    /// Hands the engine every receive descriptor posted before it existed.
+    fn net_adopt_recvs(&self, g: &mut ViInner) {
+        let ViInner { net, rq, .. } = g;
+        let Some(net) = net.as_mut() else {
+            return;
+        };
+        for e in rq.iter_mut() {
+            if e.state == EntryState::Done {
+                continue;
+            }
+            if let Ok(rsn) = net.conn.post_recv(e.total.min(u32::MAX as u64) as u32) {
+                e.id = rsn;
+            }
+        }
+    }
+
+    /// The client side of a connection over the network (VipConnectRequest).
+    pub(super) fn net_connect(
+        &self,
+        remote: &NetAddress,
+        timeout: Duration,
+    ) -> Result<RemoteViAttributes, ConnectError> {
+        let start = Instant::now();
+        let to = resolve(&remote.host)?;
+        let nic = self.s.nic.net();
+        let id = nic.new_id();
+        nic.register(id, &self.s);
+        let r = self.net_connect_inner(remote, to, id, start, timeout);
+        if r.is_err() {
+            nic.unregister(id);
+            self.lock().net = None;
+        }
+        r
+    }
+
+    fn net_connect_inner(
+        &self,
+        remote: &NetAddress,
+        to: Addr,
+        id: u32,
+        start: Instant,
+        timeout: Duration,
+    ) -> Result<RemoteViAttributes, ConnectError> {
+        let nic = self.s.nic.net();
+        let mut last_no_listener = false;
+        loop {
+            {
+                let mut g = self.lock();
+                let mut cfg = self.net_config(&g.attrs);
+                cfg.connect_timeout = timeout.saturating_sub(start.elapsed());
+                let conn = Conn::connect(
+                    Instant::now(),
+                    cfg,
+                    id,
+                    initial_psn(id),
+                    remote.discriminator.as_bytes(),
+                );
+                g.net = Some(NetVi::new(conn, to, id, nic.max_frame));
+                self.net_adopt_recvs(&mut g);
+            }
+            // Drive the handshake until it ends one way or the other.
+            let ev = loop {
+                {
+                    let mut g = self.lock();
+                    self.net_progress(&mut g);
+                    if let Some(ev) = g.net.as_mut().and_then(|n| n.handshake.take()) {
+                        break ev;
+                    }
+                }
+                if start.elapsed() >= timeout {
+                    break Event::ConnectTimedOut;
+                }
+                let _ = nic.medium.wait(Some(Duration::from_millis(5)));
+            };
+            match ev {
+                Event::Connected => {
+                    let mut g = self.lock();
+                    let peer = g.net.as_ref().and_then(|n| n.conn.peer_attrs());
+                    let Some(p) = peer else {
+                        return Err(ConnectError::Protocol("accept without attributes"));
+                    };
+                    let remote = remote_attrs(&p);
+                    g.remote = Some(remote.clone());
+                    g.idle = 0;
+                    self.set_state(ViState::Connected);
+                    return Ok(remote);
+                }
+                Event::Rejected(RejectReason::NoListener) if start.elapsed() < timeout => {
+                    // Nobody waits there yet: ask again shortly, as a
+                    // client of a local server waits for it to listen.
+                    last_no_listener = true;
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+                Event::Rejected(RejectReason::Mismatch) => {
+                    return Err(ConnectError::Mismatch(
+                        "the server's VI has another reliability level".to_string(),
+                    ))
+                }
+                Event::Rejected(RejectReason::NoListener) => {
+                    return Err(ConnectError::NoListener {
+                        nic: remote.host.clone(),
+                        discriminator: remote.discriminator.to_string(),
+                        waited_ms: start.elapsed().as_millis() as u64,
+                    })
+                }
+                Event::Rejected(_) => return Err(ConnectError::Rejected),
+                _ => {
+                    if last_no_listener {
+                        return Err(ConnectError::NoListener {
+                            nic: remote.host.clone(),
+                            discriminator: remote.discriminator.to_string(),
+                            waited_ms: start.elapsed().as_millis() as u64,
+                        });
+                    }
+                    return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
+                }
+            }
+        }
+    }
+
+    /// The server side (ConnRequest::accept over the network).
+    pub(crate) fn net_accept(&self, req: &Incoming) -> Result<(), ConnectError> {
+        let nic = self.s.nic.net();
+        let mut g = self.lock();
+        let st = self.state();
+        if st != ViState::Idle {
+            nic.reject(req, RejectReason::Refused);
+            return Err(ConnectError::InvalidState(st));
+        }
+        let theirs = reliability(req.attrs.reliability);
+        if theirs != g.attrs.reliability {
+            nic.reject(req, RejectReason::Mismatch);
+            return Err(ConnectError::Mismatch(format!(
+                "reliability level {:?} here, {:?} at the peer",
+                g.attrs.reliability, theirs
+            )));
+        }
+        let id = nic.new_id();
+        let now = Instant::now();
+        let cfg = self.net_config(&g.attrs);
+        let conn = Conn::accept(now, cfg, id, initial_psn(id), req.peer_id, req.attrs);
+        g.net = Some(NetVi::new(conn, req.from, id, nic.max_frame));
+        self.net_adopt_recvs(&mut g);
+        nic.register(id, &self.s);
+        nic.accepted.lock().insert((req.from, req.peer_id), id);
+        g.remote = Some(remote_attrs(&req.attrs));
+        g.idle = 0;
+        self.set_state(ViState::Connected);
+        self.net_output(&mut g, now);
+        Ok(())
+    }
+
+    /// Ends a network connection (VipDisconnect): the peer is told, every
+    /// outstanding descriptor here completes as flushed.
+    pub(super) fn net_disconnect(&self, g: &mut ViInner) {
+        let now = Instant::now();
+        if let Some(net) = g.net.as_mut() {
+            net.conn.close(now);
+        }
+        self.net_output(g, now);
+        if let Some(net) = g.net.take() {
+            self.s.nic.net().unregister(net.id);
+        }
+    }
+}
+
+fn remote_attrs(a: &ConnAttrs) -> RemoteViAttributes {
+    RemoteViAttributes {
+        reliability: reliability(a.reliability),
+        max_transfer_size: a.max_transfer,
+        enable_rdma_write: a.rdma_write,
+        enable_rdma_read: a.rdma_read,
+    }
+}
+
+/// A first packet number that differs between connections, so a stale
+/// frame of an earlier connection is unlikely to fall in the window.
+fn initial_psn(id: u32) -> u32 {
+    id.wrapping_mul(0x9e37_79b9) ^ 0x5bd1_e995
+}

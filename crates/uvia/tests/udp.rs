@@ -1,0 +1,411 @@
+//! Two real processes over the udp provider on loopback: every size class on
+//! every reliability level, scatter and gather, RDMA write and read with
+//! immediate data, the fault injector at 5% loss with exactly-once checks,
+//! connection errors, and a peer killed mid-transfer. Each test re-runs this
+//! binary as its peer.
+
+mod peer;
+
+use peer::*;
+use std::time::{Duration, Instant};
+use uvia::*;
+
+const SIZES: &[usize] = &[0, 1, 8, 1000, 1408, 1409, 4096, 65536, 300_000, 1 << 20];
+
+fn levels() -> [Reliability; 3] {
+    [
+        Reliability::Unreliable,
+        Reliability::ReliableDelivery,
+        Reliability::ReliableReception,
+    ]
+}
+
+const LOSSY: &str = "loss=0.05,dup=0.01,reorder=0.02,delay=50us,corrupt=0.002,seed=";
+
+fn lossy(seed: u32) -> NicOptions {
+    NicOptions {
+        inject: Some(format!("{LOSSY}{seed}")),
+        ..NicOptions::default()
+    }
+}
+
+/// Echoes every message back until a one-byte 0xff. Keeps a receive
+/// posted at all times (a network VI has nowhere to hold a message that
+/// finds none) and echoes from a copy, so the next message never lands in
+/// bytes still being sent.
+fn echo_server(inst: &str, opts: &NicOptions, level: Reliability, d: u64) {
+    let mut e = end_with(inst, opts, |p| ViAttributes::new(p).reliability(level));
+    const R: usize = 1 << 20;
+    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(R, R)])))
+        .unwrap();
+    accept(&e, d);
+    loop {
+        let r = e.vi.recv_wait(Some(T)).unwrap();
+        let n = r.result().unwrap() as usize;
+        if n == 1 && e.buf.as_slice()[R] == 0xff {
+            break;
+        }
+        e.buf.as_mut_slice().copy_within(R..R + n, 0);
+        let mut r = r;
+        *r = Descriptor::recv(&[e.buf.segment(R, R)]);
+        e.vi.post_recv(r).unwrap();
+        assert_eq!(send(&e, 0, n).result(), Ok(n as u32));
+    }
+    until_peer_leaves(&e);
+}
+
+fn stop(e: &mut End) {
+    e.buf.as_mut_slice()[0] = 0xff;
+    send(e, 0, 1);
+}
+
+#[test]
+fn every_size_class_on_the_reliable_levels() {
+    let inst = udp_instance();
+    if let Some(a) = peer_arg() {
+        let (lvl, d) = a.split_once(':').unwrap();
+        let level = levels()[lvl.parse::<usize>().unwrap()];
+        return echo_server(&inst, &NicOptions::default(), level, d.parse().unwrap());
+    }
+    for li in [1usize, 2] {
+        let level = levels()[li];
+        let d = 300 + li as u64;
+        let peer = Peer::spawn(
+            "every_size_class_on_the_reliable_levels",
+            &inst,
+            &format!("{li}:{d}"),
+        );
+        let mut e = end(&inst, |p| ViAttributes::new(p).reliability(level));
+        connect(&e, d);
+        for (k, &n) in SIZES.iter().enumerate() {
+            let data = pattern(n, k as u8 + 1);
+            e.buf.as_mut_slice()[..n].copy_from_slice(&data);
+            e.vi.post_recv(Box::new(Descriptor::recv(&[e
+                .buf
+                .segment(1 << 20, 1 << 20)])))
+                .unwrap();
+            assert_eq!(send(&e, 0, n).result(), Ok(n as u32), "{level:?} {n} B");
+            let r = e.vi.recv_wait(Some(T)).unwrap();
+            assert_eq!(r.result(), Ok(n as u32), "{level:?} {n} B echo");
+            assert_eq!(&e.buf.as_slice()[1 << 20..(1 << 20) + n], &data[..]);
+        }
+        stop(&mut e);
+        e.vi.disconnect();
+        peer.join();
+    }
+}
+
+#[test]
+fn unreliable_carries_every_size_on_a_clean_loopback() {
+    let inst = udp_instance();
+    if let Some(d) = peer_arg() {
+        return echo_server(
+            &inst,
+            &NicOptions::default(),
+            Reliability::Unreliable,
+            d.parse().unwrap(),
+        );
+    }
+    let peer = Peer::spawn(
+        "unreliable_carries_every_size_on_a_clean_loopback",
+        &inst,
+        "310",
+    );
+    let mut e = end(&inst, |p| {
+        ViAttributes::new(p).reliability(Reliability::Unreliable)
+    });
+    connect(&e, 310);
+    // Loopback loses nothing while one message is in flight at a time.
+    for (k, &n) in SIZES.iter().enumerate().filter(|(_, &n)| n <= 65536) {
+        let data = pattern(n, k as u8 + 3);
+        e.buf.as_mut_slice()[..n].copy_from_slice(&data);
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e
+            .buf
+            .segment(1 << 20, 1 << 20)])))
+            .unwrap();
+        assert_eq!(send(&e, 0, n).result(), Ok(n as u32));
+        let r = e.vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(r.result(), Ok(n as u32), "{n} B echo");
+        assert_eq!(&e.buf.as_slice()[1 << 20..(1 << 20) + n], &data[..]);
+    }
+    stop(&mut e);
+    e.vi.disconnect();
+    peer.join();
+}
+
+#[test]
+fn rdma_read_is_checked_on_the_target() {
+    let inst = udp_instance();
+    let rdma = |p| ViAttributes::new(p).rdma(true, true);
+    if peer_arg().is_some() {
+        // The target: tells its buffer's address and handle, then serves.
+        let mut e = end(&inst, rdma);
+        accept(&e, 320);
+        let addr = e.buf.as_slice().as_ptr() as u64;
+        e.buf.as_mut_slice()[..8].copy_from_slice(&addr.to_le_bytes());
+        let h = e.buf.handle().0;
+        e.buf.as_mut_slice()[8..12].copy_from_slice(&h.to_le_bytes());
+        e.buf.as_mut_slice()[4096..4096 + 100_000].copy_from_slice(&pattern(100_000, 77));
+        send(&e, 0, 12);
+        // The client's bad read breaks the connection on both sides.
+        until_peer_leaves(&e);
+        return;
+    }
+    let peer = Peer::spawn("rdma_read_is_checked_on_the_target", &inst, "x");
+    let e = end(&inst, rdma);
+    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
+        .unwrap();
+    connect(&e, 320);
+    let r = e.vi.recv_wait(Some(T)).unwrap();
+    assert_eq!(r.result(), Ok(12));
+    let raddr = u64::from_le_bytes(e.buf.as_slice()[..8].try_into().unwrap());
+    let rh = MemHandle(u32::from_le_bytes(
+        e.buf.as_slice()[8..12].try_into().unwrap(),
+    ));
+    // RDMA read of 100 000 bytes.
+    e.vi.post_send(Box::new(Descriptor::rdma_read(
+        Segment::remote(raddr + 4096, rh),
+        &[e.buf.segment(1 << 20, 100_000)],
+    )))
+    .unwrap();
+    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(100_000));
+    assert_eq!(
+        &e.buf.as_slice()[1 << 20..(1 << 20) + 100_000],
+        &pattern(100_000, 77)[..]
+    );
+    // A read past the end of the target's region is refused by the target.
+    e.vi.post_send(Box::new(Descriptor::rdma_read(
+        Segment::remote(raddr + (2 << 20) - 10, rh),
+        &[e.buf.segment(0, 100)],
+    )))
+    .unwrap();
+    let bad = e.vi.send_wait(Some(T)).unwrap();
+    assert!(bad.error().is_some(), "out-of-bounds read must fail");
+    assert_eq!(e.vi.state(), ViState::Error);
+    drop(e);
+    peer.join();
+}
+
+#[test]
+fn rdma_write_with_immediate_data_lands_in_order() {
+    let inst = udp_instance();
+    let rdma = |p| ViAttributes::new(p).rdma(true, true);
+    if peer_arg().is_some() {
+        let mut e = end(&inst, rdma);
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(64, 16)])))
+            .unwrap();
+        accept(&e, 330);
+        let addr = e.buf.as_slice().as_ptr() as u64;
+        e.buf.as_mut_slice()[..8].copy_from_slice(&addr.to_le_bytes());
+        let h = e.buf.handle().0;
+        e.buf.as_mut_slice()[8..12].copy_from_slice(&h.to_le_bytes());
+        send(&e, 0, 12);
+        let r = e.vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(r.immediate(), Some(0xabcd));
+        assert_eq!(&e.buf.as_slice()[200_000..250_000], &pattern(50_000, 5)[..]);
+        send(&e, 0, 1);
+        until_peer_leaves(&e);
+        return;
+    }
+    let peer = Peer::spawn("rdma_write_with_immediate_data_lands_in_order", &inst, "x");
+    let mut e = end(&inst, rdma);
+    for _ in 0..2 {
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
+            .unwrap();
+    }
+    connect(&e, 330);
+    let r = e.vi.recv_wait(Some(T)).unwrap();
+    assert_eq!(r.result(), Ok(12));
+    let raddr = u64::from_le_bytes(e.buf.as_slice()[..8].try_into().unwrap());
+    let rh = MemHandle(u32::from_le_bytes(
+        e.buf.as_slice()[8..12].try_into().unwrap(),
+    ));
+    e.buf.as_mut_slice()[4096..4096 + 50_000].copy_from_slice(&pattern(50_000, 5));
+    let d = Descriptor::rdma_write(
+        Segment::remote(raddr + 200_000, rh),
+        &[e.buf.segment(4096, 50_000)],
+    )
+    .with_immediate(0xabcd);
+    e.vi.post_send(Box::new(d)).unwrap();
+    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(50_000));
+    // The target's acknowledgement comes after it checked the bytes.
+    let r = e.vi.recv_wait(Some(T)).unwrap();
+    assert_eq!(r.result(), Ok(1));
+    e.vi.disconnect();
+    peer.join();
+}
+
+/// Sends `count` numbered messages of mixed sizes through the echo server
+/// over a lossy medium and checks each comes back once, in order, intact.
+fn lossy_echo(test: &str, level: Reliability, d: u64, count: usize) {
+    let inst = udp_instance();
+    if peer_arg().is_some() {
+        return echo_server(&inst, &lossy(2), level, d);
+    }
+    let peer = Peer::spawn(test, &inst, "x");
+    let mut e = end_with(&inst, &lossy(1), |p| {
+        ViAttributes::new(p).reliability(level)
+    });
+    connect(&e, d);
+    let sizes = [1usize, 64, 1500, 9000, 65536, 200_000];
+    for i in 0..count {
+        let n = sizes[i % sizes.len()];
+        let mut data = pattern(n.max(4), i as u8);
+        data[..4].copy_from_slice(&(i as u32).to_le_bytes());
+        data.truncate(n.max(4));
+        let n = data.len();
+        e.buf.as_mut_slice()[..n].copy_from_slice(&data);
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e
+            .buf
+            .segment(1 << 20, 1 << 20)])))
+            .unwrap();
+        assert_eq!(send(&e, 0, n).result(), Ok(n as u32), "message {i}");
+        let r = e.vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(r.result(), Ok(n as u32), "echo of message {i}");
+        assert_eq!(
+            &e.buf.as_slice()[1 << 20..(1 << 20) + n],
+            &data[..],
+            "message {i}"
+        );
+    }
+    stop(&mut e);
+    e.vi.disconnect();
+    peer.join();
+}
+
+#[test]
+fn reliable_delivery_is_exactly_once_at_5_percent_loss() {
+    lossy_echo(
+        "reliable_delivery_is_exactly_once_at_5_percent_loss",
+        Reliability::ReliableDelivery,
+        340,
+        120,
+    );
+}
+
+#[test]
+fn reliable_reception_is_exactly_once_at_5_percent_loss() {
+    lossy_echo(
+        "reliable_reception_is_exactly_once_at_5_percent_loss",
+        Reliability::ReliableReception,
+        341,
+        60,
+    );
+}
+
+#[test]
+fn connection_errors_are_clear() {
+    let inst = udp_instance();
+    if let Some(a) = peer_arg() {
+        let e = end(&inst, |p| {
+            ViAttributes::new(p).reliability(Reliability::ReliableDelivery)
+        });
+        match a.as_str() {
+            "reject" => {
+                let mut req = e.nic.connect_wait(&disc(351), Some(T)).unwrap();
+                req.reject().unwrap();
+            }
+            _ => {
+                // Accepts with a VI of another level: a mismatch.
+                let mut req = e.nic.connect_wait(&disc(352), Some(T)).unwrap();
+                assert!(req.accept(&e.vi).is_err());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        return;
+    }
+    // Nobody listens: a clear error after the timeout.
+    let e = end(&inst, ViAttributes::new);
+    let t0 = Instant::now();
+    let r = e.vi.connect_request(
+        &NetAddress::new(&peer_host(&inst), disc(350)),
+        Duration::from_millis(300),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(ConnectError::NoListener { .. } | ConnectError::Timeout(_))
+        ),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    assert_eq!(e.vi.state(), ViState::Idle);
+    drop(e);
+    let peer = Peer::spawn("connection_errors_are_clear", &inst, "reject");
+    let e = end(&inst, ViAttributes::new);
+    let r =
+        e.vi.connect_request(&NetAddress::new(&peer_host(&inst), disc(351)), T);
+    assert!(matches!(r, Err(ConnectError::Rejected)), "{r:?}");
+    drop(e);
+    peer.join();
+    let peer = Peer::spawn("connection_errors_are_clear", &inst, "mismatch");
+    let e = end(&inst, |p| {
+        ViAttributes::new(p).reliability(Reliability::Unreliable)
+    });
+    let r =
+        e.vi.connect_request(&NetAddress::new(&peer_host(&inst), disc(352)), T);
+    assert!(matches!(r, Err(ConnectError::Mismatch(_))), "{r:?}");
+    peer.join();
+    // A host that does not parse.
+    let r =
+        e.vi.connect_request(&NetAddress::new("no such host:1", disc(1)), T);
+    assert!(matches!(r, Err(ConnectError::BadAddress(_))), "{r:?}");
+}
+
+#[test]
+fn a_killed_peer_fails_every_outstanding_descriptor() {
+    let inst = udp_instance();
+    let opts = NicOptions {
+        idle_timeout: Some(Duration::from_millis(800)),
+        ..NicOptions::default()
+    };
+    if peer_arg().is_some() {
+        let e = end_with(&inst, &opts, ViAttributes::new);
+        for _ in 0..4 {
+            e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 1 << 20)])))
+                .unwrap();
+        }
+        accept(&e, 360);
+        // Take a few messages, then wait inside the library (acknowledging
+        // what arrives, as a live process does) until killed.
+        for _ in 0..3 {
+            e.vi.recv_wait(Some(T)).unwrap();
+        }
+        let _ = e.vi.recv_wait(Some(Duration::from_secs(60)));
+        return;
+    }
+    let mut peer = Peer::spawn(
+        "a_killed_peer_fails_every_outstanding_descriptor",
+        &inst,
+        "x",
+    );
+    let e = end_with(&inst, &opts, ViAttributes::new);
+    connect(&e, 360);
+    for _ in 0..3 {
+        assert_eq!(send(&e, 0, 100_000).result(), Ok(100_000));
+    }
+    for _ in 0..4 {
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
+            .unwrap();
+    }
+    peer.kill();
+    // Mid-transfer: these sends have no receive descriptor and no peer.
+    for _ in 0..5 {
+        e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, 50_000)])))
+            .unwrap();
+    }
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        let d = e.vi.send_wait(Some(T)).unwrap();
+        assert!(d.error().is_some(), "send to a dead peer must fail");
+    }
+    for _ in 0..4 {
+        let d = e.vi.recv_wait(Some(T)).unwrap();
+        assert!(d.error().is_some(), "receive from a dead peer must fail");
+    }
+    assert_eq!(e.vi.state(), ViState::Error);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "within the idle timeout"
+    );
+}
