@@ -117,6 +117,10 @@ pub struct RecvBatch {
     pub(crate) frames: Vec<(Addr, usize, usize)>,
     /// Bytes of `buf` in use by pushed frames.
     pub(crate) used: usize,
+    /// The UDP medium's message headers, built once on first use.
+    pub(crate) sys: Option<Box<udp::RecvHeaders>>,
+    /// The last receive found datagrams queued: ask for a whole batch.
+    pub(crate) wide: bool,
 }
 
 impl RecvBatch {
@@ -132,6 +136,8 @@ impl RecvBatch {
             // 1 KiB; leave room so splitting never allocates.
             frames: Vec::with_capacity(slots * 64),
             used: 0,
+            sys: None,
+            wide: true,
         }
     }
 

@@ -26,6 +26,57 @@ const GSO_MAX_SEGMENTS: usize = 64;
 /// Most bytes of one UDP datagram (IPv4; IPv6 allows 20 more).
 const MAX_DATAGRAM: usize = 65_507;
 
+/// Control-message room per received datagram (one `UDP_GRO` int).
+const RECV_CMSG: usize = 64;
+
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub(crate) struct RecvCmsg([u8; RECV_CMSG]);
+
+/// `recvmmsg` headers of a receive batch, pointing at its slots: built once
+/// so that a poll that finds nothing costs one system call and no set-up.
+pub(crate) struct RecvHeaders {
+    hdrs: Box<[libc::mmsghdr]>,
+    _iovs: Box<[libc::iovec]>,
+    names: Box<[libc::sockaddr_storage]>,
+    _cmsgs: Box<[RecvCmsg]>,
+}
+
+// SAFETY: the raw pointers inside point only at the batch's own heap
+// buffers and the boxes above, which move with the batch between threads.
+unsafe impl Send for RecvHeaders {}
+
+impl RecvHeaders {
+    fn new(base: *mut u8, slot_len: usize, n: usize) -> Box<RecvHeaders> {
+        // SAFETY: plain C structures; zero is a valid value.
+        let mut hdrs: Box<[libc::mmsghdr]> = (0..n).map(|_| unsafe { zeroed() }).collect();
+        let mut iovs: Box<[libc::iovec]> = (0..n)
+            .map(|i| libc::iovec {
+                // SAFETY: slot `i` lies within the batch buffer.
+                iov_base: unsafe { base.add(i * slot_len) } as *mut libc::c_void,
+                iov_len: slot_len,
+            })
+            .collect();
+        // SAFETY: as above.
+        let mut names: Box<[libc::sockaddr_storage]> =
+            (0..n).map(|_| unsafe { zeroed() }).collect();
+        let mut cmsgs: Box<[RecvCmsg]> = vec![RecvCmsg([0; RECV_CMSG]); n].into_boxed_slice();
+        for i in 0..n {
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = &mut names[i] as *mut _ as *mut libc::c_void;
+            h.msg_iov = &mut iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = cmsgs[i].0.as_mut_ptr() as *mut libc::c_void;
+        }
+        Box::new(RecvHeaders {
+            hdrs,
+            _iovs: iovs,
+            names,
+            _cmsgs: cmsgs,
+        })
+    }
+}
+
 /// Settings for [`UdpMedium::bind`].
 #[derive(Clone, Debug)]
 pub struct UdpOptions {
@@ -287,6 +338,41 @@ impl UdpMedium {
         })
     }
 
+    /// One frame, one `sendto`: the ping-pong case, without building
+    /// message headers.
+    fn send_one(&self, f: &OutFrame<'_>) -> io::Result<()> {
+        let Addr::Ip(to) = f.to;
+        let (ss, len) = to_raw(&to);
+        loop {
+            // SAFETY: `f.bytes` is a live slice; `ss` holds an address of `len` bytes.
+            let r = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    f.bytes.as_ptr() as *const libc::c_void,
+                    f.bytes.len(),
+                    0,
+                    &ss as *const _ as *const libc::sockaddr,
+                    len,
+                )
+            };
+            if r >= 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
+                    self.send_errors.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                _ => return Err(e),
+            }
+        }
+        self.datagrams_sent.fetch_add(1, Ordering::Relaxed);
+        self.frames_sent.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Sends up to `BATCH` datagrams built from `frames` (all to one
     /// address per datagram); returns how many frames went.
     fn send_chunk(&self, frames: &[OutFrame<'_>], gso: bool) -> io::Result<usize> {
@@ -399,6 +485,9 @@ impl Medium for UdpMedium {
     }
 
     fn send(&self, mut frames: &[OutFrame<'_>]) -> io::Result<()> {
+        if let [f] = frames {
+            return self.send_one(f);
+        }
         while !frames.is_empty() {
             let gso = self.gso.load(Ordering::Relaxed);
             match self.send_chunk(frames, gso) {
@@ -416,35 +505,32 @@ impl Medium for UdpMedium {
 
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         batch.clear();
-        let n = batch.slots.min(BATCH);
-        const CMSG_SPACE: usize = 64;
-        #[repr(C, align(8))]
-        struct Cmsg([u8; CMSG_SPACE]);
-        // SAFETY: plain C structures; zero is a valid initial value.
-        let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-        let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
-        let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
-        let mut cmsgs: [Cmsg; BATCH] = unsafe { zeroed() };
+        // One datagram at a time while they come one at a time (a ping-pong:
+        // asking for more costs a second look in the kernel per message);
+        // whole batches once they queue up.
+        let n = if batch.wide {
+            batch.slots.min(BATCH)
+        } else {
+            1
+        };
         let base = batch.buf.as_mut_ptr();
-        for i in 0..n {
-            iovs[i] = libc::iovec {
-                // SAFETY: slot `i` lies within the batch buffer.
-                iov_base: unsafe { base.add(i * batch.slot_len) } as *mut libc::c_void,
-                iov_len: batch.slot_len,
-            };
-            let h = &mut hdrs[i].msg_hdr;
-            h.msg_name = &mut names[i] as *mut _ as *mut libc::c_void;
-            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &mut iovs[i];
-            h.msg_iovlen = 1;
-            h.msg_control = cmsgs[i].0.as_mut_ptr() as *mut libc::c_void;
-            h.msg_controllen = CMSG_SPACE as _;
+        let all = batch.slots.min(BATCH);
+        let slot_len = batch.slot_len;
+        let sys = batch
+            .sys
+            .get_or_insert_with(|| RecvHeaders::new(base, slot_len, all));
+        for h in sys.hdrs[..n].iter_mut() {
+            // The kernel shrinks these to what it wrote: give the room back.
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = RECV_CMSG as _;
         }
-        // SAFETY: `hdrs[..n]` point at live buffers of the stated sizes.
+        // SAFETY: `hdrs[..n]` point at the batch's slots and at the
+        // headers' own names and control buffers, all alive and unmoved
+        // (boxed) for as long as the batch.
         let r = unsafe {
             libc::recvmmsg(
                 self.fd.as_raw_fd(),
-                hdrs.as_mut_ptr(),
+                sys.hdrs.as_mut_ptr(),
                 n as u32,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
@@ -457,7 +543,9 @@ impl Medium for UdpMedium {
                 _ => Err(e),
             };
         }
+        let (hdrs, names) = (&sys.hdrs, &sys.names);
         let got = r as usize;
+        batch.wide = got > 1 || (n == 1 && got == 1);
         for i in 0..got {
             let h = &hdrs[i].msg_hdr;
             let len = hdrs[i].msg_len as usize;

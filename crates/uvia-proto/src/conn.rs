@@ -648,7 +648,9 @@ impl Conn {
             return;
         }
         let was_connecting = matches!(self.state, State::Connecting { .. });
+        let owe_ack = self.ack_pending > 0 || self.ack_deadline.is_some() || self.ack_now;
         self.flush(Outcome::Flushed);
+        self.ack_now = owe_ack && self.cfg.level.is_reliable();
         self.state = if was_connecting {
             State::Closed
         } else {
@@ -1541,6 +1543,21 @@ impl Conn {
                 }
             }
             State::Closing { tries, last } => {
+                if tries == 0 && self.ack_now {
+                    // Acknowledge what arrived before saying goodbye, so the
+                    // peer's last sends complete rather than fail.
+                    self.ack_now = false;
+                    self.ack_pending = 0;
+                    self.ack_deadline = None;
+                    self.stats.acks_sent += 1;
+                    let r = Repr::Ack {
+                        ack: self.rcv.base(),
+                        done: self.in_base,
+                        flags: 0,
+                        sack: SackList::default(),
+                    };
+                    return Some(r.emit(buf, dst, src));
+                }
                 if self.disconnect_ack_due {
                     self.disconnect_ack_due = false;
                     return Some(Repr::DisconnectAck.emit(buf, dst, src));

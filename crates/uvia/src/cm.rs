@@ -253,7 +253,7 @@ impl Nic {
             }
             // Serve the medium (frames of this Nic's connections too) and
             // sleep until the next frame.
-            net.poll(None, std::time::Instant::now());
+            net.poll(None);
             let nap = left
                 .unwrap_or(Duration::from_millis(20))
                 .min(Duration::from_millis(20));
