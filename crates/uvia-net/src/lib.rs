@@ -121,6 +121,8 @@ pub struct RecvBatch {
     pub(crate) sys: Option<Box<udp::RecvHeaders>>,
     /// The last receive found datagrams queued: ask for a whole batch.
     pub(crate) wide: bool,
+    /// Single receives in a row that found a datagram.
+    pub(crate) streak: u32,
 }
 
 impl RecvBatch {
@@ -138,6 +140,7 @@ impl RecvBatch {
             used: 0,
             sys: None,
             wide: true,
+            streak: 0,
         }
     }
 

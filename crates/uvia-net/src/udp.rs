@@ -124,6 +124,8 @@ pub enum UdpError {
 pub struct UdpMedium {
     fd: OwnedFd,
     local: SocketAddr,
+    /// The peer of a connected socket.
+    peer: Option<SocketAddr>,
     caps: Caps,
     /// Cleared when the kernel refuses a segmented send.
     gso: AtomicBool,
@@ -266,6 +268,27 @@ fn default_max_frame(ip: IpAddr) -> usize {
 impl UdpMedium {
     /// Binds a UDP socket to `addr` (port 0 picks one; `local_addr` tells).
     pub fn bind(addr: SocketAddr, opts: UdpOptions) -> Result<UdpMedium, UdpError> {
+        UdpMedium::open(addr, None, opts)
+    }
+
+    /// A socket of its own for one peer: bound to the same local address
+    /// as the Nic's socket (which must have been bound by [`bind`](Self::bind),
+    /// which allows it) and connected to `peer`. The kernel hands this
+    /// socket every datagram from `peer`, and sends on it skip the route
+    /// lookup of an unconnected socket.
+    pub fn connected(
+        local: SocketAddr,
+        peer: SocketAddr,
+        opts: UdpOptions,
+    ) -> Result<UdpMedium, UdpError> {
+        UdpMedium::open(local, Some(peer), opts)
+    }
+
+    fn open(
+        addr: SocketAddr,
+        peer: Option<SocketAddr>,
+        opts: UdpOptions,
+    ) -> Result<UdpMedium, UdpError> {
         let family = if addr.is_ipv4() {
             libc::AF_INET
         } else {
@@ -301,6 +324,11 @@ impl UdpMedium {
             )?;
         }
         let gro = opts.gro && setsockopt_int(raw, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        // Per-peer connected sockets share the Nic's address (same user only).
+        opt(
+            "SO_REUSEPORT",
+            setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1),
+        )?;
         let (ss, len) = to_raw(&addr);
         // SAFETY: `ss` holds a socket address of `len` bytes.
         if unsafe { libc::bind(raw, &ss as *const _ as *const libc::sockaddr, len) } != 0 {
@@ -315,6 +343,16 @@ impl UdpMedium {
         // SAFETY: `got` has room for any address.
         unsafe { libc::getsockname(raw, &mut got as *mut _ as *mut libc::sockaddr, &mut glen) };
         let local = from_raw(&got).unwrap_or(addr);
+        if let Some(p) = peer {
+            let (ps, plen) = to_raw(&p);
+            // SAFETY: `ps` holds a socket address of `plen` bytes.
+            if unsafe { libc::connect(raw, &ps as *const _ as *const libc::sockaddr, plen) } != 0 {
+                return Err(UdpError::Bind {
+                    addr: p,
+                    source: io::Error::last_os_error(),
+                });
+            }
+        }
         let max_frame = opts
             .max_frame
             .unwrap_or_else(|| default_max_frame(addr.ip()))
@@ -322,6 +360,7 @@ impl UdpMedium {
         Ok(UdpMedium {
             fd,
             local,
+            peer,
             caps: Caps {
                 name: "udp",
                 max_frame,
@@ -338,22 +377,74 @@ impl UdpMedium {
         })
     }
 
+    /// One datagram with `recvfrom`: the cheapest look at the socket (no
+    /// message header to copy in), usable when datagrams are never
+    /// coalesced (receive offload off).
+    fn recv_one(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        // SAFETY: sockaddr_storage is plain data.
+        let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let cap = batch.slot_len.min(batch.buf.len());
+        // SAFETY: the first slot of the batch holds `cap` writable bytes;
+        // `ss` has room for any address.
+        let r = unsafe {
+            libc::recvfrom(
+                self.fd.as_raw_fd(),
+                batch.buf.as_mut_ptr() as *mut libc::c_void,
+                cap,
+                libc::MSG_DONTWAIT,
+                &mut ss as *mut _ as *mut libc::sockaddr,
+                &mut len,
+            )
+        };
+        if r < 0 {
+            batch.streak = 0;
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(e),
+            };
+        }
+        // Two datagrams in two looks: they are queueing, take batches.
+        batch.streak += 1;
+        batch.wide = batch.streak >= 2;
+        let Some(from) = from_raw(&ss) else {
+            return Ok(0);
+        };
+        batch.frames.push((Addr::Ip(from), 0, r as usize));
+        batch.used = batch.buf.len();
+        self.datagrams_received.fetch_add(1, Ordering::Relaxed);
+        self.frames_received.fetch_add(1, Ordering::Relaxed);
+        Ok(1)
+    }
+
     /// One frame, one `sendto`: the ping-pong case, without building
     /// message headers.
     fn send_one(&self, f: &OutFrame<'_>) -> io::Result<()> {
         let Addr::Ip(to) = f.to;
         let (ss, len) = to_raw(&to);
+        let connected = self.peer == Some(to);
         loop {
-            // SAFETY: `f.bytes` is a live slice; `ss` holds an address of `len` bytes.
+            // SAFETY: `f.bytes` is a live slice; `ss` holds an address of
+            // `len` bytes (not passed on a socket connected to `to`).
             let r = unsafe {
-                libc::sendto(
-                    self.fd.as_raw_fd(),
-                    f.bytes.as_ptr() as *const libc::c_void,
-                    f.bytes.len(),
-                    0,
-                    &ss as *const _ as *const libc::sockaddr,
-                    len,
-                )
+                if connected {
+                    libc::send(
+                        self.fd.as_raw_fd(),
+                        f.bytes.as_ptr() as *const libc::c_void,
+                        f.bytes.len(),
+                        0,
+                    )
+                } else {
+                    libc::sendto(
+                        self.fd.as_raw_fd(),
+                        f.bytes.as_ptr() as *const libc::c_void,
+                        f.bytes.len(),
+                        0,
+                        &ss as *const _ as *const libc::sockaddr,
+                        len,
+                    )
+                }
             };
             if r >= 0 {
                 break;
@@ -505,6 +596,9 @@ impl Medium for UdpMedium {
 
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         batch.clear();
+        if !batch.wide && !self.caps.gro {
+            return self.recv_one(batch);
+        }
         // One datagram at a time while they come one at a time (a ping-pong:
         // asking for more costs a second look in the kernel per message);
         // whole batches once they queue up.
@@ -546,6 +640,7 @@ impl Medium for UdpMedium {
         let (hdrs, names) = (&sys.hdrs, &sys.names);
         let got = r as usize;
         batch.wide = got > 1 || (n == 1 && got == 1);
+        batch.streak = 0;
         for i in 0..got {
             let h = &hdrs[i].msg_hdr;
             let len = hdrs[i].msg_len as usize;
@@ -699,10 +794,13 @@ mod tests {
             .err()
             .expect("bind must fail");
         assert!(e.to_string().contains("binding UDP to 192.0.2.1:0"), "{e}");
-        let a = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
-        let taken = a.local_addr();
-        let Addr::Ip(taken) = taken;
-        assert!(UdpMedium::bind(taken, UdpOptions::default()).is_err());
+        // A port held by a socket that does not share it.
+        let other = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let taken = other.local_addr().unwrap();
+        let e = UdpMedium::bind(taken, UdpOptions::default())
+            .err()
+            .expect("port in use");
+        assert!(e.to_string().contains(&taken.to_string()), "{e}");
     }
 
     #[test]
@@ -719,6 +817,42 @@ mod tests {
             }])
             .unwrap();
         }
+    }
+
+    #[test]
+    fn a_connected_sibling_gets_its_peers_datagrams() {
+        let nic = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
+        let peer = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
+        let stranger =
+            UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
+        let (Addr::Ip(local), Addr::Ip(p)) = (nic.local_addr(), peer.local_addr());
+        let own = UdpMedium::connected(local, p, UdpOptions::default()).unwrap();
+        peer.send(&[OutFrame {
+            to: nic.local_addr(),
+            bytes: b"to the sibling",
+        }])
+        .unwrap();
+        stranger
+            .send(&[OutFrame {
+                to: nic.local_addr(),
+                bytes: b"to the nic",
+            }])
+            .unwrap();
+        assert_eq!(collect(&own, 1), vec![b"to the sibling".to_vec()]);
+        assert_eq!(collect(&nic, 1), vec![b"to the nic".to_vec()]);
+        // And it sends from the shared address.
+        own.send(&[OutFrame {
+            to: peer.local_addr(),
+            bytes: b"back",
+        }])
+        .unwrap();
+        let mut b = RecvBatch::new(4, 2048);
+        let start = Instant::now();
+        while b.is_empty() && start.elapsed() < Duration::from_secs(5) {
+            peer.wait(Some(Duration::from_millis(20))).unwrap();
+            peer.recv(&mut b).unwrap();
+        }
+        assert_eq!(b.frame(0), (nic.local_addr(), &b"back"[..]));
     }
 
     #[test]

@@ -1362,7 +1362,12 @@ impl Vi {
                 // A network VI sleeps until a frame arrives, or its engine's
                 // next timer (a retransmission, a delayed ack) is due.
                 None if on_medium => {
-                    let _ = self.s.nic.net().medium.wait(Some(nap.min(NET_NAP)));
+                    let own = self.net_wait_medium(&self.lock());
+                    let nap = Some(nap.min(NET_NAP));
+                    let _ = match own {
+                        Some(m) => m.wait(nap),
+                        None => self.s.nic.net().medium.wait(nap),
+                    };
                 }
                 None => std::thread::sleep(nap.min(Duration::from_millis(1))),
             }

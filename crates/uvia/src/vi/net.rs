@@ -26,6 +26,8 @@ use uvia_proto::{Config, Conn, Event, Level, Memory, Outcome, RnrPolicy, SendKin
 
 /// Most frames gathered before one call to the medium.
 const TX_BATCH: usize = 32;
+/// A post this soon after the previous transmission joins a burst.
+const COALESCE: Duration = Duration::from_micros(5);
 /// Empty polls between two looks at a network VI's timers.
 const TIMER_EVERY: u32 = 16;
 /// Pause before a message the receiver was not ready for goes again.
@@ -41,9 +43,15 @@ pub(crate) struct Incoming {
     pub attrs: ConnAttrs,
 }
 
+/// Makes a per-peer medium.
+pub(crate) type OwnMediumFactory = Box<dyn Fn(Addr) -> Option<Box<dyn Medium>> + Send + Sync>;
+
 /// The network half of a Nic: its medium and the table of connections.
 pub(crate) struct NetNic {
     pub medium: Box<dyn Medium>,
+    /// Makes a VI a medium of its own for one peer (a connected UDP
+    /// socket on the Nic's address), when the medium allows it.
+    pub own_medium: Option<OwnMediumFactory>,
     pub max_frame: usize,
     pub idle_timeout: Duration,
     /// Local connection id -> its VI.
@@ -67,7 +75,11 @@ struct RxState {
 }
 
 impl NetNic {
-    pub fn new(medium: Box<dyn Medium>, idle_timeout: Duration) -> NetNic {
+    pub fn new(
+        medium: Box<dyn Medium>,
+        own_medium: Option<OwnMediumFactory>,
+        idle_timeout: Duration,
+    ) -> NetNic {
         let caps = medium.caps().clone();
         // Connection ids start somewhere different in each Nic, so frames of
         // an earlier run's connection do not land on a new one.
@@ -92,6 +104,7 @@ impl NetNic {
             next_id: AtomicU32::new(seed | 1),
             malformed: AtomicU64::new(0),
             medium,
+            own_medium,
         }
     }
 
@@ -289,6 +302,14 @@ pub(crate) struct NetVi {
     tx_lens: Vec<usize>,
     /// The last handshake event, for the connecting call.
     handshake: Option<Event>,
+    /// When frames last went to the medium.
+    last_tx: Option<Instant>,
+    /// Posts whose frames wait for the next progress call (coalesced).
+    deferred: u32,
+    /// The VI's own medium for its peer, when the Nic's allows one: frames
+    /// of this connection come and go there, with no table lookup.
+    own: Option<Arc<dyn Medium>>,
+    own_batch: Option<RecvBatch>,
 }
 
 impl NetVi {
@@ -307,10 +328,14 @@ impl NetVi {
                 let Some(len) = n.conn.poll_transmit(now, &mut buf, &mut NoMemory) else {
                     break;
                 };
-                let _ = net.medium.send(&[OutFrame {
+                let f = [OutFrame {
                     to: n.peer,
                     bytes: &buf[..len],
-                }]);
+                }];
+                let _ = match &n.own {
+                    Some(m) => m.send(&f),
+                    None => net.medium.send(&f),
+                };
             }
         }
         net.unregister(n.id);
@@ -324,6 +349,10 @@ impl NetVi {
             tx: vec![0; TX_BATCH * max_frame],
             tx_lens: Vec::with_capacity(TX_BATCH),
             handshake: None,
+            last_tx: None,
+            deferred: 0,
+            own: None,
+            own_batch: None,
         })
     }
 }
@@ -577,7 +606,7 @@ impl Vi {
 
     /// Sends what the engine has to send and applies its events.
     pub(super) fn net_output(&self, g: &mut ViInner, now: Instant) -> bool {
-        let medium = &self.s.nic.net().medium;
+        let shared = &self.s.nic.net().medium;
         let mut sent = false;
         loop {
             let ViInner {
@@ -593,6 +622,7 @@ impl Vi {
                 rq,
             };
             let frame = net.tx.len() / TX_BATCH;
+            net.deferred = 0;
             net.tx_lens.clear();
             while net.tx_lens.len() < TX_BATCH {
                 let at = net.tx_lens.len() * frame;
@@ -619,7 +649,11 @@ impl Vi {
                 }
                 // A local send failure is a lost frame to the engine: the
                 // reliable levels send it again, the unreliable one lost it.
-                let _ = medium.send(&frames[..k]);
+                let _ = match &net.own {
+                    Some(m) => m.send(&frames[..k]),
+                    None => shared.send(&frames[..k]),
+                };
+                net.last_tx = Some(now);
                 sent = true;
             }
             self.net_events(g);
@@ -684,11 +718,68 @@ impl Vi {
         }
     }
 
+    /// Reads the VI's own medium and hands the frames to its engine.
+    fn net_poll_own(&self, g: &mut ViInner) -> bool {
+        let Some(net) = g.net.as_mut() else {
+            return false;
+        };
+        let (Some(own), Some(mut batch)) = (net.own.clone(), net.own_batch.take()) else {
+            return false;
+        };
+        let n = own.recv(&mut batch).unwrap_or(0);
+        if n > 0 {
+            let now = Instant::now();
+            let id = net.id;
+            for i in 0..n {
+                let (from, bytes) = batch.frame(i);
+                let Ok((dst, src, repr)) = wire::parse(bytes) else {
+                    self.s.nic.net().malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                if dst == id {
+                    self.net_input(g, from, src, &repr, now);
+                }
+            }
+        }
+        if let Some(net) = g.net.as_mut() {
+            net.own_batch = Some(batch);
+        }
+        n > 0
+    }
+
+    /// Gives an established connection a medium of its own, if the Nic can.
+    fn net_own_medium(&self, g: &mut ViInner) {
+        let nic = self.s.nic.net();
+        let (Some(make), Some(net)) = (&nic.own_medium, g.net.as_mut()) else {
+            return;
+        };
+        if let Some(m) = make(net.peer) {
+            let slots = m.caps().max_batch.clamp(1, 16);
+            net.own_batch = Some(RecvBatch::new(slots, 65_536));
+            net.own = Some(Arc::from(m));
+        }
+    }
+
+    /// The medium a sleeping waiter of this VI waits on.
+    pub(super) fn net_wait_medium(&self, g: &ViInner) -> Option<Arc<dyn Medium>> {
+        g.net.as_ref().and_then(|n| n.own.clone())
+    }
+
     /// Moves a network VI forward: reads the medium, runs timers, sends.
     pub(super) fn net_progress(&self, g: &mut ViInner) -> bool {
         let nic = self.s.nic.net();
-        let got = nic.poll(Some((self, &mut *g)));
-        if !got {
+        let got = match g.net.as_ref().is_some_and(|n| n.own.is_some()) {
+            true => {
+                let mine = self.net_poll_own(g);
+                // Stray frames (repeated handshakes, other VIs) reach the
+                // Nic's socket: look there now and then.
+                let every = g.idle.wrapping_add(1).is_multiple_of(TIMER_EVERY);
+                mine | (every && nic.poll(Some((self, &mut *g))))
+            }
+            false => nic.poll(Some((self, &mut *g))),
+        };
+        let deferred = g.net.as_ref().is_some_and(|n| n.deferred > 0);
+        if !got && !deferred {
             // An empty poll: look at the timers (a clock read) only every
             // few rounds; they are tens of microseconds apart at the least.
             g.idle = g.idle.wrapping_add(1);
@@ -764,6 +855,19 @@ impl Vi {
         slot.state = EntryState::InFlight;
         g.sq.commit();
         g.sq_sent = g.sq.len();
+        // Doorbell coalescing: a post that follows the last transmission
+        // closely is part of a burst; its frames leave with the burst, at
+        // the caller's next done or wait call (or once a batch is full), in
+        // one system call. A lone post goes at once.
+        if let Some(net) = g.net.as_mut() {
+            let burst = net
+                .last_tx
+                .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
+            if burst && (net.deferred as usize) < TX_BATCH - 1 {
+                net.deferred += 1;
+                return Ok(());
+            }
+        }
         self.net_output(g, now);
         Ok(())
     }
@@ -864,6 +968,7 @@ impl Vi {
                     let remote = remote_attrs(&p);
                     g.remote = Some(remote.clone());
                     g.idle = 0;
+                    self.net_own_medium(&mut g);
                     self.set_state(ViState::Connected);
                     return Ok(remote);
                 }
@@ -923,6 +1028,7 @@ impl Vi {
         let cfg = self.net_config(&g.attrs);
         let conn = Conn::accept(now, cfg, id, initial_psn(id), req.peer_id, req.attrs);
         g.net = Some(NetVi::new(conn, req.from, id, nic.max_frame));
+        self.net_own_medium(&mut g);
         self.net_adopt_recvs(&mut g);
         nic.register(id, &self.s);
         nic.accepted.lock().insert((req.from, req.peer_id), id);

@@ -202,8 +202,13 @@ impl Endpoint for ViaEndpoint {
             .post_send(d)
             .map_err(|e| anyhow!("post send: {e}"))?;
         self.in_flight += 1;
-        // Take back what has completed after posting, off the message's path.
-        self.reap(false)
+        // Take back what has completed once half the window is out: off the
+        // message's path, and a network provider's posts in between leave
+        // together.
+        if self.in_flight * 2 >= self.s.cfg.window.max(1) {
+            self.reap(false)?;
+        }
+        Ok(())
     }
 
     fn recv(&mut self) -> Result<usize> {
