@@ -736,8 +736,12 @@ impl Conn {
                 self.stats.dropped += 1;
                 false
             }
-            Repr::Disconnect => {
+            Repr::Disconnect { ack, done } => {
                 self.disconnect_ack_due = true;
+                if self.is_connected() {
+                    // What the peer had before it left completes normally.
+                    self.on_ack(now, *ack, *done, &[]);
+                }
                 if !self.is_closed() {
                     if !matches!(self.state, State::Closing { .. }) {
                         self.flush(Outcome::Transport);
@@ -1567,7 +1571,11 @@ impl Conn {
                         tries: tries + 1,
                         last: Some(now),
                     };
-                    return Some(Repr::Disconnect.emit(buf, dst, src));
+                    let r = Repr::Disconnect {
+                        ack: self.rcv.base(),
+                        done: self.in_base,
+                    };
+                    return Some(r.emit(buf, dst, src));
                 }
                 return None;
             }

@@ -50,7 +50,9 @@ pub enum Kind {
     ConnReject = 3,
     /// The client saw the accept: the server may stop repeating it.
     ConnConfirm = 4,
-    /// Either side ends the connection.
+    /// Either side ends the connection; carries its last cumulative ack, so
+    /// the peer's sends that arrived complete even if the ack frame before
+    /// it was lost.
     Disconnect = 5,
     /// The answer to a disconnect.
     DisconnectAck = 6,
@@ -85,7 +87,8 @@ impl Kind {
             Kind::ConnRequest => HEADER_LEN + 16 + MAX_DISCRIMINATOR,
             Kind::ConnAccept => HEADER_LEN + 16,
             Kind::ConnReject => HEADER_LEN + 4,
-            Kind::ConnConfirm | Kind::Disconnect | Kind::DisconnectAck => HEADER_LEN,
+            Kind::ConnConfirm | Kind::DisconnectAck => HEADER_LEN,
+            Kind::Disconnect => HEADER_LEN + 8,
             Kind::Data => DATA_HEADER_LEN,
             Kind::Ack => HEADER_LEN + 12,
             Kind::Nak => HEADER_LEN + 12,
@@ -446,7 +449,12 @@ pub enum Repr<'a> {
         reason: RejectReason,
     },
     ConnConfirm,
-    Disconnect,
+    Disconnect {
+        /// Every psn below this one arrived.
+        ack: u32,
+        /// Messages of the receiver completed at the sender.
+        done: u32,
+    },
     DisconnectAck,
     Data {
         header: DataHeader,
@@ -532,7 +540,10 @@ impl<'a> Repr<'a> {
                     .ok_or(WireError::Malformed("reject reason"))?,
             },
             Kind::ConnConfirm => Repr::ConnConfirm,
-            Kind::Disconnect => Repr::Disconnect,
+            Kind::Disconnect => Repr::Disconnect {
+                ack: be32(b, HEADER_LEN),
+                done: be32(b, HEADER_LEN + 4),
+            },
             Kind::DisconnectAck => Repr::DisconnectAck,
             Kind::Data => {
                 let header = DataHeader::parse(b)?;
@@ -582,7 +593,8 @@ impl<'a> Repr<'a> {
             Repr::ConnRequest { .. } => Kind::ConnRequest.fixed_len(),
             Repr::ConnAccept { .. } => Kind::ConnAccept.fixed_len(),
             Repr::ConnReject { .. } => Kind::ConnReject.fixed_len(),
-            Repr::ConnConfirm | Repr::Disconnect | Repr::DisconnectAck => HEADER_LEN,
+            Repr::ConnConfirm | Repr::DisconnectAck => HEADER_LEN,
+            Repr::Disconnect { .. } => Kind::Disconnect.fixed_len(),
             Repr::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
             Repr::Ack { sack, .. } => Kind::Ack.fixed_len() + 8 * sack.len(),
             Repr::Nak { .. } => Kind::Nak.fixed_len(),
@@ -616,7 +628,11 @@ impl<'a> Repr<'a> {
                 b[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&[*reason as u8, 0, 0, 0]);
             }
             Repr::ConnConfirm => emit_header(b, Kind::ConnConfirm, dst, src),
-            Repr::Disconnect => emit_header(b, Kind::Disconnect, dst, src),
+            Repr::Disconnect { ack, done } => {
+                emit_header(b, Kind::Disconnect, dst, src);
+                put32(b, HEADER_LEN, *ack);
+                put32(b, HEADER_LEN + 4, *done);
+            }
             Repr::DisconnectAck => emit_header(b, Kind::DisconnectAck, dst, src),
             Repr::Data { header, payload } => {
                 header.emit(b, dst, src);
@@ -679,10 +695,15 @@ mod tests {
 
     #[test]
     fn disconnect_bytes() {
-        let b = roundtrip(&Repr::Disconnect, 0x0102_0304, 0x0a0b_0c0d);
+        let d = Repr::Disconnect {
+            ack: 0x1122_3344,
+            done: 7,
+        };
+        let b = roundtrip(&d, 0x0102_0304, 0x0a0b_0c0d);
         let crc = crc_of(&b).to_be_bytes();
         let want = [
-            1, 5, 0, 0, 1, 2, 3, 4, 10, 11, 12, 13, crc[0], crc[1], crc[2], crc[3],
+            1, 5, 0, 0, 1, 2, 3, 4, 10, 11, 12, 13, crc[0], crc[1], crc[2], crc[3], 0x11, 0x22,
+            0x33, 0x44, 0, 0, 0, 7,
         ];
         assert_eq!(b, want);
     }

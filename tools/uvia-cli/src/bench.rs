@@ -33,7 +33,7 @@ struct Config {
     label: &'static str,
 }
 
-const CONFIGS: [Config; 6] = [
+const CONFIGS: [Config; 8] = [
     Config {
         provider: "shm",
         flag: "--polling",
@@ -43,6 +43,16 @@ const CONFIGS: [Config; 6] = [
         provider: "shm",
         flag: "--blocking",
         label: "shm blocking",
+    },
+    Config {
+        provider: "udp",
+        flag: "--polling",
+        label: "udp polling",
+    },
+    Config {
+        provider: "udp",
+        flag: "--blocking",
+        label: "udp blocking",
     },
     Config {
         provider: "kernel-udp",
@@ -288,7 +298,7 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
     };
     let scale = if quick { "0.05" } else { "1" };
     let timeout = Duration::from_secs(if quick { 60 } else { 300 });
-    let total = 1 + CONFIGS.len() as u64 * 2 + 4 * pairs as u64 + 2;
+    let total = 1 + CONFIGS.len() as u64 * 2 + 7 * pairs as u64 + 3;
     let pb = ProgressBar::new(total);
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -407,10 +417,62 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
         |r| r <= 1.3,
     ));
 
+    // The udp provider (reliable delivery) against kernel UDP on the same
+    // loopback path.
+    let udp_p = cfg("udp polling");
+    headline.push(interleave(
+        &pb,
+        "udp 8 B one-way p50 vs kernel UDP busy-poll 8 B (reliable delivery)",
+        "udp p50 / UDP busy-poll p50",
+        "ns",
+        "<= 1.15x",
+        pairs,
+        || p50_of(udp_p, "pingpong", "8", udp_iters),
+        || p50_of(udp, "pingpong", "8", udp_iters),
+        |c, b| c / b,
+        |r| r <= 1.15,
+    ));
+    let rate_iters = if quick { "20000" } else { "100000" };
+    let rate_of = |c: &Config, extra: &[&str]| -> Result<f64> {
+        let mut a = vec!["--iters", rate_iters];
+        a.extend_from_slice(extra);
+        Ok(first(&sub(&args("bw", c, "64", &a), timeout)?)?.msgs_per_s)
+    };
+    headline.push(interleave(
+        &pb,
+        "udp 64 B message rate vs one-send-per-message kernel UDP",
+        "udp msgs/s / kernel UDP msgs/s",
+        "msgs/s",
+        ">= 1.5x",
+        pairs,
+        || rate_of(udp_p, &[]),
+        || rate_of(udp, &[]),
+        |c, b| c / b,
+        |r| r >= 1.5,
+    ));
+    let lossy_iters = if quick { "500" } else { "3000" };
+    let goodput = |extra: &[&str]| -> Result<f64> {
+        let mut a = vec!["--iters", lossy_iters];
+        a.extend_from_slice(extra);
+        Ok(first(&sub(&args("bw", udp_p, "64K", &a), timeout)?)?.mbytes_per_s)
+    };
+    headline.push(interleave(
+        &pb,
+        "udp 64 KiB goodput at 5% injected loss vs lossless (reliable delivery)",
+        "MB/s at 5% loss / MB/s lossless",
+        "MB/s",
+        ">= 0.5x",
+        pairs,
+        || goodput(&["--inject", "loss=0.05,seed=7"]),
+        || goodput(&[]),
+        |c, b| c / b,
+        |r| r >= 0.5,
+    ));
+
     // Blocked receiver: a paced ping-pong (one round trip per millisecond) in
     // blocking mode; the server spends nearly all its time waiting.
     let mut blocked = Vec::new();
-    for label in ["shm blocking", "kernel-udp blocking"] {
+    for label in ["shm blocking", "udp blocking", "kernel-udp blocking"] {
         pb.set_message(format!("blocked receiver CPU: {label}"));
         let c = cfg(label);
         let interval = 1000u64;

@@ -196,7 +196,7 @@ impl NetNic {
             }
             let target = self.conns.lock().get(&dst).and_then(Weak::upgrade);
             let Some(target) = target else {
-                if matches!(repr, Repr::Disconnect) {
+                if matches!(repr, Repr::Disconnect { .. }) {
                     // The connection is gone already; say so, so the peer
                     // does not keep asking.
                     let n = Conn::disconnect_ack_frame(reply, src, dst);
