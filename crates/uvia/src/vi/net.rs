@@ -653,7 +653,9 @@ impl Vi {
                     Some(m) => m.send(&frames[..k]),
                     None => shared.send(&frames[..k]),
                 };
-                net.last_tx = Some(now);
+                // After the call: a burst is judged by the gap between the
+                // end of one transmission and the next post.
+                net.last_tx = Some(Instant::now());
                 sent = true;
             }
             self.net_events(g);

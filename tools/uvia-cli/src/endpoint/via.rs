@@ -10,6 +10,8 @@ use uvia::{
     ViAttributes,
 };
 
+/// Sends between two looks at the send completions.
+const REAP_EVERY: usize = 16;
 /// Receive descriptors kept posted.
 const RECV_AHEAD: usize = 16;
 // All of them point at one receive buffer, like the source documents'
@@ -129,6 +131,8 @@ struct ViaEndpoint {
     #[allow(clippy::vec_box)]
     free: Vec<Box<Descriptor>>,
     in_flight: usize,
+    /// Sends posted so far.
+    posts: usize,
     /// The descriptor of the last message, re-posted on the next `recv`.
     current: Option<Box<Descriptor>>,
     last_len: usize,
@@ -143,6 +147,7 @@ impl ViaEndpoint {
             s,
             free,
             in_flight: 0,
+            posts: 0,
             current: None,
             last_len: 0,
         }
@@ -202,10 +207,10 @@ impl Endpoint for ViaEndpoint {
             .post_send(d)
             .map_err(|e| anyhow!("post send: {e}"))?;
         self.in_flight += 1;
-        // Take back what has completed once half the window is out: off the
-        // message's path, and a network provider's posts in between leave
-        // together.
-        if self.in_flight * 2 >= self.s.cfg.window.max(1) {
+        // Take back what has completed every few posts: off the message's
+        // path, and a network provider's posts in between leave together.
+        self.posts = self.posts.wrapping_add(1);
+        if self.posts % REAP_EVERY == 0 {
             self.reap(false)?;
         }
         Ok(())
