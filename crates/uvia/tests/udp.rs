@@ -354,32 +354,41 @@ fn connection_errors_are_clear() {
 
 #[test]
 fn a_killed_peer_fails_every_outstanding_descriptor() {
+    let name = "a_killed_peer_fails_every_outstanding_descriptor";
+    if peer_arg().is_some() {
+        return killed_peer_server(&udp_instance());
+    }
     let inst = udp_instance();
-    let opts = NicOptions {
+    killed_peer_client(&inst, Peer::spawn(name, &inst, "x"));
+    across_hosts(name, false, |inst, spawn| {
+        killed_peer_client(inst, spawn("x"))
+    });
+}
+
+fn killed_peer_opts() -> NicOptions {
+    NicOptions {
         idle_timeout: Some(Duration::from_millis(800)),
         ..NicOptions::default()
-    };
-    if peer_arg().is_some() {
-        let e = end_with(&inst, &opts, ViAttributes::new);
-        for _ in 0..4 {
-            e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 1 << 20)])))
-                .unwrap();
-        }
-        accept(&e, 360);
-        // Take a few messages, then wait inside the library (acknowledging
-        // what arrives, as a live process does) until killed.
-        for _ in 0..3 {
-            e.vi.recv_wait(Some(T)).unwrap();
-        }
-        let _ = e.vi.recv_wait(Some(Duration::from_secs(60)));
-        return;
     }
-    let mut peer = Peer::spawn(
-        "a_killed_peer_fails_every_outstanding_descriptor",
-        &inst,
-        "x",
-    );
-    let e = end_with(&inst, &opts, ViAttributes::new);
+}
+
+fn killed_peer_server(inst: &str) {
+    let e = end_with(inst, &killed_peer_opts(), ViAttributes::new);
+    for _ in 0..4 {
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 1 << 20)])))
+            .unwrap();
+    }
+    accept(&e, 360);
+    // Take a few messages, then wait inside the library (acknowledging
+    // what arrives, as a live process does) until killed.
+    for _ in 0..3 {
+        e.vi.recv_wait(Some(T)).unwrap();
+    }
+    let _ = e.vi.recv_wait(Some(Duration::from_secs(60)));
+}
+
+fn killed_peer_client(inst: &str, mut peer: Peer) {
+    let e = end_with(inst, &killed_peer_opts(), ViAttributes::new);
     connect(&e, 360);
     for _ in 0..3 {
         assert_eq!(send(&e, 0, 100_000).result(), Ok(100_000));
@@ -408,4 +417,74 @@ fn a_killed_peer_fails_every_outstanding_descriptor() {
         t0.elapsed() < Duration::from_secs(5),
         "within the idle timeout"
     );
+}
+
+/// Runs `body` on test host a with an instance whose peer runs on host b;
+/// skips with a reason where test hosts cannot be made.
+fn across_hosts(test: &str, v6: bool, body: impl FnOnce(&str, &dyn Fn(&str) -> Peer)) {
+    use uvia_net::netns::{Side, TestHosts};
+    if let Err(why) = TestHosts::available() {
+        println!("skipped: {why}");
+        return;
+    }
+    let hosts = TestHosts::create("it").unwrap();
+    let (a, b): (std::net::IpAddr, std::net::IpAddr) = if v6 {
+        (hosts.ipv6(Side::A).into(), hosts.ipv6(Side::B).into())
+    } else {
+        (hosts.ipv4(Side::A).into(), hosts.ipv4(Side::B).into())
+    };
+    let inst = udp_hosts_instance(a, b, 7331);
+    let ns_b = hosts.name(Side::B).to_string();
+    let spawn = |arg: &str| Peer::spawn_in(&ns_b, test, &inst, arg);
+    {
+        let _on_a = hosts.enter(Side::A).unwrap();
+        body(&inst, &spawn);
+    }
+    drop(hosts);
+}
+
+#[test]
+fn across_two_test_hosts_every_size_arrives_once_ipv4_and_ipv6() {
+    if let Some(a) = peer_arg() {
+        let inst = std::env::var("UVIA_TEST_INSTANCE").unwrap();
+        let opts = if a == "lossy" {
+            lossy(5)
+        } else {
+            NicOptions::default()
+        };
+        return echo_server(&inst, &opts, Reliability::ReliableDelivery, 370);
+    }
+    for (v6, lossy_run) in [(false, false), (true, false), (false, true)] {
+        across_hosts(
+            "across_two_test_hosts_every_size_arrives_once_ipv4_and_ipv6",
+            v6,
+            |inst, spawn| {
+                let peer = spawn(if lossy_run { "lossy" } else { "clean" });
+                let opts = if lossy_run {
+                    lossy(6)
+                } else {
+                    NicOptions::default()
+                };
+                let mut e = end_with(inst, &opts, |p| {
+                    ViAttributes::new(p).reliability(Reliability::ReliableDelivery)
+                });
+                connect(&e, 370);
+                for (k, &n) in SIZES.iter().enumerate() {
+                    let data = pattern(n, k as u8 + 9);
+                    e.buf.as_mut_slice()[..n].copy_from_slice(&data);
+                    e.vi.post_recv(Box::new(Descriptor::recv(&[e
+                        .buf
+                        .segment(1 << 20, 1 << 20)])))
+                        .unwrap();
+                    assert_eq!(send(&e, 0, n).result(), Ok(n as u32), "{n} B (v6 {v6})");
+                    let r = e.vi.recv_wait(Some(T)).unwrap();
+                    assert_eq!(r.result(), Ok(n as u32), "{n} B echo (v6 {v6})");
+                    assert_eq!(&e.buf.as_slice()[1 << 20..(1 << 20) + n], &data[..]);
+                }
+                stop(&mut e);
+                e.vi.disconnect();
+                peer.join();
+            },
+        );
+    }
 }

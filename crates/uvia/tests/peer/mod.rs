@@ -40,9 +40,26 @@ pub fn udp_instance() -> String {
     }
 }
 
+/// A test run over the udp provider between two test hosts: the test
+/// process on `a`, its peer on `b` (started there with `Peer::spawn_in`),
+/// both on port `port`: `udp2:<a>|<b>|<port>`.
+pub fn udp_hosts_instance(a: std::net::IpAddr, b: std::net::IpAddr, port: u16) -> String {
+    format!("udp2:{a}|{b}|{port}")
+}
+
 /// The Nic name this process opens for `inst`, and the host its peer's
 /// Nic answers at.
 fn nic_and_peer(inst: &str) -> (String, String) {
+    if let Some(rest) = inst.strip_prefix("udp2:") {
+        let mut it = rest.split('|');
+        let (a, b, port) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+        let (mine, theirs) = if peer_arg().is_some() { (b, a) } else { (a, b) };
+        let fmt = |ip: &str| match ip.parse::<std::net::IpAddr>().unwrap() {
+            std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+            v4 => format!("{v4}:{port}"),
+        };
+        return (format!("udp:{}", fmt(mine)), fmt(theirs));
+    }
     let Some(rest) = inst.strip_prefix("udp:") else {
         return (format!("shm:{inst}"), inst.to_string());
     };
@@ -90,6 +107,20 @@ impl Peer {
     pub fn spawn(test: &str, inst: &str, arg: &str) -> Peer {
         let exe = std::env::current_exe().unwrap();
         let child = Command::new(exe)
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env("UVIA_TEST_PEER", arg)
+            .env("UVIA_TEST_INSTANCE", inst)
+            .spawn()
+            .unwrap();
+        Peer(Some(child))
+    }
+
+    /// Like `spawn`, with the peer on another test host (network namespace).
+    pub fn spawn_in(netns: &str, test: &str, inst: &str, arg: &str) -> Peer {
+        let exe = std::env::current_exe().unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", netns])
+            .arg(exe)
             .args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env("UVIA_TEST_PEER", arg)
             .env("UVIA_TEST_INSTANCE", inst)
