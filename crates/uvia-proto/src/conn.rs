@@ -100,7 +100,7 @@ impl Default for Config {
             rdma_write: true,
             rdma_read: true,
             window: 1024,
-            window_bytes: 1 << 20,
+            window_bytes: 4 << 20,
             ack_delay: Duration::from_micros(50),
             ack_every: 16,
             initial_rto: Duration::from_millis(20),
@@ -419,6 +419,8 @@ pub struct Conn {
     /// Receive descriptors the unreliable level has bound (from `recv_base`).
     recvs_bound: u32,
     ack_pending: u32,
+    /// Payload bytes received since the last ack.
+    ack_bytes: u32,
     ack_deadline: Option<Instant>,
     ack_now: bool,
     /// The peer pinged: answer even on the unreliable level.
@@ -471,6 +473,7 @@ impl Conn {
             recv_base: 0,
             recvs_bound: 0,
             ack_pending: 0,
+            ack_bytes: 0,
             ack_deadline: None,
             ack_now: false,
             pong_due: false,
@@ -850,8 +853,12 @@ impl Conn {
             return true;
         }
         self.ack_pending += 1;
+        self.ack_bytes = self.ack_bytes.saturating_add(payload.len() as u32);
         if h.flags & data_flags::ACK_NOW != 0
             || self.ack_pending >= self.cfg.ack_every
+            // Large frames: a quarter of the sender's byte window, so it
+            // never stalls waiting for an ack.
+            || self.ack_bytes >= self.cfg.window_bytes / 4
             || self.rcv.has_gap()
         {
             self.ack_now = true;
@@ -1620,6 +1627,7 @@ impl Conn {
                 0
             };
             self.ack_pending = 0;
+            self.ack_bytes = 0;
             self.ack_deadline = None;
             self.stats.acks_sent += 1;
             let mut sack = SackList::default();
@@ -1787,6 +1795,7 @@ impl Conn {
         // The frame carries our ack: no separate one is needed.
         if self.cfg.level.is_reliable() {
             self.ack_pending = 0;
+            self.ack_bytes = 0;
             self.ack_deadline = None;
             self.ack_now = false;
         }

@@ -172,14 +172,22 @@ impl Cq {
                     Some(t) => t.saturating_sub(start.elapsed()),
                     None => Duration::from_millis(20),
                 };
-                let ms = left.min(Duration::from_millis(20)).as_millis() as i32;
-                let mut p = libc::pollfd {
-                    fd: self.s.efd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd.
-                unsafe { libc::poll(&mut p, 1, ms) };
+                // Network VIs have no doorbell: their frames wake the
+                // waiter through their sockets, and their timers need a
+                // look at least every millisecond.
+                let net: Vec<RawFd> = self.s.members().iter().filter_map(Vi::net_fd).collect();
+                let cap = if net.is_empty() { 20 } else { 1 };
+                let ms = left.min(Duration::from_millis(cap)).as_millis() as i32;
+                let mut p: Vec<libc::pollfd> = std::iter::once(self.s.efd.as_raw_fd())
+                    .chain(net)
+                    .map(|fd| libc::pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    })
+                    .collect();
+                // SAFETY: `p` holds `p.len()` valid pollfds.
+                unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
                 self.drain_eventfd();
             }
             self.s.waiters.fetch_sub(1, Ordering::AcqRel);

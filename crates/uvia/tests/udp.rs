@@ -488,3 +488,45 @@ fn across_two_test_hosts_every_size_arrives_once_ipv4_and_ipv6() {
         );
     }
 }
+
+#[test]
+fn a_cq_waits_for_network_vis() {
+    let inst = udp_instance();
+    if peer_arg().is_some() {
+        // Two messages, some time apart, so the client's CQ wait sleeps.
+        let mut e = end(&inst, ViAttributes::new);
+        accept(&e, 380);
+        for k in 0..2u8 {
+            std::thread::sleep(Duration::from_millis(50));
+            e.buf.as_mut_slice()[..100].fill(k);
+            assert_eq!(send(&e, 0, 100).result(), Ok(100));
+        }
+        until_peer_leaves(&e);
+        return;
+    }
+    let peer = Peer::spawn("a_cq_waits_for_network_vis", &inst, "x");
+    let nic = Nic::open(&my_nic(&inst)).unwrap();
+    let ptag = nic.create_ptag().unwrap();
+    let cq = nic.create_cq(16).unwrap();
+    let vi = nic
+        .create_vi(ViAttributes::new(ptag), None, Some(&cq))
+        .unwrap();
+    let buf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    for _ in 0..2 {
+        vi.post_recv(Box::new(Descriptor::recv(&[buf.segment(0, 4096)])))
+            .unwrap();
+    }
+    vi.connect_request(&NetAddress::new(&peer_host(&inst), disc(380)), T)
+        .unwrap();
+    for k in 0..2u8 {
+        let c = cq.wait(Some(T)).unwrap();
+        assert_eq!(c.queue, Queue::Recv);
+        let d =
+            c.vi.recv_done()
+                .expect("the notice names a completed receive");
+        assert_eq!(d.result(), Ok(100));
+        assert_eq!(buf.as_slice()[0], k);
+    }
+    vi.disconnect();
+    peer.join();
+}

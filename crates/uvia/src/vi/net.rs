@@ -762,6 +762,16 @@ impl Vi {
         }
     }
 
+    /// The descriptor a CQ waiter polls for this VI's frames, on a network VI.
+    pub(crate) fn net_fd(s: &Arc<ViShared>) -> Option<std::os::fd::RawFd> {
+        let g = s.inner.lock();
+        let net = g.net.as_ref()?;
+        Some(match &net.own {
+            Some(m) => m.fd(),
+            None => s.nic.net().medium.fd(),
+        })
+    }
+
     /// The medium a sleeping waiter of this VI waits on.
     pub(super) fn net_wait_medium(&self, g: &ViInner) -> Option<Arc<dyn Medium>> {
         g.net.as_ref().and_then(|n| n.own.clone())

@@ -208,6 +208,11 @@ pub fn connect(e: &End, d: u64) {
         .unwrap();
 }
 
+/// The Nic name this process opens for `inst`.
+pub fn my_nic(inst: &str) -> String {
+    nic_and_peer(inst).0
+}
+
 /// The host address of the peer's Nic.
 pub fn peer_host(inst: &str) -> String {
     nic_and_peer(inst).1
