@@ -1,0 +1,92 @@
+//! Writes one frame of each kind as seed inputs for the fuzz targets:
+//! `cargo run -p uvia-proto --example fuzz_seeds -- crates/uvia-proto/fuzz/corpus`.
+
+use uvia_proto::wire::{ConnAttrs, DataHeader, NakCode, Op, RejectReason, Repr, SackList};
+
+fn main() -> std::io::Result<()> {
+    let dir = std::path::PathBuf::from(
+        std::env::args()
+            .nth(1)
+            .unwrap_or_else(|| "crates/uvia-proto/fuzz/corpus".into()),
+    );
+    let attrs = ConnAttrs {
+        reliability: 1,
+        rdma_write: true,
+        rdma_read: false,
+        max_frame: 1472,
+        max_transfer: 1 << 20,
+        initial_psn: 100,
+    };
+    let data = |op, flags, payload: &'static [u8]| Repr::Data {
+        header: DataHeader {
+            psn: 100,
+            ack: 1000,
+            msn: 0,
+            op,
+            flags,
+            offset: 0,
+            total: payload.len() as u32,
+            imm: 7,
+            rkey: 7,
+            raddr: 0x1000,
+            rsn: 0,
+            done: 0,
+        },
+        payload,
+    };
+    let mut sack = SackList::default();
+    sack.push(1002, 1005);
+    sack.push(1009, 1010);
+    let frames: Vec<(&str, Repr<'_>)> = vec![
+        (
+            "request",
+            Repr::ConnRequest {
+                attrs,
+                discriminator: b"echo",
+            },
+        ),
+        ("accept", Repr::ConnAccept { attrs }),
+        (
+            "reject",
+            Repr::ConnReject {
+                reason: RejectReason::NoListener,
+            },
+        ),
+        ("confirm", Repr::ConnConfirm),
+        ("disconnect", Repr::Disconnect { ack: 1000, done: 0 }),
+        ("disconnect-ack", Repr::DisconnectAck),
+        ("send", data(Op::Send, 2 | 1, b"hello, VI")),
+        ("write", data(Op::RdmaWrite, 0, b"remote bytes")),
+        ("read-request", data(Op::ReadRequest, 0, b"")),
+        ("read-response", data(Op::ReadResponse, 0, b"read back")),
+        (
+            "ack",
+            Repr::Ack {
+                ack: 1001,
+                done: 1,
+                flags: 0,
+                sack,
+            },
+        ),
+        (
+            "nak",
+            Repr::Nak {
+                code: NakCode::ReceiverNotReady,
+                psn: 101,
+                ack: 1001,
+            },
+        ),
+    ];
+    std::fs::create_dir_all(dir.join("frame"))?;
+    std::fs::create_dir_all(dir.join("conn"))?;
+    for (name, r) in &frames {
+        let mut b = vec![0u8; r.buffer_len()];
+        let n = r.emit(&mut b, 5, 9);
+        std::fs::write(dir.join("frame").join(name), &b[..n])?;
+        // The conn target reads a level byte, then length-prefixed frames.
+        let mut c = vec![1u8, n.min(255) as u8];
+        c.extend_from_slice(&b[..n.min(255)]);
+        std::fs::write(dir.join("conn").join(name), c)?;
+    }
+    Ok(())
+}
