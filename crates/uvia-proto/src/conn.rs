@@ -921,6 +921,11 @@ impl Conn {
         if !allowed {
             return self.refuse(h.psn, NakCode::Operation, None);
         }
+        if h.total > self.cfg.max_transfer {
+            // Larger than this VI takes: a peer that ignored the
+            // attributes it was given (or garbage).
+            return self.refuse(h.psn, NakCode::Length, None);
+        }
         let at = if !reliable && at > 0 {
             // A newer message: the ones still in assembly will never be
             // complete at this level (nothing is sent twice), and order
@@ -1166,30 +1171,34 @@ impl Conn {
             }
             self.snd_una = self.snd_una.wrapping_add(1);
         }
+        // Offsets from `snd_una` bound every range by what is in flight,
+        // whatever numbers the peer sent.
+        let flight = self.inflight.len() as u32;
         for &(start, end) in sack {
-            if seq::lt(end, start) || !seq::le(end, self.snd_nxt) {
+            let hi = end.wrapping_sub(self.snd_una);
+            if hi == 0 || hi > flight {
                 continue;
             }
-            let mut p = if seq::lt(start, self.snd_una) {
-                self.snd_una
+            let lo = if seq::lt(start, self.snd_una) {
+                0
             } else {
-                start
+                start.wrapping_sub(self.snd_una)
             };
-            while seq::lt(p, end) {
-                let i = p.wrapping_sub(self.snd_una) as usize;
-                if let Some(s) = self.inflight.get(i).copied() {
-                    if !s.acked {
-                        if s.lost {
-                            self.inflight[i].lost = false;
-                            self.lost -= 1;
-                        }
-                        self.inflight[i].acked = true;
-                        note(s.sent_at);
-                        self.frame_acked(now, &s);
-                        progress = true;
+            if lo >= hi {
+                continue;
+            }
+            for i in lo as usize..hi as usize {
+                let s = self.inflight[i];
+                if !s.acked {
+                    if s.lost {
+                        self.inflight[i].lost = false;
+                        self.lost -= 1;
                     }
+                    self.inflight[i].acked = true;
+                    note(s.sent_at);
+                    self.frame_acked(now, &s);
+                    progress = true;
                 }
-                p = p.wrapping_add(1);
             }
             let last = end.wrapping_sub(1);
             if self.largest_acked.is_none_or(|l| seq::lt(l, last)) {

@@ -94,6 +94,16 @@ impl SeqWindow {
     /// Moves the base forward to `to`, forgetting what lay below (the
     /// unreliable level does this: a gap it will never fill).
     pub fn advance(&mut self, to: u32) {
+        if !lt(self.base, to) {
+            return;
+        }
+        if to.wrapping_sub(self.base) >= self.size {
+            // Past the whole window: nothing in it survives. (Stepping one
+            // number at a time would take up to 2^31 steps for a far jump.)
+            self.bits.fill(0);
+            self.base = to;
+            return;
+        }
         while lt(self.base, to) {
             let (w, m) = self.bit(self.base);
             self.bits[w] &= !m;
@@ -176,6 +186,15 @@ mod tests {
         assert!(!w.has_gap());
         assert!(w.contains(2), "below the base counts as arrived");
         assert!(!w.insert(4 + 128), "beyond the window");
+    }
+
+    #[test]
+    fn a_far_jump_clears_the_window_at_once() {
+        let mut w = SeqWindow::new(10, 64);
+        assert!(w.insert(12));
+        w.advance(10u32.wrapping_add(1 << 31));
+        assert_eq!(w.base(), 10u32.wrapping_add(1 << 31));
+        assert!(!w.has_gap());
     }
 
     #[test]
