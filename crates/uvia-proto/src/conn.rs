@@ -99,7 +99,7 @@ impl Default for Config {
             max_transfer: 16 << 20,
             rdma_write: true,
             rdma_read: true,
-            window: 1024,
+            window: 256,
             window_bytes: 4 << 20,
             ack_delay: Duration::from_micros(50),
             ack_every: 16,
