@@ -14,4 +14,10 @@ if ! command -v cargo >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cargo rustc >/dev/null
 fi
+# The udp tests and `--netns` make test hosts with the `ip` command.
+if ! command -v ip >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+    echo "uvia: installing iproute2 (the ip command) for the test hosts" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
