@@ -1125,7 +1125,7 @@ impl Conn {
         self.stats.rnr_naks += 1;
         match self.cfg.rnr {
             RnrPolicy::Retry { .. } => {
-                if self.rnr_nak_at.is_none_or(|p| seq::lt(psn, p)) {
+                if self.rnr_nak_at.is_none_or(|p| seq::le(psn, p)) {
                     self.rnr_nak_at = Some(psn);
                     self.nak = Some((NakCode::ReceiverNotReady, psn));
                 }
