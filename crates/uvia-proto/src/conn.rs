@@ -254,6 +254,8 @@ pub struct Stats {
     /// Unreliable messages dropped for a missing or incomplete piece.
     pub messages_dropped: u64,
     pub rto_expired: u64,
+    /// Tail-loss probes: the newest frame sent again because no ack came.
+    pub probes: u64,
     pub rnr_naks: u64,
     pub acks_sent: u64,
 }
@@ -347,10 +349,16 @@ struct Sent {
     offset: u32,
     len: u32,
     sent_at: Instant,
+    /// Place of its latest transmission among all of this side's
+    /// transmissions: "sent after" for time-based loss detection, exact
+    /// even when many frames leave at the same instant.
+    order: u64,
     transmissions: u16,
     acked: bool,
     /// Declared lost: to be sent again.
     lost: bool,
+    /// Its latest transmission is a tail-loss probe.
+    probe: bool,
 }
 
 /// A message coming in.
@@ -399,8 +407,17 @@ pub struct Conn {
     /// When a frame sent before one already acked counts as lost if its
     /// own ack has not come (time-based loss detection, as RACK does).
     loss_deadline: Option<Instant>,
-    /// Send time of the most recently sent frame acked so far.
-    rack_time: Option<Instant>,
+    /// The most recently sent frame acked so far: its transmission order
+    /// and the round trip its ack measured.
+    rack: Option<(u64, Duration)>,
+    /// Transmissions of data frames so far (the next one's `order`).
+    sent_order: u64,
+    /// When to send a tail-loss probe: the last frame again, so that a
+    /// loss at the end of a burst is found by the ack it draws rather than
+    /// by the retransmission timeout.
+    probe_deadline: Option<Instant>,
+    /// Probes sent since the last progress (one per tail).
+    probes: u32,
     timeouts_in_a_row: u32,
     /// Peer's count of our messages completed at its side.
     peer_done: u32,
@@ -419,6 +436,9 @@ pub struct Conn {
     /// Receive descriptors the unreliable level has bound (from `recv_base`).
     recvs_bound: u32,
     ack_pending: u32,
+    /// The psn of the newest data frame taken in: its range leads the
+    /// selective acks.
+    newest_rx: Option<u32>,
     /// Payload bytes received since the last ack.
     ack_bytes: u32,
     ack_deadline: Option<Instant>,
@@ -462,7 +482,10 @@ impl Conn {
             rtt,
             rto_deadline: None,
             loss_deadline: None,
-            rack_time: None,
+            rack: None,
+            sent_order: 0,
+            probe_deadline: None,
+            probes: 0,
             timeouts_in_a_row: 0,
             peer_done: 0,
             rnr_until: None,
@@ -473,6 +496,7 @@ impl Conn {
             recv_base: 0,
             recvs_bound: 0,
             ack_pending: 0,
+            newest_rx: None,
             ack_bytes: 0,
             ack_deadline: None,
             ack_now: false,
@@ -852,6 +876,7 @@ impl Conn {
         if !reliable {
             return true;
         }
+        self.newest_rx = Some(h.psn);
         self.ack_pending += 1;
         self.ack_bytes = self.ack_bytes.saturating_add(payload.len() as u32);
         if h.flags & data_flags::ACK_NOW != 0
@@ -1057,12 +1082,10 @@ impl Conn {
     /// descriptors go to the messages after them.
     fn abandon(&mut self, n: usize) {
         for _ in 0..n {
-            if let Some(m) = self.in_msgs.pop_front() {
-                if let Some(m) = m {
-                    self.stats.messages_dropped += 1;
-                    if m.bound.is_some() {
-                        self.recvs_bound -= 1;
-                    }
+            if let Some(Some(m)) = self.in_msgs.pop_front() {
+                self.stats.messages_dropped += 1;
+                if m.bound.is_some() {
+                    self.recvs_bound -= 1;
                 }
             }
             self.in_base = self.in_base.wrapping_add(1);
@@ -1155,16 +1178,20 @@ impl Conn {
             return;
         }
         let mut progress = false;
-        // Send time of the most recently sent frame this ack covers.
-        let mut newest: Option<Instant> = None;
-        let mut note = |t: Instant| newest = Some(newest.map_or(t, |n: Instant| n.max(t)));
+        // The most recently sent frame this ack covers.
+        let mut newest: Option<Sent> = None;
+        let mut note = |s: &Sent| {
+            if newest.is_none_or(|n| n.order < s.order) {
+                newest = Some(*s);
+            }
+        };
         while seq::lt(self.snd_una, ack) {
             if let Some(s) = self.inflight.pop_front() {
                 if s.lost {
                     self.lost -= 1;
                 }
                 if !s.acked {
-                    note(s.sent_at);
+                    note(&s);
                     self.frame_acked(now, &s);
                     progress = true;
                 }
@@ -1195,7 +1222,7 @@ impl Conn {
                         self.lost -= 1;
                     }
                     self.inflight[i].acked = true;
-                    note(s.sent_at);
+                    note(&s);
                     self.frame_acked(now, &s);
                     progress = true;
                 }
@@ -1225,8 +1252,8 @@ impl Conn {
                 }
             }
         }
-        if let Some(t) = newest {
-            self.detect_by_time(now, Some(t));
+        if let Some(s) = newest {
+            self.detect_by_time(now, Some(&s));
         }
         if seq::lt(self.peer_done, done) && seq::le(done, self.next_msn) {
             self.peer_done = done;
@@ -1235,34 +1262,102 @@ impl Conn {
         if progress {
             self.timeouts_in_a_row = 0;
             self.rnr_in_a_row = 0;
+            self.probes = 0;
             self.rtt.reset_backoff();
             self.complete_sends();
         }
-        self.rto_deadline = self.rto_from_oldest();
+        self.arm_timers(now, progress);
     }
 
-    /// Marks lost every frame sent before the newest acked one (`acked`
-    /// remembers its send time) whose ack is now overdue by more than the
-    /// reordering allowance; arms a timer for those not yet overdue.
-    fn detect_by_time(&mut self, now: Instant, acked: Option<Instant>) {
-        if let Some(t) = acked {
-            if self.rack_time.is_none_or(|r| r < t) {
-                self.rack_time = Some(t);
-            }
+    /// True while a frame waits for its ack.
+    fn outstanding(&self) -> bool {
+        // The oldest record is almost always the one unacked.
+        self.inflight.iter().any(|s| !s.acked)
+    }
+
+    /// The retransmission timer restarts on every ack that brings progress
+    /// (RFC 6298, 5.3): it measures silence, not the age of the oldest
+    /// frame, which a long queue of our own frames can make older than a
+    /// timeout without anything being lost. The tail-loss probe follows it.
+    fn arm_timers(&mut self, now: Instant, progress: bool) {
+        if !self.outstanding() {
+            self.rto_deadline = None;
+            self.probe_deadline = None;
+            return;
         }
-        let Some(rack) = self.rack_time else {
+        if progress || self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.rtt.rto());
+        }
+        if progress {
+            self.arm_probe(now);
+        }
+    }
+
+    /// Two smoothed round trips (and the peer's ack delay) after the last
+    /// transmission or progress, a probe goes out, unless the timeout
+    /// comes first or a probe already went for this tail.
+    fn arm_probe(&mut self, now: Instant) {
+        self.probe_deadline = None;
+        if self.probes > 0 || self.lost > 0 {
+            return;
+        }
+        let Some(srtt) = self.rtt.srtt() else {
             return;
         };
-        let wait = self.rtt.srtt().unwrap_or(self.cfg.initial_rto)
-            + self.rtt.reorder_window(Duration::from_micros(20));
+        let at = now + srtt * 2 + self.cfg.ack_delay;
+        if self.rto_deadline.is_none_or(|r| at < r) {
+            self.probe_deadline = Some(at);
+        }
+    }
+
+    /// The probe is due: the newest frame still unacked goes again, with a
+    /// request for an immediate ack.
+    fn on_probe(&mut self) {
+        self.probe_deadline = None;
+        if self.lost > 0 {
+            return;
+        }
+        if let Some(s) = self.inflight.iter_mut().rev().find(|s| !s.acked) {
+            s.lost = true;
+            s.probe = true;
+            self.lost += 1;
+            self.probes += 1;
+            self.stats.probes += 1;
+        }
+    }
+
+    /// Marks lost every frame sent before the newest acked one whose ack
+    /// is now overdue: later than that frame's own round trip plus the
+    /// reordering allowance (RACK, RFC 8985). Arms a timer for those not
+    /// yet overdue.
+    fn detect_by_time(&mut self, now: Instant, acked: Option<&Sent>) {
+        if let Some(s) = acked {
+            let rtt = now.saturating_duration_since(s.sent_at);
+            // The ack of a frame sent more than once may answer an earlier
+            // copy that was only late (Karn's ambiguity): taken as "sent
+            // last", it would make every frame sent in between look lost.
+            // Such acks are left out; frames sent after the retransmission
+            // find it lost if it is. A probe is the exception: it went out
+            // two round trips after the copy before it, whose ack would
+            // have come by then.
+            let ambiguous = s.transmissions > 1 && !s.probe;
+            if !ambiguous && self.rack.is_none_or(|(o, _)| o < s.order) {
+                self.rack = Some((s.order, rtt));
+            }
+        }
+        let Some((rack, rack_rtt)) = self.rack else {
+            return;
+        };
+        let wait = rack_rtt + self.rtt.reorder_window(Duration::from_micros(20));
         self.loss_deadline = None;
         for s in self.inflight.iter_mut() {
-            if s.acked || s.lost || s.sent_at >= rack {
+            if s.acked || s.lost || s.order >= rack {
                 continue;
             }
             let due = s.sent_at + wait;
             if now >= due {
                 s.lost = true;
+                s.probe = false;
                 self.lost += 1;
             } else if self.loss_deadline.is_none_or(|d| due < d) {
                 self.loss_deadline = Some(due);
@@ -1310,6 +1405,7 @@ impl Conn {
                 let s = &mut self.inflight[i];
                 if !seq::lt(p, psn) && !s.acked && !s.lost {
                     s.lost = true;
+                    s.probe = false;
                     self.lost += 1;
                 }
             }
@@ -1407,6 +1503,7 @@ impl Conn {
         self.in_msgs.clear();
         self.rto_deadline = None;
         self.loss_deadline = None;
+        self.probe_deadline = None;
         self.ack_deadline = None;
     }
 
@@ -1436,6 +1533,7 @@ impl Conn {
             at(self.ack_deadline);
             at(self.rto_deadline);
             at(self.loss_deadline);
+            at(self.probe_deadline);
             at(self.rnr_until);
             at(Some(self.last_rx + self.cfg.idle_timeout));
             at(Some(self.keepalive_at()));
@@ -1481,6 +1579,9 @@ impl Conn {
         if self.loss_deadline.is_some_and(|d| now >= d) {
             self.detect_by_time(now, None);
         }
+        if self.probe_deadline.is_some_and(|d| now >= d) {
+            self.on_probe();
+        }
         if self.rto_deadline.is_some_and(|d| now >= d) {
             self.on_rto(now);
         }
@@ -1494,26 +1595,28 @@ impl Conn {
             return;
         }
         self.rtt.back_off();
-        // Everything outstanding long enough goes again.
-        let rto = self.rtt.rto();
+        // A whole timeout without progress: the oldest frame goes again,
+        // and every other one whose ack is overdue by a round trip and the
+        // reordering allowance (RFC 8985, 6.3); frames sent since may still
+        // be on their way.
+        let rtt = self
+            .rack
+            .map_or(self.rtt.srtt().unwrap_or(self.cfg.initial_rto), |r| r.1);
+        let wait = rtt + self.rtt.reorder_window(Duration::from_micros(20));
+        let mut first = true;
         for s in self.inflight.iter_mut() {
-            if !s.acked && !s.lost && now.saturating_duration_since(s.sent_at) >= rto / 2 {
+            if s.acked {
+                continue;
+            }
+            if !s.lost && (first || now.saturating_duration_since(s.sent_at) >= wait) {
                 s.lost = true;
+                s.probe = false;
                 self.lost += 1;
             }
+            first = false;
         }
-        if let Some(s) = self.inflight.iter_mut().find(|s| !s.acked) {
-            if !s.lost {
-                s.lost = true;
-                self.lost += 1;
-            }
-        }
+        self.probe_deadline = None;
         self.rto_deadline = Some(now + self.rtt.rto());
-    }
-
-    fn rto_from_oldest(&self) -> Option<Instant> {
-        let oldest = self.inflight.iter().find(|s| !s.acked)?;
-        Some(oldest.sent_at + self.rtt.rto())
     }
 
     // ------------------------------------------------------------------
@@ -1639,9 +1742,18 @@ impl Conn {
             self.ack_bytes = 0;
             self.ack_deadline = None;
             self.stats.acks_sent += 1;
+            // The range of the newest arrival first, then the lowest ones:
+            // every arrival is reported at least once even when more gaps
+            // are open than an ack has room for.
             let mut sack = SackList::default();
-            self.rcv.ranges(MAX_SACK, |s, e| {
+            let newest = self.newest_rx.and_then(|n| self.rcv.range_of(n));
+            if let Some((s, e)) = newest {
                 sack.push(s, e);
+            }
+            self.rcv.ranges(MAX_SACK, |s, e| {
+                if Some((s, e)) != newest {
+                    sack.push(s, e);
+                }
             });
             let r = Repr::Ack {
                 ack: self.rcv.base(),
@@ -1655,33 +1767,52 @@ impl Conn {
     }
 
     fn retransmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
-        if self.lost == 0 {
-            return None;
-        }
-        let i = self.inflight.iter().position(|s| s.lost && !s.acked)?;
-        let s = self.inflight[i];
-        let psn = self.snd_una.wrapping_add(i as u32);
-        let m = if s.response {
-            self.responses.iter().find(|m| m.msn == s.msn).cloned()
-        } else {
-            self.msg_index(s.msn).map(|j| self.msgs[j].clone())
-        };
-        let Some(m) = m else {
-            // Its message is gone (completed by a later ack); nothing to send.
+        let (i, s, m) = loop {
+            if self.lost == 0 {
+                return None;
+            }
+            let Some(i) = self.inflight.iter().position(|s| s.lost && !s.acked) else {
+                self.lost = 0;
+                return None;
+            };
+            let s = self.inflight[i];
+            let m = if s.response {
+                self.responses.iter().find(|m| m.msn == s.msn).cloned()
+            } else {
+                self.msg_index(s.msn).map(|j| self.msgs[j].clone())
+            };
+            if let Some(m) = m {
+                break (i, s, m);
+            }
+            // Its message is gone (completed on the peer's word); nothing
+            // to send, and it no longer counts against the window.
             self.inflight[i].lost = false;
             self.inflight[i].acked = true;
+            self.inflight_bytes = self.inflight_bytes.saturating_sub(s.len);
             self.lost -= 1;
-            return None;
         };
-        self.inflight[i].lost = false;
-        self.inflight[i].transmissions = s.transmissions.saturating_add(1);
-        self.inflight[i].sent_at = now;
+        let psn = self.snd_una.wrapping_add(i as u32);
+        let order = self.next_order();
+        let r = &mut self.inflight[i];
+        r.lost = false;
+        r.transmissions = s.transmissions.saturating_add(1);
+        r.sent_at = now;
+        r.order = order;
         self.lost -= 1;
         self.stats.retransmitted += 1;
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + self.rtt.rto());
         }
+        if self.lost == 0 {
+            self.arm_probe(now);
+        }
         Some(self.emit_data(buf, psn, &m, s.offset, s.len, data_flags::ACK_NOW, mem))
+    }
+
+    fn next_order(&mut self) -> u64 {
+        let o = self.sent_order;
+        self.sent_order += 1;
+        o
     }
 
     fn send_new(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
@@ -1727,20 +1858,24 @@ impl Conn {
             0
         };
         if reliable {
+            let order = self.next_order();
             self.inflight.push_back(Sent {
                 response,
                 msn: m.msn,
                 offset,
                 len,
                 sent_at: now,
+                order,
                 transmissions: 1,
                 acked: false,
                 lost: false,
+                probe: false,
             });
             self.inflight_bytes += len;
             if self.rto_deadline.is_none() {
                 self.rto_deadline = Some(now + self.rtt.rto());
             }
+            self.arm_probe(now);
         }
         let n = self.emit_data(buf, psn, &m, offset, len, flags, mem);
         if !reliable {

@@ -8,6 +8,8 @@ use std::time::Duration;
 pub struct RttEstimator {
     srtt: Option<Duration>,
     rttvar: Duration,
+    /// The smallest sample: the path's round trip without queueing.
+    min_rtt: Option<Duration>,
     /// The timeout from the samples, before back-off.
     base: Duration,
     /// Expirations in a row without progress: each doubles the timeout.
@@ -21,6 +23,7 @@ impl RttEstimator {
         RttEstimator {
             srtt: None,
             rttvar: Duration::ZERO,
+            min_rtt: None,
             base: initial.clamp(min, max),
             backoff: 0,
             min,
@@ -30,13 +33,16 @@ impl RttEstimator {
 
     /// Takes one measured round trip.
     pub fn sample(&mut self, r: Duration) {
+        if self.min_rtt.is_none_or(|m| r < m) {
+            self.min_rtt = Some(r);
+        }
         match self.srtt {
             None => {
                 self.srtt = Some(r);
                 self.rttvar = r / 2;
             }
             Some(s) => {
-                let dev = if s > r { s - r } else { r - s };
+                let dev = s.abs_diff(r);
                 self.rttvar = (self.rttvar * 3 + dev) / 4;
                 self.srtt = Some((s * 7 + r) / 8);
             }
@@ -61,9 +67,14 @@ impl RttEstimator {
 
     /// How much later than a later-sent frame's ack a frame's own ack may
     /// come before it counts as lost (reordering allowance): a quarter of
-    /// the smoothed round trip, at least `floor`.
+    /// the smallest round trip, at least `floor` (RACK's choice: a queue
+    /// that lengthens every round trip says nothing about reordering).
     pub fn reorder_window(&self, floor: Duration) -> Duration {
-        self.srtt.map_or(floor, |s| (s / 4).max(floor))
+        self.min_rtt.map_or(floor, |m| (m / 4).max(floor))
+    }
+
+    pub fn min_rtt(&self) -> Option<Duration> {
+        self.min_rtt
     }
 
     pub fn srtt(&self) -> Option<Duration> {
@@ -87,6 +98,8 @@ mod tests {
             r.sample(Duration::from_micros(10));
         }
         assert_eq!(r.rto(), ms(1), "clamped to the minimum");
+        assert_eq!(r.min_rtt(), Some(Duration::from_micros(10)));
+        assert_eq!(r.reorder_window(Duration::ZERO), Duration::from_nanos(2500));
         for _ in 0..10 {
             r.back_off();
         }

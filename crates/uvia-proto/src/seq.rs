@@ -149,6 +149,26 @@ impl SeqWindow {
         }
     }
 
+    /// The arrived range `[start, end)` above the base that holds `n`, if
+    /// `n` lies above the base and has arrived: the range an ack names
+    /// first, so the newest arrival is always reported even when more
+    /// ranges exist than an ack carries.
+    pub fn range_of(&self, n: u32) -> Option<(u32, u32)> {
+        let off = n.wrapping_sub(self.base);
+        if off == 0 || off >= self.size || !self.contains_bit(n) {
+            return None;
+        }
+        let mut lo = off;
+        while lo > 1 && self.contains_bit(self.base.wrapping_add(lo - 1)) {
+            lo -= 1;
+        }
+        let mut hi = off + 1;
+        while hi < self.size && self.contains_bit(self.base.wrapping_add(hi)) {
+            hi += 1;
+        }
+        Some((self.base.wrapping_add(lo), self.base.wrapping_add(hi)))
+    }
+
     /// True when some number above the base has arrived.
     pub fn has_gap(&self) -> bool {
         self.bits.iter().any(|&w| w != 0)
@@ -195,6 +215,23 @@ mod tests {
         w.advance(10u32.wrapping_add(1 << 31));
         assert_eq!(w.base(), 10u32.wrapping_add(1 << 31));
         assert!(!w.has_gap());
+    }
+
+    #[test]
+    fn the_range_holding_a_number() {
+        let mut w = SeqWindow::new(u32::MAX - 2, 64);
+        for n in [u32::MAX, 0, 1, 5] {
+            assert!(w.insert(n));
+        }
+        assert_eq!(w.range_of(0), Some((u32::MAX, 2)));
+        assert_eq!(w.range_of(5), Some((5, 6)));
+        assert_eq!(w.range_of(3), None, "not arrived");
+        assert_eq!(w.range_of(u32::MAX - 3), None, "below the base");
+        assert_eq!(
+            w.range_of((u32::MAX - 2).wrapping_add(64)),
+            None,
+            "past the window"
+        );
     }
 
     #[test]

@@ -19,17 +19,10 @@ struct Run {
     receiver: Stats,
 }
 
-impl Run {
-    fn goodput(&self) -> f64 {
-        self.bytes as f64 / self.elapsed.as_secs_f64() / 1e6
-    }
-}
-
 fn run(seed: u64, level: Level, loss: f64) -> Run {
     let cfg = Config {
         level,
         idle_timeout: Duration::from_secs(2),
-        window_bytes: 131072,
         ..Config::default()
     };
     let f = Faults {
@@ -71,8 +64,8 @@ fn run(seed: u64, level: Level, loss: f64) -> Run {
 #[test]
 fn goodput_of_64k_messages_under_loss() {
     println!(
-        "{:<18} {:>5} {:>10} {:>10} {:>9} {:>8} {:>7} {:>7} {:>7}",
-        "level", "loss", "virt ms", "MB/s", "lossless", "retx", "rto", "sent", "acks"
+        "{:<18} {:>5} {:>9} {:>9} {:>9} {:>6} {:>5} {:>6} {:>6} {:>6}",
+        "level", "loss", "virt ms", "MB/s", "lossless", "retx", "rto", "probes", "sent", "acks"
     );
     for level in [Level::ReliableDelivery, Level::ReliableReception] {
         let mut base = 0.0;
@@ -85,21 +78,41 @@ fn goodput_of_64k_messages_under_loss() {
             if loss == 0.0 {
                 base = goodput;
             }
-            let sum = |f: fn(&Run) -> u64| runs.iter().map(f).sum::<u64>() / 3;
+            let mean = |f: fn(&Run) -> u64| runs.iter().map(f).sum::<u64>() / runs.len() as u64;
+            let share = goodput / base;
             println!(
-                "{:<18} {:>4.0}% {:>10.2} {:>10.1} {:>8.0}% {:>8} {:>7} {:>7} {:>7}",
+                "{:<18} {:>4.0}% {:>9.2} {:>9.1} {:>8.0}% {:>6} {:>5} {:>6} {:>6} {:>6}",
                 format!("{level:?}"),
                 loss * 100.0,
-                secs / 3.0 * 1e3,
+                secs / runs.len() as f64 * 1e3,
                 goodput,
-                goodput / base * 100.0,
-                sum(|r| r.sender.retransmitted),
-                sum(|r| r.sender.rto_expired),
-                sum(|r| r.sender.frames_sent),
-                sum(|r| r.receiver.acks_sent),
+                share * 100.0,
+                mean(|r| r.sender.retransmitted),
+                mean(|r| r.sender.rto_expired),
+                mean(|r| r.sender.probes),
+                mean(|r| r.sender.frames_sent),
+                mean(|r| r.receiver.acks_sent),
             );
-            for r in &runs {
-                let _ = r.goodput();
+            if loss == 0.0 {
+                assert_eq!(
+                    mean(|r| r.sender.retransmitted),
+                    0,
+                    "nothing lost, nothing sent twice"
+                );
+            }
+            if loss == 0.05 {
+                assert!(
+                    share >= 0.5,
+                    "{level:?}: {:.0}% of lossless at 5% loss",
+                    share * 100.0
+                );
+            }
+            if loss == 0.20 {
+                assert!(
+                    share >= 0.2,
+                    "{level:?}: {:.0}% of lossless at 20% loss",
+                    share * 100.0
+                );
             }
         }
     }

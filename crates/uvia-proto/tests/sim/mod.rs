@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::VecDeque;
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 use uvia_proto::wire::{self, NakCode, Repr};
 use uvia_proto::{Config, Conn, Event, Memory, Outcome, SendKind, SendOp};
@@ -213,13 +213,35 @@ struct InFlight {
     seq: u64,
 }
 
+// Ordered by arrival (time, then the order frames were put on the wire),
+// earliest first out of the max-heap.
+impl Ord for InFlight {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl PartialEq for InFlight {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+
+impl Eq for InFlight {}
+
 pub struct Sim {
     pub now: Instant,
     pub start: Instant,
     pub rng: Rng,
     pub faults: [Faults; 2],
     pub sides: [Side; 2],
-    net: Vec<InFlight>,
+    net: BinaryHeap<InFlight>,
     seq: u64,
     /// Frames that failed to parse (corruption caught by the checksum).
     pub malformed: u64,
@@ -253,7 +275,7 @@ impl Sim {
             rng: Rng::new(seed),
             faults: [faults, faults],
             sides: [mk(0x0a00_0001), mk(0x0b00_0002)],
-            net: vec![],
+            net: BinaryHeap::new(),
             seq: 0,
             malformed: 0,
             delivered: 0,
@@ -375,7 +397,7 @@ impl Sim {
     pub fn step(&mut self) -> bool {
         self.transmit();
         self.drain_events();
-        let next_frame = self.net.iter().map(|f| (f.at, f.seq)).min();
+        let next_frame = self.net.peek().map(|f| (f.at, f.seq));
         let next_timer = self
             .sides
             .iter()
@@ -391,18 +413,10 @@ impl Sim {
             self.now = t;
         }
         // Every frame due now, in arrival order.
-        loop {
-            let Some(i) = self
-                .net
-                .iter()
-                .enumerate()
-                .filter(|(_, f)| f.at <= self.now)
-                .min_by_key(|(_, f)| (f.at, f.seq))
-                .map(|(i, _)| i)
-            else {
+        while self.net.peek().is_some_and(|f| f.at <= self.now) {
+            let Some(f) = self.net.pop() else {
                 break;
             };
-            let f = self.net.swap_remove(i);
             self.deliver(f);
         }
         for s in self.sides.iter_mut() {
