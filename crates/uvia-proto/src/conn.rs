@@ -450,6 +450,8 @@ pub struct Conn {
     nak: Option<(NakCode, u32)>,
     confirm_due: bool,
     disconnect_ack_due: bool,
+    /// Peer-to-peer: requests go out as `PeerRequest`.
+    peer_mode: bool,
 }
 
 impl Conn {
@@ -505,6 +507,7 @@ impl Conn {
             nak: None,
             confirm_due: false,
             disconnect_ack_due: false,
+            peer_mode: false,
         }
     }
 
@@ -524,6 +527,22 @@ impl Conn {
             since: now,
             last: None,
         };
+        c
+    }
+
+    /// A peer-to-peer connection: asks the VI waiting on `discriminator` at
+    /// the peer's address, while that VI asks this one; whichever request
+    /// arrives first connects the two (the caller hands this connection the
+    /// peer's [`Repr::PeerRequest`] when one comes for it).
+    pub fn connect_peer(
+        now: Instant,
+        cfg: Config,
+        local_id: u32,
+        initial_psn: u32,
+        discriminator: &[u8],
+    ) -> Conn {
+        let mut c = Conn::connect(now, cfg, local_id, initial_psn, discriminator);
+        c.peer_mode = true;
         c
     }
 
@@ -724,6 +743,20 @@ impl Conn {
                 self.events.push_back(Event::Connected);
                 return true;
             }
+            (State::Connecting { .. }, Repr::PeerRequest { attrs, .. }) if self.peer_mode => {
+                // The other side asked first: answer as a server would.
+                if Level::from_wire(attrs.reliability) != Some(self.cfg.level) {
+                    self.state = State::Closed;
+                    self.events
+                        .push_back(Event::Rejected(RejectReason::Mismatch));
+                    return true;
+                }
+                self.establish(src, *attrs);
+                self.state = State::Accepting { last: None };
+                self.last_rx = now;
+                self.events.push_back(Event::Connected);
+                return true;
+            }
             (State::Connecting { .. }, Repr::ConnReject { reason }) => {
                 self.state = State::Closed;
                 self.events.push_back(Event::Rejected(*reason));
@@ -746,7 +779,7 @@ impl Conn {
                 self.confirm_due = true;
                 true
             }
-            Repr::ConnRequest { .. } => {
+            Repr::ConnRequest { .. } | Repr::PeerRequest { .. } => {
                 // A repeated request: the accept goes out again.
                 if matches!(self.state, State::Accepting { .. } | State::Connected) {
                     self.state = State::Accepting { last: None };
@@ -1648,9 +1681,18 @@ impl Conn {
                         since,
                         last: Some(now),
                     };
-                    let r = Repr::ConnRequest {
-                        attrs: self.cfg.attrs(self.snd_nxt),
-                        discriminator: &self.discriminator,
+                    let attrs = self.cfg.attrs(self.snd_nxt);
+                    let discriminator = &self.discriminator[..];
+                    let r = if self.peer_mode {
+                        Repr::PeerRequest {
+                            attrs,
+                            discriminator,
+                        }
+                    } else {
+                        Repr::ConnRequest {
+                            attrs,
+                            discriminator,
+                        }
                     };
                     return Some(r.emit(buf, 0, src));
                 }

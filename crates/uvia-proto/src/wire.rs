@@ -62,6 +62,10 @@ pub enum Kind {
     Ack = 8,
     /// A negative acknowledgement: receiver not ready, or a fatal error.
     Nak = 9,
+    /// Peer-to-peer: a side asks the other side's VI, waiting on
+    /// `discriminator`, while that side asks it likewise; either request
+    /// (or the accept that answers it) connects the two.
+    PeerRequest = 10,
 }
 
 impl Kind {
@@ -76,6 +80,7 @@ impl Kind {
             7 => Kind::Data,
             8 => Kind::Ack,
             9 => Kind::Nak,
+            10 => Kind::PeerRequest,
             _ => return None,
         })
     }
@@ -84,7 +89,7 @@ impl Kind {
     /// add a payload, ack frames their ranges).
     fn fixed_len(self) -> usize {
         match self {
-            Kind::ConnRequest => HEADER_LEN + 16 + MAX_DISCRIMINATOR,
+            Kind::ConnRequest | Kind::PeerRequest => HEADER_LEN + 16 + MAX_DISCRIMINATOR,
             Kind::ConnAccept => HEADER_LEN + 16,
             Kind::ConnReject => HEADER_LEN + 4,
             Kind::ConnConfirm | Kind::DisconnectAck => HEADER_LEN,
@@ -445,6 +450,11 @@ pub enum Repr<'a> {
     ConnAccept {
         attrs: ConnAttrs,
     },
+    PeerRequest {
+        attrs: ConnAttrs,
+        /// The discriminator the receiving side's VI waits on.
+        discriminator: &'a [u8],
+    },
     ConnReject {
         reason: RejectReason,
     },
@@ -535,6 +545,18 @@ impl<'a> Repr<'a> {
             Kind::ConnAccept => Repr::ConnAccept {
                 attrs: ConnAttrs::parse(b, HEADER_LEN)?,
             },
+            Kind::PeerRequest => {
+                let attrs = ConnAttrs::parse(b, HEADER_LEN)?;
+                let n = b[HEADER_LEN + 2] as usize;
+                if n > MAX_DISCRIMINATOR {
+                    return Err(WireError::Malformed("discriminator length"));
+                }
+                let at = HEADER_LEN + 16;
+                Repr::PeerRequest {
+                    attrs,
+                    discriminator: &b[at..at + n],
+                }
+            }
             Kind::ConnReject => Repr::ConnReject {
                 reason: RejectReason::from_u8(b[HEADER_LEN])
                     .ok_or(WireError::Malformed("reject reason"))?,
@@ -590,7 +612,7 @@ impl<'a> Repr<'a> {
     /// Bytes [`emit`](Self::emit) writes.
     pub fn buffer_len(&self) -> usize {
         match self {
-            Repr::ConnRequest { .. } => Kind::ConnRequest.fixed_len(),
+            Repr::ConnRequest { .. } | Repr::PeerRequest { .. } => Kind::ConnRequest.fixed_len(),
             Repr::ConnAccept { .. } => Kind::ConnAccept.fixed_len(),
             Repr::ConnReject { .. } => Kind::ConnReject.fixed_len(),
             Repr::ConnConfirm | Repr::DisconnectAck => HEADER_LEN,
@@ -610,8 +632,17 @@ impl<'a> Repr<'a> {
             Repr::ConnRequest {
                 attrs,
                 discriminator,
+            }
+            | Repr::PeerRequest {
+                attrs,
+                discriminator,
             } => {
-                emit_header(b, Kind::ConnRequest, dst, src);
+                let kind = if matches!(self, Repr::PeerRequest { .. }) {
+                    Kind::PeerRequest
+                } else {
+                    Kind::ConnRequest
+                };
+                emit_header(b, kind, dst, src);
                 attrs.emit(b, HEADER_LEN);
                 let n = discriminator.len().min(MAX_DISCRIMINATOR);
                 b[HEADER_LEN + 2] = n as u8;

@@ -193,3 +193,52 @@ fn rdma_is_checked_on_the_target_and_moves_bytes_exactly() {
     assert_eq!(s.sides[1].mem.region, before);
     assert!(s.run_until(Duration::from_secs(1), |s| s.sides[1].failed()));
 }
+
+#[test]
+fn peer_to_peer_connects_whichever_request_arrives_first() {
+    for (seed, loss) in [(11, 0.0), (12, 0.2), (13, 0.5)] {
+        let cfg = config(RnrPolicy::Fail);
+        let mut s = Sim::new(
+            seed,
+            cfg.clone(),
+            Faults {
+                loss,
+                ..Faults::default()
+            },
+        );
+        let now = s.now;
+        s.sides[0].conn = Some(uvia_proto::Conn::connect_peer(
+            now,
+            cfg.clone(),
+            s.sides[0].id,
+            10,
+            b"b",
+        ));
+        s.sides[1].conn = Some(uvia_proto::Conn::connect_peer(
+            now,
+            cfg.clone(),
+            s.sides[1].id,
+            20,
+            b"a",
+        ));
+        assert!(s.connect(Duration::from_secs(3)), "loss {loss}");
+        let ids = (s.sides[0].id, s.sides[1].id);
+        assert_eq!(s.sides[0].conn().peer_id(), ids.1);
+        assert_eq!(s.sides[1].conn().peer_id(), ids.0);
+        // And data flows both ways.
+        s.sides[1].recv(100);
+        s.sides[0].recv(100);
+        let now = s.now;
+        s.sides[0].send(now, message(1, 50), None);
+        s.sides[1].send(now, message(2, 60), None);
+        let mut a = vec![];
+        let mut b = vec![];
+        assert!(s.run_until(Duration::from_secs(3), |s| {
+            a.extend(s.sides[0].take_recvs());
+            b.extend(s.sides[1].take_recvs());
+            a.len() == 1 && b.len() == 1
+        }));
+        assert_eq!(a[0].0, message(2, 60));
+        assert_eq!(b[0].0, message(1, 50));
+    }
+}

@@ -376,7 +376,8 @@ impl Sim {
         let Some(conn) = side.conn.as_mut() else {
             return;
         };
-        if dst != conn.local_id() && !(dst == 0 && matches!(repr, Repr::ConnRequest { .. })) {
+        let to_zero = matches!(repr, Repr::ConnRequest { .. } | Repr::PeerRequest { .. });
+        if dst != conn.local_id() && !(dst == 0 && to_zero) {
             return;
         }
         conn.handle_frame(self.now, src, &repr, &mut side.mem);
