@@ -131,6 +131,10 @@ pub enum ConnectError {
     Answered,
     #[error("cannot resolve host address {0:?} (want ip:port, [ipv6]:port or name:port)")]
     BadAddress(String),
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
+    #[error("discriminator {0} is already used by a peer-to-peer connection being made")]
+    InUse(String),
     #[error("{0}")]
     Io(#[from] io::Error),
 }

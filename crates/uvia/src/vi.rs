@@ -8,7 +8,7 @@
 //! there is no thread behind the caller's back. Descriptors complete in
 //! order on each queue and carry their status like VIPL's.
 
-use crate::cm::{check_compatible, socket_name, NetAddress, RemoteViAttributes};
+use crate::cm::{check_compatible, socket_name, Discriminator, NetAddress, RemoteViAttributes};
 use crate::cq::{Cq, CqShared};
 use crate::desc::{control, status, Descriptor, MemHandle, Op, Segment, MAX_SEGMENTS};
 use crate::error::{ConnectError, PostError, Rejected, ViAttrError, WaitError};
@@ -1406,7 +1406,7 @@ impl Vi {
         attrs: &ViAttributes,
     ) -> Result<RemoteViAttributes, ConnectError> {
         if self.s.nic.net.is_some() {
-            return self.net_connect(remote, timeout);
+            return self.net_connect(remote, None, timeout);
         }
         let start = Instant::now();
         let nic = &self.s.nic;
@@ -1459,6 +1459,37 @@ impl Vi {
         self.install(&mut g, seg, 0, stream, pid, peer_fds, (&reply).into());
         g.server_socket = Some(path);
         Ok((&reply).into())
+    }
+
+    /// Connects peer to peer (VipConnectPeerRequest and VipConnectPeerWait
+    /// in one call): this VI waits on `local` while it asks the VI waiting
+    /// on `remote`; the other side does the same with the discriminators
+    /// swapped, and whichever request arrives first connects both. Network
+    /// providers only.
+    pub fn connect_peer_request(
+        &self,
+        local: &Discriminator,
+        remote: &NetAddress,
+        timeout: Duration,
+    ) -> Result<RemoteViAttributes, ConnectError> {
+        if self.s.nic.net.is_none() {
+            return Err(ConnectError::Unsupported(
+                "peer-to-peer connection on the shm provider",
+            ));
+        }
+        {
+            let _g = self.lock();
+            let st = self.state();
+            if st != ViState::Idle {
+                return Err(ConnectError::InvalidState(st));
+            }
+            self.set_state(ViState::PendingConnect);
+        }
+        let r = self.net_connect(remote, Some(local), timeout);
+        if r.is_err() {
+            self.set_state(ViState::Idle);
+        }
+        r
     }
 
     /// The server half of a connection, called by `ConnRequest::accept`.

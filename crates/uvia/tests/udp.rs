@@ -530,3 +530,54 @@ fn a_cq_waits_for_network_vis() {
     vi.disconnect();
     peer.join();
 }
+
+#[test]
+fn peer_to_peer_connects_two_clients() {
+    let inst = udp_instance();
+    let (mine, theirs) = if peer_arg().is_some() {
+        (391, 390)
+    } else {
+        (390, 391)
+    };
+    let peer = peer_arg()
+        .is_none()
+        .then(|| Peer::spawn("peer_to_peer_connects_two_clients", &inst, "x"));
+    let mut e = end(&inst, ViAttributes::new);
+    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(4096, 64)])))
+        .unwrap();
+    let remote =
+        e.vi.connect_peer_request(
+            &disc(mine),
+            &NetAddress::new(&peer_host(&inst), disc(theirs)),
+            T,
+        )
+        .unwrap();
+    assert_eq!(remote.reliability, Reliability::ReliableDelivery);
+    assert_eq!(e.vi.state(), ViState::Connected);
+    // Each side says who it is; each hears the other.
+    e.buf.as_mut_slice()[0] = mine as u8;
+    assert_eq!(send(&e, 0, 1).result(), Ok(1));
+    let r = e.vi.recv_wait(Some(T)).unwrap();
+    assert_eq!(r.result(), Ok(1));
+    assert_eq!(e.buf.as_slice()[4096], theirs as u8);
+    if let Some(p) = peer {
+        e.vi.disconnect();
+        p.join();
+    } else {
+        until_peer_leaves(&e);
+    }
+}
+
+#[test]
+fn peer_to_peer_is_refused_clearly_on_shm() {
+    if peer_arg().is_some() {
+        return;
+    }
+    let nic = Nic::open("shm").unwrap();
+    let vi = nic
+        .create_vi(ViAttributes::new(nic.create_ptag().unwrap()), None, None)
+        .unwrap();
+    let r = vi.connect_peer_request(&disc(1), &NetAddress::new("0", disc(2)), T);
+    assert!(matches!(r, Err(ConnectError::Unsupported(_))), "{r:?}");
+    assert_eq!(vi.state(), ViState::Idle);
+}

@@ -9,7 +9,7 @@
 //! written into the descriptors here.
 
 use super::{EntryState, Posted, SlotQueue, Vi, ViInner, ViShared, ViState};
-use crate::cm::{NetAddress, RemoteViAttributes};
+use crate::cm::{Discriminator, NetAddress, RemoteViAttributes};
 use crate::desc::{status, Descriptor, MemHandle, Op};
 use crate::error::{ConnectError, PostError};
 use crate::mem::RegionTable;
@@ -62,6 +62,9 @@ pub(crate) struct NetNic {
     /// Discriminators someone waits on, with requests not yet taken.
     listening: spin::Mutex<HashMap<Vec<u8>, VecDeque<Incoming>>>,
     rejected: spin::Mutex<VecDeque<(Addr, u32, RejectReason)>>,
+    /// Peer-to-peer connections being made: our discriminator -> (the
+    /// peer's address, our connection id).
+    peers: spin::Mutex<HashMap<Vec<u8>, (Addr, u32)>>,
     rx: std::sync::Mutex<RxState>,
     next_id: AtomicU32,
     /// Frames that failed the checksum or did not parse.
@@ -97,6 +100,7 @@ impl NetNic {
             accepted: spin::Mutex::new(HashMap::new()),
             listening: spin::Mutex::new(HashMap::new()),
             rejected: spin::Mutex::new(VecDeque::new()),
+            peers: spin::Mutex::new(HashMap::new()),
             rx: std::sync::Mutex::new(RxState {
                 batch: RecvBatch::new(caps.max_batch.clamp(1, 64), 65_536),
                 reply: vec![0; 256],
@@ -185,12 +189,27 @@ impl NetNic {
                 continue;
             };
             if dst == 0 {
-                if let Repr::ConnRequest {
-                    attrs,
-                    discriminator,
-                } = repr
-                {
-                    self.on_request(from, src, attrs, discriminator, &mut me, now, reply);
+                match repr {
+                    Repr::ConnRequest {
+                        attrs,
+                        discriminator,
+                    } => self.on_request(from, src, attrs, discriminator, &mut me, now, reply),
+                    Repr::PeerRequest { discriminator, .. } => {
+                        // Known already (a repetition), or a VI of ours
+                        // asking that peer on this discriminator.
+                        let known = self.accepted.lock().get(&(from, src)).copied();
+                        let id = known.or_else(|| {
+                            self.peers
+                                .lock()
+                                .get(discriminator)
+                                .filter(|(a, _)| *a == from)
+                                .map(|(_, id)| *id)
+                        });
+                        if let Some(id) = id {
+                            self.deliver(id, from, src, &repr, &mut me, now);
+                        }
+                    }
+                    _ => {}
                 }
                 continue;
             }
@@ -222,6 +241,30 @@ impl NetNic {
         n > 0
     }
 
+    /// Hands a frame to the VI of connection `id`.
+    fn deliver(
+        &self,
+        id: u32,
+        from: Addr,
+        src: u32,
+        repr: &Repr<'_>,
+        me: &mut Option<(&Vi, &mut ViInner)>,
+        now: Instant,
+    ) {
+        let Some(target) = self.conns.lock().get(&id).and_then(Weak::upgrade) else {
+            return;
+        };
+        match me {
+            Some((vi, g)) if Arc::ptr_eq(&vi.s, &target) => vi.net_input(g, from, src, repr, now),
+            _ => {
+                let vi = Vi { s: target };
+                let mut g = vi.lock();
+                vi.net_input(&mut g, from, src, repr, now);
+                vi.net_output(&mut g, now);
+            }
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn on_request(
         &self,
@@ -237,24 +280,11 @@ impl NetNic {
         // answers (with the accept again).
         let known = self.accepted.lock().get(&(from, peer_id)).copied();
         if let Some(id) = known {
-            let target = self.conns.lock().get(&id).and_then(Weak::upgrade);
-            if let Some(target) = target {
-                let repr = Repr::ConnRequest {
-                    attrs,
-                    discriminator,
-                };
-                match me {
-                    Some((vi, g)) if Arc::ptr_eq(&vi.s, &target) => {
-                        vi.net_input(g, from, peer_id, &repr, now)
-                    }
-                    _ => {
-                        let vi = Vi { s: target };
-                        let mut g = vi.lock();
-                        vi.net_input(&mut g, from, peer_id, &repr, now);
-                        vi.net_output(&mut g, now);
-                    }
-                }
-            }
+            let repr = Repr::ConnRequest {
+                attrs,
+                discriminator,
+            };
+            self.deliver(id, from, peer_id, &repr, me, now);
             return;
         }
         let refused = self
@@ -916,6 +946,7 @@ impl Vi {
     pub(super) fn net_connect(
         &self,
         remote: &NetAddress,
+        local: Option<&Discriminator>,
         timeout: Duration,
     ) -> Result<RemoteViAttributes, ConnectError> {
         let start = Instant::now();
@@ -923,10 +954,29 @@ impl Vi {
         let nic = self.s.nic.net();
         let id = nic.new_id();
         nic.register(id, &self.s);
-        let r = self.net_connect_inner(remote, to, id, start, timeout);
-        if r.is_err() {
-            nic.unregister(id);
-            self.lock().net = None;
+        if let Some(d) = local {
+            let mut peers = nic.peers.lock();
+            if peers.contains_key(d.as_bytes()) {
+                nic.unregister(id);
+                return Err(ConnectError::InUse(d.to_string()));
+            }
+            peers.insert(d.as_bytes().to_vec(), (to, id));
+        }
+        let r = self.net_connect_inner(remote, local.is_some(), to, id, start, timeout);
+        if let Some(d) = local {
+            nic.peers.lock().remove(d.as_bytes());
+        }
+        match &r {
+            Err(_) => {
+                nic.unregister(id);
+                self.lock().net = None;
+            }
+            Ok(_) => {
+                // Repeated requests of the peer reach this connection.
+                if let Some(pid) = self.lock().net.as_ref().map(|n| n.conn.peer_id()) {
+                    nic.accepted.lock().insert((to, pid), id);
+                }
+            }
         }
         r
     }
@@ -934,6 +984,7 @@ impl Vi {
     fn net_connect_inner(
         &self,
         remote: &NetAddress,
+        peer_to_peer: bool,
         to: Addr,
         id: u32,
         start: Instant,
@@ -946,7 +997,12 @@ impl Vi {
                 let mut g = self.lock();
                 let mut cfg = self.net_config(&g.attrs);
                 cfg.connect_timeout = timeout.saturating_sub(start.elapsed());
-                let conn = Conn::connect(
+                let make = if peer_to_peer {
+                    Conn::connect_peer
+                } else {
+                    Conn::connect
+                };
+                let conn = make(
                     Instant::now(),
                     cfg,
                     id,
