@@ -1487,17 +1487,31 @@ impl Conn {
         if self.is_closed() {
             return;
         }
-        if let Some((msn, outcome)) = first {
-            // Those before it completed on the wire already.
+        if let Some((msn, outcome)) = first.filter(|(msn, _)| self.msg_index(*msn).is_some()) {
+            // Those before it reached the target before it failed. One
+            // whose every frame was acknowledged, after others that were
+            // too, was complete there (messages complete in order, and an
+            // error in it would have been named instead): it completes
+            // normally, as on the reliable-delivery level it already has.
+            let mut proven = true;
             while let Some(m) = self.msgs.front() {
                 if m.msn == msn {
                     break;
                 }
+                proven &= match m.kind {
+                    OutKind::ReadRequest { .. } => m.fully_framed() && m.read_got >= m.len,
+                    _ => m.fully_framed() && m.unacked == 0,
+                };
                 let msn = m.msn;
                 self.msgs.pop_front();
+                self.frame_cursor = self.frame_cursor.saturating_sub(1);
                 self.events.push_back(Event::SendDone {
                     msn,
-                    outcome: Outcome::Transport,
+                    outcome: if proven {
+                        Outcome::Ok
+                    } else {
+                        Outcome::Transport
+                    },
                 });
             }
             if self.msgs.pop_front().is_some() {
@@ -1870,6 +1884,9 @@ impl Conn {
         {
             (true, i)
         } else if self.frame_cursor < self.msgs.len() {
+            if reliable && self.waits_for_earlier(self.frame_cursor) {
+                return None;
+            }
             (false, self.frame_cursor)
         } else {
             return None;
@@ -1927,6 +1944,40 @@ impl Conn {
             self.complete_sends();
         }
         Some(n)
+    }
+
+    /// True when message `i`, not started yet, must wait for an earlier
+    /// one to reach the target first: the target places RDMA frames as
+    /// they arrive, not in order, so a write (or a read) overlapping an
+    /// earlier write still in flight could land before it and be
+    /// overwritten by a retransmission of it, and a write overlapping an
+    /// earlier read could change the bytes before the target has sent them.
+    /// (Addresses alone are compared: two handles may name the same memory.)
+    fn waits_for_earlier(&self, i: usize) -> bool {
+        let m = &self.msgs[i];
+        if m.started {
+            return false;
+        }
+        let (at, len) = match m.kind {
+            OutKind::Write { raddr, .. } | OutKind::ReadRequest { raddr, .. } => (raddr, m.len),
+            _ => return false,
+        };
+        let overlaps = |a: u64, n: u32| {
+            n > 0 && len > 0 && a < at.saturating_add(len as u64) && at < a.saturating_add(n as u64)
+        };
+        self.msgs.iter().take(i).any(|e| match e.kind {
+            // A write is placed once every frame of it has arrived.
+            OutKind::Write { raddr, .. } => {
+                !(e.fully_framed() && e.unacked == 0) && overlaps(raddr, e.len)
+            }
+            // A read is served once every byte of it is back.
+            OutKind::ReadRequest { raddr, .. } => {
+                matches!(m.kind, OutKind::Write { .. })
+                    && e.read_got < e.len
+                    && overlaps(raddr, e.len)
+            }
+            _ => false,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]

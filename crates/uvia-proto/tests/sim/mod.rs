@@ -6,7 +6,7 @@
 
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
-use uvia_proto::wire::{self, NakCode, Repr};
+use uvia_proto::wire::{self, NakCode, RejectReason, Repr};
 use uvia_proto::{Config, Conn, Event, Memory, Outcome, SendKind, SendOp};
 
 /// splitmix64: small, seeded, and the same on every machine.
@@ -116,8 +116,32 @@ impl Memory for Mem {
     }
 }
 
+/// How a side without a connection answers a connection request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Accept,
+    Reject(RejectReason),
+    /// Nobody there: requests go unanswered.
+    Silent,
+}
+
+/// A completed receive descriptor.
+#[derive(Clone, Debug)]
+pub struct Recv {
+    pub rsn: u32,
+    /// Its buffer, cut to the completion's length.
+    pub data: Vec<u8>,
+    pub len: u32,
+    pub imm: Option<u32>,
+    pub remote_write: bool,
+    pub outcome: Outcome,
+}
+
 pub struct Side {
     pub conn: Option<Conn>,
+    pub answer: Answer,
+    /// Connection requests that reached this side.
+    pub requests: u32,
     pub mem: Mem,
     pub events: Vec<Event>,
     pub cfg: Config,
@@ -160,6 +184,43 @@ impl Side {
         let rsn = self.conn().post_recv(capacity).expect("post recv");
         self.mem.recvs.push_back((rsn, vec![0; capacity as usize]));
         rsn
+    }
+
+    /// Completed receives with everything their completion said, in order,
+    /// since the last call.
+    pub fn take_recvs_full(&mut self) -> Vec<Recv> {
+        let mut out = vec![];
+        let evs = std::mem::take(&mut self.events);
+        for e in evs {
+            if let Event::RecvDone {
+                rsn,
+                len,
+                imm,
+                remote_write,
+                outcome,
+            } = e
+            {
+                let i = self
+                    .mem
+                    .recvs
+                    .iter()
+                    .position(|(n, _)| *n == rsn)
+                    .expect("receive buffer of a completion");
+                let (_, mut data) = self.mem.recvs.remove(i).expect("index");
+                data.truncate((len as usize).min(data.len()));
+                out.push(Recv {
+                    rsn,
+                    data,
+                    len,
+                    imm,
+                    remote_write,
+                    outcome,
+                });
+            } else {
+                self.events.push(e);
+            }
+        }
+        out
     }
 
     /// Completed receives with their data, in order, since the last call.
@@ -259,6 +320,8 @@ impl Sim {
         let start = Instant::now();
         let mk = |id| Side {
             conn: None,
+            answer: Answer::Accept,
+            requests: 0,
             mem: Mem {
                 region: vec![0; 1 << 16],
                 region_writable: true,
@@ -323,7 +386,9 @@ impl Sim {
         }
     }
 
-    fn inject(&mut self, to: usize, mut bytes: Vec<u8>) {
+    /// Puts `bytes` on the wire towards side `to`, under the faults of the
+    /// other side's direction.
+    pub fn inject(&mut self, to: usize, mut bytes: Vec<u8>) {
         let f = self.faults[1 - to];
         let wire = Duration::from_secs_f64(bytes.len() as f64 / self.rate);
         let depart = self.now.max(self.link_free[to]) + wire;
@@ -358,17 +423,30 @@ impl Sim {
         };
         self.delivered += 1;
         let side = &mut self.sides[f.to];
+        if matches!(repr, Repr::ConnRequest { .. }) && dst == 0 {
+            side.requests += 1;
+        }
         if side.conn.is_none() {
             if let Repr::ConnRequest { attrs, .. } = repr {
                 if dst == 0 {
-                    side.conn = Some(Conn::accept(
-                        self.now,
-                        side.cfg.clone(),
-                        side.id,
-                        5000,
-                        src,
-                        attrs,
-                    ));
+                    match side.answer {
+                        Answer::Accept => {
+                            side.conn = Some(Conn::accept(
+                                self.now,
+                                side.cfg.clone(),
+                                side.id,
+                                5000,
+                                src,
+                                attrs,
+                            ))
+                        }
+                        Answer::Reject(reason) => {
+                            let mut b = [0u8; 64];
+                            let n = Conn::reject_frame(&mut b, src, reason);
+                            self.inject(1 - f.to, b[..n].to_vec());
+                        }
+                        Answer::Silent => {}
+                    }
                 }
             }
             return;
