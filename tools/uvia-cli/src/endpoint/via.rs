@@ -210,7 +210,7 @@ impl Endpoint for ViaEndpoint {
         // Take back what has completed every few posts: off the message's
         // path, and a network provider's posts in between leave together.
         self.posts = self.posts.wrapping_add(1);
-        if self.posts % REAP_EVERY == 0 {
+        if self.posts.is_multiple_of(REAP_EVERY) {
             self.reap(false)?;
         }
         Ok(())
