@@ -450,6 +450,8 @@ pub struct Conn {
     nak: Option<(NakCode, u32)>,
     confirm_due: bool,
     disconnect_ack_due: bool,
+    /// The peer sent data after we closed: say it again.
+    disconnect_due: bool,
     /// Peer-to-peer: requests go out as `PeerRequest`.
     peer_mode: bool,
 }
@@ -507,6 +509,7 @@ impl Conn {
             nak: None,
             confirm_due: false,
             disconnect_ack_due: false,
+            disconnect_due: false,
             peer_mode: false,
         }
     }
@@ -848,6 +851,11 @@ impl Conn {
                     if self.state == State::Failed && self.nak.is_none() {
                         // Our first word of the failure may have been lost.
                         self.nak = Some((NakCode::Failed, header.psn));
+                    }
+                    if self.state == State::Closed && self.peer.is_some() {
+                        // Every copy of our disconnect was lost, and the
+                        // peer still waits for the ack it carries.
+                        self.disconnect_due = true;
                     }
                     self.stats.dropped += 1;
                     return false;
@@ -1758,6 +1766,14 @@ impl Conn {
                 if self.disconnect_ack_due {
                     self.disconnect_ack_due = false;
                     return Some(Repr::DisconnectAck.emit(buf, dst, src));
+                }
+                if self.disconnect_due {
+                    self.disconnect_due = false;
+                    let r = Repr::Disconnect {
+                        ack: self.rcv.base(),
+                        done: self.in_base,
+                    };
+                    return Some(r.emit(buf, dst, src));
                 }
                 if let Some((code, psn)) = self.nak.take() {
                     let ack = self.rcv.base();
