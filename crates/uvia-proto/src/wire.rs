@@ -715,15 +715,6 @@ pub fn parse(bytes: &[u8]) -> Result<(u32, u32, Repr<'_>), WireError> {
 mod tests {
     use super::*;
 
-    fn roundtrip(r: &Repr<'_>, dst: u32, src: u32) -> Vec<u8> {
-        let mut b = vec![0u8; r.buffer_len()];
-        assert_eq!(r.emit(&mut b, dst, src), b.len());
-        let (d, s, back) = parse(&b).expect("parses");
-        assert_eq!((d, s), (dst, src));
-        assert_eq!(&back, r);
-        b
-    }
-
     /// Random and mutated inputs: the parser never panics, and what parses
     /// emits back to bytes that parse to the same thing. (The fuzz targets
     /// in `fuzz/` run this far longer; this keeps a floor in every test run.)
@@ -767,17 +758,6 @@ mod tests {
         );
     }
 
-    /// `body` after a header of `kind` from connection 9 to connection 5,
-    /// with the checksum this crate computes; checked against `repr`.
-    fn vector(kind: u8, body: &[u8], repr: Repr<'_>) {
-        let mut want = vec![1, kind, 0, 0, 0, 0, 0, 5, 0, 0, 0, 9, 0, 0, 0, 0];
-        want.extend_from_slice(body);
-        let crc = crc_of(&want).to_be_bytes();
-        want[12..16].copy_from_slice(&crc);
-        let got = roundtrip(&repr, 5, 9);
-        assert_eq!(got, want, "{repr:?}");
-    }
-
     #[test]
     fn the_checksum_is_crc32() {
         // The standard check value of CRC-32 (IEEE) over "123456789".
@@ -786,171 +766,534 @@ mod tests {
         assert_eq!(h.finalize(), 0xcbf4_3926);
     }
 
-    #[test]
-    fn byte_vectors_of_every_kind() {
+    const DST: u32 = 0x0102_0304;
+    const SRC: u32 = 0x0a0b_0c0d;
+
+    fn data(op: Op, flags: u8, offset: u32, total: u32) -> DataHeader {
+        DataHeader {
+            psn: 0x8000_0001,
+            ack: 0x7fff_fffe,
+            msn: 0x0000_0102,
+            op,
+            flags,
+            offset,
+            total,
+            imm: 0xcafe_f00d,
+            rkey: 0x0000_0007,
+            raddr: 0x0000_7f00_1234_5678,
+            rsn: 0x0000_0003,
+            done: 0x0000_0004,
+        }
+    }
+
+    fn sack(ranges: &[(u32, u32)]) -> SackList {
+        let mut s = SackList::default();
+        for &(a, b) in ranges {
+            assert!(s.push(a, b));
+        }
+        s
+    }
+
+    /// One frame of every kind (and of every data operation), each with
+    /// distinct values in every field.
+    fn samples() -> Vec<(&'static str, Repr<'static>)> {
         let attrs = ConnAttrs {
-            reliability: 2,
+            reliability: 1,
             rdma_write: true,
-            rdma_read: true,
-            max_frame: 0x05c0,
-            max_transfer: 0x0010_0000,
-            initial_psn: 0x0102_0304,
+            rdma_read: false,
+            max_frame: 1472,
+            max_transfer: 0x0100_0000,
+            initial_psn: 0xffff_fff0,
         };
-        let attr_bytes = [2, 3, 0, 0, 0, 0, 5, 0xc0, 0, 0x10, 0, 0, 1, 2, 3, 4];
-        let mut req = attr_bytes.to_vec();
-        req[2] = 2; // discriminator length
-        req.extend_from_slice(b"hi");
-        req.extend_from_slice(&[0; 30]);
-        vector(
-            1,
-            &req,
-            Repr::ConnRequest {
-                attrs,
-                discriminator: b"hi",
-            },
-        );
-        vector(2, &attr_bytes, Repr::ConnAccept { attrs });
-        vector(
-            3,
-            &[2, 0, 0, 0],
-            Repr::ConnReject {
-                reason: RejectReason::NoListener,
-            },
-        );
-        vector(4, &[], Repr::ConnConfirm);
-        vector(6, &[], Repr::DisconnectAck);
-        vector(
-            7,
-            &[
-                0, 0, 0, 0x10, // psn
-                0, 0, 0, 0x20, // ack
-                0, 0, 0, 3, // msn
-                2, 3, 0, 0, // op write, flags imm|consumes, reserved
-                0, 0, 0, 4, // offset
-                0, 0, 0, 6, // total
-                0xde, 0xad, 0xbe, 0xef, // immediate data
-                0, 0, 0, 7, // rkey
-                0, 0, 0, 0, 0, 0, 0x10, 0, // raddr
-                0, 0, 0, 1, // rsn
-                0, 0, 0, 2, // done
-                b'x', b'y', // payload
-            ],
-            Repr::Data {
-                header: DataHeader {
-                    psn: 0x10,
-                    ack: 0x20,
-                    msn: 3,
-                    op: Op::RdmaWrite,
-                    flags: data_flags::IMM | data_flags::CONSUMES,
-                    offset: 4,
-                    total: 6,
-                    imm: 0xdead_beef,
-                    rkey: 7,
-                    raddr: 0x1000,
-                    rsn: 1,
-                    done: 2,
+        let attrs2 = ConnAttrs {
+            reliability: 2,
+            rdma_write: false,
+            rdma_read: true,
+            max_frame: 9000,
+            max_transfer: 65_536,
+            initial_psn: 5000,
+        };
+        vec![
+            (
+                "request",
+                Repr::ConnRequest {
+                    attrs,
+                    discriminator: b"sim",
                 },
-                payload: b"xy",
-            },
-        );
-        let mut sack = SackList::default();
-        sack.push(0x30, 0x32);
-        vector(
-            8,
-            &[
-                0, 0, 0, 0x2a, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0x30, 0, 0, 0, 0x32,
-            ],
-            Repr::Ack {
-                ack: 0x2a,
-                done: 1,
-                flags: ack_flags::PING,
-                sack,
-            },
-        );
-        vector(
-            9,
-            &[1, 0, 0, 0, 0, 0, 0, 0x11, 0, 0, 0, 0x10],
-            Repr::Nak {
-                code: NakCode::ReceiverNotReady,
-                psn: 0x11,
-                ack: 0x10,
-            },
-        );
+            ),
+            ("accept", Repr::ConnAccept { attrs: attrs2 }),
+            (
+                "reject",
+                Repr::ConnReject {
+                    reason: RejectReason::Mismatch,
+                },
+            ),
+            ("confirm", Repr::ConnConfirm),
+            (
+                "disconnect",
+                Repr::Disconnect {
+                    ack: 0x1122_3344,
+                    done: 7,
+                },
+            ),
+            ("disconnect-ack", Repr::DisconnectAck),
+            (
+                "send",
+                Repr::Data {
+                    header: data(
+                        Op::Send,
+                        data_flags::IMM | data_flags::CONSUMES | data_flags::ACK_NOW,
+                        1408,
+                        1413,
+                    ),
+                    payload: b"hello",
+                },
+            ),
+            (
+                "write",
+                Repr::Data {
+                    header: data(Op::RdmaWrite, 0, 0, 3),
+                    payload: b"abc",
+                },
+            ),
+            (
+                "read-request",
+                Repr::Data {
+                    header: data(Op::ReadRequest, 0, 0, 4096),
+                    payload: b"",
+                },
+            ),
+            (
+                "read-response",
+                Repr::Data {
+                    header: data(Op::ReadResponse, 0, 4094, 4096),
+                    payload: b"yz",
+                },
+            ),
+            (
+                "ack",
+                Repr::Ack {
+                    ack: 0x0000_1000,
+                    done: 2,
+                    flags: 0,
+                    sack: SackList::default(),
+                },
+            ),
+            (
+                "ack-sack",
+                Repr::Ack {
+                    ack: 0xffff_fffe,
+                    done: 9,
+                    flags: ack_flags::PING,
+                    sack: sack(&[(0xffff_ffff, 2), (5, 6)]),
+                },
+            ),
+            (
+                "nak",
+                Repr::Nak {
+                    code: NakCode::Protection,
+                    psn: 0x0000_0021,
+                    ack: 0x0000_0020,
+                },
+            ),
+            (
+                "peer-request",
+                Repr::PeerRequest {
+                    attrs: ConnAttrs {
+                        reliability: 0,
+                        rdma_write: false,
+                        rdma_read: false,
+                        ..attrs
+                    },
+                    discriminator: &[0xff; MAX_DISCRIMINATOR],
+                },
+            ),
+        ]
+    }
+
+    /// The bytes of every sample, field by field, checksum included.
+    #[rustfmt::skip]
+    fn expected() -> Vec<(&'static str, &'static [u8])> {
+        vec![
+            ("request", &[
+                0x01, 0x01, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0xc6, 0x0a, 0x3b, 0x5e, // CRC-32
+                0x01, 0x01, 0x03, 0x00, // reliability, RDMA bits, discriminator length, 0
+                0x00, 0x00, 0x05, 0xc0, // largest frame
+                0x01, 0x00, 0x00, 0x00, // largest transfer
+                0xff, 0xff, 0xff, 0xf0, // initial psn
+                0x73, 0x69, 0x6d, 0x00, 0x00, 0x00, 0x00, 0x00, // discriminator, zero-padded
+                0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+            ]),
+            ("accept", &[
+                0x01, 0x02, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0x86, 0x9f, 0x11, 0x6e, // CRC-32
+                0x02, 0x02, 0x00, 0x00, // reliability, RDMA bits, 0, 0
+                0x00, 0x00, 0x23, 0x28, // largest frame
+                0x00, 0x01, 0x00, 0x00, // largest transfer
+                0x00, 0x00, 0x13, 0x88, // initial psn
+            ]),
+            ("reject", &[
+                0x01, 0x03, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0x43, 0x02, 0x8e, 0x3d, // CRC-32
+                0x03, 0x00, 0x00, 0x00, // reason 3 (mismatch), 0, 0, 0
+            ]),
+            ("confirm", &[
+                0x01, 0x04, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0xa1, 0x28, 0xec, 0xfe, // CRC-32
+            ]),
+            ("disconnect", &[
+                0x01, 0x05, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0x2f, 0xc2, 0xc9, 0xf2, // CRC-32
+                0x11, 0x22, 0x33, 0x44, // cumulative ack
+                0x00, 0x00, 0x00, 0x07, // done count
+            ]),
+            ("disconnect-ack", &[
+                0x01, 0x06, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0x09, 0xae, 0x5d, 0x6f, // CRC-32
+            ]),
+            ("send", &[
+                0x01, 0x07, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0xc5, 0xb0, 0xf9, 0x2a, // CRC-32
+                0x80, 0x00, 0x00, 0x01, // psn
+                0x7f, 0xff, 0xff, 0xfe, // cumulative ack
+                0x00, 0x00, 0x01, 0x02, // msn
+                0x01, 0x07, 0x00, 0x00, // operation, flags, 0, 0
+                0x00, 0x00, 0x05, 0x80, // fragment offset
+                0x00, 0x00, 0x05, 0x85, // total length
+                0xca, 0xfe, 0xf0, 0x0d, // immediate data
+                0x00, 0x00, 0x00, 0x07, // RDMA key
+                0x00, 0x00, 0x7f, 0x00, 0x12, 0x34, 0x56, 0x78, // RDMA address
+                0x00, 0x00, 0x00, 0x03, // rsn
+                0x00, 0x00, 0x00, 0x04, // done count
+                0x68, 0x65, 0x6c, 0x6c, 0x6f, // payload
+            ]),
+            ("write", &[
+                0x01, 0x07, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0x5e, 0xed, 0x5c, 0xcf, // CRC-32
+                0x80, 0x00, 0x00, 0x01, // psn
+                0x7f, 0xff, 0xff, 0xfe, // cumulative ack
+                0x00, 0x00, 0x01, 0x02, // msn
+                0x02, 0x00, 0x00, 0x00, // operation, flags, 0, 0
+                0x00, 0x00, 0x00, 0x00, // fragment offset
+                0x00, 0x00, 0x00, 0x03, // total length
+                0xca, 0xfe, 0xf0, 0x0d, // immediate data
+                0x00, 0x00, 0x00, 0x07, // RDMA key
+                0x00, 0x00, 0x7f, 0x00, 0x12, 0x34, 0x56, 0x78, // RDMA address
+                0x00, 0x00, 0x00, 0x03, // rsn
+                0x00, 0x00, 0x00, 0x04, // done count
+                0x61, 0x62, 0x63, // payload
+            ]),
+            ("read-request", &[
+                0x01, 0x07, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0x36, 0xb7, 0x88, 0x04, // CRC-32
+                0x80, 0x00, 0x00, 0x01, // psn
+                0x7f, 0xff, 0xff, 0xfe, // cumulative ack
+                0x00, 0x00, 0x01, 0x02, // msn
+                0x03, 0x00, 0x00, 0x00, // operation, flags, 0, 0
+                0x00, 0x00, 0x00, 0x00, // fragment offset
+                0x00, 0x00, 0x10, 0x00, // total length
+                0xca, 0xfe, 0xf0, 0x0d, // immediate data
+                0x00, 0x00, 0x00, 0x07, // RDMA key
+                0x00, 0x00, 0x7f, 0x00, 0x12, 0x34, 0x56, 0x78, // RDMA address
+                0x00, 0x00, 0x00, 0x03, // rsn
+                0x00, 0x00, 0x00, 0x04, // done count
+            ]),
+            ("read-response", &[
+                0x01, 0x07, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0x6c, 0x97, 0x87, 0x77, // CRC-32
+                0x80, 0x00, 0x00, 0x01, // psn
+                0x7f, 0xff, 0xff, 0xfe, // cumulative ack
+                0x00, 0x00, 0x01, 0x02, // msn
+                0x04, 0x00, 0x00, 0x00, // operation, flags, 0, 0
+                0x00, 0x00, 0x0f, 0xfe, // fragment offset
+                0x00, 0x00, 0x10, 0x00, // total length
+                0xca, 0xfe, 0xf0, 0x0d, // immediate data
+                0x00, 0x00, 0x00, 0x07, // RDMA key
+                0x00, 0x00, 0x7f, 0x00, 0x12, 0x34, 0x56, 0x78, // RDMA address
+                0x00, 0x00, 0x00, 0x03, // rsn
+                0x00, 0x00, 0x00, 0x04, // done count
+                0x79, 0x7a, // payload
+            ]),
+            ("ack", &[
+                0x01, 0x08, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0xaa, 0xbe, 0x70, 0xc9, // CRC-32
+                0x00, 0x00, 0x10, 0x00, // cumulative ack
+                0x00, 0x00, 0x00, 0x02, // done count
+                0x00, 0x00, 0x00, 0x00, // flags, range count, 0, 0
+            ]),
+            ("ack-sack", &[
+                0x01, 0x08, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0xac, 0x32, 0x31, 0x10, // CRC-32
+                0xff, 0xff, 0xff, 0xfe, // cumulative ack
+                0x00, 0x00, 0x00, 0x09, // done count
+                0x01, 0x02, 0x00, 0x00, // flags (ping), range count, 0, 0
+                0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x02, // range [start, end)
+                0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00, 0x06, // range [start, end)
+            ]),
+            ("nak", &[
+                0x01, 0x09, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0x29, 0x0d, 0x4d, 0x8c, // CRC-32
+                0x03, 0x00, 0x00, 0x00, // code 3 (protection), 0, 0, 0
+                0x00, 0x00, 0x00, 0x21, // psn
+                0x00, 0x00, 0x00, 0x20, // cumulative ack
+            ]),
+            ("peer-request", &[
+                0x01, 0x0a, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0xf2, 0xb8, 0x5e, 0x24, // CRC-32
+                0x00, 0x00, 0x20, 0x00, // reliability, RDMA bits, discriminator length, 0
+                0x00, 0x00, 0x05, 0xc0, // largest frame
+                0x01, 0x00, 0x00, 0x00, // largest transfer
+                0xff, 0xff, 0xff, 0xf0, // initial psn
+                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, // discriminator
+                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            ]),
+        ]
+    }
+
+    fn bytes_of(r: &Repr<'_>) -> Vec<u8> {
+        let mut b = vec![0u8; r.buffer_len()];
+        assert_eq!(r.emit(&mut b, DST, SRC), b.len());
+        b
+    }
+
+    /// CRC-32 (IEEE, reflected) one bit at a time: a check on the table-
+    /// driven implementation the parser uses.
+    fn reference_crc(b: &[u8]) -> u32 {
+        let mut c = !0u32;
+        for (i, &x) in b.iter().enumerate() {
+            let x = if (12..16).contains(&i) { 0 } else { x };
+            c ^= x as u32;
+            for _ in 0..8 {
+                c = if c & 1 != 0 {
+                    (c >> 1) ^ 0xedb8_8320
+                } else {
+                    c >> 1
+                };
+            }
+        }
+        !c
     }
 
     #[test]
-    fn malformed_frames_are_named() {
-        let mut ok = vec![0u8; Repr::ConnConfirm.buffer_len()];
-        Repr::ConnConfirm.emit(&mut ok, 1, 2);
-        assert_eq!(parse(&ok[..10]).unwrap_err(), WireError::Truncated);
-        let mut v = ok.clone();
-        v[0] = 2;
-        assert_eq!(parse(&v).unwrap_err(), WireError::Version(2));
-        let mut k = ok.clone();
-        k[1] = 42;
-        assert_eq!(parse(&k).unwrap_err(), WireError::Kind(42));
-        let mut c = ok.clone();
-        c[5] ^= 1;
-        assert_eq!(parse(&c).unwrap_err(), WireError::Checksum);
-        // A sack count past the limit, with a correct checksum.
-        let mut a = vec![
-            0u8;
-            Repr::Ack {
-                ack: 0,
-                done: 0,
-                flags: 0,
-                sack: SackList::default()
+    fn every_kind_emits_and_parses_its_bytes() {
+        let want = expected();
+        let samples = samples();
+        assert_eq!(want.len(), samples.len());
+        let mut kinds = vec![];
+        let mut ops = vec![];
+        for ((name, repr), (wname, bytes)) in samples.iter().zip(&want) {
+            assert_eq!(name, wname);
+            assert_eq!(bytes_of(repr), *bytes, "{name}: emitted bytes");
+            assert_eq!(parse(bytes), Ok((DST, SRC, repr.clone())), "{name}: parsed");
+            assert_eq!(
+                reference_crc(bytes).to_be_bytes(),
+                bytes[12..16],
+                "{name}: checksum"
+            );
+            kinds.push(bytes[1]);
+            if let Repr::Data { header, .. } = repr {
+                ops.push(header.op as u8);
             }
-            .buffer_len()
-        ];
-        Repr::Ack {
+        }
+        kinds.sort();
+        kinds.dedup();
+        assert_eq!(kinds, (1..=10).collect::<Vec<u8>>(), "every kind");
+        assert_eq!(ops, [1, 2, 3, 4], "every data operation");
+    }
+
+    /// Bytes with their checksum made right again, so that the parser
+    /// reads past it.
+    fn resealed(mut b: Vec<u8>) -> Vec<u8> {
+        if b.len() >= HEADER_LEN {
+            fill_checksum(&mut b);
+        }
+        b
+    }
+
+    #[test]
+    fn every_truncation_is_refused() {
+        for (name, repr) in samples() {
+            let b = bytes_of(&repr);
+            let fixed = Kind::from_u8(b[1]).expect("kind").fixed_len();
+            for n in 0..b.len() {
+                let cut = &b[..n];
+                let want = if n < fixed {
+                    WireError::Truncated
+                } else {
+                    WireError::Checksum
+                };
+                assert_eq!(parse(cut).unwrap_err(), want, "{name} cut to {n}");
+                // Resealed: a cut into the fixed part is still too short; a
+                // cut into an ack's ranges leaves a count that does not
+                // match; a cut into a payload is a shorter fragment.
+                let sealed = resealed(cut.to_vec());
+                let r = parse(&sealed).map(|(_, _, r)| r);
+                match (&repr, n < fixed) {
+                    (_, true) => assert_eq!(r, Err(WireError::Truncated), "{name} {n}"),
+                    (Repr::Ack { .. }, false) => {
+                        assert_eq!(r, Err(WireError::Malformed("ack length")), "{name} {n}")
+                    }
+                    (Repr::Data { header, payload }, false) => assert_eq!(
+                        r,
+                        Ok(Repr::Data {
+                            header: *header,
+                            payload: &payload[..n - DATA_HEADER_LEN],
+                        }),
+                        "{name} {n}"
+                    ),
+                    _ => unreachable!("{name}: no variable part"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_flipped_bit_is_caught() {
+        for (name, repr) in samples() {
+            let b = bytes_of(&repr);
+            for bit in 0..b.len() * 8 {
+                let mut c = b.clone();
+                c[bit / 8] ^= 1 << (bit % 8);
+                let e = parse(&c).expect_err(name);
+                match bit / 8 {
+                    0 => assert_eq!(e, WireError::Version(c[0])),
+                    1 => match Kind::from_u8(c[1]) {
+                        None => assert_eq!(e, WireError::Kind(c[1])),
+                        // Another kind: too short for it, or its checksum fails.
+                        Some(_) => assert!(
+                            matches!(e, WireError::Truncated | WireError::Checksum),
+                            "{name} bit {bit}: {e:?}"
+                        ),
+                    },
+                    _ => assert_eq!(e, WireError::Checksum, "{name} bit {bit}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn other_versions_and_unknown_kinds_are_refused() {
+        let b = bytes_of(&Repr::ConnConfirm);
+        for v in [0u8, 2, 0x81, 0xff] {
+            let mut c = b.clone();
+            c[0] = v;
+            assert_eq!(parse(&resealed(c)).unwrap_err(), WireError::Version(v));
+        }
+        for k in (0u8..=255).filter(|k| !(1..=10).contains(k)) {
+            let mut c = vec![0u8; 200];
+            c[..HEADER_LEN].copy_from_slice(&b);
+            c[1] = k;
+            assert_eq!(parse(&resealed(c)).unwrap_err(), WireError::Kind(k));
+        }
+    }
+
+    fn sample(name: &str) -> Repr<'static> {
+        samples()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .expect("sample")
+            .1
+    }
+
+    /// The sample `name` with byte `at` set to `v` (checksum made right).
+    fn with(name: &str, at: usize, v: u8) -> Result<Repr<'static>, WireError> {
+        let mut b = bytes_of(&sample(name));
+        b[at] = v;
+        let b: &'static [u8] = Vec::leak(resealed(b));
+        parse(b).map(|(_, _, r)| r)
+    }
+
+    #[test]
+    fn malformed_fields_are_named() {
+        let m = |s| Err(WireError::Malformed(s));
+        for name in ["request", "accept", "peer-request"] {
+            assert_eq!(with(name, 16, 3), m("reliability level"), "{name}");
+            assert_eq!(with(name, 17, 4), m("rdma flags"), "{name}");
+        }
+        for name in ["request", "peer-request"] {
+            assert_eq!(with(name, 18, 33), m("discriminator length"), "{name}");
+            assert_eq!(with(name, 18, 0xff), m("discriminator length"), "{name}");
+            assert!(with(name, 18, 32).is_ok(), "{name}: the longest");
+        }
+        for v in [0, 4, 0xff] {
+            assert_eq!(with("reject", 16, v), m("reject reason"));
+        }
+        for v in [0, 7, 0xff] {
+            assert_eq!(with("nak", 16, v), m("nak code"));
+        }
+        for v in [0, 5, 0xff] {
+            assert_eq!(with("send", 28, v), m("data operation"));
+        }
+        // The send sample carries bytes 1408..1413 of its message: a total
+        // one byte shorter puts the fragment past the end, and so does an
+        // offset near the top of the range (no overflow).
+        assert_eq!(with("send", 39, 0x84), m("fragment past message end"));
+        assert_eq!(with("send", 32, 0xff), m("fragment past message end"));
+        // A read request carries no bytes.
+        let mut b = bytes_of(&sample("read-request"));
+        b.push(0);
+        assert_eq!(
+            parse(&resealed(b)).unwrap_err(),
+            WireError::Malformed("read request with payload")
+        );
+        // Range counts: more than an ack carries, or not what follows.
+        assert_eq!(with("ack", 25, 9), m("sack count"));
+        assert_eq!(with("ack", 25, 0xff), m("sack count"));
+        assert_eq!(with("ack", 25, 1), m("ack length"));
+        assert_eq!(with("ack-sack", 25, 1), m("ack length"));
+        assert_eq!(with("ack-sack", 25, 3), m("ack length"));
+        let mut b = bytes_of(&sample("ack-sack"));
+        b.extend_from_slice(&[0; 8]);
+        assert_eq!(
+            parse(&resealed(b)).unwrap_err(),
+            WireError::Malformed("ack length")
+        );
+        // A full ack: eight ranges.
+        let mut sack = SackList::default();
+        for i in 0..MAX_SACK as u32 {
+            assert!(sack.push(10 * i, 10 * i + 5));
+        }
+        assert!(!sack.push(0, 1), "no ninth range");
+        let full = Repr::Ack {
             ack: 0,
             done: 0,
             flags: 0,
-            sack: SackList::default(),
-        }
-        .emit(&mut a, 1, 2);
-        a[HEADER_LEN + 9] = 9;
-        fill_checksum(&mut a);
-        assert_eq!(parse(&a).unwrap_err(), WireError::Malformed("sack count"));
-        // A fragment past its message's end.
-        let d = Repr::Data {
-            header: DataHeader {
-                psn: 0,
-                ack: 0,
-                msn: 0,
-                op: Op::Send,
-                flags: 0,
-                offset: 0,
-                total: 1,
-                imm: 0,
-                rkey: 0,
-                raddr: 0,
-                rsn: 0,
-                done: 0,
-            },
-            payload: b"ab",
+            sack,
         };
-        let mut b = vec![0u8; d.buffer_len()];
-        let n = d.emit(&mut b, 1, 2);
-        assert_eq!(
-            parse(&b[..n]).unwrap_err(),
-            WireError::Malformed("fragment past message end")
-        );
-    }
-
-    #[test]
-    fn disconnect_bytes() {
-        let d = Repr::Disconnect {
-            ack: 0x1122_3344,
-            done: 7,
-        };
-        let b = roundtrip(&d, 0x0102_0304, 0x0a0b_0c0d);
-        let crc = crc_of(&b).to_be_bytes();
-        let want = [
-            1, 5, 0, 0, 1, 2, 3, 4, 10, 11, 12, 13, crc[0], crc[1], crc[2], crc[3], 0x11, 0x22,
-            0x33, 0x44, 0, 0, 0, 7,
-        ];
-        assert_eq!(b, want);
+        assert_eq!(full.buffer_len(), 28 + 8 * MAX_SACK);
+        assert_eq!(parse(&bytes_of(&full)), Ok((DST, SRC, full)));
     }
 }
