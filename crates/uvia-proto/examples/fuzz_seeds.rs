@@ -47,6 +47,13 @@ fn main() -> std::io::Result<()> {
         ),
         ("accept", Repr::ConnAccept { attrs }),
         (
+            "peer-request",
+            Repr::PeerRequest {
+                attrs,
+                discriminator: b"peer",
+            },
+        ),
+        (
             "reject",
             Repr::ConnReject {
                 reason: RejectReason::NoListener,
@@ -86,6 +93,50 @@ fn main() -> std::io::Result<()> {
         // The conn target reads a level byte, then length-prefixed frames.
         let mut c = vec![1u8, n.min(255) as u8];
         c.extend_from_slice(&b[..n.min(255)]);
+        std::fs::write(dir.join("conn").join(name), c)?;
+    }
+    // Whole exchanges for the conn target: its first byte picks the level
+    // (modulo 3) and, with 0x10, a client still connecting; a zero length
+    // lets 300 ms pass.
+    let frame = |name: &str| {
+        let (_, r) = frames.iter().find(|(n, _)| *n == name).expect("frame");
+        let mut b = vec![0u8; r.buffer_len()];
+        let n = r.emit(&mut b, 5, 9);
+        let mut c = vec![n as u8];
+        c.extend_from_slice(&b[..n]);
+        c
+    };
+    let sessions: [(&str, u8, &[&str]); 4] = [
+        (
+            "session-server",
+            1,
+            &["send", "ack", "", "read-response", "disconnect"],
+        ),
+        (
+            "session-reception",
+            2,
+            &["write", "read-request", "ack", "", "", "nak"],
+        ),
+        (
+            "session-client",
+            0x11,
+            &["accept", "send", "ack", "", "disconnect-ack"],
+        ),
+        (
+            "session-unreliable",
+            0,
+            &["send", "write", "", "send", "disconnect"],
+        ),
+    ];
+    for (name, sel, parts) in sessions {
+        let mut c = vec![sel];
+        for p in parts {
+            if p.is_empty() {
+                c.push(0);
+            } else {
+                c.extend(frame(p));
+            }
+        }
         std::fs::write(dir.join("conn").join(name), c)?;
     }
     Ok(())
