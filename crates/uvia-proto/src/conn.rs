@@ -1440,6 +1440,12 @@ impl Conn {
             } else {
                 self.rnr_until = Some(now + self.rtt.rto());
             }
+            // The peer answered: that is no silence, whatever it said. The
+            // retry limit above ends a wait too long, not the timer.
+            self.timeouts_in_a_row = 0;
+            self.rtt.reset_backoff();
+            self.probe_deadline = None;
+            self.rto_deadline = self.rnr_until.map(|t| t + self.rtt.rto());
             // Everything from `psn` on goes again after the pause.
             for i in 0..self.inflight.len() {
                 let p = self.snd_una.wrapping_add(i as u32);

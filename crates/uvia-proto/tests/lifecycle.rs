@@ -262,3 +262,30 @@ fn sends_the_peer_had_before_it_disconnected_complete() {
         }
     }
 }
+
+#[test]
+fn a_receiver_not_ready_for_long_is_waited_for() {
+    use uvia_proto::RnrPolicy;
+    // The receiver answers "not ready" for seconds: the sender's
+    // retransmission timer must not count that as silence.
+    let cfg = Config {
+        rnr: RnrPolicy::Retry {
+            delay: Duration::from_micros(200),
+            limit: 1_000_000,
+        },
+        ..config(Level::ReliableDelivery)
+    };
+    let mut s = Sim::new(9, cfg, Faults::default());
+    assert!(s.connect(Duration::from_secs(1)));
+    let now = s.now;
+    s.sides[0].send(now, message(1, 5000), None);
+    s.run_until(Duration::from_secs(6), |s| s.sides[0].failed());
+    assert!(!s.sides[0].failed(), "{:?}", s.sides[0].events);
+    s.sides[1].recv(5000);
+    let mut got = vec![];
+    assert!(s.run_until(Duration::from_secs(1), |s| {
+        got.extend(s.sides[1].take_recvs());
+        got.len() == 1 && s.sides[0].sends_done().len() == 1
+    }));
+    assert_eq!(got[0].0, message(1, 5000));
+}
