@@ -186,6 +186,8 @@ impl<M: Medium> Inject<M> {
     pub fn new(inner: M, spec: FaultSpec) -> Inject<M> {
         let mut caps = inner.caps().clone();
         caps.name = "inject";
+        // Corruption happens above the inner medium's checksum.
+        caps.intact &= spec.corrupt == 0.0;
         let scratch = RecvBatch::new(caps.max_batch.max(1), 65_536);
         Inject {
             state: Mutex::new(State {
@@ -348,6 +350,7 @@ mod tests {
                 max_batch: 64,
                 gso: false,
                 gro: false,
+                intact: true,
             },
             queue: Mutex::new((0..frames).map(|i| vec![i as u8; 40]).collect()),
         }

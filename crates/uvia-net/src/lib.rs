@@ -41,6 +41,9 @@ pub struct Caps {
     pub gso: bool,
     /// UDP receive offload is used (coalesced datagrams are split again).
     pub gro: bool,
+    /// Frames arrive intact or not at all: the medium checksums them end to
+    /// end itself (UDP does), so the engine's own checksum may be left out.
+    pub intact: bool,
 }
 
 /// A frame to send.

@@ -367,6 +367,9 @@ impl UdpMedium {
                 max_batch: BATCH,
                 gso: opts.gso,
                 gro,
+                // The UDP checksum covers every datagram (the kernel
+                // computes and checks it; loopback cannot corrupt).
+                intact: true,
             },
             gso: AtomicBool::new(opts.gso),
             frames_sent: AtomicU64::new(0),
@@ -384,17 +387,23 @@ impl UdpMedium {
         // SAFETY: sockaddr_storage is plain data.
         let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
         let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // A connected socket only takes its peer's datagrams: the kernel
+        // need not copy the source address out.
+        let (name, name_len) = match self.peer {
+            Some(_) => (std::ptr::null_mut(), std::ptr::null_mut()),
+            None => (&mut ss as *mut _ as *mut libc::sockaddr, &mut len as *mut _),
+        };
         let cap = batch.slot_len.min(batch.buf.len());
         // SAFETY: the first slot of the batch holds `cap` writable bytes;
-        // `ss` has room for any address.
+        // `name`, when not null, is `ss`, which has room for any address.
         let r = unsafe {
             libc::recvfrom(
                 self.fd.as_raw_fd(),
                 batch.buf.as_mut_ptr() as *mut libc::c_void,
                 cap,
                 libc::MSG_DONTWAIT,
-                &mut ss as *mut _ as *mut libc::sockaddr,
-                &mut len,
+                name,
+                name_len,
             )
         };
         if r < 0 {
@@ -408,7 +417,7 @@ impl UdpMedium {
         // Two datagrams in two looks: they are queueing, take batches.
         batch.streak += 1;
         batch.wide = batch.streak >= 2;
-        let Some(from) = from_raw(&ss) else {
+        let Some(from) = self.peer.or_else(|| from_raw(&ss)) else {
             return Ok(0);
         };
         batch.frames.push((Addr::Ip(from), 0, r as usize));

@@ -16,6 +16,7 @@ fn main() -> std::io::Result<()> {
         max_frame: 1472,
         max_transfer: 1 << 20,
         initial_psn: 100,
+        intact: false,
     };
     let data = |op, flags, payload: &'static [u8]| Repr::Data {
         header: DataHeader {

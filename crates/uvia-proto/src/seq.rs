@@ -26,13 +26,16 @@ pub struct SeqWindow {
 }
 
 impl SeqWindow {
-    /// A window of `size` numbers (rounded up to a multiple of 64) starting at `base`.
+    /// A window of `size` numbers starting at `base`, rounded up to a power
+    /// of two of at least 64: a number's bit is then its low bits, a mask
+    /// rather than a division on every frame, and the same on both sides
+    /// of the 32-bit wrap (2^32 is a multiple of the size).
     pub fn new(base: u32, size: u32) -> SeqWindow {
-        let words = size.div_ceil(64).max(1) as usize;
+        let size = size.clamp(64, 1 << 31).next_power_of_two();
         SeqWindow {
             base,
-            bits: vec![0; words].into_boxed_slice(),
-            size: (words * 64) as u32,
+            bits: vec![0; size as usize / 64].into_boxed_slice(),
+            size,
         }
     }
 
@@ -47,7 +50,7 @@ impl SeqWindow {
 
     #[inline]
     fn bit(&self, n: u32) -> (usize, u64) {
-        let i = (n % self.size) as usize;
+        let i = (n & (self.size - 1)) as usize;
         (i / 64, 1u64 << (i % 64))
     }
 
@@ -232,6 +235,20 @@ mod tests {
             None,
             "past the window"
         );
+    }
+
+    #[test]
+    fn sizes_round_up_to_a_power_of_two_and_hold_across_the_wrap() {
+        let mut w = SeqWindow::new(u32::MAX - 40, 100);
+        assert_eq!(w.size(), 128);
+        // Every number from just below the wrap to well past it lands on
+        // its own bit: none collides with one already there.
+        for n in (0..120u32).map(|i| (u32::MAX - 39).wrapping_add(i)) {
+            assert!(w.insert(n), "{n} collided");
+        }
+        assert!(w.insert(u32::MAX - 40));
+        assert_eq!(w.base(), (u32::MAX - 39).wrapping_add(120));
+        assert!(!w.has_gap());
     }
 
     #[test]

@@ -174,6 +174,17 @@ impl<T: AsRef<[u8]>> Frame<T> {
     /// Checks length, version, kind and checksum; after this every accessor
     /// is in bounds.
     pub fn new_checked(buf: T) -> Result<Frame<T>, WireError> {
+        Frame::check(buf, true)
+    }
+
+    /// Checks length, version and kind, not the checksum: for a frame from
+    /// a medium that delivers frames intact or not at all. Every accessor
+    /// is in bounds after this too; the bytes are as untrusted as ever.
+    pub fn new_intact(buf: T) -> Result<Frame<T>, WireError> {
+        Frame::check(buf, false)
+    }
+
+    fn check(buf: T, verify: bool) -> Result<Frame<T>, WireError> {
         let b = buf.as_ref();
         if b.len() < HEADER_LEN {
             return Err(WireError::Truncated);
@@ -185,7 +196,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
         if b.len() < kind.fixed_len() {
             return Err(WireError::Truncated);
         }
-        if be32(b, field::CHECKSUM.start) != crc_of(b) {
+        if verify && be32(b, field::CHECKSUM.start) != crc_of(b) {
             return Err(WireError::Checksum);
         }
         Ok(Frame { buf })
@@ -267,6 +278,12 @@ pub mod ack_flags {
     pub const PING: u8 = 1;
 }
 
+/// Bits of the attributes' flag byte.
+pub mod attr_flags {
+    /// The announcing side's medium delivers frames intact or not at all.
+    pub const INTACT: u8 = 1;
+}
+
 /// The attributes a side announces in a request or an accept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnAttrs {
@@ -279,6 +296,11 @@ pub struct ConnAttrs {
     pub max_transfer: u32,
     /// The first packet sequence number it will send.
     pub initial_psn: u32,
+    /// Frames reach this side intact or not at all (its medium checksums
+    /// them, as UDP does): the peer may leave the checksum of its data
+    /// frames out (as zero), and this side parses them with
+    /// [`parse_intact`].
+    pub intact: bool,
 }
 
 impl ConnAttrs {
@@ -291,6 +313,11 @@ impl ConnAttrs {
         if rdma & !3 != 0 {
             return Err(WireError::Malformed("rdma flags"));
         }
+        // (Byte 2 is a request's discriminator length.)
+        let flags = b[at + 3];
+        if flags & !attr_flags::INTACT != 0 {
+            return Err(WireError::Malformed("attribute flags"));
+        }
         Ok(ConnAttrs {
             reliability,
             rdma_write: rdma & 1 != 0,
@@ -298,6 +325,7 @@ impl ConnAttrs {
             max_frame: be32(b, at + 4),
             max_transfer: be32(b, at + 8),
             initial_psn: be32(b, at + 12),
+            intact: flags & attr_flags::INTACT != 0,
         })
     }
 
@@ -305,7 +333,7 @@ impl ConnAttrs {
         b[at] = self.reliability;
         b[at + 1] = self.rdma_write as u8 | (self.rdma_read as u8) << 1;
         b[at + 2] = 0;
-        b[at + 3] = 0;
+        b[at + 3] = if self.intact { attr_flags::INTACT } else { 0 };
         put32(b, at + 4, self.max_frame);
         put32(b, at + 8, self.max_transfer);
         put32(b, at + 12, self.initial_psn);
@@ -711,6 +739,14 @@ pub fn parse(bytes: &[u8]) -> Result<(u32, u32, Repr<'_>), WireError> {
     Ok((f.dst_conn(), f.src_conn(), Repr::parse(f)?))
 }
 
+/// Like [`parse`], without verifying the checksum: for a side whose medium
+/// delivers frames intact or not at all (it announced
+/// [`ConnAttrs::intact`], so its peers may leave data frames' checksum out).
+pub fn parse_intact(bytes: &[u8]) -> Result<(u32, u32, Repr<'_>), WireError> {
+    let f = Frame::new_intact(bytes)?;
+    Ok((f.dst_conn(), f.src_conn(), Repr::parse(f)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -804,6 +840,7 @@ mod tests {
             max_frame: 1472,
             max_transfer: 0x0100_0000,
             initial_psn: 0xffff_fff0,
+            intact: false,
         };
         let attrs2 = ConnAttrs {
             reliability: 2,
@@ -812,6 +849,7 @@ mod tests {
             max_frame: 9000,
             max_transfer: 65_536,
             initial_psn: 5000,
+            intact: true,
         };
         vec![
             (
@@ -933,8 +971,8 @@ mod tests {
                 0x01, 0x02, 0x00, 0x00, // version 1, kind, flags 0
                 0x01, 0x02, 0x03, 0x04, // destination connection
                 0x0a, 0x0b, 0x0c, 0x0d, // source connection
-                0x86, 0x9f, 0x11, 0x6e, // CRC-32
-                0x02, 0x02, 0x00, 0x00, // reliability, RDMA bits, 0, 0
+                0x5b, 0x09, 0xc8, 0xeb, // CRC-32
+                0x02, 0x02, 0x00, 0x01, // reliability, RDMA bits, 0, flags (intact)
                 0x00, 0x00, 0x23, 0x28, // largest frame
                 0x00, 0x01, 0x00, 0x00, // largest transfer
                 0x00, 0x00, 0x13, 0x88, // initial psn
@@ -1242,6 +1280,7 @@ mod tests {
         for name in ["request", "accept", "peer-request"] {
             assert_eq!(with(name, 16, 3), m("reliability level"), "{name}");
             assert_eq!(with(name, 17, 4), m("rdma flags"), "{name}");
+            assert_eq!(with(name, 19, 2), m("attribute flags"), "{name}");
         }
         for name in ["request", "peer-request"] {
             assert_eq!(with(name, 18, 33), m("discriminator length"), "{name}");

@@ -69,6 +69,7 @@ fn repeated_requests_make_one_connection() {
             max_frame: 1472,
             max_transfer: 16 << 20,
             initial_psn: 1000,
+            intact: false,
         };
         let req = Repr::ConnRequest {
             attrs,

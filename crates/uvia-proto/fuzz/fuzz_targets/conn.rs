@@ -124,6 +124,7 @@ fuzz_target!(|data: &[u8]| {
         max_frame: 1472,
         max_transfer: 1 << 20,
         initial_psn: 100,
+        intact: false,
     };
     let mut c = if client {
         // A client still connecting: the handshake's paths too.

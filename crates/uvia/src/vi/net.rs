@@ -53,6 +53,9 @@ pub(crate) struct NetNic {
     /// socket on the Nic's address), when the medium allows it.
     pub own_medium: Option<OwnMediumFactory>,
     pub max_frame: usize,
+    /// The medium delivers frames intact or not at all: checksums are not
+    /// verified here, and peers are told they may leave them out.
+    intact: bool,
     pub idle_timeout: Duration,
     /// Local connection id -> its VI.
     conns: spin::Mutex<HashMap<u32, Weak<ViShared>>>,
@@ -95,6 +98,7 @@ impl NetNic {
                 << 8);
         NetNic {
             max_frame: caps.max_frame,
+            intact: caps.intact,
             idle_timeout,
             conns: spin::Mutex::new(HashMap::new()),
             accepted: spin::Mutex::new(HashMap::new()),
@@ -109,6 +113,15 @@ impl NetNic {
             malformed: AtomicU64::new(0),
             medium,
             own_medium,
+        }
+    }
+
+    /// Checks and parses a frame from the medium.
+    fn parse<'a>(&self, bytes: &'a [u8]) -> Result<(u32, u32, Repr<'a>), wire::WireError> {
+        if self.intact {
+            wire::parse_intact(bytes)
+        } else {
+            wire::parse(bytes)
         }
     }
 
@@ -184,7 +197,7 @@ impl NetNic {
         let now = Instant::now();
         for i in 0..n {
             let (from, bytes) = batch.frame(i);
-            let Ok((dst, src, repr)) = wire::parse(bytes) else {
+            let Ok((dst, src, repr)) = self.parse(bytes) else {
                 self.malformed.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
@@ -334,6 +347,8 @@ pub(crate) struct NetVi {
     handshake: Option<Event>,
     /// When frames last went to the medium.
     last_tx: Option<Instant>,
+    /// A message arrived since frames last went: a post now answers it.
+    answering: bool,
     /// Posts whose frames wait for the next progress call (coalesced).
     deferred: u32,
     /// The VI's own medium for its peer, when the Nic's allows one: frames
@@ -380,6 +395,7 @@ impl NetVi {
             tx_lens: Vec::with_capacity(TX_BATCH),
             handshake: None,
             last_tx: None,
+            answering: false,
             deferred: 0,
             own: None,
             own_batch: None,
@@ -599,6 +615,7 @@ impl Vi {
             rdma_read: attrs.enable_rdma_read,
             idle_timeout: net.idle_timeout,
             keepalive: net.idle_timeout / 4,
+            intact: net.intact,
             rnr: if attrs.rnr_retry {
                 // Sent again every RNR_DELAY until the idle timeout's worth
                 // of tries has passed.
@@ -686,6 +703,7 @@ impl Vi {
                 // After the call: a burst is judged by the gap between the
                 // end of one transmission and the next post.
                 net.last_tx = Some(Instant::now());
+                net.answering = false;
                 sent = true;
             }
             self.net_events(g);
@@ -735,6 +753,9 @@ impl Vi {
                             self.complete_recv(e, op, len, imm, outcome_bits(outcome));
                             g.rq_done += 1;
                         }
+                        if let Some(n) = g.net.as_mut() {
+                            n.answering = true;
+                        }
                     }
                 }
                 Event::Connected | Event::Rejected(_) | Event::ConnectTimedOut => {
@@ -751,20 +772,21 @@ impl Vi {
     }
 
     /// Reads the VI's own medium and hands the frames to its engine.
-    fn net_poll_own(&self, g: &mut ViInner) -> bool {
-        let Some(net) = g.net.as_mut() else {
-            return false;
-        };
+    /// Returns the time the frames were taken in, if any arrived.
+    fn net_poll_own(&self, g: &mut ViInner) -> Option<Instant> {
+        let net = g.net.as_mut()?;
         let (Some(own), Some(mut batch)) = (net.own.clone(), net.own_batch.take()) else {
-            return false;
+            return None;
         };
         let n = own.recv(&mut batch).unwrap_or(0);
+        let mut at = None;
         if n > 0 {
             let now = Instant::now();
+            at = Some(now);
             let id = net.id;
             for i in 0..n {
                 let (from, bytes) = batch.frame(i);
-                let Ok((dst, src, repr)) = wire::parse(bytes) else {
+                let Ok((dst, src, repr)) = self.s.nic.net().parse(bytes) else {
                     self.s.nic.net().malformed.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
@@ -776,7 +798,7 @@ impl Vi {
         if let Some(net) = g.net.as_mut() {
             net.own_batch = Some(batch);
         }
-        n > 0
+        at
     }
 
     /// Gives an established connection a medium of its own, if the Nic can.
@@ -810,13 +832,14 @@ impl Vi {
     /// Moves a network VI forward: reads the medium, runs timers, sends.
     pub(super) fn net_progress(&self, g: &mut ViInner) -> bool {
         let nic = self.s.nic.net();
+        let mut arrived = None;
         let got = match g.net.as_ref().is_some_and(|n| n.own.is_some()) {
             true => {
-                let mine = self.net_poll_own(g);
+                arrived = self.net_poll_own(g);
                 // Stray frames (repeated handshakes, other VIs) reach the
                 // Nic's socket: look there now and then.
                 let every = g.idle.wrapping_add(1).is_multiple_of(TIMER_EVERY);
-                mine | (every && nic.poll(Some((self, &mut *g))))
+                arrived.is_some() | (every && nic.poll(Some((self, &mut *g))))
             }
             false => nic.poll(Some((self, &mut *g))),
         };
@@ -829,7 +852,9 @@ impl Vi {
                 return false;
             }
         }
-        let now = Instant::now();
+        // The time frames arrived is recent enough for the timers: a
+        // second clock read would sit on the message's path.
+        let now = arrived.unwrap_or_else(Instant::now);
         let mut moved = got;
         if let Some(net) = g.net.as_mut() {
             if net.conn.poll_timeout().is_some_and(|t| t <= now) {
@@ -900,11 +925,14 @@ impl Vi {
         // Doorbell coalescing: a post that follows the last transmission
         // closely is part of a burst; its frames leave with the burst, at
         // the caller's next done or wait call (or once a batch is full), in
-        // one system call. A lone post goes at once.
+        // one system call. A lone post goes at once, and so does the first
+        // post after a message arrived: that is an answer (a ping-pong's
+        // reply comes well within the burst gap of the previous send).
         if let Some(net) = g.net.as_mut() {
-            let burst = net
-                .last_tx
-                .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
+            let burst = !net.answering
+                && net
+                    .last_tx
+                    .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
             if burst && (net.deferred as usize) < TX_BATCH - 1 {
                 net.deferred += 1;
                 return Ok(());
