@@ -1009,7 +1009,10 @@ impl Conn {
         } else {
             at
         };
-        if self.in_msgs.len() <= at {
+        if self.in_msgs.len() == at {
+            // The next message, the usual case.
+            self.in_msgs.push_back(None);
+        } else if self.in_msgs.len() < at {
             self.in_msgs.resize(at + 1, None);
         }
         if self.in_msgs[at].is_none() {
@@ -1288,7 +1291,7 @@ impl Conn {
             self.largest_acked = Some(ack.wrapping_sub(1));
         }
         // Fast retransmit: three later frames arrived, this one did not.
-        if let Some(l) = self.largest_acked {
+        if let Some(l) = self.largest_acked.filter(|_| !self.inflight.is_empty()) {
             for i in 0..self.inflight.len() {
                 let psn = self.snd_una.wrapping_add(i as u32);
                 if !seq::lt(psn.wrapping_add(3), l.wrapping_add(1)) {

@@ -189,6 +189,11 @@ impl Cq {
                 // SAFETY: `p` holds `p.len()` valid pollfds.
                 unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
                 self.drain_eventfd();
+                if p.len() > 1 {
+                    for vi in self.s.members() {
+                        Vi::run_net_timers(&vi);
+                    }
+                }
             }
             self.s.waiters.fetch_sub(1, Ordering::AcqRel);
             if let Some(c) = c? {

@@ -1371,6 +1371,10 @@ impl Vi {
                 }
                 None => std::thread::sleep(nap.min(Duration::from_millis(1))),
             }
+            if on_medium {
+                let mut g = self.lock();
+                self.net_timers(&mut g);
+            }
             // A full slice without a wake-up: look at the peer's health next round.
             look_at_peer = t0.elapsed() + Duration::from_millis(1) >= SLEEP_SLICE;
         }
@@ -1605,6 +1609,15 @@ impl Vi {
         let vi = Vi { s: s.clone() };
         let mut g = vi.lock();
         vi.progress(&mut g);
+    }
+
+    /// Runs a network VI's timers (a CQ waiter that has slept).
+    pub(crate) fn run_net_timers(s: &Arc<ViShared>) {
+        let vi = Vi { s: s.clone() };
+        let mut g = vi.lock();
+        if g.net.is_some() {
+            vi.net_timers(&mut g);
+        }
     }
 
     /// Arms this VI's doorbell for an eventfd wake-up; `true` if something

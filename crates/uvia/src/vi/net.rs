@@ -844,19 +844,20 @@ impl Vi {
             false => nic.poll(Some((self, &mut *g))),
         };
         let deferred = g.net.as_ref().is_some_and(|n| n.deferred > 0);
-        if !got && !deferred {
-            // An empty poll: look at the timers (a clock read) only every
-            // few rounds; they are tens of microseconds apart at the least.
-            g.idle = g.idle.wrapping_add(1);
-            if !g.idle.is_multiple_of(TIMER_EVERY) {
-                return false;
-            }
+        // The timers are looked at every few polls, arrivals or not: they
+        // are tens of microseconds apart at the least, and a look (a clock
+        // read on an empty poll, the deadlines compared) kept off most
+        // messages' path is that much less latency.
+        g.idle = g.idle.wrapping_add(1);
+        let timers = g.idle.is_multiple_of(TIMER_EVERY);
+        if !got && !deferred && !timers {
+            return false;
         }
         // The time frames arrived is recent enough for the timers: a
         // second clock read would sit on the message's path.
         let now = arrived.unwrap_or_else(Instant::now);
         let mut moved = got;
-        if let Some(net) = g.net.as_mut() {
+        if let Some(net) = g.net.as_mut().filter(|_| timers) {
             if net.conn.poll_timeout().is_some_and(|t| t <= now) {
                 net.conn.handle_timeout(now);
                 moved = true;
@@ -864,6 +865,19 @@ impl Vi {
         }
         moved |= self.net_output(g, now);
         moved
+    }
+
+    /// Runs the engine's timers now and sends what they produced: for a
+    /// waiter that has slept, whose few polls would otherwise leave the
+    /// timers to the every-few-polls look.
+    pub(super) fn net_timers(&self, g: &mut ViInner) {
+        let now = Instant::now();
+        if let Some(net) = g.net.as_mut() {
+            if net.conn.poll_timeout().is_some_and(|t| t <= now) {
+                net.conn.handle_timeout(now);
+            }
+        }
+        self.net_output(g, now);
     }
 
     /// Posts a send-queue descriptor on a network VI and sends what can go now.
