@@ -6,8 +6,10 @@
 //! [`Caps`]); wrappers (the fault injector) hold an `inner` medium.
 
 pub mod inject;
+pub mod neigh;
 pub mod netns;
 pub mod udp;
+pub mod xdp;
 
 use std::fmt;
 use std::io;
@@ -18,14 +20,53 @@ use std::time::Duration;
 /// A peer's address on a medium.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Addr {
+    /// An IP address and UDP port (the udp medium).
     Ip(SocketAddr),
+    /// An Ethernet address (the xdp medium).
+    Mac(MacAddr),
 }
 
 impl fmt::Display for Addr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Addr::Ip(a) => write!(f, "{a}"),
+            Addr::Mac(m) => write!(f, "{m}"),
         }
+    }
+}
+
+/// An Ethernet (MAC) address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl std::str::FromStr for MacAddr {
+    type Err = String;
+
+    /// Six hexadecimal bytes separated by colons (or dashes).
+    fn from_str(s: &str) -> Result<MacAddr, String> {
+        let mut m = [0u8; 6];
+        let mut parts = s.split([':', '-']);
+        for b in m.iter_mut() {
+            let p = parts.next().filter(|p| (1..=2).contains(&p.len()));
+            *b = p
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+                .ok_or_else(|| format!("{s:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"))?;
+        }
+        if parts.next().is_some() {
+            return Err(format!("{s:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"));
+        }
+        Ok(MacAddr(m))
     }
 }
 
@@ -185,5 +226,27 @@ impl RecvBatch {
     /// The slot size: the largest datagram one receive takes.
     pub fn slot_len(&self) -> usize {
         self.slot_len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_addresses_parse_and_print() {
+        let m: MacAddr = "02:1a:ff:00:7:0b".parse().unwrap();
+        assert_eq!(m, MacAddr([0x02, 0x1a, 0xff, 0x00, 0x07, 0x0b]));
+        assert_eq!(m.to_string(), "02:1a:ff:00:07:0b");
+        assert_eq!("02-1a-ff-00-07-0b".parse::<MacAddr>(), Ok(m));
+        for bad in [
+            "",
+            "02:1a:ff:00:07",
+            "02:1a:ff:00:07:0b:01",
+            "02:1a:ff:00:07:zz",
+            "021a:ff:00:07:0b:00",
+        ] {
+            assert!(bad.parse::<MacAddr>().is_err(), "{bad:?}");
+        }
     }
 }

@@ -88,9 +88,7 @@ impl TestHosts {
     fn build(&self) -> Result<(), NetnsError> {
         let [a, b] = &self.names;
         // veth names are at most 15 bytes.
-        let tail = &a[5..a.len() - 2];
-        let short = &tail[tail.len().saturating_sub(9)..];
-        let (va, vb) = (format!("va{short}"), format!("vb{short}"));
+        let (va, vb) = (self.iface(Side::A), self.iface(Side::B));
         ip(&["netns", "add", a])?;
         ip(&["netns", "add", b])?;
         ip(&[
@@ -109,6 +107,17 @@ impl TestHosts {
 
     pub fn name(&self, side: Side) -> &str {
         &self.names[side as usize]
+    }
+
+    /// The host's end of the veth pair.
+    pub fn iface(&self, side: Side) -> String {
+        let a = &self.names[0];
+        let tail = &a[5..a.len() - 2];
+        let short = &tail[tail.len().saturating_sub(9)..];
+        match side {
+            Side::A => format!("va{short}"),
+            Side::B => format!("vb{short}"),
+        }
     }
 
     pub fn ipv4(&self, side: Side) -> Ipv4Addr {
@@ -172,7 +181,7 @@ impl Drop for TestHosts {
 mod tests {
     use super::*;
     use crate::udp::{UdpMedium, UdpOptions};
-    use crate::{Addr, Medium, OutFrame, RecvBatch};
+    use crate::{Medium, OutFrame, RecvBatch};
     use std::net::SocketAddr;
     use std::time::{Duration, Instant};
 
@@ -240,7 +249,7 @@ mod tests {
                 }));
             }
             assert!(got.len() >= data.len(), "frames crossed (v6: {v6})");
-            let Addr::Ip(sa) = a.local_addr();
+            let sa = a.local_ip();
             assert_eq!(sa.is_ipv6(), v6);
         }
         drop(hosts);

@@ -265,6 +265,15 @@ fn default_max_frame(ip: IpAddr) -> usize {
     }
 }
 
+/// A frame's destination as a socket address; `send` has refused any
+/// other kind of address before this is asked.
+fn ip_of(a: Addr) -> SocketAddr {
+    match a {
+        Addr::Ip(s) => s,
+        Addr::Mac(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+    }
+}
+
 impl UdpMedium {
     /// Binds a UDP socket to `addr` (port 0 picks one; `local_addr` tells).
     pub fn bind(addr: SocketAddr, opts: UdpOptions) -> Result<UdpMedium, UdpError> {
@@ -380,6 +389,11 @@ impl UdpMedium {
         })
     }
 
+    /// The address and port it is bound to.
+    pub fn local_ip(&self) -> SocketAddr {
+        self.local
+    }
+
     /// One datagram with `recvfrom`: the cheapest look at the socket (no
     /// message header to copy in), usable when datagrams are never
     /// coalesced (receive offload off).
@@ -430,7 +444,7 @@ impl UdpMedium {
     /// One frame, one `sendto`: the ping-pong case, without building
     /// message headers.
     fn send_one(&self, f: &OutFrame<'_>) -> io::Result<()> {
-        let Addr::Ip(to) = f.to;
+        let to = ip_of(f.to);
         let (ss, len) = to_raw(&to);
         let connected = self.peer == Some(to);
         loop {
@@ -489,7 +503,7 @@ impl UdpMedium {
         let mut i = 0;
         while i < frames.len() && n_msg < BATCH && n_iov < BATCH {
             let f = &frames[i];
-            let Addr::Ip(to) = f.to;
+            let to = ip_of(f.to);
             // A run of equal-size frames to one address (the last may be
             // shorter) goes as one segmented datagram.
             let seg = f.bytes.len();
@@ -585,6 +599,12 @@ impl Medium for UdpMedium {
     }
 
     fn send(&self, mut frames: &[OutFrame<'_>]) -> io::Result<()> {
+        if let Some(f) = frames.iter().find(|f| !matches!(f.to, Addr::Ip(_))) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the udp medium sends to IP addresses, not {}", f.to),
+            ));
+        }
         if let [f] = frames {
             return self.send_one(f);
         }
@@ -834,7 +854,7 @@ mod tests {
         let peer = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
         let stranger =
             UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
-        let (Addr::Ip(local), Addr::Ip(p)) = (nic.local_addr(), peer.local_addr());
+        let (local, p) = (nic.local_ip(), peer.local_ip());
         let own = UdpMedium::connected(local, p, UdpOptions::default()).unwrap();
         peer.send(&[OutFrame {
             to: nic.local_addr(),

@@ -55,7 +55,9 @@ fn main() {
     let now = Instant::now();
     let mut a = Conn::connect(now, cfg.clone(), 1, 100, b"bench");
     let mut frame = vec![0u8; 2048];
-    let n = a.poll_transmit(now, &mut frame, &mut Buf([0; 64])).expect("request");
+    let n = a
+        .poll_transmit(now, &mut frame, &mut Buf([0; 64]))
+        .expect("request");
     let Ok((_, _, wire::Repr::ConnRequest { attrs, .. })) = wire::parse(&frame[..n]) else {
         panic!("the first frame is a connection request");
     };

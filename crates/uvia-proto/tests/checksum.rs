@@ -96,7 +96,11 @@ fn data_frames_skip_the_checksum_only_toward_an_intact_medium() {
     }
     assert!(matches!(
         client.poll_event(),
-        Some(Event::RecvDone { len: 8, outcome: Outcome::Ok, .. })
+        Some(Event::RecvDone {
+            len: 8,
+            outcome: Outcome::Ok,
+            ..
+        })
     ));
     assert_eq!(mc.0, vec![2; 8]);
 
@@ -118,8 +122,14 @@ fn data_frames_skip_the_checksum_only_toward_an_intact_medium() {
     }
     let got: Vec<Event> = std::iter::from_fn(|| server.poll_event()).collect();
     assert!(
-        got.iter()
-            .any(|e| matches!(e, Event::RecvDone { len: 8, outcome: Outcome::Ok, .. })),
+        got.iter().any(|e| matches!(
+            e,
+            Event::RecvDone {
+                len: 8,
+                outcome: Outcome::Ok,
+                ..
+            }
+        )),
         "{got:?}"
     );
     assert_eq!(ms.0, vec![3; 8]);

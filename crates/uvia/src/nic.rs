@@ -204,7 +204,7 @@ impl Nic {
                     |e: uvia_net::inject::FaultSpecError| OpenError::BadInject(e.to_string()),
                 )?),
             };
-        let uvia_net::Addr::Ip(local) = uvia_net::Medium::local_addr(&udp);
+        let local = udp.local_ip();
         let medium: Box<dyn uvia_net::Medium> = match &fault {
             None => Box::new(udp),
             Some(f) => Box::new(uvia_net::inject::Inject::new(udp, f.clone())),
@@ -213,7 +213,9 @@ impl Nic {
         // (faults injected there too, each from its own seed).
         let next_seed = std::sync::atomic::AtomicU64::new(1);
         let own: crate::vi::net::OwnMediumFactory = Box::new(move |peer| {
-            let uvia_net::Addr::Ip(p) = peer;
+            let uvia_net::Addr::Ip(p) = peer else {
+                return None;
+            };
             let m = uvia_net::udp::UdpMedium::connected(local, p, udp_options()).ok()?;
             Some(match &fault {
                 None => Box::new(m) as Box<dyn uvia_net::Medium>,
