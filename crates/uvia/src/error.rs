@@ -10,7 +10,7 @@ use std::io;
 /// Opening a Nic failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    #[error("unknown provider {0:?} (known: \"shm\", \"shm:<instance>\", \"udp\", \"udp:<ip>[:<port>]\")")]
+    #[error("unknown provider {0:?} (known: \"shm\", \"shm:<instance>\", \"udp\", \"udp:<ip>[:<port>]\", \"xdp:<interface>[:<queue>]\")")]
     UnknownProvider(String),
     #[error("bad address in {name:?}: {reason}")]
     BadAddress { name: String, reason: String },
@@ -129,7 +129,9 @@ pub enum ConnectError {
     DiscriminatorTooLong(usize),
     #[error("this connection request was already answered")]
     Answered,
-    #[error("cannot resolve host address {0:?} (want ip:port, [ipv6]:port or name:port)")]
+    /// The host of a network address names no reachable peer; the text
+    /// says what was given and what is wanted.
+    #[error("cannot resolve host address {0}")]
     BadAddress(String),
     #[error("not supported: {0}")]
     Unsupported(&'static str),

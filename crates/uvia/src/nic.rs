@@ -41,6 +41,30 @@ static NIC_SERIAL: AtomicU32 = AtomicU32::new(1);
 /// poll would need `recvmsg`; without it a poll is one `recvfrom`, about
 /// 0.45 us less per message (measured with `uvia pingpong`, both settings
 /// alternated), and segmented sends still arrive as separate datagrams.
+/// The faults to inject: the Nic's options, else `UVIA_INJECT`.
+fn fault_spec(opts: &NicOptions) -> Result<Option<uvia_net::inject::FaultSpec>, OpenError> {
+    let spec = match &opts.inject {
+        Some(s) => Some(s.clone()),
+        None => std::env::var("UVIA_INJECT").ok().filter(|s| !s.is_empty()),
+    };
+    spec.map(|s| {
+        s.parse()
+            .map_err(|e: uvia_net::inject::FaultSpecError| OpenError::BadInject(e.to_string()))
+    })
+    .transpose()
+}
+
+/// `m`, wrapped in the fault injector when faults are asked for.
+fn with_faults<M: uvia_net::Medium + 'static>(
+    m: M,
+    fault: &Option<uvia_net::inject::FaultSpec>,
+) -> Box<dyn uvia_net::Medium> {
+    match fault {
+        None => Box::new(m),
+        Some(f) => Box::new(uvia_net::inject::Inject::new(m, f.clone())),
+    }
+}
+
 fn udp_options() -> uvia_net::udp::UdpOptions {
     uvia_net::udp::UdpOptions {
         gro: false,
@@ -107,7 +131,7 @@ impl Nic {
     /// Opens a provider by name: `shm` (instance `0`) or `shm:<instance>`
     /// (instances are separate address spaces for discriminators on one
     /// host); `udp` (127.0.0.1, any port) or `udp:<ip>[:<port>]`, IPv6 in
-    /// brackets.
+    /// brackets; `xdp:<interface>[:<queue>]` (raw Ethernet, root only).
     pub fn open(name: &str) -> Result<Nic, OpenError> {
         Nic::open_with(name, &NicOptions::default())
     }
@@ -116,6 +140,9 @@ impl Nic {
     pub fn open_with(name: &str, opts: &NicOptions) -> Result<Nic, OpenError> {
         if name == "udp" || name.starts_with("udp:") {
             return Nic::open_udp(name, opts);
+        }
+        if name.starts_with("xdp:") {
+            return Nic::open_xdp(name, opts);
         }
         let instance = match name.split_once(':') {
             None if name == "shm" => "0".to_string(),
@@ -187,28 +214,14 @@ impl Nic {
                 },
             },
         };
-        let io = |source| OpenError::Io {
-            provider: "udp",
-            source,
-        };
-        let udp = uvia_net::udp::UdpMedium::bind(bind, udp_options())
-            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
-        let inject = match &opts.inject {
-            Some(s) => Some(s.clone()),
-            None => std::env::var("UVIA_INJECT").ok().filter(|s| !s.is_empty()),
-        };
-        let fault: Option<uvia_net::inject::FaultSpec> =
-            match inject {
-                None => None,
-                Some(spec) => Some(spec.parse().map_err(
-                    |e: uvia_net::inject::FaultSpecError| OpenError::BadInject(e.to_string()),
-                )?),
-            };
+        let udp =
+            uvia_net::udp::UdpMedium::bind(bind, udp_options()).map_err(|e| OpenError::Io {
+                provider: "udp",
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        let fault = fault_spec(opts)?;
         let local = udp.local_ip();
-        let medium: Box<dyn uvia_net::Medium> = match &fault {
-            None => Box::new(udp),
-            Some(f) => Box::new(uvia_net::inject::Inject::new(udp, f.clone())),
-        };
+        let medium = with_faults(udp, &fault);
         // Each connection gets a socket of its own, connected to its peer
         // (faults injected there too, each from its own seed).
         let next_seed = std::sync::atomic::AtomicU64::new(1);
@@ -217,22 +230,60 @@ impl Nic {
                 return None;
             };
             let m = uvia_net::udp::UdpMedium::connected(local, p, udp_options()).ok()?;
-            Some(match &fault {
-                None => Box::new(m) as Box<dyn uvia_net::Medium>,
-                Some(f) => {
-                    let mut f = f.clone();
-                    f.seed = f
-                        .seed
-                        .wrapping_add(next_seed.fetch_add(1, Ordering::Relaxed));
-                    Box::new(uvia_net::inject::Inject::new(m, f))
-                }
-            })
+            let mut f = fault.clone();
+            if let Some(f) = &mut f {
+                f.seed = f
+                    .seed
+                    .wrapping_add(next_seed.fetch_add(1, Ordering::Relaxed));
+            }
+            Some(with_faults(m, &f))
         });
+        Nic::open_net(name, "udp", medium, Some(own), None, opts)
+    }
+
+    /// `xdp:<interface>` or `xdp:<interface>:<queue>`: raw Ethernet through
+    /// an AF_XDP socket (root only).
+    fn open_xdp(name: &str, opts: &NicOptions) -> Result<Nic, OpenError> {
+        let bad = |reason: &str| OpenError::BadAddress {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        };
+        let spec = name.strip_prefix("xdp:").unwrap_or("");
+        let (iface, queue) = match spec.rsplit_once(':') {
+            Some((i, q)) => (
+                i,
+                q.parse::<u32>()
+                    .map_err(|_| bad("the queue after the interface is a number"))?,
+            ),
+            None => (spec, 0),
+        };
+        if iface.is_empty() {
+            return Err(bad("want xdp:<interface>[:<queue>]"));
+        }
+        let xdp_opts = uvia_net::xdp::XdpOptions { queue, mode: None };
+        let xdp = uvia_net::xdp::XdpMedium::open(iface, &xdp_opts).map_err(|e| OpenError::Io {
+            provider: "xdp",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let fault = fault_spec(opts)?;
+        let medium = with_faults(xdp, &fault);
+        Nic::open_net(name, "xdp", medium, None, Some(iface.to_string()), opts)
+    }
+
+    /// A Nic over a frame medium: the protocol engine drives its VIs.
+    fn open_net(
+        name: &str,
+        provider: &'static str,
+        medium: Box<dyn uvia_net::Medium>,
+        own: Option<crate::vi::net::OwnMediumFactory>,
+        iface: Option<String>,
+        opts: &NicOptions,
+    ) -> Result<Nic, OpenError> {
         let address = medium.local_addr().to_string();
         let max_frame = medium.caps().max_frame;
         let attrs = NicAttributes {
             name: name.to_string(),
-            provider: "udp",
+            provider,
             address: address.clone(),
             max_transfer_size: 16 << 20,
             max_segments_per_desc: MAX_SEGMENTS,
@@ -249,7 +300,7 @@ impl Nic {
             rdma_read: true,
             rdma_write: true,
         };
-        let dir = SocketDir::from_env().map_err(io)?;
+        let dir = SocketDir::from_env().map_err(|source| OpenError::Io { provider, source })?;
         let serial = NIC_SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff;
         let idle = opts
             .idle_timeout
@@ -263,7 +314,7 @@ impl Nic {
                     dir,
                     listeners: Mutex::new(HashMap::new()),
                 },
-                net: Some(crate::vi::net::NetNic::new(medium, Some(own), idle)),
+                net: Some(crate::vi::net::NetNic::new(medium, own, iface, idle)),
                 next_vi: AtomicU32::new(1),
                 serial,
                 attrs,

@@ -39,6 +39,8 @@ const TX_CHUNKS: u32 = 2048;
 const RING_SLOTS: u32 = 2048;
 /// Most frames one receive call takes.
 const BATCH: usize = 64;
+/// How long opening waits for a queue that a closed socket still holds.
+const BIND_WAIT: Duration = Duration::from_millis(500);
 /// Wake-ups in a row that move no frame before a send leaves the rest in
 /// the ring for the next one.
 const KICKS_WITHOUT_PROGRESS: u32 = 8;
@@ -61,6 +63,9 @@ pub enum XdpError {
     /// Another XDP program is attached to the interface already.
     #[error("an XDP program is already attached to {0} (another uvia Nic on it?)")]
     Busy(String),
+    /// Another AF_XDP socket serves that queue.
+    #[error("queue {queue} of {iface} is served by another AF_XDP socket")]
+    QueueBusy { iface: String, queue: u32 },
     /// A step of the set-up failed.
     #[error("{what}: {err}")]
     Io { what: &'static str, err: io::Error },
@@ -366,10 +371,27 @@ impl XdpMedium {
                 Ok(())
             }
         };
-        // Zero-copy where the driver offers it, else copy mode.
-        bind(libc::XDP_USE_NEED_WAKEUP)
-            .or_else(|_| bind(libc::XDP_USE_NEED_WAKEUP | libc::XDP_COPY))
-            .map_err(|e| XdpError::io("binding the AF_XDP socket to the queue", e))?;
+        // Zero-copy where the driver offers it, else copy mode. A socket
+        // closed a moment ago may still hold the queue: the kernel releases
+        // it from a work queue, so a busy queue is asked again for a while.
+        let start = Instant::now();
+        loop {
+            let r = bind(libc::XDP_USE_NEED_WAKEUP)
+                .or_else(|_| bind(libc::XDP_USE_NEED_WAKEUP | libc::XDP_COPY));
+            match r {
+                Ok(()) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < BIND_WAIT => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    return Err(XdpError::QueueBusy {
+                        iface: iface.into(),
+                        queue: opts.queue,
+                    })
+                }
+                Err(e) => return Err(XdpError::io("binding the AF_XDP socket to the queue", e)),
+            }
+        }
 
         let bpf_err = |what: &'static str, e: io::Error| match e.raw_os_error() {
             Some(libc::ENOSYS) => XdpError::Unsupported {

@@ -56,6 +56,9 @@ pub(crate) struct NetNic {
     /// The medium delivers frames intact or not at all: checksums are not
     /// verified here, and peers are told they may leave them out.
     intact: bool,
+    /// The interface of an Ethernet medium: peers' MAC addresses are
+    /// looked up in its neighbour table.
+    iface: Option<String>,
     pub idle_timeout: Duration,
     /// Local connection id -> its VI.
     conns: spin::Mutex<HashMap<u32, Weak<ViShared>>>,
@@ -84,6 +87,7 @@ impl NetNic {
     pub fn new(
         medium: Box<dyn Medium>,
         own_medium: Option<OwnMediumFactory>,
+        iface: Option<String>,
         idle_timeout: Duration,
     ) -> NetNic {
         let caps = medium.caps().clone();
@@ -99,6 +103,7 @@ impl NetNic {
         NetNic {
             max_frame: caps.max_frame,
             intact: caps.intact,
+            iface,
             idle_timeout,
             conns: spin::Mutex::new(HashMap::new()),
             accepted: spin::Mutex::new(HashMap::new()),
@@ -591,6 +596,20 @@ fn outcome_bits(o: Outcome) -> u32 {
     }
 }
 
+impl NetNic {
+    /// The medium address of a [`NetAddress`]'s host: on an Ethernet
+    /// medium a MAC address, or an IPv4 address or host name looked up in
+    /// the interface's neighbour table; otherwise an IP address and port.
+    pub(crate) fn resolve(&self, host: &str) -> Result<Addr, ConnectError> {
+        match (&self.iface, self.medium.local_addr()) {
+            (iface, Addr::Mac(_)) => uvia_net::neigh::resolve(host, iface.as_deref())
+                .map(Addr::Mac)
+                .map_err(|e| ConnectError::BadAddress(format!("{host:?}: {e}"))),
+            (_, Addr::Ip(_)) => resolve(host),
+        }
+    }
+}
+
 /// Parses a host of a [`NetAddress`]: `ip:port`, `[v6]:port`, or
 /// `name:port` resolved by the system.
 pub(crate) fn resolve(host: &str) -> Result<Addr, ConnectError> {
@@ -601,7 +620,9 @@ pub(crate) fn resolve(host: &str) -> Result<Addr, ConnectError> {
         .ok()
         .and_then(|mut it| it.next())
         .map(Addr::Ip)
-        .ok_or_else(|| ConnectError::BadAddress(host.to_string()))
+        .ok_or_else(|| {
+            ConnectError::BadAddress(format!("{host:?} (want ip:port, [ipv6]:port or name:port)"))
+        })
 }
 
 impl Vi {
@@ -992,8 +1013,8 @@ impl Vi {
         timeout: Duration,
     ) -> Result<RemoteViAttributes, ConnectError> {
         let start = Instant::now();
-        let to = resolve(&remote.host)?;
         let nic = self.s.nic.net();
+        let to = nic.resolve(&remote.host)?;
         let id = nic.new_id();
         nic.register(id, &self.s);
         if let Some(d) = local {

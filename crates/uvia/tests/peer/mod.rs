@@ -47,9 +47,27 @@ pub fn udp_hosts_instance(a: std::net::IpAddr, b: std::net::IpAddr, port: u16) -
     format!("udp2:{a}|{b}|{port}")
 }
 
+/// A test run over the xdp provider between two test hosts: the test
+/// process on the veth end `if_a` (address `a`), its peer on `if_b` (`b`);
+/// a peer is named by its IPv4 address, which the Nic turns into a MAC
+/// address through the neighbour table: `xdp2:<if_a>|<if_b>|<a>|<b>`.
+pub fn xdp_hosts_instance(
+    if_a: &str,
+    if_b: &str,
+    a: std::net::IpAddr,
+    b: std::net::IpAddr,
+) -> String {
+    format!("xdp2:{if_a}|{if_b}|{a}|{b}")
+}
+
 /// The Nic name this process opens for `inst`, and the host its peer's
 /// Nic answers at.
 fn nic_and_peer(inst: &str) -> (String, String) {
+    if let Some(rest) = inst.strip_prefix("xdp2:") {
+        let f: Vec<&str> = rest.split('|').collect();
+        let (mine, theirs) = if peer_arg().is_some() { (1, 0) } else { (0, 1) };
+        return (format!("xdp:{}", f[mine]), f[2 + theirs].to_string());
+    }
     if let Some(rest) = inst.strip_prefix("udp2:") {
         let mut it = rest.split('|');
         let (a, b, port) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());

@@ -1,0 +1,321 @@
+//! Two processes over the xdp provider, one on each of two test hosts
+//! (network namespaces joined by a veth pair): every size on each
+//! reliability level, RDMA write and read checked on the target, 5%
+//! injected loss with exactly-once delivery, a peer killed mid-transfer,
+//! and the XDP program gone after close and after the peer is killed.
+//! Skipped with a reason where test hosts or AF_XDP cannot be had.
+
+mod peer;
+
+use peer::*;
+use std::time::{Duration, Instant};
+use uvia::*;
+use uvia_net::netns::{Side, TestHosts};
+
+const SIZES: &[usize] = &[0, 1, 8, 1000, 1436, 1437, 4096, 65536, 300_000, 1 << 20];
+
+/// Why xdp tests cannot run here, if they cannot.
+fn unavailable(hosts: &TestHosts) -> Option<String> {
+    let _a = hosts.enter(Side::A).ok()?;
+    match Nic::open(&format!("xdp:{}", hosts.iface(Side::A))) {
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// Whether an XDP program is attached to a host's end of the pair.
+fn attached(hosts: &TestHosts, side: Side) -> bool {
+    let out = std::process::Command::new("ip")
+        .args(["-n", hosts.name(side), "-d", "link", "show", "dev"])
+        .arg(hosts.iface(side))
+        .output()
+        .expect("ip link show");
+    String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+}
+
+/// Runs `body` on test host a with an xdp instance whose peer runs on host
+/// b; skips with a reason where that cannot be done.
+fn across_hosts(test: &str, body: impl FnOnce(&TestHosts, &str, &dyn Fn(&str) -> Peer)) {
+    if let Err(why) = TestHosts::available() {
+        println!("skipped: {why}");
+        return;
+    }
+    let hosts = TestHosts::create("xi").unwrap();
+    if let Some(why) = unavailable(&hosts) {
+        println!("skipped: {why}");
+        return;
+    }
+    let inst = xdp_hosts_instance(
+        &hosts.iface(Side::A),
+        &hosts.iface(Side::B),
+        hosts.ipv4(Side::A).into(),
+        hosts.ipv4(Side::B).into(),
+    );
+    let ns_b = hosts.name(Side::B).to_string();
+    let spawn = |arg: &str| Peer::spawn_in(&ns_b, test, &inst, arg);
+    {
+        let _on_a = hosts.enter(Side::A).unwrap();
+        body(&hosts, &inst, &spawn);
+    }
+    assert!(!attached(&hosts, Side::A), "the program left with the Nic");
+    drop(hosts);
+}
+
+fn lossy(seed: u32) -> NicOptions {
+    NicOptions {
+        inject: Some(format!("loss=0.05,dup=0.01,seed={seed}")),
+        ..NicOptions::default()
+    }
+}
+
+fn level_of(arg: &str) -> Reliability {
+    match arg {
+        "unreliable" => Reliability::Unreliable,
+        "reception" => Reliability::ReliableReception,
+        _ => Reliability::ReliableDelivery,
+    }
+}
+
+/// Echoes every message back until a one-byte 0xff (keeping a receive
+/// posted at all times), then waits for the client to leave.
+fn echo_server(inst: &str, opts: &NicOptions, level: Reliability, d: u64) {
+    let mut e = end_with(inst, opts, |p| ViAttributes::new(p).reliability(level));
+    const R: usize = 1 << 20;
+    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(R, R)])))
+        .unwrap();
+    accept(&e, d);
+    loop {
+        let r = e.vi.recv_wait(Some(T)).unwrap();
+        let n = r.result().unwrap() as usize;
+        if n == 1 && e.buf.as_slice()[R] == 0xff {
+            break;
+        }
+        e.buf.as_mut_slice().copy_within(R..R + n, 0);
+        let mut r = r;
+        *r = Descriptor::recv(&[e.buf.segment(R, R)]);
+        e.vi.post_recv(r).unwrap();
+        assert_eq!(send(&e, 0, n).result(), Ok(n as u32));
+    }
+    until_peer_leaves(&e);
+}
+
+/// Sends each size and checks the echo, byte for byte.
+fn echo_client(inst: &str, opts: &NicOptions, level: Reliability, d: u64, sizes: &[usize]) {
+    let mut e = end_with(inst, opts, |p| ViAttributes::new(p).reliability(level));
+    connect(&e, d);
+    for (k, &n) in sizes.iter().enumerate() {
+        let data = pattern(n, k as u8 + 3);
+        e.buf.as_mut_slice()[..n].copy_from_slice(&data);
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e
+            .buf
+            .segment(1 << 20, 1 << 20)])))
+            .unwrap();
+        assert_eq!(send(&e, 0, n).result(), Ok(n as u32), "{n} B ({level:?})");
+        let r = e.vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(r.result(), Ok(n as u32), "{n} B echo ({level:?})");
+        assert_eq!(&e.buf.as_slice()[1 << 20..(1 << 20) + n], &data[..]);
+    }
+    e.buf.as_mut_slice()[0] = 0xff;
+    send(&e, 0, 1);
+    e.vi.disconnect();
+    drop(e);
+}
+
+#[test]
+fn every_size_on_every_level_across_two_test_hosts() {
+    let name = "every_size_on_every_level_across_two_test_hosts";
+    if let Some(a) = peer_arg() {
+        let inst = std::env::var("UVIA_TEST_INSTANCE").unwrap();
+        return echo_server(&inst, &NicOptions::default(), level_of(&a), 510);
+    }
+    across_hosts(name, |_, inst, spawn| {
+        for (arg, sizes) in [
+            ("delivery", SIZES),
+            ("reception", SIZES),
+            // Nothing is sent twice: sizes that fit in few frames.
+            ("unreliable", &SIZES[..7]),
+        ] {
+            let peer = spawn(arg);
+            echo_client(inst, &NicOptions::default(), level_of(arg), 510, sizes);
+            peer.join();
+        }
+    });
+}
+
+#[test]
+fn exactly_once_at_5_percent_loss() {
+    let name = "exactly_once_at_5_percent_loss";
+    if let Some(a) = peer_arg() {
+        let inst = std::env::var("UVIA_TEST_INSTANCE").unwrap();
+        return echo_server(&inst, &lossy(11), level_of(&a), 520);
+    }
+    across_hosts(name, |_, inst, spawn| {
+        for arg in ["delivery", "reception"] {
+            let peer = spawn(arg);
+            // Each echo is checked byte for byte and the next message
+            // would be refused if one arrived twice (one receive posted).
+            let sizes: Vec<usize> = (0..60).map(|i| [8, 1000, 4096, 70_000][i % 4]).collect();
+            echo_client(inst, &lossy(12), level_of(arg), 520, &sizes);
+            peer.join();
+        }
+    });
+}
+
+#[test]
+fn rdma_write_and_read_are_checked_on_the_target() {
+    let name = "rdma_write_and_read_are_checked_on_the_target";
+    let rdma = |p| ViAttributes::new(p).rdma(true, true);
+    if peer_arg().is_some() {
+        // The target: tells its buffer's address and handle, then serves
+        // the client's RDMA until it says it is done.
+        let inst = std::env::var("UVIA_TEST_INSTANCE").unwrap();
+        let mut e = end(&inst, rdma);
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(1 << 20, 64)])))
+            .unwrap();
+        accept(&e, 530);
+        let addr = e.buf.as_slice().as_ptr() as u64;
+        e.buf.as_mut_slice()[..8].copy_from_slice(&addr.to_le_bytes());
+        let h = e.buf.handle().0;
+        e.buf.as_mut_slice()[8..12].copy_from_slice(&h.to_le_bytes());
+        e.buf.as_mut_slice()[4096..4096 + 100_000].copy_from_slice(&pattern(100_000, 77));
+        send(&e, 0, 12);
+        // "Done" comes after the write completed: the bytes are there.
+        assert_eq!(e.vi.recv_wait(Some(T)).unwrap().result(), Ok(1));
+        assert_eq!(
+            &e.buf.as_slice()[300_000..350_000],
+            &pattern(50_000, 5)[..],
+            "the RDMA write landed"
+        );
+        // The client's bad read breaks the connection on both sides.
+        until_peer_leaves(&e);
+        return;
+    }
+    across_hosts(name, |_, inst, spawn| {
+        let peer = spawn("x");
+        let mut e = end(inst, rdma);
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
+            .unwrap();
+        connect(&e, 530);
+        assert_eq!(e.vi.recv_wait(Some(T)).unwrap().result(), Ok(12));
+        let raddr = u64::from_le_bytes(e.buf.as_slice()[..8].try_into().unwrap());
+        let rh = MemHandle(u32::from_le_bytes(
+            e.buf.as_slice()[8..12].try_into().unwrap(),
+        ));
+        e.buf.as_mut_slice()[1000..51_000].copy_from_slice(&pattern(50_000, 5));
+        e.vi.post_send(Box::new(Descriptor::rdma_write(
+            Segment::remote(raddr + 300_000, rh),
+            &[e.buf.segment(1000, 50_000)],
+        )))
+        .unwrap();
+        assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(50_000));
+        e.vi.post_send(Box::new(Descriptor::rdma_read(
+            Segment::remote(raddr + 4096, rh),
+            &[e.buf.segment(1 << 20, 100_000)],
+        )))
+        .unwrap();
+        assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(100_000));
+        assert_eq!(
+            &e.buf.as_slice()[1 << 20..(1 << 20) + 100_000],
+            &pattern(100_000, 77)[..]
+        );
+        e.buf.as_mut_slice()[0] = 1;
+        assert_eq!(send(&e, 0, 1).result(), Ok(1));
+        // Past the end of the target's region: refused there.
+        e.vi.post_send(Box::new(Descriptor::rdma_read(
+            Segment::remote(raddr + (2 << 20) - 10, rh),
+            &[e.buf.segment(0, 100)],
+        )))
+        .unwrap();
+        assert!(
+            e.vi.send_wait(Some(T)).unwrap().error().is_some(),
+            "out-of-bounds read must fail"
+        );
+        assert_eq!(e.vi.state(), ViState::Error);
+        drop(e);
+        peer.join();
+    });
+}
+
+#[test]
+fn a_killed_peer_fails_every_outstanding_descriptor_and_leaves_no_program() {
+    let name = "a_killed_peer_fails_every_outstanding_descriptor_and_leaves_no_program";
+    let opts = NicOptions {
+        idle_timeout: Some(Duration::from_millis(800)),
+        ..NicOptions::default()
+    };
+    if peer_arg().is_some() {
+        let inst = std::env::var("UVIA_TEST_INSTANCE").unwrap();
+        let e = end_with(&inst, &opts, ViAttributes::new);
+        for _ in 0..4 {
+            e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 1 << 20)])))
+                .unwrap();
+        }
+        accept(&e, 540);
+        for _ in 0..3 {
+            e.vi.recv_wait(Some(T)).unwrap();
+        }
+        let _ = e.vi.recv_wait(Some(Duration::from_secs(60)));
+        return;
+    }
+    across_hosts(name, |hosts, inst, spawn| {
+        let mut peer = spawn("x");
+        let e = end_with(inst, &opts, ViAttributes::new);
+        connect(&e, 540);
+        for _ in 0..3 {
+            assert_eq!(send(&e, 0, 100_000).result(), Ok(100_000));
+        }
+        assert!(attached(hosts, Side::B), "the peer's program is attached");
+        for _ in 0..4 {
+            e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
+                .unwrap();
+        }
+        peer.kill();
+        for _ in 0..5 {
+            e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, 50_000)])))
+                .unwrap();
+        }
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            assert!(e.vi.send_wait(Some(T)).unwrap().error().is_some());
+        }
+        for _ in 0..4 {
+            assert!(e.vi.recv_wait(Some(T)).unwrap().error().is_some());
+        }
+        assert_eq!(e.vi.state(), ViState::Error);
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "within the idle timeout"
+        );
+        // SIGKILL closed the peer's link descriptor: its program is gone.
+        let start = Instant::now();
+        while attached(hosts, Side::B) && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !attached(hosts, Side::B),
+            "the killed peer's program is gone"
+        );
+    });
+}
+
+#[test]
+fn opening_fails_clearly() {
+    match Nic::open("xdp:uvia-none0") {
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("uvia-none0") || text.contains("root"),
+                "the error names what is missing: {text}"
+            );
+        }
+        Ok(_) => panic!("opened a missing interface"),
+    }
+    assert!(matches!(
+        Nic::open("xdp:"),
+        Err(OpenError::BadAddress { .. })
+    ));
+    assert!(matches!(
+        Nic::open("xdp:eth0:x"),
+        Err(OpenError::BadAddress { .. })
+    ));
+}
