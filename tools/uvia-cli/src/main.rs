@@ -111,16 +111,16 @@ struct RunArgs {
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Reliability level of uvia's VIs (shm, udp).
+    /// Reliability level of uvia's VIs (shm, udp, xdp).
     #[arg(long, value_enum, default_value = "delivery")]
     reliability: Level,
-    /// Faults injected on both sides' receive paths (udp provider), e.g.
+    /// Faults injected on both sides' receive paths (udp, xdp), e.g.
     /// loss=0.05,dup=0.01,reorder=0.01,delay=100us,corrupt=0.001,seed=7.
     #[arg(long, value_name = "SPEC")]
     inject: Option<String>,
     /// Run the two sides on two test hosts the tool makes for the run: two
     /// network namespaces joined by a veth pair (removed afterwards; needs
-    /// root). For udp, kernel-udp and kernel-tcp.
+    /// root). For udp, xdp, kernel-udp and kernel-tcp.
     #[arg(long)]
     netns: bool,
 }
@@ -171,6 +171,8 @@ struct PeerArgs {
     inject: Option<String>,
     #[arg(long, default_value = "127.0.0.1")]
     ip: std::net::IpAddr,
+    #[arg(long)]
+    iface: Option<String>,
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -251,6 +253,7 @@ fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
         reliability: a.reliability,
         inject: a.inject.clone(),
         ip: std::net::Ipv4Addr::LOCALHOST.into(),
+        iface: None,
         server_netns: None,
     })
 }
@@ -265,14 +268,17 @@ fn write_json<T: serde::Serialize>(path: &Option<PathBuf>, v: &T) -> Result<()> 
 
 fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
     let mut plan = plan_from(a, kind, window)?;
-    if a.inject.is_some() && a.provider != Provider::Udp {
-        bail!("--inject needs a uvia network provider (--provider udp)");
+    if a.inject.is_some() && !matches!(a.provider, Provider::Udp | Provider::Xdp) {
+        bail!("--inject needs a uvia network provider (--provider udp or xdp)");
+    }
+    if a.provider == Provider::Xdp && !a.netns {
+        bail!("--provider xdp runs between two test hosts: add --netns (needs root)");
     }
     // The test hosts live as long as the measurement; this thread (the
     // client) runs on host a, the server is started on host b.
     let _hosts = if a.netns {
         if a.provider == Provider::Shm {
-            bail!("--netns needs a network provider (udp, kernel-udp, kernel-tcp)");
+            bail!("--netns needs a network provider (udp, xdp, kernel-udp, kernel-tcp)");
         }
         uvia_net::netns::TestHosts::available().map_err(|why| anyhow::anyhow!("--netns: {why}"))?;
         let hosts = uvia_net::netns::TestHosts::create("bench")
@@ -281,9 +287,11 @@ fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
             .enter(uvia_net::netns::Side::A)
             .context("--netns: entering test host a")?;
         plan.ip = hosts.ipv4(uvia_net::netns::Side::A).into();
+        plan.iface = Some(hosts.iface(uvia_net::netns::Side::A));
         plan.server_netns = Some((
             hosts.name(uvia_net::netns::Side::B).to_string(),
             hosts.ipv4(uvia_net::netns::Side::B).into(),
+            hosts.iface(uvia_net::netns::Side::B),
         ));
         Some((guard, hosts))
     } else {
@@ -323,6 +331,7 @@ fn main() {
                 reliability: p.reliability,
                 inject: p.inject,
                 ip: p.ip,
+                iface: p.iface,
                 server_netns: None,
             };
             run::serve(&plan)

@@ -31,6 +31,9 @@ pub enum Provider {
     Shm,
     /// uvia's udp provider (the protocol engine over kernel UDP sockets).
     Udp,
+    /// uvia's xdp provider (the protocol engine over raw Ethernet through
+    /// AF_XDP); needs --netns (two test hosts) and root.
+    Xdp,
     /// Kernel UDP sockets on 127.0.0.1.
     KernelUdp,
     /// Kernel TCP sockets on 127.0.0.1 (TCP_NODELAY).
@@ -42,6 +45,7 @@ impl Provider {
         match self {
             Provider::Shm => "shm",
             Provider::Udp => "udp",
+            Provider::Xdp => "xdp",
             Provider::KernelUdp => "kernel-udp",
             Provider::KernelTcp => "kernel-tcp",
         }
@@ -94,8 +98,11 @@ pub struct Plan {
     pub inject: Option<String>,
     /// The local address of this side (127.0.0.1, or a test host's).
     pub ip: std::net::IpAddr,
-    /// Runs the server in this network namespace (`--netns`).
-    pub server_netns: Option<(String, std::net::IpAddr)>,
+    /// This side's network interface (the xdp provider).
+    pub iface: Option<String>,
+    /// Runs the server in this network namespace (`--netns`), with its
+    /// address and interface.
+    pub server_netns: Option<(String, std::net::IpAddr, String)>,
 }
 
 /// VIA's reliability levels, as the tool names them.
@@ -182,7 +189,7 @@ pub fn bw_batches(iters: usize) -> (usize, usize) {
 
 pub fn listen(provider: Provider, cfg: &EndpointConfig) -> Result<Box<dyn Listener>> {
     match provider {
-        Provider::Shm | Provider::Udp => endpoint::via::listen(cfg),
+        Provider::Shm | Provider::Udp | Provider::Xdp => endpoint::via::listen(cfg),
         Provider::KernelUdp => kernel_udp::listen(cfg),
         Provider::KernelTcp => kernel_tcp::listen(cfg),
     }
@@ -190,7 +197,7 @@ pub fn listen(provider: Provider, cfg: &EndpointConfig) -> Result<Box<dyn Listen
 
 pub fn connect(provider: Provider, cfg: &EndpointConfig, info: &str) -> Result<Box<dyn Endpoint>> {
     match provider {
-        Provider::Shm | Provider::Udp => endpoint::via::connect(cfg, info),
+        Provider::Shm | Provider::Udp | Provider::Xdp => endpoint::via::connect(cfg, info),
         Provider::KernelUdp => kernel_udp::connect(cfg, info),
         Provider::KernelTcp => kernel_tcp::connect(cfg, info),
     }
@@ -202,6 +209,7 @@ fn config(plan: &Plan) -> EndpointConfig {
             std::net::IpAddr::V6(a) => format!("udp:[{a}]"),
             a => format!("udp:{a}"),
         },
+        Provider::Xdp => format!("xdp:{}", plan.iface.as_deref().unwrap_or("lo")),
         _ => "shm".to_string(),
     };
     EndpointConfig {
@@ -364,8 +372,11 @@ fn server_args(plan: &Plan) -> Vec<String> {
     if let Some(f) = &plan.inject {
         a.extend(["--inject".into(), f.clone()]);
     }
-    let ip = plan.server_netns.as_ref().map_or(plan.ip, |(_, ip)| *ip);
+    let ip = plan.server_netns.as_ref().map_or(plan.ip, |(_, ip, _)| *ip);
     a.extend(["--ip".into(), ip.to_string()]);
+    if let Some((_, _, iface)) = &plan.server_netns {
+        a.extend(["--iface".into(), iface.clone()]);
+    }
     a
 }
 
@@ -441,7 +452,7 @@ pub fn run(plan: &Plan) -> Result<RunResult> {
     let exe = crate::self_exe()?;
     let mut cmd = match &plan.server_netns {
         // The server runs on the other test host.
-        Some((ns, _)) => {
+        Some((ns, _, _)) => {
             let mut c = Command::new("ip");
             c.args(["netns", "exec", ns])
                 .arg(std::fs::read_link(&exe).unwrap_or(exe));
