@@ -8,6 +8,8 @@
 //! 3. The headline comparisons, measured in short interleaved rounds (contender,
 //!    baseline, contender, baseline, ...) so that both see the same state of a
 //!    noisy host; each pair gives a ratio and the headline is the median ratio.
+//!    The xdp provider's run between two test hosts made for each measurement
+//!    (root only; otherwise reported as skipped, with the reason).
 //! 4. The report folder: report.md, results.json, latency.svg, bandwidth.svg.
 
 use crate::limit::{self, LimitResult};
@@ -298,7 +300,7 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
     };
     let scale = if quick { "0.05" } else { "1" };
     let timeout = Duration::from_secs(if quick { 60 } else { 300 });
-    let total = 1 + CONFIGS.len() as u64 * 2 + 7 * pairs as u64 + 3;
+    let total = 1 + CONFIGS.len() as u64 * 2 + 9 * pairs as u64 + 3;
     let pb = ProgressBar::new(total);
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -468,6 +470,79 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
         |c, b| c / b,
         |r| r >= 0.5,
     ));
+
+    // The xdp provider against kernel UDP between two test hosts made for
+    // each measurement (root only; skipped with the reason otherwise).
+    let xdp = Config {
+        provider: "xdp",
+        flag: "--polling",
+        label: "xdp polling",
+    };
+    let xdp_names = [
+        (
+            "xdp 8 B one-way p50 vs kernel UDP busy-poll 8 B, two test hosts (reliable delivery)",
+            "xdp p50 / UDP busy-poll p50",
+            "ns",
+            "<= 0.5x",
+        ),
+        (
+            "xdp 64 B message rate vs one-send-per-message kernel UDP, two test hosts",
+            "xdp msgs/s / kernel UDP msgs/s",
+            "msgs/s",
+            ">= 2x",
+        ),
+    ];
+    match uvia_net::netns::TestHosts::available() {
+        Ok(()) => {
+            let netns_p50 = |c: &Config| -> Result<f64> {
+                let a = ["--iters", udp_iters, "--netns"];
+                Ok(first(&sub(&args("pingpong", c, "8", &a), timeout)?)?
+                    .lat_ns
+                    .p50)
+            };
+            let (n, r, u, t) = xdp_names[0];
+            headline.push(interleave(
+                &pb,
+                n,
+                r,
+                u,
+                t,
+                pairs,
+                || netns_p50(&xdp),
+                || netns_p50(udp),
+                |c, b| c / b,
+                |r| r <= 0.5,
+            ));
+            let (n, r, u, t) = xdp_names[1];
+            headline.push(interleave(
+                &pb,
+                n,
+                r,
+                u,
+                t,
+                pairs,
+                || rate_of(&xdp, &["--netns"]),
+                || rate_of(udp, &["--netns"]),
+                |c, b| c / b,
+                |r| r >= 2.0,
+            ));
+        }
+        Err(why) => {
+            for (n, r, u, t) in xdp_names {
+                headline.push(Headline {
+                    name: n.into(),
+                    ratio_is: r.into(),
+                    unit: u.into(),
+                    target: t.into(),
+                    pairs: Vec::new(),
+                    ratio: None,
+                    pass: None,
+                    error: Some(format!("skipped: {why}")),
+                });
+                pb.inc(pairs as u64);
+            }
+        }
+    }
 
     // Blocked receiver: a paced ping-pong (one round trip per millisecond) in
     // blocking mode; the server spends nearly all its time waiting.

@@ -46,9 +46,10 @@ enum Cmd {
     /// Bandwidth and message rate by size: back-to-back messages one way,
     /// one small ack per batch.
     Bw(BwArgs),
-    /// The main job: limits, then shm, kernel UDP (blocking and busy-poll) and
-    /// kernel TCP ping-pong and bandwidth side by side, with headline ratios
-    /// measured in interleaved rounds, and a report folder with plots.
+    /// The main job: limits, then shm, udp, kernel UDP (blocking and
+    /// busy-poll) and kernel TCP ping-pong and bandwidth side by side, with
+    /// headline ratios measured in interleaved rounds (xdp against kernel UDP
+    /// between two test hosts when root), and a report folder with plots.
     Bench(BenchArgs),
     /// (internal) The server half of a measurement, started by the client.
     #[command(hide = true)]
