@@ -709,27 +709,7 @@ impl Medium for UdpMedium {
     }
 
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ts = timeout.map(|t| libc::timespec {
-            tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
-            tv_nsec: t.subsec_nanos() as libc::c_long,
-        });
-        let tsp = ts
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: one valid pollfd; `tsp` is null or points at a live timespec.
-        let r = unsafe { libc::ppoll(&mut p, 1, tsp, std::ptr::null()) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-        Ok(())
+        crate::wait_readable(self.fd.as_raw_fd(), timeout)
     }
 
     fn fd(&self) -> RawFd {

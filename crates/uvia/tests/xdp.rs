@@ -76,29 +76,6 @@ fn level_of(arg: &str) -> Reliability {
     }
 }
 
-/// Echoes every message back until a one-byte 0xff (keeping a receive
-/// posted at all times), then waits for the client to leave.
-fn echo_server(inst: &str, opts: &NicOptions, level: Reliability, d: u64) {
-    let mut e = end_with(inst, opts, |p| ViAttributes::new(p).reliability(level));
-    const R: usize = 1 << 20;
-    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(R, R)])))
-        .unwrap();
-    accept(&e, d);
-    loop {
-        let r = e.vi.recv_wait(Some(T)).unwrap();
-        let n = r.result().unwrap() as usize;
-        if n == 1 && e.buf.as_slice()[R] == 0xff {
-            break;
-        }
-        e.buf.as_mut_slice().copy_within(R..R + n, 0);
-        let mut r = r;
-        *r = Descriptor::recv(&[e.buf.segment(R, R)]);
-        e.vi.post_recv(r).unwrap();
-        assert_eq!(send(&e, 0, n).result(), Ok(n as u32));
-    }
-    until_peer_leaves(&e);
-}
-
 /// Sends each size and checks the echo, byte for byte.
 fn echo_client(inst: &str, opts: &NicOptions, level: Reliability, d: u64, sizes: &[usize]) {
     let mut e = end_with(inst, opts, |p| ViAttributes::new(p).reliability(level));
@@ -115,10 +92,8 @@ fn echo_client(inst: &str, opts: &NicOptions, level: Reliability, d: u64, sizes:
         assert_eq!(r.result(), Ok(n as u32), "{n} B echo ({level:?})");
         assert_eq!(&e.buf.as_slice()[1 << 20..(1 << 20) + n], &data[..]);
     }
-    e.buf.as_mut_slice()[0] = 0xff;
-    send(&e, 0, 1);
+    stop(&mut e);
     e.vi.disconnect();
-    drop(e);
 }
 
 #[test]
@@ -239,53 +214,13 @@ fn rdma_write_and_read_are_checked_on_the_target() {
 #[test]
 fn a_killed_peer_fails_every_outstanding_descriptor_and_leaves_no_program() {
     let name = "a_killed_peer_fails_every_outstanding_descriptor_and_leaves_no_program";
-    let opts = NicOptions {
-        idle_timeout: Some(Duration::from_millis(800)),
-        ..NicOptions::default()
-    };
     if peer_arg().is_some() {
-        let inst = std::env::var("UVIA_TEST_INSTANCE").unwrap();
-        let e = end_with(&inst, &opts, ViAttributes::new);
-        for _ in 0..4 {
-            e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 1 << 20)])))
-                .unwrap();
-        }
-        accept(&e, 540);
-        for _ in 0..3 {
-            e.vi.recv_wait(Some(T)).unwrap();
-        }
-        let _ = e.vi.recv_wait(Some(Duration::from_secs(60)));
-        return;
+        return killed_peer_server(&std::env::var("UVIA_TEST_INSTANCE").unwrap());
     }
     across_hosts(name, |hosts, inst, spawn| {
-        let mut peer = spawn("x");
-        let e = end_with(inst, &opts, ViAttributes::new);
-        connect(&e, 540);
-        for _ in 0..3 {
-            assert_eq!(send(&e, 0, 100_000).result(), Ok(100_000));
-        }
-        assert!(attached(hosts, Side::B), "the peer's program is attached");
-        for _ in 0..4 {
-            e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
-                .unwrap();
-        }
-        peer.kill();
-        for _ in 0..5 {
-            e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, 50_000)])))
-                .unwrap();
-        }
-        let t0 = Instant::now();
-        for _ in 0..5 {
-            assert!(e.vi.send_wait(Some(T)).unwrap().error().is_some());
-        }
-        for _ in 0..4 {
-            assert!(e.vi.recv_wait(Some(T)).unwrap().error().is_some());
-        }
-        assert_eq!(e.vi.state(), ViState::Error);
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "within the idle timeout"
-        );
+        killed_peer_client(inst, spawn("x"), || {
+            assert!(attached(hosts, Side::B), "the peer's program is attached");
+        });
         // SIGKILL closed the peer's link descriptor: its program is gone.
         let start = Instant::now();
         while attached(hosts, Side::B) && start.elapsed() < Duration::from_secs(2) {

@@ -511,6 +511,7 @@ impl Medium for XdpMedium {
 
     fn send(&self, frames: &[OutFrame<'_>]) -> io::Result<()> {
         let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        Self::reap(&mut tx);
         let mut stalled: Option<Instant> = None;
         let mut i = 0;
         while i < frames.len() {
@@ -531,7 +532,9 @@ impl Medium for XdpMedium {
                     ),
                 ));
             }
-            Self::reap(&mut tx);
+            if tx.free.is_empty() {
+                Self::reap(&mut tx);
+            }
             if tx.free.is_empty() || tx.ring.free(1) == 0 {
                 // Every chunk or slot is in flight: publish what is
                 // queued, wake the kernel, and wait for it to send.
@@ -629,20 +632,7 @@ impl Medium for XdpMedium {
     }
 
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-        // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut p, 1, ms) } < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-        Ok(())
+        crate::wait_readable(self.fd.as_raw_fd(), timeout)
     }
 
     fn fd(&self) -> RawFd {

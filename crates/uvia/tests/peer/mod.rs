@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use uvia::*;
 
 pub const T: Duration = Duration::from_secs(10);
@@ -273,4 +273,89 @@ pub fn until_peer_leaves(e: &End) {
         Err(r) => assert!(matches!(r.error, PostError::ViError), "{:?}", r.error),
     }
     assert_eq!(e.vi.state(), ViState::Error);
+}
+
+/// Echoes every message back until a one-byte 0xff. Keeps a receive
+/// posted at all times (a network VI has nowhere to hold a message that
+/// finds none) and echoes from a copy, so the next message never lands in
+/// bytes still being sent.
+pub fn echo_server(inst: &str, opts: &NicOptions, level: Reliability, d: u64) {
+    let mut e = end_with(inst, opts, |p| ViAttributes::new(p).reliability(level));
+    const R: usize = 1 << 20;
+    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(R, R)])))
+        .unwrap();
+    accept(&e, d);
+    loop {
+        let r = e.vi.recv_wait(Some(T)).unwrap();
+        let n = r.result().unwrap() as usize;
+        if n == 1 && e.buf.as_slice()[R] == 0xff {
+            break;
+        }
+        e.buf.as_mut_slice().copy_within(R..R + n, 0);
+        let mut r = r;
+        *r = Descriptor::recv(&[e.buf.segment(R, R)]);
+        e.vi.post_recv(r).unwrap();
+        assert_eq!(send(&e, 0, n).result(), Ok(n as u32));
+    }
+    until_peer_leaves(&e);
+}
+
+pub fn stop(e: &mut End) {
+    e.buf.as_mut_slice()[0] = 0xff;
+    send(e, 0, 1);
+}
+
+pub fn killed_peer_opts() -> NicOptions {
+    NicOptions {
+        idle_timeout: Some(Duration::from_millis(800)),
+        ..NicOptions::default()
+    }
+}
+
+pub fn killed_peer_server(inst: &str) {
+    let e = end_with(inst, &killed_peer_opts(), ViAttributes::new);
+    for _ in 0..4 {
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 1 << 20)])))
+            .unwrap();
+    }
+    accept(&e, 360);
+    // Take a few messages, then wait inside the library (acknowledging
+    // what arrives, as a live process does) until killed.
+    for _ in 0..3 {
+        e.vi.recv_wait(Some(T)).unwrap();
+    }
+    let _ = e.vi.recv_wait(Some(Duration::from_secs(60)));
+}
+
+pub fn killed_peer_client(inst: &str, mut peer: Peer, before_kill: impl FnOnce()) {
+    let e = end_with(inst, &killed_peer_opts(), ViAttributes::new);
+    connect(&e, 360);
+    for _ in 0..3 {
+        assert_eq!(send(&e, 0, 100_000).result(), Ok(100_000));
+    }
+    for _ in 0..4 {
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 64)])))
+            .unwrap();
+    }
+    before_kill();
+    peer.kill();
+    // Mid-transfer: these sends have no receive descriptor and no peer.
+    for _ in 0..5 {
+        e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, 50_000)])))
+            .unwrap();
+    }
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        let d = e.vi.send_wait(Some(T)).unwrap();
+        assert!(d.error().is_some(), "send to a dead peer must fail");
+    }
+    for _ in 0..4 {
+        let d = e.vi.recv_wait(Some(T)).unwrap();
+        assert!(d.error().is_some(), "receive from a dead peer must fail");
+    }
+    assert_eq!(e.vi.state(), ViState::Error);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "within the idle timeout"
+    );
 }
