@@ -131,7 +131,8 @@ impl Nic {
     /// Opens a provider by name: `shm` (instance `0`) or `shm:<instance>`
     /// (instances are separate address spaces for discriminators on one
     /// host); `udp` (127.0.0.1, any port) or `udp:<ip>[:<port>]`, IPv6 in
-    /// brackets; `xdp:<interface>[:<queue>]` (raw Ethernet, root only).
+    /// brackets; `xdp:<interface>[:<queue>][:native|:generic]` (raw
+    /// Ethernet, root only).
     pub fn open(name: &str) -> Result<Nic, OpenError> {
         Nic::open_with(name, &NicOptions::default())
     }
@@ -241,26 +242,39 @@ impl Nic {
         Nic::open_net(name, "udp", medium, Some(own), None, opts)
     }
 
-    /// `xdp:<interface>` or `xdp:<interface>:<queue>`: raw Ethernet through
-    /// an AF_XDP socket (root only).
+    /// `xdp:<interface>[:<queue>][:native|:generic]`: raw Ethernet through
+    /// an AF_XDP socket (root only). Without a mode, the XDP program runs
+    /// where it is fastest for the driver (see
+    /// [`Interface::preferred_mode`](uvia_net::xdp::Interface::preferred_mode)).
     fn open_xdp(name: &str, opts: &NicOptions) -> Result<Nic, OpenError> {
+        use uvia_net::xdp::bpf::Mode;
         let bad = |reason: &str| OpenError::BadAddress {
             name: name.to_string(),
             reason: reason.to_string(),
         };
         let spec = name.strip_prefix("xdp:").unwrap_or("");
-        let (iface, queue) = match spec.rsplit_once(':') {
-            Some((i, q)) => (
-                i,
-                q.parse::<u32>()
-                    .map_err(|_| bad("the queue after the interface is a number"))?,
-            ),
-            None => (spec, 0),
-        };
+        let mut parts = spec.split(':');
+        let iface = parts.next().unwrap_or("");
         if iface.is_empty() {
-            return Err(bad("want xdp:<interface>[:<queue>]"));
+            return Err(bad("want xdp:<interface>[:<queue>][:native|:generic]"));
         }
-        let xdp_opts = uvia_net::xdp::XdpOptions { queue, mode: None };
+        let (mut queue, mut mode) = (None, None);
+        for p in parts {
+            match p {
+                "native" if mode.is_none() => mode = Some(Mode::Native),
+                "generic" if mode.is_none() => mode = Some(Mode::Generic),
+                q if queue.is_none() && mode.is_none() => {
+                    queue = Some(q.parse::<u32>().map_err(|_| {
+                        bad("after the interface: a queue number, then native or generic")
+                    })?)
+                }
+                _ => return Err(bad("want xdp:<interface>[:<queue>][:native|:generic]")),
+            }
+        }
+        let xdp_opts = uvia_net::xdp::XdpOptions {
+            queue: queue.unwrap_or(0),
+            mode,
+        };
         let xdp = uvia_net::xdp::XdpMedium::open(iface, &xdp_opts).map_err(|e| OpenError::Io {
             provider: "xdp",
             source: std::io::Error::other(e.to_string()),

@@ -517,6 +517,21 @@ impl Vi {
         d: NonNull<Descriptor>,
         owned: bool,
     ) -> Result<(), PostError> {
+        uvia_trace::mark!(AppSend);
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { self.post_send_locked(d, owned) };
+        uvia_trace::mark!(AppSendReturned);
+        r
+    }
+
+    /// # Safety
+    /// As for [`post_send_raw`](Self::post_send_raw).
+    #[inline(always)]
+    unsafe fn post_send_locked(
+        &self,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Result<(), PostError> {
         let mut g = self.lock();
         match self.state() {
             ViState::Connected => {}
@@ -851,6 +866,7 @@ impl Vi {
                 | if imm.is_some() { status::IMMEDIATE } else { 0 };
         }
         e.state = EntryState::Done;
+        uvia_trace::mark!(ViCompleted);
         if let Some(cq) = &self.s.recv_cq {
             cq.notify(&self.s, Queue::Recv);
         }
@@ -1200,6 +1216,7 @@ impl Vi {
             }
             Queue::Recv => {
                 g.rq_done -= 1;
+                uvia_trace::mark!(AppReceived);
                 g.rq.pop_front()
             }
         }?;

@@ -249,8 +249,17 @@ fn opening_fails_clearly() {
         Nic::open("xdp:"),
         Err(OpenError::BadAddress { .. })
     ));
-    assert!(matches!(
-        Nic::open("xdp:eth0:x"),
-        Err(OpenError::BadAddress { .. })
-    ));
+    for bad in [
+        "xdp:eth0:x",
+        "xdp:eth0:0:turbo",
+        "xdp:eth0:generic:0",
+        "xdp:eth0:native:generic",
+        "xdp:eth0:0:1",
+        "xdp::0",
+    ] {
+        assert!(
+            matches!(Nic::open(bad), Err(OpenError::BadAddress { .. })),
+            "{bad}"
+        );
+    }
 }

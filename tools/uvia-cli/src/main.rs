@@ -16,6 +16,7 @@ mod size;
 #[path = "endpoint/sys.rs"]
 mod sock;
 mod stats;
+mod tracefile;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};

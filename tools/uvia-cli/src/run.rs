@@ -302,6 +302,7 @@ fn serve_inner(plan: &Plan) -> Result<ServerReport> {
                     expect_len(ep.recv()?, size)?;
                     ep.send(size)?;
                 }
+                crate::tracefile::begin(iters);
                 let m = CpuMeter::start();
                 for k in 0..iters {
                     expect_len(ep.recv()?, size)?;
@@ -312,6 +313,7 @@ fn serve_inner(plan: &Plan) -> Result<ServerReport> {
                     ep.send(size)?;
                 }
                 let c = m.stop();
+                crate::tracefile::end("server")?;
                 ep.flush()?;
                 c
             }
@@ -585,6 +587,7 @@ fn pingpong_client(
     }
     let mut ticks = Vec::with_capacity(iters);
     let pause = Duration::from_micros(interval_us);
+    crate::tracefile::begin(iters);
     let m = CpuMeter::start();
     for _ in 0..iters {
         let t0 = clock::ticks();
@@ -598,6 +601,7 @@ fn pingpong_client(
         }
     }
     let cpu = m.stop();
+    crate::tracefile::end("client")?;
     check_bytes(ep.recv_buf(), REPLY_BYTE).context("checking the last reply")?;
     ep.flush()?;
     let samples: Vec<f64> = ticks.iter().map(|&t| clock::to_ns(t) / 2.0).collect();

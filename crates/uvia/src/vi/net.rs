@@ -668,7 +668,9 @@ impl Vi {
             sq,
             rq,
         };
+        uvia_trace::mark!(ProtoIn);
         net.conn.handle_frame(now, src, repr, &mut mem);
+        uvia_trace::mark!(ProtoPlaced);
         self.net_events(g);
     }
 
@@ -704,6 +706,7 @@ impl Vi {
             }
             let k = net.tx_lens.len();
             if k > 0 {
+                uvia_trace::mark!(ProtoBuilt);
                 let empty = OutFrame {
                     to: net.peer,
                     bytes: &[],
@@ -953,6 +956,7 @@ impl Vi {
         let Some(slot) = g.sq.next_free() else {
             return Err(PostError::QueueFull("send", len));
         };
+        uvia_trace::mark!(ViPosted);
         slot.id = msn;
         slot.state = EntryState::InFlight;
         g.sq.commit();
