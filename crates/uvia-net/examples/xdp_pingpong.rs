@@ -91,19 +91,31 @@ fn main() {
     // With checkpoints compiled in (`--features uvia-trace/enabled`): how
     // long the transmitting system call takes, receive work included.
     let t = uvia_trace::take();
-    let mut calls: Vec<u64> = t
-        .marks
-        .windows(2)
-        .filter(|w| {
-            w[0].stage == uvia_trace::Stage::SyscallEnter
-                && w[1].stage == uvia_trace::Stage::SyscallExit
-                && w[0].thread == w[1].thread
-        })
-        .map(|w| w[1].ns - w[0].ns)
-        .collect();
-    if !calls.is_empty() {
-        calls.sort_unstable();
-        println!("send system call: p50 {} ns ({} calls)", calls[calls.len() / 2], calls.len());
+    let (mut calls, mut delivery) = (vec![], vec![]);
+    let mut open: [Option<u64>; 2] = [None, None];
+    for m in &t.marks {
+        let th = m.thread as usize % 2;
+        match m.stage {
+            uvia_trace::Stage::SyscallEnter => open[th] = Some(m.ns),
+            uvia_trace::Stage::SyscallExit => {
+                if let Some(t0) = open[th] {
+                    calls.push(m.ns - t0);
+                }
+            }
+            // The other thread's call put this frame in the ring.
+            uvia_trace::Stage::RxFound => {
+                if let Some(t0) = open[1 - th].take() {
+                    delivery.push(m.ns - t0);
+                }
+            }
+            _ => {}
+        }
+    }
+    for (what, v) in [("send system call", &mut calls), ("system call to frame found", &mut delivery)] {
+        if !v.is_empty() {
+            v.sort_unstable();
+            println!("{what}: p50 {} ns ({} samples)", v[v.len() / 2], v.len());
+        }
     }
     rtts.sort_unstable();
     let q = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize] as f64 / 2e3;

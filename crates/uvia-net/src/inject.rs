@@ -188,6 +188,8 @@ impl<M: Medium> Inject<M> {
         caps.name = "inject";
         // Corruption happens above the inner medium's checksum.
         caps.intact &= spec.corrupt == 0.0;
+        // Every frame passes through the injector's hands.
+        caps.lends = false;
         let scratch = RecvBatch::new(caps.max_batch.max(1), 65_536);
         Inject {
             state: Mutex::new(State {
@@ -351,6 +353,7 @@ mod tests {
                 gso: false,
                 gro: false,
                 intact: true,
+                lends: false,
             },
             queue: Mutex::new((0..frames).map(|i| vec![i as u8; 40]).collect()),
         }

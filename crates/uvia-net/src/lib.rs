@@ -85,6 +85,10 @@ pub struct Caps {
     /// Frames arrive intact or not at all: the medium checksums them end to
     /// end itself (UDP does), so the engine's own checksum may be left out.
     pub intact: bool,
+    /// Frames are lent where the medium holds them: [`Medium::recv_lent`]
+    /// and [`Medium::send_built`] work, with no copy between the medium's
+    /// buffers and the caller's.
+    pub lends: bool,
 }
 
 /// A frame to send.
@@ -116,6 +120,27 @@ pub trait Medium: Send + Sync {
     /// Receives what has arrived, without blocking, into `batch` (cleared
     /// first). Returns the number of frames.
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize>;
+    /// Hands each frame that has arrived (a batch at most) to `f` where
+    /// the medium holds it, without copying, and without blocking. Returns
+    /// the number of frames. Only media whose caps say `lends` have it.
+    fn recv_lent(&self, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
+        let _ = f;
+        Err(io::ErrorKind::Unsupported.into())
+    }
+    /// Sends frames to `to` that `build` writes straight into the medium's
+    /// transmit buffers: `build` is given room for one frame (`max_frame`
+    /// bytes) and returns its length, or `None` when it has no more; at
+    /// most `max` frames. Returns the number sent. Blocks only as `send`
+    /// does. Only media whose caps say `lends` have it.
+    fn send_built(
+        &self,
+        to: Addr,
+        max: usize,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> io::Result<usize> {
+        let _ = (to, max, build);
+        Err(io::ErrorKind::Unsupported.into())
+    }
     /// Sleeps until a frame may be ready or `timeout` passes (`None`: no
     /// limit). Spurious wake-ups are allowed.
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()>;
@@ -138,6 +163,17 @@ impl<M: Medium + ?Sized> Medium for Box<M> {
     }
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         (**self).recv(batch)
+    }
+    fn recv_lent(&self, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
+        (**self).recv_lent(f)
+    }
+    fn send_built(
+        &self,
+        to: Addr,
+        max: usize,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> io::Result<usize> {
+        (**self).send_built(to, max, build)
     }
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
         (**self).wait(timeout)

@@ -379,6 +379,7 @@ impl UdpMedium {
                 // The UDP checksum covers every datagram (the kernel
                 // computes and checks it; loopback cannot corrupt).
                 intact: true,
+                lends: false,
             },
             gso: AtomicBool::new(opts.gso),
             frames_sent: AtomicU64::new(0),

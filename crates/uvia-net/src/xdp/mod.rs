@@ -517,6 +517,7 @@ impl XdpMedium {
                 // Ethernet's frame check sequence (on a wire; a veth pair
                 // never corrupts).
                 intact: true,
+                lends: true,
             },
             frames_sent: AtomicU64::new(0),
             frames_received: AtomicU64::new(0),
@@ -557,6 +558,137 @@ impl XdpMedium {
         uvia_trace::mark!(SyscallExit);
     }
 
+    /// The MAC address a frame of `len` bytes goes to, if it can go.
+    fn check_frame(&self, to: Addr, len: usize) -> io::Result<MacAddr> {
+        let Addr::Mac(mac) = to else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the xdp medium sends to MAC addresses, not {to}"),
+            ));
+        };
+        if len > self.caps.max_frame {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "frame of {len} bytes over the MTU ({})",
+                    self.caps.max_frame
+                ),
+            ));
+        }
+        Ok(mac)
+    }
+
+    /// A send chunk with a tx ring slot for it. When every chunk or slot is
+    /// in flight: publishes what is queued, wakes the kernel and waits for
+    /// it to send, for a second at most.
+    fn take_chunk(&self, tx: &mut Tx) -> io::Result<u64> {
+        let mut stalled: Option<Instant> = None;
+        loop {
+            if tx.free.is_empty() {
+                Self::reap(tx);
+            }
+            if tx.ring.free(1) > 0 {
+                if let Some(addr) = tx.free.pop() {
+                    return Ok(addr);
+                }
+            }
+            tx.ring.submit();
+            self.kick();
+            let t = *stalled.get_or_insert_with(Instant::now);
+            if t.elapsed() > TX_STALL {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the kernel sent nothing for a second (interface down?)",
+                ));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Writes the Ethernet header into send chunk `addr`; returns the rest
+    /// of the chunk, where the frame goes.
+    #[allow(clippy::mut_from_ref)]
+    fn framed(&self, addr: u64, to: MacAddr) -> &mut [u8] {
+        let chunk = self.umem.chunk_mut(addr);
+        chunk[..6].copy_from_slice(&to.0);
+        chunk[6..12].copy_from_slice(&self.mac.0);
+        chunk[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
+        &mut chunk[ETH_HEADER..]
+    }
+
+    /// Publishes the frames pushed to the tx ring and has the kernel send
+    /// them.
+    fn transmit(&self, tx: &mut Tx, frames: usize) {
+        tx.ring.submit();
+        uvia_trace::mark!(MediumQueued);
+        // In copy mode the kernel always asks to be woken: the send system
+        // call is where it moves frames, a few dozen per call. Wake it
+        // until the ring is empty or it stops taking frames (a full
+        // device queue: what is left goes with the next send).
+        let mut left = tx.ring.pending();
+        let mut idle = 0;
+        while left > 0 && tx.ring.needs_wakeup() && idle < KICKS_WITHOUT_PROGRESS {
+            self.kick();
+            let now_left = tx.ring.pending();
+            idle = if now_left < left { 0 } else { idle + 1 };
+            left = now_left;
+        }
+        // Only this thread writes the counter (under the tx lock): a load
+        // and a store, not a locked add.
+        let sent = self.frames_sent.load(Ordering::Relaxed);
+        self.frames_sent.store(sent + frames as u64, Ordering::Relaxed);
+    }
+
+    /// Hands up to `max` arrived frames of uvia's EtherType to `f`, where
+    /// they lie in the UMEM, and lends their chunks back to the kernel.
+    fn take_frames(&self, max: usize, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
+        let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let n = rx.ring.ready().min(max as u32);
+        if n == 0 {
+            // A zero-copy driver that ran out of fill chunks waits for us.
+            if rx.fill.needs_wakeup() {
+                self.wakeups.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: a zero-length, non-blocking receive on our socket.
+                unsafe {
+                    libc::recvfrom(
+                        self.fd.as_raw_fd(),
+                        std::ptr::null_mut(),
+                        0,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                };
+            }
+            return Ok(0);
+        }
+        uvia_trace::mark!(RxFound);
+        let mut got = 0;
+        for _ in 0..n {
+            let d = rx.ring.pop();
+            // The kernel wrote the frame after its headroom; the chunk goes
+            // back to the fill ring by its base, once `f` is done with it.
+            if let Some(b) = self.umem.slice(d.addr, d.len as usize) {
+                if b.len() > ETH_HEADER && b[12..14] == ETHERTYPE.to_be_bytes() {
+                    let mut src = [0u8; 6];
+                    src.copy_from_slice(&b[6..12]);
+                    f(Addr::Mac(MacAddr(src)), &b[ETH_HEADER..]);
+                    got += 1;
+                }
+            }
+            // The fill ring has room for every chunk it lent out.
+            if rx.fill.free(1) > 0 {
+                rx.fill.push(d.addr - d.addr % u64::from(CHUNK));
+            }
+        }
+        rx.ring.release();
+        rx.fill.submit();
+        // Only this thread writes the counter (under the rx lock).
+        let r = self.frames_received.load(Ordering::Relaxed);
+        self.frames_received.store(r + got as u64, Ordering::Relaxed);
+        Ok(got)
+    }
+
     /// Takes back the send chunks the kernel is done with.
     fn reap(tx: &mut Tx) {
         let n = tx.done.ready();
@@ -581,125 +713,78 @@ impl Medium for XdpMedium {
     fn send(&self, frames: &[OutFrame<'_>]) -> io::Result<()> {
         let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         Self::reap(&mut tx);
-        let mut stalled: Option<Instant> = None;
-        let mut i = 0;
-        while i < frames.len() {
-            let f = &frames[i];
-            let Addr::Mac(to) = f.to else {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("the xdp medium sends to MAC addresses, not {}", f.to),
-                ));
-            };
-            if f.bytes.len() > self.caps.max_frame {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "frame of {} bytes over the MTU ({})",
-                        f.bytes.len(),
-                        self.caps.max_frame
-                    ),
-                ));
-            }
-            if tx.free.is_empty() {
-                Self::reap(&mut tx);
-            }
-            if tx.free.is_empty() || tx.ring.free(1) == 0 {
-                // Every chunk or slot is in flight: publish what is
-                // queued, wake the kernel, and wait for it to send.
-                tx.ring.submit();
-                self.kick();
-                let t = *stalled.get_or_insert_with(Instant::now);
-                if t.elapsed() > TX_STALL {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the kernel sent nothing for a second (interface down?)",
-                    ));
+        for (i, f) in frames.iter().enumerate() {
+            let taken = self
+                .check_frame(f.to, f.bytes.len())
+                .and_then(|to| Ok((to, self.take_chunk(&mut tx)?)));
+            let (to, addr) = match taken {
+                Ok(t) => t,
+                Err(e) => {
+                    // The frames before this one go.
+                    self.transmit(&mut tx, i);
+                    return Err(e);
                 }
-                std::thread::yield_now();
-                continue;
-            }
-            stalled = None;
-            let Some(addr) = tx.free.pop() else { continue };
-            let chunk = self.umem.chunk_mut(addr);
-            chunk[..6].copy_from_slice(&to.0);
-            chunk[6..12].copy_from_slice(&self.mac.0);
-            chunk[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
-            chunk[ETH_HEADER..ETH_HEADER + f.bytes.len()].copy_from_slice(f.bytes);
+            };
+            let chunk = self.framed(addr, to);
+            chunk[..f.bytes.len()].copy_from_slice(f.bytes);
             tx.ring.push(libc::xdp_desc {
                 addr,
                 len: (ETH_HEADER + f.bytes.len()) as u32,
                 options: 0,
             });
-            i += 1;
         }
-        tx.ring.submit();
-        uvia_trace::mark!(MediumQueued);
-        // In copy mode the kernel always asks to be woken: the send system
-        // call is where it moves frames, a few dozen per call. Wake it
-        // until the ring is empty or it stops taking frames (a full
-        // device queue: what is left goes with the next send).
-        let mut left = tx.ring.pending();
-        let mut idle = 0;
-        while left > 0 && tx.ring.needs_wakeup() && idle < KICKS_WITHOUT_PROGRESS {
-            self.kick();
-            let now_left = tx.ring.pending();
-            idle = if now_left < left { 0 } else { idle + 1 };
-            left = now_left;
-        }
-        self.frames_sent
-            .fetch_add(frames.len() as u64, Ordering::Relaxed);
+        self.transmit(&mut tx, frames.len());
         Ok(())
+    }
+
+    fn send_built(
+        &self,
+        to: Addr,
+        max: usize,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> io::Result<usize> {
+        let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        Self::reap(&mut tx);
+        let to = self.check_frame(to, 0)?;
+        let mut built = 0;
+        while built < max {
+            let addr = match self.take_chunk(&mut tx) {
+                Ok(a) => a,
+                Err(e) if built == 0 => return Err(e),
+                Err(_) => break,
+            };
+            let room = &mut self.framed(addr, to)[..self.caps.max_frame];
+            match build(room) {
+                Some(n) if n <= self.caps.max_frame => {
+                    tx.ring.push(libc::xdp_desc {
+                        addr,
+                        len: (ETH_HEADER + n) as u32,
+                        options: 0,
+                    });
+                    built += 1;
+                }
+                _ => {
+                    tx.free.push(addr);
+                    break;
+                }
+            }
+        }
+        self.transmit(&mut tx, built);
+        Ok(built)
     }
 
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         batch.clear();
-        let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
-        let n = rx.ring.ready().min(batch.slots.min(BATCH) as u32);
-        if n == 0 {
-            // A zero-copy driver that ran out of fill chunks waits for us.
-            if rx.fill.needs_wakeup() {
-                self.wakeups.fetch_add(1, Ordering::Relaxed);
-                // SAFETY: a zero-length, non-blocking receive on our socket.
-                unsafe {
-                    libc::recvfrom(
-                        self.fd.as_raw_fd(),
-                        std::ptr::null_mut(),
-                        0,
-                        libc::MSG_DONTWAIT,
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                    )
-                };
-            }
-            return Ok(0);
-        }
-        uvia_trace::mark!(RxFound);
-        let mut got = 0;
-        for _ in 0..n {
-            let d = rx.ring.pop();
-            // The kernel wrote the frame after its headroom; the chunk goes
-            // back to the fill ring by its base.
-            if let Some(b) = self.umem.slice(d.addr, d.len as usize) {
-                let ours = b.len() > ETH_HEADER && b[12..14] == ETHERTYPE.to_be_bytes();
-                if ours {
-                    let mut src = [0u8; 6];
-                    src.copy_from_slice(&b[6..12]);
-                    if batch.push(Addr::Mac(MacAddr(src)), &b[ETH_HEADER..]) {
-                        got += 1;
-                    }
-                }
-            }
-            // The fill ring has room for every chunk it lent out.
-            if rx.fill.free(1) > 0 {
-                rx.fill.push(d.addr - d.addr % u64::from(CHUNK));
-            }
-        }
-        rx.ring.release();
-        rx.fill.submit();
-        self.frames_received
-            .fetch_add(got as u64, Ordering::Relaxed);
-        Ok(got)
+        let max = batch.slots.min(BATCH);
+        // A frame that does not fit the batch is lost, as on a full socket.
+        self.take_frames(max, &mut |from, bytes| {
+            batch.push(from, bytes);
+        })?;
+        Ok(batch.len())
+    }
+
+    fn recv_lent(&self, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
+        self.take_frames(BATCH, f)
     }
 
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {

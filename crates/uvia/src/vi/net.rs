@@ -56,6 +56,9 @@ pub(crate) struct NetNic {
     /// The medium delivers frames intact or not at all: checksums are not
     /// verified here, and peers are told they may leave them out.
     intact: bool,
+    /// The medium lends its buffers: frames are parsed where they arrived
+    /// and built where they leave from, with no copy in between.
+    pub lends: bool,
     /// The interface of an Ethernet medium: peers' MAC addresses are
     /// looked up in its neighbour table.
     iface: Option<String>,
@@ -103,6 +106,7 @@ impl NetNic {
         NetNic {
             max_frame: caps.max_frame,
             intact: caps.intact,
+            lends: caps.lends,
             iface,
             idle_timeout,
             conns: spin::Mutex::new(HashMap::new()),
@@ -111,7 +115,11 @@ impl NetNic {
             rejected: spin::Mutex::new(VecDeque::new()),
             peers: spin::Mutex::new(HashMap::new()),
             rx: std::sync::Mutex::new(RxState {
-                batch: RecvBatch::new(caps.max_batch.clamp(1, 64), 65_536),
+                // A medium that lends its frames needs no batch of its own.
+                batch: match caps.lends {
+                    true => RecvBatch::new(1, 1),
+                    false => RecvBatch::new(caps.max_batch.clamp(1, 64), 65_536),
+                },
                 reply: vec![0; 256],
             }),
             next_id: AtomicU32::new(seed | 1),
@@ -194,69 +202,98 @@ impl NetNic {
             return false;
         };
         let RxState { batch, reply } = &mut *rx;
-        let n = match self.medium.recv(batch) {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => n,
-        };
+        // The polling VI's own frames (a ping-pong's every frame) go
+        // straight to it, without the table.
+        let my_id = me.as_ref().and_then(|(_, g)| g.net.as_ref()).map(|n| n.id);
         // The clock is read only when something arrived.
-        let now = Instant::now();
-        for i in 0..n {
-            let (from, bytes) = batch.frame(i);
-            let Ok((dst, src, repr)) = self.parse(bytes) else {
-                self.malformed.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            if dst == 0 {
-                match repr {
-                    Repr::ConnRequest {
-                        attrs,
-                        discriminator,
-                    } => self.on_request(from, src, attrs, discriminator, &mut me, now, reply),
-                    Repr::PeerRequest { discriminator, .. } => {
-                        // Known already (a repetition), or a VI of ours
-                        // asking that peer on this discriminator.
-                        let known = self.accepted.lock().get(&(from, src)).copied();
-                        let id = known.or_else(|| {
-                            self.peers
-                                .lock()
-                                .get(discriminator)
-                                .filter(|(a, _)| *a == from)
-                                .map(|(_, id)| *id)
-                        });
-                        if let Some(id) = id {
-                            self.deliver(id, from, src, &repr, &mut me, now);
-                        }
+        let mut now = None;
+        let mut on_frame = |from: Addr, bytes: &[u8]| {
+            let now = *now.get_or_insert_with(Instant::now);
+            self.dispatch(from, bytes, &mut me, my_id, now, reply);
+        };
+        let n = if self.lends {
+            // Frames are read where the medium holds them.
+            self.medium.recv_lent(&mut on_frame)
+        } else {
+            self.medium.recv(batch).inspect(|&n| {
+                for i in 0..n {
+                    let (from, bytes) = batch.frame(i);
+                    on_frame(from, bytes);
+                }
+            })
+        };
+        n.is_ok_and(|n| n > 0)
+    }
+
+    /// Hands one arrived frame to the VI it is for.
+    fn dispatch(
+        &self,
+        from: Addr,
+        bytes: &[u8],
+        me: &mut Option<(&Vi, &mut ViInner)>,
+        my_id: Option<u32>,
+        now: Instant,
+        reply: &mut [u8],
+    ) {
+        let Ok((dst, src, repr)) = self.parse(bytes) else {
+            self.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if dst == 0 {
+            match repr {
+                Repr::ConnRequest {
+                    attrs,
+                    discriminator,
+                } => self.on_request(from, src, attrs, discriminator, me, now, reply),
+                Repr::PeerRequest { discriminator, .. } => {
+                    // Known already (a repetition), or a VI of ours asking
+                    // that peer on this discriminator.
+                    let known = self.accepted.lock().get(&(from, src)).copied();
+                    let id = known.or_else(|| {
+                        self.peers
+                            .lock()
+                            .get(discriminator)
+                            .filter(|(a, _)| *a == from)
+                            .map(|(_, id)| *id)
+                    });
+                    if let Some(id) = id {
+                        self.deliver(id, from, src, &repr, me, now);
                     }
-                    _ => {}
                 }
-                continue;
+                _ => {}
             }
-            let target = self.conns.lock().get(&dst).and_then(Weak::upgrade);
-            let Some(target) = target else {
-                if matches!(repr, Repr::Disconnect { .. }) {
-                    // The connection is gone already; say so, so the peer
-                    // does not keep asking.
-                    let n = Conn::disconnect_ack_frame(reply, src, dst);
-                    let _ = self.medium.send(&[OutFrame {
-                        to: from,
-                        bytes: &reply[..n],
-                    }]);
-                }
-                continue;
-            };
-            match &mut me {
-                Some((vi, g)) if Arc::ptr_eq(&vi.s, &target) => {
-                    vi.net_input(g, from, src, &repr, now);
-                }
-                _ => {
-                    let vi = Vi { s: target };
-                    let mut g = vi.lock();
-                    vi.net_input(&mut g, from, src, &repr, now);
-                    vi.net_output(&mut g, now);
-                }
+            return;
+        }
+        if Some(dst) == my_id {
+            if let Some((vi, g)) = me {
+                vi.net_input(g, from, src, &repr, now);
+                return;
             }
         }
-        n > 0
+        let target = self.conns.lock().get(&dst).and_then(Weak::upgrade);
+        let Some(target) = target else {
+            if matches!(repr, Repr::Disconnect { .. }) {
+                // The connection is gone already; say so, so the peer does
+                // not keep asking.
+                let n = Conn::disconnect_ack_frame(reply, src, dst);
+                let _ = self.medium.send(&[OutFrame {
+                    to: from,
+                    bytes: &reply[..n],
+                }]);
+            }
+            return;
+        };
+        match me {
+            Some((vi, g)) if Arc::ptr_eq(&vi.s, &target) => {
+                vi.net_input(g, from, src, &repr, now);
+            }
+            _ => {
+                let vi = Vi { s: target };
+                let mut g = vi.lock();
+                vi.net_input(&mut g, from, src, &repr, now);
+                vi.net_output(&mut g, now);
+            }
+        }
     }
 
     /// Hands a frame to the VI of connection `id`.
@@ -676,7 +713,11 @@ impl Vi {
 
     /// Sends what the engine has to send and applies its events.
     pub(super) fn net_output(&self, g: &mut ViInner, now: Instant) -> bool {
-        let shared = &self.s.nic.net().medium;
+        let nic = self.s.nic.net();
+        if nic.lends && g.net.as_ref().is_some_and(|n| n.own.is_none()) {
+            return self.net_output_built(g, now);
+        }
+        let shared = &nic.medium;
         let mut sent = false;
         loop {
             let ViInner {
@@ -726,6 +767,52 @@ impl Vi {
                 };
                 // After the call: a burst is judged by the gap between the
                 // end of one transmission and the next post.
+                net.last_tx = Some(Instant::now());
+                net.answering = false;
+                sent = true;
+            }
+            self.net_events(g);
+            if k < TX_BATCH {
+                return sent;
+            }
+        }
+    }
+
+    /// [`net_output`](Self::net_output) on a medium that lends its
+    /// buffers: the engine builds each frame in the medium's own transmit
+    /// buffer, so the payload is copied once, from registered memory to
+    /// where the device (or the kernel) takes it.
+    fn net_output_built(&self, g: &mut ViInner, now: Instant) -> bool {
+        let medium = &self.s.nic.net().medium;
+        let mut sent = false;
+        loop {
+            let ViInner {
+                net, sq, rq, attrs, ..
+            } = &mut *g;
+            let Some(net) = net.as_mut() else {
+                return sent;
+            };
+            let mut mem = ViMem {
+                regions: &self.s.nic.regions,
+                attrs,
+                sq,
+                rq,
+            };
+            net.deferred = 0;
+            let conn = &mut net.conn;
+            let mut build = |room: &mut [u8]| {
+                let n = conn.poll_transmit(now, room, &mut mem);
+                if n.is_some() {
+                    uvia_trace::mark!(ProtoBuilt);
+                }
+                n
+            };
+            // A local send failure is a lost frame to the engine: the
+            // reliable levels send it again, the unreliable one lost it.
+            let k = medium
+                .send_built(net.peer, TX_BATCH, &mut build)
+                .unwrap_or(0);
+            if k > 0 {
                 net.last_tx = Some(Instant::now());
                 net.answering = false;
                 sent = true;
