@@ -111,7 +111,10 @@ fn main() {
             _ => {}
         }
     }
-    for (what, v) in [("send system call", &mut calls), ("system call to frame found", &mut delivery)] {
+    for (what, v) in [
+        ("send system call", &mut calls),
+        ("system call to frame found", &mut delivery),
+    ] {
         if !v.is_empty() {
             v.sort_unstable();
             println!("{what}: p50 {} ns ({} samples)", v[v.len() / 2], v.len());

@@ -636,7 +636,8 @@ impl XdpMedium {
         // Only this thread writes the counter (under the tx lock): a load
         // and a store, not a locked add.
         let sent = self.frames_sent.load(Ordering::Relaxed);
-        self.frames_sent.store(sent + frames as u64, Ordering::Relaxed);
+        self.frames_sent
+            .store(sent + frames as u64, Ordering::Relaxed);
     }
 
     /// Hands up to `max` arrived frames of uvia's EtherType to `f`, where
@@ -685,7 +686,8 @@ impl XdpMedium {
         rx.fill.submit();
         // Only this thread writes the counter (under the rx lock).
         let r = self.frames_received.load(Ordering::Relaxed);
-        self.frames_received.store(r + got as u64, Ordering::Relaxed);
+        self.frames_received
+            .store(r + got as u64, Ordering::Relaxed);
         Ok(got)
     }
 
@@ -753,9 +755,10 @@ impl Medium for XdpMedium {
                 Err(e) if built == 0 => return Err(e),
                 Err(_) => break,
             };
-            let room = &mut self.framed(addr, to)[..self.caps.max_frame];
+            let room = &mut self.umem.chunk_mut(addr)[ETH_HEADER..ETH_HEADER + self.caps.max_frame];
             match build(room) {
                 Some(n) if n <= self.caps.max_frame => {
+                    self.framed(addr, to);
                     tx.ring.push(libc::xdp_desc {
                         addr,
                         len: (ETH_HEADER + n) as u32,
@@ -769,7 +772,11 @@ impl Medium for XdpMedium {
                 }
             }
         }
-        self.transmit(&mut tx, built);
+        // Most calls after an arrival find nothing to send: they leave the
+        // rings alone.
+        if built > 0 {
+            self.transmit(&mut tx, built);
+        }
         Ok(built)
     }
 
@@ -887,6 +894,38 @@ mod tests {
                     assert_eq!(bytes, sent);
                 }
             }
+            // Frames built in the send chunks arrive, read where they lie;
+            // a builder that stops early sends only what it built, and one
+            // that claims more than the room is refused that frame.
+            let mut k = 0u8;
+            let sent = a
+                .send_built(b.local_addr(), 8, &mut |room: &mut [u8]| {
+                    assert_eq!(room.len(), a.caps().max_frame);
+                    k += 1;
+                    (k <= 5).then(|| {
+                        room[..k as usize].fill(k);
+                        k as usize
+                    })
+                })
+                .expect("send_built");
+            assert_eq!(sent, 5);
+            let mut lent = vec![];
+            let start = Instant::now();
+            while lent.len() < 5 && start.elapsed() < Duration::from_secs(5) {
+                b.recv_lent(&mut |from, f| lent.push((from, f.to_vec())))
+                    .expect("recv_lent");
+            }
+            let want: Vec<(Addr, Vec<u8>)> = (1..=5u8)
+                .map(|k| (a.local_addr(), vec![k; k as usize]))
+                .collect();
+            assert_eq!(lent, want, "{mode:?}");
+            let over = a.send_built(b.local_addr(), 1, &mut |room: &mut [u8]| {
+                Some(room.len() + 1)
+            });
+            assert_eq!(over.expect("send_built"), 0);
+            assert!(a
+                .send_built(Addr::Ip("127.0.0.1:1".parse().unwrap()), 1, &mut |_| None)
+                .is_err());
             // More frames than one ring's worth of send chunks: the
             // completion ring gives them back.
             let many: Vec<Vec<u8>> = (0..3000u32).map(|i| i.to_be_bytes().to_vec()).collect();
