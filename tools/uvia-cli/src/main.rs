@@ -273,6 +273,11 @@ fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
     if a.inject.is_some() && !matches!(a.provider, Provider::Udp | Provider::Xdp) {
         bail!("--inject needs a uvia network provider (--provider udp or xdp)");
     }
+    if let Some(spec) = &a.inject {
+        // Checked here, before a server is started, so a typo is named at once.
+        spec.parse::<uvia_net::inject::FaultSpec>()
+            .map_err(|e| anyhow::anyhow!("--inject {spec:?}: {e}"))?;
+    }
     if a.provider == Provider::Xdp && !a.netns {
         bail!("--provider xdp runs between two test hosts: add --netns (needs root)");
     }

@@ -161,6 +161,29 @@ fn bad_input_is_a_clear_error() {
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
         assert!(!err.trim().is_empty(), "{args:?} gave no message");
     }
+    // A bad fault spec is named before any server starts.
+    let out = uvia()
+        .args([
+            "pingpong",
+            "--provider",
+            "udp",
+            "--inject",
+            "loss=2",
+            "--sizes",
+            "8",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--inject") && err.contains("from 0 to 1"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("server"),
+        "reported before a server runs: {err}"
+    );
 }
 
 #[test]
