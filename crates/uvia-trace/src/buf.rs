@@ -8,7 +8,7 @@
 //! entries below it, so no lock is taken on the path.
 
 use crate::{ticks, Mark, Stage, Trace};
-use std::cell::{OnceCell, UnsafeCell};
+use std::cell::{RefCell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -47,8 +47,11 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     mark_cost_ticks: 0.0,
 });
 
+/// The size [`start`] asked for, read by threads whose buffer is smaller.
+static PER_THREAD: AtomicUsize = AtomicUsize::new(0);
+
 thread_local! {
-    static MINE: OnceCell<Arc<ThreadBuf>> = const { OnceCell::new() };
+    static MINE: RefCell<Option<Arc<ThreadBuf>>> = const { RefCell::new(None) };
 }
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
@@ -84,7 +87,19 @@ pub fn record(stage: Stage) {
 fn push(t: u64, stage: Stage) {
     // A thread being torn down has no buffer left: its checkpoint is lost.
     let _ = MINE.try_with(|m| {
-        let b = m.get_or_init(new_buffer);
+        let mut m = m.borrow_mut();
+        // A thread's first checkpoint, or its first since a start that
+        // asked for more room than its buffer has: a buffer of the size
+        // asked for (the old one leaves the registry at the next take).
+        let b = match &*m {
+            Some(b)
+                if b.entries.len() >= PER_THREAD.load(Ordering::Relaxed)
+                    || b.len.load(Ordering::Relaxed) > 0 =>
+            {
+                b
+            }
+            _ => m.insert(new_buffer()),
+        };
         let n = b.len.load(Ordering::Relaxed);
         if n == b.entries.len() {
             b.dropped.fetch_add(1, Ordering::Relaxed);
@@ -123,8 +138,7 @@ pub(crate) fn start(per_thread: usize) {
     {
         let mut r = registry();
         r.per_thread = per_thread;
-        // Buffers of another size are dropped; each thread makes a new one.
-        r.buffers.retain(|b| b.entries.len() == per_thread.max(1));
+        PER_THREAD.store(per_thread.max(1), Ordering::Relaxed);
         for b in &r.buffers {
             b.len.store(0, Ordering::Relaxed);
             b.dropped.store(0, Ordering::Relaxed);
@@ -141,7 +155,7 @@ pub(crate) fn start(per_thread: usize) {
     }
     let cost = (ticks() - t0) as f64 / f64::from(N);
     let _ = MINE.try_with(|m| {
-        if let Some(b) = m.get() {
+        if let Some(b) = &*m.borrow() {
             b.len.store(0, Ordering::Relaxed);
             b.dropped.store(0, Ordering::Relaxed);
         }
@@ -192,7 +206,8 @@ pub fn take() -> Trace {
         b.len.store(0, Ordering::Relaxed);
         b.dropped.store(0, Ordering::Relaxed);
     }
-    // Threads that have exited hold no reference to their buffer any more.
+    // Threads that have exited, or moved to a larger buffer, hold no
+    // reference to their old one any more.
     r.buffers.retain(|b| Arc::strong_count(b) > 1);
     trace.marks.sort_by_key(|m| (m.ticks, m.thread));
     trace
@@ -245,5 +260,18 @@ mod tests {
         // Taken means stopped and emptied.
         crate::mark!(AppSend);
         assert!(take().marks.is_empty());
+        // A later start with more room gives this thread a larger buffer.
+        crate::start(16);
+        for _ in 0..12 {
+            crate::mark!(ViPosted);
+        }
+        let t = take();
+        assert_eq!((t.marks.len(), t.dropped), (12, 0));
+        // And one with less room keeps the larger buffer.
+        crate::start(2);
+        for _ in 0..5 {
+            crate::mark!(ViPosted);
+        }
+        assert_eq!(take().marks.len(), 5);
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! When `UVIA_TRACE_DIR` names a directory and the binary was built with
 //! the `trace` feature, each side of a ping-pong records checkpoints through
-//! the measured round trips and writes them to `<dir>/<side>.trace`: one
+//! the measured round trips of each size and writes them to
+//! `<dir>/<side>.trace` (the last size's are what remains): one
 //! line per checkpoint, `ns ticks stage thread`, after a header line with
 //! the cost of one checkpoint and the counter's rate.
 
