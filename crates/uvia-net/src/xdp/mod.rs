@@ -578,24 +578,36 @@ impl XdpMedium {
         Ok(mac)
     }
 
-    /// A send chunk with a tx ring slot for it. When every chunk or slot is
-    /// in flight: publishes what is queued, wakes the kernel and waits for
-    /// it to send, for a second at most.
-    fn take_chunk(&self, tx: &mut Tx) -> io::Result<u64> {
-        let mut stalled: Option<Instant> = None;
-        loop {
+    /// A send chunk with a tx ring slot for it, if one is free or one
+    /// wake-up of the kernel (which sends what is queued and returns its
+    /// chunks, in copy mode) frees one.
+    fn try_chunk(&self, tx: &mut Tx) -> Option<u64> {
+        for attempt in 0..2 {
             if tx.free.is_empty() {
                 Self::reap(tx);
             }
             if tx.ring.free(1) > 0 {
                 if let Some(addr) = tx.free.pop() {
-                    return Ok(addr);
+                    return Some(addr);
                 }
             }
-            tx.ring.submit();
-            self.kick();
-            let t = *stalled.get_or_insert_with(Instant::now);
-            if t.elapsed() > TX_STALL {
+            if attempt == 0 {
+                tx.ring.submit();
+                self.kick();
+            }
+        }
+        None
+    }
+
+    /// A send chunk with a tx ring slot for it, waiting for the kernel to
+    /// send what is queued for a second at most.
+    fn take_chunk(&self, tx: &mut Tx) -> io::Result<u64> {
+        let mut stalled: Option<Instant> = None;
+        loop {
+            if let Some(addr) = self.try_chunk(tx) {
+                return Ok(addr);
+            }
+            if stalled.get_or_insert_with(Instant::now).elapsed() > TX_STALL {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "the kernel sent nothing for a second (interface down?)",
@@ -750,12 +762,14 @@ impl Medium for XdpMedium {
         let to = self.check_frame(to, 0)?;
         let mut built = 0;
         while built < max {
-            let addr = match self.take_chunk(&mut tx) {
-                Ok(a) => a,
-                Err(e) if built == 0 => return Err(e),
-                Err(_) => break,
+            // No waiting here: the caller may have nothing to send, and
+            // what it has stays with it (unbuilt) for its next call.
+            let Some(addr) = self.try_chunk(&mut tx) else {
+                break;
             };
             let room = &mut self.umem.chunk_mut(addr)[ETH_HEADER..ETH_HEADER + self.caps.max_frame];
+            // A length over the room given is a builder's bug: that frame
+            // is not sent.
             match build(room) {
                 Some(n) if n <= self.caps.max_frame => {
                     self.framed(addr, to);
