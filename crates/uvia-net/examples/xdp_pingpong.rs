@@ -92,19 +92,25 @@ fn main() {
     // long the transmitting system call takes, receive work included.
     let t = uvia_trace::take();
     let (mut calls, mut delivery) = (vec![], vec![]);
-    let mut open: [Option<u64>; 2] = [None, None];
+    // Per thread: the start of its last system call, and whether the
+    // other thread has found that call's frame yet.
+    let mut entered: [Option<u64>; 2] = [None, None];
+    let mut in_flight: [Option<u64>; 2] = [None, None];
     for m in &t.marks {
         let th = m.thread as usize % 2;
         match m.stage {
-            uvia_trace::Stage::SyscallEnter => open[th] = Some(m.ns),
+            uvia_trace::Stage::SyscallEnter => {
+                entered[th] = Some(m.ns);
+                in_flight[th] = Some(m.ns);
+            }
             uvia_trace::Stage::SyscallExit => {
-                if let Some(t0) = open[th] {
+                if let Some(t0) = entered[th].take() {
                     calls.push(m.ns - t0);
                 }
             }
             // The other thread's call put this frame in the ring.
             uvia_trace::Stage::RxFound => {
-                if let Some(t0) = open[1 - th].take() {
+                if let Some(t0) = in_flight[1 - th].take() {
                     delivery.push(m.ns - t0);
                 }
             }

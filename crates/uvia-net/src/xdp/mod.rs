@@ -851,16 +851,15 @@ mod tests {
         XdpMedium::open(&hosts.iface(side), &XdpOptions { queue: 0, mode })
     }
 
+    /// `frames`, addressed to `to`.
+    fn out_frames<'a>(to: &XdpMedium, frames: &'a [Vec<u8>]) -> Vec<OutFrame<'a>> {
+        let to = to.local_addr();
+        frames.iter().map(|f| OutFrame { to, bytes: f }).collect()
+    }
+
     /// Sends `frames` from `a` to `b` until they all arrive; returns them.
     fn exchange(a: &XdpMedium, b: &XdpMedium, frames: &[Vec<u8>]) -> Vec<(Addr, Vec<u8>)> {
-        let out: Vec<OutFrame<'_>> = frames
-            .iter()
-            .map(|f| OutFrame {
-                to: b.local_addr(),
-                bytes: f,
-            })
-            .collect();
-        a.send(&out).expect("send");
+        a.send(&out_frames(b, frames)).expect("send");
         let mut got = vec![];
         let mut batch = RecvBatch::new(BATCH, 2048);
         let start = Instant::now();
@@ -946,14 +945,7 @@ mod tests {
             let mut got = 0;
             let mut batch = RecvBatch::new(BATCH, 2048);
             for chunk in many.chunks(500) {
-                let out: Vec<OutFrame<'_>> = chunk
-                    .iter()
-                    .map(|f| OutFrame {
-                        to: b.local_addr(),
-                        bytes: f,
-                    })
-                    .collect();
-                a.send(&out).expect("send");
+                a.send(&out_frames(&b, chunk)).expect("send");
                 let start = Instant::now();
                 while start.elapsed() < Duration::from_millis(500) && got < many.len() {
                     if b.recv(&mut batch).expect("recv") == 0 {

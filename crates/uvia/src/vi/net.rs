@@ -445,6 +445,56 @@ impl NetVi {
     }
 }
 
+impl NetVi {
+    /// Up to a batch of the engine's frames, built in `tx` and handed to
+    /// `medium` in one call. Returns how many frames there were.
+    fn send_copied(&mut self, medium: &dyn Medium, now: Instant, mem: &mut ViMem<'_>) -> usize {
+        let frame = self.tx.len() / TX_BATCH;
+        self.tx_lens.clear();
+        while self.tx_lens.len() < TX_BATCH {
+            let at = self.tx_lens.len() * frame;
+            match self
+                .conn
+                .poll_transmit(now, &mut self.tx[at..at + frame], mem)
+            {
+                Some(n) => self.tx_lens.push(n),
+                None => break,
+            }
+        }
+        let k = self.tx_lens.len();
+        if k > 0 {
+            uvia_trace::mark!(ProtoBuilt);
+            let empty = OutFrame {
+                to: self.peer,
+                bytes: &[],
+            };
+            let mut frames: [OutFrame<'_>; TX_BATCH] = [empty; TX_BATCH];
+            for (i, &n) in self.tx_lens.iter().enumerate() {
+                frames[i].bytes = &self.tx[i * frame..i * frame + n];
+            }
+            let _ = medium.send(&frames[..k]);
+        }
+        k
+    }
+
+    /// Up to a batch of the engine's frames, each built straight in the
+    /// transmit buffer `medium` lends (one copy of the payload, from
+    /// registered memory to where the kernel or device takes it).
+    fn send_built(&mut self, medium: &dyn Medium, now: Instant, mem: &mut ViMem<'_>) -> usize {
+        let conn = &mut self.conn;
+        let mut build = |room: &mut [u8]| {
+            let n = conn.poll_transmit(now, room, mem);
+            if n.is_some() {
+                uvia_trace::mark!(ProtoBuilt);
+            }
+            n
+        };
+        medium
+            .send_built(self.peer, TX_BATCH, &mut build)
+            .unwrap_or(0)
+    }
+}
+
 /// Memory of a VI whose descriptors are all gone: nothing to read or write.
 struct NoMemory;
 
@@ -714,76 +764,6 @@ impl Vi {
     /// Sends what the engine has to send and applies its events.
     pub(super) fn net_output(&self, g: &mut ViInner, now: Instant) -> bool {
         let nic = self.s.nic.net();
-        if nic.lends && g.net.as_ref().is_some_and(|n| n.own.is_none()) {
-            return self.net_output_built(g, now);
-        }
-        let shared = &nic.medium;
-        let mut sent = false;
-        loop {
-            let ViInner {
-                net, sq, rq, attrs, ..
-            } = &mut *g;
-            let Some(net) = net.as_mut() else {
-                return sent;
-            };
-            let mut mem = ViMem {
-                regions: &self.s.nic.regions,
-                attrs,
-                sq,
-                rq,
-            };
-            let frame = net.tx.len() / TX_BATCH;
-            net.deferred = 0;
-            net.tx_lens.clear();
-            while net.tx_lens.len() < TX_BATCH {
-                let at = net.tx_lens.len() * frame;
-                match net
-                    .conn
-                    .poll_transmit(now, &mut net.tx[at..at + frame], &mut mem)
-                {
-                    Some(n) => net.tx_lens.push(n),
-                    None => break,
-                }
-            }
-            let k = net.tx_lens.len();
-            if k > 0 {
-                uvia_trace::mark!(ProtoBuilt);
-                let empty = OutFrame {
-                    to: net.peer,
-                    bytes: &[],
-                };
-                let mut frames: [OutFrame<'_>; TX_BATCH] = [empty; TX_BATCH];
-                for (i, &n) in net.tx_lens.iter().enumerate() {
-                    frames[i] = OutFrame {
-                        to: net.peer,
-                        bytes: &net.tx[i * frame..i * frame + n],
-                    };
-                }
-                // A local send failure is a lost frame to the engine: the
-                // reliable levels send it again, the unreliable one lost it.
-                let _ = match &net.own {
-                    Some(m) => m.send(&frames[..k]),
-                    None => shared.send(&frames[..k]),
-                };
-                // After the call: a burst is judged by the gap between the
-                // end of one transmission and the next post.
-                net.last_tx = Some(Instant::now());
-                net.answering = false;
-                sent = true;
-            }
-            self.net_events(g);
-            if k < TX_BATCH {
-                return sent;
-            }
-        }
-    }
-
-    /// [`net_output`](Self::net_output) on a medium that lends its
-    /// buffers: the engine builds each frame in the medium's own transmit
-    /// buffer, so the payload is copied once, from registered memory to
-    /// where the device (or the kernel) takes it.
-    fn net_output_built(&self, g: &mut ViInner, now: Instant) -> bool {
-        let medium = &self.s.nic.net().medium;
         let mut sent = false;
         loop {
             let ViInner {
@@ -799,20 +779,20 @@ impl Vi {
                 rq,
             };
             net.deferred = 0;
-            let conn = &mut net.conn;
-            let mut build = |room: &mut [u8]| {
-                let n = conn.poll_transmit(now, room, &mut mem);
-                if n.is_some() {
-                    uvia_trace::mark!(ProtoBuilt);
-                }
-                n
-            };
             // A local send failure is a lost frame to the engine: the
             // reliable levels send it again, the unreliable one lost it.
-            let k = medium
-                .send_built(net.peer, TX_BATCH, &mut build)
-                .unwrap_or(0);
+            // (The VI's own medium is moved out for the call, not cloned:
+            // no reference count touched per send.)
+            let own = net.own.take();
+            let k = match &own {
+                Some(own) => net.send_copied(&**own, now, &mut mem),
+                None if nic.lends => net.send_built(&*nic.medium, now, &mut mem),
+                None => net.send_copied(&*nic.medium, now, &mut mem),
+            };
+            net.own = own;
             if k > 0 {
+                // After the call: a burst is judged by the gap between the
+                // end of one transmission and the next post.
                 net.last_tx = Some(Instant::now());
                 net.answering = false;
                 sent = true;
