@@ -302,7 +302,7 @@ fn serve_inner(plan: &Plan) -> Result<ServerReport> {
                     expect_len(ep.recv()?, size)?;
                     ep.send(size)?;
                 }
-                crate::tracefile::begin(iters);
+                crate::tracefile::begin(iters)?;
                 let m = CpuMeter::start();
                 for k in 0..iters {
                     expect_len(ep.recv()?, size)?;
@@ -587,7 +587,7 @@ fn pingpong_client(
     }
     let mut ticks = Vec::with_capacity(iters);
     let pause = Duration::from_micros(interval_us);
-    crate::tracefile::begin(iters);
+    crate::tracefile::begin(iters)?;
     let m = CpuMeter::start();
     for _ in 0..iters {
         let t0 = clock::ticks();

@@ -21,11 +21,16 @@ fn dir() -> Option<PathBuf> {
     std::env::var_os("UVIA_TRACE_DIR").map(PathBuf::from)
 }
 
-/// Starts recording, if asked to, for `iters` round trips.
-pub fn begin(iters: usize) {
-    if dir().is_some() {
+/// Starts recording, if asked to, for `iters` round trips. A directory
+/// that is not there is named now, before the measurement, not after it.
+pub fn begin(iters: usize) -> Result<()> {
+    if let Some(d) = dir() {
+        if !d.is_dir() {
+            anyhow::bail!("UVIA_TRACE_DIR {}: not a directory", d.display());
+        }
         uvia_trace::start(iters.saturating_mul(MARKS_PER_ROUND_TRIP));
     }
+    Ok(())
 }
 
 /// Stops recording and writes what was recorded as `side`'s trace.
