@@ -33,18 +33,29 @@ pub const STX_W: u8 = 0x63;
 pub const STX_DW: u8 = 0x7b;
 /// `*(u32 *)(r_dst + off) = imm`
 pub const ST_W: u8 = 0x62;
+/// An atomic operation on `*(u64 *)(r_dst + off)` with `r_src`, named by
+/// the immediate (see [`FETCH_ADD`]).
+pub const ATOMIC_DW: u8 = 0xdb;
+/// With [`ATOMIC_DW`]: add `r_src` and load the old value into `r_src`.
+pub const FETCH_ADD: i32 = 0x01;
 /// `r_dst = r_src`
 pub const MOV_X: u8 = 0xbf;
 /// `r_dst = imm`
 pub const MOV_K: u8 = 0xb7;
 /// `r_dst += imm`
 pub const ADD_K: u8 = 0x07;
+/// `r_dst *= imm`
+pub const MUL_K: u8 = 0x27;
+/// `r_dst += r_src`
+pub const ADD_X: u8 = 0x0f;
 /// `r_dst >>= imm` (logical)
 pub const RSH_K: u8 = 0x77;
 /// `if r_dst > r_src goto +off`
 pub const JGT_X: u8 = 0x2d;
 /// `if r_dst != imm goto +off`
 pub const JNE_K: u8 = 0x55;
+/// `if r_dst >= imm goto +off` (unsigned)
+pub const JGE_K: u8 = 0x35;
 /// `if r_dst == imm goto +off`
 pub const JEQ_K: u8 = 0x15;
 /// `r_dst = 64-bit immediate` (two slots)

@@ -18,13 +18,16 @@ pub use insn::Insn;
 
 const BPF_MAP_CREATE: c_int = 0;
 const BPF_MAP_UPDATE_ELEM: c_int = 2;
+const BPF_MAP_DELETE_ELEM: c_int = 3;
 const BPF_PROG_LOAD: c_int = 5;
 const BPF_RAW_TRACEPOINT_OPEN: c_int = 17;
 const BPF_LINK_CREATE: c_int = 28;
 
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
+pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
+/// A map flag: user space may mmap the map (arrays only).
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 pub const BPF_MAP_TYPE_XSKMAP: u32 = 17;
-pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
 pub const BPF_PROG_TYPE_XDP: u32 = 6;
 pub const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
 
@@ -90,6 +93,7 @@ pub fn map_create(
     key_size: u32,
     value_size: u32,
     max_entries: u32,
+    flags: u32,
     name: &str,
 ) -> io::Result<OwnedFd> {
     let mut a = Attr::new()
@@ -97,6 +101,7 @@ pub fn map_create(
         .u32(4, key_size)
         .u32(8, value_size)
         .u32(12, max_entries)
+        .u32(16, flags)
         .name(28, name);
     bpf(BPF_MAP_CREATE, &mut a).map(owned)
 }
@@ -108,6 +113,14 @@ pub fn map_update(map: &OwnedFd, key: &[u8], value: &[u8]) -> io::Result<()> {
         .u64(8, key.as_ptr() as u64)
         .u64(16, value.as_ptr() as u64);
     bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(|_| ())
+}
+
+/// Removes `key` from `map`.
+pub fn map_delete(map: &OwnedFd, key: &[u8]) -> io::Result<()> {
+    let mut a = Attr::new()
+        .u32(0, map.as_raw_fd() as u32)
+        .u64(8, key.as_ptr() as u64);
+    bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
 }
 
 /// Loads a program. On a verifier refusal the error carries the start of

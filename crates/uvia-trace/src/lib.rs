@@ -17,6 +17,7 @@
 //! trace, to be subtracted from the stages (the source documents measured
 //! theirs the same way).
 
+pub mod kernel;
 mod stage;
 
 pub use stage::Stage;

@@ -64,7 +64,7 @@ fn program(map: RawFd, ethertype: u16) -> [Insn; 15] {
 /// An XSKMAP with one slot per receive queue up to `queues`.
 pub fn socket_map(queues: u32) -> io::Result<OwnedFd> {
     // Keys are queue indices, values socket descriptors.
-    uvia_bpf::map_create(BPF_MAP_TYPE_XSKMAP, 4, 4, queues.max(1), "uvia_xsks")
+    uvia_bpf::map_create(BPF_MAP_TYPE_XSKMAP, 4, 4, queues.max(1), 0, "uvia_xsks")
 }
 
 /// Puts the AF_XDP socket `xsk` in the map's slot for `queue`.
