@@ -429,6 +429,7 @@ impl UdpMedium {
                 _ => Err(e),
             };
         }
+        uvia_trace::mark!(RxFound);
         // Two datagrams in two looks: they are queueing, take batches.
         batch.streak += 1;
         batch.wide = batch.streak >= 2;
@@ -449,6 +450,7 @@ impl UdpMedium {
         let (ss, len) = to_raw(&to);
         let connected = self.peer == Some(to);
         loop {
+            uvia_trace::mark!(SyscallEnter);
             // SAFETY: `f.bytes` is a live slice; `ss` holds an address of
             // `len` bytes (not passed on a socket connected to `to`).
             let r = unsafe {
@@ -470,6 +472,7 @@ impl UdpMedium {
                     )
                 }
             };
+            uvia_trace::mark!(SyscallExit);
             if r >= 0 {
                 break;
             }
@@ -558,6 +561,7 @@ impl UdpMedium {
         }
         let mut sent_msgs = 0;
         while sent_msgs < n_msg {
+            uvia_trace::mark!(SyscallEnter);
             // SAFETY: `hdrs[sent_msgs..n_msg]` are filled headers pointing at
             // live names, vectors, control buffers and frame bytes.
             let r = unsafe {
@@ -568,6 +572,7 @@ impl UdpMedium {
                     0,
                 )
             };
+            uvia_trace::mark!(SyscallExit);
             if r < 0 {
                 let e = io::Error::last_os_error();
                 match e.raw_os_error() {
@@ -667,6 +672,7 @@ impl Medium for UdpMedium {
                 _ => Err(e),
             };
         }
+        uvia_trace::mark!(RxFound);
         let (hdrs, names) = (&sys.hdrs, &sys.names);
         let got = r as usize;
         batch.wide = got > 1 || (n == 1 && got == 1);

@@ -815,7 +815,9 @@ impl Vi {
                 }
             }
         }
+        uvia_trace::mark!(ProtoBuilt);
         conn.tx.commit();
+        uvia_trace::mark!(MediumQueued);
         e.end = conn.tx.head();
         conn.wake_peer();
         if e.needs_ack {
@@ -967,7 +969,10 @@ impl Vi {
                 return moved;
             };
             let rec = match conn.rx.peek() {
-                Ok(Some(r)) => r,
+                Ok(Some(r)) => {
+                    uvia_trace::mark!(RxFound);
+                    r
+                }
                 Ok(None) => return moved,
                 Err(_) => {
                     *failed = Some(status::TRANSPORT_ERROR);

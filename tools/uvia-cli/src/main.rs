@@ -1,5 +1,6 @@
 //! `uvia`: the benchmark tool of the uvia project.
 
+mod anatomy;
 mod bench;
 mod clock;
 mod cpu;
@@ -52,6 +53,12 @@ enum Cmd {
     /// headline ratios measured in interleaved rounds (xdp against kernel UDP
     /// between two test hosts when root), and a report folder with plots.
     Bench(BenchArgs),
+    /// Where the time of one message goes: a ping-pong traced by the
+    /// library's checkpoints and the kernel's tracepoints (BPF), each stage's
+    /// median time, grouped as the source documents grouped theirs, beside
+    /// the untraced one-way latency. Needs root and a build with the `trace`
+    /// feature.
+    Anatomy(AnatomyArgs),
     /// (internal) The server half of a measurement, started by the client.
     #[command(hide = true)]
     ServePeer(PeerArgs),
@@ -147,6 +154,33 @@ struct BenchArgs {
     /// Interleaved pairs for each headline comparison.
     #[arg(long, value_name = "N", default_value_t = 5)]
     pairs: usize,
+}
+
+#[derive(Args)]
+struct AnatomyArgs {
+    /// Message provider.
+    #[arg(long, short = 'p', value_enum)]
+    provider: Provider,
+    /// Message size (K and M suffixes are binary).
+    #[arg(long, value_name = "N", default_value = "1")]
+    size: String,
+    /// Round trips traced (and measured untraced).
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    iters: usize,
+    /// Receivers sleep in the kernel until a message arrives (default: they
+    /// poll).
+    #[arg(long)]
+    blocking: bool,
+    /// Reliability level of uvia's VIs.
+    #[arg(long, value_enum, default_value = "delivery")]
+    reliability: Level,
+    /// Run the two sides on two test hosts joined by a veth pair (needed for
+    /// xdp; needs root).
+    #[arg(long)]
+    netns: bool,
+    /// Write the anatomy as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -268,6 +302,67 @@ fn write_json<T: serde::Serialize>(path: &Option<PathBuf>, v: &T) -> Result<()> 
     Ok(())
 }
 
+/// Test hosts made for one measurement, kept as long as it runs.
+type Hosts = Option<(uvia_net::netns::NsGuard, uvia_net::netns::TestHosts)>;
+
+/// Puts the two sides of `plan` on two test hosts when asked to: this
+/// thread (the client) moves to host a, the server will start on host b.
+fn place(plan: &mut Plan, netns: bool) -> Result<Hosts> {
+    if plan.provider == Provider::Xdp && !netns {
+        bail!("--provider xdp runs between two test hosts: add --netns (needs root)");
+    }
+    if !netns {
+        return Ok(None);
+    }
+    if plan.provider == Provider::Shm {
+        bail!("--netns needs a network provider (udp, xdp, kernel-udp, kernel-tcp)");
+    }
+    uvia_net::netns::TestHosts::available().map_err(|why| anyhow::anyhow!("--netns: {why}"))?;
+    let hosts =
+        uvia_net::netns::TestHosts::create("bench").context("--netns: making the test hosts")?;
+    let guard = hosts
+        .enter(uvia_net::netns::Side::A)
+        .context("--netns: entering test host a")?;
+    plan.ip = hosts.ipv4(uvia_net::netns::Side::A).into();
+    plan.iface = Some(hosts.iface(uvia_net::netns::Side::A));
+    plan.server_netns = Some((
+        hosts.name(uvia_net::netns::Side::B).to_string(),
+        hosts.ipv4(uvia_net::netns::Side::B).into(),
+        hosts.iface(uvia_net::netns::Side::B),
+    ));
+    Ok(Some((guard, hosts)))
+}
+
+fn anatomy(a: &AnatomyArgs) -> Result<()> {
+    let size = size::parse_size(&a.size).context("--size")?;
+    if a.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let run = RunArgs {
+        provider: a.provider,
+        polling: false,
+        blocking: a.blocking,
+        busy_poll: false,
+        sizes: Some(size.to_string()),
+        iters: Some(a.iters),
+        warmup: Some((a.iters / 10).max(10)),
+        scale: 1.0,
+        interval_us: 0,
+        client_cpu: 0,
+        server_cpu: 1,
+        no_pin: false,
+        json: None,
+        reliability: a.reliability,
+        inject: None,
+        netns: a.netns,
+    };
+    let mut plan = plan_from(&run, Kind::Pingpong, 64)?;
+    let _hosts = place(&mut plan, a.netns)?;
+    let r = anatomy::run(&plan)?;
+    print!("{}", anatomy::table(&r));
+    write_json(&a.json, &r)
+}
+
 fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
     let mut plan = plan_from(a, kind, window)?;
     if a.inject.is_some() && !matches!(a.provider, Provider::Udp | Provider::Xdp) {
@@ -278,32 +373,7 @@ fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
         spec.parse::<uvia_net::inject::FaultSpec>()
             .map_err(|e| anyhow::anyhow!("--inject {spec:?}: {e}"))?;
     }
-    if a.provider == Provider::Xdp && !a.netns {
-        bail!("--provider xdp runs between two test hosts: add --netns (needs root)");
-    }
-    // The test hosts live as long as the measurement; this thread (the
-    // client) runs on host a, the server is started on host b.
-    let _hosts = if a.netns {
-        if a.provider == Provider::Shm {
-            bail!("--netns needs a network provider (udp, xdp, kernel-udp, kernel-tcp)");
-        }
-        uvia_net::netns::TestHosts::available().map_err(|why| anyhow::anyhow!("--netns: {why}"))?;
-        let hosts = uvia_net::netns::TestHosts::create("bench")
-            .context("--netns: making the test hosts")?;
-        let guard = hosts
-            .enter(uvia_net::netns::Side::A)
-            .context("--netns: entering test host a")?;
-        plan.ip = hosts.ipv4(uvia_net::netns::Side::A).into();
-        plan.iface = Some(hosts.iface(uvia_net::netns::Side::A));
-        plan.server_netns = Some((
-            hosts.name(uvia_net::netns::Side::B).to_string(),
-            hosts.ipv4(uvia_net::netns::Side::B).into(),
-            hosts.iface(uvia_net::netns::Side::B),
-        ));
-        Some((guard, hosts))
-    } else {
-        None
-    };
+    let _hosts = place(&mut plan, a.netns)?;
     let r = run::run(&plan)?;
     print!("{}", report::run_table(&r));
     write_json(&a.json, &r)
@@ -320,6 +390,7 @@ fn main() {
         Cmd::Pingpong(a) => measure(&a, Kind::Pingpong, 64),
         Cmd::Bw(a) => measure(&a.run, Kind::Bw, a.window),
         Cmd::Bench(a) => bench::bench(a.quick, &a.out, a.pairs),
+        Cmd::Anatomy(a) => anatomy(&a),
         Cmd::ServePeer(p) => (|| -> Result<()> {
             let sizes = parse_list(&p.sizes)?;
             let iters = parse_list(&p.iters)?;

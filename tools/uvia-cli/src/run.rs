@@ -442,6 +442,12 @@ fn wait_line(
 
 /// Runs one measurement (client half), spawning the server.
 pub fn run(plan: &Plan) -> Result<RunResult> {
+    run_with(plan, &|_| Ok(()))
+}
+
+/// [`run`], calling `ready` with the server's process id once the server
+/// is ready and before anything is measured.
+pub fn run_with(plan: &Plan, ready: &dyn Fn(u32) -> Result<()>) -> Result<RunResult> {
     if plan.sizes.is_empty()
         || plan.sizes.len() != plan.iters.len()
         || plan.sizes.len() != plan.warmup.len()
@@ -474,6 +480,7 @@ pub fn run(plan: &Plan) -> Result<RunResult> {
         .take()
         .ok_or_else(|| anyhow!("no stdout from the server process"))?;
     let stdin = child.stdin.take();
+    let server_pid = child.id();
     let _guard = ChildGuard {
         child,
         _stdin: stdin,
@@ -515,6 +522,7 @@ pub fn run(plan: &Plan) -> Result<RunResult> {
         });
     }
     let info = wait_line(&rx, "READY", Duration::from_secs(30), "READY line")?;
+    ready(server_pid)?;
     pin::pin_or_warn(plan.client_cpu, "client");
     let cfg = config(plan);
     state.store(STATE_MEASURING, Ordering::SeqCst);

@@ -5,7 +5,7 @@
 //! the measured round trips of each size and writes them to
 //! `<dir>/<side>.trace` (the last size's are what remains): one
 //! line per checkpoint, `ns ticks stage thread`, after a header line with
-//! the cost of one checkpoint and the counter's rate.
+//! the cost of one checkpoint, the counter's rate and the process id.
 
 use anyhow::{Context, Result};
 use std::io::Write;
@@ -44,12 +44,91 @@ pub fn end(side: &str) -> Result<()> {
     let mut w = std::io::BufWriter::new(f);
     writeln!(
         w,
-        "# mark_cost_ns {:.2} ticks_per_ns {:.6} dropped {}",
-        t.mark_cost_ns, t.ticks_per_ns, t.dropped
+        "# mark_cost_ns {:.2} ticks_per_ns {:.6} dropped {} pid {}",
+        t.mark_cost_ns,
+        t.ticks_per_ns,
+        t.dropped,
+        std::process::id()
     )?;
     for m in &t.marks {
         writeln!(w, "{} {} {} {}", m.ns, m.ticks, m.stage.name(), m.thread)?;
     }
     w.flush()
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// A side's trace as read back.
+#[derive(Clone, Debug, Default)]
+pub struct SideTrace {
+    pub marks: Vec<uvia_trace::Mark>,
+    pub mark_cost_ns: f64,
+    pub ticks_per_ns: f64,
+    pub dropped: u64,
+    pub pid: u32,
+}
+
+/// Reads `<dir>/<side>.trace`.
+pub fn read(dir: &std::path::Path, side: &str) -> Result<SideTrace> {
+    let path = dir.join(format!("{side}.trace"));
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    parse(&text).with_context(|| format!("reading {}", path.display()))
+}
+
+fn parse(text: &str) -> Result<SideTrace> {
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines
+        .next()
+        .and_then(|l| l.strip_prefix("# "))
+        .ok_or_else(|| anyhow::anyhow!("no header line"))?
+        .split_whitespace()
+        .collect();
+    let field = |name: &str| -> Result<&str> {
+        head.chunks(2)
+            .find(|kv| kv[0] == name && kv.len() == 2)
+            .map(|kv| kv[1])
+            .ok_or_else(|| anyhow::anyhow!("the header has no {name}"))
+    };
+    let mut t = SideTrace {
+        mark_cost_ns: field("mark_cost_ns")?.parse()?,
+        ticks_per_ns: field("ticks_per_ns")?.parse()?,
+        dropped: field("dropped")?.parse()?,
+        pid: field("pid")?.parse()?,
+        marks: Vec::new(),
+    };
+    for (i, l) in lines.enumerate() {
+        let bad = || anyhow::anyhow!("line {}: {l:?} is not `ns ticks stage thread`", i + 2);
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let [ns, ticks, stage, thread] = f[..] else {
+            return Err(bad());
+        };
+        let stage = uvia_trace::Stage::ALL
+            .into_iter()
+            .find(|s| s.name() == stage)
+            .ok_or_else(bad)?;
+        t.marks.push(uvia_trace::Mark {
+            ns: ns.parse().map_err(|_| bad())?,
+            ticks: ticks.parse().map_err(|_| bad())?,
+            stage,
+            thread: thread.parse().map_err(|_| bad())?,
+        });
+    }
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_reads_back_and_bad_lines_are_named() {
+        let t = parse("# mark_cost_ns 9.50 ticks_per_ns 2.5 dropped 0 pid 42\n100 250 app-send 0\n180 450 rx-found 1\n").unwrap();
+        assert_eq!((t.pid, t.dropped, t.mark_cost_ns), (42, 0, 9.5));
+        assert_eq!(t.marks.len(), 2);
+        assert_eq!(t.marks[1].stage, uvia_trace::Stage::RxFound);
+        assert_eq!((t.marks[1].ns, t.marks[1].thread), (180, 1));
+        let e = parse("# mark_cost_ns 1 ticks_per_ns 1 dropped 0 pid 1\n1 2 nonsense 0\n").unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        assert!(parse("100 250 app-send 0\n").is_err());
+    }
 }

@@ -56,6 +56,7 @@ impl TcpEndpoint {
             let n =
                 unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), flags) };
             if n > 0 {
+                uvia_trace::mark!(RxFound);
                 return Ok(n as usize);
             }
             if n == 0 {
@@ -102,6 +103,7 @@ impl Endpoint for TcpEndpoint {
                 self.send.len()
             );
         }
+        uvia_trace::mark!(AppSend);
         let prefix = (len as u32).to_le_bytes();
         let mut done = 0usize;
         let total = 4 + len;
@@ -121,8 +123,10 @@ impl Endpoint for TcpEndpoint {
                     iov_len: b.len(),
                 },
             ];
+            uvia_trace::mark!(SyscallEnter);
             // SAFETY: both iovecs point into live buffers.
             let n = unsafe { libc::writev(self.fd, iov.as_ptr(), 2) };
+            uvia_trace::mark!(SyscallExit);
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN)) {
@@ -132,6 +136,7 @@ impl Endpoint for TcpEndpoint {
             }
             done += n as usize;
         }
+        uvia_trace::mark!(AppSendReturned);
         Ok(())
     }
 
@@ -165,6 +170,7 @@ impl Endpoint for TcpEndpoint {
             }
         }
         self.last_len = len;
+        uvia_trace::mark!(AppReceived);
         Ok(len)
     }
 

@@ -134,8 +134,10 @@ impl UdpEndpoint {
         msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
         msg.msg_iovlen = if payload.is_empty() { 1 } else { 2 };
         loop {
+            uvia_trace::mark!(SyscallEnter);
             // SAFETY: fd is our socket; msg is valid for the call.
             let n = unsafe { libc::sendmsg(self.fd, &msg, 0) };
+            uvia_trace::mark!(SyscallExit);
             if n >= 0 {
                 if n as usize != HDR + payload.len() {
                     bail!(
@@ -191,6 +193,7 @@ impl UdpEndpoint {
             // SAFETY: fd is our socket; the iovecs point into live buffers.
             let n = unsafe { libc::recvmsg(self.fd, &mut msg, flags) };
             if n >= 0 {
+                uvia_trace::mark!(RxFound);
                 if msg.msg_flags & libc::MSG_TRUNC != 0 {
                     bail!("UDP datagram larger than expected (truncated)");
                 }
@@ -259,6 +262,7 @@ impl Endpoint for UdpEndpoint {
                 self.send.len()
             );
         }
+        uvia_trace::mark!(AppSend);
         self.wait_credit(len)?;
         let mut off = 0;
         loop {
@@ -272,6 +276,7 @@ impl Endpoint for UdpEndpoint {
         }
         self.sent_msgs += 1;
         self.sent_bytes += len as u64;
+        uvia_trace::mark!(AppSendReturned);
         Ok(())
     }
 
@@ -315,6 +320,7 @@ impl Endpoint for UdpEndpoint {
             let h = self.hdr(KIND_CREDIT, 0, 0);
             self.send_dgram(&h, &[])?;
         }
+        uvia_trace::mark!(AppReceived);
         Ok(t)
     }
 

@@ -1,0 +1,615 @@
+//! `uvia anatomy`: where a message's one-way time goes, stage by stage,
+//! from the sender's call to the receiver's return, as the source
+//! documents' Tables I-III did for UDP and M-VIA.
+//!
+//! One ping-pong runs with the library's checkpoints recorded in both
+//! processes and the kernel's tracepoints recorded by BPF programs, all on
+//! `CLOCK_MONOTONIC`. Each one-way message (both directions) becomes a
+//! chain of events: the sender's, forward from its send call up to the
+//! moment the message is the receiver's to find (the socket or AF_XDP ring
+//! is told it has data, or the shared-memory ring holds it), then the
+//! receiver's, from where it found the message up to its return. The time
+//! between two neighbouring events is a stage. Messages whose chain has the
+//! most common shape are kept; each stage's median is reported, with the
+//! tracing's own cost (measured at start) taken out of it.
+//!
+//! A second, untraced ping-pong in the same run gives the one-way latency
+//! the stages should add up to.
+
+use crate::run::{self, Plan};
+use crate::tracefile::{self, SideTrace};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::collections::HashMap;
+use uvia_trace::kernel::{Event, KernelTracer, Point};
+use uvia_trace::Stage;
+
+/// The kernel tracepoints an anatomy records.
+pub const POINTS: [Point; 12] = [
+    Point::SysEnter,
+    Point::SysExit,
+    Point::NetDevQueue,
+    Point::NetDevStartXmit,
+    Point::NetDevXmit,
+    Point::NetifRx,
+    Point::SoftirqEntry,
+    Point::NetifReceiveSkb,
+    Point::XdpRedirect,
+    Point::SkDataReady,
+    Point::SkbCopyDatagramIovec,
+    Point::SockRecvLength,
+];
+
+/// The receive softirq's vector.
+const NET_RX_SOFTIRQ: u64 = 3;
+
+/// An event on the time line: a checkpoint or a kernel event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Label {
+    Mark(Stage),
+    Kernel(Point),
+}
+
+impl Label {
+    pub fn name(self) -> &'static str {
+        match self {
+            Label::Mark(s) => s.name(),
+            Label::Kernel(p) => p.name(),
+        }
+    }
+}
+
+/// Which process an event belongs to: 0 the client, 1 the server.
+type Side = usize;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Ev {
+    pub ns: u64,
+    pub label: Label,
+    pub side: Side,
+    /// What recording it cost, in nanoseconds.
+    pub cost: f64,
+    /// Whether its timestamp was taken before its cost (a checkpoint) or
+    /// after (a kernel event).
+    pub stamped_first: bool,
+}
+
+/// The source documents' categories (000's Table III, with data movement
+/// named as 004 does).
+fn category(from: Label, to: Label) -> (&'static str, &'static str) {
+    use Label::{Kernel as K, Mark as M};
+    use Point::*;
+    use Stage::*;
+    const APP: &str = "user application";
+    const PSEND: &str = "protocol processing (send)";
+    const PRECV: &str = "protocol processing (recv)";
+    const OSEND: &str = "OS overhead (send)";
+    const ORECV: &str = "OS overhead (recv)";
+    const DATA: &str = "data movement";
+    match (from, to) {
+        (M(AppSend), M(ViPosted)) => ("VI: check and queue the descriptor", APP),
+        (M(AppSend), M(ProtoBuilt)) => ("VI: build the message, copy the payload", PSEND),
+        (M(AppSend), M(SyscallEnter)) => ("application to the send call", APP),
+        (M(ViPosted), M(ProtoBuilt)) => ("engine: build the frame, gather the payload", PSEND),
+        (M(ProtoBuilt), M(MediumQueued)) => ("medium: queue the frame", PSEND),
+        (M(MediumQueued), M(SyscallEnter)) => ("medium: to the system call", PSEND),
+        (M(SyscallEnter), K(SysEnter)) => ("system call entry", OSEND),
+        (K(SysEnter), K(NetDevQueue)) => ("socket, UDP and IP send (payload copied)", PSEND),
+        (K(SysEnter), K(NetifRx)) => ("AF_XDP transmit: frame into an skb, device transmit", DATA),
+        (K(NetDevQueue), K(NetDevStartXmit)) => ("device layer, queueing discipline", PSEND),
+        (K(NetDevStartXmit), K(NetifRx)) => ("device transmit (the virtual wire)", DATA),
+        (K(NetifRx), K(NetDevXmit)) => ("device transmit returns", PSEND),
+        (_, K(SoftirqEntry)) => ("receive softirq starts", ORECV),
+        (K(SoftirqEntry), K(NetifReceiveSkb)) => ("net_rx_action, backlog poll", ORECV),
+        (K(NetifReceiveSkb), K(XdpRedirect)) => ("generic XDP hook, program, redirect", PRECV),
+        (K(XdpRedirect), K(SkDataReady)) => ("copy into the UMEM, rx ring, wake-up", DATA),
+        (K(NetifReceiveSkb), K(SkDataReady)) => ("IP and UDP receive, socket queue", PRECV),
+        (_, K(SkbCopyDatagramIovec)) => ("receiver finds it (poll or wake-up), socket receive", ORECV),
+        (K(SkbCopyDatagramIovec), K(SockRecvLength)) => ("copy to the user, socket receive ends", DATA),
+        (_, K(SockRecvLength)) => ("receiver finds it (poll or wake-up), socket receive, copy", ORECV),
+        (_, K(SysExit)) => ("system call exit", ORECV),
+        (K(SysExit), M(RxFound)) => ("system call return", ORECV),
+        (_, M(RxFound)) => ("receiver finds it (poll of the ring)", APP),
+        (_, M(ProtoIn)) => ("medium: frame to its VI", PRECV),
+        (_, M(ProtoPlaced)) => ("engine: checks, payload placed", PRECV),
+        (_, M(ViCompleted)) => ("VI: complete the descriptor", PRECV),
+        (_, M(AppReceived)) => ("to the application", APP),
+        (_, K(SysEnter)) => ("to the system call", OSEND),
+        _ => ("", ""),
+    }
+}
+
+/// One stage of the chain.
+#[derive(Clone, Debug, Serialize)]
+pub struct StageOut {
+    pub name: String,
+    pub from: String,
+    pub to: String,
+    pub category: String,
+    pub side: String,
+    pub ns: f64,
+    pub cycles: f64,
+    pub measured: bool,
+}
+
+/// The JSON of `uvia anatomy`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Anatomy {
+    pub provider: String,
+    pub size: usize,
+    /// Median one-way latency of the untraced ping-pong.
+    pub one_way_ns: f64,
+    /// Median one-way latency of the traced ping-pong (tracing included).
+    pub traced_one_way_ns: f64,
+    /// The measured stages' medians, summed.
+    pub sum_ns: f64,
+    pub stages: Vec<StageOut>,
+    /// Messages (both directions) whose chain had the common shape, of all.
+    pub messages_kept: usize,
+    pub messages: usize,
+    pub mark_cost_ns: f64,
+    pub kernel_event_cost_ns: f64,
+    /// Tracepoints this kernel lacks.
+    pub missing: Vec<String>,
+}
+
+/// Puts checkpoints and kernel events of both sides on one time line.
+/// Kernel events are the side's whose process they ran in; those of other
+/// contexts (a softirq in an idle task) the side whose CPU they ran on.
+pub fn timeline(traces: [&SideTrace; 2], events: &[Event], kernel_cost: f64) -> Vec<Ev> {
+    let mut out = Vec::new();
+    for (side, t) in traces.iter().enumerate() {
+        out.extend(t.marks.iter().map(|m| Ev {
+            ns: m.ns,
+            label: Label::Mark(m.stage),
+            side,
+            cost: t.mark_cost_ns,
+            stamped_first: true,
+        }));
+    }
+    // Each side's usual CPU, from the events of its own process.
+    let mut cpu_of = [None::<u32>; 2];
+    for (side, t) in traces.iter().enumerate() {
+        let mut count: HashMap<u32, usize> = HashMap::new();
+        for e in events.iter().filter(|e| e.tgid == t.pid) {
+            *count.entry(e.cpu).or_default() += 1;
+        }
+        cpu_of[side] = count.into_iter().max_by_key(|&(_, n)| n).map(|(c, _)| c);
+    }
+    for e in events {
+        if matches!(e.point, Point::SoftirqEntry | Point::SoftirqExit) && e.args[0] != NET_RX_SOFTIRQ {
+            continue;
+        }
+        // A receive that found nothing (a poll) is not on any message's path.
+        if e.point == Point::SockRecvLength && e.args[1] as i64 <= 0 {
+            continue;
+        }
+        let side = if e.tgid == traces[0].pid {
+            Some(0)
+        } else if e.tgid == traces[1].pid {
+            Some(1)
+        } else {
+            cpu_of.iter().position(|&c| c == Some(e.cpu))
+        };
+        if let Some(side) = side {
+            out.push(Ev {
+                ns: e.ns,
+                label: Label::Kernel(e.point),
+                side,
+                cost: kernel_cost,
+                stamped_first: false,
+            });
+        }
+    }
+    out.sort_by_key(|e| e.ns);
+    out
+}
+
+/// Whether `l` hands the message to the receiver: the socket (or AF_XDP
+/// socket) is told it has data, or the shared-memory ring holds it.
+fn is_handoff(l: Label) -> bool {
+    matches!(l, Label::Kernel(Point::SkDataReady) | Label::Mark(Stage::MediumQueued))
+}
+
+/// Where the receiver's part starts, best first: its copy out of a socket
+/// (where the kernel traces it; a copy that checks the checksum as it goes
+/// is not traced), the end of the socket receive that returned it, or its
+/// finding the message in a ring. The receiver's calls before that are
+/// polls that found nothing, or a wait.
+const RECEIVER_START: [Label; 3] = [
+    Label::Kernel(Point::SkbCopyDatagramIovec),
+    Label::Kernel(Point::SockRecvLength),
+    Label::Mark(Stage::RxFound),
+];
+
+/// One message's chain: its events, and each stage's time with the
+/// tracing's cost inside it taken out.
+#[derive(Debug)]
+struct Chain {
+    labels: Vec<Label>,
+    sides: Vec<bool>,
+    stage_ns: Vec<f64>,
+}
+
+/// The chain of the message sent at `tl[start]` (an AppSend), if it can
+/// be followed to the other side's AppReceived.
+fn chain(tl: &[Ev], start: usize) -> Option<Chain> {
+    let s = tl[start].side;
+    let r = 1 - s;
+    let end = start + tl[start..].iter().position(|e| e.side == r && e.label == Label::Mark(Stage::AppReceived))?;
+    let window = &tl[start..=end];
+    let rx_start = RECEIVER_START
+        .iter()
+        .find_map(|&l| window.iter().rposition(|e| e.side == r && e.label == l))?;
+    // The hand-off: the sender's last before the receiver's start.
+    let handoff = window[..rx_start].iter().rposition(|e| e.side == s && is_handoff(e.label))?;
+    let mut picked: Vec<usize> = Vec::new();
+    let mut seen: Vec<Label> = Vec::new();
+    for (i, e) in window[..=handoff].iter().enumerate() {
+        if e.side == s && !seen.contains(&e.label) {
+            seen.push(e.label);
+            picked.push(i);
+        }
+    }
+    seen.clear();
+    for (i, e) in window.iter().enumerate().skip(rx_start) {
+        if e.side == r && !seen.contains(&e.label) {
+            seen.push(e.label);
+            picked.push(i);
+        }
+    }
+    let mut stage_ns = Vec::new();
+    for w in picked.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let side = window[b].side;
+        // The tracing's own cost inside the stage, on the side that waits
+        // for its end: checkpoints cost after their stamp, kernel events
+        // before theirs.
+        let cost: f64 = window[a..=b]
+            .iter()
+            .enumerate()
+            .filter(|(k, e)| {
+                e.side == side
+                    && if e.stamped_first {
+                        *k < b - a
+                    } else {
+                        *k > 0
+                    }
+            })
+            .map(|(_, e)| e.cost)
+            .sum();
+        let raw = (window[b].ns - window[a].ns) as f64;
+        stage_ns.push((raw - cost).max(0.0));
+    }
+    Some(Chain {
+        labels: picked.iter().map(|&i| window[i].label).collect(),
+        sides: picked.iter().map(|&i| window[i].side == s).collect(),
+        stage_ns,
+    })
+}
+
+/// The stages of every message on the time line, reduced to the medians of
+/// the most common chain. Returns the stages, the messages kept, and all.
+pub fn stages(tl: &[Ev], ticks_per_ns: f64) -> (Vec<StageOut>, usize, usize) {
+    let chains: Vec<Chain> = tl
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.label == Label::Mark(Stage::AppSend))
+        .filter_map(|(i, _)| chain(tl, i))
+        .collect();
+    let all = tl.iter().filter(|e| e.label == Label::Mark(Stage::AppSend)).count();
+    let mut shapes: HashMap<(&[Label], &[bool]), usize> = HashMap::new();
+    for c in &chains {
+        *shapes.entry((&c.labels, &c.sides)).or_default() += 1;
+    }
+    let Some(((labels, sides), kept)) = shapes.into_iter().max_by_key(|&(_, n)| n) else {
+        return (Vec::new(), 0, all);
+    };
+    let same: Vec<&Chain> = chains.iter().filter(|c| c.labels == labels && c.sides == sides).collect();
+    let mut out = Vec::new();
+    for k in 0..labels.len() - 1 {
+        let ns = crate::stats::median(&same.iter().map(|c| c.stage_ns[k]).collect::<Vec<_>>());
+        let (from, to) = (labels[k], labels[k + 1]);
+        let (name, cat) = category(from, to);
+        let side = if sides[k + 1] { "send" } else { "recv" };
+        let cat = if cat.is_empty() {
+            if side == "send" {
+                "protocol processing (send)"
+            } else {
+                "protocol processing (recv)"
+            }
+        } else {
+            cat
+        };
+        out.push(StageOut {
+            name: if name.is_empty() {
+                format!("{} to {}", from.name(), to.name())
+            } else {
+                name.to_string()
+            },
+            from: from.name().into(),
+            to: to.name().into(),
+            category: cat.into(),
+            side: side.into(),
+            ns,
+            cycles: ns * ticks_per_ns,
+            measured: true,
+        });
+    }
+    (out, kept, all)
+}
+
+/// Runs the anatomy of `plan` (one size): an untraced ping-pong, then a
+/// traced one.
+pub fn run(plan: &Plan) -> Result<Anatomy> {
+    if !uvia_trace::COMPILED_IN {
+        bail!(
+            "this uvia was built without checkpoints; build one with them:\n  \
+             cargo build --release -p uvia-cli --features trace --target-dir target/trace\n\
+             and run target/trace/release/uvia anatomy ..."
+        );
+    }
+    let [size] = plan.sizes[..] else {
+        bail!("internal: an anatomy measures one size");
+    };
+    if std::env::var_os("UVIA_TRACE_DIR").is_some() {
+        bail!("UVIA_TRACE_DIR is set: uvia anatomy chooses where its traces go");
+    }
+    eprintln!("anatomy: {} {} B: untraced ping-pong", plan.provider.name(), size);
+    let plain = run::run(plan)?;
+    let one_way = plain.results[0].lat_ns.p50;
+
+    let dir = std::env::temp_dir().join(format!("uvia-anatomy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
+    let _cleanup = RemoveOnDrop(dir.clone());
+    // Room for the warm-up's events as well as the measured ones', with
+    // the polling loops' system calls.
+    let rounds = plan.iters[0] + plan.warmup[0];
+    let mut tracer = KernelTracer::open(&POINTS, (rounds * 400).clamp(1 << 16, 1 << 21))
+        .context("uvia anatomy")?;
+    eprintln!(
+        "anatomy: traced ping-pong ({} kernel tracepoints, {:.0} ns per kernel event)",
+        tracer.attached().len(),
+        tracer.cost_ns()
+    );
+    // The child inherits the variable; this process reads it too.
+    std::env::set_var("UVIA_TRACE_DIR", &dir);
+    let traced = run::run_with(plan, &|pid| {
+        tracer
+            .watch(pid)
+            .context("watching the server's system calls")
+    });
+    std::env::remove_var("UVIA_TRACE_DIR");
+    let traced = traced?;
+    let (events, lost) = tracer.take();
+    if lost > 0 {
+        eprintln!("anatomy: warning: {lost} kernel events did not fit and are missing");
+    }
+    let client = tracefile::read(&dir, "client")?;
+    let server = tracefile::read(&dir, "server")?;
+    if client.dropped + server.dropped > 0 {
+        eprintln!(
+            "anatomy: warning: {} checkpoints did not fit and are missing",
+            client.dropped + server.dropped
+        );
+    }
+    let tl = timeline([&client, &server], &events, tracer.cost_ns());
+    let (stages, kept, all) = stages(&tl, client.ticks_per_ns);
+    if stages.is_empty() {
+        bail!(
+            "no message could be followed from sender to receiver ({} checkpoints, {} kernel events)",
+            client.marks.len() + server.marks.len(),
+            events.len()
+        );
+    }
+    let sum: f64 = stages.iter().filter(|s| s.measured).map(|s| s.ns).sum();
+    Ok(Anatomy {
+        provider: plan.provider.name().into(),
+        size,
+        one_way_ns: one_way,
+        traced_one_way_ns: traced.results[0].lat_ns.p50,
+        sum_ns: sum,
+        stages,
+        messages_kept: kept,
+        messages: all,
+        mark_cost_ns: client.mark_cost_ns,
+        kernel_event_cost_ns: tracer.cost_ns(),
+        missing: tracer
+            .missing()
+            .iter()
+            .map(|(p, why)| format!("{}: {why}", p.name()))
+            .collect(),
+    })
+}
+
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The table: stages in path order, then the categories.
+pub fn table(a: &Anatomy) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "anatomy of a {} B message, {}: {} of {} one-way messages followed along the common path",
+        a.size, a.provider, a.messages_kept, a.messages
+    );
+    let _ = writeln!(
+        s,
+        "{:<58} {:>4} {:>8} {:>8} {:>6}  category",
+        "stage", "side", "ns", "cycles", "%"
+    );
+    for st in &a.stages {
+        let _ = writeln!(
+            s,
+            "{:<58} {:>4} {:>8.0} {:>8.0} {:>5.1}%  {}",
+            st.name,
+            st.side,
+            st.ns,
+            st.cycles,
+            100.0 * st.ns / a.sum_ns.max(1.0),
+            st.category
+        );
+    }
+    let _ = writeln!(s, "{:<58} {:>4} {:>8.0}", "sum of measured stages", "", a.sum_ns);
+    let _ = writeln!(
+        s,
+        "{:<58} {:>4} {:>8.0}   (sum / one-way {:.2})",
+        "one-way latency, untraced ping-pong (median)",
+        "",
+        a.one_way_ns,
+        a.sum_ns / a.one_way_ns.max(1.0)
+    );
+    let _ = writeln!(
+        s,
+        "{:<58} {:>4} {:>8.0}   (tracing costs {:.0} ns a checkpoint, {:.0} ns a kernel event, taken out of the stages)",
+        "one-way latency, traced ping-pong (median)", "", a.traced_one_way_ns, a.mark_cost_ns, a.kernel_event_cost_ns
+    );
+    let _ = writeln!(s, "\nby category:");
+    for (cat, ns) in categories(a) {
+        let _ = writeln!(s, "  {:<34} {:>8.0} ns {:>5.1}%", cat, ns, 100.0 * ns / a.sum_ns.max(1.0));
+    }
+    for m in &a.missing {
+        let _ = writeln!(s, "not seen: {m}");
+    }
+    s
+}
+
+/// The stages summed by category, in the source documents' order.
+pub fn categories(a: &Anatomy) -> Vec<(String, f64)> {
+    const ORDER: [&str; 6] = [
+        "user application",
+        "protocol processing (send)",
+        "protocol processing (recv)",
+        "OS overhead (send)",
+        "OS overhead (recv)",
+        "data movement",
+    ];
+    ORDER
+        .iter()
+        .map(|c| {
+            (
+                c.to_string(),
+                a.stages.iter().filter(|s| s.category == *c).map(|s| s.ns).sum(),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uvia_trace::Mark;
+
+    fn side(pid: u32, marks: &[(u64, Stage)]) -> SideTrace {
+        SideTrace {
+            marks: marks
+                .iter()
+                .map(|&(ns, stage)| Mark {
+                    ns,
+                    ticks: ns,
+                    stage,
+                    thread: 0,
+                })
+                .collect(),
+            mark_cost_ns: 0.0,
+            ticks_per_ns: 2.0,
+            dropped: 0,
+            pid,
+        }
+    }
+
+    fn ev(ns: u64, point: Point, tgid: u32, cpu: u32) -> Event {
+        Event {
+            ns,
+            point,
+            tgid,
+            tid: tgid,
+            task: 1,
+            cpu,
+            args: [if point == Point::SoftirqEntry { 3 } else { 0 }, 0],
+        }
+    }
+
+    /// A kernel-UDP-like exchange: client (pid 10, cpu 0) sends at `t`,
+    /// server (pid 20, cpu 1) polls and receives.
+    fn message(t: u64, from: u32, to: u32) -> (Vec<(u64, Stage)>, Vec<(u64, Stage)>, Vec<Event>) {
+        let (fc, tc) = (from / 10 - 1, to / 10 - 1);
+        let send = vec![(t, Stage::AppSend), (t + 900, Stage::AppSendReturned)];
+        let recv = vec![(t + 30, Stage::RxFound), (t + 700, Stage::RxFound), (t + 720, Stage::AppReceived)];
+        let kernel = vec![
+            ev(t + 50, Point::SysEnter, from, fc),
+            ev(t + 20, Point::SysEnter, to, tc), // the receiver's poll
+            ev(t + 200, Point::NetDevQueue, from, fc),
+            // A softirq in an idle task on the sender's CPU counts as the sender's.
+            ev(t + 300, Point::SoftirqEntry, 0, fc),
+            ev(t + 400, Point::NetifReceiveSkb, from, fc),
+            ev(t + 500, Point::SkDataReady, from, fc),
+            ev(t + 600, Point::SkbCopyDatagramIovec, to, tc),
+            ev(t + 650, Point::SysExit, to, tc),
+            ev(t + 800, Point::SysExit, from, fc),
+        ];
+        (send, recv, kernel)
+    }
+
+    #[test]
+    fn a_message_is_followed_from_send_to_return_through_the_hand_off() {
+        let (mut c, mut s, mut k) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..5u64 {
+            let (send, recv, kernel) = message(10_000 * i, 10, 20);
+            c.extend(send);
+            s.extend(recv);
+            k.extend(kernel);
+            let (send, recv, kernel) = message(10_000 * i + 5_000, 20, 10);
+            s.extend(send);
+            c.extend(recv);
+            k.extend(kernel);
+        }
+        c.sort_by_key(|m| m.0);
+        s.sort_by_key(|m| m.0);
+        k.sort_by_key(|e| e.ns);
+        let tl = timeline([&side(10, &c), &side(20, &s)], &k, 5.0);
+        let (st, kept, all) = stages(&tl, 2.0);
+        assert_eq!((kept, all), (10, 10));
+        let path: Vec<(&str, &str)> = st.iter().map(|s| (s.to.as_str(), s.side.as_str())).collect();
+        assert_eq!(
+            path,
+            [
+                ("sys_enter", "send"),
+                ("net_dev_queue", "send"),
+                ("softirq_entry", "send"),
+                ("netif_receive_skb", "send"),
+                ("sk_data_ready", "send"),
+                ("skb_copy_datagram_iovec", "recv"),
+                ("sys_exit", "recv"),
+                ("rx-found", "recv"),
+                ("app-received", "recv"),
+            ]
+        );
+        // Kernel events cost 5 ns each, taken out of the stage they end;
+        // the receiver's poll before the copy does not count.
+        let ns: Vec<f64> = st.iter().map(|s| s.ns).collect();
+        assert_eq!(ns, [45.0, 145.0, 95.0, 95.0, 95.0, 95.0, 45.0, 50.0, 20.0]);
+        assert_eq!(st[1].cycles, 290.0);
+        let sum: f64 = ns.iter().sum();
+        // The sum is the send-to-return time less the tracing's cost.
+        assert_eq!(sum, 720.0 - 7.0 * 5.0);
+        assert_eq!(st[0].category, "OS overhead (send)");
+        assert_eq!(st[5].category, "OS overhead (recv)");
+    }
+
+    #[test]
+    fn a_message_that_never_arrives_is_not_followed() {
+        let c = side(10, &[(0, Stage::AppSend)]);
+        let s = side(20, &[]);
+        let tl = timeline([&c, &s], &[], 0.0);
+        let (st, kept, all) = stages(&tl, 1.0);
+        assert!(st.is_empty());
+        assert_eq!((kept, all), (0, 1));
+    }
+}
