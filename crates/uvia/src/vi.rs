@@ -620,7 +620,9 @@ impl Vi {
             hdr.write(p);
             crate::copy::copy(p.add(crate::shm::MSG_HEADER), s.addr as *const u8, len);
         }
+        uvia_trace::mark!(ProtoBuilt);
         conn.tx.commit();
+        uvia_trace::mark!(MediumQueued);
         conn.wake_peer();
         cs.length = len as u32;
         cs.status = status::DONE | status::OP_SEND;
@@ -656,6 +658,7 @@ impl Vi {
         }
         let conn = conn.as_mut()?;
         let rec = conn.rx.peek().ok()??;
+        uvia_trace::mark!(RxFound);
         // SAFETY: the record's body stays valid and unchanged until released.
         let body = unsafe { std::slice::from_raw_parts(rec.as_ptr(), rec.len()) };
         let h = MsgHeader::parse(body)?;
@@ -684,10 +687,12 @@ impl Vi {
             cs.status = status::DONE | status::OP_RECEIVE | if imm { status::IMMEDIATE } else { 0 };
         }
         conn.rx.release(rec);
+        uvia_trace::mark!(ViCompleted);
         *idle = 0;
         if let Some(cq) = &self.s.recv_cq {
             cq.notify(&self.s, Queue::Recv);
         }
+        uvia_trace::mark!(AppReceived);
         rq.pop_front().map(|(desc, _)| desc)
     }
 

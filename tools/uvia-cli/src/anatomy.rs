@@ -114,6 +114,7 @@ fn category(from: Label, to: Label) -> (&'static str, &'static str) {
         (_, M(ProtoPlaced)) => ("engine: checks, payload placed", PRECV),
         (_, M(ViCompleted)) => ("VI: complete the descriptor", PRECV),
         (_, M(AppReceived)) => ("to the application", APP),
+        (M(AppReceived), M(AppSend)) => ("application turn-around: return to the reply's send", APP),
         (_, K(SysEnter)) => ("to the system call", OSEND),
         _ => ("", ""),
     }
@@ -257,6 +258,17 @@ fn chain(tl: &[Ev], start: usize) -> Option<Chain> {
             seen.push(e.label);
             picked.push(i);
         }
+    }
+    // The receiver's turn-around: from its return to its reply's send call,
+    // part of every one-way time a ping-pong measures.
+    let reply = tl[start + window.len()..]
+        .iter()
+        .take_while(|e| !(e.side == s && e.label == Label::Mark(Stage::AppSend)))
+        .position(|e| e.side == r && e.label == Label::Mark(Stage::AppSend));
+    let mut window = window.to_vec();
+    if let Some(k) = reply {
+        window.push(tl[start + window.len() + k]);
+        picked.push(window.len() - 1);
     }
     let mut stage_ns = Vec::new();
     for w in picked.windows(2) {
@@ -472,6 +484,7 @@ pub fn table(a: &Anatomy) -> String {
     );
     let _ = writeln!(s, "\nby category:");
     for (cat, ns) in categories(a) {
+        let ns = ns.max(0.0);
         let _ = writeln!(s, "  {:<34} {:>8.0} ns {:>5.1}%", cat, ns, 100.0 * ns / a.sum_ns.max(1.0));
     }
     for m in &a.missing {
@@ -575,7 +588,8 @@ mod tests {
         k.sort_by_key(|e| e.ns);
         let tl = timeline([&side(10, &c), &side(20, &s)], &k, 5.0);
         let (st, kept, all) = stages(&tl, 2.0);
-        assert_eq!((kept, all), (10, 10));
+        // The last message has no reply: its chain is one stage short.
+        assert_eq!((kept, all), (9, 10));
         let path: Vec<(&str, &str)> = st.iter().map(|s| (s.to.as_str(), s.side.as_str())).collect();
         assert_eq!(
             path,
@@ -589,16 +603,18 @@ mod tests {
                 ("sys_exit", "recv"),
                 ("rx-found", "recv"),
                 ("app-received", "recv"),
+                ("app-send", "recv"),
             ]
         );
         // Kernel events cost 5 ns each, taken out of the stage they end;
         // the receiver's poll before the copy does not count.
         let ns: Vec<f64> = st.iter().map(|s| s.ns).collect();
-        assert_eq!(ns, [45.0, 145.0, 95.0, 95.0, 95.0, 95.0, 45.0, 50.0, 20.0]);
+        assert_eq!(ns, [45.0, 145.0, 95.0, 95.0, 95.0, 95.0, 45.0, 50.0, 20.0, 4280.0]);
         assert_eq!(st[1].cycles, 290.0);
-        let sum: f64 = ns.iter().sum();
+        let sum: f64 = ns[..9].iter().sum();
         // The sum is the send-to-return time less the tracing's cost.
         assert_eq!(sum, 720.0 - 7.0 * 5.0);
+        assert_eq!(st[9].category, "user application");
         assert_eq!(st[0].category, "OS overhead (send)");
         assert_eq!(st[5].category, "OS overhead (recv)");
     }
