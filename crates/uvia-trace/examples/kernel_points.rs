@@ -18,8 +18,8 @@ fn main() {
     t.unwatch(std::process::id()).unwrap();
     let filtered = syscall_ns();
     println!(
-        "getppid: {bare:.0} ns bare, {filtered:.0} ns traced but not watched, {watched:.0} ns watched; event cost {:.0} ns",
-        t.cost_ns()
+        "getppid: {bare:.0} ns bare, {filtered:.0} ns traced but not watched, {watched:.0} ns watched; event costs {:?}",
+        t.costs()
     );
     for (p, why) in t.missing() {
         println!("missing {}: {why}", p.name());

@@ -21,9 +21,13 @@
 //! kernel has at hand (a softirq on the sender's CPU, often), are kept for
 //! all.
 //!
-//! Each event costs a few tens of nanoseconds; [`KernelTracer::open`]
-//! measures it with a system call timed with and without its two events,
-//! so that analysis can subtract it as it does the checkpoints' cost.
+//! Each event costs tens to a couple of hundred nanoseconds, which analysis
+//! subtracts as it does the checkpoints' cost. [`KernelTracer::open`]
+//! measures it in two kinds: a system call's entry and exit events (their
+//! tracepoints also send every system call down the kernel's slower entry
+//! path), timed on `getppid` with and without them; and the network path's
+//! events, timed on a UDP datagram sent to itself over loopback with and
+//! without them, less the system calls' share, per event recorded.
 
 use std::ffi::CString;
 use std::io;
@@ -177,7 +181,25 @@ pub struct KernelTracer {
     _links: Vec<OwnedFd>,
     attached: Vec<Point>,
     missing: Vec<(Point, String)>,
-    cost_ns: f64,
+    cost: Costs,
+}
+
+/// What recording an event costs the code it interrupts, in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Costs {
+    /// A system call's entry or exit event.
+    pub syscall: f64,
+    /// Any other event (the network path's).
+    pub other: f64,
+}
+
+impl Costs {
+    pub fn of(&self, p: Point) -> f64 {
+        match p {
+            Point::SysEnter | Point::SysExit => self.syscall,
+            _ => self.other,
+        }
+    }
 }
 
 /// Processes that can be watched at once.
@@ -223,7 +245,7 @@ impl KernelTracer {
             .map_err(|e| why("creating the process filter", e))?;
         let slots = Slots::map(array, cpus, per_cpu).map_err(|e| why("mapping the event buffers", e))?;
 
-        let before = syscall_ns();
+        let before = (syscall_ns(), loopback_ns());
         let mut links = Vec::new();
         let mut attached = Vec::new();
         let mut missing = Vec::new();
@@ -254,17 +276,40 @@ impl KernelTracer {
             _links: links,
             attached,
             missing,
-            cost_ns: 0.0,
+            cost: Costs::default(),
         };
         t.watch(std::process::id())?;
-        // What an event costs: the same system call with its entry and exit
-        // recorded, against the time before anything was attached.
-        if t.attached.contains(&Point::SysEnter) && t.attached.contains(&Point::SysExit) {
-            let after = syscall_ns();
-            t.cost_ns = ((after - before) / 2.0).max(0.0);
-        }
-        t.take();
+        t.cost = t.measure_costs(before);
         Ok(t)
+    }
+
+    /// The costs, from the times of `before` (a system call, a loopback
+    /// datagram) before anything was attached and the same times now.
+    fn measure_costs(&mut self, before: (f64, Option<f64>)) -> Costs {
+        let mut c = Costs::default();
+        if self.attached.contains(&Point::SysEnter) && self.attached.contains(&Point::SysExit) {
+            c.syscall = ((syscall_ns() - before.0) / 2.0).max(0.0);
+        }
+        c.other = c.syscall;
+        self.take();
+        if let (Some(bare), Some(traced)) = (before.1, loopback_ns()) {
+            let (ev, dropped) = self.take();
+            let me = std::process::id();
+            let (mut sys, mut other) = (0usize, 0usize);
+            for e in ev.iter().filter(|e| e.tgid == me) {
+                match e.point {
+                    Point::SysEnter | Point::SysExit => sys += 1,
+                    _ => other += 1,
+                }
+            }
+            let per = |n: usize| n as f64 / (LOOPBACK_ROUNDS * LOOPBACK_TIMINGS) as f64;
+            // With events lost the count is short: keep the system call's cost.
+            if other > 0 && dropped == 0 {
+                c.other = ((traced - bare - per(sys) * c.syscall) / per(other)).max(0.0);
+            }
+        }
+        self.take();
+        c
     }
 
     /// Keeps the per-process events of process `tgid` from now on.
@@ -287,9 +332,9 @@ impl KernelTracer {
         &self.missing
     }
 
-    /// What one event costs the code it interrupts, in nanoseconds.
-    pub fn cost_ns(&self) -> f64 {
-        self.cost_ns
+    /// What an event costs the code it interrupts.
+    pub fn costs(&self) -> Costs {
+        self.cost
     }
 
     /// Takes every event recorded since the last take, in time order, and
@@ -326,6 +371,34 @@ fn possible_cpus() -> usize {
             .map(|n| n.get())
             .unwrap_or(1),
     )
+}
+
+/// Datagrams [`loopback_ns`] sends per timing, and its timings.
+const LOOPBACK_ROUNDS: usize = 500;
+const LOOPBACK_TIMINGS: usize = 5;
+
+/// Median time of a one-byte UDP datagram sent to its own socket over
+/// loopback and received, in nanoseconds: the kernel's whole network path
+/// in one process. `None` where there is no loopback to send on.
+fn loopback_ns() -> Option<f64> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").ok()?;
+    let me = sock.local_addr().ok()?;
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(1))).ok()?;
+    let mut buf = [0u8; 8];
+    let mut round = || -> Option<f64> {
+        let t0 = crate::monotonic_ns();
+        for _ in 0..LOOPBACK_ROUNDS {
+            sock.send_to(&[1], me).ok()?;
+            sock.recv(&mut buf).ok()?;
+        }
+        Some((crate::monotonic_ns() - t0) as f64 / LOOPBACK_ROUNDS as f64)
+    };
+    let mut v = Vec::new();
+    for _ in 0..LOOPBACK_TIMINGS {
+        v.push(round()?);
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
 }
 
 /// Median time of a cheap system call, in nanoseconds.
@@ -560,7 +633,9 @@ mod tests {
                 return;
             }
         };
-        assert!(t.cost_ns() < 10_000.0, "{}", t.cost_ns());
+        let c = t.costs();
+        assert!(c.syscall > 0.0 && c.syscall < 10_000.0, "{c:?}");
+        assert!(c.other < 10_000.0, "{c:?}");
         let before = crate::monotonic_ns();
         // SAFETY: getppid has no arguments and no failure.
         unsafe { libc::syscall(libc::SYS_getppid) };

@@ -21,7 +21,7 @@ use crate::tracefile::{self, SideTrace};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::collections::HashMap;
-use uvia_trace::kernel::{Event, KernelTracer, Point};
+use uvia_trace::kernel::{Costs, Event, KernelTracer, Point};
 use uvia_trace::Stage;
 
 /// The kernel tracepoints an anatomy records.
@@ -149,6 +149,8 @@ pub struct Anatomy {
     pub messages_kept: usize,
     pub messages: usize,
     pub mark_cost_ns: f64,
+    /// What a kernel event costs: a system call's entry or exit, any other.
+    pub syscall_event_cost_ns: f64,
     pub kernel_event_cost_ns: f64,
     /// Tracepoints this kernel lacks.
     pub missing: Vec<String>,
@@ -157,7 +159,7 @@ pub struct Anatomy {
 /// Puts checkpoints and kernel events of both sides on one time line.
 /// Kernel events are the side's whose process they ran in; those of other
 /// contexts (a softirq in an idle task) the side whose CPU they ran on.
-pub fn timeline(traces: [&SideTrace; 2], events: &[Event], kernel_cost: f64) -> Vec<Ev> {
+pub fn timeline(traces: [&SideTrace; 2], events: &[Event], costs: Costs) -> Vec<Ev> {
     let mut out = Vec::new();
     for (side, t) in traces.iter().enumerate() {
         out.extend(t.marks.iter().map(|m| Ev {
@@ -197,7 +199,7 @@ pub fn timeline(traces: [&SideTrace; 2], events: &[Event], kernel_cost: f64) -> 
                 ns: e.ns,
                 label: Label::Kernel(e.point),
                 side,
-                cost: kernel_cost,
+                cost: costs.of(e.point),
                 stamped_first: false,
             });
         }
@@ -380,9 +382,10 @@ pub fn run(plan: &Plan) -> Result<Anatomy> {
     let mut tracer = KernelTracer::open(&POINTS, (rounds * 400).clamp(1 << 16, 1 << 21))
         .context("uvia anatomy")?;
     eprintln!(
-        "anatomy: traced ping-pong ({} kernel tracepoints, {:.0} ns per kernel event)",
+        "anatomy: traced ping-pong ({} kernel tracepoints; an event costs {:.0} ns, {:.0} ns a system call's)",
         tracer.attached().len(),
-        tracer.cost_ns()
+        tracer.costs().other,
+        tracer.costs().syscall
     );
     // The child inherits the variable; this process reads it too.
     std::env::set_var("UVIA_TRACE_DIR", &dir);
@@ -405,7 +408,7 @@ pub fn run(plan: &Plan) -> Result<Anatomy> {
             client.dropped + server.dropped
         );
     }
-    let tl = timeline([&client, &server], &events, tracer.cost_ns());
+    let tl = timeline([&client, &server], &events, tracer.costs());
     let (stages, kept, all) = stages(&tl, client.ticks_per_ns);
     if stages.is_empty() {
         bail!(
@@ -425,7 +428,8 @@ pub fn run(plan: &Plan) -> Result<Anatomy> {
         messages_kept: kept,
         messages: all,
         mark_cost_ns: client.mark_cost_ns,
-        kernel_event_cost_ns: tracer.cost_ns(),
+        syscall_event_cost_ns: tracer.costs().syscall,
+        kernel_event_cost_ns: tracer.costs().other,
         missing: tracer
             .missing()
             .iter()
@@ -479,8 +483,8 @@ pub fn table(a: &Anatomy) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<58} {:>4} {:>8.0}   (tracing costs {:.0} ns a checkpoint, {:.0} ns a kernel event, taken out of the stages)",
-        "one-way latency, traced ping-pong (median)", "", a.traced_one_way_ns, a.mark_cost_ns, a.kernel_event_cost_ns
+        "{:<58} {:>4} {:>8.0}   (taken out of the stages: {:.0} ns a checkpoint, {:.0} ns a kernel event, {:.0} ns a system call's)",
+        "one-way latency, traced ping-pong (median)", "", a.traced_one_way_ns, a.mark_cost_ns, a.kernel_event_cost_ns, a.syscall_event_cost_ns
     );
     let _ = writeln!(s, "\nby category:");
     for (cat, ns) in categories(a) {
@@ -586,7 +590,7 @@ mod tests {
         c.sort_by_key(|m| m.0);
         s.sort_by_key(|m| m.0);
         k.sort_by_key(|e| e.ns);
-        let tl = timeline([&side(10, &c), &side(20, &s)], &k, 5.0);
+        let tl = timeline([&side(10, &c), &side(20, &s)], &k, Costs { syscall: 5.0, other: 5.0 });
         let (st, kept, all) = stages(&tl, 2.0);
         // The last message has no reply: its chain is one stage short.
         assert_eq!((kept, all), (9, 10));
@@ -623,7 +627,7 @@ mod tests {
     fn a_message_that_never_arrives_is_not_followed() {
         let c = side(10, &[(0, Stage::AppSend)]);
         let s = side(20, &[]);
-        let tl = timeline([&c, &s], &[], 0.0);
+        let tl = timeline([&c, &s], &[], Costs::default());
         let (st, kept, all) = stages(&tl, 1.0);
         assert!(st.is_empty());
         assert_eq!((kept, all), (0, 1));
