@@ -553,9 +553,12 @@ mod tests {
         }
     }
 
+    /// A side's checkpoints: (ns, stage).
+    type Marks = Vec<(u64, Stage)>;
+
     /// A kernel-UDP-like exchange: client (pid 10, cpu 0) sends at `t`,
     /// server (pid 20, cpu 1) polls and receives.
-    fn message(t: u64, from: u32, to: u32) -> (Vec<(u64, Stage)>, Vec<(u64, Stage)>, Vec<Event>) {
+    fn message(t: u64, from: u32, to: u32) -> (Marks, Marks, Vec<Event>) {
         let (fc, tc) = (from / 10 - 1, to / 10 - 1);
         let send = vec![(t, Stage::AppSend), (t + 900, Stage::AppSendReturned)];
         let recv = vec![(t + 30, Stage::RxFound), (t + 700, Stage::RxFound), (t + 720, Stage::AppReceived)];

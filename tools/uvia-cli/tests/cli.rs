@@ -269,3 +269,77 @@ fn server_death_is_a_clear_error_not_a_hang() {
         );
     }
 }
+
+#[test]
+fn anatomy_without_checkpoints_says_how_to_build_them() {
+    let out = uvia()
+        .args(["anatomy", "--provider", "shm", "--iters", "10"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--features trace"), "{err}");
+}
+
+/// Runs `uvia anatomy` from the build with checkpoints that the test
+/// script names in UVIA_TRACED_BIN, and checks the JSON it writes.
+fn anatomy(provider: &str, must_see: &[&str]) {
+    let Some(bin) = std::env::var_os("UVIA_TRACED_BIN") else {
+        eprintln!("skipped: UVIA_TRACED_BIN names no build with checkpoints (scripts/test sets it)");
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: kernel tracing needs root");
+        return;
+    }
+    let json = tmp(&format!("anatomy-{provider}.json"));
+    let out = Command::new(bin)
+        .args(["anatomy", "--provider", provider, "--size", "1", "--iters", "300", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("sum of measured stages"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(v["provider"], provider);
+    assert_eq!(v["size"], 1);
+    assert!(v["one_way_ns"].as_f64().unwrap() > 0.0);
+    let stages = v["stages"].as_array().unwrap();
+    let sum: f64 = stages.iter().map(|s| s["ns"].as_f64().unwrap()).sum();
+    assert!((sum - v["sum_ns"].as_f64().unwrap()).abs() < 1.0);
+    // Every one-way message is followed in both directions.
+    assert!(v["messages_kept"].as_u64().unwrap() > 300, "{v}");
+    let cats = [
+        "user application",
+        "protocol processing (send)",
+        "protocol processing (recv)",
+        "OS overhead (send)",
+        "OS overhead (recv)",
+        "data movement",
+    ];
+    for s in stages {
+        assert!(cats.contains(&s["category"].as_str().unwrap()), "{s}");
+        assert!(matches!(s["side"].as_str(), Some("send" | "recv")), "{s}");
+        assert!(s["ns"].as_f64().unwrap() >= 0.0 && s["measured"] == true, "{s}");
+    }
+    // The path runs from the send call, through the points named, to the
+    // application's return.
+    assert_eq!(stages[0]["from"], "app-send");
+    let to: Vec<&str> = stages.iter().map(|s| s["to"].as_str().unwrap()).collect();
+    for want in must_see.iter().chain(&["app-received"]) {
+        assert!(to.contains(want), "{want} not in {to:?}");
+    }
+}
+
+#[test]
+fn anatomy_of_shared_memory_follows_the_ring() {
+    anatomy("shm", &["medium-queued", "rx-found"]);
+}
+
+#[test]
+fn anatomy_of_kernel_udp_sees_the_kernel_path() {
+    anatomy("kernel-udp", &["sys_enter", "net_dev_queue", "netif_receive_skb", "sk_data_ready"]);
+}
