@@ -76,7 +76,8 @@ pub struct Ev {
 
 /// The source documents' categories (000's Table III, with data movement
 /// named as 004 does).
-fn category(from: Label, to: Label) -> (&'static str, &'static str) {
+/// `xsk`: the receiving socket is an AF_XDP socket (the xdp provider).
+fn category(from: Label, to: Label, xsk: bool) -> (&'static str, &'static str) {
     use Label::{Kernel as K, Mark as M};
     use Point::*;
     use Stage::*;
@@ -103,6 +104,9 @@ fn category(from: Label, to: Label) -> (&'static str, &'static str) {
         (K(SoftirqEntry), K(NetifReceiveSkb)) => ("net_rx_action, backlog poll", ORECV),
         (K(NetifReceiveSkb), K(XdpRedirect)) => ("generic XDP hook, program, redirect", PRECV),
         (K(XdpRedirect), K(SkDataReady)) => ("copy into the UMEM, rx ring, wake-up", DATA),
+        (K(NetifReceiveSkb), K(SkDataReady)) if xsk => {
+            ("generic XDP hook and redirect, copy into the UMEM, rx ring", PRECV)
+        }
         (K(NetifReceiveSkb), K(SkDataReady)) => ("IP and UDP receive, socket queue", PRECV),
         (_, K(SkbCopyDatagramIovec)) => ("receiver finds it (poll or wake-up), socket receive", ORECV),
         (K(SkbCopyDatagramIovec), K(SockRecvLength)) => ("copy to the user, socket receive ends", DATA),
@@ -144,6 +148,10 @@ pub struct Anatomy {
     pub traced_one_way_ns: f64,
     /// The measured stages' medians, summed.
     pub sum_ns: f64,
+    /// Per pair of runs, the traced run's stages summed over the untraced
+    /// run's one-way latency; and their median.
+    pub pair_ratios: Vec<f64>,
+    pub ratio: f64,
     pub stages: Vec<StageOut>,
     /// Messages (both directions) whose chain had the common shape, of all.
     pub messages_kept: usize,
@@ -304,14 +312,23 @@ fn chain(tl: &[Ev], start: usize) -> Option<Chain> {
 
 /// The stages of every message on the time line, reduced to the medians of
 /// the most common chain. Returns the stages, the messages kept, and all.
-pub fn stages(tl: &[Ev], ticks_per_ns: f64) -> (Vec<StageOut>, usize, usize) {
-    let chains: Vec<Chain> = tl
+pub fn stages(runs: &[Vec<Ev>], ticks_per_ns: f64, xsk: bool) -> (Vec<StageOut>, usize, usize) {
+    // Chains are followed within one run's time line: a message sent at
+    // the end of one run is not received in the next.
+    let chains: Vec<Chain> = runs
         .iter()
-        .enumerate()
-        .filter(|(_, e)| e.label == Label::Mark(Stage::AppSend))
-        .filter_map(|(i, _)| chain(tl, i))
+        .flat_map(|tl| {
+            tl.iter()
+                .enumerate()
+                .filter(|(_, e)| e.label == Label::Mark(Stage::AppSend))
+                .filter_map(|(i, _)| chain(tl, i))
+        })
         .collect();
-    let all = tl.iter().filter(|e| e.label == Label::Mark(Stage::AppSend)).count();
+    let all = runs
+        .iter()
+        .flatten()
+        .filter(|e| e.label == Label::Mark(Stage::AppSend))
+        .count();
     let mut shapes: HashMap<(&[Label], &[bool]), usize> = HashMap::new();
     for c in &chains {
         *shapes.entry((&c.labels, &c.sides)).or_default() += 1;
@@ -324,7 +341,7 @@ pub fn stages(tl: &[Ev], ticks_per_ns: f64) -> (Vec<StageOut>, usize, usize) {
     for k in 0..labels.len() - 1 {
         let ns = crate::stats::median(&same.iter().map(|c| c.stage_ns[k]).collect::<Vec<_>>());
         let (from, to) = (labels[k], labels[k + 1]);
-        let (name, cat) = category(from, to);
+        let (name, cat) = category(from, to, xsk);
         let side = if sides[k + 1] { "send" } else { "recv" };
         let cat = if cat.is_empty() {
             if side == "send" {
@@ -353,9 +370,9 @@ pub fn stages(tl: &[Ev], ticks_per_ns: f64) -> (Vec<StageOut>, usize, usize) {
     (out, kept, all)
 }
 
-/// Runs the anatomy of `plan` (one size): an untraced ping-pong, then a
-/// traced one.
-pub fn run(plan: &Plan) -> Result<Anatomy> {
+/// Runs the anatomy of `plan` (one size): `pairs` times an untraced
+/// ping-pong, then a traced one.
+pub fn run(plan: &Plan, pairs: usize) -> Result<Anatomy> {
     if !uvia_trace::COMPILED_IN {
         bail!(
             "this uvia was built without checkpoints; build one with them:\n  \
@@ -369,10 +386,6 @@ pub fn run(plan: &Plan) -> Result<Anatomy> {
     if std::env::var_os("UVIA_TRACE_DIR").is_some() {
         bail!("UVIA_TRACE_DIR is set: uvia anatomy chooses where its traces go");
     }
-    eprintln!("anatomy: {} {} B: untraced ping-pong", plan.provider.name(), size);
-    let plain = run::run(plan)?;
-    let one_way = plain.results[0].lat_ns.p50;
-
     let dir = std::env::temp_dir().join(format!("uvia-anatomy-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
     let _cleanup = RemoveOnDrop(dir.clone());
@@ -382,52 +395,72 @@ pub fn run(plan: &Plan) -> Result<Anatomy> {
     let mut tracer = KernelTracer::open(&POINTS, (rounds * 400).clamp(1 << 16, 1 << 21))
         .context("uvia anatomy")?;
     eprintln!(
-        "anatomy: traced ping-pong ({} kernel tracepoints; an event costs {:.0} ns, {:.0} ns a system call's)",
+        "anatomy: {} {} B, {pairs} pairs of an untraced and a traced ping-pong ({} kernel tracepoints; an event costs {:.0} ns, a system call's {:.0} ns)",
+        plan.provider.name(),
+        size,
         tracer.attached().len(),
         tracer.costs().other,
         tracer.costs().syscall
     );
-    // The child inherits the variable; this process reads it too.
-    std::env::set_var("UVIA_TRACE_DIR", &dir);
-    let traced = run::run_with(plan, &|pid| {
-        tracer
-            .watch(pid)
-            .context("watching the server's system calls")
-    });
-    std::env::remove_var("UVIA_TRACE_DIR");
-    let traced = traced?;
-    let (events, lost) = tracer.take();
-    if lost > 0 {
-        eprintln!("anatomy: warning: {lost} kernel events did not fit and are missing");
+    let xsk = plan.provider == crate::run::Provider::Xdp;
+    let (mut one_way, mut traced_one_way, mut runs, mut ratios) = (vec![], vec![], vec![], vec![]);
+    let (mut mark_cost, mut ticks_per_ns) = (0.0, 1.0);
+    // Untraced and traced runs in pairs: the two halves of a pair see the
+    // same placement of the two processes on the machine's cores.
+    for _ in 0..pairs {
+        let plain = run::run(plan)?;
+        tracer.take();
+        // The child inherits the variable; this process reads it too.
+        std::env::set_var("UVIA_TRACE_DIR", &dir);
+        let traced = run::run_with(plan, &|pid| {
+            tracer
+                .watch(pid)
+                .context("watching the server's system calls")
+        });
+        std::env::remove_var("UVIA_TRACE_DIR");
+        let traced = traced?;
+        let (events, lost) = tracer.take();
+        if lost > 0 {
+            eprintln!("anatomy: warning: {lost} kernel events did not fit and are missing");
+        }
+        let client = tracefile::read(&dir, "client")?;
+        let server = tracefile::read(&dir, "server")?;
+        if client.dropped + server.dropped > 0 {
+            eprintln!(
+                "anatomy: warning: {} checkpoints did not fit and are missing",
+                client.dropped + server.dropped
+            );
+        }
+        let tl = timeline([&client, &server], &events, tracer.costs());
+        let (st, _, _) = stages(std::slice::from_ref(&tl), client.ticks_per_ns, xsk);
+        if st.is_empty() {
+            bail!(
+                "no message could be followed from sender to receiver ({} checkpoints, {} kernel events)",
+                client.marks.len() + server.marks.len(),
+                events.len()
+            );
+        }
+        let w = plain.results[0].lat_ns.p50;
+        ratios.push(st.iter().map(|s| s.ns).sum::<f64>() / w.max(1.0));
+        one_way.push(w);
+        traced_one_way.push(traced.results[0].lat_ns.p50);
+        runs.push(tl);
+        (mark_cost, ticks_per_ns) = (client.mark_cost_ns, client.ticks_per_ns);
     }
-    let client = tracefile::read(&dir, "client")?;
-    let server = tracefile::read(&dir, "server")?;
-    if client.dropped + server.dropped > 0 {
-        eprintln!(
-            "anatomy: warning: {} checkpoints did not fit and are missing",
-            client.dropped + server.dropped
-        );
-    }
-    let tl = timeline([&client, &server], &events, tracer.costs());
-    let (stages, kept, all) = stages(&tl, client.ticks_per_ns);
-    if stages.is_empty() {
-        bail!(
-            "no message could be followed from sender to receiver ({} checkpoints, {} kernel events)",
-            client.marks.len() + server.marks.len(),
-            events.len()
-        );
-    }
+    let (stages, kept, all) = stages(&runs, ticks_per_ns, xsk);
     let sum: f64 = stages.iter().filter(|s| s.measured).map(|s| s.ns).sum();
     Ok(Anatomy {
         provider: plan.provider.name().into(),
         size,
-        one_way_ns: one_way,
-        traced_one_way_ns: traced.results[0].lat_ns.p50,
+        one_way_ns: crate::stats::median(&one_way),
+        traced_one_way_ns: crate::stats::median(&traced_one_way),
         sum_ns: sum,
+        pair_ratios: ratios.clone(),
+        ratio: crate::stats::median(&ratios),
         stages,
         messages_kept: kept,
         messages: all,
-        mark_cost_ns: client.mark_cost_ns,
+        mark_cost_ns: mark_cost,
         syscall_event_cost_ns: tracer.costs().syscall,
         kernel_event_cost_ns: tracer.costs().other,
         missing: tracer
@@ -475,11 +508,16 @@ pub fn table(a: &Anatomy) -> String {
     let _ = writeln!(s, "{:<58} {:>4} {:>8.0}", "sum of measured stages", "", a.sum_ns);
     let _ = writeln!(
         s,
-        "{:<58} {:>4} {:>8.0}   (sum / one-way {:.2})",
+        "{:<58} {:>4} {:>8.0}   (sum / one-way {:.2}: the median of pairs {})",
         "one-way latency, untraced ping-pong (median)",
         "",
         a.one_way_ns,
-        a.sum_ns / a.one_way_ns.max(1.0)
+        a.ratio,
+        a.pair_ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     let _ = writeln!(
         s,
@@ -594,7 +632,7 @@ mod tests {
         s.sort_by_key(|m| m.0);
         k.sort_by_key(|e| e.ns);
         let tl = timeline([&side(10, &c), &side(20, &s)], &k, Costs { syscall: 5.0, other: 5.0 });
-        let (st, kept, all) = stages(&tl, 2.0);
+        let (st, kept, all) = stages(&[tl], 2.0, false);
         // The last message has no reply: its chain is one stage short.
         assert_eq!((kept, all), (9, 10));
         let path: Vec<(&str, &str)> = st.iter().map(|s| (s.to.as_str(), s.side.as_str())).collect();
@@ -631,7 +669,7 @@ mod tests {
         let c = side(10, &[(0, Stage::AppSend)]);
         let s = side(20, &[]);
         let tl = timeline([&c, &s], &[], Costs::default());
-        let (st, kept, all) = stages(&tl, 1.0);
+        let (st, kept, all) = stages(&[tl], 1.0, false);
         assert!(st.is_empty());
         assert_eq!((kept, all), (0, 1));
     }

@@ -178,6 +178,10 @@ struct AnatomyArgs {
     /// xdp; needs root).
     #[arg(long)]
     netns: bool,
+    /// Pairs of an untraced and a traced ping-pong (interleaved, so that
+    /// each pair sees one placement of the processes on the cores).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pairs: usize,
     /// Write the anatomy as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -338,6 +342,9 @@ fn anatomy(a: &AnatomyArgs) -> Result<()> {
     if a.iters == 0 {
         bail!("--iters must be at least 1");
     }
+    if a.pairs == 0 {
+        bail!("--pairs must be at least 1");
+    }
     let run = RunArgs {
         provider: a.provider,
         polling: false,
@@ -358,7 +365,7 @@ fn anatomy(a: &AnatomyArgs) -> Result<()> {
     };
     let mut plan = plan_from(&run, Kind::Pingpong, 64)?;
     let _hosts = place(&mut plan, a.netns)?;
-    let r = anatomy::run(&plan)?;
+    let r = anatomy::run(&plan, a.pairs)?;
     print!("{}", anatomy::table(&r));
     write_json(&a.json, &r)
 }
