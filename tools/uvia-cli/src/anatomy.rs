@@ -95,7 +95,7 @@ fn category(from: Label, to: Label, xsk: bool) -> (&'static str, &'static str) {
         (M(ProtoBuilt), M(MediumQueued)) => ("medium: queue the frame", PSEND),
         (M(MediumQueued), M(SyscallEnter)) => ("medium: to the system call", PSEND),
         (M(SyscallEnter), K(SysEnter)) => ("system call entry", OSEND),
-        (K(SysEnter), K(NetDevQueue)) => ("socket, UDP and IP send (payload copied)", PSEND),
+        (K(SysEnter), K(NetDevQueue)) => ("socket, transport (UDP or TCP) and IP send, payload copied", PSEND),
         (K(SysEnter), K(NetifRx)) => ("AF_XDP transmit: frame into an skb, device transmit", DATA),
         (K(NetDevQueue), K(NetDevStartXmit)) => ("device layer, queueing discipline", PSEND),
         (K(NetDevStartXmit), K(NetifRx)) => ("device transmit (the virtual wire)", DATA),
@@ -107,7 +107,7 @@ fn category(from: Label, to: Label, xsk: bool) -> (&'static str, &'static str) {
         (K(NetifReceiveSkb), K(SkDataReady)) if xsk => {
             ("generic XDP hook and redirect, copy into the UMEM, rx ring", PRECV)
         }
-        (K(NetifReceiveSkb), K(SkDataReady)) => ("IP and UDP receive, socket queue", PRECV),
+        (K(NetifReceiveSkb), K(SkDataReady)) => ("IP and transport (UDP or TCP) receive, socket queue", PRECV),
         (_, K(SkbCopyDatagramIovec)) => ("receiver finds it (poll or wake-up), socket receive", ORECV),
         (K(SkbCopyDatagramIovec), K(SockRecvLength)) => ("copy to the user, socket receive ends", DATA),
         (_, K(SockRecvLength)) => ("receiver finds it (poll or wake-up), socket receive, copy", ORECV),
