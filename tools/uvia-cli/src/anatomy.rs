@@ -496,13 +496,13 @@ pub fn table(a: &Anatomy) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<58} {:>4} {:>8} {:>8} {:>6}  category",
+        "{:<60} {:>4} {:>8} {:>8} {:>6}  category",
         "stage", "side", "ns", "cycles", "%"
     );
     for st in &a.stages {
         let _ = writeln!(
             s,
-            "{:<58} {:>4} {:>8.0} {:>8.0} {:>5.1}%  {}",
+            "{:<60} {:>4} {:>8.0} {:>8.0} {:>5.1}%  {}",
             st.name,
             st.side,
             st.ns,
@@ -511,10 +511,10 @@ pub fn table(a: &Anatomy) -> String {
             st.category
         );
     }
-    let _ = writeln!(s, "{:<58} {:>4} {:>8.0}", "sum of measured stages", "", a.sum_ns);
+    let _ = writeln!(s, "{:<60} {:>4} {:>8.0}", "sum of measured stages", "", a.sum_ns);
     let _ = writeln!(
         s,
-        "{:<58} {:>4} {:>8.0}   (sum / one-way {:.2}: the median of pairs {})",
+        "{:<60} {:>4} {:>8.0}   (sum / one-way {:.2}: the median of pairs {})",
         "one-way latency, untraced ping-pong (median)",
         "",
         a.one_way_ns,
@@ -527,7 +527,7 @@ pub fn table(a: &Anatomy) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<58} {:>4} {:>8.0}   (tracing adds {:+.0} ns; a checkpoint's {:.0} ns is taken out of the stages, kernel events are not)",
+        "{:<60} {:>4} {:>8.0}   (tracing adds {:+.0} ns; a checkpoint's {:.0} ns is taken out of the stages, kernel events are not)",
         "one-way latency, traced ping-pong (median)", "", a.traced_one_way_ns, a.traced_one_way_ns - a.one_way_ns, a.mark_cost_ns
     );
     let _ = writeln!(s, "\nby category:");
