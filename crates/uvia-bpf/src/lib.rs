@@ -162,7 +162,12 @@ pub fn prog_load(
 /// Attaches `prog` to `target` (an interface index, or a descriptor) with
 /// `attach_type` and `flags`. It stays attached while the returned link
 /// descriptor is open.
-pub fn link_create(prog: &OwnedFd, target: u32, attach_type: u32, flags: u32) -> io::Result<OwnedFd> {
+pub fn link_create(
+    prog: &OwnedFd,
+    target: u32,
+    attach_type: u32,
+    flags: u32,
+) -> io::Result<OwnedFd> {
     let mut a = Attr::new()
         .u32(0, prog.as_raw_fd() as u32)
         .u32(4, target)

@@ -5,7 +5,11 @@ use uvia_trace::kernel::{syscall_ns, KernelTracer, Point};
 
 fn main() {
     let only_syscalls = std::env::args().any(|a| a == "--syscalls");
-    let points: &[Point] = if only_syscalls { &[Point::SysEnter, Point::SysExit] } else { &Point::ALL };
+    let points: &[Point] = if only_syscalls {
+        &[Point::SysEnter, Point::SysExit]
+    } else {
+        &Point::ALL
+    };
     let bare = syscall_ns();
     let mut t = match KernelTracer::open(points, 1 << 18) {
         Ok(t) => t,
@@ -27,6 +31,10 @@ fn main() {
     std::thread::sleep(std::time::Duration::from_secs(1));
     let (ev, _) = t.take();
     for p in t.attached() {
-        println!("{:<24} {}", p.name(), ev.iter().filter(|e| e.point == *p).count());
+        println!(
+            "{:<24} {}",
+            p.name(),
+            ev.iter().filter(|e| e.point == *p).count()
+        );
     }
 }

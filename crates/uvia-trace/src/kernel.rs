@@ -219,7 +219,10 @@ impl KernelTracer {
         if per_cpu == 0 || entries.saturating_mul(RECORD) > (1 << 31) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("kernel trace buffer of {per_cpu} events per CPU: must be between 1 and {}", (1usize << 31) / RECORD / cpus - 1),
+                format!(
+                    "kernel trace buffer of {per_cpu} events per CPU: must be between 1 and {}",
+                    (1usize << 31) / RECORD / cpus - 1
+                ),
             ));
         }
         let why = |what: &str, e: io::Error| {
@@ -227,7 +230,9 @@ impl KernelTracer {
                 Some(libc::EPERM) | Some(libc::EACCES) => {
                     " (kernel tracing needs root, or CAP_BPF and CAP_PERFMON)"
                 }
-                Some(libc::ENOSYS) | Some(libc::EINVAL) => " (this kernel lacks BPF support for it)",
+                Some(libc::ENOSYS) | Some(libc::EINVAL) => {
+                    " (this kernel lacks BPF support for it)"
+                }
                 _ => "",
             };
             io::Error::new(e.kind(), format!("kernel tracing: {what}: {e}{hint}"))
@@ -241,9 +246,17 @@ impl KernelTracer {
             "uvia_events",
         )
         .map_err(|e| why("creating the event buffers", e))?;
-        let watched = uvia_bpf::map_create(uvia_bpf::BPF_MAP_TYPE_HASH, 4, 4, MAX_WATCHED, 0, "uvia_watched")
-            .map_err(|e| why("creating the process filter", e))?;
-        let slots = Slots::map(array, cpus, per_cpu).map_err(|e| why("mapping the event buffers", e))?;
+        let watched = uvia_bpf::map_create(
+            uvia_bpf::BPF_MAP_TYPE_HASH,
+            4,
+            4,
+            MAX_WATCHED,
+            0,
+            "uvia_watched",
+        )
+        .map_err(|e| why("creating the process filter", e))?;
+        let slots =
+            Slots::map(array, cpus, per_cpu).map_err(|e| why("mapping the event buffers", e))?;
 
         let before = (syscall_ns(), loopback_ns());
         let mut links = Vec::new();
@@ -383,7 +396,8 @@ const LOOPBACK_TIMINGS: usize = 5;
 fn loopback_ns() -> Option<f64> {
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").ok()?;
     let me = sock.local_addr().ok()?;
-    sock.set_read_timeout(Some(std::time::Duration::from_secs(1))).ok()?;
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(1)))
+        .ok()?;
     let mut buf = [0u8; 8];
     let mut round = || -> Option<f64> {
         let t0 = crate::monotonic_ns();
@@ -601,14 +615,24 @@ mod tests {
         for p in Point::ALL {
             assert_eq!(Point::from_name(p.name()), Some(p));
             let prog = program(p, 3, 4, 2, 100);
-            let reads_second = prog.iter().any(|i| i.code == LDX_DW && i.off == 8 && i.regs == 1 | 6 << 4);
+            let reads_second = prog
+                .iter()
+                .any(|i| i.code == LDX_DW && i.off == 8 && i.regs == 1 | 6 << 4);
             assert_eq!(reads_second, p.args() >= 2, "{}", p.name());
-            let lookups = prog.iter().filter(|i| i.imm == FN_MAP_LOOKUP_ELEM && i.code == CALL).count();
+            let lookups = prog
+                .iter()
+                .filter(|i| i.imm == FN_MAP_LOOKUP_ELEM && i.code == CALL)
+                .count();
             assert_eq!(lookups, 2 + usize::from(p.per_process()), "{}", p.name());
             // Every jump lands on the final `r0 = 0; exit`.
             for (at, i) in prog.iter().enumerate() {
                 if matches!(i.code, JEQ_K | JGE_K) {
-                    assert_eq!(at + 1 + i.off as usize, prog.len() - 2, "{} at {at}", p.name());
+                    assert_eq!(
+                        at + 1 + i.off as usize,
+                        prog.len() - 2,
+                        "{} at {at}",
+                        p.name()
+                    );
                 }
             }
             assert_eq!(prog.last().unwrap().code, EXIT);
@@ -645,10 +669,18 @@ mod tests {
         assert_eq!(dropped, 0);
         let ev: Vec<Event> = ev
             .into_iter()
-            .filter(|e| e.tgid == me && e.args[0] != 0 && (e.point == Point::SysEnter && e.args[1] == libc::SYS_getppid as u64))
+            .filter(|e| {
+                e.tgid == me
+                    && e.args[0] != 0
+                    && (e.point == Point::SysEnter && e.args[1] == libc::SYS_getppid as u64)
+            })
             .collect();
         assert_eq!(ev.len(), 1, "{ev:?}");
-        assert!(ev[0].ns >= before && ev[0].ns <= after, "{:?} not in {before}..{after}", ev[0]);
+        assert!(
+            ev[0].ns >= before && ev[0].ns <= after,
+            "{:?} not in {before}..{after}",
+            ev[0]
+        );
         assert!(ev[0].task != 0);
         // A process not watched leaves no system calls in the buffer.
         let child = std::process::Command::new("true").status().unwrap();
@@ -664,7 +696,11 @@ mod tests {
         }
         let (ev, dropped) = t.take();
         assert!(ev.len() <= 8 * possible_cpus(), "{}", ev.len());
-        assert!(ev.len() as u64 + dropped >= 200, "{} kept, {dropped} dropped", ev.len());
+        assert!(
+            ev.len() as u64 + dropped >= 200,
+            "{} kept, {dropped} dropped",
+            ev.len()
+        );
     }
 
     #[test]

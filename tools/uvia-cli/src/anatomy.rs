@@ -95,7 +95,10 @@ fn category(from: Label, to: Label, xsk: bool) -> (&'static str, &'static str) {
         (M(ProtoBuilt), M(MediumQueued)) => ("medium: queue the frame", PSEND),
         (M(MediumQueued), M(SyscallEnter)) => ("medium: to the system call", PSEND),
         (M(SyscallEnter), K(SysEnter)) => ("system call entry", OSEND),
-        (K(SysEnter), K(NetDevQueue)) => ("socket, transport (UDP or TCP) and IP send, payload copied", PSEND),
+        (K(SysEnter), K(NetDevQueue)) => (
+            "socket, transport (UDP or TCP) and IP send, payload copied",
+            PSEND,
+        ),
         (K(SysEnter), K(NetifRx)) => ("AF_XDP transmit: frame into an skb, device transmit", DATA),
         (K(NetDevQueue), K(NetDevStartXmit)) => ("device layer, queueing discipline", PSEND),
         (K(NetDevStartXmit), K(NetifRx)) => ("device transmit (the virtual wire)", DATA),
@@ -104,13 +107,23 @@ fn category(from: Label, to: Label, xsk: bool) -> (&'static str, &'static str) {
         (K(SoftirqEntry), K(NetifReceiveSkb)) => ("net_rx_action, backlog poll", ORECV),
         (K(NetifReceiveSkb), K(XdpRedirect)) => ("generic XDP hook, program, redirect", PRECV),
         (K(XdpRedirect), K(SkDataReady)) => ("copy into the UMEM, rx ring, wake-up", DATA),
-        (K(NetifReceiveSkb), K(SkDataReady)) if xsk => {
-            ("generic XDP hook and redirect, copy into the UMEM, rx ring", PRECV)
+        (K(NetifReceiveSkb), K(SkDataReady)) if xsk => (
+            "generic XDP hook and redirect, copy into the UMEM, rx ring",
+            PRECV,
+        ),
+        (K(NetifReceiveSkb), K(SkDataReady)) => {
+            ("IP and transport (UDP or TCP) receive, socket queue", PRECV)
         }
-        (K(NetifReceiveSkb), K(SkDataReady)) => ("IP and transport (UDP or TCP) receive, socket queue", PRECV),
-        (_, K(SkbCopyDatagramIovec)) => ("receiver finds it (poll or wake-up), socket receive", ORECV),
-        (K(SkbCopyDatagramIovec), K(SockRecvLength)) => ("copy to the user, socket receive ends", DATA),
-        (_, K(SockRecvLength)) => ("receiver finds it (poll or wake-up), socket receive, copy", ORECV),
+        (_, K(SkbCopyDatagramIovec)) => {
+            ("receiver finds it (poll or wake-up), socket receive", ORECV)
+        }
+        (K(SkbCopyDatagramIovec), K(SockRecvLength)) => {
+            ("copy to the user, socket receive ends", DATA)
+        }
+        (_, K(SockRecvLength)) => (
+            "receiver finds it (poll or wake-up), socket receive, copy",
+            ORECV,
+        ),
         (_, K(SysExit)) => ("system call exit", ORECV),
         (K(SysExit), M(RxFound)) => ("system call return", ORECV),
         (_, M(RxFound)) => ("receiver finds it (poll of the ring)", APP),
@@ -118,7 +131,9 @@ fn category(from: Label, to: Label, xsk: bool) -> (&'static str, &'static str) {
         (_, M(ProtoPlaced)) => ("engine: checks, payload placed", PRECV),
         (_, M(ViCompleted)) => ("VI: complete the descriptor", PRECV),
         (_, M(AppReceived)) => ("to the application", APP),
-        (M(AppReceived), M(AppSend)) => ("application turn-around: return to the reply's send", APP),
+        (M(AppReceived), M(AppSend)) => {
+            ("application turn-around: return to the reply's send", APP)
+        }
         (_, K(SysEnter)) => ("to the system call", OSEND),
         _ => ("", ""),
     }
@@ -190,7 +205,9 @@ pub fn timeline(traces: [&SideTrace; 2], events: &[Event], costs: Costs) -> Vec<
         cpu_of[side] = count.into_iter().max_by_key(|&(_, n)| n).map(|(c, _)| c);
     }
     for e in events {
-        if matches!(e.point, Point::SoftirqEntry | Point::SoftirqExit) && e.args[0] != NET_RX_SOFTIRQ {
+        if matches!(e.point, Point::SoftirqEntry | Point::SoftirqExit)
+            && e.args[0] != NET_RX_SOFTIRQ
+        {
             continue;
         }
         // A receive that found nothing (a poll) is not on any message's path.
@@ -221,7 +238,10 @@ pub fn timeline(traces: [&SideTrace; 2], events: &[Event], costs: Costs) -> Vec<
 /// Whether `l` hands the message to the receiver: the socket (or AF_XDP
 /// socket) is told it has data, or the shared-memory ring holds it.
 fn is_handoff(l: Label) -> bool {
-    matches!(l, Label::Kernel(Point::SkDataReady) | Label::Mark(Stage::MediumQueued))
+    matches!(
+        l,
+        Label::Kernel(Point::SkDataReady) | Label::Mark(Stage::MediumQueued)
+    )
 }
 
 /// Where the receiver's part starts, best first: its copy out of a socket
@@ -249,13 +269,18 @@ struct Chain {
 fn chain(tl: &[Ev], start: usize) -> Option<Chain> {
     let s = tl[start].side;
     let r = 1 - s;
-    let end = start + tl[start..].iter().position(|e| e.side == r && e.label == Label::Mark(Stage::AppReceived))?;
+    let end = start
+        + tl[start..]
+            .iter()
+            .position(|e| e.side == r && e.label == Label::Mark(Stage::AppReceived))?;
     let window = &tl[start..=end];
     let rx_start = RECEIVER_START
         .iter()
         .find_map(|&l| window.iter().rposition(|e| e.side == r && e.label == l))?;
     // The hand-off: the sender's last before the receiver's start.
-    let handoff = window[..rx_start].iter().rposition(|e| e.side == s && is_handoff(e.label))?;
+    let handoff = window[..rx_start]
+        .iter()
+        .rposition(|e| e.side == s && is_handoff(e.label))?;
     let mut picked: Vec<usize> = Vec::new();
     let mut seen: Vec<Label> = Vec::new();
     for (i, e) in window[..=handoff].iter().enumerate() {
@@ -292,14 +317,7 @@ fn chain(tl: &[Ev], start: usize) -> Option<Chain> {
         let cost: f64 = window[a..=b]
             .iter()
             .enumerate()
-            .filter(|(k, e)| {
-                e.side == side
-                    && if e.stamped_first {
-                        *k < b - a
-                    } else {
-                        *k > 0
-                    }
-            })
+            .filter(|(k, e)| e.side == side && if e.stamped_first { *k < b - a } else { *k > 0 })
             .map(|(_, e)| e.cost)
             .sum();
         let raw = (window[b].ns - window[a].ns) as f64;
@@ -338,7 +356,10 @@ pub fn stages(runs: &[Vec<Ev>], ticks_per_ns: f64, xsk: bool) -> (Vec<StageOut>,
     let Some(((labels, sides), kept)) = shapes.into_iter().max_by_key(|&(_, n)| n) else {
         return (Vec::new(), 0, all);
     };
-    let same: Vec<&Chain> = chains.iter().filter(|c| c.labels == labels && c.sides == sides).collect();
+    let same: Vec<&Chain> = chains
+        .iter()
+        .filter(|c| c.labels == labels && c.sides == sides)
+        .collect();
     let mut out = Vec::new();
     for k in 0..labels.len() - 1 {
         let ns = crate::stats::median(&same.iter().map(|c| c.stage_ns[k]).collect::<Vec<_>>());
@@ -511,7 +532,11 @@ pub fn table(a: &Anatomy) -> String {
             st.category
         );
     }
-    let _ = writeln!(s, "{:<60} {:>4} {:>8.0}", "sum of measured stages", "", a.sum_ns);
+    let _ = writeln!(
+        s,
+        "{:<60} {:>4} {:>8.0}",
+        "sum of measured stages", "", a.sum_ns
+    );
     let _ = writeln!(
         s,
         "{:<60} {:>4} {:>8.0}   (sum / one-way {:.2}: the median of pairs {})",
@@ -533,7 +558,13 @@ pub fn table(a: &Anatomy) -> String {
     let _ = writeln!(s, "\nby category:");
     for (cat, ns) in categories(a) {
         let ns = ns.max(0.0);
-        let _ = writeln!(s, "  {:<34} {:>8.0} ns {:>5.1}%", cat, ns, 100.0 * ns / a.sum_ns.max(1.0));
+        let _ = writeln!(
+            s,
+            "  {:<34} {:>8.0} ns {:>5.1}%",
+            cat,
+            ns,
+            100.0 * ns / a.sum_ns.max(1.0)
+        );
     }
     for m in &a.missing {
         let _ = writeln!(s, "not seen: {m}");
@@ -556,7 +587,11 @@ pub fn categories(a: &Anatomy) -> Vec<(String, f64)> {
         .map(|c| {
             (
                 c.to_string(),
-                a.stages.iter().filter(|s| s.category == *c).map(|s| s.ns).sum(),
+                a.stages
+                    .iter()
+                    .filter(|s| s.category == *c)
+                    .map(|s| s.ns)
+                    .sum(),
             )
         })
         .collect()
@@ -605,7 +640,11 @@ mod tests {
     fn message(t: u64, from: u32, to: u32) -> (Marks, Marks, Vec<Event>) {
         let (fc, tc) = (from / 10 - 1, to / 10 - 1);
         let send = vec![(t, Stage::AppSend), (t + 900, Stage::AppSendReturned)];
-        let recv = vec![(t + 30, Stage::RxFound), (t + 700, Stage::RxFound), (t + 720, Stage::AppReceived)];
+        let recv = vec![
+            (t + 30, Stage::RxFound),
+            (t + 700, Stage::RxFound),
+            (t + 720, Stage::AppReceived),
+        ];
         let kernel = vec![
             ev(t + 50, Point::SysEnter, from, fc),
             ev(t + 20, Point::SysEnter, to, tc), // the receiver's poll
@@ -637,11 +676,21 @@ mod tests {
         c.sort_by_key(|m| m.0);
         s.sort_by_key(|m| m.0);
         k.sort_by_key(|e| e.ns);
-        let tl = timeline([&side(10, &c), &side(20, &s)], &k, Costs { syscall: 5.0, other: 5.0 });
+        let tl = timeline(
+            [&side(10, &c), &side(20, &s)],
+            &k,
+            Costs {
+                syscall: 5.0,
+                other: 5.0,
+            },
+        );
         let (st, kept, all) = stages(&[tl], 2.0, false);
         // The last message has no reply: its chain is one stage short.
         assert_eq!((kept, all), (9, 10));
-        let path: Vec<(&str, &str)> = st.iter().map(|s| (s.to.as_str(), s.side.as_str())).collect();
+        let path: Vec<(&str, &str)> = st
+            .iter()
+            .map(|s| (s.to.as_str(), s.side.as_str()))
+            .collect();
         assert_eq!(
             path,
             [
@@ -660,7 +709,10 @@ mod tests {
         // Kernel events cost 5 ns each, taken out of the stage they end;
         // the receiver's poll before the copy does not count.
         let ns: Vec<f64> = st.iter().map(|s| s.ns).collect();
-        assert_eq!(ns, [45.0, 145.0, 95.0, 95.0, 95.0, 95.0, 45.0, 50.0, 20.0, 4280.0]);
+        assert_eq!(
+            ns,
+            [45.0, 145.0, 95.0, 95.0, 95.0, 95.0, 45.0, 50.0, 20.0, 4280.0]
+        );
         assert_eq!(st[1].cycles, 290.0);
         let sum: f64 = ns[..9].iter().sum();
         // The sum is the send-to-return time less the tracing's cost.

@@ -127,7 +127,8 @@ mod tests {
         assert_eq!(t.marks.len(), 2);
         assert_eq!(t.marks[1].stage, uvia_trace::Stage::RxFound);
         assert_eq!((t.marks[1].ns, t.marks[1].thread), (180, 1));
-        let e = parse("# mark_cost_ns 1 ticks_per_ns 1 dropped 0 pid 1\n1 2 nonsense 0\n").unwrap_err();
+        let e =
+            parse("# mark_cost_ns 1 ticks_per_ns 1 dropped 0 pid 1\n1 2 nonsense 0\n").unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
         assert!(parse("100 250 app-send 0\n").is_err());
     }

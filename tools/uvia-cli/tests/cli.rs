@@ -289,7 +289,9 @@ fn anatomy_without_checkpoints_says_how_to_build_them() {
 /// script names in UVIA_TRACED_BIN, and checks the JSON it writes.
 fn anatomy(provider: &str, must_see: &[&str]) {
     let Some(bin) = std::env::var_os("UVIA_TRACED_BIN") else {
-        eprintln!("skipped: UVIA_TRACED_BIN names no build with checkpoints (scripts/test sets it)");
+        eprintln!(
+            "skipped: UVIA_TRACED_BIN names no build with checkpoints (scripts/test sets it)"
+        );
         return;
     };
     // SAFETY: geteuid has no preconditions.
@@ -299,14 +301,28 @@ fn anatomy(provider: &str, must_see: &[&str]) {
     }
     let json = tmp(&format!("anatomy-{provider}.json"));
     let out = Command::new(bin)
-        .args(["anatomy", "--provider", provider, "--size", "1", "--iters", "300", "--json"])
+        .args([
+            "anatomy",
+            "--provider",
+            provider,
+            "--size",
+            "1",
+            "--iters",
+            "300",
+            "--json",
+        ])
         .arg(&json)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("sum of measured stages"), "{text}");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);
     assert_eq!(v["provider"], provider);
     assert_eq!(v["size"], 1);
@@ -327,7 +343,10 @@ fn anatomy(provider: &str, must_see: &[&str]) {
     for s in stages {
         assert!(cats.contains(&s["category"].as_str().unwrap()), "{s}");
         assert!(matches!(s["side"].as_str(), Some("send" | "recv")), "{s}");
-        assert!(s["ns"].as_f64().unwrap() >= 0.0 && s["measured"] == true, "{s}");
+        assert!(
+            s["ns"].as_f64().unwrap() >= 0.0 && s["measured"] == true,
+            "{s}"
+        );
     }
     // The path runs from the send call, through the points named, to the
     // application's return.
@@ -345,5 +364,13 @@ fn anatomy_of_shared_memory_follows_the_ring() {
 
 #[test]
 fn anatomy_of_kernel_udp_sees_the_kernel_path() {
-    anatomy("kernel-udp", &["sys_enter", "net_dev_queue", "netif_receive_skb", "sk_data_ready"]);
+    anatomy(
+        "kernel-udp",
+        &[
+            "sys_enter",
+            "net_dev_queue",
+            "netif_receive_skb",
+            "sk_data_ready",
+        ],
+    );
 }

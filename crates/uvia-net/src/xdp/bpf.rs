@@ -43,21 +43,21 @@ fn program(map: RawFd, ethertype: u16) -> [Insn; 15] {
     let wire = u16::from_ne_bytes(ethertype.to_be_bytes()) as i32;
     let [map_lo, map_hi] = ld_map(1, map);
     [
-        insn(LDX_W, 2, 1, 0, 0),                    // 0: r2 = ctx->data
-        insn(LDX_W, 3, 1, 4, 0),                    // 1: r3 = ctx->data_end
-        insn(MOV_X, 4, 2, 0, 0),                    // 2: r4 = r2
-        insn(ADD_K, 4, 0, 0, 14),                   // 3: r4 += 14 (Ethernet header)
-        insn(JGT_X, 4, 3, 8, 0),                    // 4: too short -> 13
-        insn(LDX_H, 4, 2, 12, 0),                   // 5: r4 = EtherType
-        insn(JNE_K, 4, 0, 6, wire),                 // 6: not ours -> 13
-        insn(LDX_W, 2, 1, 16, 0),                   // 7: r2 = ctx->rx_queue_index
-        map_lo,                                     // 8: r1 = the socket map
-        map_hi,                                     // 9: (upper half of the immediate)
-        insn(MOV_K, 3, 0, 0, XDP_PASS),             // 10: r3 = fallback action
+        insn(LDX_W, 2, 1, 0, 0),              // 0: r2 = ctx->data
+        insn(LDX_W, 3, 1, 4, 0),              // 1: r3 = ctx->data_end
+        insn(MOV_X, 4, 2, 0, 0),              // 2: r4 = r2
+        insn(ADD_K, 4, 0, 0, 14),             // 3: r4 += 14 (Ethernet header)
+        insn(JGT_X, 4, 3, 8, 0),              // 4: too short -> 13
+        insn(LDX_H, 4, 2, 12, 0),             // 5: r4 = EtherType
+        insn(JNE_K, 4, 0, 6, wire),           // 6: not ours -> 13
+        insn(LDX_W, 2, 1, 16, 0),             // 7: r2 = ctx->rx_queue_index
+        map_lo,                               // 8: r1 = the socket map
+        map_hi,                               // 9: (upper half of the immediate)
+        insn(MOV_K, 3, 0, 0, XDP_PASS),       // 10: r3 = fallback action
         insn(CALL, 0, 0, 0, FN_REDIRECT_MAP), // 11
-        insn(EXIT, 0, 0, 0, 0),                     // 12: return its verdict
-        insn(MOV_K, 0, 0, 0, XDP_PASS),             // 13: r0 = XDP_PASS
-        insn(EXIT, 0, 0, 0, 0),                     // 14
+        insn(EXIT, 0, 0, 0, 0),               // 12: return its verdict
+        insn(MOV_K, 0, 0, 0, XDP_PASS),       // 13: r0 = XDP_PASS
+        insn(EXIT, 0, 0, 0, 0),               // 14
     ]
 }
 
