@@ -447,60 +447,46 @@ fn program(point: Point, array: i32, watched: i32, cpus: usize, per_cpu: usize) 
     // Each jump to the end is written as its distance from here: the
     // instructions between are counted when the program is done.
     let mut to_end = Vec::new();
-    if point.per_process() {
-        let [w0, w1] = ld_map(1, watched);
+    // `r0 = lookup(map, key in register key)`, on to the end when missing.
+    let lookup = |p: &mut Vec<Insn>, to_end: &mut Vec<usize>, map: i32, key: u8| {
+        let [m0, m1] = ld_map(1, map);
         p.extend([
-            insn(MOV_X, 1, 0, 0, 0),
-            insn(RSH_K, 1, 0, 0, 32),
-            insn(STX_W, 10, 1, -4, 0), // key: the tgid, on the stack
-            w0,
-            w1,
+            insn(STX_W, 10, key, -4, 0), // the key, on the stack
+            m0,
+            m1,
             insn(MOV_X, 2, 10, 0, 0),
             insn(ADD_K, 2, 0, 0, -4),
             insn(CALL, 0, 0, 0, FN_MAP_LOOKUP_ELEM),
         ]);
         to_end.push(p.len());
-        p.push(insn(JEQ_K, 0, 0, 0, 0)); // not watched
+        p.push(insn(JEQ_K, 0, 0, 0, 0));
+    };
+    if point.per_process() {
+        // Not watched: nothing recorded.
+        p.extend([insn(MOV_X, 1, 0, 0, 0), insn(RSH_K, 1, 0, 0, 32)]);
+        lookup(&mut p, &mut to_end, watched, 1);
     }
-    let [a0, a1] = ld_map(1, array);
     p.extend([
         insn(CALL, 0, 0, 0, FN_GET_SMP_PROCESSOR_ID),
         insn(MOV_X, 8, 0, 0, 0),
     ]);
     to_end.push(p.len());
+    p.push(insn(JGE_K, 8, 0, 0, cpus as i32));
+    lookup(&mut p, &mut to_end, array, 8); // the CPU's counter
     p.extend([
-        insn(JGE_K, 8, 0, 0, cpus as i32),
-        insn(STX_W, 10, 8, -4, 0), // key: the CPU's counter
-        a0,
-        a1,
-        insn(MOV_X, 2, 10, 0, 0),
-        insn(ADD_K, 2, 0, 0, -4),
-        insn(CALL, 0, 0, 0, FN_MAP_LOOKUP_ELEM),
-    ]);
-    to_end.push(p.len());
-    p.extend([
-        insn(JEQ_K, 0, 0, 0, 0),
         insn(MOV_K, 1, 0, 0, 1),
         insn(ATOMIC_DW, 0, 1, 0, FETCH_ADD), // r1 = this event's place
     ]);
     to_end.push(p.len());
-    let [b0, b1] = ld_map(1, array);
     p.extend([
         insn(JGE_K, 1, 0, 0, per_cpu as i32), // full: counted, not kept
         insn(MOV_X, 2, 8, 0, 0),
         insn(MUL_K, 2, 0, 0, per_cpu as i32),
         insn(ADD_X, 2, 1, 0, 0),
         insn(ADD_K, 2, 0, 0, cpus as i32),
-        insn(STX_W, 10, 2, -4, 0), // key: the record
-        b0,
-        b1,
-        insn(MOV_X, 2, 10, 0, 0),
-        insn(ADD_K, 2, 0, 0, -4),
-        insn(CALL, 0, 0, 0, FN_MAP_LOOKUP_ELEM),
     ]);
-    to_end.push(p.len());
+    lookup(&mut p, &mut to_end, array, 2); // the record
     p.extend([
-        insn(JEQ_K, 0, 0, 0, 0),
         insn(MOV_X, 9, 0, 0, 0),
         insn(STX_DW, 9, 7, 8, 0),
         insn(STX_W, 9, 8, 40, 0),
@@ -584,9 +570,9 @@ impl Slots {
         let mut dropped = 0;
         for cpu in 0..self.cpus {
             let c = self.counter(cpu);
-            // Acquire: the records below the count were written before the
-            // count was raised past them... by programs that have finished,
-            // which a measurement that has ended guarantees.
+            // A record is written after its place is taken: the records
+            // below the count are complete once the programs that took
+            // them have finished, which an ended measurement guarantees.
             let n = c.swap(0, Ordering::AcqRel) as usize;
             dropped += n.saturating_sub(self.per_cpu) as u64;
             for i in 0..n.min(self.per_cpu) {
