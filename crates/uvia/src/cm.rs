@@ -120,6 +120,12 @@ impl ConnRequest {
         &self.hello.discriminator
     }
 
+    /// The client Nic's address, on a network provider (`None` on `shm`,
+    /// whose peers share this host).
+    pub fn peer_address(&self) -> Option<String> {
+        self.net.as_ref().map(|r| r.from.to_string())
+    }
+
     /// Process id of the client.
     pub fn peer_pid(&self) -> i32 {
         self.peer_pid

@@ -20,6 +20,12 @@ impl Ptag {
     pub fn raw(self) -> u32 {
         self.0
     }
+
+    /// A tag from its raw value (the C API's handles). A value that names no
+    /// tag of a Nic is refused by that Nic's calls, never trusted.
+    pub fn from_raw(v: u32) -> Ptag {
+        Ptag(v)
+    }
 }
 
 /// What a region lets the peer do and which tag guards it.

@@ -467,6 +467,15 @@ impl Vi {
         Ok(())
     }
 
+    /// True when queue `q` holds no descriptor, completed or not (VipQueryVi).
+    pub fn queue_is_empty(&self, q: Queue) -> bool {
+        let g = self.lock();
+        match q {
+            Queue::Send => g.sq.is_empty(),
+            Queue::Recv => g.rq.is_empty(),
+        }
+    }
+
     /// How long waits spin before they sleep (0: sleep at once).
     pub fn set_wait_spin(&self, spin: Duration) {
         self.lock().spin = spin;

@@ -1,0 +1,255 @@
+//! Connection management: client/server and peer to peer.
+
+use crate::data::{remote_attrs, vi};
+use crate::handle::{lock, ConnH, NicH, PeerConnect};
+use crate::types::*;
+use crate::{put, timeout, vip};
+use std::ffi::{c_ulong, c_void};
+use std::time::Duration;
+use uvia::{ConnectError, Discriminator, NetAddress as CoreAddress};
+
+/// How long a request "without timeout" may wait for a listener.
+const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The host address in `a`: its text up to the first NUL.
+pub(crate) unsafe fn host_of(a: *const NetAddress) -> Result<String, VipReturn> {
+    if a.is_null() {
+        return Err(ret::INVALID_PARAMETER);
+    }
+    // SAFETY: the caller's address holds `host_address_len` host bytes.
+    let bytes = unsafe {
+        std::slice::from_raw_parts((*a).host_address.as_ptr(), (*a).host_address_len as usize)
+    };
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    match std::str::from_utf8(&bytes[..end]) {
+        Ok(s) if !s.is_empty() => Ok(s.to_string()),
+        _ => Err(ret::INVALID_PARAMETER),
+    }
+}
+
+/// The discriminator in `a` (after its host address).
+unsafe fn discriminator_of(a: *const NetAddress) -> Result<Discriminator, VipReturn> {
+    if a.is_null() {
+        return Err(ret::INVALID_PARAMETER);
+    }
+    // SAFETY: the caller's address holds host bytes, then `discriminator_len` bytes.
+    let bytes = unsafe {
+        let start = (*a)
+            .host_address
+            .as_ptr()
+            .add((*a).host_address_len as usize);
+        std::slice::from_raw_parts(start, (*a).discriminator_len as usize)
+    };
+    Discriminator::new(bytes).map_err(|_| ret::INVALID_PARAMETER)
+}
+
+pub(crate) fn connect_err(e: ConnectError) -> VipReturn {
+    match e {
+        ConnectError::InvalidState(_) => ret::INVALID_STATE,
+        ConnectError::NoListener { .. } => ret::NO_MATCH,
+        ConnectError::Timeout(_) => ret::TIMEOUT,
+        ConnectError::Rejected => ret::REJECT,
+        ConnectError::Mismatch(_) => ret::INVALID_RELIABILITY_LEVEL,
+        ConnectError::DiscriminatorTooLong(_) | ConnectError::Answered => ret::INVALID_PARAMETER,
+        ConnectError::BadAddress(_) => ret::NOT_REACHABLE,
+        ConnectError::Unsupported(_) => ret::ERROR_NOT_SUPPORTED,
+        ConnectError::InUse(_) => ret::INVALID_STATE,
+        ConnectError::Protocol(_) | ConnectError::Io(_) => ret::ERROR_RESOURCE,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipConnectWait(
+    h: *mut c_void,
+    local: *const NetAddress,
+    ms: c_ulong,
+    remote: *mut NetAddress,
+    remote_attrs_out: *mut ViAttributes,
+    out: *mut *mut c_void,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        if remote.is_null() || out.is_null() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        // SAFETY: forwarded.
+        let d = unsafe { discriminator_of(local) }?;
+        let req = n.nic.connect_wait(&d, timeout(ms)).map_err(connect_err)?;
+        let from = req
+            .peer_address()
+            .unwrap_or_else(|| n.nic.attributes().address.clone());
+        let attrs = remote_attrs(&req.remote_attributes());
+        // SAFETY: `remote` has room for a host address and the discriminator
+        // of `local`'s length (vipl.h).
+        unsafe {
+            let host = crate::host_bytes(&from).ok_or(ret::ERROR_RESOURCE)?;
+            (*remote).host_address_len = HOST_ADDRESS_LEN as u16;
+            (*remote).discriminator_len = d.as_bytes().len() as u16;
+            let p = (*remote).host_address.as_mut_ptr();
+            std::ptr::copy_nonoverlapping(host.as_ptr(), p, host.len());
+            std::ptr::copy_nonoverlapping(
+                d.as_bytes().as_ptr(),
+                p.add(host.len()),
+                d.as_bytes().len(),
+            );
+        }
+        if !remote_attrs_out.is_null() {
+            // SAFETY: non-NULL, the caller's struct.
+            unsafe { remote_attrs_out.write(attrs) };
+        }
+        // SAFETY: `h` passed the check.
+        let c = ConnH::new(req, unsafe { NicH::arc(h) }).into_handle();
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(c) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipConnectAccept(ch: *mut c_void, vh: *mut c_void) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let c = unsafe { ConnH::from_handle(ch) }.ok_or(ret::INVALID_PARAMETER)?;
+        // SAFETY: forwarded.
+        let v = unsafe { vi(vh) }?;
+        if !std::ptr::eq(&*c.nic, &*v.nic) {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        lock(&c.req).accept(&v.vi).map_err(connect_err)?;
+        v.error_reported
+            .store(false, std::sync::atomic::Ordering::Release);
+        // SAFETY: the request is answered; its handle ends here.
+        unsafe { ConnH::free(ch) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipConnectReject(ch: *mut c_void) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let c = unsafe { ConnH::from_handle(ch) }.ok_or(ret::INVALID_PARAMETER)?;
+        lock(&c.req).reject().map_err(connect_err)?;
+        // SAFETY: as in VipConnectAccept.
+        unsafe { ConnH::free(ch) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipConnectRequest(
+    vh: *mut c_void,
+    local: *const NetAddress,
+    remote: *const NetAddress,
+    ms: c_ulong,
+    remote_attrs_out: *mut ViAttributes,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let v = unsafe { vi(vh) }?;
+        if local.is_null() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        // SAFETY: forwarded.
+        let (host, d) = unsafe { (host_of(remote)?, discriminator_of(remote)?) };
+        let t = timeout(ms).unwrap_or(FOREVER);
+        let r =
+            v.vi.connect_request(&CoreAddress::new(&host, d), t)
+                .map_err(connect_err)?;
+        v.error_reported
+            .store(false, std::sync::atomic::Ordering::Release);
+        if !remote_attrs_out.is_null() {
+            // SAFETY: non-NULL, the caller's struct.
+            unsafe { remote_attrs_out.write(remote_attrs(&r)) };
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipDisconnect(vh: *mut c_void) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let v = unsafe { vi(vh) }?;
+        v.vi.disconnect();
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipConnectPeerRequest(
+    vh: *mut c_void,
+    local: *const NetAddress,
+    remote: *const NetAddress,
+    ms: c_ulong,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let v = unsafe { vi(vh) }?;
+        if v.nic.provider() == "shm" {
+            return Err(ret::ERROR_NOT_SUPPORTED);
+        }
+        // SAFETY: forwarded.
+        let (mine, host, theirs) = unsafe {
+            (
+                discriminator_of(local)?,
+                host_of(remote)?,
+                discriminator_of(remote)?,
+            )
+        };
+        let mut p = lock(&v.peer);
+        if matches!(*p, PeerConnect::Pending(_)) || v.vi.state() != uvia::ViState::Idle {
+            return Err(ret::INVALID_STATE);
+        }
+        let t = timeout(ms).unwrap_or(FOREVER);
+        let core = v.vi.clone();
+        let job = std::thread::Builder::new()
+            .name("vipl-peer".into())
+            .spawn(move || core.connect_peer_request(&mine, &CoreAddress::new(&host, theirs), t))
+            .map_err(|_| ret::ERROR_RESOURCE)?;
+        *p = PeerConnect::Pending(job);
+        Ok(())
+    })
+}
+
+/// Finishes a peer request: `wait` joins it, otherwise only a finished one.
+unsafe fn peer_finish(vh: *mut c_void, out: *mut ViAttributes, wait: bool) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let v = unsafe { vi(vh) }?;
+        let mut p = lock(&v.peer);
+        let job = match std::mem::replace(&mut *p, PeerConnect::None) {
+            PeerConnect::None => return Err(ret::INVALID_STATE),
+            PeerConnect::Pending(j) if !wait && !j.is_finished() => {
+                *p = PeerConnect::Pending(j);
+                return Err(ret::NOT_DONE);
+            }
+            PeerConnect::Pending(j) => j,
+        };
+        drop(p);
+        let r = job
+            .join()
+            .map_err(|_| ret::ERROR_RESOURCE)?
+            .map_err(connect_err)?;
+        v.error_reported
+            .store(false, std::sync::atomic::Ordering::Release);
+        if !out.is_null() {
+            // SAFETY: non-NULL, the caller's struct.
+            unsafe { put(out, remote_attrs(&r)) }?;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipConnectPeerDone(vh: *mut c_void, out: *mut ViAttributes) -> VipReturn {
+    // SAFETY: forwarded.
+    unsafe { peer_finish(vh, out, false) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipConnectPeerWait(vh: *mut c_void, out: *mut ViAttributes) -> VipReturn {
+    // SAFETY: forwarded.
+    unsafe { peer_finish(vh, out, true) }
+}

@@ -1,0 +1,555 @@
+//! VIs, data transfer and completion queues.
+
+use crate::handle::{lock, CqH, NicH, ViH};
+use crate::nic::ptag_of;
+use crate::notify::{self, AsyncError};
+use crate::types::*;
+use crate::{addr, put, timeout, vip};
+use std::ffi::{c_ulong, c_void};
+use std::ptr::NonNull;
+use uvia::{
+    status, AccessError, CqError, Descriptor, MemHandle, PostError, Queue, Reliability,
+    RemoteViAttributes, ViAttrError, ViAttributes as CoreVi, ViState, WaitError,
+};
+
+/// The VI behind a handle, or the call's error.
+pub(crate) unsafe fn vi<'a>(h: *mut c_void) -> Result<&'a ViH, VipReturn> {
+    // SAFETY: forwarded contract.
+    unsafe { ViH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)
+}
+
+unsafe fn cq<'a>(h: *mut c_void) -> Result<&'a CqH, VipReturn> {
+    // SAFETY: forwarded contract.
+    unsafe { CqH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)
+}
+
+fn level(r: Reliability) -> u16 {
+    match r {
+        Reliability::Unreliable => service::UNRELIABLE,
+        Reliability::ReliableDelivery => service::RELIABLE_DELIVERY,
+        Reliability::ReliableReception => service::RELIABLE_RECEPTION,
+    }
+}
+
+/// The peer's attributes as VIPL reports them (no tag: it is the peer's).
+pub(crate) fn remote_attrs(r: &RemoteViAttributes) -> ViAttributes {
+    ViAttributes {
+        reliability_level: level(r.reliability),
+        max_transfer_size: r.max_transfer_size as c_ulong,
+        qos: std::ptr::null_mut(),
+        ptag: std::ptr::null_mut(),
+        enable_rdma_write: r.enable_rdma_write as VipBoolean,
+        enable_rdma_read: r.enable_rdma_read as VipBoolean,
+    }
+}
+
+/// Checks VIPL VI attributes against the NIC and makes the core's.
+unsafe fn vi_attrs(n: &NicH, a: *const ViAttributes) -> Result<CoreVi, VipReturn> {
+    if a.is_null() {
+        return Err(ret::INVALID_PARAMETER);
+    }
+    // SAFETY: non-NULL attributes are the caller's struct.
+    let a = unsafe { *a };
+    let na = n.nic.attributes();
+    let r = match a.reliability_level {
+        service::UNRELIABLE => Reliability::Unreliable,
+        service::RELIABLE_DELIVERY => Reliability::ReliableDelivery,
+        service::RELIABLE_RECEPTION => Reliability::ReliableReception,
+        _ => return Err(ret::INVALID_RELIABILITY_LEVEL),
+    };
+    if !na.reliability_levels.contains(&r) {
+        return Err(ret::INVALID_RELIABILITY_LEVEL);
+    }
+    if a.max_transfer_size == 0 || a.max_transfer_size > na.max_transfer_size as c_ulong {
+        return Err(ret::INVALID_MTU);
+    }
+    if !a.qos.is_null() {
+        return Err(ret::INVALID_QOS);
+    }
+    // SAFETY: forwarded.
+    let p = unsafe { ptag_of(n, a.ptag) }?;
+    if a.enable_rdma_read != 0 && !na.rdma_read {
+        return Err(ret::INVALID_RDMAREAD);
+    }
+    let depth = na.max_queue_depth;
+    Ok(CoreVi::new(p)
+        .reliability(r)
+        .max_transfer_size(a.max_transfer_size as u32)
+        .rdma(a.enable_rdma_write != 0, a.enable_rdma_read != 0)
+        .queue_depths(depth, depth))
+}
+
+fn attr_err(e: ViAttrError) -> VipReturn {
+    match e {
+        ViAttrError::InvalidPtag(_) => ret::INVALID_PTAG,
+        ViAttrError::TransferTooLarge { .. } => ret::INVALID_MTU,
+        ViAttrError::QueueDepth { .. } => ret::ERROR_RESOURCE,
+        ViAttrError::Unsupported(..) => ret::INVALID_RDMAREAD,
+        ViAttrError::ForeignCq => ret::INVALID_PARAMETER,
+        ViAttrError::InvalidState(_) => ret::INVALID_STATE,
+    }
+}
+
+/// A CQ handle argument: NULL for none, else a CQ of the same NIC.
+unsafe fn opt_cq<'a>(n: &NicH, h: *mut c_void) -> Result<Option<&'a CqH>, VipReturn> {
+    if h.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: forwarded.
+    let c = unsafe { cq(h) }?;
+    if !std::ptr::eq(&*c.nic, n) {
+        return Err(ret::INVALID_PARAMETER);
+    }
+    Ok(Some(c))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipCreateVi(
+    h: *mut c_void,
+    attrs: *const ViAttributes,
+    send_cq: *mut c_void,
+    recv_cq: *mut c_void,
+    out: *mut *mut c_void,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        if out.is_null() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        // SAFETY: forwarded.
+        let a = unsafe { vi_attrs(n, attrs) }?;
+        // SAFETY: forwarded.
+        let (s, r) = unsafe { (opt_cq(n, send_cq)?, opt_cq(n, recv_cq)?) };
+        let v = n
+            .nic
+            .create_vi(a, s.map(|c| &c.cq), r.map(|c| &c.cq))
+            .map_err(attr_err)?;
+        let id = v.id();
+        // SAFETY: `attrs` is non-NULL (checked by `vi_attrs`).
+        let ptag = unsafe { (*attrs).ptag } as usize;
+        // SAFETY: `h` passed the check.
+        let vh = ViH::new(v, unsafe { NicH::arc(h) }, ptag).into_handle();
+        lock(&n.vis).insert(id, vh as usize);
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(vh) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipDestroyVi(vh: *mut c_void) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let v = unsafe { vi(vh) }?;
+        if let Err((_, e)) = v.vi.clone().destroy() {
+            return Err(attr_err(e));
+        }
+        notify::forget(vh);
+        lock(&v.nic.vis).remove(&v.vi.id());
+        // SAFETY: the handle came from VipCreateVi and leaves every table above.
+        unsafe { ViH::free(vh) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipQueryVi(
+    vh: *mut c_void,
+    state_out: *mut std::ffi::c_int,
+    attrs_out: *mut ViAttributes,
+    send_empty: *mut VipBoolean,
+    recv_empty: *mut VipBoolean,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let v = unsafe { vi(vh) }?;
+        let a = v.vi.attributes();
+        let st = match v.vi.state() {
+            ViState::Idle => state::IDLE,
+            ViState::PendingConnect => state::CONNECT_PENDING,
+            ViState::Connected => state::CONNECTED,
+            ViState::Error => state::ERROR,
+        };
+        let attrs = ViAttributes {
+            reliability_level: level(a.reliability),
+            max_transfer_size: a.max_transfer_size as c_ulong,
+            qos: std::ptr::null_mut(),
+            ptag: *lock(&v.ptag) as *mut c_void,
+            enable_rdma_write: a.enable_rdma_write as VipBoolean,
+            enable_rdma_read: a.enable_rdma_read as VipBoolean,
+        };
+        // SAFETY: each out-pointer is NULL or the caller's.
+        unsafe {
+            put(state_out, st)?;
+            put(attrs_out, attrs)?;
+            put(send_empty, v.vi.queue_is_empty(Queue::Send) as VipBoolean)?;
+            put(recv_empty, v.vi.queue_is_empty(Queue::Recv) as VipBoolean)
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipSetViAttributes(
+    vh: *mut c_void,
+    attrs: *const ViAttributes,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let v = unsafe { vi(vh) }?;
+        // SAFETY: forwarded.
+        let a = unsafe { vi_attrs(&v.nic, attrs) }?;
+        v.vi.set_attributes(a).map_err(attr_err)?;
+        // SAFETY: non-NULL (checked by `vi_attrs`).
+        *lock(&v.ptag) = unsafe { (*attrs).ptag } as usize;
+        Ok(())
+    })
+}
+
+// ---- Data transfer ----
+
+/// The status bits a refused descriptor is given.
+fn refusal_bits(e: &PostError) -> u32 {
+    match e {
+        PostError::Format(_) => status::FORMAT_ERROR,
+        PostError::Segment { error, .. } => match error {
+            AccessError::RdmaWriteDisabled(_) | AccessError::RdmaReadDisabled(_) => {
+                status::RDMA_PROT_ERROR
+            }
+            _ => status::PROTECTION_ERROR,
+        },
+        PostError::TooLong { .. } => status::LENGTH_ERROR,
+        PostError::NotEnabled(_) => status::PROTECTION_ERROR,
+        _ => 0,
+    }
+}
+
+/// Posts a program's descriptor on one queue of a VI.
+unsafe fn post(vh: *mut c_void, d: *mut Descriptor, mh: u32, q: Queue) -> VipReturn {
+    // SAFETY: forwarded.
+    let v = match unsafe { vi(vh) } {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let Some(p) = NonNull::new(d) else {
+        return ret::INVALID_PARAMETER;
+    };
+    if (d as usize) % 64 != 0 {
+        return ret::INVALID_PARAMETER;
+    }
+    // The descriptor must lie in the region its handle names, control
+    // segment and the segments it counts.
+    // SAFETY: the first 32 bytes are checked to be registered memory of the
+    // program before the segment count is read.
+    let fits = |len: u64| {
+        v.nic
+            .nic
+            .query_mem(MemHandle(mh))
+            .is_ok_and(|r| r.contains(d as u64, len))
+    };
+    if !fits(32) || !fits(32 + 16 * unsafe { (*d).cs.seg_count } as u64) {
+        return ret::INVALID_PARAMETER;
+    }
+    // SAFETY: the descriptor lies in registered memory the program keeps
+    // until it is handed back (the contract of VipPostSend/VipPostRecv).
+    let r = unsafe {
+        match q {
+            Queue::Send => v.vi.post_send_raw(p, false),
+            Queue::Recv => v.vi.post_recv_raw(p, false),
+        }
+    };
+    match r {
+        Ok(()) => ret::SUCCESS,
+        Err(PostError::QueueFull(..)) => ret::ERROR_RESOURCE,
+        Err(PostError::NotConnected(_)) => ret::INVALID_STATE,
+        Err(PostError::ViError) => {
+            notify::conn_lost(v, vh);
+            ret::INVALID_STATE
+        }
+        Err(e) => {
+            // SAFETY: the descriptor was refused, so it is the program's
+            // again; writing its status is how VIPL reports the reason.
+            let op = unsafe {
+                (*d).cs.status = status::DONE | refusal_bits(&e);
+                (*d).cs.control & uvia::control::OP_MASK
+            };
+            notify::report(AsyncError {
+                nic: v.nic.clone(),
+                vi_handle: addr(vh),
+                descriptor: d as usize,
+                op_code: op as u64,
+                resource: async_error::RESOURCE_DESCRIPTOR,
+                code: async_error::POST_DESC,
+            });
+            ret::DESCRIPTOR_ERROR
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipPostSend(vh: *mut c_void, d: *mut Descriptor, mh: u32) -> VipReturn {
+    // SAFETY: forwarded.
+    unsafe { post(vh, d, mh, Queue::Send) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipPostRecv(vh: *mut c_void, d: *mut Descriptor, mh: u32) -> VipReturn {
+    // SAFETY: forwarded.
+    unsafe { post(vh, d, mh, Queue::Recv) }
+}
+
+/// Hands a completed descriptor to the program.
+unsafe fn hand_back(
+    v: &ViH,
+    vh: *mut c_void,
+    d: NonNull<Descriptor>,
+    out: *mut *mut Descriptor,
+) -> VipReturn {
+    // SAFETY: `out` was checked non-NULL by the caller.
+    unsafe { out.write(d.as_ptr()) };
+    // SAFETY: the descriptor is complete and the program's again.
+    if unsafe { d.as_ref() }.cs.status & status::ERROR_MASK != 0 {
+        notify::conn_lost(v, vh);
+    }
+    ret::SUCCESS
+}
+
+unsafe fn done(vh: *mut c_void, out: *mut *mut Descriptor, q: Queue) -> VipReturn {
+    // SAFETY: forwarded.
+    let v = match unsafe { vi(vh) } {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if out.is_null() {
+        return ret::INVALID_PARAMETER;
+    }
+    let d = match q {
+        Queue::Send => v.vi.send_done_raw(),
+        Queue::Recv => v.vi.recv_done_raw(),
+    };
+    match d {
+        // SAFETY: forwarded.
+        Some(d) => unsafe { hand_back(v, vh, d, out) },
+        None => ret::NOT_DONE,
+    }
+}
+
+unsafe fn wait(vh: *mut c_void, ms: c_ulong, out: *mut *mut Descriptor, q: Queue) -> VipReturn {
+    // SAFETY: forwarded.
+    let v = match unsafe { vi(vh) } {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if out.is_null() {
+        return ret::INVALID_PARAMETER;
+    }
+    match v.vi.wait_raw(q, timeout(ms)) {
+        // SAFETY: forwarded.
+        Ok(d) => unsafe { hand_back(v, vh, d, out) },
+        Err(WaitError::Timeout) => ret::TIMEOUT,
+        Err(WaitError::BoundToCq) => ret::INVALID_STATE,
+        Err(WaitError::CqOverflow(_)) => ret::ERROR_RESOURCE,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipSendDone(vh: *mut c_void, out: *mut *mut Descriptor) -> VipReturn {
+    // SAFETY: forwarded.
+    unsafe { done(vh, out, Queue::Send) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipRecvDone(vh: *mut c_void, out: *mut *mut Descriptor) -> VipReturn {
+    // SAFETY: forwarded.
+    unsafe { done(vh, out, Queue::Recv) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipSendWait(
+    vh: *mut c_void,
+    ms: c_ulong,
+    out: *mut *mut Descriptor,
+) -> VipReturn {
+    // SAFETY: forwarded.
+    unsafe { wait(vh, ms, out, Queue::Send) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipRecvWait(
+    vh: *mut c_void,
+    ms: c_ulong,
+    out: *mut *mut Descriptor,
+) -> VipReturn {
+    // SAFETY: forwarded.
+    unsafe { wait(vh, ms, out, Queue::Recv) }
+}
+
+unsafe fn vi_notify(vh: *mut c_void, ctx: *mut c_void, f: ViNotifyHandler, q: Queue) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let v = unsafe { vi(vh) }?;
+        if f.is_none() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        notify::vi_request(v, vh, q, addr(ctx), f);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipSendNotify(
+    vh: *mut c_void,
+    ctx: *mut c_void,
+    f: ViNotifyHandler,
+) -> VipReturn {
+    // SAFETY: forwarded.
+    unsafe { vi_notify(vh, ctx, f, Queue::Send) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipRecvNotify(
+    vh: *mut c_void,
+    ctx: *mut c_void,
+    f: ViNotifyHandler,
+) -> VipReturn {
+    // SAFETY: forwarded.
+    unsafe { vi_notify(vh, ctx, f, Queue::Recv) }
+}
+
+// ---- Completion queues ----
+
+#[no_mangle]
+pub unsafe extern "C" fn VipCreateCQ(
+    h: *mut c_void,
+    entries: c_ulong,
+    out: *mut *mut c_void,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        if out.is_null() || entries == 0 {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        if entries > n.nic.attributes().max_cq_entries as c_ulong {
+            return Err(ret::ERROR_RESOURCE);
+        }
+        let c = n
+            .nic
+            .create_cq(entries as usize)
+            .map_err(|_| ret::ERROR_RESOURCE)?;
+        // SAFETY: `h` passed the check.
+        let ch = CqH::new(c, unsafe { NicH::arc(h) }).into_handle();
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(ch) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipDestroyCQ(ch: *mut c_void) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let c = unsafe { cq(ch) }?;
+        if let Err((_, e)) = c.cq.clone().destroy() {
+            return Err(match e {
+                CqError::InUse(_) => ret::INVALID_STATE,
+                _ => ret::ERROR_RESOURCE,
+            });
+        }
+        notify::forget(ch);
+        // SAFETY: the handle came from VipCreateCQ and no request names it.
+        unsafe { CqH::free(ch) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipResizeCQ(ch: *mut c_void, entries: c_ulong) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let c = unsafe { cq(ch) }?;
+        if entries > c.nic.nic.attributes().max_cq_entries as c_ulong {
+            return Err(ret::ERROR_RESOURCE);
+        }
+        c.cq.resize(entries as usize)
+            .map_err(|_| ret::INVALID_PARAMETER)
+    })
+}
+
+/// Names a CQ notice's VI by its handle.
+unsafe fn notice(
+    c: &CqH,
+    n: uvia::CqCompletion,
+    vi_out: *mut *mut c_void,
+    recv_out: *mut VipBoolean,
+) -> VipReturn {
+    let h = lock(&c.nic.vis).get(&n.vi.id()).copied().unwrap_or(0);
+    // SAFETY: out-pointers were checked non-NULL by the callers.
+    unsafe {
+        vi_out.write(h as *mut c_void);
+        recv_out.write((n.queue == Queue::Recv) as VipBoolean);
+    }
+    ret::SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipCQDone(
+    ch: *mut c_void,
+    vi_out: *mut *mut c_void,
+    recv_out: *mut VipBoolean,
+) -> VipReturn {
+    // SAFETY: forwarded.
+    let c = match unsafe { cq(ch) } {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if vi_out.is_null() || recv_out.is_null() {
+        return ret::INVALID_PARAMETER;
+    }
+    match c.cq.done() {
+        // SAFETY: forwarded.
+        Ok(Some(n)) => unsafe { notice(c, n, vi_out, recv_out) },
+        Ok(None) => ret::NOT_DONE,
+        Err(_) => ret::ERROR_RESOURCE,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipCQWait(
+    ch: *mut c_void,
+    ms: c_ulong,
+    vi_out: *mut *mut c_void,
+    recv_out: *mut VipBoolean,
+) -> VipReturn {
+    // SAFETY: forwarded.
+    let c = match unsafe { cq(ch) } {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if vi_out.is_null() || recv_out.is_null() {
+        return ret::INVALID_PARAMETER;
+    }
+    match c.cq.wait(timeout(ms)) {
+        // SAFETY: forwarded.
+        Ok(n) => unsafe { notice(c, n, vi_out, recv_out) },
+        Err(WaitError::Timeout) => ret::TIMEOUT,
+        Err(_) => ret::ERROR_RESOURCE,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipCQNotify(
+    ch: *mut c_void,
+    ctx: *mut c_void,
+    f: CqNotifyHandler,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let c = unsafe { cq(ch) }?;
+        if f.is_none() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        notify::cq_request(c, ch, addr(ctx), f);
+        Ok(())
+    })
+}

@@ -1,0 +1,495 @@
+//! NIC, protection tags, memory registration, system management and the
+//! name service.
+
+use crate::handle::{lock, ErrorCallback, NicH, PtagH};
+use crate::names::{self, HostEntry};
+use crate::types::*;
+use crate::{host_bytes, notify, put, vip};
+use std::ffi::{c_char, c_ulong, c_void, CStr};
+use std::sync::Arc;
+use uvia::{MemAttributes as CoreMem, MemError, MemHandle, Nic, OpenError, PtagError, Reliability};
+
+/// The NIC behind a handle, or the call's error.
+unsafe fn nic<'a>(h: *mut c_void) -> Result<&'a NicH, VipReturn> {
+    // SAFETY: forwarded contract: `h` is NULL or a handle from this library.
+    unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)
+}
+
+/// A tag handle of this NIC, as its core tag.
+pub(crate) unsafe fn ptag_of(n: &NicH, h: *mut c_void) -> Result<uvia::Ptag, VipReturn> {
+    // SAFETY: as in `nic`.
+    match unsafe { PtagH::from_handle(h) } {
+        Some(p) if std::ptr::eq(Arc::as_ptr(&p.nic), n) => Ok(p.ptag),
+        _ => Err(ret::INVALID_PTAG),
+    }
+}
+
+fn read_conf() -> Option<String> {
+    let path = std::env::var("VIPL_CONF").unwrap_or_else(|_| "/etc/vipl.conf".to_string());
+    std::fs::read_to_string(path).ok()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void) -> VipReturn {
+    vip(|| {
+        if out.is_null() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        let device = if device.is_null() {
+            "shm".to_string()
+        } else {
+            // SAFETY: a non-NULL device name is a C string.
+            match unsafe { CStr::from_ptr(device) }.to_str() {
+                Ok(s) => s.to_string(),
+                Err(_) => return Err(ret::INVALID_PARAMETER),
+            }
+        };
+        let env = std::env::var("VIPL_DEVICES").ok();
+        let provider = names::provider_for(&device, env.as_deref(), read_conf().as_deref());
+        let n = Nic::open(&provider).map_err(|e| {
+            eprintln!("vipl: VipOpenNic({device:?}): {e}");
+            match e {
+                OpenError::Io { .. } => ret::ERROR_RESOURCE,
+                _ => ret::INVALID_PARAMETER,
+            }
+        })?;
+        let address = host_bytes(&n.attributes().address).ok_or(ret::ERROR_RESOURCE)?;
+        let h = Arc::into_raw(Arc::new(NicH::new(n, address)));
+        // SAFETY: checked non-NULL above.
+        unsafe { out.write(h as *mut c_void) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipCloseNic(h: *mut c_void) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        n.close();
+        notify::watch(
+            // SAFETY: `h` passed the check above.
+            unsafe { NicH::arc(h) },
+            false,
+        );
+        // SAFETY: the handle's own count, given at open, is released once:
+        // the magic is cleared so a second close is refused.
+        drop(unsafe { Arc::from_raw(h as *const NicH) });
+        Ok(())
+    })
+}
+
+fn levels(ls: &[Reliability]) -> u16 {
+    ls.iter()
+        .map(|l| match l {
+            Reliability::Unreliable => service::UNRELIABLE,
+            Reliability::ReliableDelivery => service::RELIABLE_DELIVERY,
+            Reliability::ReliableReception => service::RELIABLE_RECEPTION,
+        })
+        .fold(0, |a, b| a | b)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipQueryNic(h: *mut c_void, out: *mut NicAttributes) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        let a = n.nic.attributes();
+        let mut name = [0 as c_char; 64];
+        for (d, s) in name.iter_mut().zip(a.name.bytes().take(63)) {
+            *d = s as c_char;
+        }
+        let net = a.provider != "shm";
+        let all = levels(a.reliability_levels);
+        let big = (c_ulong::MAX >> 1) as c_ulong;
+        // SAFETY: `out` is NULL or points at the caller's attributes.
+        unsafe {
+            put(
+                out,
+                NicAttributes {
+                    name,
+                    hardware_version: 0,
+                    provider_version: 0x0001_0000,
+                    nic_address_len: HOST_ADDRESS_LEN as u16,
+                    local_nic_address: n.address.as_ptr(),
+                    thread_safe: 1,
+                    max_discriminator_len: uvia::cm::MAX_DISCRIMINATOR as u16,
+                    max_register_bytes: big,
+                    max_register_regions: a.max_registered_regions as c_ulong,
+                    max_register_block_bytes: big,
+                    max_vi: 1 << 16,
+                    max_descriptors_per_queue: a.max_queue_depth as c_ulong,
+                    max_segments_per_desc: a.max_segments_per_desc as c_ulong,
+                    max_cq: 1 << 16,
+                    max_cq_entries: a.max_cq_entries as c_ulong,
+                    max_transfer_size: a.max_transfer_size as c_ulong,
+                    native_mtu: if net {
+                        1500
+                    } else {
+                        a.max_transfer_size as c_ulong
+                    },
+                    max_ptags: a.max_ptags as c_ulong,
+                    reliability_level_support: all,
+                    rdma_read_support: if a.rdma_read { all } else { 0 },
+                },
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipQuerySystemManagementInfo(
+    h: *mut c_void,
+    info_type: c_ulong,
+    out: *mut c_void,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        if info_type != SMI_AUTODISCOVERY || out.is_null() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        // SAFETY: for this info type `out` is the caller's list.
+        let list = unsafe { &mut *(out as *mut AutodiscoveryList) };
+        let hosts = hosts_of(n)?;
+        let mut filled = 0;
+        for e in hosts.iter().filter(|e| e.provider == n.provider()) {
+            if filled >= list.num_ad_addrs as usize || list.ad_addr_array.is_null() {
+                break;
+            }
+            // SAFETY: the caller gave `num_ad_addrs` entries.
+            let slot = unsafe { *list.ad_addr_array.add(filled) };
+            if slot.is_null() {
+                return Err(ret::INVALID_PARAMETER);
+            }
+            // SAFETY: each entry has room for a host address (the contract in vipl.h).
+            unsafe { write_host(slot, &e.address) }?;
+            filled += 1;
+        }
+        list.number_of_hops = 0;
+        list.num_ad_addrs = filled as c_ulong;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipErrorCallback(
+    h: *mut c_void,
+    context: *mut c_void,
+    handler: ErrorHandler,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        *lock(&n.on_error) = handler.map(|_| ErrorCallback {
+            handler,
+            context: context as usize,
+        });
+        // SAFETY: `h` passed the check.
+        notify::watch(unsafe { NicH::arc(h) }, handler.is_some());
+        Ok(())
+    })
+}
+
+// ---- Protection tags ----
+
+#[no_mangle]
+pub unsafe extern "C" fn VipCreatePtag(h: *mut c_void, out: *mut *mut c_void) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        if out.is_null() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        let p = n.nic.create_ptag().map_err(|_| ret::ERROR_RESOURCE)?;
+        // SAFETY: `h` passed the check.
+        let ph = PtagH::new(p, unsafe { NicH::arc(h) }).into_handle();
+        lock(&n.ptags).insert(p.raw(), ph as usize);
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(ph) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipDestroyPtag(h: *mut c_void, ptag: *mut c_void) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        // SAFETY: forwarded.
+        let p = unsafe { ptag_of(n, ptag) }?;
+        n.nic.destroy_ptag(p).map_err(|e| match e {
+            PtagError::InUse(_) => ret::ERROR_RESOURCE,
+            _ => ret::INVALID_PTAG,
+        })?;
+        lock(&n.ptags).remove(&p.raw());
+        // SAFETY: the tag handle came from VipCreatePtag and is dropped from the table.
+        unsafe { PtagH::free(ptag) };
+        Ok(())
+    })
+}
+
+// ---- Memory ----
+
+unsafe fn mem_attrs(n: &NicH, a: *const MemAttributes) -> Result<CoreMem, VipReturn> {
+    if a.is_null() {
+        return Err(ret::INVALID_PARAMETER);
+    }
+    // SAFETY: non-NULL attributes are the caller's struct.
+    let a = unsafe { *a };
+    // SAFETY: forwarded.
+    let p = unsafe { ptag_of(n, a.ptag) }?;
+    Ok(CoreMem::new(p)
+        .rdma_write(a.enable_rdma_write != 0)
+        .rdma_read(a.enable_rdma_read != 0))
+}
+
+fn mem_err(e: MemError) -> VipReturn {
+    match e {
+        MemError::InvalidPtag(_) => ret::INVALID_PTAG,
+        MemError::TableFull(_) | MemError::Alloc { .. } => ret::ERROR_RESOURCE,
+        _ => ret::INVALID_PARAMETER,
+    }
+}
+
+/// The region `mh` names, if `addr` lies in it.
+fn region(n: &NicH, addr: *mut c_void, mh: u32) -> Result<uvia::RegionInfo, VipReturn> {
+    let r = n.nic.query_mem(MemHandle(mh)).map_err(mem_err)?;
+    if !r.contains(addr as u64, 1) {
+        return Err(ret::INVALID_PARAMETER);
+    }
+    Ok(r)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipRegisterMem(
+    h: *mut c_void,
+    addr: *mut c_void,
+    len: c_ulong,
+    attrs: *const MemAttributes,
+    out: *mut u32,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        if addr.is_null() || len == 0 || out.is_null() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        // SAFETY: forwarded.
+        let a = unsafe { mem_attrs(n, attrs) }?;
+        // SAFETY: the program registers its own memory and keeps it while
+        // registered, the contract of VipRegisterMem.
+        let mh =
+            unsafe { n.nic.register_mem(addr as *mut u8, len as usize, a) }.map_err(mem_err)?;
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(mh.0) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipDeregisterMem(h: *mut c_void, addr: *mut c_void, mh: u32) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        region(n, addr, mh)?;
+        n.nic.deregister_mem(MemHandle(mh)).map_err(mem_err)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipQueryMem(
+    h: *mut c_void,
+    addr: *mut c_void,
+    mh: u32,
+    out: *mut MemAttributes,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        let r = region(n, addr, mh)?;
+        // SAFETY: `out` is NULL or the caller's struct.
+        unsafe {
+            put(
+                out,
+                MemAttributes {
+                    ptag: n.ptag_handle(r.attrs.ptag),
+                    enable_rdma_write: r.attrs.enable_rdma_write as VipBoolean,
+                    enable_rdma_read: r.attrs.enable_rdma_read as VipBoolean,
+                },
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipSetMemAttributes(
+    h: *mut c_void,
+    addr: *mut c_void,
+    mh: u32,
+    attrs: *const MemAttributes,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        // SAFETY: forwarded.
+        let a = unsafe { mem_attrs(n, attrs) }?;
+        region(n, addr, mh)?;
+        n.nic.set_mem_attributes(MemHandle(mh), a).map_err(mem_err)
+    })
+}
+
+// ---- Name service ----
+
+/// The hosts table, read on first use.
+fn hosts_of(n: &NicH) -> Result<Vec<HostEntry>, VipReturn> {
+    let mut g = lock(&n.hosts);
+    if g.is_none() {
+        *g = Some(load_hosts(None)?);
+    }
+    Ok(g.clone().unwrap_or_default())
+}
+
+fn load_hosts(path: Option<&str>) -> Result<Vec<HostEntry>, VipReturn> {
+    let p = match path {
+        Some(p) => p.to_string(),
+        None => std::env::var("VIPL_HOSTS").unwrap_or_else(|_| "/etc/vipl_hosts".to_string()),
+    };
+    names::read_hosts(std::path::Path::new(&p)).map_err(|e| {
+        eprintln!("vipl: name service: {e}");
+        ret::ERROR_NAMESERVICE
+    })
+}
+
+/// Writes a host address into `a` (lengths and bytes; the discriminator is
+/// the caller's).
+unsafe fn write_host(a: *mut NetAddress, text: &str) -> Result<(), VipReturn> {
+    let b = host_bytes(text).ok_or(ret::ERROR_NAMESERVICE)?;
+    // SAFETY: the caller's address has room for HOST_ADDRESS_LEN host bytes.
+    unsafe {
+        (*a).host_address_len = HOST_ADDRESS_LEN as u16;
+        std::ptr::copy_nonoverlapping(b.as_ptr(), (*a).host_address.as_mut_ptr(), b.len());
+    }
+    Ok(())
+}
+
+/// The names this host goes by, for `shm` NICs.
+fn this_host(name: &str) -> bool {
+    if name == "localhost" {
+        return true;
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into our buffer.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut c_char, buf.len()) } == 0;
+    ok && CStr::from_bytes_until_nul(&buf).is_ok_and(|h| h.to_bytes() == name.as_bytes())
+}
+
+/// Every address `name` has on this NIC's provider, in file order.
+fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
+    let mut out: Vec<String> = hosts_of(n)?
+        .into_iter()
+        .filter(|e| e.name == name && e.provider == n.provider())
+        .map(|e| e.address)
+        .collect();
+    if out.is_empty() {
+        let is_addr = match n.provider() {
+            "shm" => this_host(name),
+            _ => name.parse::<std::net::SocketAddr>().is_ok(),
+        };
+        if is_addr {
+            out.push(if n.provider() == "shm" {
+                n.nic.attributes().address.clone()
+            } else {
+                name.to_string()
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipNSInit(h: *mut c_void, info: *mut c_void) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        let path = if info.is_null() {
+            None
+        } else {
+            // SAFETY: a non-NULL init info is the hosts file's path (vipl.h).
+            let s = unsafe { CStr::from_ptr(info as *const c_char) };
+            Some(s.to_str().map_err(|_| ret::INVALID_PARAMETER)?.to_string())
+        };
+        *lock(&n.hosts) = Some(load_hosts(path.as_deref())?);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipNSGetHostByName(
+    h: *mut c_void,
+    name: *const c_char,
+    out: *mut NetAddress,
+    index: c_ulong,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        if name.is_null() || out.is_null() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        // SAFETY: a non-NULL name is a C string.
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_str()
+            .map_err(|_| ret::INVALID_PARAMETER)?;
+        let addrs = lookup(n, name)?;
+        let a = addrs.get(index as usize).ok_or(ret::ERROR_NAMESERVICE)?;
+        // SAFETY: `out` has room for a host address (vipl.h).
+        unsafe { write_host(out, a) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipNSGetHostByAddr(
+    h: *mut c_void,
+    a: *const NetAddress,
+    name: *mut c_char,
+    len: *mut c_ulong,
+) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        if len.is_null() {
+            return Err(ret::INVALID_PARAMETER);
+        }
+        // SAFETY: `a` is NULL or the caller's address.
+        let host = unsafe { crate::cm::host_of(a) }?;
+        let e = hosts_of(n)?
+            .into_iter()
+            .find(|e| e.provider == n.provider() && e.address == host)
+            .ok_or(ret::ERROR_NAMESERVICE)?;
+        let need = e.name.len() + 1;
+        // SAFETY: `len` is non-NULL and the caller's.
+        let room = unsafe { *len } as usize;
+        // SAFETY: as above.
+        unsafe { *len = need as c_ulong };
+        if name.is_null() || room < need {
+            return Err(ret::ERROR_RESOURCE);
+        }
+        // SAFETY: `name` has `room >= need` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(e.name.as_ptr(), name as *mut u8, e.name.len());
+            *name.add(e.name.len()) = 0;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn VipNSShutdown(h: *mut c_void) -> VipReturn {
+    vip(|| {
+        // SAFETY: forwarded.
+        let n = unsafe { nic(h) }?;
+        *lock(&n.hosts) = None;
+        Ok(())
+    })
+}
