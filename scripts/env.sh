@@ -21,3 +21,13 @@ if ! command -v ip >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# The VIPL C library's install, conformance suite and examples need a C
+# compiler and pkg-config.
+need_pkgs=()
+command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)
+command -v pkg-config >/dev/null 2>&1 || need_pkgs+=(pkg-config)
+if [ "${#need_pkgs[@]}" -gt 0 ] && [ "$(id -u)" -eq 0 ]; then
+    echo "uvia: installing ${need_pkgs[*]} for the C API's programs" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
