@@ -237,17 +237,18 @@ unsafe fn post(vh: *mut c_void, d: *mut Descriptor, mh: u32, q: Queue) -> VipRet
     if (d as usize) % 64 != 0 {
         return ret::INVALID_PARAMETER;
     }
-    // The descriptor must lie in the region its handle names, control
-    // segment and the segments it counts.
-    // SAFETY: the first 32 bytes are checked to be registered memory of the
-    // program before the segment count is read.
-    let fits = |len: u64| {
-        v.nic
-            .nic
-            .query_mem(MemHandle(mh))
-            .is_ok_and(|r| r.contains(d as u64, len))
+    // The descriptor must lie in the region its handle names: its control
+    // segment, then the segments it counts (an over-long count is left to
+    // the core, which reports it as a format error).
+    let Ok(region) = v.nic.nic.query_mem(MemHandle(mh)) else {
+        return ret::INVALID_PARAMETER;
     };
-    if !fits(32) || !fits(32 + 16 * unsafe { (*d).cs.seg_count } as u64) {
+    if !region.contains(d as u64, 32) {
+        return ret::INVALID_PARAMETER;
+    }
+    // SAFETY: the control segment lies in the program's registered memory.
+    let segs = unsafe { (*d).cs.seg_count }.min(uvia::MAX_SEGMENTS as u16) as u64;
+    if !region.contains(d as u64, 32 + 16 * segs) {
         return ret::INVALID_PARAMETER;
     }
     // SAFETY: the descriptor lies in registered memory the program keeps
