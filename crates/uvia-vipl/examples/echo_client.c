@@ -46,8 +46,9 @@ static const char *vip_name(VIP_RETURN r)
 /* Names the call that failed and what it returned, then exits. */
 static void die_vip(const char *call, VIP_RETURN r, const char *what)
 {
-    fprintf(stderr, "%s: %s failed: %s (%d)%s%s\n", prog, call, vip_name(r), (int)r,
-            what ? ": " : "", what ? what : "");
+    /* `call` is the whole call as written: name the function only. */
+    fprintf(stderr, "%s: %.*s failed: %s (%d)%s%s\n", prog, (int)strcspn(call, "("), call,
+            vip_name(r), (int)r, what ? ": " : "", what ? what : "");
     exit(1);
 }
 

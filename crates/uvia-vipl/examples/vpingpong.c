@@ -134,8 +134,9 @@ static COLD NORETURN void die(const char *fmt, ...)
 
 static COLD NORETURN void die_vip(const char *call, VIP_RETURN r, const char *what)
 {
-    die("%s failed: %s (%d)%s%s", call, vip_name(r), (int)r, what ? ": " : "",
-        what ? what : "");
+    /* `call` may be the whole call as written: name the function only. */
+    die("%.*s failed: %s (%d)%s%s", (int)strcspn(call, "("), call, vip_name(r), (int)r,
+        what ? ": " : "", what ? what : "");
 }
 
 #define CHECK(call, what)                           \
@@ -168,7 +169,10 @@ static COLD NORETURN void die_status(const char *what, VIP_UINT32 st)
             used += (size_t)w;
         }
     }
-    die("%s completed with an error (status 0x%x: %s)", what, (unsigned)st, why);
+    die("%s completed with an error (status 0x%x: %s)%s", what, (unsigned)st, why,
+        (st & VIP_STATUS_LENGTH_ERROR) && !strcmp(role, "server")
+            ? "; the client's messages are larger than this server's -s allows"
+            : "");
 }
 
 /* ---- time ----------------------------------------------------------------- */
@@ -650,7 +654,7 @@ static void print_result(const struct opts *o, const struct result *r, int first
     } else {
         char h[32];
         if (first) {
-            printf("vpingpong %s (%s, reliable %s): one-way latency, half a round trip\n",
+            printf("vpingpong %s (%s, reliability %s): one-way latency, half a round trip\n",
                    o->device, o->block ? "block" : "spin", level_name(o->reliability));
             printf("%9s %8s %10s %10s %10s\n", "size", "iters", "p50 us", "p99 us", "MB/s");
         }
