@@ -17,7 +17,7 @@
  * kept posted ahead, all into one registered receive buffer; sends from one
  * registered send buffer, their completions taken back every 16 sends (off
  * the message's path) or when 64 are outstanding; a receiver that polls
- * VipRecvDone (--spin, the default) or sleeps in VipRecvWait (--block); each
+ * VipRecvDone (--spin, the default) or waits in VipRecvWait (--block); each
  * round trip timed on its own with the CPU's time stamp counter read between
  * load fences (on x86-64; elsewhere, and with --clock mono,
  * clock_gettime(CLOCK_MONOTONIC)); nearest-rank median and 99th percentile.
@@ -822,7 +822,8 @@ static void usage(FILE *f)
         "  -w, --warmup N       untimed round trips first (default a tenth of -n,\n"
         "                       10 to 10,000)\n"
         "      --spin           poll VipRecvDone in a loop (default)\n"
-        "      --block          sleep in VipRecvWait\n"
+        "      --block          wait in VipRecvWait (uvia's spins up to 20 us\n"
+        "                       before it sleeps, unlike uvia pingpong --blocking)\n"
         "      --cpu LIST       cores: client or server mode one core for this\n"
         "                       process; local mode CLIENT,SERVER (default 0,1)\n"
         "      --no-pin         do not pin\n"
