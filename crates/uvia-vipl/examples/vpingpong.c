@@ -469,8 +469,9 @@ static const char *host_text(const VIP_NET_ADDRESS *a, char *out, size_t n)
 /* ---- server --------------------------------------------------------------- */
 
 /* Accepts one client and sends back a message of the same size for every
- * message, until the client's end mark. `ready_fd` (if >= 0) gets one byte
- * when the server is about to wait for its client. */
+ * message, until the client's end mark. `ready_fd` (if >= 0) gets the
+ * server's host address (a 2-byte length, then the bytes) when the server
+ * is about to wait for its client. */
 static int serve(const struct opts *o, size_t max, int ready_fd, int announce)
 {
     struct ep e;
@@ -482,8 +483,12 @@ static int serve(const struct opts *o, size_t max, int ready_fd, int announce)
                 o->device, host_text(e.local, host, sizeof host), o->disc);
     }
     if (ready_fd >= 0) {
-        char c = 'R';
-        if (write(ready_fd, &c, 1) != 1)
+        unsigned char msg[2 + 1024];
+        size_t n = e.local->HostAddressLen < 1024 ? e.local->HostAddressLen : 1024;
+        msg[0] = (unsigned char)(n >> 8);
+        msg[1] = (unsigned char)n;
+        memcpy(msg + 2, e.local->HostAddress, n);
+        if (write(ready_fd, msg, 2 + n) != (ssize_t)(2 + n))
             die("cannot tell the client that the server is ready: %s", strerror(errno));
         close(ready_fd);
     }
@@ -664,10 +669,12 @@ static void print_result(const struct opts *o, const struct result *r, int first
     fflush(stdout);
 }
 
-/* Connects to the server at `host` (NULL: this NIC's own address), measures
- * every size, and ends the run. `retry` keeps trying while nobody listens
- * yet (a server just started). */
-static int client(const struct opts *o, size_t max, const char *host, int retry)
+/* Connects to the server named `host` (looked up by the name service), or
+ * else at host address `addr` (`alen` bytes), measures every size, and ends
+ * the run. `retry` keeps trying while nobody listens yet (a server just
+ * started). */
+static int client(const struct opts *o, size_t max, const char *host, const unsigned char *addr,
+                  size_t alen, int retry)
 {
     struct ep e;
     ep_open(&e, o, max);
@@ -675,7 +682,11 @@ static int client(const struct opts *o, size_t max, const char *host, int retry)
         CHECK(VipNSGetHostByName(e.nic, (VIP_CHAR *)host, e.remote, 0), host);
         set_disc(e.remote, o->disc);
     } else {
-        memcpy(e.remote->HostAddress, e.na.LocalNicAddress, e.na.NicAddressLen);
+        if (alen > e.na.NicAddressLen)
+            die("the server's host address is %zu bytes, more than this NIC's %u", alen,
+                (unsigned)e.na.NicAddressLen);
+        memset(e.remote->HostAddress, 0, e.na.NicAddressLen);
+        memcpy(e.remote->HostAddress, addr, alen);
     }
     calibrate(o->tsc);
 
@@ -780,16 +791,23 @@ static int local(struct opts *o, size_t max)
     close(fds[1]);
     if (o->pin)
         pin(o->cpu_client, "client");
-    /* Wait until the server is set up (end of file: it failed). */
-    struct pollfd p = {fds[0], POLLIN, 0};
-    int n = poll(&p, 1, WAIT_MS);
-    char c;
-    if (n <= 0 || read(fds[0], &c, 1) != 1) {
-        kill(pid, SIGTERM);
-        die("the server process did not get ready");
+    /* Wait until the server is set up and says where it is (end of file:
+     * it failed). */
+    unsigned char msg[2 + 1024];
+    size_t got = 0, want = 2;
+    while (got < want) {
+        struct pollfd p = {fds[0], POLLIN, 0};
+        ssize_t n = poll(&p, 1, WAIT_MS) > 0 ? read(fds[0], msg + got, want - got) : 0;
+        if (n <= 0) {
+            kill(pid, SIGTERM);
+            die("the server process did not get ready");
+        }
+        got += (size_t)n;
+        if (got == 2)
+            want = 2 + (((size_t)msg[0] << 8) | msg[1]);
     }
     close(fds[0]);
-    int rc = client(o, max, NULL, 1);
+    int rc = client(o, max, NULL, msg + 2, want - 2, 1);
     /* The server leaves once it has seen the end mark. */
     for (int i = 0; i < 1000 && server_status == -1; i++) {
         struct timespec ts = {0, 10000000};
@@ -1039,7 +1057,7 @@ int main(int argc, char **argv)
             o.disc = "vpingpong";
         if (o.pin)
             pin(o.cpu_self, "client");
-        return client(&o, max, host, 0);
+        return client(&o, max, host, NULL, 0, 0);
     }
     return local(&o, max);
 }
