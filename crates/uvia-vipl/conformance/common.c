@@ -1,0 +1,366 @@
+/*
+ * Helpers the areas share (see common.h).
+ */
+#include "common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void side_open(struct side *s, const char *device)
+{
+    memset(s, 0, sizeof *s);
+    REQUIRE_RET(VipOpenNic(device ? device : g_device, &s->nic), VIP_SUCCESS);
+    REQUIRE_RET(VipQueryNic(s->nic, &s->attrs), VIP_SUCCESS);
+    if (s->attrs.LocalNicAddress) {
+        size_t n = s->attrs.NicAddressLen;
+        memcpy(s->address, s->attrs.LocalNicAddress, n < VIPL_HOST_ADDRESS_LEN ? n : VIPL_HOST_ADDRESS_LEN);
+    }
+    REQUIRE_RET(VipCreatePtag(s->nic, &s->ptag), VIP_SUCCESS);
+    s->arena_len = ARENA_LEN;
+    s->arena = aligned_alloc(4096, s->arena_len);
+    REQUIRE(s->arena != NULL);
+    memset(s->arena, 0, s->arena_len);
+    VIP_MEM_ATTRIBUTES ma = {.Ptag = s->ptag, .EnableRdmaWrite = VIP_FALSE, .EnableRdmaRead = VIP_FALSE};
+    REQUIRE_RET(VipRegisterMem(s->nic, s->arena, s->arena_len, &ma, &s->mh), VIP_SUCCESS);
+}
+
+void side_open_peer(struct side *s)
+{
+    side_open(s, g_peer_device);
+}
+
+void side_close(struct side *s)
+{
+    if (s->nic)
+        VipCloseNic(s->nic);
+    s->nic = NULL;
+}
+
+void *arena_take(struct side *s, size_t n)
+{
+    size_t at = (s->used + 63) & ~(size_t)63;
+    if (at + n > s->arena_len) {
+        h_fail(__FILE__, __LINE__, "the test's arena is full (%zu bytes asked)", n);
+        h_finish();
+    }
+    s->used = at + n;
+    memset(s->arena + at, 0, n);
+    return s->arena + at;
+}
+
+void *region_new(struct side *s, size_t n, VIP_PROTECTION_HANDLE ptag, int rdma_write,
+                 int rdma_read, VIP_MEM_HANDLE *mh)
+{
+    size_t len = (n + 4095) & ~(size_t)4095;
+    void *p = aligned_alloc(4096, len ? len : 4096);
+    REQUIRE(p != NULL);
+    memset(p, 0, len ? len : 4096);
+    VIP_MEM_ATTRIBUTES ma = {.Ptag = ptag,
+                             .EnableRdmaWrite = rdma_write ? VIP_TRUE : VIP_FALSE,
+                             .EnableRdmaRead = rdma_read ? VIP_TRUE : VIP_FALSE};
+    REQUIRE_RET(VipRegisterMem(s->nic, p, n, &ma, mh), VIP_SUCCESS);
+    return p;
+}
+
+VIP_DESCRIPTOR_SEGMENT *desc_seg(VIP_DESCRIPTOR *d, int i)
+{
+    return (VIP_DESCRIPTOR_SEGMENT *)((char *)d + sizeof(VIP_CONTROL_SEGMENT)) + i;
+}
+
+VIP_DESCRIPTOR *desc_new(struct side *s, int nseg)
+{
+    size_t n = sizeof(VIP_CONTROL_SEGMENT) + (size_t)(nseg < 2 ? 2 : nseg) * sizeof(VIP_DESCRIPTOR_SEGMENT);
+    return arena_take(s, n);
+}
+
+void set_local(VIP_DESCRIPTOR *d, int i, void *addr, VIP_MEM_HANDLE h, uint32_t len)
+{
+    VIP_DESCRIPTOR_SEGMENT *g = desc_seg(d, i);
+    g->Local.Data.AddressBits = (VIP_UINT64)(uintptr_t)addr;
+    g->Local.Handle = h;
+    g->Local.Length = len;
+}
+
+void set_remote(VIP_DESCRIPTOR *d, int i, uint64_t addr, VIP_MEM_HANDLE h)
+{
+    VIP_DESCRIPTOR_SEGMENT *g = desc_seg(d, i);
+    g->Remote.Data.AddressBits = addr;
+    g->Remote.Handle = h;
+    g->Remote.Reserved = 0;
+}
+
+void *seg_buf(VIP_DESCRIPTOR *d, int i)
+{
+    return (void *)(uintptr_t)desc_seg(d, i)->Local.Data.AddressBits;
+}
+
+void fill_pattern(void *buf, size_t n, unsigned seed)
+{
+    unsigned char *p = buf;
+    uint32_t x = seed * 2654435761u + 12345u;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1103515245u + 12345u;
+        p[i] = (unsigned char)(x >> 16);
+    }
+}
+
+long check_pattern(const void *buf, size_t n, unsigned seed)
+{
+    const unsigned char *p = buf;
+    uint32_t x = seed * 2654435761u + 12345u;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1103515245u + 12345u;
+        if (p[i] != (unsigned char)(x >> 16))
+            return (long)i;
+    }
+    return -1;
+}
+
+VIP_DESCRIPTOR *send_desc(struct side *s, const void *data, uint32_t len, unsigned seed)
+{
+    VIP_DESCRIPTOR *d = desc_new(s, 1);
+    void *buf = arena_take(s, len ? len : 1);
+    if (data)
+        memcpy(buf, data, len);
+    else
+        fill_pattern(buf, len, seed);
+    d->CS.SegCount = 1;
+    d->CS.Control = VIP_CONTROL_OP_SENDRECV;
+    set_local(d, 0, buf, s->mh, len);
+    return d;
+}
+
+VIP_DESCRIPTOR *recv_desc(struct side *s, uint32_t len)
+{
+    VIP_DESCRIPTOR *d = desc_new(s, 1);
+    void *buf = arena_take(s, len ? len : 1);
+    d->CS.SegCount = 1;
+    d->CS.Control = VIP_CONTROL_OP_SENDRECV;
+    set_local(d, 0, buf, s->mh, len);
+    return d;
+}
+
+VIP_VI_ATTRIBUTES vi_attrs(struct side *s, VIP_RELIABILITY_LEVEL level)
+{
+    VIP_VI_ATTRIBUTES a;
+    memset(&a, 0, sizeof a);
+    a.ReliabilityLevel = level;
+    a.MaxTransferSize = s->attrs.MaxTransferSize < (1u << 20) ? s->attrs.MaxTransferSize : (1u << 20);
+    a.QoS = NULL;
+    a.Ptag = s->ptag;
+    a.EnableRdmaWrite = VIP_FALSE;
+    a.EnableRdmaRead = VIP_FALSE;
+    return a;
+}
+
+VIP_VI_HANDLE vi_new(struct side *s, VIP_RELIABILITY_LEVEL level, int rdma_write,
+                     int rdma_read, VIP_CQ_HANDLE scq, VIP_CQ_HANDLE rcq)
+{
+    VIP_VI_ATTRIBUTES a = vi_attrs(s, level);
+    a.EnableRdmaWrite = rdma_write ? VIP_TRUE : VIP_FALSE;
+    a.EnableRdmaRead = rdma_read ? VIP_TRUE : VIP_FALSE;
+    VIP_VI_HANDLE vi = NULL;
+    REQUIRE_RET(VipCreateVi(s->nic, &a, scq, rcq, &vi), VIP_SUCCESS);
+    return vi;
+}
+
+VIP_NET_ADDRESS *addr_raw(const void *host, size_t hostlen, const void *disc, size_t disclen)
+{
+    VIP_NET_ADDRESS *a = calloc(1, sizeof(VIP_NET_ADDRESS) + hostlen + disclen + 64);
+    REQUIRE(a != NULL);
+    a->HostAddressLen = (VIP_UINT16)hostlen;
+    a->DiscriminatorLen = (VIP_UINT16)disclen;
+    unsigned char *p = a->HostAddress;
+    if (hostlen)
+        memcpy(p, host, hostlen);
+    if (disclen)
+        memcpy(p + hostlen, disc, disclen);
+    return a;
+}
+
+VIP_NET_ADDRESS *addr_new(const char *host, const char *disc)
+{
+    char h[VIPL_HOST_ADDRESS_LEN];
+    memset(h, 0, sizeof h);
+    strncpy(h, host, sizeof h - 1);
+    return addr_raw(h, sizeof h, disc, disc ? strlen(disc) : 0);
+}
+
+VIP_NET_ADDRESS *addr_room(void)
+{
+    VIP_NET_ADDRESS *a = calloc(1, sizeof(VIP_NET_ADDRESS) + VIPL_HOST_ADDRESS_LEN + 256);
+    REQUIRE(a != NULL);
+    return a;
+}
+
+void disc_new(char out[33])
+{
+    static unsigned n;
+    snprintf(out, 33, "v%d.%u", (int)getpid(), ++n);
+}
+
+void srv_accept(struct side *s, VIP_VI_HANDLE vi, const char *disc, int ms)
+{
+    VIP_NET_ADDRESS *local = addr_new(s->address, disc);
+    VIP_NET_ADDRESS *remote = addr_room();
+    VIP_VI_ATTRIBUTES ra;
+    VIP_CONN_HANDLE conn = NULL;
+    REQUIRE_RET(VipConnectWait(s->nic, local, (VIP_ULONG)ms, remote, &ra, &conn), VIP_SUCCESS);
+    REQUIRE_RET(VipConnectAccept(conn, vi), VIP_SUCCESS);
+    free(local);
+    free(remote);
+}
+
+void cli_connect(struct side *s, VIP_VI_HANDLE vi, const char *host, const char *disc, int ms)
+{
+    VIP_NET_ADDRESS *local = addr_new(s->address, disc);
+    VIP_NET_ADDRESS *remote = addr_new(host, disc);
+    VIP_VI_ATTRIBUTES ra;
+    REQUIRE_RET(VipConnectRequest(vi, local, remote, (VIP_ULONG)ms, &ra), VIP_SUCCESS);
+    free(local);
+    free(remote);
+}
+
+void send_addr(struct chan *c, struct side *s)
+{
+    chan_send(c, T_ADDR, s->address, strlen(s->address) + 1);
+}
+
+void recv_addr(struct chan *c, char host[VIPL_HOST_ADDRESS_LEN + 1])
+{
+    memset(host, 0, VIPL_HOST_ADDRESS_LEN + 1);
+    if (CHAN_EXPECT(c, 10000, T_ADDR, host, VIPL_HOST_ADDRESS_LEN) != 0)
+        h_finish();
+}
+
+VIP_DESCRIPTOR *wait_one(const char *file, int line, VIP_VI_HANDLE vi, int ms, int recv)
+{
+    VIP_DESCRIPTOR *d = NULL;
+    VIP_RETURN r = recv ? VipRecvWait(vi, (VIP_ULONG)ms, &d) : VipSendWait(vi, (VIP_ULONG)ms, &d);
+    check_ret(file, line, recv ? "VipRecvWait" : "VipSendWait", r, VIP_SUCCESS);
+    if (r != VIP_SUCCESS)
+        return NULL;
+    h_count();
+    if (d == NULL)
+        h_fail(file, line, "%s returned VIP_SUCCESS and a NULL descriptor",
+               recv ? "VipRecvWait" : "VipSendWait");
+    return d;
+}
+
+void pump(VIP_VI_HANDLE vi, int ms)
+{
+    long long end = now_ms() + ms;
+    do {
+        VIP_DESCRIPTOR *d = NULL;
+        if (VipSendDone(vi, &d) == VIP_SUCCESS)
+            h_fail(__FILE__, __LINE__, "pump: took a send descriptor the test did not expect");
+        sleep_ms(1);
+    } while (now_ms() < end);
+}
+
+int chan_recv_pump(struct chan *c, VIP_VI_HANDLE vi, int ms, void *buf, size_t max)
+{
+    long long end = now_ms() + ms;
+    for (;;) {
+        int tag = chan_recv(c, 1, buf, max, NULL);
+        if (tag >= 0)
+            return tag;
+        if (now_ms() >= end)
+            return -1;
+        VIP_DESCRIPTOR *d = NULL;
+        if (VipSendDone(vi, &d) == VIP_SUCCESS)
+            h_fail(__FILE__, __LINE__, "pump: took a send descriptor the test did not expect");
+    }
+}
+
+int vi_state(VIP_VI_HANDLE vi)
+{
+    VIP_VI_STATE st;
+    VIP_VI_ATTRIBUTES a;
+    VIP_BOOLEAN se, re;
+    if (VipQueryVi(vi, &st, &a, &se, &re) != VIP_SUCCESS)
+        return -1;
+    return (int)st;
+}
+
+int wait_state(VIP_VI_HANDLE vi, VIP_VI_STATE want, int ms, int drive)
+{
+    long long end = now_ms() + ms;
+    int st;
+    for (;;) {
+        st = vi_state(vi);
+        if (st == (int)want || now_ms() >= end)
+            return st;
+        if (drive)
+            pump(vi, 2);
+        else
+            sleep_ms(2);
+    }
+}
+
+int claimed_levels(VIP_RELIABILITY_LEVEL out[3])
+{
+    static const VIP_RELIABILITY_LEVEL all[3] = {VIP_SERVICE_UNRELIABLE, VIP_SERVICE_RELIABLE_DELIVERY,
+                                                 VIP_SERVICE_RELIABLE_RECEPTION};
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        if (g_nic.ReliabilityLevelSupport & all[i])
+            out[n++] = all[i];
+    return n;
+}
+
+const char *level_name(VIP_RELIABILITY_LEVEL l)
+{
+    switch (l) {
+    case VIP_SERVICE_UNRELIABLE:
+        return "unreliable";
+    case VIP_SERVICE_RELIABLE_DELIVERY:
+        return "reliable delivery";
+    case VIP_SERVICE_RELIABLE_RECEPTION:
+        return "reliable reception";
+    }
+    return "?";
+}
+
+void require_level(VIP_RELIABILITY_LEVEL l)
+{
+    if (!(g_nic.ReliabilityLevelSupport & l))
+        h_skip("the NIC does not claim %s (ReliabilityLevelSupport 0x%x)", level_name(l),
+               (unsigned)g_nic.ReliabilityLevelSupport);
+}
+
+VIP_RELIABILITY_LEVEL any_reliable_level(void)
+{
+    if (g_nic.ReliabilityLevelSupport & VIP_SERVICE_RELIABLE_DELIVERY)
+        return VIP_SERVICE_RELIABLE_DELIVERY;
+    if (g_nic.ReliabilityLevelSupport & VIP_SERVICE_RELIABLE_RECEPTION)
+        return VIP_SERVICE_RELIABLE_RECEPTION;
+    return 0;
+}
+
+VIP_RELIABILITY_LEVEL default_level(void)
+{
+    VIP_RELIABILITY_LEVEL l[3];
+    if (g_nic.ReliabilityLevelSupport & VIP_SERVICE_RELIABLE_DELIVERY)
+        return VIP_SERVICE_RELIABLE_DELIVERY;
+    return claimed_levels(l) ? l[0] : VIP_SERVICE_RELIABLE_DELIVERY;
+}
+
+int is_network(void)
+{
+    return strcmp(g_provider, "udp") == 0 || strcmp(g_provider, "xdp") == 0;
+}
+
+void write_temp(const char *text, char path[256])
+{
+    const char *dir = getenv("TMPDIR");
+    snprintf(path, 256, "%s/vipl-conf-XXXXXX", dir && *dir ? dir : "/tmp");
+    int fd = mkstemp(path);
+    REQUIRE(fd >= 0);
+    size_t n = strlen(text);
+    REQUIRE(write(fd, text, n) == (ssize_t)n);
+    close(fd);
+    h_unlink_at_end(path);
+}
