@@ -345,7 +345,9 @@ VIP_RETURN VipSetMemAttributes(IN VIP_NIC_HANDLE NicHandle, IN VIP_PVOID Address
                                IN VIP_MEM_HANDLE MemHandle, IN VIP_MEM_ATTRIBUTES *MemAttribs);
 
 /* ---- VIs -------------------------------------------------------------------
- * uvia: each queue of a VI holds up to MaxDescriptorsPerQueue descriptors. */
+ * uvia: each queue of a VI holds up to MaxDescriptorsPerQueue descriptors.
+ * VipSendWait and VipRecvWait poll for VIPL_WAIT_SPIN_US microseconds (an
+ * environment variable, default 20) before they sleep. */
 
 VIP_RETURN VipCreateVi(IN VIP_NIC_HANDLE NicHandle, IN VIP_VI_ATTRIBUTES *ViAttribs,
                        IN VIP_CQ_HANDLE SendCQHandle, IN VIP_CQ_HANDLE RecvCQHandle,
@@ -429,7 +431,9 @@ VIP_RETURN VipConnectPeerWait(IN VIP_VI_HANDLE ViHandle, OUT VIP_VI_ATTRIBUTES *
  * (a C string); otherwise the VIPL_HOSTS environment variable, else
  * /etc/vipl_hosts. Lines are "<name> <provider> <address>", for example
  * "node1 udp 10.0.0.1:7000" or "local shm 0"; '#' starts a comment. A name
- * that is itself an address of the NIC's provider resolves to itself.
+ * that is itself an address of the NIC's provider resolves to itself ("ip:port"
+ * on udp, the NIC's own instance on shm), as do "localhost" and this host's
+ * name on shm.
  * VipNSGetHostByName writes HostAddressLen and the host address bytes and
  * leaves the discriminator to the caller. */
 

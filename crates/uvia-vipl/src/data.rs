@@ -90,6 +90,21 @@ fn attr_err(e: ViAttrError) -> VipReturn {
     }
 }
 
+/// How long VipSendWait and VipRecvWait spin before they sleep, from
+/// `VIPL_WAIT_SPIN_US` (the core's default when unset; 0 sleeps at once).
+fn wait_spin() -> Option<std::time::Duration> {
+    let us = std::env::var("VIPL_WAIT_SPIN_US").ok()?;
+    match us.trim().parse::<u64>() {
+        Ok(us) => Some(std::time::Duration::from_micros(us)),
+        Err(_) => {
+            eprintln!(
+                "vipl: VIPL_WAIT_SPIN_US={us:?} is not a whole number of microseconds; ignored"
+            );
+            None
+        }
+    }
+}
+
 /// A CQ handle argument: NULL for none, else a CQ of the same NIC.
 unsafe fn opt_cq<'a>(n: &NicH, h: *mut c_void) -> Result<Option<&'a CqH>, VipReturn> {
     if h.is_null() {
@@ -125,6 +140,9 @@ pub unsafe extern "C" fn VipCreateVi(
             .nic
             .create_vi(a, s.map(|c| &c.cq), r.map(|c| &c.cq))
             .map_err(attr_err)?;
+        if let Some(spin) = wait_spin() {
+            v.set_wait_spin(spin);
+        }
         let id = v.id();
         // SAFETY: `attrs` is non-NULL (checked by `vi_attrs`).
         let ptag = unsafe { (*attrs).ptag } as usize;

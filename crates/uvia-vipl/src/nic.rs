@@ -393,7 +393,7 @@ fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
         .collect();
     if out.is_empty() {
         let is_addr = match n.provider() {
-            "shm" => this_host(name),
+            "shm" => this_host(name) || name == n.nic.attributes().address,
             _ => name.parse::<std::net::SocketAddr>().is_ok(),
         };
         if is_addr {
