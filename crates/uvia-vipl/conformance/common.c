@@ -3,6 +3,7 @@
  */
 #include "common.h"
 
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -363,4 +364,103 @@ void write_temp(const char *text, char path[256])
     REQUIRE(write(fd, text, n) == (ssize_t)n);
     close(fd);
     h_unlink_at_end(path);
+}
+
+/* ---- Connected pairs -------------------------------------------------------- */
+
+VIP_DESCRIPTOR *conn_post_recv(struct conn *x, uint32_t len)
+{
+    VIP_DESCRIPTOR *d = recv_desc(&x->s, len);
+    REQUIRE_RET(VipPostRecv(x->vi, d, x->s.mh), VIP_SUCCESS);
+    if (x->npre < 64)
+        x->pre[x->npre++] = d;
+    return d;
+}
+
+static void conn_make(struct conn *x, const struct pair_cfg *cfg, int server)
+{
+    VIP_RELIABILITY_LEVEL level = cfg->level ? cfg->level : default_level();
+    if (server ? cfg->srv_cq : cfg->cli_cq) {
+        REQUIRE_RET(VipCreateCQ(x->s.nic, 64, &x->scq), VIP_SUCCESS);
+        x->rcq = x->scq;
+    }
+    VIP_VI_ATTRIBUTES a = vi_attrs(&x->s, level);
+    if (cfg->mtu)
+        a.MaxTransferSize = cfg->mtu;
+    a.EnableRdmaWrite = cfg->rdma_write && !(server && cfg->srv_no_rdma) ? VIP_TRUE : VIP_FALSE;
+    a.EnableRdmaRead = cfg->rdma_read && !(server && cfg->srv_no_rdma) ? VIP_TRUE : VIP_FALSE;
+    REQUIRE_RET(VipCreateVi(x->s.nic, &a, x->scq, x->rcq, &x->vi), VIP_SUCCESS);
+    int n = server ? cfg->srv_recvs : cfg->cli_recvs;
+    for (int i = 0; i < n; i++)
+        conn_post_recv(x, cfg->recv_len ? cfg->recv_len : 256);
+}
+
+static void pair_server(struct chan *c, void *arg)
+{
+    const struct pair_cfg *cfg = arg;
+    struct conn x;
+    memset(&x, 0, sizeof x);
+    x.c = c;
+    x.cfg = cfg;
+    side_open_peer(&x.s);
+    send_addr(c, &x.s);
+    conn_make(&x, cfg, 1);
+    if (cfg->prepare)
+        cfg->prepare(&x, cfg->arg);
+    srv_accept(&x.s, x.vi, cfg->disc, 10000);
+    chan_send(c, T_READY, NULL, 0);
+    if (cfg->server)
+        cfg->server(&x, cfg->arg);
+    /* Stay connected (and moving) until the test is done with us. */
+    int tag = chan_recv_pump(c, x.vi, 20000, NULL, 0);
+    CHECKF(tag == T_QUIT, "server: expected the test's T_QUIT, got %d", tag);
+    VipDisconnect(x.vi);
+    side_close(&x.s);
+}
+
+void pair_open(struct pair *pr, const struct pair_cfg *cfg)
+{
+    memset(pr, 0, sizeof *pr);
+    pr->cfg = *cfg;
+    disc_new(pr->cfg.disc);
+    peer_start(&pr->p, pair_server, &pr->cfg);
+    struct conn *x = &pr->x;
+    x->c = &pr->p.c;
+    x->cfg = &pr->cfg;
+    side_open(&x->s, NULL);
+    char host[VIPL_HOST_ADDRESS_LEN + 1];
+    recv_addr(x->c, host);
+    conn_make(x, &pr->cfg, 0);
+    cli_connect(&x->s, x->vi, host, pr->cfg.disc, 10000);
+    if (CHAN_EXPECT(x->c, 10000, T_READY, NULL, 0) != 0)
+        h_finish();
+}
+
+void pair_close(struct pair *pr)
+{
+    chan_send(&pr->p.c, T_QUIT, NULL, 0);
+    /* Keep this side moving while the server finishes (a provider may need
+     * this side's calls to acknowledge the server's last messages: the
+     * reliability area tests that separately). */
+    long long end = now_ms() + 15000;
+    while (now_ms() < end) {
+        struct pollfd pfd = {.fd = pr->p.result_fd, .events = POLLIN};
+        if (poll(&pfd, 1, 0) > 0)
+            break;
+        pump(pr->x.vi, 2);
+    }
+    peer_end(&pr->p, 15000);
+    VipDisconnect(pr->x.vi);
+    side_close(&pr->x.s);
+}
+
+void check_refused(const char *file, int line, const char *what, const VIP_DESCRIPTOR *d, uint32_t err)
+{
+    h_count();
+    uint32_t st = d->CS.Status;
+    if (!(st & VIP_STATUS_DONE) || (st & VIP_STATUS_ERROR_MASK) != err) {
+        char g[256], w[256];
+        h_fail(file, line, "status of refused %s: expected %s, got %s (0x%x)", what,
+               bits_name(VIP_STATUS_DONE | err, w, sizeof w), status_name(st, g, sizeof g), (unsigned)st);
+    }
 }

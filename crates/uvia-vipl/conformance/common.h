@@ -16,6 +16,8 @@ enum {
     T_DONE,     /* finished the step */
     T_INFO,     /* data: a struct the test defines */
     T_QUIT,     /* stop */
+    T_END,      /* end the current part */
+    T_CHECK,    /* check something; data: a struct the test defines */
 };
 
 #define ARENA_LEN (4u << 20)
@@ -117,5 +119,56 @@ int is_network(void);
 
 /* Writes text to a new temporary file; its path goes to path. */
 void write_temp(const char *text, char path[256]);
+
+
+/* ---- A connected pair: the test is the client, its peer the server --------- */
+
+struct pair_cfg;
+
+/* One end of a connected pair. */
+struct conn {
+    struct side s;
+    VIP_VI_HANDLE vi;
+    VIP_CQ_HANDLE scq, rcq;
+    /* Receives posted before the connection was made, in order. */
+    VIP_DESCRIPTOR *pre[64];
+    int npre;
+    struct chan *c;
+    const struct pair_cfg *cfg;
+};
+
+struct pair_cfg {
+    VIP_RELIABILITY_LEVEL level; /* 0: default_level() */
+    int rdma_write, rdma_read;   /* the VIs' enable bits, both sides */
+    int srv_no_rdma;             /* but the server's VI enables no RDMA */
+    VIP_ULONG mtu;               /* 0: vi_attrs()'s */
+    int srv_recvs, cli_recvs;    /* receives posted before connecting */
+    uint32_t recv_len;           /* their size (0: 256) */
+    int srv_cq, cli_cq;          /* bind both queues to a CQ of 64 entries */
+    /* Before the server accepts (e.g. to post receives of its own). */
+    void (*prepare)(struct conn *x, void *arg);
+    /* The server's part, after it accepted; then it waits for T_QUIT. */
+    void (*server)(struct conn *x, void *arg);
+    void *arg;
+    char disc[33]; /* set by pair_open */
+};
+
+struct pair {
+    struct peer p;
+    struct conn x;
+    struct pair_cfg cfg;
+};
+
+/* Forks the server, connects to it; ends the test if that fails. Call
+ * before this process opens a NIC. */
+void pair_open(struct pair *pr, const struct pair_cfg *cfg);
+/* Tells the server to finish, reaps it, disconnects and closes. */
+void pair_close(struct pair *pr);
+/* Posts a receive of len bytes on x's VI and records it in x->pre. */
+VIP_DESCRIPTOR *conn_post_recv(struct conn *x, uint32_t len);
+
+/* A refused descriptor's status: DONE and exactly the error bits err. */
+#define CHECK_REFUSED(desc, err) check_refused(__FILE__, __LINE__, #desc, (desc), (err))
+void check_refused(const char *file, int line, const char *what, const VIP_DESCRIPTOR *d, uint32_t err);
 
 #endif

@@ -207,7 +207,19 @@ const char *state_name(VIP_VI_STATE s)
     return "VIP_VI_STATE(?)";
 }
 
+static const char *status_text(uint32_t st, char *buf, size_t len, int with_op);
+
 const char *status_name(uint32_t st, char *buf, size_t len)
+{
+    return status_text(st, buf, len, 1);
+}
+
+const char *bits_name(uint32_t st, char *buf, size_t len)
+{
+    return status_text(st, buf, len, 0);
+}
+
+static const char *status_text(uint32_t st, char *buf, size_t len, int with_op)
 {
     static const struct {
         uint32_t bit;
@@ -233,8 +245,9 @@ const char *status_name(uint32_t st, char *buf, size_t len)
         if (st & bits[i].bit)
             n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s", n ? "|" : "",
                                   bits[i].name);
-    n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s", n ? "|" : "",
-                          ops[(st & VIP_STATUS_OP_MASK) >> 16]);
+    if (with_op)
+        n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s", n ? "|" : "",
+                              ops[(st & VIP_STATUS_OP_MASK) >> 16]);
     if (st & VIP_STATUS_RESERVED)
         snprintf(buf + n, n < len ? len - n : 0, "|reserved 0x%x",
                  (unsigned)(st & VIP_STATUS_RESERVED));

@@ -85,6 +85,8 @@ const char *vip_ret_name(VIP_RETURN r);
 /* "DONE|OP_RECEIVE|LENGTH_ERROR"; the buffer is the caller's. */
 const char *status_name(uint32_t status, char *buf, size_t len);
 const char *state_name(VIP_VI_STATE s);
+/* The same without the operation: "DONE|LENGTH_ERROR". */
+const char *bits_name(uint32_t status, char *buf, size_t len);
 
 #define CHECK(cond)                                                            \
     do {                                                                       \
