@@ -19,10 +19,26 @@
 use crate::run::{self, Plan};
 use crate::tracefile::{self, SideTrace};
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use indicatif::ProgressBar;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use uvia_trace::kernel::{Costs, Event, KernelTracer, Point};
 use uvia_trace::Stage;
+
+pub mod compare;
+mod plot;
+pub mod stream;
+
+/// The source documents' categories (000's Table III, with data movement
+/// named as 004 does), in their order.
+pub const CATEGORIES: [&str; 6] = [
+    "user application",
+    "protocol processing (send)",
+    "protocol processing (recv)",
+    "OS overhead (send)",
+    "OS overhead (recv)",
+    "data movement",
+];
 
 /// The kernel tracepoints an anatomy records.
 pub const POINTS: [Point; 12] = [
@@ -140,7 +156,7 @@ fn category(from: Label, to: Label, xsk: bool) -> (&'static str, &'static str) {
 }
 
 /// One stage of the chain.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StageOut {
     pub name: String,
     pub from: String,
@@ -153,7 +169,7 @@ pub struct StageOut {
 }
 
 /// The JSON of `uvia anatomy`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Anatomy {
     pub provider: String,
     pub size: usize,
@@ -257,15 +273,95 @@ const RECEIVER_START: [Label; 3] = [
 
 /// One message's chain: its events, and each stage's time with the
 /// tracing's cost inside it taken out.
-#[derive(Debug)]
-struct Chain {
-    labels: Vec<Label>,
-    sides: Vec<bool>,
-    stage_ns: Vec<f64>,
+#[derive(Clone, Debug)]
+pub(crate) struct Chain {
+    pub labels: Vec<Label>,
+    /// Whether each event is the sender's.
+    pub sides: Vec<bool>,
+    /// Each event's time.
+    pub at: Vec<u64>,
+    pub stage_ns: Vec<f64>,
 }
 
-/// The chain of the message sent at `tl[start]` (an AppSend), if it can
-/// be followed to the other side's AppReceived.
+/// Which events of a time line one message's chain may use.
+pub(crate) struct Span {
+    /// The sender's send call (an AppSend).
+    pub start: usize,
+    /// The receiver's return with the message (an AppReceived).
+    pub end: usize,
+    /// The sender's events before this one are its own (in a stream the
+    /// next message's send call; in a ping-pong past `end`).
+    pub send_until: usize,
+    /// The receiver's events after this one are its own (in a stream its
+    /// return with the message before; in a ping-pong `start`).
+    pub recv_after: usize,
+    /// An event after `end` that closes the chain (the receiver's reply).
+    pub reply: Option<usize>,
+}
+
+/// The chain of the message of `span`, if it can be followed through the
+/// hand-off to the receiver.
+pub(crate) fn follow(tl: &[Ev], span: &Span) -> Option<Chain> {
+    let s = tl[span.start].side;
+    let r = 1 - s;
+    let mine = |j: usize| {
+        let e = &tl[j];
+        (j <= span.end
+            && ((e.side == s && j < span.send_until) || (e.side == r && j > span.recv_after)))
+            || Some(j) == span.reply
+    };
+    let own: Vec<usize> = (span.start..=span.end).filter(|&j| mine(j)).collect();
+    let rx_start = RECEIVER_START.iter().find_map(|&l| {
+        own.iter()
+            .rposition(|&j| tl[j].side == r && tl[j].label == l)
+    })?;
+    // The hand-off: the sender's last before the receiver's start.
+    let handoff = own[..rx_start]
+        .iter()
+        .rposition(|&j| tl[j].side == s && is_handoff(tl[j].label))?;
+    let mut picked: Vec<usize> = Vec::new();
+    let mut seen: Vec<Label> = Vec::new();
+    for &j in &own[..=handoff] {
+        if tl[j].side == s && !seen.contains(&tl[j].label) {
+            seen.push(tl[j].label);
+            picked.push(j);
+        }
+    }
+    seen.clear();
+    for &j in &own[rx_start..] {
+        if tl[j].side == r && !seen.contains(&tl[j].label) {
+            seen.push(tl[j].label);
+            picked.push(j);
+        }
+    }
+    picked.extend(span.reply);
+    let mut stage_ns = Vec::new();
+    for w in picked.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let side = tl[b].side;
+        // The tracing's own cost inside the stage, on the side that waits
+        // for its end: checkpoints cost after their stamp, kernel events
+        // before theirs.
+        let cost: f64 = (a..=b)
+            .filter(|&j| mine(j) && tl[j].side == side)
+            .filter(|&j| if tl[j].stamped_first { j < b } else { j > a })
+            .map(|j| tl[j].cost)
+            .sum();
+        let raw = (tl[b].ns - tl[a].ns) as f64;
+        stage_ns.push((raw - cost).max(0.0));
+    }
+    Some(Chain {
+        labels: picked.iter().map(|&j| tl[j].label).collect(),
+        sides: picked.iter().map(|&j| tl[j].side == s).collect(),
+        at: picked.iter().map(|&j| tl[j].ns).collect(),
+        stage_ns,
+    })
+}
+
+/// The chain of the ping-pong message sent at `tl[start]` (an AppSend),
+/// if it can be followed to the other side's AppReceived; with the
+/// receiver's turn-around to its reply's send call, part of every one-way
+/// time a ping-pong measures.
 fn chain(tl: &[Ev], start: usize) -> Option<Chain> {
     let s = tl[start].side;
     let r = 1 - s;
@@ -273,61 +369,67 @@ fn chain(tl: &[Ev], start: usize) -> Option<Chain> {
         + tl[start..]
             .iter()
             .position(|e| e.side == r && e.label == Label::Mark(Stage::AppReceived))?;
-    let window = &tl[start..=end];
-    let rx_start = RECEIVER_START
-        .iter()
-        .find_map(|&l| window.iter().rposition(|e| e.side == r && e.label == l))?;
-    // The hand-off: the sender's last before the receiver's start.
-    let handoff = window[..rx_start]
-        .iter()
-        .rposition(|e| e.side == s && is_handoff(e.label))?;
-    let mut picked: Vec<usize> = Vec::new();
-    let mut seen: Vec<Label> = Vec::new();
-    for (i, e) in window[..=handoff].iter().enumerate() {
-        if e.side == s && !seen.contains(&e.label) {
-            seen.push(e.label);
-            picked.push(i);
-        }
-    }
-    seen.clear();
-    for (i, e) in window.iter().enumerate().skip(rx_start) {
-        if e.side == r && !seen.contains(&e.label) {
-            seen.push(e.label);
-            picked.push(i);
-        }
-    }
-    // The receiver's turn-around: from its return to its reply's send call,
-    // part of every one-way time a ping-pong measures.
-    let reply = tl[start + window.len()..]
+    let reply = tl[end + 1..]
         .iter()
         .take_while(|e| !(e.side == s && e.label == Label::Mark(Stage::AppSend)))
-        .position(|e| e.side == r && e.label == Label::Mark(Stage::AppSend));
-    let mut window = window.to_vec();
-    if let Some(k) = reply {
-        window.push(tl[start + window.len() + k]);
-        picked.push(window.len() - 1);
+        .position(|e| e.side == r && e.label == Label::Mark(Stage::AppSend))
+        .map(|k| end + 1 + k);
+    follow(
+        tl,
+        &Span {
+            start,
+            end,
+            send_until: end + 1,
+            recv_after: start,
+            reply,
+        },
+    )
+}
+
+/// The chains of the most common shape (events and sides) among `chains`.
+pub(crate) fn common_shape(chains: &[Chain]) -> Vec<&Chain> {
+    let mut shapes: HashMap<(&[Label], &[bool]), usize> = HashMap::new();
+    for c in chains {
+        *shapes.entry((&c.labels, &c.sides)).or_default() += 1;
     }
-    let mut stage_ns = Vec::new();
-    for w in picked.windows(2) {
-        let (a, b) = (w[0], w[1]);
-        let side = window[b].side;
-        // The tracing's own cost inside the stage, on the side that waits
-        // for its end: checkpoints cost after their stamp, kernel events
-        // before theirs.
-        let cost: f64 = window[a..=b]
-            .iter()
-            .enumerate()
-            .filter(|(k, e)| e.side == side && if e.stamped_first { *k < b - a } else { *k > 0 })
-            .map(|(_, e)| e.cost)
-            .sum();
-        let raw = (window[b].ns - window[a].ns) as f64;
-        stage_ns.push((raw - cost).max(0.0));
-    }
-    Some(Chain {
-        labels: picked.iter().map(|&i| window[i].label).collect(),
-        sides: picked.iter().map(|&i| window[i].side == s).collect(),
-        stage_ns,
-    })
+    // The most common; among equals, the longest path, then by name, so
+    // that the choice does not depend on the map's order.
+    let Some((labels, sides)) = shapes
+        .into_iter()
+        .max_by(|a, b| {
+            (a.1, a.0 .0.len())
+                .cmp(&(b.1, b.0 .0.len()))
+                .then_with(|| names(b.0 .0).cmp(&names(a.0 .0)))
+        })
+        .map(|(k, _)| k)
+    else {
+        return Vec::new();
+    };
+    chains
+        .iter()
+        .filter(|c| c.labels == labels && c.sides == sides)
+        .collect()
+}
+
+fn names(l: &[Label]) -> Vec<&'static str> {
+    l.iter().map(|x| x.name()).collect()
+}
+
+/// A stage's name and category: the stage from `from` to `to`, ending on
+/// the sender's side when `send`.
+pub(crate) fn describe(from: Label, to: Label, send: bool, xsk: bool) -> (String, &'static str) {
+    let (name, cat) = category(from, to, xsk);
+    let cat = match (cat, send) {
+        ("", true) => "protocol processing (send)",
+        ("", false) => "protocol processing (recv)",
+        (c, _) => c,
+    };
+    let name = if name.is_empty() {
+        format!("{} to {}", from.name(), to.name())
+    } else {
+        name.to_string()
+    };
+    (name, cat)
 }
 
 /// The stages of every message on the time line, reduced to the medians of
@@ -349,53 +451,46 @@ pub fn stages(runs: &[Vec<Ev>], ticks_per_ns: f64, xsk: bool) -> (Vec<StageOut>,
         .flatten()
         .filter(|e| e.label == Label::Mark(Stage::AppSend))
         .count();
-    let mut shapes: HashMap<(&[Label], &[bool]), usize> = HashMap::new();
-    for c in &chains {
-        *shapes.entry((&c.labels, &c.sides)).or_default() += 1;
-    }
-    let Some(((labels, sides), kept)) = shapes.into_iter().max_by_key(|&(_, n)| n) else {
-        return (Vec::new(), 0, all);
+    let same = common_shape(&chains);
+    (summarize(&same, ticks_per_ns, xsk), same.len(), all)
+}
+
+/// Each stage's median over chains of one shape.
+pub(crate) fn summarize(same: &[&Chain], ticks_per_ns: f64, xsk: bool) -> Vec<StageOut> {
+    let Some(first) = same.first() else {
+        return Vec::new();
     };
-    let same: Vec<&Chain> = chains
-        .iter()
-        .filter(|c| c.labels == labels && c.sides == sides)
-        .collect();
+    let (labels, sides) = (&first.labels, &first.sides);
     let mut out = Vec::new();
     for k in 0..labels.len() - 1 {
         let ns = crate::stats::median(&same.iter().map(|c| c.stage_ns[k]).collect::<Vec<_>>());
         let (from, to) = (labels[k], labels[k + 1]);
-        let (name, cat) = category(from, to, xsk);
-        let side = if sides[k + 1] { "send" } else { "recv" };
-        let cat = if cat.is_empty() {
-            if side == "send" {
-                "protocol processing (send)"
-            } else {
-                "protocol processing (recv)"
-            }
-        } else {
-            cat
-        };
+        let (name, cat) = describe(from, to, sides[k + 1], xsk);
         out.push(StageOut {
-            name: if name.is_empty() {
-                format!("{} to {}", from.name(), to.name())
-            } else {
-                name.to_string()
-            },
+            name,
             from: from.name().into(),
             to: to.name().into(),
             category: cat.into(),
-            side: side.into(),
+            side: if sides[k + 1] { "send" } else { "recv" }.into(),
             ns,
             cycles: ns * ticks_per_ns,
             measured: true,
         });
     }
-    (out, kept, all)
+    out
 }
 
-/// Runs the anatomy of `plan` (one size): `pairs` times an untraced
-/// ping-pong, then a traced one.
-pub fn run(plan: &Plan, pairs: usize) -> Result<Anatomy> {
+/// Prints a line of progress on stderr: above the bar when one is drawn (a
+/// hidden bar, as when stderr is not a terminal, would drop the line).
+pub(crate) fn say(pb: Option<&ProgressBar>, line: String) {
+    match pb {
+        Some(p) if !p.is_hidden() => p.println(line),
+        _ => eprintln!("{line}"),
+    }
+}
+
+/// An error that says how to build a uvia with checkpoints, in one without.
+pub fn require_checkpoints() -> Result<()> {
     if !uvia_trace::COMPILED_IN {
         bail!(
             "this uvia was built without checkpoints; build one with them:\n  \
@@ -403,27 +498,140 @@ pub fn run(plan: &Plan, pairs: usize) -> Result<Anatomy> {
              and run target/trace/release/uvia anatomy ..."
         );
     }
+    Ok(())
+}
+
+/// What a traced measurement needs: checkpoints compiled in, a folder the
+/// two processes write their traces to, and the kernel's tracer.
+pub(crate) struct Tracing {
+    dir: std::path::PathBuf,
+    pub tracer: KernelTracer,
+    _cleanup: RemoveOnDrop,
+}
+
+/// One traced run: both sides' checkpoints and the kernel's events.
+pub(crate) struct Traces {
+    pub client: SideTrace,
+    pub server: SideTrace,
+    pub events: Vec<Event>,
+}
+
+impl Traces {
+    /// Checkpoints and kernel events on one time line. Kernel events are
+    /// not taken out: on the message's path they cost far less than on the
+    /// calibration loops (the traced one-way time is within a few per cent
+    /// of the untraced one, which the table shows), so taking out the
+    /// loops' figure would overcorrect.
+    pub fn timeline(&self) -> Vec<Ev> {
+        timeline([&self.client, &self.server], &self.events, Costs::default())
+    }
+}
+
+impl Tracing {
+    /// Checks the build and the environment and attaches the kernel's
+    /// tracer, with room for about `messages` messages' events per CPU.
+    pub fn open(messages: usize) -> Result<Tracing> {
+        require_checkpoints()?;
+        if std::env::var_os("UVIA_TRACE_DIR").is_some() {
+            bail!("UVIA_TRACE_DIR is set: uvia anatomy chooses where its traces go");
+        }
+        let dir = std::env::temp_dir().join(format!("uvia-anatomy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
+        let cleanup = RemoveOnDrop(dir.clone());
+        // Room for the polling loops' system calls as well.
+        let tracer = KernelTracer::open(&POINTS, (messages * 400).clamp(1 << 16, 1 << 21))
+            .context("uvia anatomy")?;
+        Ok(Tracing {
+            dir,
+            tracer,
+            _cleanup: cleanup,
+        })
+    }
+
+    /// A line on what is traced and what an event costs.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} kernel tracepoints; an event costs {:.0} ns, a system call's {:.0} ns",
+            self.tracer.attached().len(),
+            self.tracer.costs().other,
+            self.tracer.costs().syscall
+        )
+    }
+
+    /// Runs `measure` (a two-process run that calls the function it is
+    /// given with the server's process id) with both processes' checkpoints
+    /// and the kernel's events recorded; returns its result and the traces.
+    pub fn run<T>(
+        &mut self,
+        pb: Option<&ProgressBar>,
+        measure: impl FnOnce(&dyn Fn(u32) -> Result<()>) -> Result<T>,
+    ) -> Result<(T, Traces)> {
+        self.tracer.take();
+        // The child inherits the variable; this process reads it too.
+        std::env::set_var("UVIA_TRACE_DIR", &self.dir);
+        let tracer = &self.tracer;
+        let r = measure(&|pid| {
+            tracer
+                .watch(pid)
+                .context("watching the server's system calls")
+        });
+        std::env::remove_var("UVIA_TRACE_DIR");
+        let r = r?;
+        let (events, lost) = self.tracer.take();
+        if lost > 0 {
+            say(
+                pb,
+                format!("anatomy: warning: {lost} kernel events did not fit and are missing"),
+            );
+        }
+        let client = tracefile::read(&self.dir, "client")?;
+        let server = tracefile::read(&self.dir, "server")?;
+        if client.dropped + server.dropped > 0 {
+            say(
+                pb,
+                format!(
+                    "anatomy: warning: {} checkpoints did not fit and are missing",
+                    client.dropped + server.dropped
+                ),
+            );
+        }
+        Ok((
+            r,
+            Traces {
+                client,
+                server,
+                events,
+            },
+        ))
+    }
+
+    /// The tracepoints this kernel lacks.
+    pub fn missing(&self) -> Vec<String> {
+        self.tracer
+            .missing()
+            .iter()
+            .map(|(p, why)| format!("{}: {why}", p.name()))
+            .collect()
+    }
+}
+
+/// Runs the anatomy of `plan` (one size): `pairs` times an untraced
+/// ping-pong, then a traced one. With a bar, each pair moves it on and
+/// what would be printed goes above it.
+pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatomy> {
     let [size] = plan.sizes[..] else {
         bail!("internal: an anatomy measures one size");
     };
-    if std::env::var_os("UVIA_TRACE_DIR").is_some() {
-        bail!("UVIA_TRACE_DIR is set: uvia anatomy chooses where its traces go");
-    }
-    let dir = std::env::temp_dir().join(format!("uvia-anatomy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
-    let _cleanup = RemoveOnDrop(dir.clone());
-    // Room for the warm-up's events as well as the measured ones', with
-    // the polling loops' system calls.
-    let rounds = plan.iters[0] + plan.warmup[0];
-    let mut tracer = KernelTracer::open(&POINTS, (rounds * 400).clamp(1 << 16, 1 << 21))
-        .context("uvia anatomy")?;
-    eprintln!(
-        "anatomy: {} {} B, {pairs} pairs of an untraced and a traced ping-pong ({} kernel tracepoints; an event costs {:.0} ns, a system call's {:.0} ns)",
-        plan.provider.name(),
-        size,
-        tracer.attached().len(),
-        tracer.costs().other,
-        tracer.costs().syscall
+    // Room for the warm-up's events as well as the measured ones'.
+    let mut tracing = Tracing::open(plan.iters[0] + plan.warmup[0])?;
+    say(
+        pb,
+        format!(
+            "anatomy: {} {} B, {pairs} pairs of an untraced and a traced ping-pong ({})",
+            plan.provider.name(),
+            size,
+            tracing.describe()
+        ),
     );
     let xsk = plan.provider == crate::run::Provider::Xdp;
     let (mut one_way, mut traced_one_way, mut runs, mut ratios) = (vec![], vec![], vec![], vec![]);
@@ -432,39 +640,14 @@ pub fn run(plan: &Plan, pairs: usize) -> Result<Anatomy> {
     // same placement of the two processes on the machine's cores.
     for _ in 0..pairs {
         let plain = run::run(plan)?;
-        tracer.take();
-        // The child inherits the variable; this process reads it too.
-        std::env::set_var("UVIA_TRACE_DIR", &dir);
-        let traced = run::run_with(plan, &|pid| {
-            tracer
-                .watch(pid)
-                .context("watching the server's system calls")
-        });
-        std::env::remove_var("UVIA_TRACE_DIR");
-        let traced = traced?;
-        let (events, lost) = tracer.take();
-        if lost > 0 {
-            eprintln!("anatomy: warning: {lost} kernel events did not fit and are missing");
-        }
-        let client = tracefile::read(&dir, "client")?;
-        let server = tracefile::read(&dir, "server")?;
-        if client.dropped + server.dropped > 0 {
-            eprintln!(
-                "anatomy: warning: {} checkpoints did not fit and are missing",
-                client.dropped + server.dropped
-            );
-        }
-        // Kernel events are not taken out: on the message's path they cost
-        // far less than on the calibration loops (the traced one-way time
-        // is within a few per cent of the untraced one, which the table
-        // shows), so taking out the loops' figure would overcorrect.
-        let tl = timeline([&client, &server], &events, Costs::default());
-        let (st, _, _) = stages(std::slice::from_ref(&tl), client.ticks_per_ns, xsk);
+        let (traced, t) = tracing.run(pb, |ready| run::run_with(plan, ready))?;
+        let tl = t.timeline();
+        let (st, _, _) = stages(std::slice::from_ref(&tl), t.client.ticks_per_ns, xsk);
         if st.is_empty() {
             bail!(
                 "no message could be followed from sender to receiver ({} checkpoints, {} kernel events)",
-                client.marks.len() + server.marks.len(),
-                events.len()
+                t.client.marks.len() + t.server.marks.len(),
+                t.events.len()
             );
         }
         let w = plain.results[0].lat_ns.p50;
@@ -472,7 +655,10 @@ pub fn run(plan: &Plan, pairs: usize) -> Result<Anatomy> {
         one_way.push(w);
         traced_one_way.push(traced.results[0].lat_ns.p50);
         runs.push(tl);
-        (mark_cost, ticks_per_ns) = (client.mark_cost_ns, client.ticks_per_ns);
+        (mark_cost, ticks_per_ns) = (t.client.mark_cost_ns, t.client.ticks_per_ns);
+        if let Some(p) = pb {
+            p.inc(1);
+        }
     }
     let (stages, kept, all) = stages(&runs, ticks_per_ns, xsk);
     let sum: f64 = stages.iter().filter(|s| s.measured).map(|s| s.ns).sum();
@@ -488,13 +674,9 @@ pub fn run(plan: &Plan, pairs: usize) -> Result<Anatomy> {
         messages_kept: kept,
         messages: all,
         mark_cost_ns: mark_cost,
-        syscall_event_cost_ns: tracer.costs().syscall,
-        kernel_event_cost_ns: tracer.costs().other,
-        missing: tracer
-            .missing()
-            .iter()
-            .map(|(p, why)| format!("{}: {why}", p.name()))
-            .collect(),
+        syscall_event_cost_ns: tracing.tracer.costs().syscall,
+        kernel_event_cost_ns: tracing.tracer.costs().other,
+        missing: tracing.missing(),
     })
 }
 
@@ -574,15 +756,7 @@ pub fn table(a: &Anatomy) -> String {
 
 /// The stages summed by category, in the source documents' order.
 pub fn categories(a: &Anatomy) -> Vec<(String, f64)> {
-    const ORDER: [&str; 6] = [
-        "user application",
-        "protocol processing (send)",
-        "protocol processing (recv)",
-        "OS overhead (send)",
-        "OS overhead (recv)",
-        "data movement",
-    ];
-    ORDER
+    CATEGORIES
         .iter()
         .map(|c| {
             (

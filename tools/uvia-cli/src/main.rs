@@ -158,13 +158,30 @@ struct BenchArgs {
 
 #[derive(Args)]
 struct AnatomyArgs {
-    /// Message provider.
-    #[arg(long, short = 'p', value_enum)]
-    provider: Provider,
+    /// Message provider (not with --compare, which measures each).
+    #[arg(long, short = 'p', value_enum, required_unless_present_any = ["compare", "serve_stream"], conflicts_with = "compare")]
+    provider: Option<Provider>,
     /// Message size (K and M suffixes are binary).
     #[arg(long, value_name = "N", default_value = "1")]
     size: String,
-    /// Round trips traced (and measured untraced).
+    /// Compare providers category by category, as 000's Table III set UDP
+    /// beside M-VIA: kernel UDP, shm and udp on this host; where two test
+    /// hosts can be made (root), kernel UDP and xdp between them too. Prints
+    /// one table (a column per provider; ns and share of each category, the
+    /// sum and the measured one-way latency) and draws the categories
+    /// stacked per provider and each provider's message on a time line.
+    #[arg(long, conflicts_with = "stream")]
+    compare: bool,
+    /// Stream K messages back to back (one ack from the receiver after the
+    /// K-th), in rounds: draws each message through each layer of sender and
+    /// receiver (003's time charts), and sets the throughput measured at the
+    /// receiver beside 003's maximum, size / the slowest layer's time.
+    #[arg(long, value_name = "K")]
+    stream: Option<usize>,
+    /// Rounds of K messages per run of --stream (after a few untimed ones).
+    #[arg(long, value_name = "N", default_value_t = 50, requires = "stream")]
+    rounds: usize,
+    /// Round trips traced (and measured untraced) per ping-pong.
     #[arg(long, value_name = "N", default_value_t = 2000)]
     iters: usize,
     /// Receivers sleep in the kernel until a message arrives (default: they
@@ -175,16 +192,26 @@ struct AnatomyArgs {
     #[arg(long, value_enum, default_value = "delivery")]
     reliability: Level,
     /// Run the two sides on two test hosts joined by a veth pair (needed for
-    /// xdp; needs root).
+    /// xdp; needs root). With --compare: every network provider runs there
+    /// (shm stays on this host).
     #[arg(long)]
     netns: bool,
-    /// Pairs of an untraced and a traced ping-pong (interleaved, so that
-    /// each pair sees one placement of the processes on the cores).
+    /// Pairs of an untraced and a traced run (interleaved, so that each pair
+    /// sees one placement of the processes on the cores).
     #[arg(long, value_name = "N", default_value_t = 3)]
     pairs: usize,
     /// Write the anatomy as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Folder for the SVG plots of --compare (anatomy-categories.svg,
+    /// anatomy-timeline-<provider>.svg) and --stream
+    /// (anatomy-stream-<provider>.svg); made if missing. Default: the
+    /// current directory.
+    #[arg(long, value_name = "DIR")]
+    plot_dir: Option<PathBuf>,
+    /// (internal) The receiving half of --stream, started by the sender.
+    #[arg(long, hide = true, value_name = "SPEC", exclusive = true)]
+    serve_stream: Option<String>,
 }
 
 #[derive(Args)]
@@ -337,16 +364,10 @@ fn place(plan: &mut Plan, netns: bool) -> Result<Hosts> {
     Ok(Some((guard, hosts)))
 }
 
-fn anatomy(a: &AnatomyArgs) -> Result<()> {
-    let size = size::parse_size(&a.size).context("--size")?;
-    if a.iters == 0 {
-        bail!("--iters must be at least 1");
-    }
-    if a.pairs == 0 {
-        bail!("--pairs must be at least 1");
-    }
+/// The plan of one anatomy: `provider` at `size`, ping-pong.
+fn anatomy_plan(a: &AnatomyArgs, provider: Provider, size: usize) -> Result<Plan> {
     let run = RunArgs {
-        provider: a.provider,
+        provider,
         polling: false,
         blocking: a.blocking,
         busy_poll: false,
@@ -363,11 +384,94 @@ fn anatomy(a: &AnatomyArgs) -> Result<()> {
         inject: None,
         netns: a.netns,
     };
-    let mut plan = plan_from(&run, Kind::Pingpong, 64)?;
+    plan_from(&run, Kind::Pingpong, 64)
+}
+
+fn progress(len: usize) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(len as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    pb
+}
+
+fn anatomy(a: &AnatomyArgs) -> Result<()> {
+    if let Some(spec) = &a.serve_stream {
+        anatomy::stream::serve(spec);
+    }
+    let size = size::parse_size(&a.size).context("--size")?;
+    if a.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    if a.pairs == 0 {
+        bail!("--pairs must be at least 1");
+    }
+    if a.stream.is_some_and(|k| k < 2) {
+        bail!("--stream needs at least 2 messages: throughput is taken from the first arrival to the last");
+    }
+    if a.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    if a.plot_dir.is_some() && !a.compare && a.stream.is_none() {
+        bail!("--plot-dir goes with --compare or --stream (a single provider's anatomy draws no plots)");
+    }
+    anatomy::require_checkpoints()?;
+    let plot_dir = a.plot_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+    if a.compare || a.stream.is_some() {
+        std::fs::create_dir_all(&plot_dir)
+            .with_context(|| format!("--plot-dir: making {}", plot_dir.display()))?;
+    }
+    if a.compare {
+        return anatomy_compare(a, size, &plot_dir);
+    }
+    let provider = a
+        .provider
+        .ok_or_else(|| anyhow::anyhow!("--provider is needed (or --compare)"))?;
+    let mut plan = anatomy_plan(a, provider, size)?;
     let _hosts = place(&mut plan, a.netns)?;
-    let r = anatomy::run(&plan, a.pairs)?;
+    if let Some(k) = a.stream {
+        let pb = progress(a.pairs);
+        pb.set_message(format!("stream anatomy of {}", provider.name()));
+        let r = anatomy::stream::run(&plan, k, a.rounds, a.pairs, Some(&pb));
+        pb.finish_and_clear();
+        let r = r?;
+        print!("{}", anatomy::stream::table(&r));
+        match anatomy::stream::plot(&r, &plot_dir) {
+            Ok(f) => println!("plot: {}", plot_dir.join(f).display()),
+            Err(e) => eprintln!("uvia: warning: the stream's plot: {e:#}"),
+        }
+        return write_json(&a.json, &r);
+    }
+    let r = anatomy::run(&plan, a.pairs, None)?;
     print!("{}", anatomy::table(&r));
     write_json(&a.json, &r)
+}
+
+/// `uvia anatomy --compare`: each provider placed and measured in turn.
+fn anatomy_compare(a: &AnatomyArgs, size: usize, dir: &std::path::Path) -> Result<()> {
+    let (wants, skipped) =
+        anatomy::compare::wants(a.netns, uvia_net::netns::TestHosts::available())?;
+    let pb = progress(wants.len() * a.pairs);
+    let mut c = anatomy::compare::run(&wants, skipped, size, a.pairs, a.iters, &pb, &mut |w| {
+        let mut plan = anatomy_plan(a, w.provider, size)?;
+        let _hosts = place(&mut plan, w.netns)?;
+        anatomy::run(&plan, a.pairs, Some(&pb))
+    });
+    pb.finish_and_clear();
+    if c.columns.iter().all(|x| x.anatomy.is_none()) {
+        bail!("no provider could be measured");
+    }
+    let (done, failed) = anatomy::compare::plots(&c, dir);
+    c.plots = done;
+    print!("{}", anatomy::compare::table(&c));
+    for f in failed {
+        eprintln!("uvia: warning: plot {f}");
+    }
+    println!("plots in {}", dir.display());
+    write_json(&a.json, &c)
 }
 
 fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {

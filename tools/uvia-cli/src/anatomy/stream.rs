@@ -1,0 +1,1220 @@
+//! `uvia anatomy --stream K`: K messages sent back to back (the sender
+//! does not wait for anything between them), one small ack from the
+//! receiver when it has all K; in rounds. A traced run follows each message
+//! through the same chain of stages as the ping-pong anatomy, now as the
+//! layers of 003's time charts (Figs. 1 and 5): where each message is in
+//! each layer of the sender and the receiver, where the two sides' work
+//! overlaps and where one waits for the other.
+//!
+//! 003 bounds a pipelined stream by its slowest layer:
+//! Throughput_max = PacketSize / max(O_1, ..., O_s), O_n a message's time
+//! in layer n. Each stage of the chain is a layer here, plus the sender's
+//! time from the hand-off to its next send call (the send's return, its
+//! loop, completions and acks). The stage where the receiver takes the
+//! message over counts from when the receiver is free for it (its return
+//! with the message before, or the hand-off if that is later): the wait in
+//! the queue before that is not the receiver's work.
+//!
+//! Layers on one CPU do not overlap with each other, so the bound that
+//! counts on this host is the busier side's: PacketSize / max(the sender's
+//! time per message, the receiver's). Both are printed, against the
+//! throughput measured as 003 measured it, at the receiver: (K - 1)
+//! messages over the time from the first arrival to the last, in untraced
+//! rounds interleaved with the traced ones.
+
+use super::plot::{self, Bar, Chart};
+use super::{common_shape, describe, follow, say, Chain, Ev, Label, Span, Tracing};
+use crate::endpoint::{Endpoint, EndpointConfig, Mode};
+use crate::run::{self, Level, Plan, Provider};
+use crate::stats::median;
+use crate::{clock, pin, tracefile};
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::ProgressBar;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::IpAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+use uvia_trace::Stage;
+
+/// The receiver's ack at the end of a round.
+const ACK: usize = 8;
+/// Sends a sender may have outstanding (as `uvia bw`).
+const WINDOW: usize = 64;
+const STREAM_BYTE: u8 = 0xa5;
+
+/// The name of the sender's layer from the hand-off to its next send call.
+pub const AFTER_HANDOFF: &str = "send returns, to the next send call";
+
+/// What the two processes of a stream agree on; the server gets it as
+/// JSON on its command line.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Spec {
+    pub provider: Provider,
+    pub blocking: bool,
+    pub size: usize,
+    /// Messages per round.
+    pub stream: usize,
+    /// Measured (and traced) rounds, after `warm` untimed ones.
+    pub rounds: usize,
+    pub warm: usize,
+    pub reliability: Level,
+    /// This side's core, address and interface.
+    pub cpu: Option<usize>,
+    pub ip: IpAddr,
+    pub iface: Option<String>,
+}
+
+fn config(s: &Spec) -> EndpointConfig {
+    let nic = match s.provider {
+        Provider::Udp => match s.ip {
+            IpAddr::V6(a) => format!("udp:[{a}]"),
+            a => format!("udp:{a}"),
+        },
+        Provider::Xdp => format!("xdp:{}", s.iface.as_deref().unwrap_or("lo")),
+        _ => "shm".to_string(),
+    };
+    EndpointConfig {
+        mode: if s.blocking {
+            Mode::Blocking
+        } else {
+            Mode::Polling
+        },
+        max_size: s.size.max(ACK),
+        window: WINDOW,
+        nic,
+        reliability: match s.reliability {
+            Level::Unreliable => uvia::Reliability::Unreliable,
+            Level::Delivery => uvia::Reliability::ReliableDelivery,
+            Level::Reception => uvia::Reliability::ReliableReception,
+        },
+        inject: None,
+        ip: s.ip,
+    }
+}
+
+fn expect_len(n: usize, want: usize) -> Result<()> {
+    if n != want {
+        bail!("received a {n} byte message where {want} bytes were expected");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- server side
+
+/// What the server reports: per measured round, the time from the first
+/// message's arrival to the last's.
+#[derive(Serialize, Deserialize)]
+struct ServerReport {
+    arrivals_ns: Vec<f64>,
+}
+
+/// The hidden `uvia anatomy --serve-stream SPEC`: the receiving half of a
+/// stream, started by the sender. Never returns.
+pub fn serve(spec: &str) -> ! {
+    let r = serde_json::from_str::<Spec>(spec)
+        .context("reading the stream's specification")
+        .and_then(|s| {
+            pin::pin_or_warn(s.cpu, "server");
+            // Exit when the sender goes away (stdin reaches end of file).
+            std::thread::spawn(|| {
+                let mut sink = [0u8; 64];
+                let mut stdin = std::io::stdin();
+                while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+                std::process::exit(3);
+            });
+            serve_inner(&s)
+        });
+    match r {
+        Ok(report) => {
+            println!(
+                "RESULT {}",
+                serde_json::to_string(&report).unwrap_or_default()
+            );
+            let _ = std::io::stdout().flush();
+            std::process::exit(0)
+        }
+        Err(e) => {
+            println!("ERROR {}", format!("{e:#}").replace('\n', " "));
+            let _ = std::io::stdout().flush();
+            std::process::exit(1)
+        }
+    }
+}
+
+fn serve_inner(s: &Spec) -> Result<ServerReport> {
+    let cfg = config(s);
+    let name = s.provider.name();
+    let listener =
+        run::listen(s.provider, &cfg).with_context(|| format!("{name} server: listening"))?;
+    println!("READY {}", listener.info());
+    std::io::stdout().flush()?;
+    let mut ep = listener
+        .accept()
+        .with_context(|| format!("{name} server: accepting"))?;
+    let mut arrivals = Vec::with_capacity(s.rounds);
+    for round in 0..s.warm + s.rounds {
+        let (mut first, mut last) = (0, 0);
+        for j in 0..s.stream {
+            expect_len(ep.recv()?, s.size)?;
+            if j == 0 {
+                first = clock::ticks();
+            }
+            last = clock::ticks();
+        }
+        if round + 1 == s.warm {
+            // Recording starts before the last warm-up ack, so that no
+            // measured message can arrive before it.
+            tracefile::begin(s.rounds * (s.stream + 1))?;
+        }
+        ep.send(ACK)?;
+        if round >= s.warm {
+            arrivals.push(clock::to_ns(last.wrapping_sub(first)));
+        }
+    }
+    tracefile::end("server")?;
+    ep.flush()?;
+    Ok(ServerReport {
+        arrivals_ns: arrivals,
+    })
+}
+
+// ---------------------------------------------------------------- client side
+
+/// Kills and reaps the server unless it has exited by itself.
+struct ChildGuard {
+    child: std::process::Child,
+    /// Held open so that the server sees end of file only when we are done.
+    _stdin: Option<std::process::ChildStdin>,
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for the server's line starting with `want`.
+fn wait_line(rx: &mpsc::Receiver<Option<String>>, want: &str, timeout: Duration) -> Result<String> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Some(l)) => {
+                if let Some(rest) = l.strip_prefix(want) {
+                    return Ok(rest.trim().to_string());
+                }
+                if let Some(m) = l.strip_prefix("ERROR ") {
+                    bail!("the stream's server failed: {m}");
+                }
+            }
+            Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                bail!("the stream's server exited before its {}line", want)
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                bail!("timed out after {timeout:?} waiting for the stream's server")
+            }
+        }
+    }
+}
+
+/// One run's measurements: per measured round, the receiver's first to last
+/// arrival and the sender's first send to the ack.
+#[derive(Debug)]
+pub struct Once {
+    pub arrivals_ns: Vec<f64>,
+    pub rounds_ns: Vec<f64>,
+}
+
+/// Runs one stream between this process (the sender) and a server it
+/// starts; `ready` gets the server's process id before anything is sent.
+pub fn run_once(plan: &Plan, spec: &Spec, ready: &dyn Fn(u32) -> Result<()>) -> Result<Once> {
+    let server = Spec {
+        cpu: plan.server_cpu,
+        ip: plan.server_netns.as_ref().map_or(plan.ip, |(_, ip, _)| *ip),
+        iface: plan
+            .server_netns
+            .as_ref()
+            .map(|(_, _, i)| i.clone())
+            .or_else(|| plan.iface.clone()),
+        ..spec.clone()
+    };
+    let exe = crate::self_exe()?;
+    let mut cmd = match &plan.server_netns {
+        Some((ns, _, _)) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns])
+                .arg(std::fs::read_link(&exe).unwrap_or(exe));
+            c
+        }
+        None => Command::new(exe),
+    };
+    let mut child = cmd
+        .args([
+            "anatomy",
+            "--serve-stream",
+            &serde_json::to_string(&server)?,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting the stream's server process")?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no stdout from the stream's server"))?;
+    let pid = child.id();
+    let _guard = ChildGuard {
+        _stdin: child.stdin.take(),
+        child,
+    };
+    let measuring = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    {
+        let measuring = measuring.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines() {
+                let Ok(l) = l else { break };
+                if let Some(m) = l.strip_prefix("ERROR ") {
+                    eprintln!("uvia: the stream's server failed: {m}");
+                }
+                let _ = tx.send(Some(l));
+            }
+            let _ = tx.send(None);
+            // A receive may never complete once the server is gone.
+            std::thread::sleep(Duration::from_secs(3));
+            if measuring.load(Ordering::SeqCst) {
+                eprintln!(
+                    "uvia: error: the stream's server stopped in the middle of the measurement"
+                );
+                std::process::exit(1);
+            }
+        });
+    }
+    let info = wait_line(&rx, "READY ", Duration::from_secs(30))?;
+    ready(pid)?;
+    pin::pin_or_warn(plan.client_cpu, "client");
+    let mine = Spec {
+        cpu: plan.client_cpu,
+        ip: plan.ip,
+        iface: plan.iface.clone(),
+        ..spec.clone()
+    };
+    measuring.store(true, Ordering::SeqCst);
+    let rounds = (|| -> Result<Vec<f64>> {
+        let mut ep = run::connect(spec.provider, &config(&mine), &info)
+            .with_context(|| format!("{} client: connecting", spec.provider.name()))?;
+        send_rounds(ep.as_mut(), spec)
+    })();
+    measuring.store(false, Ordering::SeqCst);
+    let rounds_ns = rounds.with_context(|| {
+        format!(
+            "a stream of {} x {} B over {}",
+            spec.stream,
+            spec.size,
+            spec.provider.name()
+        )
+    })?;
+    let report = wait_line(&rx, "RESULT ", Duration::from_secs(30))?;
+    let report: ServerReport =
+        serde_json::from_str(&report).context("reading the stream server's RESULT line")?;
+    Ok(Once {
+        arrivals_ns: report.arrivals_ns,
+        rounds_ns,
+    })
+}
+
+fn send_rounds(ep: &mut dyn Endpoint, s: &Spec) -> Result<Vec<f64>> {
+    ep.send_buf()[..s.size].fill(STREAM_BYTE);
+    let mut rounds = Vec::with_capacity(s.rounds);
+    for round in 0..s.warm + s.rounds {
+        if round == s.warm {
+            tracefile::begin(s.rounds * (s.stream + 1))?;
+        }
+        let t0 = clock::ticks();
+        for _ in 0..s.stream {
+            ep.send(s.size)?;
+        }
+        ep.flush()?;
+        expect_len(ep.recv()?, ACK)?;
+        if round >= s.warm {
+            rounds.push(clock::to_ns(clock::ticks().wrapping_sub(t0)));
+        }
+    }
+    tracefile::end("client")?;
+    ep.flush()?;
+    Ok(rounds)
+}
+
+// ---------------------------------------------------------------- the traces
+
+/// One message of a traced stream.
+#[derive(Clone, Debug)]
+pub struct Msg {
+    /// Its round and place in the round.
+    pub round: usize,
+    pub index: usize,
+    /// The sender's send call and the receiver's return with it.
+    pub sent_ns: u64,
+    pub received_ns: u64,
+    pub chain: Option<Chain>,
+    /// The receiver's return with the message before.
+    pub prev_received_ns: Option<u64>,
+    /// The sender's next send call in the round, and the tracing's cost
+    /// between its hand-off and that call.
+    pub next_send: Option<(u64, f64)>,
+}
+
+/// The messages of a traced stream of `k` per round. The sender's n-th
+/// send call sends the receiver's n-th message (messages arrive whole and
+/// in order); the sender's events from one send call to its next are the
+/// message's, the receiver's from its return with the message before to
+/// its return with this one.
+pub fn messages(tl: &[Ev], k: usize) -> Result<Vec<Msg>> {
+    let at = |side: usize, stage: Stage| -> Vec<usize> {
+        tl.iter()
+            .enumerate()
+            .filter(|(_, e)| e.side == side && e.label == Label::Mark(stage))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let (sends, recvs) = (at(0, Stage::AppSend), at(1, Stage::AppReceived));
+    if sends.len() != recvs.len() || sends.is_empty() || sends.len() % k != 0 {
+        bail!(
+            "the traces hold {} send calls and {} receives, not whole rounds of {k} messages: checkpoints were lost",
+            sends.len(),
+            recvs.len()
+        );
+    }
+    let mut out = Vec::with_capacity(sends.len());
+    for n in 0..sends.len() {
+        let (start, end) = (sends[n], recvs[n]);
+        let chain = (end > start)
+            .then(|| {
+                follow(
+                    tl,
+                    &Span {
+                        start,
+                        end,
+                        send_until: sends.get(n + 1).copied().unwrap_or(tl.len()).min(end + 1),
+                        recv_after: if n > 0 {
+                            recvs[n - 1].max(start)
+                        } else {
+                            start
+                        },
+                        reply: None,
+                    },
+                )
+            })
+            .flatten();
+        let next_send = match (&chain, (n + 1) % k != 0) {
+            (Some(c), true) => {
+                let handoff = c.at[c.sides.iter().rposition(|&s| s).unwrap_or(0)];
+                let next = sends[n + 1];
+                let cost: f64 = tl[start..next]
+                    .iter()
+                    .filter(|e| e.side == 0)
+                    .filter(|e| {
+                        if e.stamped_first {
+                            e.ns >= handoff
+                        } else {
+                            e.ns > handoff
+                        }
+                    })
+                    .map(|e| e.cost)
+                    .sum();
+                Some((tl[next].ns, cost))
+            }
+            _ => None,
+        };
+        out.push(Msg {
+            round: n / k,
+            index: n % k,
+            sent_ns: tl[start].ns,
+            received_ns: tl[end].ns,
+            chain,
+            prev_received_ns: (n > 0).then(|| tl[recvs[n - 1]].ns),
+            next_send,
+        });
+    }
+    Ok(out)
+}
+
+/// A layer of the time chart.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Layer {
+    pub name: String,
+    /// Whose CPU: "send" or "recv".
+    pub side: String,
+    pub category: String,
+    /// A message's time in the layer, the median over the messages kept.
+    pub ns: f64,
+}
+
+/// The layers of the common chain shape, the sender's first: its stages,
+/// then its time from the hand-off to the next send call, then the
+/// receiver's stages. Each with its index into the chain's stages (none
+/// for the hand-off layer).
+fn layer_defs(shape: &Chain, xsk: bool) -> Vec<(Layer, Option<usize>)> {
+    let mut send = Vec::new();
+    let mut recv = Vec::new();
+    for k in 0..shape.labels.len() - 1 {
+        let (name, cat) = describe(
+            shape.labels[k],
+            shape.labels[k + 1],
+            shape.sides[k + 1],
+            xsk,
+        );
+        let l = Layer {
+            name,
+            side: if shape.sides[k + 1] { "send" } else { "recv" }.into(),
+            category: cat.into(),
+            ns: 0.0,
+        };
+        if shape.sides[k + 1] {
+            send.push((l, Some(k)));
+        } else {
+            recv.push((l, Some(k)));
+        }
+    }
+    send.push((
+        Layer {
+            name: AFTER_HANDOFF.into(),
+            side: "send".into(),
+            category: "off the message's path".into(),
+            ns: 0.0,
+        },
+        None,
+    ));
+    send.extend(recv);
+    send
+}
+
+/// Where a message is in a layer: from, to, and the work in it (the
+/// stage's time less the tracing's cost; for the stage where the receiver
+/// takes over, from when it was free for the message).
+fn span_of(m: &Msg, c: &Chain, stage: Option<usize>) -> Option<(u64, u64, f64)> {
+    match stage {
+        Some(k) => {
+            let (a, b) = (c.at[k], c.at[k + 1]);
+            if c.sides[k] && !c.sides[k + 1] {
+                let free = a.max(m.prev_received_ns.unwrap_or(0)).min(b);
+                Some((free, b, (c.stage_ns[k] - (free - a) as f64).max(0.0)))
+            } else {
+                Some((a, b, c.stage_ns[k]))
+            }
+        }
+        None => {
+            let handoff = c.at[c.sides.iter().rposition(|&s| s)?];
+            let (next, cost) = m.next_send?;
+            Some((
+                handoff,
+                next.max(handoff),
+                (next.saturating_sub(handoff) as f64 - cost).max(0.0),
+            ))
+        }
+    }
+}
+
+/// 003's theoretical maximum: PacketSize / max(O_1, ..., O_s), with the
+/// layers' times in ns. Returns the slowest layer and the bound in bytes
+/// per second; none when no layer takes any time.
+pub fn theoretical_max(size: usize, layer_ns: &[f64]) -> Option<(usize, f64)> {
+    let (i, &o) = layer_ns
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))?;
+    (o > 0.0).then(|| (i, size as f64 / o * 1e9))
+}
+
+/// A bar of the chart: message `message` (from 1) in layer `row`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChartBar {
+    pub message: usize,
+    pub row: usize,
+    /// From the round's first send call.
+    pub start_ns: f64,
+    pub end_ns: f64,
+}
+
+/// The JSON of `uvia anatomy --stream`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StreamOut {
+    pub command: String,
+    pub provider: String,
+    pub mode: String,
+    pub size: usize,
+    pub stream: usize,
+    pub rounds: usize,
+    pub pairs: usize,
+    /// The layers, the sender's first, in path order.
+    pub layers: Vec<Layer>,
+    /// The slowest layer (index into `layers`).
+    pub bottleneck: usize,
+    /// 003's PacketSize / max(per-layer time), bytes per second.
+    pub theoretical_max_bytes_per_s: f64,
+    /// Measured at the receiver in the untraced runs: (K - 1) x size over
+    /// the first to the last arrival; the median of all their rounds.
+    pub measured_bytes_per_s: f64,
+    /// The same from the traced runs' checkpoints.
+    pub traced_bytes_per_s: f64,
+    /// The sender's view in the untraced runs: K x size over the time from
+    /// its first send call to the ack (one round trip more than the
+    /// receiver's view); the median of all their rounds.
+    pub sender_view_bytes_per_s: f64,
+    /// Measured over theoretical; per pair and their median.
+    pub pair_ratios: Vec<f64>,
+    pub ratio: f64,
+    /// The sender's time per message (its layers summed) and the
+    /// receiver's; size over the larger is the bound of two CPUs.
+    pub sender_ns: f64,
+    pub receiver_ns: f64,
+    pub two_cpu_max_bytes_per_s: f64,
+    pub messages_kept: usize,
+    pub messages: usize,
+    /// The round drawn: its first message's place among all, its bars.
+    pub chart_round: usize,
+    pub chart: Vec<ChartBar>,
+    pub mark_cost_ns: f64,
+    pub missing: Vec<String>,
+}
+
+/// What one traced run gives.
+struct TracedRun {
+    msgs: Vec<Msg>,
+    mark_cost_ns: f64,
+}
+
+/// The analysis of the traced runs, apart from the measured throughput.
+pub struct Analysis {
+    pub layers: Vec<Layer>,
+    pub per_run_layers: Vec<Vec<f64>>,
+    pub kept: usize,
+    pub all: usize,
+    pub traced_bytes_per_s: f64,
+    pub chart_round: usize,
+    pub chart: Vec<ChartBar>,
+}
+
+/// Layers, their medians (over all runs and per run), and the chart of the
+/// round of the last run whose arrivals took the median time.
+pub fn analyse(runs: &[Vec<Msg>], size: usize, k: usize, xsk: bool) -> Result<Analysis> {
+    let chains: Vec<Chain> = runs
+        .iter()
+        .flatten()
+        .filter_map(|m| m.chain.clone())
+        .collect();
+    let all = runs.iter().map(|r| r.len()).sum();
+    let same = common_shape(&chains);
+    let Some(shape) = same.first() else {
+        bail!("no message of the stream could be followed from the sender to the receiver");
+    };
+    let kept = same.len();
+    let defs = layer_defs(shape, xsk);
+    let is_common = |c: &Chain| c.labels == shape.labels && c.sides == shape.sides;
+    let medians = |msgs: &mut dyn Iterator<Item = &Msg>| -> Vec<f64> {
+        let msgs: Vec<&Msg> = msgs
+            .filter(|m| m.chain.as_ref().is_some_and(is_common))
+            .collect();
+        defs.iter()
+            .map(|(_, stage)| {
+                let v: Vec<f64> = msgs
+                    .iter()
+                    .filter_map(|m| span_of(m, m.chain.as_ref()?, *stage).map(|s| s.2))
+                    .collect();
+                median(&v)
+            })
+            .collect()
+    };
+    let overall = medians(&mut runs.iter().flatten());
+    let per_run_layers = runs.iter().map(|r| medians(&mut r.iter())).collect();
+    let layers: Vec<Layer> = defs
+        .iter()
+        .zip(&overall)
+        .map(|((l, _), &ns)| Layer { ns, ..l.clone() })
+        .collect();
+    // Throughput as the receiver saw it, round by round.
+    let mut tput = Vec::new();
+    let mut chart_pick = Vec::new();
+    for (r, msgs) in runs.iter().enumerate() {
+        for round in msgs.chunks(k) {
+            let span = round[k - 1]
+                .received_ns
+                .saturating_sub(round[0].received_ns);
+            if span > 0 {
+                tput.push(((k - 1) * size) as f64 / span as f64 * 1e9);
+            }
+            if r + 1 == runs.len() {
+                chart_pick.push((span, round));
+            }
+        }
+    }
+    chart_pick.sort_by_key(|x| x.0);
+    let round = chart_pick
+        .get(chart_pick.len().saturating_sub(1) / 2)
+        .map(|x| x.1)
+        .unwrap_or(&[]);
+    let t0 = round.first().map_or(0, |m| m.sent_ns);
+    let mut chart = Vec::new();
+    for m in round {
+        let Some(c) = &m.chain else { continue };
+        // Each stage of this message on its layer's row, where it has one.
+        let mut stages: Vec<Option<usize>> = (0..c.labels.len() - 1).map(Some).collect();
+        stages.push(None);
+        for stage in stages {
+            let row = match stage {
+                Some(k) => {
+                    let (name, _) = describe(c.labels[k], c.labels[k + 1], c.sides[k + 1], xsk);
+                    let side = if c.sides[k + 1] { "send" } else { "recv" };
+                    layers.iter().position(|l| l.name == name && l.side == side)
+                }
+                None => layers.iter().position(|l| l.name == AFTER_HANDOFF),
+            };
+            let (Some(row), Some((a, b, _))) = (row, span_of(m, c, stage)) else {
+                continue;
+            };
+            chart.push(ChartBar {
+                message: m.index + 1,
+                row,
+                start_ns: a.saturating_sub(t0) as f64,
+                end_ns: b.saturating_sub(t0) as f64,
+            });
+        }
+    }
+    Ok(Analysis {
+        layers,
+        per_run_layers,
+        kept,
+        all,
+        traced_bytes_per_s: median(&tput),
+        chart_round: round.first().map_or(0, |m| m.round),
+        chart,
+    })
+}
+
+/// The sender's and the receiver's time per message: their layers summed.
+pub fn sides(layers: &[Layer]) -> (f64, f64) {
+    let sum = |side: &str| layers.iter().filter(|l| l.side == side).map(|l| l.ns).sum();
+    (sum("send"), sum("recv"))
+}
+
+/// Runs the stream anatomy: `pairs` times an untraced run and a traced
+/// one, each `rounds` rounds of `stream` messages.
+pub fn run(
+    plan: &Plan,
+    stream: usize,
+    rounds: usize,
+    pairs: usize,
+    pb: Option<&ProgressBar>,
+) -> Result<StreamOut> {
+    let [size] = plan.sizes[..] else {
+        bail!("internal: a stream anatomy measures one size");
+    };
+    if stream < 2 {
+        bail!("--stream needs at least 2 messages: throughput is taken from the first arrival to the last");
+    }
+    let mut tracing = Tracing::open(rounds * (stream + 1))?;
+    say(
+        pb,
+        format!(
+            "anatomy: {} {} B, {pairs} pairs of an untraced and a traced stream of {rounds} rounds of {stream} messages ({})",
+            plan.provider.name(),
+            size,
+            tracing.describe()
+        ),
+    );
+    let spec = Spec {
+        provider: plan.provider,
+        blocking: plan.mode == Mode::Blocking,
+        size,
+        stream,
+        rounds,
+        warm: (rounds / 10).max(2),
+        reliability: plan.reliability,
+        cpu: None,
+        ip: plan.ip,
+        iface: None,
+    };
+    let xsk = plan.provider == Provider::Xdp;
+    let (mut measured, mut traced_runs, mut sender_view) = (Vec::new(), Vec::new(), Vec::new());
+    let mut per_pair_measured = Vec::new();
+    for _ in 0..pairs {
+        let plain = run_once(plan, &spec, &|_| Ok(()))?;
+        let tput: Vec<f64> = plain
+            .arrivals_ns
+            .iter()
+            .filter(|&&ns| ns > 0.0)
+            .map(|ns| ((stream - 1) * size) as f64 / ns * 1e9)
+            .collect();
+        per_pair_measured.push(median(&tput));
+        measured.extend(tput);
+        sender_view.extend(
+            plain
+                .rounds_ns
+                .iter()
+                .filter(|&&ns| ns > 0.0)
+                .map(|ns| (stream * size) as f64 / ns * 1e9),
+        );
+        let (_, t) = tracing.run(pb, |ready| run_once(plan, &spec, ready))?;
+        let msgs = messages(&t.timeline(), stream)?;
+        traced_runs.push(TracedRun {
+            msgs,
+            mark_cost_ns: t.client.mark_cost_ns,
+        });
+        if let Some(p) = pb {
+            p.inc(1);
+        }
+    }
+    let runs: Vec<Vec<Msg>> = traced_runs.iter().map(|r| r.msgs.clone()).collect();
+    let a = analyse(&runs, size, stream, xsk)?;
+    let ns: Vec<f64> = a.layers.iter().map(|l| l.ns).collect();
+    let (bottleneck, theoretical) = theoretical_max(size, &ns)
+        .ok_or_else(|| anyhow!("no layer of the stream took any time"))?;
+    let pair_ratios: Vec<f64> = a
+        .per_run_layers
+        .iter()
+        .zip(&per_pair_measured)
+        .filter_map(|(l, m)| theoretical_max(size, l).map(|(_, t)| m / t))
+        .collect();
+    let measured = median(&measured);
+    let (sender_ns, receiver_ns) = sides(&a.layers);
+    let busier = sender_ns.max(receiver_ns);
+    Ok(StreamOut {
+        command: "anatomy --stream".into(),
+        provider: plan.provider.name().into(),
+        mode: run::mode_name(plan.mode).into(),
+        size,
+        stream,
+        rounds,
+        pairs,
+        bottleneck,
+        theoretical_max_bytes_per_s: theoretical,
+        measured_bytes_per_s: measured,
+        traced_bytes_per_s: a.traced_bytes_per_s,
+        sender_view_bytes_per_s: median(&sender_view),
+        ratio: measured / theoretical,
+        pair_ratios,
+        sender_ns,
+        receiver_ns,
+        two_cpu_max_bytes_per_s: if busier > 0.0 {
+            size as f64 / busier * 1e9
+        } else {
+            0.0
+        },
+        messages_kept: a.kept,
+        messages: a.all,
+        chart_round: a.chart_round,
+        chart: a.chart,
+        layers: a.layers,
+        mark_cost_ns: traced_runs.last().map_or(0.0, |r| r.mark_cost_ns),
+        missing: tracing.missing(),
+    })
+}
+
+// ---------------------------------------------------------------- output
+
+/// Bytes per second as MB/s (1 MB = 1e6 B) and messages per second.
+fn rate(bytes_per_s: f64, size: usize) -> String {
+    format!(
+        "{:.1} MB/s ({} msgs/s)",
+        bytes_per_s / 1e6,
+        crate::report::fmt_rate(bytes_per_s / size.max(1) as f64)
+    )
+}
+
+/// The row name of a layer.
+pub fn row_name(l: &Layer) -> String {
+    format!(
+        "{}: {}",
+        if l.side == "send" {
+            "sender"
+        } else {
+            "receiver"
+        },
+        l.name
+    )
+}
+
+/// The round drawn in characters: a row per layer, each message's time in
+/// it marked with its number's last digit, `width` columns for the round.
+pub fn text_chart(s: &StreamOut, width: usize) -> String {
+    let end = s.chart.iter().map(|b| b.end_ns).fold(0.0, f64::max);
+    if end <= 0.0 || width == 0 {
+        return String::new();
+    }
+    let names: Vec<String> = s.layers.iter().map(row_name).collect();
+    let w = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (r, name) in names.iter().enumerate() {
+        let mut line = vec![' '; width];
+        for b in s.chart.iter().filter(|b| b.row == r) {
+            let from = ((b.start_ns / end * width as f64) as usize).min(width - 1);
+            let to = ((b.end_ns / end * width as f64).ceil() as usize).clamp(from + 1, width);
+            let mark = char::from_digit((b.message % 10) as u32, 10).unwrap_or('#');
+            for c in &mut line[from..to] {
+                *c = mark;
+            }
+        }
+        out += &format!(
+            "{name:<w$} |{}|\n",
+            line.iter().collect::<String>().trim_end()
+        );
+    }
+    out += &format!(
+        "{:<w$}  0{:>width$}\n",
+        "",
+        format!("{:.1} us", end / 1e3),
+        width = width - 1
+    );
+    out
+}
+
+/// The printed report.
+pub fn table(s: &StreamOut) -> String {
+    let mut out = format!(
+        "stream of {} x {} B messages, {} ({}): {} rounds x {} pairs; {} of {} messages followed along the common path\n",
+        s.stream, s.size, s.provider, s.mode, s.rounds, s.pairs, s.messages_kept, s.messages
+    );
+    let w = s
+        .layers
+        .iter()
+        .map(|l| l.name.chars().count())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    out += &format!("{:<w$} {:>4} {:>9}\n", "layer", "side", "ns/msg");
+    for (i, l) in s.layers.iter().enumerate() {
+        out += &format!(
+            "{:<w$} {:>4} {:>9.0}{}\n",
+            l.name,
+            l.side,
+            l.ns,
+            if i == s.bottleneck {
+                "  <- bottleneck"
+            } else {
+                ""
+            }
+        );
+    }
+    let b = &s.layers[s.bottleneck];
+    out += &format!(
+        "\nmeasured throughput (untraced, at the receiver: (K-1) x size / first to last arrival, median of {} rounds): {}\n",
+        s.rounds * s.pairs,
+        rate(s.measured_bytes_per_s, s.size)
+    );
+    out += &format!(
+        "measured throughput (traced runs): {}; the sender's view (untraced, K x size / first send call to the ack): {}\n",
+        rate(s.traced_bytes_per_s, s.size),
+        rate(s.sender_view_bytes_per_s, s.size)
+    );
+    out += &format!(
+        "theoretical maximum (003: size / max per-layer time = {} B / {:.0} ns): {}\n",
+        s.size,
+        b.ns,
+        rate(s.theoretical_max_bytes_per_s, s.size)
+    );
+    out += &format!(
+        "measured / theoretical: {:.2} (pairs {})\n",
+        s.ratio,
+        s.pair_ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    out += &format!(
+        "bottleneck layer: {} ({}, {:.0} ns per message)\n",
+        b.name,
+        if b.side == "send" {
+            "the sender's CPU"
+        } else {
+            "the receiver's CPU"
+        },
+        b.ns
+    );
+    out += &format!(
+        "layers on one CPU do not overlap: sender {:.0} ns, receiver {:.0} ns per message; size / the busier side ({}) = {} (measured / that: {:.2})\n",
+        s.sender_ns,
+        s.receiver_ns,
+        if s.sender_ns >= s.receiver_ns {
+            "the sender"
+        } else {
+            "the receiver"
+        },
+        rate(s.two_cpu_max_bytes_per_s, s.size),
+        if s.two_cpu_max_bytes_per_s > 0.0 {
+            s.measured_bytes_per_s / s.two_cpu_max_bytes_per_s
+        } else {
+            0.0
+        }
+    );
+    out += "Figures are comparable within this run only (a shared, noisy machine).\n";
+    out += &format!(
+        "\nround {} drawn (the traced round of median length; digits are message numbers mod 10):\n",
+        s.chart_round + 1
+    );
+    out += &text_chart(s, 100);
+    for m in &s.missing {
+        out += &format!("not seen: {m}\n");
+    }
+    out
+}
+
+/// The file of a stream's chart.
+pub fn chart_svg(provider: &str) -> String {
+    format!("anatomy-stream-{provider}.svg")
+}
+
+/// Draws the chart of the round into `dir`; returns the file's name.
+pub fn plot(s: &StreamOut, dir: &Path) -> Result<String> {
+    let file = chart_svg(&s.provider);
+    let rows: Vec<String> = s
+        .layers
+        .iter()
+        .map(|l| format!("{} ({:.0} ns)", row_name(l), l.ns))
+        .collect();
+    let bars: Vec<Bar> = s
+        .chart
+        .iter()
+        .map(|b| Bar {
+            row: b.row,
+            start: b.start_ns,
+            end: b.end_ns,
+            color: plot::ALTERNATE[(b.message + 1) % 2],
+            text: (b.row == 0).then(|| b.message.to_string()),
+        })
+        .collect();
+    let b = &s.layers[s.bottleneck];
+    let notes = vec![
+        format!(
+            "Measured (untraced, at the receiver): {}; measured / 003's maximum: {:.2}.",
+            rate(s.measured_bytes_per_s, s.size),
+            s.ratio
+        ),
+        format!(
+            "003's maximum, size / max per-layer time: {} (the slowest layer: {}, {:.0} ns).",
+            rate(s.theoretical_max_bytes_per_s, s.size),
+            b.name,
+            b.ns
+        ),
+        format!(
+            "Per message: sender {:.0} ns, receiver {:.0} ns (layers on one CPU do not overlap); size / the busier: {}.",
+            s.sender_ns,
+            s.receiver_ns,
+            rate(s.two_cpu_max_bytes_per_s, s.size)
+        ),
+        "Messages alternate in colour; gaps on a row are waits. Row times are medians over all messages kept.".to_string(),
+    ];
+    let title = format!(
+        "{}: a stream of {} x {} B messages through each layer (round {})",
+        s.provider,
+        s.stream,
+        s.size,
+        s.chart_round + 1
+    );
+    plot::chart(
+        &dir.join(&file),
+        &Chart {
+            title: &title,
+            rows: &rows,
+            bars: &bars,
+            legend: &[],
+            notes: &notes,
+        },
+    )?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracefile::SideTrace;
+    use uvia_trace::kernel::Costs;
+    use uvia_trace::Mark;
+
+    #[test]
+    fn the_theoretical_maximum_is_size_over_the_slowest_layer() {
+        // 003's formula on made-up layers: 1000 B through layers of 100,
+        // 400 and 250 ns: the 400 ns layer bounds it at 2.5e9 B/s.
+        let (i, t) = theoretical_max(1000, &[100.0, 400.0, 250.0]).unwrap();
+        assert_eq!(i, 1);
+        assert_eq!(t, 1000.0 / 400e-9);
+        assert!(theoretical_max(1000, &[]).is_none());
+        assert!(theoretical_max(1000, &[0.0, 0.0]).is_none());
+    }
+
+    fn side(pid: u32, marks: &[(u64, Stage)]) -> SideTrace {
+        let mut marks: Vec<Mark> = marks
+            .iter()
+            .map(|&(ns, stage)| Mark {
+                ns,
+                ticks: ns,
+                stage,
+                thread: 0,
+            })
+            .collect();
+        marks.sort_by_key(|m| m.ns);
+        SideTrace {
+            marks,
+            mark_cost_ns: 0.0,
+            ticks_per_ns: 1.0,
+            dropped: 0,
+            pid,
+        }
+    }
+
+    /// A shared-memory-like stream of `k` messages a round: the sender
+    /// takes 100 ns per message to the hand-off and 20 more to its next
+    /// send call; the receiver takes 300 ns per message from finding it to
+    /// its return, so messages queue up behind it.
+    fn stream(k: usize, rounds: usize) -> Vec<Ev> {
+        let (mut c, mut s) = (Vec::new(), Vec::new());
+        let mut t = 0u64;
+        for _ in 0..rounds {
+            let mut free = t; // when the receiver can take the next message
+            for j in 0..k as u64 {
+                let send = t + 120 * j;
+                c.push((send, Stage::AppSend));
+                c.push((send + 100, Stage::MediumQueued));
+                let found = (send + 150).max(free);
+                s.push((found, Stage::RxFound));
+                s.push((found + 300, Stage::AppReceived));
+                free = found + 300 + 10;
+            }
+            // The ack, and the next round well after it.
+            s.push((free, Stage::AppSend));
+            c.push((free + 100, Stage::AppReceived));
+            t = free + 1000;
+        }
+        super::super::timeline([&side(10, &c), &side(20, &s)], &[], Costs::default())
+    }
+
+    #[test]
+    fn a_stream_is_followed_message_by_message_with_the_wait_in_the_queue_left_out() {
+        let tl = stream(4, 3);
+        let msgs = messages(&tl, 4).unwrap();
+        assert_eq!(msgs.len(), 12);
+        assert!(msgs.iter().all(|m| m.chain.is_some()));
+        assert_eq!((msgs[5].round, msgs[5].index), (1, 1));
+        let a = analyse(&[msgs], 1000, 4, false).unwrap();
+        assert_eq!((a.kept, a.all), (12, 12));
+        let names: Vec<(&str, &str)> = a
+            .layers
+            .iter()
+            .map(|l| (l.name.as_str(), l.side.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("app-send to medium-queued", "send"),
+                (AFTER_HANDOFF, "send"),
+                ("receiver finds it (poll of the ring)", "recv"),
+                ("to the application", "recv"),
+            ]
+        );
+        let ns: Vec<f64> = a.layers.iter().map(|l| l.ns).collect();
+        // The sender's 100 + 20; the receiver's find starts when it is free
+        // (10 ns after its last return), not at the hand-off.
+        assert_eq!(ns, [100.0, 20.0, 10.0, 300.0]);
+        let (i, t) = theoretical_max(1000, &ns).unwrap();
+        assert_eq!((i, t), (3, 1000.0 / 300e-9));
+        assert_eq!(sides(&a.layers), (120.0, 310.0));
+        // Arrivals are 310 ns apart once the queue forms: 3 x 1000 B over
+        // the first to the last return.
+        let first = 150.0 + 300.0;
+        let last = first + 3.0 * 310.0;
+        assert_eq!(a.traced_bytes_per_s, 3000.0 / (last - first) * 1e9);
+        // The chart: every message in every layer but the last message's
+        // after-the-hand-off one, times from the round's first send.
+        assert_eq!(a.chart.len(), 4 * 4 - 1);
+        let first_bar = &a.chart[0];
+        assert_eq!(
+            (first_bar.message, first_bar.row, first_bar.start_ns),
+            (1, 0, 0.0)
+        );
+        for b in &a.chart {
+            assert!(b.end_ns >= b.start_ns, "{b:?}");
+        }
+    }
+
+    #[test]
+    fn lost_checkpoints_are_named_not_guessed() {
+        let mut tl = stream(4, 2);
+        let i = tl
+            .iter()
+            .position(|e| e.side == 1 && e.label == Label::Mark(Stage::AppReceived))
+            .unwrap();
+        tl.remove(i);
+        let e = messages(&tl, 4).unwrap_err().to_string();
+        assert!(e.contains("checkpoints were lost"), "{e}");
+    }
+
+    fn out() -> StreamOut {
+        let tl = stream(3, 2);
+        let a = analyse(&[messages(&tl, 3).unwrap()], 100, 3, false).unwrap();
+        let ns: Vec<f64> = a.layers.iter().map(|l| l.ns).collect();
+        let (bottleneck, t) = theoretical_max(100, &ns).unwrap();
+        let (sender_ns, receiver_ns) = sides(&a.layers);
+        StreamOut {
+            command: "anatomy --stream".into(),
+            provider: "shm".into(),
+            mode: "polling".into(),
+            size: 100,
+            stream: 3,
+            rounds: 2,
+            pairs: 1,
+            layers: a.layers,
+            bottleneck,
+            theoretical_max_bytes_per_s: t,
+            measured_bytes_per_s: t / 2.0,
+            traced_bytes_per_s: a.traced_bytes_per_s,
+            sender_view_bytes_per_s: t / 3.0,
+            pair_ratios: vec![0.5],
+            ratio: 0.5,
+            sender_ns,
+            receiver_ns,
+            two_cpu_max_bytes_per_s: 100.0 / receiver_ns * 1e9,
+            messages_kept: a.kept,
+            messages: a.all,
+            chart_round: a.chart_round,
+            chart: a.chart,
+            mark_cost_ns: 0.0,
+            missing: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_report_names_the_bottleneck_and_draws_each_message() {
+        let s = out();
+        let t = table(&s);
+        assert!(t.contains("to the application"), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.starts_with("to the application") && l.ends_with("<- bottleneck")),
+            "{t}"
+        );
+        assert!(t.contains("measured / theoretical: 0.50"), "{t}");
+        assert!(t.contains("size / the busier side (the receiver)"), "{t}");
+        let chart = text_chart(&s, 60);
+        // One row per layer and the axis; each message's number appears.
+        assert_eq!(chart.lines().count(), s.layers.len() + 1);
+        for m in ["1", "2", "3"] {
+            assert!(chart.lines().next().unwrap().contains(m), "{chart}");
+        }
+        let dir = std::env::temp_dir().join(format!("uvia-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = plot(&s, &dir).unwrap();
+        assert_eq!(f, "anatomy-stream-shm.svg");
+        let svg = std::fs::read_to_string(dir.join(&f)).unwrap();
+        assert!(svg.contains("receiver: to the application"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
