@@ -416,6 +416,7 @@ impl Nic {
     }
 
     /// What a handle names.
+    #[inline]
     pub fn query_mem(&self, h: MemHandle) -> Result<RegionInfo, MemError> {
         self.s.regions.lookup(h).ok_or(MemError::NotRegistered(h.0))
     }
