@@ -381,7 +381,7 @@ static void conn_make(struct conn *x, const struct pair_cfg *cfg, int server)
 {
     VIP_RELIABILITY_LEVEL level = cfg->level ? cfg->level : default_level();
     if (server ? cfg->srv_cq : cfg->cli_cq) {
-        REQUIRE_RET(VipCreateCQ(x->s.nic, 64, &x->scq), VIP_SUCCESS);
+        REQUIRE_RET(VipCreateCQ(x->s.nic, cfg->cq_entries ? cfg->cq_entries : 64, &x->scq), VIP_SUCCESS);
         x->rcq = x->scq;
     }
     VIP_VI_ATTRIBUTES a = vi_attrs(&x->s, level);
@@ -428,10 +428,9 @@ void pair_open(struct pair *pr, const struct pair_cfg *cfg)
     x->c = &pr->p.c;
     x->cfg = &pr->cfg;
     side_open(&x->s, NULL);
-    char host[VIPL_HOST_ADDRESS_LEN + 1];
-    recv_addr(x->c, host);
+    recv_addr(x->c, pr->server_address);
     conn_make(x, &pr->cfg, 0);
-    cli_connect(&x->s, x->vi, host, pr->cfg.disc, 10000);
+    cli_connect(&x->s, x->vi, pr->server_address, pr->cfg.disc, 10000);
     if (CHAN_EXPECT(x->c, 10000, T_READY, NULL, 0) != 0)
         h_finish();
 }

@@ -144,7 +144,8 @@ struct pair_cfg {
     VIP_ULONG mtu;               /* 0: vi_attrs()'s */
     int srv_recvs, cli_recvs;    /* receives posted before connecting */
     uint32_t recv_len;           /* their size (0: 256) */
-    int srv_cq, cli_cq;          /* bind both queues to a CQ of 64 entries */
+    int srv_cq, cli_cq;          /* bind both queues to one CQ */
+    VIP_ULONG cq_entries;        /* its size (0: 64) */
     /* Before the server accepts (e.g. to post receives of its own). */
     void (*prepare)(struct conn *x, void *arg);
     /* The server's part, after it accepted; then it waits for T_QUIT. */
@@ -157,6 +158,7 @@ struct pair {
     struct peer p;
     struct conn x;
     struct pair_cfg cfg;
+    char server_address[VIPL_HOST_ADDRESS_LEN + 1];
 };
 
 /* Forks the server, connects to it; ends the test if that fails. Call

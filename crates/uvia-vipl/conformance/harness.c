@@ -60,6 +60,11 @@ static void h_vline(const char *prefix, const char *fmt, va_list ap)
     h_write(buf, len);
 }
 
+int h_is_peer(void)
+{
+    return h_role == ROLE_PEER;
+}
+
 void h_count(void)
 {
     h_result.checks++;

@@ -76,6 +76,8 @@ void h_fail(const char *file, int line, const char *fmt, ...)
 /* Ends the test (or the peer) now: REQUIRE failed or the test skips. */
 void h_finish(void) __attribute__((noreturn));
 void h_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* True in a peer's process. */
+int h_is_peer(void);
 /* Removes path when this process's part of the test ends. */
 void h_unlink_at_end(const char *path);
 /* A line for -v runs. */

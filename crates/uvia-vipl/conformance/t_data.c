@@ -470,6 +470,50 @@ static void t_stream(int level)
     pair_close(&pr);
 }
 
+/* ---- Posted sends leave without further calls ----------------------------------------- */
+
+static void srv_post_and_sleep(struct conn *x, void *arg)
+{
+    (void)arg;
+    VIP_DESCRIPTOR *s[3];
+    for (int i = 0; i < 3; i++) {
+        s[i] = send_desc(&x->s, NULL, 100, 60u + (unsigned)i);
+        CHECK_RET(VipPostSend(x->vi, s[i], x->s.mh), VIP_SUCCESS);
+    }
+    /* Posting rang the doorbell: the program goes on with other work. */
+    chan_send(x->c, T_DONE, NULL, 0);
+    sleep_ms(3000);
+    for (int i = 0; i < 3; i++) {
+        VIP_DESCRIPTOR *d = SEND_WAIT(x->vi, 5000);
+        CHECK(d == s[i]);
+    }
+}
+
+static void t_posted_sends_leave(int arg)
+{
+    (void)arg;
+    struct pair pr;
+    struct pair_cfg cfg = {.cli_recvs = 3, .recv_len = 128, .server = srv_post_and_sleep};
+    pair_open(&pr, &cfg);
+    struct conn *x = &pr.x;
+    CHAN_EXPECT(x->c, 10000, T_DONE, NULL, 0);
+    long long t0 = now_ms();
+    for (int i = 0; i < 3; i++) {
+        VIP_DESCRIPTOR *d = NULL;
+        long long left = 2500 - (now_ms() - t0);
+        VIP_RETURN r = VipRecvWait(x->vi, (VIP_ULONG)(left > 0 ? left : 0), &d);
+        CHECKF(r == VIP_SUCCESS,
+               "message %d of 3 posted back to back did not arrive within 2.5 s while the sender made no further "
+               "call: %s",
+               i, vip_ret_name(r));
+        if (r != VIP_SUCCESS)
+            break;
+        CHECK_STATUS(d, VIP_STATUS_OP_RECEIVE, 0, 0);
+        CHECK(d->CS.Length == 100 && check_pattern(seg_buf(d, 0), 100, 60u + (unsigned)i) < 0);
+    }
+    pair_close(&pr);
+}
+
 /* ---- Timeouts and VIP_NOT_DONE -------------------------------------------------------- */
 
 static void srv_late(struct conn *x, void *arg)
@@ -766,6 +810,7 @@ const struct test data_tests[] = {
     {"data", "message_sizes", t_large, 0, 0},
     {"data", "stream/reliable_delivery", t_stream, L_RD, 0},
     {"data", "stream/reliable_reception", t_stream, L_RR, 0},
+    {"data", "posted_sends_leave_without_further_calls", t_posted_sends_leave, 0, 0},
     {"data", "timeouts", t_timeouts, 0, 0},
     {"data", "not_done", t_not_done, 0, 0},
     {"data", "descriptor_errors", t_descriptor_errors, 0, 0},
