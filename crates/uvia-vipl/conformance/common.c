@@ -438,19 +438,24 @@ void pair_open(struct pair *pr, const struct pair_cfg *cfg)
 void pair_close(struct pair *pr)
 {
     chan_send(&pr->p.c, T_QUIT, NULL, 0);
-    /* Keep this side moving while the server finishes (a provider may need
-     * this side's calls to acknowledge the server's last messages: the
-     * reliability area tests that separately). */
-    long long end = now_ms() + 15000;
-    while (now_ms() < end) {
-        struct pollfd pfd = {.fd = pr->p.result_fd, .events = POLLIN};
-        if (poll(&pfd, 1, 0) > 0)
-            break;
-        pump(pr->x.vi, 2);
-    }
-    peer_end(&pr->p, 15000);
+    peer_end_pumping(&pr->p, pr->x.vi, 15000);
     VipDisconnect(pr->x.vi);
     side_close(&pr->x.s);
+}
+
+void peer_end_pumping(struct peer *p, VIP_VI_HANDLE vi, int ms)
+{
+    /* Keep this side moving while the peer finishes (a provider may need
+     * this side's calls to acknowledge the peer's last messages: the
+     * reliability area tests that on its own). */
+    long long end = now_ms() + ms;
+    while (!p->done && now_ms() < end) {
+        struct pollfd pfd = {.fd = p->result_fd, .events = POLLIN};
+        if (poll(&pfd, 1, 0) > 0)
+            break;
+        pump(vi, 2);
+    }
+    peer_end(p, ms);
 }
 
 void check_refused(const char *file, int line, const char *what, const VIP_DESCRIPTOR *d, uint32_t err)

@@ -166,6 +166,8 @@ struct pair {
 void pair_open(struct pair *pr, const struct pair_cfg *cfg);
 /* Tells the server to finish, reaps it, disconnects and closes. */
 void pair_close(struct pair *pr);
+/* peer_end, keeping vi moving (VipSendDone) while the peer finishes. */
+void peer_end_pumping(struct peer *p, VIP_VI_HANDLE vi, int ms);
 /* Posts a receive of len bytes on x's VI and records it in x->pre. */
 VIP_DESCRIPTOR *conn_post_recv(struct conn *x, uint32_t len);
 
