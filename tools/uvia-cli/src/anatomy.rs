@@ -278,8 +278,6 @@ pub(crate) struct Chain {
     pub labels: Vec<Label>,
     /// Whether each event is the sender's.
     pub sides: Vec<bool>,
-    /// Each event's time.
-    pub at: Vec<u64>,
     pub stage_ns: Vec<f64>,
 }
 
@@ -353,7 +351,6 @@ pub(crate) fn follow(tl: &[Ev], span: &Span) -> Option<Chain> {
     Some(Chain {
         labels: picked.iter().map(|&j| tl[j].label).collect(),
         sides: picked.iter().map(|&j| tl[j].side == s).collect(),
-        at: picked.iter().map(|&j| tl[j].ns).collect(),
         stage_ns,
     })
 }

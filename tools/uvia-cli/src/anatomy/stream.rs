@@ -23,7 +23,7 @@
 //! rounds interleaved with the traced ones.
 
 use super::plot::{self, Bar, Chart};
-use super::{common_shape, describe, follow, say, Chain, Ev, Label, Span, Tracing};
+use super::{common_shape, describe, follow, say, Ev, Label, Span, Tracing};
 use crate::endpoint::{Endpoint, EndpointConfig, Mode};
 use crate::run::{self, Level, Plan, Provider};
 use crate::stats::median;
@@ -38,6 +38,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
+use uvia_trace::kernel::Point;
 use uvia_trace::Stage;
 
 /// The receiver's ack at the end of a round.
@@ -356,29 +357,36 @@ fn send_rounds(ep: &mut dyn Endpoint, s: &Spec) -> Result<Vec<f64>> {
 
 // ---------------------------------------------------------------- the traces
 
-/// One message of a traced stream.
-#[derive(Clone, Debug)]
-pub struct Msg {
-    /// Its round and place in the round.
-    pub round: usize,
-    pub index: usize,
-    /// The sender's send call and the receiver's return with it.
-    pub sent_ns: u64,
-    pub received_ns: u64,
-    pub chain: Option<Chain>,
-    /// The receiver's return with the message before.
-    pub prev_received_ns: Option<u64>,
-    /// The sender's next send call in the round, and the tracing's cost
-    /// between its hand-off and that call.
-    pub next_send: Option<(u64, f64)>,
+/// A step of a stream's path: an event on a side (0 the sender, 1 the
+/// receiver).
+pub type Step = (usize, Label);
+
+/// The kernel's transmit path and the checkpoints of sending: on the
+/// receiver's side these are its own transmissions (acks), not the
+/// message's path.
+fn transmits(l: Label) -> bool {
+    use Point::*;
+    match l {
+        Label::Mark(s) => s.is_send(),
+        Label::Kernel(p) => matches!(
+            p,
+            SysEnter
+                | NetDevQueue
+                | NetDevStartXmit
+                | NetDevXmit
+                | NetifRx
+                | SoftirqEntry
+                | NetifReceiveSkb
+                | XdpRedirect
+                | SkDataReady
+        ),
+    }
 }
 
-/// The messages of a traced stream of `k` per round. The sender's n-th
-/// send call sends the receiver's n-th message (messages arrive whole and
-/// in order); the sender's events from one send call to its next are the
-/// message's, the receiver's from its return with the message before to
-/// its return with this one.
-pub fn messages(tl: &[Ev], k: usize) -> Result<Vec<Msg>> {
+/// The sender's send calls and the receiver's returns with a message: the
+/// n-th of each is the n-th message's (messages arrive whole and in
+/// order).
+fn ends(tl: &[Ev], k: usize) -> Result<(Vec<usize>, Vec<usize>)> {
     let at = |side: usize, stage: Stage| -> Vec<usize> {
         tl.iter()
             .enumerate()
@@ -394,58 +402,226 @@ pub fn messages(tl: &[Ev], k: usize) -> Result<Vec<Msg>> {
             recvs.len()
         );
     }
-    let mut out = Vec::with_capacity(sends.len());
-    for n in 0..sends.len() {
-        let (start, end) = (sends[n], recvs[n]);
-        let chain = (end > start)
-            .then(|| {
-                follow(
-                    tl,
-                    &Span {
-                        start,
-                        end,
-                        send_until: sends.get(n + 1).copied().unwrap_or(tl.len()).min(end + 1),
-                        recv_after: if n > 0 {
-                            recvs[n - 1].max(start)
-                        } else {
-                            start
-                        },
-                        reply: None,
-                    },
-                )
-            })
-            .flatten();
-        let next_send = match (&chain, (n + 1) % k != 0) {
-            (Some(c), true) => {
-                let handoff = c.at[c.sides.iter().rposition(|&s| s).unwrap_or(0)];
-                let next = sends[n + 1];
-                let cost: f64 = tl[start..next]
-                    .iter()
-                    .filter(|e| e.side == 0)
-                    .filter(|e| {
-                        if e.stamped_first {
-                            e.ns >= handoff
-                        } else {
-                            e.ns > handoff
-                        }
-                    })
-                    .map(|e| e.cost)
-                    .sum();
-                Some((tl[next].ns, cost))
+    Ok((sends, recvs))
+}
+
+/// The stream's path: that of the first message of each round, which finds
+/// both sides idle as a ping-pong's does, followed as the ping-pong anatomy
+/// follows one (the most common shape among them), less the receiver's own
+/// transmissions.
+pub fn template(runs: &[Vec<Ev>], k: usize) -> Result<Vec<Step>> {
+    let mut chains = Vec::new();
+    for tl in runs {
+        let (sends, recvs) = ends(tl, k)?;
+        for n in (0..sends.len()).step_by(k) {
+            let (start, end) = (sends[n], recvs[n]);
+            if end <= start {
+                continue;
             }
-            _ => None,
-        };
-        out.push(Msg {
-            round: n / k,
-            index: n % k,
-            sent_ns: tl[start].ns,
-            received_ns: tl[end].ns,
-            chain,
-            prev_received_ns: (n > 0).then(|| tl[recvs[n - 1]].ns),
-            next_send,
-        });
+            // The sender's events up to the receiver's return: a sender
+            // may post several messages before it sends the first.
+            chains.extend(follow(
+                tl,
+                &Span {
+                    start,
+                    end,
+                    send_until: end + 1,
+                    recv_after: if n > 0 {
+                        recvs[n - 1].max(start)
+                    } else {
+                        start
+                    },
+                    reply: None,
+                },
+            ));
+        }
     }
-    Ok(out)
+    let same = common_shape(&chains);
+    let Some(c) = same.first() else {
+        bail!("no message of the stream could be followed from the sender to the receiver");
+    };
+    Ok(c.labels
+        .iter()
+        .zip(&c.sides)
+        .map(|(&l, &send)| (if send { 0 } else { 1 }, l))
+        .filter(|&(side, l)| side == 0 || l == Label::Mark(Stage::AppReceived) || !transmits(l))
+        .collect())
+}
+
+/// Each message's event at each step of `steps`, in order: the first event
+/// of the step's side and kind after the message's previous step and after
+/// the previous message's at the same step (each layer takes messages in
+/// order). A kind that occurs fewer times than there are messages is a
+/// batch's, shared by the messages it carries (a receive of several
+/// datagrams, a frame built for several posts): a message may take the
+/// previous message's. One that occurs as often or more is each message's
+/// own, unless sharing it lets far more messages follow their path (a
+/// system call that sends several messages, where the sender also makes
+/// system calls while it polls). A message whose events cannot all be found
+/// in order is left out.
+pub fn fifo(tl: &[Ev], steps: &[Step], k: usize) -> Result<Vec<Option<Vec<usize>>>> {
+    let (sends, recvs) = ends(tl, k)?;
+    let n = sends.len();
+    let occ: Vec<Vec<usize>> = steps
+        .iter()
+        .map(|&(side, l)| {
+            tl.iter()
+                .enumerate()
+                .filter(|(_, e)| e.side == side && e.label == l)
+                .map(|(i, _)| i)
+                .collect()
+        })
+        .collect();
+    let pass = |own: &[bool]| -> Vec<Option<Vec<usize>>> {
+        // Per step, where in its occurrences the next message may start.
+        let mut from = vec![0usize; steps.len()];
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut picks = vec![sends[i]];
+            for s in 1..steps.len().saturating_sub(1) {
+                let after = picks[s - 1];
+                let p = from[s] + occ[s][from[s]..].partition_point(|&j| j < after);
+                match occ[s].get(p) {
+                    Some(&j) if j <= recvs[i] => {
+                        picks.push(j);
+                        from[s] = p + usize::from(own[s]);
+                    }
+                    _ => break,
+                }
+            }
+            let whole = picks.len() + 1 == steps.len() && picks.last() <= Some(&recvs[i]);
+            out.push(whole.then(|| {
+                picks.push(recvs[i]);
+                picks
+            }));
+        }
+        out
+    };
+    let kept = |r: &[Option<Vec<usize>>]| r.iter().filter(|x| x.is_some()).count();
+    let mut own: Vec<bool> = occ.iter().map(|o| o.len() >= n).collect();
+    let mut best = pass(&own);
+    for s in 1..steps.len().saturating_sub(1) {
+        if !own[s] {
+            continue;
+        }
+        own[s] = false;
+        let shared = pass(&own);
+        if kept(&shared) > kept(&best) + n / 20 {
+            best = shared;
+        } else {
+            own[s] = true;
+        }
+    }
+    Ok(best)
+}
+
+/// A message's share of a CPU's time in one layer: (from, to, ns).
+pub type Piece = (u64, u64, f64);
+
+/// One message of a traced stream: its place, and per layer (see
+/// [`layer_steps`]) the pieces of CPU time it had there; `None` when its
+/// path could not be followed.
+#[derive(Clone, Debug)]
+pub struct Msg {
+    pub round: usize,
+    pub index: usize,
+    pub sent_ns: u64,
+    pub received_ns: u64,
+    pub pieces: Option<Vec<Vec<Piece>>>,
+}
+
+/// The layers' stages: the sender's stages, its time from the hand-off to
+/// its next send call (`None`), then the receiver's stages. Stage `s` runs
+/// from step `s` to step `s + 1`.
+pub fn layer_steps(steps: &[Step]) -> Vec<Option<usize>> {
+    let last = steps.len().saturating_sub(1);
+    let send: Vec<Option<usize>> = (0..last)
+        .filter(|&s| steps[s + 1].0 == 0)
+        .map(Some)
+        .collect();
+    let recv = (0..last).filter(|&s| steps[s + 1].0 == 1).map(Some);
+    send.into_iter()
+        .chain(std::iter::once(None))
+        .chain(recv)
+        .collect()
+}
+
+/// The messages of one traced run: matched to `steps`, and each side's CPU
+/// time cut at the matched events. The time from one matched event of a
+/// side to its next is the work of the stage that ends there (shared
+/// equally when a batch's event ends several messages' stages), less the
+/// checkpoints' cost inside it; the stage where the receiver takes a
+/// message over counts only from the hand-off (before it the receiver was
+/// waiting for the message). Time that ends at a round's first send call
+/// (the sender waiting for the ack) is nobody's.
+pub fn messages(tl: &[Ev], steps: &[Step], k: usize) -> Result<Vec<Msg>> {
+    let (sends, recvs) = ends(tl, k)?;
+    let picks = fifo(tl, steps, k)?;
+    let layers = layer_steps(steps);
+    let layer_of = |stage: Option<usize>| layers.iter().position(|&l| l == stage);
+    // The stages each matched event ends: (message, layer).
+    let mut ending: std::collections::HashMap<usize, Vec<(usize, usize)>> =
+        std::collections::HashMap::new();
+    let mut matched = vec![false; tl.len()];
+    for (i, p) in picks.iter().enumerate() {
+        let Some(p) = p else { continue };
+        for (s, &j) in p.iter().enumerate() {
+            matched[j] = true;
+            if s > 0 {
+                if let Some(l) = layer_of(Some(s - 1)) {
+                    ending.entry(j).or_default().push((i, l));
+                }
+            }
+        }
+        // The sender's next send call in the round ends this message's time
+        // after its hand-off.
+        if (i + 1) % k != 0 && picks[i + 1].is_some() {
+            if let Some(l) = layer_of(None) {
+                ending.entry(sends[i + 1]).or_default().push((i, l));
+            }
+        }
+    }
+    let mut pieces: Vec<Vec<Vec<Piece>>> = vec![vec![Vec::new(); layers.len()]; picks.len()];
+    for side in 0..2 {
+        let mut prev: Option<usize> = None;
+        for j in (0..tl.len()).filter(|&j| tl[j].side == side && matched[j]) {
+            if let Some(ends) = ending.get(&j) {
+                let share = ends.len() as f64;
+                for &(i, l) in ends {
+                    // The receiver's take-over starts no earlier than the
+                    // hand-off: the sender's last step before it.
+                    let handoff = match (layers[l], &picks[i]) {
+                        (Some(s), Some(pk)) if steps[s].0 != side => Some(tl[pk[s]].ns),
+                        _ => None,
+                    };
+                    let (p, from) = match (prev, handoff) {
+                        (Some(p), h) => (p, tl[p].ns.max(h.unwrap_or(0))),
+                        (None, Some(h)) => (j, h),
+                        (None, None) => continue,
+                    };
+                    let to = tl[j].ns.max(from);
+                    let cost: f64 = (p..=j)
+                        .filter(|&m| tl[m].side == side)
+                        .filter(|&m| tl[m].ns >= from)
+                        .filter(|&m| if tl[m].stamped_first { m < j } else { m > p })
+                        .map(|m| tl[m].cost)
+                        .sum();
+                    let ns = ((to - from) as f64 - cost).max(0.0) / share;
+                    pieces[i][l].push((from, to, ns));
+                }
+            }
+            prev = Some(j);
+        }
+    }
+    Ok((0..sends.len())
+        .map(|i| Msg {
+            round: i / k,
+            index: i % k,
+            sent_ns: tl[sends[i]].ns,
+            received_ns: tl[recvs[i]].ns,
+            pieces: picks[i].as_ref().map(|_| std::mem::take(&mut pieces[i])),
+        })
+        .collect())
 }
 
 /// A layer of the time chart.
@@ -455,73 +631,48 @@ pub struct Layer {
     /// Whose CPU: "send" or "recv".
     pub side: String,
     pub category: String,
-    /// A message's time in the layer, the median over the messages kept.
+    /// A message's time in the layer: see [`layer_mean`].
     pub ns: f64,
 }
 
-/// The layers of the common chain shape, the sender's first: its stages,
-/// then its time from the hand-off to the next send call, then the
-/// receiver's stages. Each with its index into the chain's stages (none
-/// for the hand-off layer).
-fn layer_defs(shape: &Chain, xsk: bool) -> Vec<(Layer, Option<usize>)> {
-    let mut send = Vec::new();
-    let mut recv = Vec::new();
-    for k in 0..shape.labels.len() - 1 {
-        let (name, cat) = describe(
-            shape.labels[k],
-            shape.labels[k + 1],
-            shape.sides[k + 1],
-            xsk,
-        );
-        let l = Layer {
-            name,
-            side: if shape.sides[k + 1] { "send" } else { "recv" }.into(),
-            category: cat.into(),
-            ns: 0.0,
-        };
-        if shape.sides[k + 1] {
-            send.push((l, Some(k)));
-        } else {
-            recv.push((l, Some(k)));
-        }
+/// A layer's time per message: the mean over the messages, the slowest 1%
+/// left out. A mean, not a median, because a batch's cost (one system
+/// call for several messages, an ack now and then) falls on some messages
+/// only and a throughput pays all of it; without the slowest 1%, because
+/// on a shared machine a message now and then waits for the CPU.
+pub fn layer_mean(mut per_msg: Vec<f64>) -> f64 {
+    per_msg.retain(|x| x.is_finite());
+    if per_msg.is_empty() {
+        return 0.0;
     }
-    send.push((
-        Layer {
-            name: AFTER_HANDOFF.into(),
-            side: "send".into(),
-            category: "off the message's path".into(),
-            ns: 0.0,
-        },
-        None,
-    ));
-    send.extend(recv);
-    send
+    per_msg.sort_by(|a, b| a.total_cmp(b));
+    let keep = per_msg.len() - per_msg.len() / 100;
+    per_msg[..keep].iter().sum::<f64>() / keep as f64
 }
 
-/// Where a message is in a layer: from, to, and the work in it (the
-/// stage's time less the tracing's cost; for the stage where the receiver
-/// takes over, from when it was free for the message).
-fn span_of(m: &Msg, c: &Chain, stage: Option<usize>) -> Option<(u64, u64, f64)> {
-    match stage {
-        Some(k) => {
-            let (a, b) = (c.at[k], c.at[k + 1]);
-            if c.sides[k] && !c.sides[k + 1] {
-                let free = a.max(m.prev_received_ns.unwrap_or(0)).min(b);
-                Some((free, b, (c.stage_ns[k] - (free - a) as f64).max(0.0)))
-            } else {
-                Some((a, b, c.stage_ns[k]))
+/// The layers of `steps`, in [`layer_steps`]' order, without their times.
+fn layer_defs(steps: &[Step], xsk: bool) -> Vec<Layer> {
+    layer_steps(steps)
+        .into_iter()
+        .map(|stage| match stage {
+            Some(s) => {
+                let send = steps[s + 1].0 == 0;
+                let (name, cat) = describe(steps[s].1, steps[s + 1].1, send, xsk);
+                Layer {
+                    name,
+                    side: if send { "send" } else { "recv" }.into(),
+                    category: cat.into(),
+                    ns: 0.0,
+                }
             }
-        }
-        None => {
-            let handoff = c.at[c.sides.iter().rposition(|&s| s)?];
-            let (next, cost) = m.next_send?;
-            Some((
-                handoff,
-                next.max(handoff),
-                (next.saturating_sub(handoff) as f64 - cost).max(0.0),
-            ))
-        }
-    }
+            None => Layer {
+                name: AFTER_HANDOFF.into(),
+                side: "send".into(),
+                category: "off the message's path".into(),
+                ns: 0.0,
+            },
+        })
+        .collect()
 }
 
 /// 003's theoretical maximum: PacketSize / max(O_1, ..., O_s), with the
@@ -555,6 +706,8 @@ pub struct StreamOut {
     pub stream: usize,
     pub rounds: usize,
     pub pairs: usize,
+    /// The path's steps, as followed: "send:<event>" or "recv:<event>".
+    pub path: Vec<String>,
     /// The layers, the sender's first, in path order.
     pub layers: Vec<Layer>,
     /// The slowest layer (index into `layers`).
@@ -580,21 +733,16 @@ pub struct StreamOut {
     pub two_cpu_max_bytes_per_s: f64,
     pub messages_kept: usize,
     pub messages: usize,
-    /// The round drawn: its first message's place among all, its bars.
+    /// The round drawn (from 0) and its bars.
     pub chart_round: usize,
     pub chart: Vec<ChartBar>,
     pub mark_cost_ns: f64,
     pub missing: Vec<String>,
 }
 
-/// What one traced run gives.
-struct TracedRun {
-    msgs: Vec<Msg>,
-    mark_cost_ns: f64,
-}
-
 /// The analysis of the traced runs, apart from the measured throughput.
 pub struct Analysis {
+    pub steps: Vec<Step>,
     pub layers: Vec<Layer>,
     pub per_run_layers: Vec<Vec<f64>>,
     pub kept: usize,
@@ -604,92 +752,77 @@ pub struct Analysis {
     pub chart: Vec<ChartBar>,
 }
 
-/// Layers, their medians (over all runs and per run), and the chart of the
-/// round of the last run whose arrivals took the median time.
-pub fn analyse(runs: &[Vec<Msg>], size: usize, k: usize, xsk: bool) -> Result<Analysis> {
-    let chains: Vec<Chain> = runs
+/// The path, the layers and their times (over all runs and per run), and
+/// the chart of the round of the last run whose arrivals took the median
+/// time.
+pub fn analyse(runs: &[Vec<Ev>], size: usize, k: usize, xsk: bool) -> Result<Analysis> {
+    let steps = template(runs, k)?;
+    let msgs: Vec<Vec<Msg>> = runs
         .iter()
-        .flatten()
-        .filter_map(|m| m.chain.clone())
-        .collect();
-    let all = runs.iter().map(|r| r.len()).sum();
-    let same = common_shape(&chains);
-    let Some(shape) = same.first() else {
-        bail!("no message of the stream could be followed from the sender to the receiver");
-    };
-    let kept = same.len();
-    let defs = layer_defs(shape, xsk);
-    let is_common = |c: &Chain| c.labels == shape.labels && c.sides == shape.sides;
-    let medians = |msgs: &mut dyn Iterator<Item = &Msg>| -> Vec<f64> {
-        let msgs: Vec<&Msg> = msgs
-            .filter(|m| m.chain.as_ref().is_some_and(is_common))
-            .collect();
-        defs.iter()
-            .map(|(_, stage)| {
-                let v: Vec<f64> = msgs
+        .map(|tl| messages(tl, &steps, k))
+        .collect::<Result<_>>()?;
+    let defs = layer_defs(&steps, xsk);
+    let all = msgs.iter().map(|r| r.len()).sum();
+    let kept = msgs.iter().flatten().filter(|m| m.pieces.is_some()).count();
+    if kept == 0 {
+        bail!("no message of the stream could be matched to its path");
+    }
+    let means = |msgs: &mut dyn Iterator<Item = &Msg>| -> Vec<f64> {
+        let kept: Vec<&Vec<Vec<Piece>>> = msgs.filter_map(|m| m.pieces.as_ref()).collect();
+        (0..defs.len())
+            .map(|l| {
+                let per_msg: Vec<f64> = kept
                     .iter()
-                    .filter_map(|m| span_of(m, m.chain.as_ref()?, *stage).map(|s| s.2))
+                    .filter(|p| !p[l].is_empty())
+                    .map(|p| p[l].iter().map(|x| x.2).sum())
                     .collect();
-                median(&v)
+                layer_mean(per_msg)
             })
             .collect()
     };
-    let overall = medians(&mut runs.iter().flatten());
-    let per_run_layers = runs.iter().map(|r| medians(&mut r.iter())).collect();
+    let overall = means(&mut msgs.iter().flatten());
+    let per_run_layers = msgs.iter().map(|r| means(&mut r.iter())).collect();
     let layers: Vec<Layer> = defs
-        .iter()
+        .into_iter()
         .zip(&overall)
-        .map(|((l, _), &ns)| Layer { ns, ..l.clone() })
+        .map(|(l, &ns)| Layer { ns, ..l })
         .collect();
     // Throughput as the receiver saw it, round by round.
     let mut tput = Vec::new();
-    let mut chart_pick = Vec::new();
-    for (r, msgs) in runs.iter().enumerate() {
-        for round in msgs.chunks(k) {
+    let mut pick = Vec::new();
+    for (r, run) in msgs.iter().enumerate() {
+        for round in run.chunks(k) {
             let span = round[k - 1]
                 .received_ns
                 .saturating_sub(round[0].received_ns);
             if span > 0 {
                 tput.push(((k - 1) * size) as f64 / span as f64 * 1e9);
             }
-            if r + 1 == runs.len() {
-                chart_pick.push((span, round));
+            if r + 1 == msgs.len() {
+                pick.push((span, round));
             }
         }
     }
-    chart_pick.sort_by_key(|x| x.0);
-    let round = chart_pick
-        .get(chart_pick.len().saturating_sub(1) / 2)
-        .map(|x| x.1)
-        .unwrap_or(&[]);
+    pick.sort_by_key(|x| x.0);
+    let round = pick
+        .get(pick.len().saturating_sub(1) / 2)
+        .map_or(&[][..], |x| x.1);
     let t0 = round.first().map_or(0, |m| m.sent_ns);
     let mut chart = Vec::new();
     for m in round {
-        let Some(c) = &m.chain else { continue };
-        // Each stage of this message on its layer's row, where it has one.
-        let mut stages: Vec<Option<usize>> = (0..c.labels.len() - 1).map(Some).collect();
-        stages.push(None);
-        for stage in stages {
-            let row = match stage {
-                Some(k) => {
-                    let (name, _) = describe(c.labels[k], c.labels[k + 1], c.sides[k + 1], xsk);
-                    let side = if c.sides[k + 1] { "send" } else { "recv" };
-                    layers.iter().position(|l| l.name == name && l.side == side)
-                }
-                None => layers.iter().position(|l| l.name == AFTER_HANDOFF),
-            };
-            let (Some(row), Some((a, b, _))) = (row, span_of(m, c, stage)) else {
-                continue;
-            };
-            chart.push(ChartBar {
-                message: m.index + 1,
-                row,
-                start_ns: a.saturating_sub(t0) as f64,
-                end_ns: b.saturating_sub(t0) as f64,
-            });
+        for (row, pieces) in m.pieces.iter().flatten().enumerate() {
+            for &(a, b, _) in pieces {
+                chart.push(ChartBar {
+                    message: m.index + 1,
+                    row,
+                    start_ns: a.saturating_sub(t0) as f64,
+                    end_ns: b.saturating_sub(t0) as f64,
+                });
+            }
         }
     }
     Ok(Analysis {
+        steps,
         layers,
         per_run_layers,
         kept,
@@ -721,7 +854,7 @@ pub fn run(
     if stream < 2 {
         bail!("--stream needs at least 2 messages: throughput is taken from the first arrival to the last");
     }
-    let mut tracing = Tracing::open(rounds * (stream + 1))?;
+    let mut tracing = Tracing::open(((rounds + (rounds / 10).max(2)) * (stream + 1)).max(2000))?;
     say(
         pb,
         format!(
@@ -745,6 +878,7 @@ pub fn run(
     };
     let xsk = plan.provider == Provider::Xdp;
     let (mut measured, mut traced_runs, mut sender_view) = (Vec::new(), Vec::new(), Vec::new());
+    let mut mark_cost = 0.0;
     let mut per_pair_measured = Vec::new();
     for _ in 0..pairs {
         let plain = run_once(plan, &spec, &|_| Ok(()))?;
@@ -764,17 +898,13 @@ pub fn run(
                 .map(|ns| (stream * size) as f64 / ns * 1e9),
         );
         let (_, t) = tracing.run(pb, |ready| run_once(plan, &spec, ready))?;
-        let msgs = messages(&t.timeline(), stream)?;
-        traced_runs.push(TracedRun {
-            msgs,
-            mark_cost_ns: t.client.mark_cost_ns,
-        });
+        traced_runs.push(t.timeline());
+        mark_cost = t.client.mark_cost_ns;
         if let Some(p) = pb {
             p.inc(1);
         }
     }
-    let runs: Vec<Vec<Msg>> = traced_runs.iter().map(|r| r.msgs.clone()).collect();
-    let a = analyse(&runs, size, stream, xsk)?;
+    let a = analyse(&traced_runs, size, stream, xsk)?;
     let ns: Vec<f64> = a.layers.iter().map(|l| l.ns).collect();
     let (bottleneck, theoretical) = theoretical_max(size, &ns)
         .ok_or_else(|| anyhow!("no layer of the stream took any time"))?;
@@ -809,12 +939,17 @@ pub fn run(
         } else {
             0.0
         },
+        path: a
+            .steps
+            .iter()
+            .map(|(side, l)| format!("{}:{}", if *side == 0 { "send" } else { "recv" }, l.name()))
+            .collect(),
         messages_kept: a.kept,
         messages: a.all,
         chart_round: a.chart_round,
         chart: a.chart,
         layers: a.layers,
-        mark_cost_ns: traced_runs.last().map_or(0.0, |r| r.mark_cost_ns),
+        mark_cost_ns: mark_cost,
         missing: tracing.missing(),
     })
 }
@@ -841,6 +976,25 @@ pub fn row_name(l: &Layer) -> String {
         },
         l.name
     )
+}
+
+/// How busy each CPU was at the measured rate.
+fn busy(s: &StreamOut) -> String {
+    if s.measured_bytes_per_s <= 0.0 {
+        return String::new();
+    }
+    let every = s.size as f64 / s.measured_bytes_per_s * 1e9;
+    let (send, recv) = (s.sender_ns / every, s.receiver_ns / every);
+    let mut out = format!(
+        "at the measured rate a message every {:.0} ns: the sender's CPU worked {:.0}% of it on the stream, the receiver's {:.0}%; the rest is waiting\n",
+        every,
+        100.0 * send,
+        100.0 * recv
+    );
+    if send.max(recv) > 1.1 {
+        out += "(over 100%: tracing slows this stream more than the checkpoints' measured cost, which is taken out; compare the traced throughput with the untraced)\n";
+    }
+    out
 }
 
 /// The round drawn in characters: a row per layer, each message's time in
@@ -890,7 +1044,10 @@ pub fn table(s: &StreamOut) -> String {
         .max()
         .unwrap_or(5)
         .max(5);
-    out += &format!("{:<w$} {:>4} {:>9}\n", "layer", "side", "ns/msg");
+    out += &format!(
+        "{:<w$} {:>4} {:>9}   (mean per message, the slowest 1% left out)\n",
+        "layer", "side", "ns/msg"
+    );
     for (i, l) in s.layers.iter().enumerate() {
         out += &format!(
             "{:<w$} {:>4} {:>9.0}{}\n",
@@ -956,6 +1113,7 @@ pub fn table(s: &StreamOut) -> String {
             0.0
         }
     );
+    out += &busy(s);
     out += "Figures are comparable within this run only (a shared, noisy machine).\n";
     out += &format!(
         "\nround {} drawn (the traced round of median length; digits are message numbers mod 10):\n",
@@ -1011,7 +1169,8 @@ pub fn plot(s: &StreamOut, dir: &Path) -> Result<String> {
             s.receiver_ns,
             rate(s.two_cpu_max_bytes_per_s, s.size)
         ),
-        "Messages alternate in colour; gaps on a row are waits. Row times are medians over all messages kept.".to_string(),
+        busy(s).trim_end().to_string(),
+        "Messages alternate in colour; gaps on a row are waits. A row's time is its mean per message (the slowest 1% left out).".to_string(),
     ];
     let title = format!(
         "{}: a stream of {} x {} B messages through each layer (round {})",
@@ -1100,11 +1259,22 @@ mod tests {
     #[test]
     fn a_stream_is_followed_message_by_message_with_the_wait_in_the_queue_left_out() {
         let tl = stream(4, 3);
-        let msgs = messages(&tl, 4).unwrap();
+        let steps = template(std::slice::from_ref(&tl), 4).unwrap();
+        let names: Vec<(usize, &str)> = steps.iter().map(|(s, l)| (*s, l.name())).collect();
+        assert_eq!(
+            names,
+            [
+                (0, "app-send"),
+                (0, "medium-queued"),
+                (1, "rx-found"),
+                (1, "app-received")
+            ]
+        );
+        let msgs = messages(&tl, &steps, 4).unwrap();
         assert_eq!(msgs.len(), 12);
-        assert!(msgs.iter().all(|m| m.chain.is_some()));
+        assert!(msgs.iter().all(|m| m.pieces.is_some()));
         assert_eq!((msgs[5].round, msgs[5].index), (1, 1));
-        let a = analyse(&[msgs], 1000, 4, false).unwrap();
+        let a = analyse(&[tl], 1000, 4, false).unwrap();
         assert_eq!((a.kept, a.all), (12, 12));
         let names: Vec<(&str, &str)> = a
             .layers
@@ -1122,11 +1292,12 @@ mod tests {
         );
         let ns: Vec<f64> = a.layers.iter().map(|l| l.ns).collect();
         // The sender's 100 + 20; the receiver's find starts when it is free
-        // (10 ns after its last return), not at the hand-off.
-        assert_eq!(ns, [100.0, 20.0, 10.0, 300.0]);
+        // (10 ns after its last return) or, for a round's first message,
+        // at the hand-off (50 ns before the find): (50 + 3 x 10) / 4.
+        assert_eq!(ns, [100.0, 20.0, 20.0, 300.0]);
         let (i, t) = theoretical_max(1000, &ns).unwrap();
         assert_eq!((i, t), (3, 1000.0 / 300e-9));
-        assert_eq!(sides(&a.layers), (120.0, 310.0));
+        assert_eq!(sides(&a.layers), (120.0, 320.0));
         // Arrivals are 310 ns apart once the queue forms: 3 x 1000 B over
         // the first to the last return.
         let first = 150.0 + 300.0;
@@ -1145,6 +1316,98 @@ mod tests {
         }
     }
 
+    /// A receiver that drains the ring: finds and completes every queued
+    /// message before the application takes the second (as uvia's VIs do
+    /// when messages wait).
+    fn batched(k: usize, rounds: usize) -> Vec<Ev> {
+        let (mut c, mut s) = (Vec::new(), Vec::new());
+        let mut t = 0u64;
+        for _ in 0..rounds {
+            for j in 0..k as u64 {
+                c.push((t + 20 * j, Stage::AppSend));
+                c.push((t + 20 * j + 15, Stage::MediumQueued));
+            }
+            // The first message is taken at once; the rest, queued by then,
+            // are found and completed one by one, then returned one by one.
+            s.push((t + 25, Stage::RxFound));
+            s.push((t + 65, Stage::ViCompleted));
+            s.push((t + 105, Stage::AppReceived));
+            let mut u = t + 115;
+            for _ in 1..k {
+                s.push((u, Stage::RxFound));
+                s.push((u + 40, Stage::ViCompleted));
+                u += 50;
+            }
+            u -= 10;
+            for _ in 1..k {
+                u += 40;
+                s.push((u, Stage::AppReceived));
+            }
+            s.push((u + 10, Stage::AppSend));
+            c.push((u + 100, Stage::AppReceived));
+            t = u + 1000;
+        }
+        super::super::timeline([&side(10, &c), &side(20, &s)], &[], Costs::default())
+    }
+
+    #[test]
+    fn a_receiver_that_takes_messages_in_a_batch_is_followed_in_order() {
+        let tl = batched(5, 3);
+        let a = analyse(&[tl], 100, 5, false).unwrap();
+        // Every message is matched: the i-th find, completion and return
+        // are the i-th message's.
+        assert_eq!((a.kept, a.all), (15, 15));
+        let by_name = |n: &str| a.layers.iter().find(|l| l.name == n).unwrap().ns;
+        // Each completion takes 40 ns, each return to the application 40
+        // ns, each find 10 ns: the receiver's CPU time is cut at each
+        // message's events, though a message's find, completion and return
+        // are far apart.
+        assert_eq!(by_name("receiver finds it (poll of the ring)"), 10.0);
+        assert_eq!(by_name("VI: complete the descriptor"), 40.0);
+        assert_eq!(by_name("to the application"), 40.0);
+        assert_eq!(sides(&a.layers).1, 90.0);
+        // The chart draws each message's find, completion and return.
+        let bars = |m: usize| {
+            a.chart
+                .iter()
+                .filter(|b| b.message == m && b.row >= 2)
+                .count()
+        };
+        assert_eq!(bars(3), 3);
+    }
+
+    #[test]
+    fn a_batch_event_is_shared_by_the_messages_it_carries() {
+        // Five posts, then one frame built for all five (a batch event),
+        // then a wake-up per message on the receiver.
+        let (mut c, mut s) = (Vec::new(), Vec::new());
+        let mut t = 0u64;
+        for _ in 0..4 {
+            for j in 0..5u64 {
+                c.push((t + 10 * j, Stage::AppSend));
+            }
+            c.push((t + 100, Stage::ProtoBuilt));
+            c.push((t + 150, Stage::MediumQueued));
+            for j in 0..5u64 {
+                s.push((t + 200 + 20 * j, Stage::RxFound));
+                s.push((t + 210 + 20 * j, Stage::AppReceived));
+            }
+            s.push((t + 400, Stage::AppSend));
+            c.push((t + 500, Stage::AppReceived));
+            t += 1000;
+        }
+        let tl = super::super::timeline([&side(10, &c), &side(20, &s)], &[], Costs::default());
+        let a = analyse(&[tl], 100, 5, false).unwrap();
+        assert_eq!(a.kept, 20);
+        // The 50 ns from the build to the queue, shared by five messages.
+        let queue = a
+            .layers
+            .iter()
+            .find(|l| l.name == "medium: queue the frame")
+            .unwrap();
+        assert_eq!(queue.ns, 10.0);
+    }
+
     #[test]
     fn lost_checkpoints_are_named_not_guessed() {
         let mut tl = stream(4, 2);
@@ -1153,13 +1416,12 @@ mod tests {
             .position(|e| e.side == 1 && e.label == Label::Mark(Stage::AppReceived))
             .unwrap();
         tl.remove(i);
-        let e = messages(&tl, 4).unwrap_err().to_string();
+        let e = analyse(&[tl], 1, 4, false).err().unwrap().to_string();
         assert!(e.contains("checkpoints were lost"), "{e}");
     }
 
     fn out() -> StreamOut {
-        let tl = stream(3, 2);
-        let a = analyse(&[messages(&tl, 3).unwrap()], 100, 3, false).unwrap();
+        let a = analyse(&[stream(3, 2)], 100, 3, false).unwrap();
         let ns: Vec<f64> = a.layers.iter().map(|l| l.ns).collect();
         let (bottleneck, t) = theoretical_max(100, &ns).unwrap();
         let (sender_ns, receiver_ns) = sides(&a.layers);
@@ -1171,6 +1433,7 @@ mod tests {
             stream: 3,
             rounds: 2,
             pairs: 1,
+            path: Vec::new(),
             layers: a.layers,
             bottleneck,
             theoretical_max_bytes_per_s: t,
