@@ -193,6 +193,29 @@ static void reap_orphans(void)
         ;
 }
 
+/* Prints what a test wrote to stderr, indented (the last lines if many). */
+static void show_stderr(FILE *f)
+{
+    enum { MAX_LINES = 30 };
+    static char lines[MAX_LINES][300];
+    int n = 0;
+    char line[300];
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+        size_t len = strlen(line);
+        if (len && line[len - 1] == '\n')
+            line[len - 1] = 0;
+        snprintf(lines[n % MAX_LINES], sizeof lines[0], "%s", line);
+        n++;
+    }
+    if (n == 0)
+        return;
+    if (n > MAX_LINES)
+        out("    (stderr: %d lines, the last %d)\n", n, MAX_LINES);
+    for (int i = n > MAX_LINES ? n - MAX_LINES : 0; i < n; i++)
+        out("    stderr: %s\n", lines[i % MAX_LINES]);
+}
+
 /* Runs t; returns 0 passed, 1 failed, 2 skipped (reason in *r). */
 static int run_test(const struct test *t, struct result *r)
 {
@@ -202,6 +225,9 @@ static int run_test(const struct test *t, struct result *r)
         out("FAIL %s/%s: pipe: %s\n", t->area, t->name, strerror(errno));
         return 1;
     }
+    /* The test's stderr (the library's diagnostics among it) is kept
+     * aside and shown when the test fails, or with -v. */
+    FILE *err = tmpfile();
     long long t0 = now_ms();
     pid_t pid = fork();
     if (pid < 0) {
@@ -210,6 +236,8 @@ static int run_test(const struct test *t, struct result *r)
     }
     if (pid == 0) {
         close(fd[0]);
+        if (err)
+            dup2(fileno(err), 2);
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         h_role = ROLE_TEST;
@@ -257,6 +285,11 @@ static int run_test(const struct test *t, struct result *r)
     kill(-pid, SIGKILL);
     reap_orphans();
     long long ms = now_ms() - t0;
+    int show = g_verbose || got != sizeof *r || r->fails;
+    if (err && show)
+        show_stderr(err);
+    if (err)
+        fclose(err);
     if (got != sizeof *r) {
         r->fails++;
         if (hung)

@@ -57,7 +57,9 @@ static void check_lookup(const char *file, int line, VIP_NIC_HANDLE nic, const c
     a->DiscriminatorLen = 5;
     memset(a->HostAddress, 'D', VIPL_HOST_ADDRESS_LEN + 5);
     VIP_RETURN r = VipNSGetHostByName(nic, (VIP_CHAR *)name, a, i);
-    check_ret(file, line, "VipNSGetHostByName", r, VIP_SUCCESS);
+    char what[128];
+    snprintf(what, sizeof what, "VipNSGetHostByName(\"%s\", index %lu)", name, i);
+    check_ret(file, line, what, r, VIP_SUCCESS);
     if (r == VIP_SUCCESS) {
         char got[VIPL_HOST_ADDRESS_LEN + 1] = {0};
         memcpy(got, a->HostAddress, VIPL_HOST_ADDRESS_LEN);
