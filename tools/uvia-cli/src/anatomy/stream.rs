@@ -1,26 +1,42 @@
 //! `uvia anatomy --stream K`: K messages sent back to back (the sender
 //! does not wait for anything between them), one small ack from the
 //! receiver when it has all K; in rounds. A traced run follows each message
-//! through the same chain of stages as the ping-pong anatomy, now as the
-//! layers of 003's time charts (Figs. 1 and 5): where each message is in
-//! each layer of the sender and the receiver, where the two sides' work
-//! overlaps and where one waits for the other.
+//! through the stages of the ping-pong anatomy, now as the layers of 003's
+//! time charts (Figs. 1 and 5): where each message is in each layer of the
+//! sender and the receiver, where the two sides' work overlaps and where
+//! one waits for the other.
 //!
-//! 003 bounds a pipelined stream by its slowest layer:
-//! Throughput_max = PacketSize / max(O_1, ..., O_s), O_n a message's time
-//! in layer n. Each stage of the chain is a layer here, plus the sender's
-//! time from the hand-off to its next send call (the send's return, its
-//! loop, completions and acks). The stage where the receiver takes the
-//! message over counts from when the receiver is free for it (its return
-//! with the message before, or the hand-off if that is later): the wait in
-//! the queue before that is not the receiver's work.
+//! In a stream a layer may hold several messages at once: uvia's VIs drain
+//! every queued message before the application takes the first, the udp
+//! medium receives several datagrams in one system call, its engine sends
+//! several posts in one. So a message is not followed in a window of its
+//! own as in a ping-pong. Instead:
 //!
-//! Layers on one CPU do not overlap with each other, so the bound that
-//! counts on this host is the busier side's: PacketSize / max(the sender's
-//! time per message, the receiver's). Both are printed, against the
-//! throughput measured as 003 measured it, at the receiver: (K - 1)
-//! messages over the time from the first arrival to the last, in untraced
-//! rounds interleaved with the traced ones.
+//! - the path is that of a round's first message, which finds both sides
+//!   idle and is followed as the ping-pong anatomy follows one;
+//! - each message's event at each step of the path is the first of its
+//!   kind after the message's previous step and after the previous
+//!   message's event at that step (every layer takes messages in order); a
+//!   kind rarer than the messages is a batch's, shared by the messages it
+//!   carries;
+//! - each CPU's time is cut at these events: the time from one to the next
+//!   on a side is the work of the stage that ends at the second (shared
+//!   equally when a batch's event ends several messages' stages). The
+//!   stage where the receiver takes a message over counts from the
+//!   hand-off (before it the receiver waits); time that ends at a round's
+//!   first send call (the sender waiting for the ack) is nobody's.
+//!
+//! Each stage is a layer, plus the sender's time from the hand-off to its
+//! next send call (the send's return, its loop, completions and acks). A
+//! layer's time is its mean per message (the slowest 1% left out), since a
+//! throughput pays every batch's cost. 003 bounds a pipelined stream by its
+//! slowest layer: Throughput_max = PacketSize / max(O_1, ..., O_s). Layers
+//! on one CPU do not overlap with each other, so the bound that counts on
+//! this host is the busier side's: PacketSize / max(the sender's time per
+//! message, the receiver's). Both are printed, against the throughput
+//! measured as 003 measured it, at the receiver: (K - 1) messages over the
+//! time from the first arrival to the last, in untraced runs interleaved
+//! with the traced ones.
 
 use super::plot::{self, Bar, Chart};
 use super::{describe, follow, say, Chain, Ev, Label, Span, Tracing};
