@@ -374,3 +374,277 @@ fn anatomy_of_kernel_udp_sees_the_kernel_path() {
         ],
     );
 }
+
+/// Runs the normal build's `uvia anatomy` with `args`, expecting it to
+/// refuse them; returns what it said.
+fn anatomy_refuses(args: &[&str]) -> String {
+    let out = uvia().arg("anatomy").args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?} was accepted");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    err
+}
+
+#[test]
+fn anatomy_refuses_bad_compare_and_stream_arguments_clearly() {
+    for k in ["0", "1"] {
+        let e = anatomy_refuses(&["--provider", "shm", "--stream", k]);
+        assert!(e.contains("--stream needs at least 2 messages"), "{e}");
+    }
+    let e = anatomy_refuses(&["--provider", "shm", "--stream", "many"]);
+    assert!(e.contains("--stream"), "{e}");
+    let e = anatomy_refuses(&["--compare", "--provider", "shm"]);
+    assert!(e.contains("--compare") && e.contains("--provider"), "{e}");
+    let e = anatomy_refuses(&["--compare", "--stream", "4"]);
+    assert!(e.contains("--compare") && e.contains("--stream"), "{e}");
+    let e = anatomy_refuses(&["--provider", "shm", "--rounds", "5"]);
+    assert!(e.contains("--rounds") && e.contains("--stream"), "{e}");
+    let e = anatomy_refuses(&["--provider", "shm", "--stream", "4", "--rounds", "0"]);
+    assert!(e.contains("--rounds must be at least 1"), "{e}");
+    let e = anatomy_refuses(&["--provider", "shm", "--plot-dir", "plots"]);
+    assert!(
+        e.contains("--plot-dir goes with --compare or --stream"),
+        "{e}"
+    );
+    let e = anatomy_refuses(&[]);
+    assert!(e.contains("--provider"), "{e}");
+}
+
+#[test]
+fn anatomy_help_explains_compare_and_stream() {
+    let out = uvia().args(["anatomy", "--help"]).output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "--compare",
+        "Table III",
+        "--stream <K>",
+        "size / the slowest layer",
+        "--rounds <N>",
+        "--plot-dir <DIR>",
+        "current directory",
+    ] {
+        assert!(help.contains(want), "{want} is not in:\n{help}");
+    }
+    // The server half of a stream is internal.
+    assert!(!help.contains("serve-stream"), "{help}");
+}
+
+/// The traced build that the test script names, where kernel tracing can
+/// run (root); none, with the reason printed, otherwise.
+fn traced_bin() -> Option<std::ffi::OsString> {
+    let Some(bin) = std::env::var_os("UVIA_TRACED_BIN") else {
+        eprintln!(
+            "skipped: UVIA_TRACED_BIN names no build with checkpoints (scripts/test sets it)"
+        );
+        return None;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: kernel tracing needs root");
+        return None;
+    }
+    Some(bin)
+}
+
+/// Runs the traced `uvia anatomy` with `args` and a JSON file and a plot
+/// folder of its own; returns stdout, the JSON and the folder.
+fn traced_anatomy(
+    name: &str,
+    args: &[&str],
+) -> Option<(String, serde_json::Value, std::path::PathBuf)> {
+    let bin = traced_bin()?;
+    let json = tmp(&format!("{name}.json"));
+    let dir = tmp(&format!("{name}-plots"));
+    let out = Command::new(bin)
+        .arg("anatomy")
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .arg("--plot-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    Some((String::from_utf8_lossy(&out.stdout).to_string(), v, dir))
+}
+
+#[test]
+fn anatomy_compare_has_a_column_per_provider_whose_categories_sum_to_its_stages() {
+    let Some((text, v, dir)) = traced_anatomy(
+        "compare",
+        &["--compare", "--size", "1", "--iters", "300", "--pairs", "1"],
+    ) else {
+        return;
+    };
+    let cols = v["columns"].as_array().unwrap();
+    let labels: Vec<&str> = cols.iter().map(|c| c["label"].as_str().unwrap()).collect();
+    for want in ["kernel-udp", "shm", "udp"] {
+        assert!(labels.contains(&want), "{want} not in {labels:?}");
+    }
+    // xdp is measured between test hosts, or said why not.
+    let xdp = labels.contains(&"xdp netns");
+    let skipped = v["skipped"].as_array().unwrap();
+    assert!(
+        xdp || skipped
+            .iter()
+            .any(|s| s.as_str().unwrap().starts_with("xdp"))
+    );
+    // The printed table: a header with each provider, a row per category.
+    let head = text
+        .lines()
+        .find(|l| l.starts_with("category"))
+        .unwrap_or_else(|| panic!("no table header in:\n{text}"));
+    for l in &labels {
+        assert!(head.contains(l), "{l} is not a column of: {head}");
+    }
+    for cat in [
+        "user application",
+        "OS overhead (recv)",
+        "data movement",
+        "total: sum of the stages",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(cat)),
+            "no {cat} row:\n{text}"
+        );
+    }
+    for c in cols {
+        let a = &c["anatomy"];
+        assert!(a.is_object(), "{} failed: {}", c["label"], c["error"]);
+        let stages = a["stages"].as_array().unwrap();
+        let sum: f64 = stages.iter().map(|s| s["ns"].as_f64().unwrap()).sum();
+        assert!((sum - a["sum_ns"].as_f64().unwrap()).abs() < 1.0, "{c}");
+        assert!(a["one_way_ns"].as_f64().unwrap() > 0.0);
+    }
+    // In the printed table each provider's six categories add up to its
+    // total (each cell rounded to a nanosecond).
+    let cells = |name: &str| -> Vec<String> {
+        let row = text.lines().find(|l| l.starts_with(name)).unwrap();
+        row.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .skip(1)
+            .map(String::from)
+            .collect()
+    };
+    let ns = |cell: &str| -> f64 { cell.split(' ').next().unwrap().parse().unwrap() };
+    let total = cells("total: sum of the stages");
+    assert_eq!(total.len(), labels.len(), "{text}");
+    for (k, label) in labels.iter().enumerate() {
+        let cats: f64 = [
+            "user application",
+            "protocol processing (send)",
+            "protocol processing (recv)",
+            "OS overhead (send)",
+            "OS overhead (recv)",
+            "data movement",
+        ]
+        .iter()
+        .map(|c| ns(&cells(c)[k]))
+        .sum();
+        assert!(
+            (cats - ns(&total[k])).abs() <= 3.0,
+            "{label}: {cats} against {}",
+            total[k]
+        );
+    }
+    let plots: Vec<&str> = v["plots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert!(plots.contains(&"anatomy-categories.svg"), "{plots:?}");
+    assert_eq!(plots.len(), 1 + cols.len(), "{plots:?}");
+    for p in &plots {
+        let svg = std::fs::read_to_string(dir.join(p)).unwrap();
+        assert!(svg.starts_with("<svg"), "{p}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs a traced stream and checks what it says against its own JSON.
+fn stream(provider: &str) {
+    let Some((text, v, dir)) = traced_anatomy(
+        &format!("stream-{provider}"),
+        &[
+            "--provider",
+            provider,
+            "--stream",
+            "8",
+            "--size",
+            "1K",
+            "--rounds",
+            "10",
+            "--pairs",
+            "1",
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(v["provider"], provider);
+    assert_eq!(v["stream"], 8);
+    assert_eq!(v["messages"], 80);
+    assert!(v["messages_kept"].as_u64().unwrap() > 40, "{v}");
+    let layers = v["layers"].as_array().unwrap();
+    let ns: Vec<f64> = layers.iter().map(|l| l["ns"].as_f64().unwrap()).collect();
+    let max = ns.iter().copied().fold(0.0, f64::max);
+    let b = v["bottleneck"].as_u64().unwrap() as usize;
+    assert_eq!(ns[b], max);
+    // 003's maximum: size over the slowest layer; the ratio is measured over it.
+    let t = v["theoretical_max_bytes_per_s"].as_f64().unwrap();
+    assert!((t - 1024.0 / max * 1e9).abs() / t < 1e-9, "{t} {max}");
+    let m = v["measured_bytes_per_s"].as_f64().unwrap();
+    assert!(m > 0.0);
+    assert!((v["ratio"].as_f64().unwrap() - m / t).abs() < 1e-9);
+    // The sides' times are their layers summed.
+    let side = |s: &str| -> f64 {
+        layers
+            .iter()
+            .filter(|l| l["side"] == s)
+            .map(|l| l["ns"].as_f64().unwrap())
+            .sum()
+    };
+    assert!((side("send") - v["sender_ns"].as_f64().unwrap()).abs() < 1e-6);
+    assert!((side("recv") - v["receiver_ns"].as_f64().unwrap()).abs() < 1e-6);
+    // The chart: bars of messages 1 to 8 on the layers' rows.
+    let chart = v["chart"].as_array().unwrap();
+    assert!(!chart.is_empty());
+    for bar in chart {
+        assert!((1..=8).contains(&bar["message"].as_u64().unwrap()), "{bar}");
+        assert!(
+            (bar["row"].as_u64().unwrap() as usize) < layers.len(),
+            "{bar}"
+        );
+    }
+    let name = layers[b]["name"].as_str().unwrap();
+    assert!(
+        text.contains(&format!("bottleneck layer: {name}")),
+        "{text}"
+    );
+    assert!(text.contains("measured / theoretical"), "{text}");
+    let svg = std::fs::read_to_string(dir.join(format!("anatomy-stream-{provider}.svg"))).unwrap();
+    assert!(
+        svg.contains(name),
+        "the chart does not name the bottleneck layer"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn anatomy_stream_of_kernel_udp_names_its_bottleneck() {
+    stream("kernel-udp");
+}
+
+#[test]
+fn anatomy_stream_of_shared_memory_follows_a_draining_receiver() {
+    stream("shm");
+}
