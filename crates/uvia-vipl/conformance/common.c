@@ -34,9 +34,42 @@ void side_open_peer(struct side *s)
 
 void side_close(struct side *s)
 {
-    if (s->nic)
-        VipCloseNic(s->nic);
+    if (!s->nic)
+        return;
+    for (int i = 0; i < s->nvis; i++) {
+        VIP_DESCRIPTOR *d;
+        VipDisconnect(s->vis[i]);
+        for (int k = 0; k < 100000 && VipRecvDone(s->vis[i], &d) == VIP_SUCCESS; k++)
+            ;
+        for (int k = 0; k < 100000 && VipSendDone(s->vis[i], &d) == VIP_SUCCESS; k++)
+            ;
+        VipDestroyVi(s->vis[i]);
+    }
+    for (int i = 0; i < s->ncqs; i++)
+        VipDestroyCQ(s->cqs[i]);
+    for (int i = 0; i < s->nregions; i++)
+        VipDeregisterMem(s->nic, s->regions[i].addr, s->regions[i].mh);
+    VipDeregisterMem(s->nic, s->arena, s->mh);
+    VipDestroyPtag(s->nic, s->ptag);
+    VipCloseNic(s->nic);
     s->nic = NULL;
+    s->nvis = s->ncqs = s->nregions = 0;
+}
+
+static void track_vi(struct side *s, VIP_VI_HANDLE vi)
+{
+    if (s->nvis < 16)
+        s->vis[s->nvis++] = vi;
+}
+
+VIP_RETURN vi_destroy(struct side *s, VIP_VI_HANDLE vi)
+{
+    VIP_RETURN r = VipDestroyVi(vi);
+    if (r == VIP_SUCCESS)
+        for (int i = 0; i < s->nvis; i++)
+            if (s->vis[i] == vi)
+                s->vis[i] = s->vis[--s->nvis];
+    return r;
 }
 
 void *arena_take(struct side *s, size_t n)
@@ -62,6 +95,10 @@ void *region_new(struct side *s, size_t n, VIP_PROTECTION_HANDLE ptag, int rdma_
                              .EnableRdmaWrite = rdma_write ? VIP_TRUE : VIP_FALSE,
                              .EnableRdmaRead = rdma_read ? VIP_TRUE : VIP_FALSE};
     REQUIRE_RET(VipRegisterMem(s->nic, p, n, &ma, mh), VIP_SUCCESS);
+    if (s->nregions < 16) {
+        s->regions[s->nregions].addr = p;
+        s->regions[s->nregions++].mh = *mh;
+    }
     return p;
 }
 
@@ -164,6 +201,7 @@ VIP_VI_HANDLE vi_new(struct side *s, VIP_RELIABILITY_LEVEL level, int rdma_write
     a.EnableRdmaRead = rdma_read ? VIP_TRUE : VIP_FALSE;
     VIP_VI_HANDLE vi = NULL;
     REQUIRE_RET(VipCreateVi(s->nic, &a, scq, rcq, &vi), VIP_SUCCESS);
+    track_vi(s, vi);
     return vi;
 }
 
@@ -383,6 +421,7 @@ static void conn_make(struct conn *x, const struct pair_cfg *cfg, int server)
     if (server ? cfg->srv_cq : cfg->cli_cq) {
         REQUIRE_RET(VipCreateCQ(x->s.nic, cfg->cq_entries ? cfg->cq_entries : 64, &x->scq), VIP_SUCCESS);
         x->rcq = x->scq;
+        x->s.cqs[x->s.ncqs++] = x->scq;
     }
     VIP_VI_ATTRIBUTES a = vi_attrs(&x->s, level);
     if (cfg->mtu)
@@ -390,6 +429,7 @@ static void conn_make(struct conn *x, const struct pair_cfg *cfg, int server)
     a.EnableRdmaWrite = cfg->rdma_write && !(server && cfg->srv_no_rdma) ? VIP_TRUE : VIP_FALSE;
     a.EnableRdmaRead = cfg->rdma_read && !(server && cfg->srv_no_rdma) ? VIP_TRUE : VIP_FALSE;
     REQUIRE_RET(VipCreateVi(x->s.nic, &a, x->scq, x->rcq, &x->vi), VIP_SUCCESS);
+    track_vi(&x->s, x->vi);
     int n = server ? cfg->srv_recvs : cfg->cli_recvs;
     for (int i = 0; i < n; i++)
         conn_post_recv(x, cfg->recv_len ? cfg->recv_len : 256);

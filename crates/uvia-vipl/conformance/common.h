@@ -31,6 +31,15 @@ struct side {
     char *arena;
     size_t arena_len, used;
     VIP_MEM_HANDLE mh;
+    /* What side_close takes down (VIs and CQs made by vi_new and the pair
+     * helpers, regions by region_new). */
+    VIP_VI_HANDLE vis[16];
+    VIP_CQ_HANDLE cqs[8];
+    struct {
+        void *addr;
+        VIP_MEM_HANDLE mh;
+    } regions[16];
+    int nvis, ncqs, nregions;
 };
 
 /* Opens `device` (the device under test if NULL), creates a tag and
@@ -38,6 +47,8 @@ struct side {
 void side_open(struct side *s, const char *device);
 /* The peer's side: opens g_peer_device. */
 void side_open_peer(struct side *s);
+/* Disconnects and destroys what the side made, then closes the NIC
+ * (best effort: a listener of the library goes with its NIC). */
 void side_close(struct side *s);
 
 /* 64-byte aligned, zeroed bytes of the arena. */
@@ -71,6 +82,9 @@ VIP_VI_ATTRIBUTES vi_attrs(struct side *s, VIP_RELIABILITY_LEVEL level);
  * that fails. */
 VIP_VI_HANDLE vi_new(struct side *s, VIP_RELIABILITY_LEVEL level, int rdma_write,
                      int rdma_read, VIP_CQ_HANDLE scq, VIP_CQ_HANDLE rcq);
+
+/* VipDestroyVi, and side_close forgets the VI when it went. */
+VIP_RETURN vi_destroy(struct side *s, VIP_VI_HANDLE vi);
 
 /* A VIP_NET_ADDRESS (malloc'd): host text NUL-padded to
  * VIPL_HOST_ADDRESS_LEN, then the discriminator's bytes. */

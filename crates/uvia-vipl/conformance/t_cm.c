@@ -56,6 +56,7 @@ static void srv_accept_addrs(struct chan *c, void *arg)
     va.MaxTransferSize = SRV_MTU;
     VIP_VI_HANDLE vi = NULL;
     REQUIRE_RET(VipCreateVi(s.nic, &va, NULL, NULL, &vi), VIP_SUCCESS);
+    s.vis[s.nvis++] = vi;
     VIP_NET_ADDRESS *local = addr_new(s.address, a->disc);
     VIP_NET_ADDRESS *remote = addr_room();
     memset(remote->HostAddress, 0x55, VIPL_HOST_ADDRESS_LEN + 64);
@@ -100,6 +101,7 @@ static void t_accept(int arg)
     va.EnableRdmaWrite = VIP_TRUE;
     VIP_VI_HANDLE vi = NULL;
     REQUIRE_RET(VipCreateVi(s.nic, &va, NULL, NULL, &vi), VIP_SUCCESS);
+    s.vis[s.nvis++] = vi;
     VIP_NET_ADDRESS *local = addr_new(s.address, A.disc), *remote = addr_new(host, A.disc);
     VIP_VI_ATTRIBUTES ra;
     memset(&ra, 0, sizeof ra);
@@ -394,7 +396,7 @@ static void t_peer_killed(int arg)
     CHECK_RET(VipPostRecv(x->vi, recv_desc(&x->s, 8), x->s.mh), VIP_INVALID_STATE);
     CHECK_RET(VipDisconnect(x->vi), VIP_SUCCESS);
     CHECK_STATE(x->vi, VIP_STATE_IDLE);
-    CHECK_RET(VipDestroyVi(x->vi), VIP_SUCCESS);
+    CHECK_RET(vi_destroy(&x->s, x->vi), VIP_SUCCESS);
     side_close(&x->s);
 }
 
@@ -445,7 +447,7 @@ static void t_not_idle(int arg)
     CHECK_RET(VipConnectRequest(v2, local2, remote, 10000, &ra), VIP_REJECT);
     CHECK_STATE(v2, VIP_STATE_IDLE);
     CHAN_EXPECT(x->c, 10000, T_DONE, NULL, 0);
-    CHECK_RET(VipDestroyVi(v2), VIP_SUCCESS);
+    CHECK_RET(vi_destroy(sv, v2), VIP_SUCCESS);
     if (sv != &x->s)
         side_close(sv);
     pair_close(&pr);

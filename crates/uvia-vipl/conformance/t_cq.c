@@ -81,10 +81,10 @@ static void t_destroy_rules(int arg)
     VIP_VI_HANDLE v2 = vi_new(&s, default_level(), 0, 0, b, NULL);
     CHECK_RET(VipDestroyCQ(a), VIP_INVALID_STATE);
     CHECK_RET(VipDestroyCQ(b), VIP_INVALID_STATE);
-    CHECK_RET(VipDestroyVi(v1), VIP_SUCCESS);
+    CHECK_RET(vi_destroy(&s, v1), VIP_SUCCESS);
     CHECK_RET(VipDestroyCQ(a), VIP_SUCCESS);
     CHECK_RET(VipDestroyCQ(b), VIP_INVALID_STATE);
-    CHECK_RET(VipDestroyVi(v2), VIP_SUCCESS);
+    CHECK_RET(vi_destroy(&s, v2), VIP_SUCCESS);
     CHECK_RET(VipDestroyCQ(b), VIP_SUCCESS);
     side_close(&s);
 }

@@ -210,7 +210,7 @@ static void t_bad_handles(int arg)
     CHECK_RET(VipCloseNic((VIP_NIC_HANDLE)vi), VIP_INVALID_PARAMETER);
     /* The NIC still works. */
     CHECK_RET(VipQueryNic(s.nic, &a), VIP_SUCCESS);
-    CHECK_RET(VipDestroyVi(vi), VIP_SUCCESS);
+    CHECK_RET(vi_destroy(&s, vi), VIP_SUCCESS);
     CHECK_RET(VipDestroyCQ(cq), VIP_SUCCESS);
     side_close(&s);
 }

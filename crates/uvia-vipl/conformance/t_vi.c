@@ -137,7 +137,7 @@ static void t_query_errors(int arg)
     CHECK_RET(VipQueryVi(vi, &st, &q, NULL, &re), VIP_INVALID_PARAMETER);
     CHECK_RET(VipQueryVi(vi, &st, &q, &se, NULL), VIP_INVALID_PARAMETER);
     CHECK_RET(VipQueryVi(vi, &st, &q, &se, &re), VIP_SUCCESS);
-    CHECK_RET(VipDestroyVi(vi), VIP_SUCCESS);
+    CHECK_RET(vi_destroy(&s, vi), VIP_SUCCESS);
     side_close(&s);
 }
 
@@ -192,7 +192,7 @@ static void t_set_attributes(int arg)
     memset(&q, 0, sizeof q);
     CHECK_RET(VipQueryVi(vi, &st, &q, &se, &re), VIP_SUCCESS);
     CHECK_VI_ATTRS(&q, &a);
-    CHECK_RET(VipDestroyVi(vi), VIP_SUCCESS);
+    CHECK_RET(vi_destroy(&s, vi), VIP_SUCCESS);
     CHECK_RET(VipDestroyPtag(s.nic, p2), VIP_SUCCESS);
     side_close(&s);
 }
@@ -259,7 +259,7 @@ static void t_wrong_kind(int arg)
     CHECK_RET(VipCreateVi(s.nic, &q, NULL, (VIP_CQ_HANDLE)s.nic, &vi2), VIP_INVALID_PARAMETER);
     /* Everything still works. */
     CHECK_RET(VipQueryVi(vi, &st, &q, &se, &re), VIP_SUCCESS);
-    CHECK_RET(VipDestroyVi(vi), VIP_SUCCESS);
+    CHECK_RET(vi_destroy(&s, vi), VIP_SUCCESS);
     CHECK_RET(VipDestroyCQ(cq), VIP_SUCCESS);
     side_close(&s);
 }
