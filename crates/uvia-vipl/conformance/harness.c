@@ -409,6 +409,8 @@ void peer_end(struct peer *p, int ms)
     long long deadline = now_ms() + ms;
     int got = read_all(p->result_fd, &r, sizeof r, deadline) == 0;
     int st = 0;
+    /* The peer's ending is a check of its own. */
+    h_count();
     if (!got) {
         /* No result: it crashed, or it is still running. */
         pid_t w = 0;
