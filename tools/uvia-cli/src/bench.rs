@@ -10,8 +10,14 @@
 //!    noisy host; each pair gives a ratio and the headline is the median ratio.
 //!    The xdp provider's run between two test hosts made for each measurement
 //!    (root only; otherwise reported as skipped, with the reason).
-//! 4. The report folder: report.md, results.json, latency.svg, bandwidth.svg.
+//! 4. Where the time goes: `uvia anatomy --compare` from the build with
+//!    checkpoints (built first, except with --quick, which takes the one
+//!    there is; skipped with the reason without it or without root), its
+//!    table and plots in the report.
+//! 5. The report folder: report.md, results.json, latency.svg, bandwidth.svg,
+//!    anatomy-categories.svg and anatomy-timeline-<provider>.svg.
 
+use crate::anatomy::compare::{self, Compare};
 use crate::limit::{self, LimitResult};
 use crate::report::{self, fmt_ns, fmt_pct, md_table, push, text_table, Series};
 use crate::run::RunResult;
@@ -134,11 +140,23 @@ struct BenchResult {
     headline: Vec<Headline>,
     blocked_receiver: Vec<Blocked>,
     runs: Vec<RunEntry>,
+    /// `uvia anatomy --compare` from the build with checkpoints, or why
+    /// there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    anatomy: Option<Compare>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    anatomy_skipped: Option<String>,
 }
 
 /// Runs `uvia <args> --json FILE` as a child process under a time limit.
 fn sub(args: &[String], timeout: Duration) -> Result<RunResult> {
-    let exe = crate::self_exe()?;
+    let text = sub_json(&crate::self_exe()?, args, timeout)?;
+    serde_json::from_str::<RunResult>(&text).context("parsing the measurement's JSON")
+}
+
+/// Runs `<exe> <args> --json FILE` as a child process under a time limit;
+/// returns the JSON it wrote, or its error.
+fn sub_json(exe: &Path, args: &[String], timeout: Duration) -> Result<String> {
     let tmp = std::env::temp_dir().join(format!(
         "uvia-bench-{}-{}.json",
         std::process::id(),
@@ -198,10 +216,7 @@ fn sub(args: &[String], timeout: Duration) -> Result<RunResult> {
                 msg
             }
         )),
-        Some(_) => {
-            let text = std::fs::read_to_string(&tmp).context("reading the measurement's JSON")?;
-            serde_json::from_str::<RunResult>(&text).context("parsing the measurement's JSON")
-        }
+        Some(_) => std::fs::read_to_string(&tmp).context("reading the measurement's JSON"),
     };
     let _ = std::fs::remove_file(&tmp);
     r
@@ -300,7 +315,7 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
     };
     let scale = if quick { "0.05" } else { "1" };
     let timeout = Duration::from_secs(if quick { 60 } else { 300 });
-    let total = 1 + CONFIGS.len() as u64 * 2 + 9 * pairs as u64 + 3;
+    let total = 1 + CONFIGS.len() as u64 * 2 + 9 * pairs as u64 + 3 + 1;
     let pb = ProgressBar::new(total);
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -588,6 +603,18 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
         );
         pb.inc(1);
     }
+
+    // Where the time goes: the anatomy comparison, from a build with
+    // checkpoints.
+    pb.set_message("anatomy: kernel UDP and uvia's providers, category by category");
+    let (anatomy, anatomy_skipped) = match anatomy_compare(quick, out, &pb) {
+        Ok(c) => (Some(c), None),
+        Err(why) => {
+            pb.println(format!("anatomy: skipped: {why}"));
+            (None, Some(why))
+        }
+    };
+    pb.inc(1);
     pb.finish_and_clear();
 
     let res = BenchResult {
@@ -598,6 +625,8 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
         headline,
         blocked_receiver: blocked,
         runs,
+        anatomy,
+        anatomy_skipped,
     };
     let json = serde_json::to_string_pretty(&res)? + "\n";
     std::fs::write(out.join("results.json"), json)
@@ -608,6 +637,89 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
     print!("{text}");
     println!("\nreport: {}", out.join("report.md").display());
     Ok(())
+}
+
+/// The command that builds the tool with checkpoints.
+const TRACED_BUILD: &str =
+    "cargo build --release -p uvia-cli --features trace --target-dir target/trace";
+
+/// The build with checkpoints: the one `UVIA_TRACED_BIN` names, else the
+/// workspace's `target/trace/release/uvia` (the workspace is the current
+/// folder, as `scripts/bench` runs it), built or brought up to date by
+/// cargo first unless `quick` (which takes it as it is). The error is the
+/// reason the section is skipped.
+fn traced_build(quick: bool, pb: &ProgressBar) -> std::result::Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("UVIA_TRACED_BIN") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "UVIA_TRACED_BIN names {}, which is not there",
+                p.display()
+            ))
+        };
+    }
+    let root = std::env::current_dir().map_err(|e| format!("the current folder: {e}"))?;
+    let bin = root.join("target/trace/release/uvia");
+    if !root.join("tools/uvia-cli/Cargo.toml").is_file() {
+        return Err(
+            "no build with checkpoints: run from the workspace, or name one in UVIA_TRACED_BIN"
+                .into(),
+        );
+    }
+    if quick {
+        return if bin.is_file() {
+            Ok(bin)
+        } else {
+            Err(format!(
+                "no build with checkpoints in target/trace (--quick does not build it; {TRACED_BUILD})"
+            ))
+        };
+    }
+    pb.set_message("anatomy: building the tool with checkpoints (target/trace)");
+    let out = Command::new("cargo")
+        .args(TRACED_BUILD.split(' ').skip(1))
+        .current_dir(&root)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running cargo to build it: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| l.contains("error"))
+            .unwrap_or("");
+        return Err(format!("building it failed ({TRACED_BUILD}): {last}"));
+    }
+    Ok(bin)
+}
+
+/// `uvia anatomy --compare` at 1 byte from the build with checkpoints, its
+/// plots into `out`; the error is why there is none.
+fn anatomy_compare(
+    quick: bool,
+    out: &Path,
+    pb: &ProgressBar,
+) -> std::result::Result<Compare, String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("the kernel's tracepoints need root".into());
+    }
+    let bin = traced_build(quick, pb)?;
+    pb.set_message("anatomy: kernel UDP and uvia's providers, category by category");
+    let mut args: Vec<String> = ["anatomy", "--compare", "--size", "1", "--plot-dir"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(out.display().to_string());
+    if quick {
+        args.extend(["--pairs", "1", "--iters", "500"].map(String::from));
+    }
+    let timeout = Duration::from_secs(if quick { 120 } else { 600 });
+    let text = sub_json(&bin, &args, timeout).map_err(|e| format!("{e:#}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("reading its JSON: {e}"))
 }
 
 fn verdict(h: &Headline) -> String {
@@ -938,6 +1050,49 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
         if let Err(e) = report::plot(&p, title, y, s) {
             push(&mut text, format!("plot {file}: {e:#}"));
             push(&mut md, format!("(plot {file} failed: {e:#})"));
+        }
+    }
+
+    // Where the time goes.
+    push(&mut md, "## Where the time goes: anatomy by category");
+    push(&mut md, "");
+    push(&mut text, "");
+    match (&res.anatomy, &res.anatomy_skipped) {
+        (Some(c), _) => {
+            push(&mut md, "`uvia anatomy --compare` from the build with checkpoints: each one-way message followed through the library's checkpoints and the kernel's tracepoints, its stages grouped as 000's Table III grouped UDP's and M-VIA's (docs/ANATOMY.md).");
+            push(&mut md, "");
+            md += &compare::markdown(c);
+            push(&mut md, "");
+            if c.plots.iter().any(|p| p == compare::STACKED_SVG) {
+                push(
+                    &mut md,
+                    format!("![categories per provider]({})", compare::STACKED_SVG),
+                );
+                push(&mut md, "");
+            }
+            let lines: Vec<String> = c
+                .columns
+                .iter()
+                .filter(|x| c.plots.contains(&compare::timeline_svg(&x.label)))
+                .map(|x| format!("[{}]({})", x.label, compare::timeline_svg(&x.label)))
+                .collect();
+            if !lines.is_empty() {
+                push(
+                    &mut md,
+                    format!(
+                        "One message's stages on a time line (000's Figs. 3 and 9): {}.",
+                        lines.join(", ")
+                    ),
+                );
+                push(&mut md, "");
+            }
+            text += &compare::table(c);
+        }
+        (None, why) => {
+            let why = why.clone().unwrap_or_default();
+            push(&mut md, format!("Skipped: {why}."));
+            push(&mut md, "");
+            push(&mut text, format!("anatomy: skipped: {why}"));
         }
     }
     (text, md)

@@ -179,8 +179,11 @@ pub fn rows(c: &Compare) -> (Vec<String>, Vec<Vec<String>>) {
 
 fn header(c: &Compare) -> String {
     format!(
-        "anatomy of a {} B one-way message by category, ns (share of the stages' sum); {} interleaved pairs of an untraced and a traced ping-pong of {} round trips per provider",
-        c.size, c.pairs, c.iters
+        "anatomy of a {} B one-way message by category, ns (share of the stages' sum); {} interleaved {} of an untraced and a traced ping-pong of {} round trips per provider",
+        c.size,
+        c.pairs,
+        if c.pairs == 1 { "pair" } else { "pairs" },
+        c.iters
     )
 }
 
