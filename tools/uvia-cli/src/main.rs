@@ -410,7 +410,7 @@ fn anatomy(a: &AnatomyArgs) -> Result<()> {
         bail!("--pairs must be at least 1");
     }
     if a.stream.is_some_and(|k| k < 2) {
-        bail!("--stream needs at least 2 messages: throughput is taken from the first arrival to the last");
+        bail!("--stream needs at least 2 messages: a stream of one is a ping-pong");
     }
     if a.rounds == 0 {
         bail!("--rounds must be at least 1");

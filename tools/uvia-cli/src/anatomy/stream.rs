@@ -34,16 +34,19 @@
 //! on one CPU do not overlap with each other, so the bound that counts on
 //! this host is the busier side's: PacketSize / max(the sender's time per
 //! message, the receiver's). Both are printed, against the throughput
-//! measured as 003 measured it, at the receiver: (K - 1) messages over the
-//! time from the first arrival to the last, in untraced runs interleaved
-//! with the traced ones.
+//! measured in untraced runs interleaved with the traced ones: K messages
+//! over the time from the sender's first send call to the receiver's return
+//! with the last (`CLOCK_MONOTONIC`, which both processes read). 003 timed
+//! the first arrival to the last at the receiver; a receiver that drains
+//! its queue returns several messages at once, so the round starts at the
+//! sender here (one message's latency more).
 
 use super::plot::{self, Bar, Chart};
 use super::{describe, follow, say, Chain, Ev, Label, Span, Tracing};
 use crate::endpoint::{Endpoint, EndpointConfig, Mode};
 use crate::run::{self, Level, Plan, Provider};
 use crate::stats::median;
-use crate::{clock, pin, tracefile};
+use crate::{pin, tracefile};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
@@ -122,11 +125,17 @@ fn expect_len(n: usize, want: usize) -> Result<()> {
 
 // ---------------------------------------------------------------- server side
 
-/// What the server reports: per measured round, the time from the first
-/// message's arrival to the last's.
+/// What the server reports: per measured round, when it returned the last
+/// message (`CLOCK_MONOTONIC`, which both processes read).
 #[derive(Serialize, Deserialize)]
 struct ServerReport {
-    arrivals_ns: Vec<f64>,
+    last_ns: Vec<u64>,
+}
+
+/// Checkpoints to make room for per round trip of the trace file: a
+/// message of many frames passes a frame's checkpoints for each.
+fn trace_room(s: &Spec) -> usize {
+    s.rounds * (s.stream + 1) * (1 + s.size / 1024)
 }
 
 /// The hidden `uvia anatomy --serve-stream SPEC`: the receiving half of a
@@ -172,31 +181,25 @@ fn serve_inner(s: &Spec) -> Result<ServerReport> {
     let mut ep = listener
         .accept()
         .with_context(|| format!("{name} server: accepting"))?;
-    let mut arrivals = Vec::with_capacity(s.rounds);
+    let mut last_ns = Vec::with_capacity(s.rounds);
     for round in 0..s.warm + s.rounds {
-        let (mut first, mut last) = (0, 0);
-        for j in 0..s.stream {
+        for _ in 0..s.stream {
             expect_len(ep.recv()?, s.size)?;
-            if j == 0 {
-                first = clock::ticks();
-            }
-            last = clock::ticks();
         }
+        let last = uvia_trace::monotonic_ns();
         if round + 1 == s.warm {
             // Recording starts before the last warm-up ack, so that no
             // measured message can arrive before it.
-            tracefile::begin(s.rounds * (s.stream + 1))?;
+            tracefile::begin(trace_room(s))?;
         }
         ep.send(ACK)?;
         if round >= s.warm {
-            arrivals.push(clock::to_ns(last.wrapping_sub(first)));
+            last_ns.push(last);
         }
     }
     tracefile::end("server")?;
     ep.flush()?;
-    Ok(ServerReport {
-        arrivals_ns: arrivals,
-    })
+    Ok(ServerReport { last_ns })
 }
 
 // ---------------------------------------------------------------- client side
@@ -242,12 +245,12 @@ fn wait_line(rx: &mpsc::Receiver<Option<String>>, want: &str, timeout: Duration)
     }
 }
 
-/// One run's measurements: per measured round, the receiver's first to last
-/// arrival and the sender's first send to the ack.
+/// One run's measurements, per measured round: from the sender's first send
+/// call to the receiver's return with the last message, and to the ack.
 #[derive(Debug)]
 pub struct Once {
-    pub arrivals_ns: Vec<f64>,
-    pub rounds_ns: Vec<f64>,
+    pub delivered_ns: Vec<f64>,
+    pub acked_ns: Vec<f64>,
 }
 
 /// Runs one stream between this process (the sender) and a server it
@@ -326,13 +329,13 @@ pub fn run_once(plan: &Plan, spec: &Spec, ready: &dyn Fn(u32) -> Result<()>) -> 
         ..spec.clone()
     };
     measuring.store(true, Ordering::SeqCst);
-    let rounds = (|| -> Result<Vec<f64>> {
+    let rounds = (|| -> Result<Vec<(u64, u64)>> {
         let mut ep = run::connect(spec.provider, &config(&mine), &info)
             .with_context(|| format!("{} client: connecting", spec.provider.name()))?;
         send_rounds(ep.as_mut(), spec)
     })();
     measuring.store(false, Ordering::SeqCst);
-    let rounds_ns = rounds.with_context(|| {
+    let rounds = rounds.with_context(|| {
         format!(
             "a stream of {} x {} B over {}",
             spec.stream,
@@ -343,27 +346,43 @@ pub fn run_once(plan: &Plan, spec: &Spec, ready: &dyn Fn(u32) -> Result<()>) -> 
     let report = wait_line(&rx, "RESULT ", Duration::from_secs(30))?;
     let report: ServerReport =
         serde_json::from_str(&report).context("reading the stream server's RESULT line")?;
+    if report.last_ns.len() != rounds.len() {
+        bail!(
+            "the stream's server reported {} rounds of {}",
+            report.last_ns.len(),
+            rounds.len()
+        );
+    }
     Ok(Once {
-        arrivals_ns: report.arrivals_ns,
-        rounds_ns,
+        delivered_ns: rounds
+            .iter()
+            .zip(&report.last_ns)
+            .map(|(&(start, _), &last)| last.saturating_sub(start) as f64)
+            .collect(),
+        acked_ns: rounds
+            .iter()
+            .map(|&(start, acked)| acked.saturating_sub(start) as f64)
+            .collect(),
     })
 }
 
-fn send_rounds(ep: &mut dyn Endpoint, s: &Spec) -> Result<Vec<f64>> {
+/// Sends the rounds; returns, per measured round, when its first send call
+/// was made and when the ack came (`CLOCK_MONOTONIC`).
+fn send_rounds(ep: &mut dyn Endpoint, s: &Spec) -> Result<Vec<(u64, u64)>> {
     ep.send_buf()[..s.size].fill(STREAM_BYTE);
     let mut rounds = Vec::with_capacity(s.rounds);
     for round in 0..s.warm + s.rounds {
         if round == s.warm {
-            tracefile::begin(s.rounds * (s.stream + 1))?;
+            tracefile::begin(trace_room(s))?;
         }
-        let t0 = clock::ticks();
+        let t0 = uvia_trace::monotonic_ns();
         for _ in 0..s.stream {
             ep.send(s.size)?;
         }
         ep.flush()?;
         expect_len(ep.recv()?, ACK)?;
         if round >= s.warm {
-            rounds.push(clock::to_ns(clock::ticks().wrapping_sub(t0)));
+            rounds.push((t0, uvia_trace::monotonic_ns()));
         }
     }
     tracefile::end("client")?;
@@ -754,8 +773,9 @@ pub struct StreamOut {
     pub bottleneck: usize,
     /// 003's PacketSize / max(per-layer time), bytes per second.
     pub theoretical_max_bytes_per_s: f64,
-    /// Measured at the receiver in the untraced runs: (K - 1) x size over
-    /// the first to the last arrival; the median of all their rounds.
+    /// Measured in the untraced runs: K x size over the time from the
+    /// sender's first send call to the receiver's return with the last
+    /// message; the median of all their rounds.
     pub measured_bytes_per_s: f64,
     /// The same from the traced runs' checkpoints.
     pub traced_bytes_per_s: f64,
@@ -827,16 +847,15 @@ pub fn analyse(runs: &[Vec<Ev>], size: usize, k: usize, xsk: bool) -> Result<Ana
         .zip(&overall)
         .map(|(l, &ns)| Layer { ns, ..l })
         .collect();
-    // Throughput as the receiver saw it, round by round.
+    // Throughput round by round: from the first send call to the return
+    // with the last message.
     let mut tput = Vec::new();
     let mut pick = Vec::new();
     for (r, run) in msgs.iter().enumerate() {
         for round in run.chunks(k) {
-            let span = round[k - 1]
-                .received_ns
-                .saturating_sub(round[0].received_ns);
+            let span = round[k - 1].received_ns.saturating_sub(round[0].sent_ns);
             if span > 0 {
-                tput.push(((k - 1) * size) as f64 / span as f64 * 1e9);
+                tput.push((k * size) as f64 / span as f64 * 1e9);
             }
             if r + 1 == msgs.len() {
                 pick.push((span, round));
@@ -892,9 +911,11 @@ pub fn run(
         bail!("internal: a stream anatomy measures one size");
     };
     if stream < 2 {
-        bail!("--stream needs at least 2 messages: throughput is taken from the first arrival to the last");
+        bail!("--stream needs at least 2 messages: a stream of one is a ping-pong");
     }
-    let mut tracing = Tracing::open(((rounds + (rounds / 10).max(2)) * (stream + 1)).max(2000))?;
+    let mut tracing = Tracing::open(
+        ((rounds + (rounds / 10).max(2)) * (stream + 1) * (1 + size / 1024)).max(2000),
+    )?;
     say(
         pb,
         format!(
@@ -923,16 +944,16 @@ pub fn run(
     for _ in 0..pairs {
         let plain = run_once(plan, &spec, &|_| Ok(()))?;
         let tput: Vec<f64> = plain
-            .arrivals_ns
+            .delivered_ns
             .iter()
             .filter(|&&ns| ns > 0.0)
-            .map(|ns| ((stream - 1) * size) as f64 / ns * 1e9)
+            .map(|ns| (stream * size) as f64 / ns * 1e9)
             .collect();
         per_pair_measured.push(median(&tput));
         measured.extend(tput);
         sender_view.extend(
             plain
-                .rounds_ns
+                .acked_ns
                 .iter()
                 .filter(|&&ns| ns > 0.0)
                 .map(|ns| (stream * size) as f64 / ns * 1e9),
@@ -1103,7 +1124,7 @@ pub fn table(s: &StreamOut) -> String {
     }
     let b = &s.layers[s.bottleneck];
     out += &format!(
-        "\nmeasured throughput (untraced, at the receiver: (K-1) x size / first to last arrival, median of {} rounds): {}\n",
+        "\nmeasured throughput (untraced: K x size / first send call to the receiver's last return, median of {} rounds): {}\n",
         s.rounds * s.pairs,
         rate(s.measured_bytes_per_s, s.size)
     );
@@ -1193,7 +1214,7 @@ pub fn plot(s: &StreamOut, dir: &Path) -> Result<String> {
     let b = &s.layers[s.bottleneck];
     let notes = vec![
         format!(
-            "Measured (untraced, at the receiver): {}; measured / 003's maximum: {:.2}.",
+            "Measured (untraced, first send call to the receiver's last return): {}; measured / 003's maximum: {:.2}.",
             rate(s.measured_bytes_per_s, s.size),
             s.ratio
         ),
@@ -1338,11 +1359,10 @@ mod tests {
         let (i, t) = theoretical_max(1000, &ns).unwrap();
         assert_eq!((i, t), (3, 1000.0 / 300e-9));
         assert_eq!(sides(&a.layers), (120.0, 320.0));
-        // Arrivals are 310 ns apart once the queue forms: 3 x 1000 B over
-        // the first to the last return.
-        let first = 150.0 + 300.0;
-        let last = first + 3.0 * 310.0;
-        assert_eq!(a.traced_bytes_per_s, 3000.0 / (last - first) * 1e9);
+        // Returns are 310 ns apart once the queue forms: 4 x 1000 B over
+        // the first send call to the last return.
+        let last = 150.0 + 300.0 + 3.0 * 310.0;
+        assert_eq!(a.traced_bytes_per_s, 4000.0 / last * 1e9);
         // The chart: every message in every layer but the last message's
         // after-the-hand-off one, times from the round's first send.
         assert_eq!(a.chart.len(), 4 * 4 - 1);
