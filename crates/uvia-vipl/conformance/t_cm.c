@@ -204,7 +204,7 @@ static void t_no_match(int arg)
     long long t0 = now_ms();
     CHECK_RET(VipConnectRequest(vi, local, remote, 500, &ra), VIP_NO_MATCH);
     long long ms = now_ms() - t0;
-    CHECKF(ms < 3000, "VipConnectRequest with a 500 ms timeout took %lld ms", ms);
+    CHECKF(ms < 5000, "VipConnectRequest with a 500 ms timeout took %lld ms", ms);
     CHECK_STATE(vi, VIP_STATE_IDLE);
     chan_send(&p.c, T_QUIT, NULL, 0);
     peer_end(&p, 15000);
@@ -247,7 +247,7 @@ static void t_timeouts(int arg)
     long long t0 = now_ms();
     CHECK_RET(VipConnectWait(s.nic, mine, 300, room, &ra, &conn), VIP_TIMEOUT);
     long long ms = now_ms() - t0;
-    CHECKF(ms >= 290 && ms < 3000, "a 300 ms VipConnectWait took %lld ms", ms);
+    CHECKF(ms >= 290 && ms < 5000, "a 300 ms VipConnectWait took %lld ms", ms);
     /* A server that takes the request and never answers. */
     VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
     VIP_NET_ADDRESS *local = addr_new(s.address, A.disc), *remote = addr_new(host, A.disc);

@@ -543,17 +543,17 @@ static void t_timeouts(int arg)
     long long t0 = now_ms();
     CHECK_RET(VipRecvWait(x->vi, 200, &d), VIP_TIMEOUT);
     long long ms = now_ms() - t0;
-    CHECKF(ms >= 190 && ms < 2000, "a 200 ms wait on an empty queue took %lld ms", ms);
+    CHECKF(ms >= 190 && ms < 5000, "a 200 ms wait on an empty queue took %lld ms", ms);
     /* A receive posted, nothing sent. */
     conn_post_recv(x, 64);
     t0 = now_ms();
     CHECK_RET(VipRecvWait(x->vi, 300, &d), VIP_TIMEOUT);
     ms = now_ms() - t0;
-    CHECKF(ms >= 290 && ms < 2000, "a 300 ms wait took %lld ms", ms);
+    CHECKF(ms >= 290 && ms < 5000, "a 300 ms wait took %lld ms", ms);
     t0 = now_ms();
     CHECK_RET(VipSendWait(x->vi, 100, &d), VIP_TIMEOUT);
     ms = now_ms() - t0;
-    CHECKF(ms >= 90 && ms < 2000, "a 100 ms wait took %lld ms", ms);
+    CHECKF(ms >= 90 && ms < 5000, "a 100 ms wait took %lld ms", ms);
     t0 = now_ms();
     CHECK_RET(VipRecvWait(x->vi, 0, &d), VIP_TIMEOUT);
     CHECKF(now_ms() - t0 < 200, "a wait of 0 ms took %lld ms", now_ms() - t0);
@@ -604,7 +604,10 @@ static void t_descriptor_errors(int arg)
 {
     (void)arg;
     struct pair pr;
-    struct pair_cfg cfg = {.mtu = SMALL_MTU, .srv_recvs = 1, .recv_len = 64, .server = NULL};
+    /* RDMA enabled, so that the malformed RDMA descriptors below are
+     * refused for their form alone. */
+    struct pair_cfg cfg = {.mtu = SMALL_MTU, .srv_recvs = 1, .recv_len = 64, .server = NULL, .rdma_write = 1,
+                           .rdma_read = (g_nic.RDMAReadSupport & default_level()) != 0};
     pair_open(&pr, &cfg);
     struct conn *x = &pr.x;
     struct side *s = &x->s;

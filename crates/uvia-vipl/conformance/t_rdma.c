@@ -405,8 +405,17 @@ static void protection(int op, int bad)
     fill_pattern(buf, len, 41);
     set_local(d, 1, buf, x->s.mh, len);
     VIP_RETURN ret = VipPostSend(x->vi, d, x->s.mh);
-    CHECKF(ret == VIP_SUCCESS, "posting an RDMA %s the target refuses: expected VIP_SUCCESS (the target checks), got %s",
-           op == VIP_CONTROL_OP_RDMAREAD ? "read" : "write", vip_ret_name(ret));
+    if (bad == BAD_VI && ret == VIP_DESCRIPTOR_ERROR) {
+        /* The peer's VI attributes came with the connection: a provider may
+         * know at the post that the descriptor cannot be carried out (vipl.h:
+         * refused, with the reason's status bits). */
+        CHECK_REFUSED(d, VIP_STATUS_RDMA_PROT_ERROR);
+    } else {
+        CHECKF(ret == VIP_SUCCESS,
+               "posting an RDMA %s the target refuses: expected VIP_SUCCESS (the target checks)%s, got %s",
+               op == VIP_CONTROL_OP_RDMAREAD ? "read" : "write",
+               bad == BAD_VI ? " or VIP_DESCRIPTOR_ERROR with RDMA_PROT_ERROR" : "", vip_ret_name(ret));
+    }
     if (ret == VIP_SUCCESS) {
         VIP_DESCRIPTOR *got = SEND_WAIT(x->vi, 5000);
         CHECK(got == d);
