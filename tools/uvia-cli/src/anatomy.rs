@@ -226,8 +226,11 @@ pub fn timeline(traces: [&SideTrace; 2], events: &[Event], costs: Costs) -> Vec<
         {
             continue;
         }
-        // A receive that found nothing (a poll) is not on any message's path.
-        if e.point == Point::SockRecvLength && e.args[1] as i64 <= 0 {
+        // A receive that found nothing (a poll) is not on any message's
+        // path. The length is the tracepoint's `int`, which a raw
+        // tracepoint passes in 64 bits without its sign: -EAGAIN arrives as
+        // 0xffff_fff5.
+        if e.point == Point::SockRecvLength && e.args[1] as u32 as i32 <= 0 {
             continue;
         }
         let side = if e.tgid == traces[0].pid {
@@ -891,6 +894,20 @@ mod tests {
         assert_eq!(st[9].category, "user application");
         assert_eq!(st[0].category, "OS overhead (send)");
         assert_eq!(st[5].category, "OS overhead (recv)");
+    }
+
+    #[test]
+    fn a_receive_that_found_nothing_is_left_off_the_time_line() {
+        let c = side(10, &[]);
+        let s = side(20, &[]);
+        let mut poll = ev(100, Point::SockRecvLength, 20, 1);
+        // -EAGAIN, as the raw tracepoint passes an int: 32 bits, no sign.
+        poll.args[1] = (-11i32) as u32 as u64;
+        let mut got = ev(200, Point::SockRecvLength, 20, 1);
+        got.args[1] = 1032;
+        let tl = timeline([&c, &s], &[poll, got], Costs::default());
+        assert_eq!(tl.len(), 1);
+        assert_eq!(tl[0].ns, 200);
     }
 
     #[test]

@@ -23,8 +23,10 @@
 //!   on a side is the work of the stage that ends at the second (shared
 //!   equally when a batch's event ends several messages' stages). The
 //!   stage where the receiver takes a message over counts from the
-//!   hand-off (before it the receiver waits); time that ends at a round's
-//!   first send call (the sender waiting for the ack) is nobody's.
+//!   hand-off (before it the receiver waits) or, for a receiver that was
+//!   polling then, from the receive call that returns the message (the
+//!   rest of the poll under way is waiting too); time that ends at a
+//!   round's first send call (the sender waiting for the ack) is nobody's.
 //!
 //! Each stage is a layer, plus the sender's time from the hand-off to its
 //! next send call (the send's return, its loop, completions and acks). A
@@ -653,11 +655,22 @@ pub fn messages(tl: &[Ev], steps: &[Step], k: usize) -> Result<Vec<Msg>> {
                         (Some(s), Some(pk)) if steps[s].0 != side => Some(tl[pk[s]].ns),
                         _ => None,
                     };
-                    let (p, from) = match (prev, handoff) {
+                    let (p, mut from) = match (prev, handoff) {
                         (Some(p), h) => (p, tl[p].ns.max(h.unwrap_or(0))),
                         (None, Some(h)) => (j, h),
                         (None, None) => continue,
                     };
+                    // A receiver that was idle at the hand-off was polling:
+                    // the rest of a poll already under way is waiting too;
+                    // its work starts with the receive call that returns
+                    // the message.
+                    if handoff.is_some_and(|h| prev.is_none_or(|p| h > tl[p].ns)) {
+                        if let Some(call) = (prev.unwrap_or(0)..j).rev().find(|&m| {
+                            tl[m].side == side && tl[m].label == Label::Kernel(Point::SysEnter)
+                        }) {
+                            from = from.max(tl[call].ns);
+                        }
+                    }
                     let to = tl[j].ns.max(from);
                     let cost: f64 = (p..=j)
                         .filter(|&m| tl[m].side == side)
@@ -1466,6 +1479,54 @@ mod tests {
             .find(|l| l.name == "medium: queue the frame")
             .unwrap();
         assert_eq!(queue.ns, 10.0);
+    }
+
+    #[test]
+    fn a_polling_receiver_works_from_the_call_that_returns_the_message() {
+        // Kernel-UDP-like: the receiver polls with system calls (1000 ns
+        // each); the datagram is handed off 300 ns into a poll that finds
+        // nothing; the next call copies it 400 ns after it starts.
+        let (mut c, mut s, mut k) = (Vec::new(), Vec::new(), Vec::new());
+        let mut t = 0u64;
+        for _ in 0..3 {
+            for j in 0..2u64 {
+                let send = t + 10_000 * j;
+                c.push((send, Stage::AppSend));
+                k.push(ev(send + 200, Point::SkDataReady, 10, 0));
+                k.push(ev(send - 100, Point::SysEnter, 20, 1)); // the poll
+                k.push(ev(send + 900, Point::SysEnter, 20, 1)); // the call that gets it
+                let mut got = ev(send + 1300, Point::SockRecvLength, 20, 1);
+                got.args[1] = 1032;
+                k.push(got);
+                s.push((send + 1400, Stage::AppReceived));
+            }
+            s.push((t + 12_000, Stage::AppSend));
+            c.push((t + 12_500, Stage::AppReceived));
+            t += 100_000;
+        }
+        k.sort_by_key(|e| e.ns);
+        let tl = super::super::timeline([&side(10, &c), &side(20, &s)], &k, Costs::default());
+        let a = analyse(&[tl], 1000, 2, false).unwrap();
+        assert_eq!(a.kept, 6);
+        let find = a
+            .layers
+            .iter()
+            .find(|l| l.side == "recv" && l.name.starts_with("receiver finds it"))
+            .unwrap();
+        // From the start of the call that returned it, not the hand-off.
+        assert_eq!(find.ns, 400.0);
+    }
+
+    fn ev(ns: u64, point: Point, tgid: u32, cpu: u32) -> uvia_trace::kernel::Event {
+        uvia_trace::kernel::Event {
+            ns,
+            point,
+            tgid,
+            tid: tgid,
+            task: 1,
+            cpu,
+            args: [0, 0],
+        }
     }
 
     #[test]
