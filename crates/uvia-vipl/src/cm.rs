@@ -20,7 +20,10 @@ pub(crate) unsafe fn host_of(a: *const NetAddress) -> Result<String, VipReturn> 
     let bytes = unsafe {
         std::slice::from_raw_parts((*a).host_address.as_ptr(), (*a).host_address_len as usize)
     };
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    // Host addresses are NUL-terminated text: a missing NUL is a malformed address.
+    let Some(end) = bytes.iter().position(|&b| b == 0) else {
+        return Err(ret::INVALID_PARAMETER);
+    };
     match std::str::from_utf8(&bytes[..end]) {
         Ok(s) if !s.is_empty() => Ok(s.to_string()),
         _ => Err(ret::INVALID_PARAMETER),
@@ -75,6 +78,12 @@ pub unsafe extern "C" fn VipConnectWait(
         }
         // SAFETY: forwarded.
         let d = unsafe { discriminator_of(local) }?;
+        // The local host address is this NIC's; it must at least be well formed.
+        // SAFETY: `local` is non-NULL (checked by `discriminator_of`).
+        if unsafe { (*local).host_address_len } != 0 {
+            // SAFETY: forwarded.
+            unsafe { host_of(local) }?;
+        }
         let req = n.nic.connect_wait(&d, timeout(ms)).map_err(connect_err)?;
         let from = req
             .peer_address()

@@ -68,7 +68,8 @@ unsafe fn vi_attrs(n: &NicH, a: *const ViAttributes) -> Result<CoreVi, VipReturn
     }
     // SAFETY: forwarded.
     let p = unsafe { ptag_of(n, a.ptag) }?;
-    if a.enable_rdma_read != 0 && !na.rdma_read {
+    // VIA offers RDMA read on reliable VIs only.
+    if a.enable_rdma_read != 0 && (!na.rdma_read || r == Reliability::Unreliable) {
         return Err(ret::INVALID_RDMAREAD);
     }
     let depth = na.max_queue_depth;
@@ -237,7 +238,7 @@ fn refusal_bits(e: &PostError) -> u32 {
             _ => status::PROTECTION_ERROR,
         },
         PostError::TooLong { .. } => status::LENGTH_ERROR,
-        PostError::NotEnabled(_) => status::PROTECTION_ERROR,
+        PostError::NotEnabled(_) => status::RDMA_PROT_ERROR,
         _ => 0,
     }
 }
@@ -269,6 +270,27 @@ unsafe fn post(vh: *mut c_void, d: *mut Descriptor, mh: u32, q: Queue) -> VipRet
     if !region.contains(d as u64, 32 + 16 * segs) {
         return ret::INVALID_PARAMETER;
     }
+    // An RDMA operation the connected peer's VI does not accept is refused
+    // here on every provider (the network ones know the peer's attributes
+    // in the core; on shm the peer would refuse it later).
+    // SAFETY: as above.
+    let (control, segs) = unsafe { ((*d).cs.control, (*d).cs.seg_count) };
+    let op = control & uvia::control::OP_MASK;
+    // Malformed ones (no address segment, reserved bits) are the core's
+    // format errors.
+    let rdma = op == uvia::control::OP_RDMAWRITE || op == uvia::control::OP_RDMAREAD;
+    if q == Queue::Send && rdma && segs >= 1 && control & uvia::control::RESERVED == 0 {
+        if let Some(peer) = v.vi.remote_attributes() {
+            let (allowed, what) = match op {
+                uvia::control::OP_RDMAWRITE => (peer.enable_rdma_write, "RDMA write"),
+                _ => (peer.enable_rdma_read, "RDMA read"),
+            };
+            if !allowed {
+                // SAFETY: as in `refuse`.
+                return unsafe { refuse(v, vh, d, &PostError::NotEnabled(what)) };
+            }
+        }
+    }
     // SAFETY: the descriptor lies in registered memory the program keeps
     // until it is handed back (the contract of VipPostSend/VipPostRecv).
     let r = unsafe {
@@ -285,24 +307,31 @@ unsafe fn post(vh: *mut c_void, d: *mut Descriptor, mh: u32, q: Queue) -> VipRet
             notify::conn_lost(v, vh);
             ret::INVALID_STATE
         }
-        Err(e) => {
-            // SAFETY: the descriptor was refused, so it is the program's
-            // again; writing its status is how VIPL reports the reason.
-            let op = unsafe {
-                (*d).cs.status = status::DONE | refusal_bits(&e);
-                (*d).cs.control & uvia::control::OP_MASK
-            };
-            notify::report(AsyncError {
-                nic: v.nic.clone(),
-                vi_handle: addr(vh),
-                descriptor: d as usize,
-                op_code: op as u64,
-                resource: async_error::RESOURCE_DESCRIPTOR,
-                code: async_error::POST_DESC,
-            });
-            ret::DESCRIPTOR_ERROR
-        }
+        // SAFETY: the descriptor was refused, so it is the program's again.
+        Err(e) => unsafe { refuse(v, vh, d, &e) },
     }
+}
+
+/// Refuses a malformed descriptor: its status gets the reason's bits (how
+/// VIPL reports it) and the error handler hears of it.
+///
+/// # Safety
+/// `d` is the program's descriptor, not queued.
+unsafe fn refuse(v: &ViH, vh: *mut c_void, d: *mut Descriptor, e: &PostError) -> VipReturn {
+    // SAFETY: per the contract.
+    let op = unsafe {
+        (*d).cs.status = status::DONE | refusal_bits(e);
+        (*d).cs.control & uvia::control::OP_MASK
+    };
+    notify::report(AsyncError {
+        nic: v.nic.clone(),
+        vi_handle: addr(vh),
+        descriptor: d as usize,
+        op_code: op as u64,
+        resource: async_error::RESOURCE_DESCRIPTOR,
+        code: async_error::POST_DESC,
+    });
+    ret::DESCRIPTOR_ERROR
 }
 
 #[no_mangle]

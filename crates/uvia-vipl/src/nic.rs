@@ -54,7 +54,12 @@ pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void
             }
         })?;
         let address = host_bytes(&n.attributes().address).ok_or(ret::ERROR_RESOURCE)?;
-        let h = Arc::into_raw(Arc::new(NicH::new(n, address)));
+        let net = n.attributes().provider != "shm";
+        let nh = Arc::new(NicH::new(n, address));
+        if net {
+            notify::drive(nh.clone(), true);
+        }
+        let h = Arc::into_raw(nh);
         // SAFETY: checked non-NULL above.
         unsafe { out.write(h as *mut c_void) };
         Ok(())
@@ -67,11 +72,10 @@ pub unsafe extern "C" fn VipCloseNic(h: *mut c_void) -> VipReturn {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         n.close();
-        notify::watch(
-            // SAFETY: `h` passed the check above.
-            unsafe { NicH::arc(h) },
-            false,
-        );
+        // SAFETY: `h` passed the check above.
+        let nh = unsafe { NicH::arc(h) };
+        notify::watch(nh.clone(), false);
+        notify::drive(nh, false);
         // SAFETY: the handle's own count, given at open, is released once:
         // the magic is cleared so a second close is refused.
         drop(unsafe { Arc::from_raw(h as *const NicH) });
@@ -130,7 +134,12 @@ pub unsafe extern "C" fn VipQueryNic(h: *mut c_void, out: *mut NicAttributes) ->
                     },
                     max_ptags: a.max_ptags as c_ulong,
                     reliability_level_support: all,
-                    rdma_read_support: if a.rdma_read { all } else { 0 },
+                    // VIA offers RDMA read on reliable VIs only.
+                    rdma_read_support: if a.rdma_read {
+                        all & !service::UNRELIABLE
+                    } else {
+                        0
+                    },
                 },
             )
         }
@@ -384,27 +393,46 @@ fn this_host(name: &str) -> bool {
     ok && CStr::from_bytes_until_nul(&buf).is_ok_and(|h| h.to_bytes() == name.as_bytes())
 }
 
-/// Every address `name` has on this NIC's provider, in file order.
+/// Every address `name` has on this NIC's provider, in file order. Else, on
+/// shm, `localhost` and this host's name resolve to the NIC's own instance;
+/// and a name that is itself an address of the provider (the NIC's own, one
+/// the file lists, an `ip:port` on udp, a MAC on xdp) resolves to itself.
 fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
-    let mut out: Vec<String> = hosts_of(n)?
-        .into_iter()
-        .filter(|e| e.name == name && e.provider == n.provider())
-        .map(|e| e.address)
+    let hosts = hosts_of(n)?;
+    let mine = |e: &&HostEntry| e.provider == n.provider();
+    let mut out: Vec<String> = hosts
+        .iter()
+        .filter(mine)
+        .filter(|e| e.name == name)
+        .map(|e| e.address.clone())
         .collect();
     if out.is_empty() {
-        let is_addr = match n.provider() {
-            "shm" => this_host(name) || name == n.nic.attributes().address,
-            _ => name.parse::<std::net::SocketAddr>().is_ok(),
-        };
-        if is_addr {
-            out.push(if n.provider() == "shm" {
-                n.nic.attributes().address.clone()
-            } else {
-                name.to_string()
-            });
+        let own = &n.nic.attributes().address;
+        if n.provider() == "shm" && this_host(name) {
+            out.push(own.clone());
+        } else if name == own
+            || hosts.iter().filter(mine).any(|e| e.address == name)
+            || match n.provider() {
+                "udp" => name.parse::<std::net::SocketAddr>().is_ok(),
+                "xdp" => is_mac(name),
+                // Any word is an instance name: only the NIC's own and the
+                // listed ones are taken for addresses.
+                _ => false,
+            }
+        {
+            out.push(name.to_string());
         }
     }
     Ok(out)
+}
+
+/// `aa:bb:cc:dd:ee:ff`, the xdp provider's host address.
+fn is_mac(s: &str) -> bool {
+    let parts: Vec<&str> = s.split(':').collect();
+    parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 #[no_mangle]
@@ -458,7 +486,7 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
     vip(|| {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
-        if len.is_null() {
+        if len.is_null() || name.is_null() {
             return Err(ret::INVALID_PARAMETER);
         }
         // SAFETY: `a` is NULL or the caller's address.
@@ -472,7 +500,7 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
         let room = unsafe { *len } as usize;
         // SAFETY: as above.
         unsafe { *len = need as c_ulong };
-        if name.is_null() || room < need {
+        if room < need {
             return Err(ret::ERROR_RESOURCE);
         }
         // SAFETY: `name` has `room >= need` bytes.

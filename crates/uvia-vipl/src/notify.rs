@@ -17,9 +17,9 @@ use uvia::{Cq, Descriptor, Queue, Vi};
 
 /// How long the thread naps between polling rounds while requests wait.
 const NAP: Duration = Duration::from_micros(50);
-/// How often the thread looks for VIs that lost their connection, while a
-/// program's error handler is registered.
-const ERROR_WATCH: Duration = Duration::from_millis(1);
+/// How often the thread looks for VIs that lost their connection (while a
+/// program's error handler is registered) and drives network VIs.
+const TICK: Duration = Duration::from_millis(1);
 
 enum Request {
     Vi {
@@ -55,6 +55,10 @@ struct Work {
     errors: VecDeque<AsyncError>,
     /// NICs whose program registered an error handler: their VIs are watched.
     watched: Vec<Arc<NicH>>,
+    /// Network NICs: their VIs are driven every tick, as a NIC's processor
+    /// would, so that acknowledgements, deferred sends and keep-alives go
+    /// out while the program makes no call (VIA's NIC does not wait for one).
+    driven: Vec<Arc<NicH>>,
 }
 
 struct Notifier {
@@ -140,6 +144,17 @@ pub fn watch(nic: Arc<NicH>, on: bool) {
     n.wake.notify_one();
 }
 
+/// Starts or stops driving a network NIC's VIs between the program's calls.
+pub fn drive(nic: Arc<NicH>, on: bool) {
+    let n = notifier();
+    let mut w = lock(&n.work);
+    w.driven.retain(|x| !Arc::ptr_eq(x, &nic));
+    if on {
+        w.driven.push(nic);
+    }
+    n.wake.notify_one();
+}
+
 /// Reports a VI's lost connection once (until it connects again).
 pub fn conn_lost(v: &ViH, vi_handle: *mut c_void) {
     if v.vi.state() == uvia::ViState::Error
@@ -171,7 +186,11 @@ fn run() {
         let mut calls = Vec::new();
         let (busy, watching) = {
             let mut w = lock(&n.work);
-            while w.requests.is_empty() && w.errors.is_empty() && w.watched.is_empty() {
+            while w.requests.is_empty()
+                && w.errors.is_empty()
+                && w.watched.is_empty()
+                && w.driven.is_empty()
+            {
                 w = n.wake.wait(w).unwrap_or_else(|e| e.into_inner());
             }
             let mut i = 0;
@@ -183,13 +202,21 @@ fn run() {
                     i += 1;
                 }
             }
+            // The tables are held while their VIs are used: destroying a VI
+            // removes it from its NIC's table before freeing it.
             for nic in &w.watched {
-                let vis: Vec<usize> = lock(&nic.vis).values().copied().collect();
-                for h in vis {
-                    // SAFETY: handles in a NIC's table are live: destroying a
-                    // VI removes it from the table first.
+                for &h in lock(&nic.vis).values() {
+                    // SAFETY: a handle in a NIC's table is live (above).
                     if let Some(v) = unsafe { ViH::from_handle(h as *const c_void) } {
                         conn_lost(v, h as *mut c_void);
+                    }
+                }
+            }
+            for nic in &w.driven {
+                for &h in lock(&nic.vis).values() {
+                    // SAFETY: as above.
+                    if let Some(v) = unsafe { ViH::from_handle(h as *const c_void) } {
+                        v.vi.drive();
                     }
                 }
             }
@@ -197,7 +224,10 @@ fn run() {
                 let cb = *lock(&e.nic.on_error);
                 calls.push(Call::Error(cb, e));
             }
-            (!w.requests.is_empty(), !w.watched.is_empty())
+            (
+                !w.requests.is_empty(),
+                !w.watched.is_empty() || !w.driven.is_empty(),
+            )
         };
         for c in calls {
             deliver(c);
@@ -206,7 +236,7 @@ fn run() {
             std::thread::sleep(NAP);
         } else if watching {
             let w = lock(&n.work);
-            let _ = n.wake.wait_timeout(w, ERROR_WATCH);
+            let _ = n.wake.wait_timeout(w, TICK);
         }
     }
 }

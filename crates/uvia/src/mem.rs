@@ -203,7 +203,6 @@ impl RegionTable {
 
     /// The region `h` names, if it is registered. Lock-free.
     #[inline]
-    #[inline]
     pub(crate) fn lookup(&self, h: MemHandle) -> Option<RegionInfo> {
         let idx = (h.0 & ((1 << INDEX_BITS) - 1)) as usize;
         let gen = h.0 >> INDEX_BITS;

@@ -1640,6 +1640,20 @@ impl Vi {
         Ok(())
     }
 
+    /// Does what a NIC's processor would do between the program's calls:
+    /// takes in what has arrived, sends what a burst of posts deferred, and
+    /// runs the protocol's timers (acknowledgements, retransmissions,
+    /// keep-alives). The done and wait calls do this themselves; a program
+    /// that may go long without them (the C API's library thread) calls this
+    /// now and then. Takes no descriptor off a queue.
+    pub fn drive(&self) {
+        let mut g = self.lock();
+        self.progress(&mut g);
+        if g.net.is_some() {
+            self.net_timers(&mut g);
+        }
+    }
+
     /// Completes what can complete without waiting (used by CQs).
     pub(crate) fn poll_progress(s: &Arc<ViShared>) {
         let vi = Vi { s: s.clone() };

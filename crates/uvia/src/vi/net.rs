@@ -78,6 +78,13 @@ pub(crate) struct NetNic {
     next_id: AtomicU32,
     /// Frames that failed the checksum or did not parse.
     pub malformed: AtomicU64,
+    /// Frames a VI's own medium received for another connection, or a
+    /// connection request: two connections to one peer share the 4-tuple
+    /// of their connected sockets, so either socket may get the other's
+    /// frames (and a request for a new one). They wait here for the next
+    /// look at the Nic's socket, which hands them on as it hands on its own.
+    strays: spin::Mutex<Vec<(Addr, Vec<u8>)>>,
+    has_strays: std::sync::atomic::AtomicBool,
 }
 
 struct RxState {
@@ -124,6 +131,8 @@ impl NetNic {
             }),
             next_id: AtomicU32::new(seed | 1),
             malformed: AtomicU64::new(0),
+            strays: spin::Mutex::new(Vec::new()),
+            has_strays: std::sync::atomic::AtomicBool::new(false),
             medium,
             own_medium,
         }
@@ -205,6 +214,14 @@ impl NetNic {
         // The polling VI's own frames (a ping-pong's every frame) go
         // straight to it, without the table.
         let my_id = me.as_ref().and_then(|(_, g)| g.net.as_ref()).map(|n| n.id);
+        if self.has_strays.load(Ordering::Relaxed) && self.has_strays.swap(false, Ordering::Acquire)
+        {
+            let strays = std::mem::take(&mut *self.strays.lock());
+            let now = Instant::now();
+            for (from, bytes) in &strays {
+                self.dispatch(*from, bytes, &mut me, my_id, now, reply);
+            }
+        }
         // The clock is read only when something arrived.
         let mut now = None;
         let mut on_frame = |from: Addr, bytes: &[u8]| {
@@ -883,6 +900,10 @@ impl Vi {
                 };
                 if dst == id {
                     self.net_input(g, from, src, &repr, now);
+                } else {
+                    let nic = self.s.nic.net();
+                    nic.strays.lock().push((from, bytes.to_vec()));
+                    nic.has_strays.store(true, Ordering::Release);
                 }
             }
         }
