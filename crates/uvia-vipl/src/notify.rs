@@ -318,15 +318,21 @@ fn deliver(c: Call) {
                     // SAFETY: the program registered this handler.
                     unsafe { f(context as *mut c_void, &mut d) }
                 }
-                _ => eprintln!(
-                    "vipl: asynchronous error on {} (VI handle {:#x}): {}",
-                    e.nic.nic.attributes().name,
-                    e.vi_handle,
-                    match e.code {
-                        async_error::CONN_LOST => "connection lost",
-                        _ => "descriptor refused at post",
-                    }
-                ),
+                _ => {
+                    // One write per line, so that lines of several
+                    // processes sharing stderr do not interleave.
+                    let line = format!(
+                        "vipl: asynchronous error on {} (VI handle {:#x}): {}\n",
+                        e.nic.nic.attributes().name,
+                        e.vi_handle,
+                        match e.code {
+                            async_error::CONN_LOST => "connection lost",
+                            _ => "descriptor refused at post",
+                        }
+                    );
+                    let _ =
+                        std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+                }
             }
         }
         Call::Vi(None, ..) | Call::Cq(None, ..) => {}
