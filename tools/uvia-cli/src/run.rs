@@ -256,14 +256,20 @@ struct ServerReport {
 /// Never returns.
 pub fn serve(plan: &Plan) -> ! {
     pin::pin_or_warn(plan.server_cpu, "server");
-    // Exit when the client goes away (our stdin reaches end of file).
+    serve_peer(|| serve_inner(plan))
+}
+
+/// Runs the server half of a two-process measurement and reports to the
+/// client on stdout (`RESULT <json>` or `ERROR <text>`), then exits. The
+/// process also exits when the client goes away (stdin reaches end of file).
+pub fn serve_peer<T: Serialize>(body: impl FnOnce() -> Result<T>) -> ! {
     std::thread::spawn(|| {
         let mut sink = [0u8; 64];
         let mut stdin = std::io::stdin();
         while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
         std::process::exit(3);
     });
-    match serve_inner(plan) {
+    match body() {
         Ok(report) => {
             println!(
                 "RESULT {}",

@@ -52,7 +52,7 @@ use crate::{pin, tracefile};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::IpAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -143,34 +143,11 @@ fn trace_room(s: &Spec) -> usize {
 /// The hidden `uvia anatomy --serve-stream SPEC`: the receiving half of a
 /// stream, started by the sender. Never returns.
 pub fn serve(spec: &str) -> ! {
-    let r = serde_json::from_str::<Spec>(spec)
-        .context("reading the stream's specification")
-        .and_then(|s| {
-            pin::pin_or_warn(s.cpu, "server");
-            // Exit when the sender goes away (stdin reaches end of file).
-            std::thread::spawn(|| {
-                let mut sink = [0u8; 64];
-                let mut stdin = std::io::stdin();
-                while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-                std::process::exit(3);
-            });
-            serve_inner(&s)
-        });
-    match r {
-        Ok(report) => {
-            println!(
-                "RESULT {}",
-                serde_json::to_string(&report).unwrap_or_default()
-            );
-            let _ = std::io::stdout().flush();
-            std::process::exit(0)
-        }
-        Err(e) => {
-            println!("ERROR {}", format!("{e:#}").replace('\n', " "));
-            let _ = std::io::stdout().flush();
-            std::process::exit(1)
-        }
-    }
+    run::serve_peer(|| {
+        let s = serde_json::from_str::<Spec>(spec).context("reading the stream's specification")?;
+        pin::pin_or_warn(s.cpu, "server");
+        serve_inner(&s)
+    })
 }
 
 fn serve_inner(s: &Spec) -> Result<ServerReport> {
