@@ -178,7 +178,11 @@ const RECORD: usize = 48;
 pub struct KernelTracer {
     slots: Slots,
     watched: OwnedFd,
-    _links: Vec<OwnedFd>,
+    /// Each attached point's program, kept so that it can be attached
+    /// again after a pause.
+    progs: Vec<(Point, OwnedFd)>,
+    /// The attachments; closing one detaches its program.
+    links: Vec<OwnedFd>,
     attached: Vec<Point>,
     missing: Vec<(Point, String)>,
     cost: Costs,
@@ -260,6 +264,7 @@ impl KernelTracer {
 
         let before = (syscall_ns(), loopback_ns());
         let mut links = Vec::new();
+        let mut progs = Vec::new();
         let mut attached = Vec::new();
         let mut missing = Vec::new();
         for &p in points {
@@ -275,6 +280,7 @@ impl KernelTracer {
             match uvia_bpf::raw_tracepoint_open(&name, &prog) {
                 Ok(link) => {
                     links.push(link);
+                    progs.push((p, prog));
                     attached.push(p);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
@@ -286,7 +292,8 @@ impl KernelTracer {
         let mut t = KernelTracer {
             slots,
             watched,
-            _links: links,
+            progs,
+            links,
             attached,
             missing,
             cost: Costs::default(),
@@ -323,6 +330,40 @@ impl KernelTracer {
         }
         self.take();
         c
+    }
+
+    /// Detaches every program: until [`resume`], the kernel runs as if
+    /// nothing were traced. (What a run costs with the kernel's events and
+    /// without them is how their cost on a message's path is measured.)
+    ///
+    /// [`resume`]: KernelTracer::resume
+    pub fn pause(&mut self) {
+        self.links.clear();
+    }
+
+    /// Attaches again what [`pause`] detached.
+    ///
+    /// [`pause`]: KernelTracer::pause
+    pub fn resume(&mut self) -> io::Result<()> {
+        if !self.links.is_empty() {
+            return Ok(());
+        }
+        for (p, prog) in &self.progs {
+            let name = CString::new(p.name()).expect("tracepoint names have no NUL");
+            let link = uvia_bpf::raw_tracepoint_open(&name, prog).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("kernel tracing: attaching to {} again: {e}", p.name()),
+                )
+            })?;
+            self.links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Whether the programs are attached (not paused).
+    pub fn is_attached(&self) -> bool {
+        !self.links.is_empty() || self.progs.is_empty()
     }
 
     /// Keeps the per-process events of process `tgid` from now on.
@@ -673,6 +714,21 @@ mod tests {
         assert!(child.success());
         let others = t.take().0.into_iter().filter(|e| e.tgid != me).count();
         assert_eq!(others, 0);
+        // Paused, nothing is recorded (but the detaching calls themselves,
+        // which the programs see as they go); resumed, recording goes on.
+        let getppid = |e: &Event| e.tgid == me && e.args[1] == libc::SYS_getppid as u64;
+        t.pause();
+        assert!(!t.is_attached());
+        // SAFETY: as above.
+        unsafe { libc::syscall(libc::SYS_getppid) };
+        let paused = t.take().0;
+        assert!(!paused.iter().any(getppid), "{paused:?}");
+        t.resume().unwrap();
+        assert!(t.is_attached());
+        // SAFETY: as above.
+        unsafe { libc::syscall(libc::SYS_getppid) };
+        let again = t.take().0;
+        assert!(again.iter().any(getppid), "{again:?}");
         // A full buffer keeps what fits and counts the rest.
         drop(t);
         let mut t = KernelTracer::open(&[Point::SysEnter, Point::SysExit], 8).unwrap();

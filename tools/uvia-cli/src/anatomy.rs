@@ -177,9 +177,13 @@ pub struct Anatomy {
     pub one_way_ns: f64,
     /// Median one-way latency of the traced ping-pong (tracing included).
     pub traced_one_way_ns: f64,
+    /// Median one-way latency of a ping-pong with the checkpoints
+    /// recorded and the kernel's tracepoints detached.
+    #[serde(default)]
+    pub marks_one_way_ns: f64,
     /// The measured stages' medians, summed.
     pub sum_ns: f64,
-    /// Per pair of runs, the traced run's stages summed over the untraced
+    /// Per round of runs, the traced run's stages summed over the untraced
     /// run's one-way latency; and their median.
     pub pair_ratios: Vec<f64>,
     pub ratio: f64,
@@ -189,10 +193,19 @@ pub struct Anatomy {
     pub messages: usize,
     pub mark_cost_ns: f64,
     /// What a kernel event costs on calibration loops (a system call's
-    /// entry or exit on getppid, any other on a loopback datagram); not
-    /// taken out of the stages.
+    /// entry or exit on getppid, any other on a loopback datagram).
     pub syscall_event_cost_ns: f64,
     pub kernel_event_cost_ns: f64,
+    /// Kernel events inside a followed message's stages (its own and those
+    /// that interrupt it), on average.
+    #[serde(default)]
+    pub kernel_events_per_message: f64,
+    /// What the kernel events cost a message on its path: the traced
+    /// one-way latency less that with the checkpoints alone. Shared out
+    /// among the events in the calibration loops' proportions and taken
+    /// out of the stages they fall in.
+    #[serde(default)]
+    pub kernel_events_path_ns: f64,
     /// Tracepoints this kernel lacks.
     pub missing: Vec<String>,
 }
@@ -282,6 +295,9 @@ pub(crate) struct Chain {
     /// Whether each event is the sender's.
     pub sides: Vec<bool>,
     pub stage_ns: Vec<f64>,
+    /// Kernel events whose cost was taken out of the stages: system
+    /// calls' entries and exits, and the others.
+    pub kernel_events: [usize; 2],
 }
 
 /// Which events of a time line one message's chain may use.
@@ -337,17 +353,25 @@ pub(crate) fn follow(tl: &[Ev], span: &Span) -> Option<Chain> {
     }
     picked.extend(span.reply);
     let mut stage_ns = Vec::new();
+    let mut kernel_events = [0, 0];
     for w in picked.windows(2) {
         let (a, b) = (w[0], w[1]);
         let side = tl[b].side;
         // The tracing's own cost inside the stage, on the side that waits
         // for its end: checkpoints cost after their stamp, kernel events
         // before theirs.
-        let cost: f64 = (a..=b)
+        let inside = (a..=b)
             .filter(|&j| mine(j) && tl[j].side == side)
-            .filter(|&j| if tl[j].stamped_first { j < b } else { j > a })
-            .map(|j| tl[j].cost)
-            .sum();
+            .filter(|&j| if tl[j].stamped_first { j < b } else { j > a });
+        let mut cost = 0.0;
+        for j in inside {
+            cost += tl[j].cost;
+            match tl[j].label {
+                Label::Kernel(Point::SysEnter | Point::SysExit) => kernel_events[0] += 1,
+                Label::Kernel(_) => kernel_events[1] += 1,
+                Label::Mark(_) => {}
+            }
+        }
         let raw = (tl[b].ns - tl[a].ns) as f64;
         stage_ns.push((raw - cost).max(0.0));
     }
@@ -355,6 +379,7 @@ pub(crate) fn follow(tl: &[Ev], span: &Span) -> Option<Chain> {
         labels: picked.iter().map(|&j| tl[j].label).collect(),
         sides: picked.iter().map(|&j| tl[j].side == s).collect(),
         stage_ns,
+        kernel_events,
     })
 }
 
@@ -435,9 +460,16 @@ pub(crate) fn describe(from: Label, to: Label, send: bool, xsk: bool) -> (String
 /// The stages of every message on the time line, reduced to the medians of
 /// the most common chain. Returns the stages, the messages kept, and all.
 pub fn stages(runs: &[Vec<Ev>], ticks_per_ns: f64, xsk: bool) -> (Vec<StageOut>, usize, usize) {
-    // Chains are followed within one run's time line: a message sent at
-    // the end of one run is not received in the next.
-    let chains: Vec<Chain> = runs
+    let (chains, all) = chains(runs);
+    let same = common_shape(&chains);
+    (summarize(&same, ticks_per_ns, xsk), same.len(), all)
+}
+
+/// Every ping-pong message's chain on the time lines, and how many
+/// messages were sent. Chains are followed within one run's time line: a
+/// message sent at the end of one run is not received in the next.
+fn chains(runs: &[Vec<Ev>]) -> (Vec<Chain>, usize) {
+    let chains = runs
         .iter()
         .flat_map(|tl| {
             tl.iter()
@@ -451,8 +483,43 @@ pub fn stages(runs: &[Vec<Ev>], ticks_per_ns: f64, xsk: bool) -> (Vec<StageOut>,
         .flatten()
         .filter(|e| e.label == Label::Mark(Stage::AppSend))
         .count();
+    (chains, all)
+}
+
+/// The kernel events inside the stages of a message of the common shape,
+/// on average: system calls' entries and exits, and the others.
+pub fn path_events(runs: &[Vec<Ev>]) -> [f64; 2] {
+    let (chains, _) = chains(runs);
     let same = common_shape(&chains);
-    (summarize(&same, ticks_per_ns, xsk), same.len(), all)
+    let n = same.len().max(1) as f64;
+    let count = |k: usize| same.iter().map(|c| c.kernel_events[k]).sum::<usize>() as f64 / n;
+    [count(0), count(1)]
+}
+
+/// What each kernel event costs on a message's path: the calibration
+/// loops' costs, scaled so that the events of a message (`events`, as
+/// [`path_events`] counts them) cost `path_ns` in all. The loops time an
+/// event in a tight repetition; inside a ping-pong the same event costs
+/// less or more (caches, the other CPU), and only the path itself shows
+/// how much.
+pub fn path_costs(calibrated: Costs, events: [f64; 2], path_ns: f64) -> Costs {
+    let weighed = events[0] * calibrated.syscall + events[1] * calibrated.other;
+    let n = events[0] + events[1];
+    if path_ns <= 0.0 || n <= 0.0 {
+        return Costs::default();
+    }
+    if weighed <= 0.0 {
+        // No calibration to weigh by: every event alike.
+        return Costs {
+            syscall: path_ns / n,
+            other: path_ns / n,
+        };
+    }
+    let f = path_ns / weighed;
+    Costs {
+        syscall: calibrated.syscall * f,
+        other: calibrated.other * f,
+    }
 }
 
 /// Each stage's median over chains of one shape.
@@ -517,13 +584,16 @@ pub(crate) struct Traces {
 }
 
 impl Traces {
-    /// Checkpoints and kernel events on one time line. Kernel events are
-    /// not taken out: on the message's path they cost far less than on the
-    /// calibration loops (the traced one-way time is within a few per cent
-    /// of the untraced one, which the table shows), so taking out the
-    /// loops' figure would overcorrect.
+    /// Checkpoints and kernel events on one time line, with no cost
+    /// counted for the kernel events.
     pub fn timeline(&self) -> Vec<Ev> {
-        timeline([&self.client, &self.server], &self.events, Costs::default())
+        self.timeline_with(Costs::default())
+    }
+
+    /// Checkpoints and kernel events on one time line, the kernel events
+    /// costing `costs`.
+    pub fn timeline_with(&self, costs: Costs) -> Vec<Ev> {
+        timeline([&self.client, &self.server], &self.events, costs)
     }
 }
 
@@ -627,22 +697,31 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
     say(
         pb,
         format!(
-            "anatomy: {} {} B, {pairs} pairs of an untraced and a traced ping-pong ({})",
+            "anatomy: {} {} B, {pairs} rounds of an untraced ping-pong, one with the checkpoints alone and a traced one ({})",
             plan.provider.name(),
             size,
             tracing.describe()
         ),
     );
     let xsk = plan.provider == crate::run::Provider::Xdp;
-    let (mut one_way, mut traced_one_way, mut runs, mut ratios) = (vec![], vec![], vec![], vec![]);
-    let (mut mark_cost, mut ticks_per_ns) = (0.0, 1.0);
-    // Untraced and traced runs in pairs: the two halves of a pair see the
-    // same placement of the two processes on the machine's cores.
+    let (mut one_way, mut marks_one_way, mut traced_one_way) = (vec![], vec![], vec![]);
+    let mut traces = Vec::new();
+    // An untraced run, one with the checkpoints alone and a traced one, in
+    // turn: the three see the same placement of the two processes on the
+    // machine's cores. The second shows what the kernel's events cost the
+    // third.
     for _ in 0..pairs {
-        let plain = run::run(plan)?;
+        // The kernel's programs are detached for the first two: attached,
+        // they run (and cost) on every event, watched process or not.
+        tracing.tracer.pause();
+        let untraced = run::run(plan).and_then(|plain| {
+            let (marks, _) = tracing.run(pb, |ready| run::run_with(plan, ready))?;
+            Ok((plain, marks))
+        });
+        tracing.tracer.resume()?;
+        let (plain, marks) = untraced?;
         let (traced, t) = tracing.run(pb, |ready| run::run_with(plan, ready))?;
-        let tl = t.timeline();
-        let (st, _, _) = stages(std::slice::from_ref(&tl), t.client.ticks_per_ns, xsk);
+        let (st, _, _) = stages(&[t.timeline()], t.client.ticks_per_ns, xsk);
         if st.is_empty() {
             bail!(
                 "no message could be followed from sender to receiver ({} checkpoints, {} kernel events)",
@@ -650,16 +729,38 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
                 t.events.len()
             );
         }
-        let w = plain.results[0].lat_ns.p50;
-        ratios.push(st.iter().map(|s| s.ns).sum::<f64>() / w.max(1.0));
-        one_way.push(w);
+        one_way.push(plain.results[0].lat_ns.p50);
+        marks_one_way.push(marks.results[0].lat_ns.p50);
         traced_one_way.push(traced.results[0].lat_ns.p50);
-        runs.push(tl);
-        (mark_cost, ticks_per_ns) = (t.client.mark_cost_ns, t.client.ticks_per_ns);
+        traces.push(t);
         if let Some(p) = pb {
             p.inc(1);
         }
     }
+    // The kernel events' cost on the path, shared out among them: each
+    // round's own for its ratio (the three runs of a round saw the same
+    // placement of the processes), the rounds' median for the table.
+    let calibrated = tracing.tracer.costs();
+    let ticks_per_ns = traces[0].client.ticks_per_ns;
+    let mut ratios = Vec::new();
+    let mut extra = Vec::new();
+    let mut events = Vec::new();
+    for (i, t) in traces.iter().enumerate() {
+        let n = path_events(&[t.timeline()]);
+        let path_ns = (traced_one_way[i] - marks_one_way[i]).max(0.0);
+        let tl = t.timeline_with(path_costs(calibrated, n, path_ns));
+        let (st, _, _) = stages(std::slice::from_ref(&tl), ticks_per_ns, xsk);
+        ratios.push(st.iter().map(|s| s.ns).sum::<f64>() / one_way[i].max(1.0));
+        extra.push(path_ns);
+        events.push(n);
+    }
+    let path_ns = crate::stats::median(&extra);
+    let events = [
+        crate::stats::median(&events.iter().map(|e| e[0]).collect::<Vec<_>>()),
+        crate::stats::median(&events.iter().map(|e| e[1]).collect::<Vec<_>>()),
+    ];
+    let costs = path_costs(calibrated, events, path_ns);
+    let runs: Vec<Vec<Ev>> = traces.iter().map(|t| t.timeline_with(costs)).collect();
     let (stages, kept, all) = stages(&runs, ticks_per_ns, xsk);
     let sum: f64 = stages.iter().filter(|s| s.measured).map(|s| s.ns).sum();
     Ok(Anatomy {
@@ -667,15 +768,18 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
         size,
         one_way_ns: crate::stats::median(&one_way),
         traced_one_way_ns: crate::stats::median(&traced_one_way),
+        marks_one_way_ns: crate::stats::median(&marks_one_way),
         sum_ns: sum,
         pair_ratios: ratios.clone(),
         ratio: crate::stats::median(&ratios),
         stages,
         messages_kept: kept,
         messages: all,
-        mark_cost_ns: mark_cost,
+        mark_cost_ns: traces[0].client.mark_cost_ns,
         syscall_event_cost_ns: tracing.tracer.costs().syscall,
         kernel_event_cost_ns: tracing.tracer.costs().other,
+        kernel_events_per_message: events[0] + events[1],
+        kernel_events_path_ns: path_ns,
         missing: tracing.missing(),
     })
 }
@@ -721,7 +825,7 @@ pub fn table(a: &Anatomy) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<60} {:>4} {:>8.0}   (sum / one-way {:.2}: the median of pairs {})",
+        "{:<60} {:>4} {:>8.0}   (sum / one-way {:.2}: the median of rounds {})",
         "one-way latency, untraced ping-pong (median)",
         "",
         a.one_way_ns,
@@ -734,9 +838,22 @@ pub fn table(a: &Anatomy) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<60} {:>4} {:>8.0}   (tracing adds {:+.0} ns; a checkpoint's {:.0} ns is taken out of the stages, kernel events are not)",
-        "one-way latency, traced ping-pong (median)", "", a.traced_one_way_ns, a.traced_one_way_ns - a.one_way_ns, a.mark_cost_ns
+        "{:<60} {:>4} {:>8.0}   (checkpoints add {:+.0} ns; each one's {:.0} ns, measured at start, is taken out of the stages)",
+        "one-way latency, checkpoints alone (median)", "", a.marks_one_way_ns, a.marks_one_way_ns - a.one_way_ns, a.mark_cost_ns
     );
+    if a.kernel_events_per_message > 0.0 {
+        let _ = writeln!(
+            s,
+            "{:<60} {:>4} {:>8.0}   (the {:.1} kernel events in a message's stages add {:+.0} ns, taken out of the stages they fall in)",
+            "one-way latency, checkpoints and kernel events (median)", "", a.traced_one_way_ns, a.kernel_events_per_message, a.kernel_events_path_ns
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "{:<60} {:>4} {:>8.0}   (no kernel event falls in a message's stages)",
+            "one-way latency, checkpoints and kernel events (median)", "", a.traced_one_way_ns
+        );
+    }
     let _ = writeln!(s, "\nby category:");
     for (cat, ns) in categories(a) {
         let ns = ns.max(0.0);
@@ -858,6 +975,8 @@ mod tests {
                 other: 5.0,
             },
         );
+        // Two system call events and five others fall in each message's stages.
+        assert_eq!(path_events(std::slice::from_ref(&tl)), [2.0, 5.0]);
         let (st, kept, all) = stages(&[tl], 2.0, false);
         // The last message has no reply: its chain is one stage short.
         assert_eq!((kept, all), (9, 10));
@@ -894,6 +1013,24 @@ mod tests {
         assert_eq!(st[9].category, "user application");
         assert_eq!(st[0].category, "OS overhead (send)");
         assert_eq!(st[5].category, "OS overhead (recv)");
+    }
+
+    #[test]
+    fn the_kernel_events_cost_on_the_path_is_shared_out_as_the_calibration_weighs_them() {
+        let cal = Costs {
+            syscall: 200.0,
+            other: 100.0,
+        };
+        // Two system call events and five others: 900 ns by the loops.
+        let c = path_costs(cal, [2.0, 5.0], 450.0);
+        assert_eq!((c.syscall, c.other), (100.0, 50.0));
+        assert_eq!(2.0 * c.syscall + 5.0 * c.other, 450.0);
+        // Nothing added on the path, or no event on it: nothing taken out.
+        assert_eq!(path_costs(cal, [2.0, 5.0], -30.0), Costs::default());
+        assert_eq!(path_costs(cal, [0.0, 0.0], 450.0), Costs::default());
+        // No calibration: every event alike.
+        let c = path_costs(Costs::default(), [1.0, 2.0], 300.0);
+        assert_eq!((c.syscall, c.other), (100.0, 100.0));
     }
 
     #[test]

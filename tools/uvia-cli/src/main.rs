@@ -196,8 +196,10 @@ struct AnatomyArgs {
     /// (shm stays on this host).
     #[arg(long)]
     netns: bool,
-    /// Pairs of an untraced and a traced run (interleaved, so that each pair
-    /// sees one placement of the processes on the cores).
+    /// Rounds of runs, each an untraced run, one with the checkpoints alone
+    /// and a traced one (interleaved, so that the runs of a round see one
+    /// placement of the processes on the cores); a stream: pairs of an
+    /// untraced and a traced run.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pairs: usize,
     /// Write the anatomy as JSON to FILE.

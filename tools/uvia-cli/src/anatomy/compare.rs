@@ -167,7 +167,7 @@ pub fn rows(c: &Compare) -> (Vec<String>, Vec<Vec<String>>) {
         rows.push(r);
     };
     add("total: sum of the stages", &|a| format!("{:.0}", a.sum_ns));
-    add("one-way latency, untraced (median of pairs)", &|a| {
+    add("one-way latency, untraced (median of rounds)", &|a| {
         format!("{:.0}", a.one_way_ns)
     });
     add("sum / one-way", &|a| format!("{:.2}", a.ratio));
@@ -179,10 +179,10 @@ pub fn rows(c: &Compare) -> (Vec<String>, Vec<Vec<String>>) {
 
 fn header(c: &Compare) -> String {
     format!(
-        "anatomy of a {} B one-way message by category, ns (share of the stages' sum); {} interleaved {} of an untraced and a traced ping-pong of {} round trips per provider",
+        "anatomy of a {} B one-way message by category, ns (share of the stages' sum); {} {} of an untraced, a checkpoints-only and a traced ping-pong of {} round trips per provider",
         c.size,
         c.pairs,
-        if c.pairs == 1 { "pair" } else { "pairs" },
+        if c.pairs == 1 { "round" } else { "rounds" },
         c.iters
     )
 }
@@ -357,6 +357,7 @@ mod tests {
             size: 1,
             one_way_ns: 1000.0,
             traced_one_way_ns: 1100.0,
+            marks_one_way_ns: 1050.0,
             sum_ns: sum,
             pair_ratios: vec![1.0],
             ratio: 1.0,
@@ -366,6 +367,8 @@ mod tests {
             mark_cost_ns: 10.0,
             syscall_event_cost_ns: 100.0,
             kernel_event_cost_ns: 80.0,
+            kernel_events_per_message: 2.0,
+            kernel_events_path_ns: 50.0,
             missing: Vec::new(),
         }
     }
