@@ -147,9 +147,10 @@ fn category(from: Label, to: Label, xsk: bool) -> (&'static str, &'static str) {
         (_, M(ProtoPlaced)) => ("engine: checks, payload placed", PRECV),
         (_, M(ViCompleted)) => ("VI: complete the descriptor", PRECV),
         (_, M(AppReceived)) => ("to the application", APP),
-        (M(AppReceived), M(AppSend)) => {
-            ("application turn-around: return to the reply's send", APP)
-        }
+        (M(AppReceived), M(AppSend)) => (
+            "application turn-around: the server's, half per one-way",
+            APP,
+        ),
         (_, K(SysEnter)) => ("to the system call", OSEND),
         _ => ("", ""),
     }
@@ -184,8 +185,10 @@ pub struct Anatomy {
     /// The measured stages' medians, summed.
     pub sum_ns: f64,
     /// Per round of runs, the traced run's stages summed over the untraced
-    /// run's one-way latency; and their median.
+    /// run's one-way latency: how much one round moves.
     pub pair_ratios: Vec<f64>,
+    /// The measured stages' sum over the untraced one-way latency, both
+    /// from every round.
     pub ratio: f64,
     pub stages: Vec<StageOut>,
     /// Messages (both directions) whose chain had the common shape, of all.
@@ -298,6 +301,8 @@ pub(crate) struct Chain {
     /// Kernel events whose cost was taken out of the stages: system
     /// calls' entries and exits, and the others.
     pub kernel_events: [usize; 2],
+    /// The sender is the client (side 0), whose round trips are timed.
+    pub from_client: bool,
 }
 
 /// Which events of a time line one message's chain may use.
@@ -372,14 +377,18 @@ pub(crate) fn follow(tl: &[Ev], span: &Span) -> Option<Chain> {
                 Label::Mark(_) => {}
             }
         }
+        // Not clamped here: a short stage less a cost it did not quite
+        // have comes out below zero in some messages, and cutting those
+        // off would lift the median above what the stage takes.
         let raw = (tl[b].ns - tl[a].ns) as f64;
-        stage_ns.push((raw - cost).max(0.0));
+        stage_ns.push(raw - cost);
     }
     Some(Chain {
         labels: picked.iter().map(|&j| tl[j].label).collect(),
         sides: picked.iter().map(|&j| tl[j].side == s).collect(),
         stage_ns,
         kernel_events,
+        from_client: s == 0,
     })
 }
 
@@ -530,8 +539,24 @@ pub(crate) fn summarize(same: &[&Chain], ticks_per_ns: f64, xsk: bool) -> Vec<St
     let (labels, sides) = (&first.labels, &first.sides);
     let mut out = Vec::new();
     for k in 0..labels.len() - 1 {
-        let ns = crate::stats::median(&same.iter().map(|c| c.stage_ns[k]).collect::<Vec<_>>());
         let (from, to) = (labels[k], labels[k + 1]);
+        let turn_around =
+            (from, to) == (Label::Mark(Stage::AppReceived), Label::Mark(Stage::AppSend));
+        let ns = if turn_around {
+            // The client times a round trip from its send call to its
+            // receive's return: the server's turn-around is inside it, the
+            // client's own is not. Half a round trip is the one-way time,
+            // so half the server's turn-around belongs to each message.
+            let server: Vec<f64> = same
+                .iter()
+                .filter(|c| c.from_client)
+                .map(|c| c.stage_ns[k])
+                .collect();
+            crate::stats::median(&server) / 2.0
+        } else {
+            crate::stats::median(&same.iter().map(|c| c.stage_ns[k]).collect::<Vec<_>>())
+        }
+        .max(0.0);
         let (name, cat) = describe(from, to, sides[k + 1], xsk);
         out.push(StageOut {
             name,
@@ -763,15 +788,16 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
     let runs: Vec<Vec<Ev>> = traces.iter().map(|t| t.timeline_with(costs)).collect();
     let (stages, kept, all) = stages(&runs, ticks_per_ns, xsk);
     let sum: f64 = stages.iter().filter(|s| s.measured).map(|s| s.ns).sum();
+    let one_way = crate::stats::median(&one_way);
     Ok(Anatomy {
         provider: plan.provider.name().into(),
         size,
-        one_way_ns: crate::stats::median(&one_way),
+        one_way_ns: one_way,
         traced_one_way_ns: crate::stats::median(&traced_one_way),
         marks_one_way_ns: crate::stats::median(&marks_one_way),
         sum_ns: sum,
-        pair_ratios: ratios.clone(),
-        ratio: crate::stats::median(&ratios),
+        pair_ratios: ratios,
+        ratio: sum / one_way.max(1.0),
         stages,
         messages_kept: kept,
         messages: all,
@@ -825,7 +851,7 @@ pub fn table(a: &Anatomy) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<60} {:>4} {:>8.0}   (sum / one-way {:.2}: the median of rounds {})",
+        "{:<60} {:>4} {:>8.0}   (sum / one-way {:.2}; by round {})",
         "one-way latency, untraced ping-pong (median)",
         "",
         a.one_way_ns,
@@ -959,7 +985,9 @@ mod tests {
             c.extend(send);
             s.extend(recv);
             k.extend(kernel);
-            let (send, recv, kernel) = message(10_000 * i + 5_000, 20, 10);
+            // The server answers 6 us after the client's send; the client
+            // sends again 4 us after that.
+            let (send, recv, kernel) = message(10_000 * i + 6_000, 20, 10);
             s.extend(send);
             c.extend(recv);
             k.extend(kernel);
@@ -1004,8 +1032,10 @@ mod tests {
         let ns: Vec<f64> = st.iter().map(|s| s.ns).collect();
         assert_eq!(
             ns,
-            [45.0, 145.0, 95.0, 95.0, 95.0, 95.0, 45.0, 50.0, 20.0, 4280.0]
+            [45.0, 145.0, 95.0, 95.0, 95.0, 95.0, 45.0, 50.0, 20.0, 2640.0]
         );
+        // The turn-around is half the server's (6000 - 720 ns): the
+        // client's (3280 ns) is outside the round trips it times.
         assert_eq!(st[1].cycles, 290.0);
         let sum: f64 = ns[..9].iter().sum();
         // The sum is the send-to-return time less the tracing's cost.
