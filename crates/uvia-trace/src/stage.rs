@@ -34,10 +34,13 @@ pub enum Stage {
     ViCompleted,
     /// The application has the message (its done or wait call returns it).
     AppReceived,
+    /// The application has read its clock: a ping-pong's client, at the
+    /// start and end of the round trip it times.
+    AppClock,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 12] = [
+    pub const ALL: [Stage; 13] = [
         Stage::AppSend,
         Stage::ViPosted,
         Stage::ProtoBuilt,
@@ -50,6 +53,7 @@ impl Stage {
         Stage::ProtoPlaced,
         Stage::ViCompleted,
         Stage::AppReceived,
+        Stage::AppClock,
     ];
 
     /// A short name, as tables print it.
@@ -67,6 +71,7 @@ impl Stage {
             Stage::ProtoPlaced => "proto-placed",
             Stage::ViCompleted => "vi-completed",
             Stage::AppReceived => "app-received",
+            Stage::AppClock => "app-clock",
         }
     }
 

@@ -147,10 +147,7 @@ fn category(from: Label, to: Label, xsk: bool) -> (&'static str, &'static str) {
         (_, M(ProtoPlaced)) => ("engine: checks, payload placed", PRECV),
         (_, M(ViCompleted)) => ("VI: complete the descriptor", PRECV),
         (_, M(AppReceived)) => ("to the application", APP),
-        (M(AppReceived), M(AppSend)) => (
-            "application turn-around: the server's, half per one-way",
-            APP,
-        ),
+        (M(AppReceived), M(AppSend)) => ("application turn-around: the server's (half)", APP),
         (_, K(SysEnter)) => ("to the system call", OSEND),
         _ => ("", ""),
     }
@@ -471,7 +468,57 @@ pub(crate) fn describe(from: Label, to: Label, send: bool, xsk: bool) -> (String
 pub fn stages(runs: &[Vec<Ev>], ticks_per_ns: f64, xsk: bool) -> (Vec<StageOut>, usize, usize) {
     let (chains, all) = chains(runs);
     let same = common_shape(&chains);
-    (summarize(&same, ticks_per_ns, xsk), same.len(), all)
+    let mut out = summarize(&same, ticks_per_ns, xsk);
+    if !out.is_empty() {
+        // The client's own stretches inside the round trips it times.
+        let [to_send, from_recv] = client_timer(runs);
+        let row = |from: Stage, to: Stage, name: &str, side: &str, ns: f64| StageOut {
+            name: name.into(),
+            from: from.name().into(),
+            to: to.name().into(),
+            category: "user application".into(),
+            side: side.into(),
+            ns,
+            cycles: ns * ticks_per_ns,
+            measured: true,
+        };
+        if let Some(ns) = to_send {
+            let name = "client: clock read to the send call (half)";
+            out.insert(0, row(Stage::AppClock, Stage::AppSend, name, "send", ns));
+        }
+        if let Some(ns) = from_recv {
+            let name = "client: receive's return to the clock read (half)";
+            out.push(row(Stage::AppReceived, Stage::AppClock, name, "recv", ns));
+        }
+    }
+    (out, same.len(), all)
+}
+
+/// The client's stretches inside the round trips it times that no
+/// message's chain holds: from reading its clock to its send call, and
+/// from its receive's return to reading its clock again. Half of each
+/// belongs to a one-way time (half the round trip), as their medians show.
+fn client_timer(runs: &[Vec<Ev>]) -> [Option<f64>; 2] {
+    let (mut to_send, mut from_recv) = (Vec::new(), Vec::new());
+    for tl in runs {
+        let client: Vec<&Ev> = tl.iter().filter(|e| e.side == 0).collect();
+        let marks: Vec<usize> = (0..client.len())
+            .filter(|&i| matches!(client[i].label, Label::Mark(_)))
+            .collect();
+        for w in marks.windows(2) {
+            let (a, b) = (client[w[0]], client[w[1]]);
+            let into = match (a.label, b.label) {
+                (Label::Mark(Stage::AppClock), Label::Mark(Stage::AppSend)) => &mut to_send,
+                (Label::Mark(Stage::AppReceived), Label::Mark(Stage::AppClock)) => &mut from_recv,
+                _ => continue,
+            };
+            // The first checkpoint's cost and any kernel event's between.
+            let cost: f64 = client[w[0]..w[1]].iter().map(|e| e.cost).sum();
+            into.push((b.ns - a.ns) as f64 - cost);
+        }
+    }
+    let half = |v: &[f64]| (!v.is_empty()).then(|| (crate::stats::median(v) / 2.0).max(0.0));
+    [half(&to_send), half(&from_recv)]
 }
 
 /// Every ping-pong message's chain on the time lines, and how many
@@ -1061,6 +1108,28 @@ mod tests {
         // No calibration: every event alike.
         let c = path_costs(Costs::default(), [1.0, 2.0], 300.0);
         assert_eq!((c.syscall, c.other), (100.0, 100.0));
+    }
+
+    #[test]
+    fn the_clients_own_stretches_inside_its_round_trips_count_half() {
+        // Three round trips: clock read, send 30 ns later; the reply's
+        // return, clock read 10 ns later.
+        let mut c = Vec::new();
+        for i in 0..3u64 {
+            let t = 10_000 * i;
+            c.extend([
+                (t, Stage::AppClock),
+                (t + 30, Stage::AppSend),
+                (t + 900, Stage::AppReceived),
+                (t + 910, Stage::AppClock),
+            ]);
+        }
+        let mut client = side(10, &c);
+        client.mark_cost_ns = 4.0;
+        let tl = timeline([&client, &side(20, &[])], &[], Costs::default());
+        // Each less the first checkpoint's cost, halved.
+        assert_eq!(client_timer(&[tl]), [Some(13.0), Some(3.0)]);
+        assert_eq!(client_timer(&[Vec::new()]), [None, None]);
     }
 
     #[test]

@@ -605,9 +605,11 @@ fn pingpong_client(
     let m = CpuMeter::start();
     for _ in 0..iters {
         let t0 = clock::ticks();
+        uvia_trace::mark!(AppClock);
         ep.send(size)?;
         let n = ep.recv()?;
         let t1 = clock::ticks();
+        uvia_trace::mark!(AppClock);
         ticks.push(t1.wrapping_sub(t0));
         expect_len(n, size)?;
         if interval_us > 0 {
