@@ -182,7 +182,7 @@ struct AnatomyArgs {
     #[arg(long, value_name = "N", default_value_t = 50, requires = "stream")]
     rounds: usize,
     /// Round trips traced (and measured untraced) per ping-pong.
-    #[arg(long, value_name = "N", default_value_t = 10000)]
+    #[arg(long, value_name = "N", default_value_t = 5000)]
     iters: usize,
     /// Receivers sleep in the kernel until a message arrives (default: they
     /// poll).
@@ -200,7 +200,7 @@ struct AnatomyArgs {
     /// and a traced one (interleaved, so that the runs of a round see one
     /// placement of the processes on the cores); a stream: pairs of an
     /// untraced and a traced run.
-    #[arg(long, value_name = "N", default_value_t = 5)]
+    #[arg(long, value_name = "N", default_value_t = 9)]
     pairs: usize,
     /// Write the anatomy as JSON to FILE.
     #[arg(long, value_name = "FILE")]
