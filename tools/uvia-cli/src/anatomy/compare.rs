@@ -189,7 +189,7 @@ fn header(c: &Compare) -> String {
 
 fn footer(c: &Compare) -> Vec<String> {
     let mut out = vec![
-        "Figures are comparable within this run only: the machine is shared and its cores move; each provider's column is the median of its own pairs.".to_string(),
+        "Figures are comparable within this run only: the machine is shared and its cores move; each provider's column is the median of its own rounds.".to_string(),
     ];
     for x in &c.columns {
         if let Some(e) = &x.error {
