@@ -182,10 +182,13 @@ pub struct Anatomy {
     /// The measured stages' medians, summed.
     pub sum_ns: f64,
     /// Per round of runs, the traced run's stages summed over the untraced
-    /// run's one-way latency: how much one round moves.
+    /// run's one-way latency.
     pub pair_ratios: Vec<f64>,
-    /// The measured stages' sum over the untraced one-way latency, both
-    /// from every round.
+    /// Their median. (Each round's stages follow that round's most common
+    /// path; the table's stages, the most common path of all rounds, can
+    /// leave out the rounds of a machine phase in which another path was
+    /// the usual one, so their sum over the rounds' median one-way time is
+    /// the less steady figure.)
     pub ratio: f64,
     pub stages: Vec<StageOut>,
     /// Messages (both directions) whose chain had the common shape, of all.
@@ -843,8 +846,8 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
         traced_one_way_ns: crate::stats::median(&traced_one_way),
         marks_one_way_ns: crate::stats::median(&marks_one_way),
         sum_ns: sum,
-        pair_ratios: ratios,
-        ratio: sum / one_way.max(1.0),
+        pair_ratios: ratios.clone(),
+        ratio: crate::stats::median(&ratios),
         stages,
         messages_kept: kept,
         messages: all,
@@ -898,7 +901,7 @@ pub fn table(a: &Anatomy) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<60} {:>4} {:>8.0}   (sum / one-way {:.2}; by round {})",
+        "{:<60} {:>4} {:>8.0}   (sum / one-way: {:.2}, the median of the rounds' {})",
         "one-way latency, untraced ping-pong (median)",
         "",
         a.one_way_ns,

@@ -170,7 +170,9 @@ pub fn rows(c: &Compare) -> (Vec<String>, Vec<Vec<String>>) {
     add("one-way latency, untraced (median of rounds)", &|a| {
         format!("{:.0}", a.one_way_ns)
     });
-    add("sum / one-way", &|a| format!("{:.2}", a.ratio));
+    add("sum / one-way (median of the rounds')", &|a| {
+        format!("{:.2}", a.ratio)
+    });
     add("messages followed", &|a| {
         format!("{} of {}", a.messages_kept, a.messages)
     });
