@@ -199,9 +199,9 @@ struct AnatomyArgs {
     /// Rounds of runs, each an untraced run, one with the checkpoints alone
     /// and a traced one (interleaved, so that the runs of a round see one
     /// placement of the processes on the cores); a stream: pairs of an
-    /// untraced and a traced run.
-    #[arg(long, value_name = "N", default_value_t = 9)]
-    pairs: usize,
+    /// untraced and a traced run. Default: 9 rounds; a stream, 3 pairs.
+    #[arg(long, value_name = "N")]
+    pairs: Option<usize>,
     /// Write the anatomy as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -408,7 +408,7 @@ fn anatomy(a: &AnatomyArgs) -> Result<()> {
     if a.iters == 0 {
         bail!("--iters must be at least 1");
     }
-    if a.pairs == 0 {
+    if a.pairs() == 0 {
         bail!("--pairs must be at least 1");
     }
     if a.stream.is_some_and(|k| k < 2) {
@@ -435,9 +435,9 @@ fn anatomy(a: &AnatomyArgs) -> Result<()> {
     let mut plan = anatomy_plan(a, provider, size)?;
     let _hosts = place(&mut plan, a.netns)?;
     if let Some(k) = a.stream {
-        let pb = progress(a.pairs);
+        let pb = progress(a.pairs());
         pb.set_message(format!("stream anatomy of {}", provider.name()));
-        let r = anatomy::stream::run(&plan, k, a.rounds, a.pairs, Some(&pb));
+        let r = anatomy::stream::run(&plan, k, a.rounds, a.pairs(), Some(&pb));
         pb.finish_and_clear();
         let r = r?;
         print!("{}", anatomy::stream::table(&r));
@@ -447,20 +447,28 @@ fn anatomy(a: &AnatomyArgs) -> Result<()> {
         }
         return write_json(&a.json, &r);
     }
-    let r = anatomy::run(&plan, a.pairs, None)?;
+    let r = anatomy::run(&plan, a.pairs(), None)?;
     print!("{}", anatomy::table(&r));
     write_json(&a.json, &r)
+}
+
+impl AnatomyArgs {
+    /// Rounds of a ping-pong anatomy, pairs of a stream's.
+    fn pairs(&self) -> usize {
+        self.pairs
+            .unwrap_or(if self.stream.is_some() { 3 } else { 9 })
+    }
 }
 
 /// `uvia anatomy --compare`: each provider placed and measured in turn.
 fn anatomy_compare(a: &AnatomyArgs, size: usize, dir: &std::path::Path) -> Result<()> {
     let (wants, skipped) =
         anatomy::compare::wants(a.netns, uvia_net::netns::TestHosts::available())?;
-    let pb = progress(wants.len() * a.pairs);
-    let mut c = anatomy::compare::run(&wants, skipped, size, a.pairs, a.iters, &pb, &mut |w| {
+    let pb = progress(wants.len() * a.pairs());
+    let mut c = anatomy::compare::run(&wants, skipped, size, a.pairs(), a.iters, &pb, &mut |w| {
         let mut plan = anatomy_plan(a, w.provider, size)?;
         let _hosts = place(&mut plan, w.netns)?;
-        anatomy::run(&plan, a.pairs, Some(&pb))
+        anatomy::run(&plan, a.pairs(), Some(&pb))
     });
     pb.finish_and_clear();
     if c.columns.iter().all(|x| x.anatomy.is_none()) {
