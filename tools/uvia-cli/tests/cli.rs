@@ -348,9 +348,12 @@ fn anatomy(provider: &str, must_see: &[&str]) {
             "{s}"
         );
     }
-    // The path runs from the send call, through the points named, to the
-    // application's return.
-    assert_eq!(stages[0]["from"], "app-send");
+    // The path runs from the client's clock read, through the send call
+    // and the points named, to the application's return and the clock
+    // read that ends the round trip.
+    assert_eq!(stages[0]["from"], "app-clock");
+    assert_eq!(stages[0]["to"], "app-send");
+    assert_eq!(stages[stages.len() - 1]["to"], "app-clock");
     let to: Vec<&str> = stages.iter().map(|s| s["to"].as_str().unwrap()).collect();
     for want in must_see.iter().chain(&["app-received"]) {
         assert!(to.contains(want), "{want} not in {to:?}");
