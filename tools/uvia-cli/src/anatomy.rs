@@ -13,8 +13,11 @@
 //! most common shape are kept; each stage's median is reported, with the
 //! checkpoints' own cost (measured at start) taken out of it.
 //!
-//! A second, untraced ping-pong in the same run gives the one-way latency
-//! the stages should add up to.
+//! Each round has three ping-pongs: untraced (the kernel's programs
+//! detached), with the checkpoints alone, and traced. The first gives the
+//! one-way latency the stages should add up to; the second, beside the
+//! third, what the kernel's events cost on the message's path, which is
+//! taken out of the stages they fall in.
 
 use crate::run::{self, Plan};
 use crate::tracefile::{self, SideTrace};
