@@ -238,7 +238,7 @@ fn check_bytes(b: &[u8], want: u8) -> Result<()> {
     Ok(())
 }
 
-fn expect_len(n: usize, want: usize) -> Result<()> {
+pub(crate) fn expect_len(n: usize, want: usize) -> Result<()> {
     if n != want {
         bail!("received a {n} byte message where {want} bytes were expected");
     }

@@ -118,13 +118,6 @@ fn config(s: &Spec) -> EndpointConfig {
     }
 }
 
-fn expect_len(n: usize, want: usize) -> Result<()> {
-    if n != want {
-        bail!("received a {n} byte message where {want} bytes were expected");
-    }
-    Ok(())
-}
-
 // ---------------------------------------------------------------- server side
 
 /// What the server reports: per measured round, when it returned the last
@@ -163,7 +156,7 @@ fn serve_inner(s: &Spec) -> Result<ServerReport> {
     let mut last_ns = Vec::with_capacity(s.rounds);
     for round in 0..s.warm + s.rounds {
         for _ in 0..s.stream {
-            expect_len(ep.recv()?, s.size)?;
+            run::expect_len(ep.recv()?, s.size)?;
         }
         let last = uvia_trace::monotonic_ns();
         if round + 1 == s.warm {
@@ -359,7 +352,7 @@ fn send_rounds(ep: &mut dyn Endpoint, s: &Spec) -> Result<Vec<(u64, u64)>> {
             ep.send(s.size)?;
         }
         ep.flush()?;
-        expect_len(ep.recv()?, ACK)?;
+        run::expect_len(ep.recv()?, ACK)?;
         if round >= s.warm {
             rounds.push((t0, uvia_trace::monotonic_ns()));
         }
