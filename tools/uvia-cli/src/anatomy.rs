@@ -13,8 +13,9 @@
 //! most common shape are kept; each stage's median is reported, with the
 //! checkpoints' own cost (measured at start) taken out of it.
 //!
-//! Each round has three ping-pongs: untraced (the kernel's programs
-//! detached), with the checkpoints alone, and traced. The first gives the
+//! Each round has three slices of one ping-pong, in one pair of processes:
+//! untraced (the kernel's programs detached), with the checkpoints alone,
+//! and traced. The first gives the
 //! one-way latency the stages should add up to; the second, beside the
 //! third, what the kernel's events cost on the message's path, which is
 //! taken out of the stages they fall in.
@@ -654,6 +655,17 @@ pub(crate) struct Tracing {
     _cleanup: RemoveOnDrop,
 }
 
+/// What a slice of an anatomy's measurement records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Slice {
+    /// Nothing: the kernel's programs detached, the checkpoints off.
+    Plain,
+    /// The library's checkpoints alone.
+    Marks,
+    /// The checkpoints and the kernel's events.
+    Traced,
+}
+
 /// One traced run: both sides' checkpoints and the kernel's events.
 pub(crate) struct Traces {
     pub client: SideTrace,
@@ -732,8 +744,19 @@ impl Tracing {
                 format!("anatomy: warning: {lost} kernel events did not fit and are missing"),
             );
         }
-        let client = tracefile::read(&self.dir, "client")?;
-        let server = tracefile::read(&self.dir, "server")?;
+        Ok((r, self.read(pb, None, events)?))
+    }
+
+    /// Both sides' traces of a slice (or of a run without slices), with
+    /// the kernel's events.
+    fn read(
+        &self,
+        pb: Option<&ProgressBar>,
+        slice: Option<usize>,
+        events: Vec<Event>,
+    ) -> Result<Traces> {
+        let client = tracefile::read(&self.dir, "client", slice)?;
+        let server = tracefile::read(&self.dir, "server", slice)?;
         if client.dropped + server.dropped > 0 {
             say(
                 pb,
@@ -743,14 +766,94 @@ impl Tracing {
                 ),
             );
         }
-        Ok((
-            r,
-            Traces {
-                client,
-                server,
-                events,
+        Ok(Traces {
+            client,
+            server,
+            events,
+        })
+    }
+
+    /// Runs `plan` (a ping-pong whose sizes are the slices, in order) in
+    /// one pair of processes, each slice recorded as `slices` says: the
+    /// kernel's programs are attached only for a traced slice and the
+    /// checkpoints record only in a traced or checkpoints-only one. The
+    /// switch happens between slices, before a slice's warm-up. `done` is
+    /// called with each slice's position as it ends. Returns the run and,
+    /// for each traced slice, its traces.
+    pub fn run_slices(
+        &mut self,
+        plan: &Plan,
+        slices: &[Slice],
+        pb: Option<&ProgressBar>,
+        done: &mut dyn FnMut(usize),
+    ) -> Result<(run::RunResult, Vec<Option<Traces>>)> {
+        if slices.len() != plan.sizes.len() {
+            bail!(
+                "internal: {} slices for {} sizes",
+                slices.len(),
+                plan.sizes.len()
+            );
+        }
+        let recording: Vec<String> = (0..slices.len())
+            .filter(|&i| slices[i] != Slice::Plain)
+            .map(|i| i.to_string())
+            .collect();
+        self.tracer.pause();
+        self.tracer.take();
+        let mut events: Vec<Option<Vec<Event>>> = vec![None; slices.len()];
+        let mut lost = 0;
+        // The children inherit the variables; this process reads them too.
+        std::env::set_var("UVIA_TRACE_DIR", &self.dir);
+        std::env::set_var("UVIA_TRACE_SLICES", recording.join(","));
+        let tracer = std::cell::RefCell::new(&mut self.tracer);
+        // Ends slice `i` (its events taken, the programs detached) and,
+        // when there is one, readies slice `i + 1`.
+        let mut turn = |i: Option<usize>, next: Option<usize>| -> Result<()> {
+            let mut t = tracer.borrow_mut();
+            t.pause();
+            let (ev, l) = t.take();
+            if let Some(i) = i {
+                if slices[i] == Slice::Traced {
+                    events[i] = Some(ev);
+                    lost += l;
+                }
+                done(i);
+            }
+            if next.is_some_and(|n| slices[n] == Slice::Traced) {
+                t.resume()?;
+            }
+            Ok(())
+        };
+        let r = run::run_sliced(
+            plan,
+            &|pid| {
+                tracer
+                    .borrow()
+                    .watch(pid)
+                    .context("watching the server's system calls")
             },
-        ))
+            &mut |i| turn(i.checked_sub(1), Some(i)),
+        )
+        .and_then(|r| turn(Some(slices.len() - 1), None).map(|()| r));
+        std::env::remove_var("UVIA_TRACE_DIR");
+        std::env::remove_var("UVIA_TRACE_SLICES");
+        let resumed = self.tracer.resume();
+        let r = r?;
+        resumed?;
+        if lost > 0 {
+            say(
+                pb,
+                format!("anatomy: warning: {lost} kernel events did not fit and are missing"),
+            );
+        }
+        let mut traces = Vec::with_capacity(slices.len());
+        for (i, ev) in events.into_iter().enumerate() {
+            traces.push(match ev {
+                Some(ev) => Some(self.read(pb, Some(i), ev)?),
+                None => None,
+            });
+        }
+        Ok((r, traces))
     }
 
     /// The tracepoints this kernel lacks.
@@ -782,23 +885,36 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
         ),
     );
     let xsk = plan.provider == crate::run::Provider::Xdp;
+    // Each round is an untraced slice, one with the checkpoints alone and
+    // a traced one, all in one pair of processes, so the three see the
+    // same placement of the processes on the machine's cores and the same
+    // phase of its other work. The order turns from round to round, so no
+    // kind of slice always follows the same other. The second kind shows
+    // what the kernel's events cost the third.
+    let order = [Slice::Plain, Slice::Marks, Slice::Traced];
+    let slices: Vec<Slice> = (0..pairs)
+        .flat_map(|r| (0..3).map(move |k| order[(r + k) % 3]))
+        .collect();
+    let n = slices.len();
+    let sliced = Plan {
+        sizes: vec![size; n],
+        iters: vec![plan.iters[0]; n],
+        warmup: vec![plan.warmup[0]; n],
+        ..plan.clone()
+    };
+    let (result, mut traced) = tracing.run_slices(&sliced, &slices, pb, &mut |i| {
+        if let (Some(p), 2) = (pb, i % 3) {
+            p.inc(1);
+        }
+    })?;
+    let p50 = |i: usize| result.results[i].lat_ns.p50;
     let (mut one_way, mut marks_one_way, mut traced_one_way) = (vec![], vec![], vec![]);
     let mut traces = Vec::new();
-    // An untraced run, one with the checkpoints alone and a traced one, in
-    // turn: the three see the same placement of the two processes on the
-    // machine's cores. The second shows what the kernel's events cost the
-    // third.
-    for _ in 0..pairs {
-        // The kernel's programs are detached for the first two: attached,
-        // they run (and cost) on every event, watched process or not.
-        tracing.tracer.pause();
-        let untraced = run::run(plan).and_then(|plain| {
-            let (marks, _) = tracing.run(pb, |ready| run::run_with(plan, ready))?;
-            Ok((plain, marks))
-        });
-        tracing.tracer.resume()?;
-        let (plain, marks) = untraced?;
-        let (traced, t) = tracing.run(pb, |ready| run::run_with(plan, ready))?;
+    for r in 0..pairs {
+        let at = |kind| r * 3 + (0..3).find(|&k| order[(r + k) % 3] == kind).unwrap_or(0);
+        let t = traced[at(Slice::Traced)]
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("internal: a traced slice without its traces"))?;
         let (st, _, _) = stages(&[t.timeline()], t.client.ticks_per_ns, xsk);
         if st.is_empty() {
             bail!(
@@ -807,13 +923,10 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
                 t.events.len()
             );
         }
-        one_way.push(plain.results[0].lat_ns.p50);
-        marks_one_way.push(marks.results[0].lat_ns.p50);
-        traced_one_way.push(traced.results[0].lat_ns.p50);
+        one_way.push(p50(at(Slice::Plain)));
+        marks_one_way.push(p50(at(Slice::Marks)));
+        traced_one_way.push(p50(at(Slice::Traced)));
         traces.push(t);
-        if let Some(p) = pb {
-            p.inc(1);
-        }
     }
     // The kernel events' cost on the path, shared out among them: each
     // round's own for its ratio (the three runs of a round saw the same

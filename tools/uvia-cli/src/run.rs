@@ -308,7 +308,7 @@ fn serve_inner(plan: &Plan) -> Result<ServerReport> {
                     expect_len(ep.recv()?, size)?;
                     ep.send(size)?;
                 }
-                crate::tracefile::begin(iters)?;
+                crate::tracefile::begin(i, iters)?;
                 let m = CpuMeter::start();
                 for k in 0..iters {
                     expect_len(ep.recv()?, size)?;
@@ -319,7 +319,7 @@ fn serve_inner(plan: &Plan) -> Result<ServerReport> {
                     ep.send(size)?;
                 }
                 let c = m.stop();
-                crate::tracefile::end("server")?;
+                crate::tracefile::end("server", i)?;
                 ep.flush()?;
                 c
             }
@@ -454,6 +454,18 @@ pub fn run(plan: &Plan) -> Result<RunResult> {
 /// [`run`], calling `ready` with the server's process id once the server
 /// is ready and before anything is measured.
 pub fn run_with(plan: &Plan, ready: &dyn Fn(u32) -> Result<()>) -> Result<RunResult> {
+    run_sliced(plan, ready, &mut |_| Ok(()))
+}
+
+/// [`run_with`], also calling `before` with each size's position (a
+/// slice of the measurement) before the client starts that size's
+/// warm-up: between slices, with the server waiting for the first
+/// message, the caller may change what is recorded.
+pub fn run_sliced(
+    plan: &Plan,
+    ready: &dyn Fn(u32) -> Result<()>,
+    before: &mut dyn FnMut(usize) -> Result<()>,
+) -> Result<RunResult> {
     if plan.sizes.is_empty()
         || plan.sizes.len() != plan.iters.len()
         || plan.sizes.len() != plan.warmup.len()
@@ -537,9 +549,11 @@ pub fn run_with(plan: &Plan, ready: &dyn Fn(u32) -> Result<()>) -> Result<RunRes
             .with_context(|| format!("{} client: connecting", plan.provider.name()))?;
         let mut out = Vec::new();
         for (i, &size) in plan.sizes.iter().enumerate() {
+            before(i)?;
             let r = match plan.kind {
                 Kind::Pingpong => pingpong_client(
                     ep.as_mut(),
+                    i,
                     size,
                     plan.iters[i],
                     plan.warmup[i],
@@ -587,6 +601,7 @@ pub fn run_with(plan: &Plan, ready: &dyn Fn(u32) -> Result<()>) -> Result<RunRes
 
 fn pingpong_client(
     ep: &mut dyn Endpoint,
+    slice: usize,
     size: usize,
     iters: usize,
     warm: usize,
@@ -601,7 +616,7 @@ fn pingpong_client(
     }
     let mut ticks = Vec::with_capacity(iters);
     let pause = Duration::from_micros(interval_us);
-    crate::tracefile::begin(iters)?;
+    crate::tracefile::begin(slice, iters)?;
     let m = CpuMeter::start();
     for _ in 0..iters {
         let t0 = clock::ticks();
@@ -617,7 +632,7 @@ fn pingpong_client(
         }
     }
     let cpu = m.stop();
-    crate::tracefile::end("client")?;
+    crate::tracefile::end("client", slice)?;
     check_bytes(ep.recv_buf(), REPLY_BYTE).context("checking the last reply")?;
     ep.flush()?;
     let samples: Vec<f64> = ticks.iter().map(|&t| clock::to_ns(t) / 2.0).collect();

@@ -3,7 +3,10 @@
 //! When `UVIA_TRACE_DIR` names a directory and the binary was built with
 //! the `trace` feature, each side of a ping-pong records checkpoints through
 //! the measured round trips of each size and writes them to
-//! `<dir>/<side>.trace` (the last size's are what remains): one
+//! `<dir>/<side>.trace` (the last size's are what remains). With
+//! `UVIA_TRACE_SLICES` (a comma list of size positions, from 0) only those
+//! positions record, each to `<dir>/<side>.<position>.trace`: one measurement
+//! then holds untraced and traced slices side by side. One
 //! line per checkpoint, `ns ticks stage thread`, after a header line with
 //! the cost of one checkpoint, the counter's rate and the process id.
 
@@ -21,25 +24,64 @@ fn dir() -> Option<PathBuf> {
     std::env::var_os("UVIA_TRACE_DIR").map(PathBuf::from)
 }
 
-/// Starts recording, if asked to, for `iters` round trips. A directory
-/// that is not there is named now, before the measurement, not after it.
-pub fn begin(iters: usize) -> Result<()> {
-    if let Some(d) = dir() {
-        if !d.is_dir() {
-            anyhow::bail!("UVIA_TRACE_DIR {}: not a directory", d.display());
-        }
-        uvia_trace::start(iters.saturating_mul(MARKS_PER_ROUND_TRIP));
+/// The slices (a measurement's sizes, in order, counted from 0) that
+/// record, from `UVIA_TRACE_SLICES`; `None` when every one does.
+fn slices() -> Result<Option<Vec<usize>>> {
+    std::env::var_os("UVIA_TRACE_SLICES")
+        .map(|v| parse_slices(&v.to_string_lossy()))
+        .transpose()
+}
+
+/// `1,2,4`: slice numbers; an empty list is no slice at all.
+fn parse_slices(v: &str) -> Result<Vec<usize>> {
+    v.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            s.trim()
+                .parse()
+                .with_context(|| format!("UVIA_TRACE_SLICES {v:?}: {s:?} is not a slice number"))
+        })
+        .collect()
+}
+
+/// Where `side`'s trace of `slice` goes, if that slice records at all:
+/// `<dir>/<side>.trace` when every slice records (each overwrites the
+/// last), `<dir>/<side>.<slice>.trace` when `UVIA_TRACE_SLICES` chooses.
+fn target(side: &str, slice: usize) -> Result<Option<PathBuf>> {
+    let Some(d) = dir() else {
+        return Ok(None);
+    };
+    Ok(match slices()? {
+        None => Some(d.join(format!("{side}.trace"))),
+        Some(list) if list.contains(&slice) => Some(d.join(format!("{side}.{slice}.trace"))),
+        Some(_) => None,
+    })
+}
+
+/// Starts recording slice `slice`, if asked to, for `iters` round trips.
+/// A directory that is not there is named now, before the measurement,
+/// not after it.
+pub fn begin(slice: usize, iters: usize) -> Result<()> {
+    let Some(path) = target("any", slice)? else {
+        return Ok(());
+    };
+    if !path.parent().is_some_and(|d| d.is_dir()) {
+        anyhow::bail!(
+            "UVIA_TRACE_DIR {}: not a directory",
+            dir().unwrap_or_default().display()
+        );
     }
+    uvia_trace::start(iters.saturating_mul(MARKS_PER_ROUND_TRIP));
     Ok(())
 }
 
-/// Stops recording and writes what was recorded as `side`'s trace.
-pub fn end(side: &str) -> Result<()> {
-    let Some(dir) = dir() else {
+/// Stops recording slice `slice` and writes what was recorded as `side`'s
+/// trace.
+pub fn end(side: &str, slice: usize) -> Result<()> {
+    let Some(path) = target(side, slice)? else {
         return Ok(());
     };
     let t = uvia_trace::take();
-    let path = dir.join(format!("{side}.trace"));
     let f = std::fs::File::create(&path).with_context(|| format!("writing {}", path.display()))?;
     let mut w = std::io::BufWriter::new(f);
     writeln!(
@@ -67,9 +109,12 @@ pub struct SideTrace {
     pub pid: u32,
 }
 
-/// Reads `<dir>/<side>.trace`.
-pub fn read(dir: &std::path::Path, side: &str) -> Result<SideTrace> {
-    let path = dir.join(format!("{side}.trace"));
+/// Reads `<dir>/<side>.trace`, or with a slice `<dir>/<side>.<slice>.trace`.
+pub fn read(dir: &std::path::Path, side: &str, slice: Option<usize>) -> Result<SideTrace> {
+    let path = match slice {
+        None => dir.join(format!("{side}.trace")),
+        Some(i) => dir.join(format!("{side}.{i}.trace")),
+    };
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     parse(&text).with_context(|| format!("reading {}", path.display()))
@@ -131,5 +176,16 @@ mod tests {
             parse("# mark_cost_ns 1 ticks_per_ns 1 dropped 0 pid 1\n1 2 nonsense 0\n").unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
         assert!(parse("100 250 app-send 0\n").is_err());
+    }
+
+    #[test]
+    fn the_slices_that_record_are_a_comma_list_and_a_bad_one_is_named() {
+        assert_eq!(parse_slices("1,2, 4").unwrap(), [1, 2, 4]);
+        assert_eq!(parse_slices("").unwrap(), Vec::<usize>::new());
+        let e = parse_slices("1,x").unwrap_err();
+        assert!(
+            format!("{e:#}").contains("\"x\" is not a slice number"),
+            "{e:#}"
+        );
     }
 }

@@ -378,6 +378,48 @@ fn anatomy_of_kernel_udp_sees_the_kernel_path() {
     );
 }
 
+#[test]
+fn only_the_chosen_slices_of_a_traced_ping_pong_record() {
+    let Some(bin) = std::env::var_os("UVIA_TRACED_BIN") else {
+        eprintln!(
+            "skipped: UVIA_TRACED_BIN names no build with checkpoints (scripts/test sets it)"
+        );
+        return;
+    };
+    let dir = tmp("slices");
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |slices: &str| {
+        Command::new(&bin)
+            .args([
+                "pingpong", "-p", "shm", "--sizes", "8,8,8", "--iters", "200",
+            ])
+            .env("UVIA_TRACE_DIR", &dir)
+            .env("UVIA_TRACE_SLICES", slices)
+            .output()
+            .unwrap()
+    };
+    let out = run("1");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["client.1.trace", "server.1.trace"]);
+    let client = std::fs::read_to_string(dir.join("client.1.trace")).unwrap();
+    // A header, then the checkpoints of 200 round trips at least.
+    assert!(client.lines().count() > 200 * 2, "{client}");
+    let out = run("1,z");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"z\" is not a slice number"), "{err}");
+}
+
 /// Runs the normal build's `uvia anatomy` with `args`, expecting it to
 /// refuse them; returns what it said.
 fn anatomy_refuses(args: &[&str]) -> String {

@@ -162,14 +162,14 @@ fn serve_inner(s: &Spec) -> Result<ServerReport> {
         if round + 1 == s.warm {
             // Recording starts before the last warm-up ack, so that no
             // measured message can arrive before it.
-            tracefile::begin(trace_room(s))?;
+            tracefile::begin(0, trace_room(s))?;
         }
         ep.send(ACK)?;
         if round >= s.warm {
             last_ns.push(last);
         }
     }
-    tracefile::end("server")?;
+    tracefile::end("server", 0)?;
     ep.flush()?;
     Ok(ServerReport { last_ns })
 }
@@ -345,7 +345,7 @@ fn send_rounds(ep: &mut dyn Endpoint, s: &Spec) -> Result<Vec<(u64, u64)>> {
     let mut rounds = Vec::with_capacity(s.rounds);
     for round in 0..s.warm + s.rounds {
         if round == s.warm {
-            tracefile::begin(trace_room(s))?;
+            tracefile::begin(0, trace_room(s))?;
         }
         let t0 = uvia_trace::monotonic_ns();
         for _ in 0..s.stream {
@@ -357,7 +357,7 @@ fn send_rounds(ep: &mut dyn Endpoint, s: &Spec) -> Result<Vec<(u64, u64)>> {
             rounds.push((t0, uvia_trace::monotonic_ns()));
         }
     }
-    tracefile::end("client")?;
+    tracefile::end("client", 0)?;
     ep.flush()?;
     Ok(rounds)
 }
