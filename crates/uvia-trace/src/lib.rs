@@ -99,6 +99,34 @@ pub fn ticks() -> u64 {
     }
 }
 
+/// The step the counter is seen to move in, in ticks: the most common
+/// non-zero difference between back-to-back reads. Where the counter
+/// counts every cycle that is the cost of a read; under some hypervisors
+/// the counter itself moves in coarser steps (tens of cycles), and a time
+/// read from it is only good to a step.
+pub fn counter_step() -> u64 {
+    let mut diffs: Vec<u64> = Vec::with_capacity(4096);
+    let mut last = ticks();
+    while diffs.len() < diffs.capacity() {
+        let t = ticks();
+        if t != last {
+            diffs.push(t.wrapping_sub(last));
+        }
+        last = t;
+    }
+    diffs.sort_unstable();
+    // The longest run of equal differences.
+    let (mut best, mut best_len, mut i) = (diffs[0], 0, 0);
+    while i < diffs.len() {
+        let j = diffs.partition_point(|&d| d <= diffs[i]);
+        if j - i > best_len {
+            (best, best_len) = (diffs[i], j - i);
+        }
+        i = j;
+    }
+    best
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -108,4 +136,17 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: a valid timespec to write into.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_counter_moves_in_steps_shorter_than_a_microsecond() {
+        let step = super::counter_step();
+        let (t0, ns0) = (super::ticks(), super::monotonic_ns());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let per_ns = (super::ticks() - t0) as f64 / (super::monotonic_ns() - ns0) as f64;
+        assert!(step > 0);
+        assert!((step as f64 / per_ns) < 1000.0, "{step} ticks at {per_ns}/ns");
+    }
 }

@@ -198,7 +198,13 @@ pub struct Anatomy {
     /// Messages (both directions) whose chain had the common shape, of all.
     pub messages_kept: usize,
     pub messages: usize,
+    /// What a checkpoint costs, timed at start-up.
     pub mark_cost_ns: f64,
+    /// What a checkpoint costs on the message's path (taken out of the
+    /// stages): the checkpoints-only one-way time less the untraced one,
+    /// over the checkpoints in a one-way time.
+    #[serde(default)]
+    pub mark_path_cost_ns: f64,
     /// What a kernel event costs on calibration loops (a system call's
     /// entry or exit on getppid, any other on a loopback datagram).
     pub syscall_event_cost_ns: f64,
@@ -471,14 +477,21 @@ pub(crate) fn describe(from: Label, to: Label, send: bool, xsk: bool) -> (String
 }
 
 /// The stages of every message on the time line, reduced to the medians of
-/// the most common chain. Returns the stages, the messages kept, and all.
-pub fn stages(runs: &[Vec<Ev>], ticks_per_ns: f64, xsk: bool) -> (Vec<StageOut>, usize, usize) {
+/// the most common chain, read on a clock that moves in steps of `step_ns`
+/// (see [`crate::stats::fine_median`]). Returns the stages, the messages
+/// kept, and all.
+pub fn stages(
+    runs: &[Vec<Ev>],
+    ticks_per_ns: f64,
+    step_ns: f64,
+    xsk: bool,
+) -> (Vec<StageOut>, usize, usize) {
     let (chains, all) = chains(runs);
     let same = common_shape(&chains);
-    let mut out = summarize(&same, ticks_per_ns, xsk);
+    let mut out = summarize(&same, ticks_per_ns, step_ns, xsk);
     if !out.is_empty() {
         // The client's own stretches inside the round trips it times.
-        let [to_send, from_recv] = client_timer(runs);
+        let [to_send, from_recv] = client_timer(runs, step_ns);
         let row = |from: Stage, to: Stage, name: &str, side: &str, ns: f64| StageOut {
             name: name.into(),
             from: from.name().into(),
@@ -505,7 +518,7 @@ pub fn stages(runs: &[Vec<Ev>], ticks_per_ns: f64, xsk: bool) -> (Vec<StageOut>,
 /// message's chain holds: from reading its clock to its send call, and
 /// from its receive's return to reading its clock again. Half of each
 /// belongs to a one-way time (half the round trip), as their medians show.
-fn client_timer(runs: &[Vec<Ev>]) -> [Option<f64>; 2] {
+fn client_timer(runs: &[Vec<Ev>], step_ns: f64) -> [Option<f64>; 2] {
     let (mut to_send, mut from_recv) = (Vec::new(), Vec::new());
     for tl in runs {
         let client: Vec<&Ev> = tl.iter().filter(|e| e.side == 0).collect();
@@ -524,7 +537,8 @@ fn client_timer(runs: &[Vec<Ev>]) -> [Option<f64>; 2] {
             into.push((b.ns - a.ns) as f64 - cost);
         }
     }
-    let half = |v: &[f64]| (!v.is_empty()).then(|| (crate::stats::median(v) / 2.0).max(0.0));
+    let half =
+        |v: &[f64]| (!v.is_empty()).then(|| (crate::stats::fine_median(v, step_ns) / 2.0).max(0.0));
     [half(&to_send), half(&from_recv)]
 }
 
@@ -559,6 +573,32 @@ pub fn path_events(runs: &[Vec<Ev>]) -> [f64; 2] {
     [count(0), count(1)]
 }
 
+/// The checkpoints whose cost falls in a one-way time, as the stages take
+/// it out: each that starts a stage of a message of the common shape and
+/// is on the side that waits for the stage's end (a sender's checkpoint
+/// after the message has left runs while the receiver works), the
+/// server's turn-around counting half; and the client's two around its
+/// clock reads, each half.
+pub fn path_marks(runs: &[Vec<Ev>]) -> f64 {
+    let (chains, _) = chains(runs);
+    let same = common_shape(&chains);
+    let Some(c) = same.first() else {
+        return 0.0;
+    };
+    let turn_around = (Label::Mark(Stage::AppReceived), Label::Mark(Stage::AppSend));
+    let mut n = 1.0;
+    for k in 0..c.labels.len().saturating_sub(1) {
+        if matches!(c.labels[k], Label::Mark(_)) && c.sides[k] == c.sides[k + 1] {
+            n += if (c.labels[k], c.labels[k + 1]) == turn_around {
+                0.5
+            } else {
+                1.0
+            };
+        }
+    }
+    n
+}
+
 /// What each kernel event costs on a message's path: the calibration
 /// loops' costs, scaled so that the events of a message (`events`, as
 /// [`path_events`] counts them) cost `path_ns` in all. The loops time an
@@ -586,7 +626,12 @@ pub fn path_costs(calibrated: Costs, events: [f64; 2], path_ns: f64) -> Costs {
 }
 
 /// Each stage's median over chains of one shape.
-pub(crate) fn summarize(same: &[&Chain], ticks_per_ns: f64, xsk: bool) -> Vec<StageOut> {
+pub(crate) fn summarize(
+    same: &[&Chain],
+    ticks_per_ns: f64,
+    step_ns: f64,
+    xsk: bool,
+) -> Vec<StageOut> {
     let Some(first) = same.first() else {
         return Vec::new();
     };
@@ -606,9 +651,10 @@ pub(crate) fn summarize(same: &[&Chain], ticks_per_ns: f64, xsk: bool) -> Vec<St
                 .filter(|c| c.from_client)
                 .map(|c| c.stage_ns[k])
                 .collect();
-            crate::stats::median(&server) / 2.0
+            crate::stats::fine_median(&server, step_ns) / 2.0
         } else {
-            crate::stats::median(&same.iter().map(|c| c.stage_ns[k]).collect::<Vec<_>>())
+            let v: Vec<f64> = same.iter().map(|c| c.stage_ns[k]).collect();
+            crate::stats::fine_median(&v, step_ns)
         }
         .max(0.0);
         let (name, cat) = describe(from, to, sides[k + 1], xsk);
@@ -908,6 +954,7 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
         }
     })?;
     let p50 = |i: usize| result.results[i].lat_ns.p50;
+    let step_ticks = uvia_trace::counter_step() as f64;
     let (mut one_way, mut marks_one_way, mut traced_one_way) = (vec![], vec![], vec![]);
     let mut traces = Vec::new();
     for r in 0..pairs {
@@ -915,7 +962,8 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
         let t = traced[at(Slice::Traced)]
             .take()
             .ok_or_else(|| anyhow::anyhow!("internal: a traced slice without its traces"))?;
-        let (st, _, _) = stages(&[t.timeline()], t.client.ticks_per_ns, xsk);
+        let step_ns = step_ticks / t.client.ticks_per_ns;
+        let (st, _, _) = stages(&[t.timeline()], t.client.ticks_per_ns, step_ns, xsk);
         if st.is_empty() {
             bail!(
                 "no message could be followed from sender to receiver ({} checkpoints, {} kernel events)",
@@ -928,31 +976,54 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
         traced_one_way.push(p50(at(Slice::Traced)));
         traces.push(t);
     }
-    // The kernel events' cost on the path, shared out among them: each
-    // round's own for its ratio (the three runs of a round saw the same
-    // placement of the processes), the rounds' median for the table.
+    // What the checkpoints and the kernel events cost on the path, from the
+    // rounds' medians: the rounds share a pair of processes, and one
+    // slice's noise would otherwise move its round's figure. A checkpoint's
+    // share is the
+    // checkpoints-only slice's one-way time less the untraced one's, over
+    // the checkpoints in a one-way time ([`path_marks`]). The figure timed
+    // at start-up is reported beside it: timed in a loop, it moves with
+    // what the other core is doing (5 to 14 ns here, where the path shows
+    // 5 to 9).
     let calibrated = tracing.tracer.costs();
     let ticks_per_ns = traces[0].client.ticks_per_ns;
+    let step_ns = step_ticks / ticks_per_ns;
+    let startup_mark_ns = traces[0].client.mark_cost_ns;
     let mut ratios = Vec::new();
-    let mut extra = Vec::new();
-    let mut events = Vec::new();
-    for (i, t) in traces.iter().enumerate() {
-        let n = path_events(&[t.timeline()]);
-        let path_ns = (traced_one_way[i] - marks_one_way[i]).max(0.0);
-        let tl = t.timeline_with(path_costs(calibrated, n, path_ns));
-        let (st, _, _) = stages(std::slice::from_ref(&tl), ticks_per_ns, xsk);
-        ratios.push(st.iter().map(|s| s.ns).sum::<f64>() / one_way[i].max(1.0));
-        extra.push(path_ns);
-        events.push(n);
+    let mark_ns: Vec<f64> = traces
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let on_path = path_marks(&[t.timeline()]).max(1.0);
+            (marks_one_way[i] - one_way[i]).max(0.0) / on_path
+        })
+        .collect();
+    let mark_path_ns = crate::stats::median(&mark_ns);
+    for t in &mut traces {
+        t.client.mark_cost_ns = mark_path_ns;
+        t.server.mark_cost_ns = mark_path_ns;
     }
-    let path_ns = crate::stats::median(&extra);
+    let events: Vec<[f64; 2]> = traces
+        .iter()
+        .map(|t| path_events(&[t.timeline()]))
+        .collect();
+    let path_ns = crate::stats::median(
+        &(0..traces.len())
+            .map(|i| (traced_one_way[i] - marks_one_way[i]).max(0.0))
+            .collect::<Vec<_>>(),
+    );
     let events = [
         crate::stats::median(&events.iter().map(|e| e[0]).collect::<Vec<_>>()),
         crate::stats::median(&events.iter().map(|e| e[1]).collect::<Vec<_>>()),
     ];
     let costs = path_costs(calibrated, events, path_ns);
+    for (i, t) in traces.iter().enumerate() {
+        let tl = t.timeline_with(costs);
+        let (st, _, _) = stages(std::slice::from_ref(&tl), ticks_per_ns, step_ns, xsk);
+        ratios.push(st.iter().map(|s| s.ns).sum::<f64>() / one_way[i].max(1.0));
+    }
     let runs: Vec<Vec<Ev>> = traces.iter().map(|t| t.timeline_with(costs)).collect();
-    let (stages, kept, all) = stages(&runs, ticks_per_ns, xsk);
+    let (stages, kept, all) = stages(&runs, ticks_per_ns, step_ns, xsk);
     let sum: f64 = stages.iter().filter(|s| s.measured).map(|s| s.ns).sum();
     let one_way = crate::stats::median(&one_way);
     Ok(Anatomy {
@@ -967,7 +1038,8 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
         stages,
         messages_kept: kept,
         messages: all,
-        mark_cost_ns: traces[0].client.mark_cost_ns,
+        mark_cost_ns: startup_mark_ns,
+        mark_path_cost_ns: mark_path_ns,
         syscall_event_cost_ns: tracing.tracer.costs().syscall,
         kernel_event_cost_ns: tracing.tracer.costs().other,
         kernel_events_per_message: events[0] + events[1],
@@ -1030,8 +1102,8 @@ pub fn table(a: &Anatomy) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<60} {:>4} {:>8.0}   (checkpoints add {:+.0} ns; each one's {:.0} ns, measured at start, is taken out of the stages)",
-        "one-way latency, checkpoints alone (median)", "", a.marks_one_way_ns, a.marks_one_way_ns - a.one_way_ns, a.mark_cost_ns
+        "{:<60} {:>4} {:>8.0}   (checkpoints add {:+.0} ns, {:.1} ns each on the path, taken out of the stages they start; {:.1} ns each timed at start-up)",
+        "one-way latency, checkpoints alone (median)", "", a.marks_one_way_ns, a.marks_one_way_ns - a.one_way_ns, a.mark_path_cost_ns, a.mark_cost_ns
     );
     if a.kernel_events_per_message > 0.0 {
         let _ = writeln!(
@@ -1171,7 +1243,12 @@ mod tests {
         );
         // Two system call events and five others fall in each message's stages.
         assert_eq!(path_events(std::slice::from_ref(&tl)), [2.0, 5.0]);
-        let (st, kept, all) = stages(&[tl], 2.0, false);
+        // Checkpoints whose cost is on the path: the send call's and the
+        // receiver's rx-found, half the server's turn-around, and the two
+        // halves around the client's clock reads. The receiver's first
+        // rx-found (its poll's) and the sender's return are off it.
+        assert_eq!(path_marks(std::slice::from_ref(&tl)), 3.5);
+        let (st, kept, all) = stages(&[tl], 2.0, 0.0, false);
         // The last message has no reply: its chain is one stage short.
         assert_eq!((kept, all), (9, 10));
         let path: Vec<(&str, &str)> = st
@@ -1247,8 +1324,8 @@ mod tests {
         client.mark_cost_ns = 4.0;
         let tl = timeline([&client, &side(20, &[])], &[], Costs::default());
         // Each less the first checkpoint's cost, halved.
-        assert_eq!(client_timer(&[tl]), [Some(13.0), Some(3.0)]);
-        assert_eq!(client_timer(&[Vec::new()]), [None, None]);
+        assert_eq!(client_timer(&[tl], 0.0), [Some(13.0), Some(3.0)]);
+        assert_eq!(client_timer(&[Vec::new()], 0.0), [None, None]);
     }
 
     #[test]
@@ -1270,7 +1347,7 @@ mod tests {
         let c = side(10, &[(0, Stage::AppSend)]);
         let s = side(20, &[]);
         let tl = timeline([&c, &s], &[], Costs::default());
-        let (st, kept, all) = stages(&[tl], 1.0, false);
+        let (st, kept, all) = stages(&[tl], 1.0, 0.0, false);
         assert!(st.is_empty());
         assert_eq!((kept, all), (0, 1));
     }

@@ -367,6 +367,7 @@ mod tests {
             messages_kept: 10,
             messages: 10,
             mark_cost_ns: 10.0,
+            mark_path_cost_ns: 8.0,
             syscall_event_cost_ns: 100.0,
             kernel_event_cost_ns: 80.0,
             kernel_events_per_message: 2.0,
