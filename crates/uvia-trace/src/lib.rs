@@ -147,6 +147,9 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         let per_ns = (super::ticks() - t0) as f64 / (super::monotonic_ns() - ns0) as f64;
         assert!(step > 0);
-        assert!((step as f64 / per_ns) < 1000.0, "{step} ticks at {per_ns}/ns");
+        assert!(
+            (step as f64 / per_ns) < 1000.0,
+            "{step} ticks at {per_ns}/ns"
+        );
     }
 }
