@@ -957,20 +957,25 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
     let step_ticks = uvia_trace::counter_step() as f64;
     let (mut one_way, mut marks_one_way, mut traced_one_way) = (vec![], vec![], vec![]);
     let mut traces = Vec::new();
+    // Per round, the checkpoints and kernel events on a message's path
+    // (counting does not depend on what they cost).
+    let (mut marks_on_path, mut events_on_path) = (vec![], vec![]);
     for r in 0..pairs {
         let at = |kind| r * 3 + (0..3).find(|&k| order[(r + k) % 3] == kind).unwrap_or(0);
         let t = traced[at(Slice::Traced)]
             .take()
             .ok_or_else(|| anyhow::anyhow!("internal: a traced slice without its traces"))?;
-        let step_ns = step_ticks / t.client.ticks_per_ns;
-        let (st, _, _) = stages(&[t.timeline()], t.client.ticks_per_ns, step_ns, xsk);
-        if st.is_empty() {
+        let tl = [t.timeline()];
+        let marks = path_marks(&tl);
+        if marks == 0.0 {
             bail!(
                 "no message could be followed from sender to receiver ({} checkpoints, {} kernel events)",
                 t.client.marks.len() + t.server.marks.len(),
                 t.events.len()
             );
         }
+        marks_on_path.push(marks);
+        events_on_path.push(path_events(&tl));
         one_way.push(p50(at(Slice::Plain)));
         marks_one_way.push(p50(at(Slice::Marks)));
         traced_one_way.push(p50(at(Slice::Traced)));
@@ -979,50 +984,38 @@ pub fn run(plan: &Plan, pairs: usize, pb: Option<&ProgressBar>) -> Result<Anatom
     // What the checkpoints and the kernel events cost on the path, from the
     // rounds' medians: the rounds share a pair of processes, and one
     // slice's noise would otherwise move its round's figure. A checkpoint's
-    // share is the
-    // checkpoints-only slice's one-way time less the untraced one's, over
-    // the checkpoints in a one-way time ([`path_marks`]). The figure timed
-    // at start-up is reported beside it: timed in a loop, it moves with
-    // what the other core is doing (5 to 14 ns here, where the path shows
-    // 5 to 9).
+    // share is the checkpoints-only slice's one-way time less the untraced
+    // one's, over the checkpoints in a one-way time ([`path_marks`]). The
+    // figure timed at start-up is reported beside it: timed in a loop, it
+    // moves with what the other core is doing (5 to 14 ns here, where the
+    // path shows 5 to 9).
     let calibrated = tracing.tracer.costs();
     let ticks_per_ns = traces[0].client.ticks_per_ns;
     let step_ns = step_ticks / ticks_per_ns;
     let startup_mark_ns = traces[0].client.mark_cost_ns;
-    let mut ratios = Vec::new();
-    let mark_ns: Vec<f64> = traces
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let on_path = path_marks(&[t.timeline()]).max(1.0);
-            (marks_one_way[i] - one_way[i]).max(0.0) / on_path
-        })
-        .collect();
-    let mark_path_ns = crate::stats::median(&mark_ns);
+    let rounds_median =
+        |f: &dyn Fn(usize) -> f64| crate::stats::median(&(0..pairs).map(f).collect::<Vec<_>>());
+    let mark_path_ns =
+        rounds_median(&|i| (marks_one_way[i] - one_way[i]).max(0.0) / marks_on_path[i]);
     for t in &mut traces {
         t.client.mark_cost_ns = mark_path_ns;
         t.server.mark_cost_ns = mark_path_ns;
     }
-    let events: Vec<[f64; 2]> = traces
-        .iter()
-        .map(|t| path_events(&[t.timeline()]))
-        .collect();
-    let path_ns = crate::stats::median(
-        &(0..traces.len())
-            .map(|i| (traced_one_way[i] - marks_one_way[i]).max(0.0))
-            .collect::<Vec<_>>(),
-    );
+    let path_ns = rounds_median(&|i| (traced_one_way[i] - marks_one_way[i]).max(0.0));
     let events = [
-        crate::stats::median(&events.iter().map(|e| e[0]).collect::<Vec<_>>()),
-        crate::stats::median(&events.iter().map(|e| e[1]).collect::<Vec<_>>()),
+        rounds_median(&|i| events_on_path[i][0]),
+        rounds_median(&|i| events_on_path[i][1]),
     ];
     let costs = path_costs(calibrated, events, path_ns);
-    for (i, t) in traces.iter().enumerate() {
-        let tl = t.timeline_with(costs);
-        let (st, _, _) = stages(std::slice::from_ref(&tl), ticks_per_ns, step_ns, xsk);
-        ratios.push(st.iter().map(|s| s.ns).sum::<f64>() / one_way[i].max(1.0));
-    }
     let runs: Vec<Vec<Ev>> = traces.iter().map(|t| t.timeline_with(costs)).collect();
+    let ratios: Vec<f64> = runs
+        .iter()
+        .zip(&one_way)
+        .map(|(tl, ow)| {
+            let (st, _, _) = stages(std::slice::from_ref(tl), ticks_per_ns, step_ns, xsk);
+            st.iter().map(|s| s.ns).sum::<f64>() / ow.max(1.0)
+        })
+        .collect();
     let (stages, kept, all) = stages(&runs, ticks_per_ns, step_ns, xsk);
     let sum: f64 = stages.iter().filter(|s| s.measured).map(|s| s.ns).sum();
     let one_way = crate::stats::median(&one_way);

@@ -44,16 +44,16 @@ fn parse_slices(v: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// Where `side`'s trace of `slice` goes, if that slice records at all:
-/// `<dir>/<side>.trace` when every slice records (each overwrites the
-/// last), `<dir>/<side>.<slice>.trace` when `UVIA_TRACE_SLICES` chooses.
-fn target(side: &str, slice: usize) -> Result<Option<PathBuf>> {
+/// Whether `slice` records: the directory, and whether the files carry
+/// the slice's number (`UVIA_TRACE_SLICES` chose it) or not (every slice
+/// records, each overwriting the last).
+fn recording(slice: usize) -> Result<Option<(PathBuf, bool)>> {
     let Some(d) = dir() else {
         return Ok(None);
     };
     Ok(match slices()? {
-        None => Some(d.join(format!("{side}.trace"))),
-        Some(list) if list.contains(&slice) => Some(d.join(format!("{side}.{slice}.trace"))),
+        None => Some((d, false)),
+        Some(list) if list.contains(&slice) => Some((d, true)),
         Some(_) => None,
     })
 }
@@ -62,14 +62,11 @@ fn target(side: &str, slice: usize) -> Result<Option<PathBuf>> {
 /// A directory that is not there is named now, before the measurement,
 /// not after it.
 pub fn begin(slice: usize, iters: usize) -> Result<()> {
-    let Some(path) = target("any", slice)? else {
+    let Some((d, _)) = recording(slice)? else {
         return Ok(());
     };
-    if !path.parent().is_some_and(|d| d.is_dir()) {
-        anyhow::bail!(
-            "UVIA_TRACE_DIR {}: not a directory",
-            dir().unwrap_or_default().display()
-        );
+    if !d.is_dir() {
+        anyhow::bail!("UVIA_TRACE_DIR {}: not a directory", d.display());
     }
     uvia_trace::start(iters.saturating_mul(MARKS_PER_ROUND_TRIP));
     Ok(())
@@ -78,9 +75,10 @@ pub fn begin(slice: usize, iters: usize) -> Result<()> {
 /// Stops recording slice `slice` and writes what was recorded as `side`'s
 /// trace.
 pub fn end(side: &str, slice: usize) -> Result<()> {
-    let Some(path) = target(side, slice)? else {
+    let Some((d, numbered)) = recording(slice)? else {
         return Ok(());
     };
+    let path = file(&d, side, numbered.then_some(slice));
     let t = uvia_trace::take();
     let f = std::fs::File::create(&path).with_context(|| format!("writing {}", path.display()))?;
     let mut w = std::io::BufWriter::new(f);
@@ -109,12 +107,17 @@ pub struct SideTrace {
     pub pid: u32,
 }
 
-/// Reads `<dir>/<side>.trace`, or with a slice `<dir>/<side>.<slice>.trace`.
-pub fn read(dir: &std::path::Path, side: &str, slice: Option<usize>) -> Result<SideTrace> {
-    let path = match slice {
+/// `<dir>/<side>.trace`, or with a slice `<dir>/<side>.<slice>.trace`.
+fn file(dir: &std::path::Path, side: &str, slice: Option<usize>) -> PathBuf {
+    match slice {
         None => dir.join(format!("{side}.trace")),
         Some(i) => dir.join(format!("{side}.{i}.trace")),
-    };
+    }
+}
+
+/// Reads `<dir>/<side>.trace`, or with a slice `<dir>/<side>.<slice>.trace`.
+pub fn read(dir: &std::path::Path, side: &str, slice: Option<usize>) -> Result<SideTrace> {
+    let path = file(dir, side, slice);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     parse(&text).with_context(|| format!("reading {}", path.display()))
