@@ -32,6 +32,16 @@ pub struct NicAttributes {
     pub reliability_levels: &'static [Reliability],
     pub rdma_read: bool,
     pub rdma_write: bool,
+    /// Peer-to-peer connection ([`Vi::connect_peer_request`]) is offered.
+    pub peer_to_peer: bool,
+    /// Peers live on this host only: a host address names a Nic instance
+    /// here, and this host's own names stand for this Nic's address.
+    pub host_local: bool,
+    /// The provider's protocol has timers (acknowledgements,
+    /// retransmissions, keep-alives) that run only inside library calls: a
+    /// program that may go long without a done or wait call should call
+    /// [`Vi::drive`] now and then, or its peers see it fall silent.
+    pub needs_driving: bool,
 }
 
 static NIC_SERIAL: AtomicU32 = AtomicU32::new(1);
@@ -179,6 +189,9 @@ impl Nic {
             ],
             rdma_read: true,
             rdma_write: true,
+            peer_to_peer: false,
+            host_local: true,
+            needs_driving: false,
         };
         let serial = NIC_SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff;
         Ok(Nic {
@@ -313,6 +326,9 @@ impl Nic {
             ],
             rdma_read: true,
             rdma_write: true,
+            peer_to_peer: true,
+            host_local: false,
+            needs_driving: true,
         };
         let dir = SocketDir::from_env().map_err(|source| OpenError::Io { provider, source })?;
         let serial = NIC_SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff;
@@ -338,6 +354,20 @@ impl Nic {
 
     pub fn attributes(&self) -> &NicAttributes {
         &self.s.attrs
+    }
+
+    /// True if `host` is written as an address of this Nic's provider (an
+    /// `ip:port` on udp, a MAC address on xdp) or is this Nic's own address.
+    /// On `shm`, whose instance names are any word, only the Nic's own is.
+    /// Says nothing of whether anyone answers there.
+    pub fn is_host_address(&self, host: &str) -> bool {
+        if host == self.s.attrs.address {
+            return true;
+        }
+        match &self.s.net {
+            Some(net) => net.is_address(host),
+            None => false,
+        }
     }
 
     /// Creates a protection tag.

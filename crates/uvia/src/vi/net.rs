@@ -701,6 +701,14 @@ fn outcome_bits(o: Outcome) -> u32 {
 }
 
 impl NetNic {
+    /// True if `host` is written as a literal address of this medium.
+    pub(crate) fn is_address(&self, host: &str) -> bool {
+        match self.medium.local_addr() {
+            Addr::Mac(_) => host.parse::<uvia_net::MacAddr>().is_ok(),
+            Addr::Ip(_) => host.parse::<SocketAddr>().is_ok(),
+        }
+    }
+
     /// The medium address of a [`NetAddress`]'s host: on an Ethernet
     /// medium a MAC address, or an IPv4 address or host name looked up in
     /// the interface's neighbour table; otherwise an IP address and port.
