@@ -53,7 +53,9 @@ pub(crate) fn connect_err(e: ConnectError) -> VipReturn {
         ConnectError::Timeout(_) => ret::TIMEOUT,
         ConnectError::Rejected => ret::REJECT,
         ConnectError::Mismatch(_) => ret::INVALID_RELIABILITY_LEVEL,
-        ConnectError::DiscriminatorTooLong(_) | ConnectError::Answered => ret::INVALID_PARAMETER,
+        ConnectError::DiscriminatorTooLong(_)
+        | ConnectError::PrivateDataTooLong(_)
+        | ConnectError::Answered => ret::INVALID_PARAMETER,
         ConnectError::BadAddress(_) => ret::NOT_REACHABLE,
         ConnectError::Unsupported(_) => ret::ERROR_NOT_SUPPORTED,
         ConnectError::InUse(_) => ret::INVALID_STATE,

@@ -2,20 +2,29 @@
 //!
 //! A server waits on a discriminator ([`Nic::connect_wait`]) and answers each
 //! request with [`ConnRequest::accept`] or [`ConnRequest::reject`]; a client
-//! calls [`Vi::connect_request`](crate::Vi::connect_request). For `shm` the
-//! rendezvous is an owner-only Unix socket per (Nic instance, discriminator).
+//! calls [`Vi::connect_request`](crate::Vi::connect_request). How a request
+//! travels is the provider's business (`crate::provider`); both sides may
+//! add up to [`MAX_PRIVATE_DATA`] bytes of their own.
 
 use crate::error::ConnectError;
 use crate::nic::Nic;
-use crate::shm::hello::{self, Hello};
+use crate::provider::Answer;
 use crate::vi::{Reliability, Vi, ViAttributes};
-use std::os::fd::OwnedFd;
 use std::time::Duration;
-use uvia_shm::socket::hex_name;
-use uvia_shm::{Listener, Stream};
 
 /// Most bytes in a discriminator.
 pub const MAX_DISCRIMINATOR: usize = 32;
+
+/// Most bytes of private data a connection request, accept or reject carries.
+pub const MAX_PRIVATE_DATA: usize = 64;
+
+/// Refuses private data longer than [`MAX_PRIVATE_DATA`].
+pub(crate) fn check_private(private: &[u8]) -> Result<(), ConnectError> {
+    if private.len() > MAX_PRIVATE_DATA {
+        return Err(ConnectError::PrivateDataTooLong(private.len()));
+    }
+    Ok(())
+}
 
 /// Names a service on a host, as VIA's discriminator does.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -73,31 +82,15 @@ pub struct RemoteViAttributes {
     pub enable_rdma_read: bool,
 }
 
-impl From<&Hello> for RemoteViAttributes {
-    fn from(h: &Hello) -> Self {
-        RemoteViAttributes {
-            reliability: h.reliability,
-            max_transfer_size: h.max_transfer_size,
-            enable_rdma_write: h.rdma_write,
-            enable_rdma_read: h.rdma_read,
-        }
-    }
-}
-
-pub(crate) fn socket_name(instance: &str, d: &Discriminator) -> String {
-    hex_name(&format!("shm-{instance}"), d.as_bytes())
-}
-
 /// A connection request a server has received and not yet answered.
 pub struct ConnRequest {
-    /// A request that came over the network (the other fields are then
-    /// unused but for `hello`, which describes it).
-    pub(crate) net: Option<crate::vi::net::Incoming>,
-    pub(crate) nic: Option<Nic>,
-    pub(crate) stream: Option<Stream>,
-    pub(crate) fds: Vec<OwnedFd>,
-    pub(crate) hello: Hello,
+    pub(crate) remote: RemoteViAttributes,
+    pub(crate) discriminator: Discriminator,
+    pub(crate) private: Vec<u8>,
+    pub(crate) peer_address: Option<String>,
     pub(crate) peer_pid: i32,
+    /// What answering needs; taken by the answer.
+    pub(crate) answer: Option<Answer>,
 }
 
 impl std::fmt::Debug for ConnRequest {
@@ -112,52 +105,53 @@ impl std::fmt::Debug for ConnRequest {
 impl ConnRequest {
     /// The client's VI attributes.
     pub fn remote_attributes(&self) -> RemoteViAttributes {
-        (&self.hello).into()
+        self.remote.clone()
     }
 
     /// The discriminator the client asked for.
     pub fn discriminator(&self) -> &Discriminator {
-        &self.hello.discriminator
+        &self.discriminator
     }
 
-    /// The client Nic's address, on a network provider (`None` on `shm`,
-    /// whose peers share this host).
+    /// The private data the client's request carried (empty if none).
+    pub fn private_data(&self) -> &[u8] {
+        &self.private
+    }
+
+    /// The client Nic's address, on a provider whose peers are other hosts
+    /// (`None` where peers share this host).
     pub fn peer_address(&self) -> Option<String> {
-        self.net.as_ref().map(|r| r.from.to_string())
+        self.peer_address.clone()
     }
 
-    /// Process id of the client.
+    /// Process id of the client, where the provider knows it (else 0).
     pub fn peer_pid(&self) -> i32 {
         self.peer_pid
     }
 
     /// Connects `vi` (idle, same reliability level) to the client.
     pub fn accept(&mut self, vi: &Vi) -> Result<(), ConnectError> {
-        if self.nic.is_some() {
-            let req = self.net.take().ok_or(ConnectError::Answered)?;
-            return vi.net_accept(&req);
-        }
-        let stream = self.stream.take().ok_or(ConnectError::Answered)?;
-        let fds = std::mem::take(&mut self.fds);
-        vi.accept_from(stream, fds, &self.hello, self.peer_pid)
+        self.accept_with(vi, &[])
+    }
+
+    /// [`accept`](Self::accept) with private data for the client (its
+    /// [`Vi::peer_private_data`]).
+    pub fn accept_with(&mut self, vi: &Vi, private: &[u8]) -> Result<(), ConnectError> {
+        check_private(private)?;
+        let answer = self.answer.take().ok_or(ConnectError::Answered)?;
+        answer.accept(vi, self, private)
     }
 
     /// Refuses the request; the client's connect returns `Rejected`.
     pub fn reject(&mut self) -> Result<(), ConnectError> {
-        if let Some(nic) = &self.nic {
-            let req = self.net.take().ok_or(ConnectError::Answered)?;
-            nic.s
-                .net()
-                .reject(&req, uvia_proto::wire::RejectReason::Refused);
-            return Ok(());
-        }
-        let stream = self.stream.take().ok_or(ConnectError::Answered)?;
-        let reply = Hello {
-            kind: hello::REJECT,
-            ..self.hello.clone()
-        };
-        stream.send(&reply.emit(), &[])?;
-        Ok(())
+        self.reject_with(&[])
+    }
+
+    /// [`reject`](Self::reject) with private data for the client.
+    pub fn reject_with(&mut self, private: &[u8]) -> Result<(), ConnectError> {
+        check_private(private)?;
+        let answer = self.answer.take().ok_or(ConnectError::Answered)?;
+        answer.reject(self, private)
     }
 }
 
@@ -170,119 +164,20 @@ impl Nic {
         discriminator: &Discriminator,
         timeout: Option<Duration>,
     ) -> Result<ConnRequest, ConnectError> {
-        let start = std::time::Instant::now();
-        if self.s.net.is_some() {
-            return self.net_connect_wait(discriminator, timeout, start);
-        }
-        let key = discriminator.as_bytes().to_vec();
-        let mut ls = self
-            .s
-            .shm
-            .listeners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if !ls.contains_key(&key) {
-            let path = self
-                .s
-                .shm
-                .dir
-                .socket(&socket_name(&self.s.shm.instance, discriminator));
-            ls.insert(key.clone(), Listener::bind(&path)?);
-        }
-        let listener = &ls[&key];
-        loop {
-            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-            let Some(stream) = listener.accept(left)? else {
-                return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
-            };
-            // A client that connects but says nothing valid is dropped; keep waiting.
-            let left = timeout
-                .map(|t| t.saturating_sub(start.elapsed()))
-                .unwrap_or(Duration::from_secs(5))
-                .min(Duration::from_secs(5));
-            let mut buf = [0u8; hello::LEN + 16];
-            let Ok(Some((n, fds))) = stream.recv(&mut buf, Some(left)) else {
-                continue;
-            };
-            let Ok(h) = Hello::parse(&buf[..n]) else {
-                continue;
-            };
-            if h.kind != hello::REQUEST || h.discriminator != *discriminator {
-                continue;
-            }
-            let Ok((pid, _uid)) = stream.peer_cred() else {
-                continue;
-            };
-            return Ok(ConnRequest {
-                net: None,
-                nic: None,
-                stream: Some(stream),
-                fds,
-                hello: h,
-                peer_pid: pid,
-            });
-        }
+        self.s.provider.connect_wait(self, discriminator, timeout)
     }
 
-    fn net_connect_wait(
-        &self,
-        discriminator: &Discriminator,
-        timeout: Option<Duration>,
-        start: std::time::Instant,
-    ) -> Result<ConnRequest, ConnectError> {
-        let net = self.s.net();
-        net.listen(discriminator.as_bytes());
-        loop {
-            if let Some(req) = net.take_request(discriminator.as_bytes()) {
-                let hello = Hello {
-                    kind: hello::REQUEST,
-                    reliability: Reliability::from_u8(req.attrs.reliability)
-                        .unwrap_or(Reliability::Unreliable),
-                    rdma_write: req.attrs.rdma_write,
-                    rdma_read: req.attrs.rdma_read,
-                    max_transfer_size: req.attrs.max_transfer,
-                    discriminator: discriminator.clone(),
-                    reason: 0,
-                };
-                return Ok(ConnRequest {
-                    net: Some(req),
-                    nic: Some(self.clone()),
-                    stream: None,
-                    fds: Vec::new(),
-                    hello,
-                    peer_pid: 0,
-                });
-            }
-            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-            if left.is_some_and(|l| l.is_zero()) {
-                return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
-            }
-            // Serve the medium (frames of this Nic's connections too) and
-            // sleep until the next frame.
-            net.poll(None);
-            let nap = left
-                .unwrap_or(Duration::from_millis(20))
-                .min(Duration::from_millis(20));
-            let _ = net.medium.wait(Some(nap));
-        }
-    }
-
-    /// Stops listening on `discriminator` and removes its socket file.
+    /// Stops listening on `discriminator` (and removes its socket file, on
+    /// a provider that has one).
     pub fn stop_listening(&self, discriminator: &Discriminator) {
-        if let Some(net) = &self.s.net {
-            net.stop_listening(discriminator.as_bytes());
-            return;
-        }
-        self.s
-            .shm
-            .listeners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(discriminator.as_bytes());
+        self.s.provider.stop_listening(discriminator)
     }
 }
 
-pub(crate) fn check_compatible(mine: &ViAttributes, theirs: &Hello) -> Result<(), ConnectError> {
+pub(crate) fn check_compatible(
+    mine: &ViAttributes,
+    theirs: &RemoteViAttributes,
+) -> Result<(), ConnectError> {
     if mine.reliability != theirs.reliability {
         return Err(ConnectError::Mismatch(format!(
             "reliability level {:?} here, {:?} at the peer",

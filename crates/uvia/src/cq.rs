@@ -81,7 +81,7 @@ impl CqShared {
         }
         drop(n);
         if self.waiters.load(Ordering::Acquire) > 0 {
-            crate::shm::write_eventfd(self.efd.as_raw_fd());
+            write_eventfd(self.efd.as_raw_fd());
         }
     }
 
@@ -91,6 +91,13 @@ impl CqShared {
             .filter_map(Weak::upgrade)
             .collect()
     }
+}
+
+/// Adds one to an eventfd's counter (a wake-up).
+pub(crate) fn write_eventfd(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a live u64 to a descriptor we hold.
+    unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
 }
 
 impl Cq {
@@ -175,7 +182,7 @@ impl Cq {
                 // Network VIs have no doorbell: their frames wake the
                 // waiter through their sockets, and their timers need a
                 // look at least every millisecond.
-                let net: Vec<RawFd> = self.s.members().iter().filter_map(Vi::net_fd).collect();
+                let net: Vec<RawFd> = self.s.members().iter().filter_map(Vi::wake_fd).collect();
                 let cap = if net.is_empty() { 20 } else { 1 };
                 let ms = left.min(Duration::from_millis(cap)).as_millis() as i32;
                 let mut p: Vec<libc::pollfd> = std::iter::once(self.s.efd.as_raw_fd())
@@ -191,7 +198,7 @@ impl Cq {
                 self.drain_eventfd();
                 if p.len() > 1 {
                     for vi in self.s.members() {
-                        Vi::run_net_timers(&vi);
+                        Vi::run_timers(&vi);
                     }
                 }
             }

@@ -10,7 +10,7 @@ use std::io;
 /// Opening a Nic failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    #[error("unknown provider {0:?} (known: \"shm\", \"shm:<instance>\", \"udp\", \"udp:<ip>[:<port>]\", \"xdp:<interface>[:<queue>]\")")]
+    #[error("unknown provider {0:?} (known: {known})", known = crate::provider::usage())]
     UnknownProvider(String),
     #[error("bad address in {name:?}: {reason}")]
     BadAddress { name: String, reason: String },
@@ -129,6 +129,8 @@ pub enum ConnectError {
     DiscriminatorTooLong(usize),
     #[error("this connection request was already answered")]
     Answered,
+    #[error("private data is {0} bytes; at most {max} are allowed", max = crate::cm::MAX_PRIVATE_DATA)]
+    PrivateDataTooLong(usize),
     /// The host of a network address names no reachable peer; the text
     /// says what was given and what is wanted.
     #[error("cannot resolve host address {0}")]

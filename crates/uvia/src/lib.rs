@@ -10,7 +10,8 @@
 //! failure after queuing is the completed descriptor's status.
 //!
 //! Providers: `shm` (processes of one host, shared memory: no system call on
-//! the data path).
+//! the data path), `udp` (kernel UDP sockets, no privileges) and `xdp` (raw
+//! Ethernet through AF_XDP, root); see `provider` for the seam they plug into.
 
 pub mod cm;
 mod copy;
@@ -19,7 +20,7 @@ pub mod desc;
 pub mod error;
 pub mod mem;
 pub mod nic;
-mod shm;
+mod provider;
 pub mod vi;
 
 pub use cm::{ConnRequest, Discriminator, NetAddress, RemoteViAttributes};

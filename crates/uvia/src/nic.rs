@@ -2,15 +2,14 @@
 //! registered memory, VIs and completion queues.
 
 use crate::cq::Cq;
-use crate::desc::{MemHandle, Segment, MAX_SEGMENTS};
+use crate::desc::{MemHandle, Segment};
 use crate::error::{MemError, OpenError, PtagError, ViAttrError};
 use crate::mem::{MemAttributes, Ptag, RegionInfo, RegionTable};
-use crate::shm::INLINE_MAX;
+use crate::provider::NicProvider;
 use crate::vi::{Reliability, Vi, ViAttributes};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use uvia_shm::{Listener, Segment as ShmSegment, SocketDir};
+use uvia_shm::Segment as ShmSegment;
 
 /// What a Nic can do, fixed when it is opened.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,68 +45,15 @@ pub struct NicAttributes {
 
 static NIC_SERIAL: AtomicU32 = AtomicU32::new(1);
 
-/// The udp provider's socket settings. Receive offload stays off: with it
-/// on, a datagram's segment size comes only in a control message, so every
-/// poll would need `recvmsg`; without it a poll is one `recvfrom`, about
-/// 0.45 us less per message (measured with `uvia pingpong`, both settings
-/// alternated), and segmented sends still arrive as separate datagrams.
-/// The faults to inject: the Nic's options, else `UVIA_INJECT`.
-fn fault_spec(opts: &NicOptions) -> Result<Option<uvia_net::inject::FaultSpec>, OpenError> {
-    let spec = match &opts.inject {
-        Some(s) => Some(s.clone()),
-        None => std::env::var("UVIA_INJECT").ok().filter(|s| !s.is_empty()),
-    };
-    spec.map(|s| {
-        s.parse()
-            .map_err(|e: uvia_net::inject::FaultSpecError| OpenError::BadInject(e.to_string()))
-    })
-    .transpose()
-}
-
-/// `m`, wrapped in the fault injector when faults are asked for.
-fn with_faults<M: uvia_net::Medium + 'static>(
-    m: M,
-    fault: &Option<uvia_net::inject::FaultSpec>,
-) -> Box<dyn uvia_net::Medium> {
-    match fault {
-        None => Box::new(m),
-        Some(f) => Box::new(uvia_net::inject::Inject::new(m, f.clone())),
-    }
-}
-
-fn udp_options() -> uvia_net::udp::UdpOptions {
-    uvia_net::udp::UdpOptions {
-        gro: false,
-        ..uvia_net::udp::UdpOptions::default()
-    }
-}
-
-pub(crate) struct ShmNic {
-    pub instance: String,
-    pub dir: SocketDir,
-    pub listeners: Mutex<HashMap<Vec<u8>, Listener>>,
-}
-
 pub(crate) struct NicShared {
     pub attrs: NicAttributes,
     pub serial: u32,
     pub regions: RegionTable,
     /// Per allocated tag: how many VIs use it.
     ptags: Mutex<Vec<Option<usize>>>,
-    pub shm: ShmNic,
-    /// The network medium and connection table, on a network Nic.
-    pub net: Option<crate::vi::net::NetNic>,
+    /// The provider's half of the Nic.
+    pub provider: NicProvider,
     pub next_vi: AtomicU32,
-}
-
-impl NicShared {
-    /// The network half of a network Nic. Only called on paths that a
-    /// network VI or Nic takes (its connection exists, or `net` was checked).
-    pub(crate) fn net(&self) -> &crate::vi::net::NetNic {
-        self.net
-            .as_ref()
-            .expect("network path taken on a Nic without a network medium")
-    }
 }
 
 /// Settings for [`Nic::open_with`].
@@ -149,202 +95,15 @@ impl Nic {
 
     /// Opens a provider with settings.
     pub fn open_with(name: &str, opts: &NicOptions) -> Result<Nic, OpenError> {
-        if name == "udp" || name.starts_with("udp:") {
-            return Nic::open_udp(name, opts);
-        }
-        if name.starts_with("xdp:") {
-            return Nic::open_xdp(name, opts);
-        }
-        let instance = match name.split_once(':') {
-            None if name == "shm" => "0".to_string(),
-            Some(("shm", inst))
-                if !inst.is_empty()
-                    && inst
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
-            {
-                inst.to_string()
-            }
-            _ => return Err(OpenError::UnknownProvider(name.to_string())),
-        };
-        let dir = SocketDir::from_env().map_err(|source| OpenError::Io {
-            provider: "shm",
-            source,
-        })?;
-        let attrs = NicAttributes {
-            name: name.to_string(),
-            provider: "shm",
-            address: instance.clone(),
-            max_transfer_size: 16 << 20,
-            max_segments_per_desc: MAX_SEGMENTS,
-            max_queue_depth: 4096,
-            max_cq_entries: 1 << 16,
-            max_ptags: 256,
-            max_registered_regions: 4096,
-            inline_threshold: INLINE_MAX,
-            reliability_levels: &[
-                Reliability::Unreliable,
-                Reliability::ReliableDelivery,
-                Reliability::ReliableReception,
-            ],
-            rdma_read: true,
-            rdma_write: true,
-            peer_to_peer: false,
-            host_local: true,
-            needs_driving: false,
-        };
+        let provider =
+            crate::provider::lookup(name).ok_or_else(|| OpenError::UnknownProvider(name.into()))?;
+        let (attrs, provider) = (provider.open)(name, opts)?;
         let serial = NIC_SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff;
         Ok(Nic {
             s: Arc::new(NicShared {
                 regions: RegionTable::new(attrs.max_registered_regions),
                 ptags: Mutex::new(vec![None; attrs.max_ptags]),
-                shm: ShmNic {
-                    instance,
-                    dir,
-                    listeners: Mutex::new(HashMap::new()),
-                },
-                net: None,
-                next_vi: AtomicU32::new(1),
-                serial,
-                attrs,
-            }),
-        })
-    }
-
-    fn open_udp(name: &str, opts: &NicOptions) -> Result<Nic, OpenError> {
-        use std::net::{IpAddr, SocketAddr};
-        let bad = |reason: &str| OpenError::BadAddress {
-            name: name.to_string(),
-            reason: reason.to_string(),
-        };
-        let spec = name.strip_prefix("udp").unwrap_or("");
-        let bind: SocketAddr = match spec.strip_prefix(':') {
-            None | Some("") => SocketAddr::from(([127, 0, 0, 1], 0)),
-            Some(a) => match a.parse::<SocketAddr>() {
-                Ok(sa) => sa,
-                Err(_) => match a.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>() {
-                    Ok(ip) => SocketAddr::new(ip, 0),
-                    Err(_) => return Err(bad("want <ip>, <ip>:<port> or [<ipv6>]:<port>")),
-                },
-            },
-        };
-        let udp =
-            uvia_net::udp::UdpMedium::bind(bind, udp_options()).map_err(|e| OpenError::Io {
-                provider: "udp",
-                source: std::io::Error::other(e.to_string()),
-            })?;
-        let fault = fault_spec(opts)?;
-        let local = udp.local_ip();
-        let medium = with_faults(udp, &fault);
-        // Each connection gets a socket of its own, connected to its peer
-        // (faults injected there too, each from its own seed).
-        let next_seed = std::sync::atomic::AtomicU64::new(1);
-        let own: crate::vi::net::OwnMediumFactory = Box::new(move |peer| {
-            let uvia_net::Addr::Ip(p) = peer else {
-                return None;
-            };
-            let m = uvia_net::udp::UdpMedium::connected(local, p, udp_options()).ok()?;
-            let mut f = fault.clone();
-            if let Some(f) = &mut f {
-                f.seed = f
-                    .seed
-                    .wrapping_add(next_seed.fetch_add(1, Ordering::Relaxed));
-            }
-            Some(with_faults(m, &f))
-        });
-        Nic::open_net(name, "udp", medium, Some(own), None, opts)
-    }
-
-    /// `xdp:<interface>[:<queue>][:native|:generic]`: raw Ethernet through
-    /// an AF_XDP socket (root only). Without a mode, the XDP program runs
-    /// where it is fastest for the driver (see
-    /// [`Interface::preferred_mode`](uvia_net::xdp::Interface::preferred_mode)).
-    fn open_xdp(name: &str, opts: &NicOptions) -> Result<Nic, OpenError> {
-        use uvia_net::xdp::bpf::Mode;
-        let bad = |reason: &str| OpenError::BadAddress {
-            name: name.to_string(),
-            reason: reason.to_string(),
-        };
-        let spec = name.strip_prefix("xdp:").unwrap_or("");
-        let mut parts = spec.split(':');
-        let iface = parts.next().unwrap_or("");
-        if iface.is_empty() {
-            return Err(bad("want xdp:<interface>[:<queue>][:native|:generic]"));
-        }
-        let (mut queue, mut mode) = (None, None);
-        for p in parts {
-            match p {
-                "native" if mode.is_none() => mode = Some(Mode::Native),
-                "generic" if mode.is_none() => mode = Some(Mode::Generic),
-                q if queue.is_none() && mode.is_none() => {
-                    queue = Some(q.parse::<u32>().map_err(|_| {
-                        bad("after the interface: a queue number, then native or generic")
-                    })?)
-                }
-                _ => return Err(bad("want xdp:<interface>[:<queue>][:native|:generic]")),
-            }
-        }
-        let xdp_opts = uvia_net::xdp::XdpOptions {
-            queue: queue.unwrap_or(0),
-            mode,
-        };
-        let xdp = uvia_net::xdp::XdpMedium::open(iface, &xdp_opts).map_err(|e| OpenError::Io {
-            provider: "xdp",
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        let fault = fault_spec(opts)?;
-        let medium = with_faults(xdp, &fault);
-        Nic::open_net(name, "xdp", medium, None, Some(iface.to_string()), opts)
-    }
-
-    /// A Nic over a frame medium: the protocol engine drives its VIs.
-    fn open_net(
-        name: &str,
-        provider: &'static str,
-        medium: Box<dyn uvia_net::Medium>,
-        own: Option<crate::vi::net::OwnMediumFactory>,
-        iface: Option<String>,
-        opts: &NicOptions,
-    ) -> Result<Nic, OpenError> {
-        let address = medium.local_addr().to_string();
-        let max_frame = medium.caps().max_frame;
-        let attrs = NicAttributes {
-            name: name.to_string(),
-            provider,
-            address: address.clone(),
-            max_transfer_size: 16 << 20,
-            max_segments_per_desc: MAX_SEGMENTS,
-            max_queue_depth: 4096,
-            max_cq_entries: 1 << 16,
-            max_ptags: 256,
-            max_registered_regions: 4096,
-            inline_threshold: max_frame.saturating_sub(uvia_proto::wire::DATA_HEADER_LEN),
-            reliability_levels: &[
-                Reliability::Unreliable,
-                Reliability::ReliableDelivery,
-                Reliability::ReliableReception,
-            ],
-            rdma_read: true,
-            rdma_write: true,
-            peer_to_peer: true,
-            host_local: false,
-            needs_driving: true,
-        };
-        let dir = SocketDir::from_env().map_err(|source| OpenError::Io { provider, source })?;
-        let serial = NIC_SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff;
-        let idle = opts
-            .idle_timeout
-            .unwrap_or(std::time::Duration::from_secs(5));
-        Ok(Nic {
-            s: Arc::new(NicShared {
-                regions: RegionTable::new(attrs.max_registered_regions),
-                ptags: Mutex::new(vec![None; attrs.max_ptags]),
-                shm: ShmNic {
-                    instance: address,
-                    dir,
-                    listeners: Mutex::new(HashMap::new()),
-                },
-                net: Some(crate::vi::net::NetNic::new(medium, own, iface, idle)),
+                provider,
                 next_vi: AtomicU32::new(1),
                 serial,
                 attrs,
@@ -364,10 +123,7 @@ impl Nic {
         if host == self.s.attrs.address {
             return true;
         }
-        match &self.s.net {
-            Some(net) => net.is_address(host),
-            None => false,
-        }
+        self.s.provider.is_address(host)
     }
 
     /// Creates a protection tag.
@@ -529,17 +285,6 @@ impl NicShared {
     }
 }
 
-impl Drop for NicShared {
-    fn drop(&mut self) {
-        // Listener sockets remove their files as they drop.
-        self.shm
-            .listeners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-    }
-}
-
 /// Memory the Nic allocated and registered; deregistered and freed on drop.
 pub struct MemoryRegion {
     nic: Nic,
@@ -619,10 +364,14 @@ mod tests {
         assert!(Nic::open("shm:a-1").is_ok());
         assert!(matches!(
             Nic::open("shm:"),
-            Err(OpenError::UnknownProvider(_))
+            Err(OpenError::BadAddress { .. })
         ));
         assert!(matches!(
             Nic::open("shm:../x"),
+            Err(OpenError::BadAddress { .. })
+        ));
+        assert!(matches!(
+            Nic::open("shmem"),
             Err(OpenError::UnknownProvider(_))
         ));
         assert!(matches!(

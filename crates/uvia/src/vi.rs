@@ -8,24 +8,19 @@
 //! there is no thread behind the caller's back. Descriptors complete in
 //! order on each queue and carry their status like VIPL's.
 
-use crate::cm::{check_compatible, socket_name, Discriminator, NetAddress, RemoteViAttributes};
+use crate::cm::{Discriminator, NetAddress, RemoteViAttributes};
 use crate::cq::{Cq, CqShared};
 use crate::desc::{control, status, Descriptor, MemHandle, Op, Segment, MAX_SEGMENTS};
 use crate::error::{ConnectError, PostError, Rejected, ViAttrError, WaitError};
 use crate::mem::{AccessError, Ptag};
 use crate::nic::{Nic, NicShared};
-use crate::shm::hello::{self, Hello};
-use crate::shm::{flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX};
+use crate::provider::Transport;
 use spin::{Mutex, MutexGuard};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uvia_shm::cma::{self, LocalRange, RemoteRange};
-use uvia_shm::{doorbell, Segment as ShmSegment, Stream};
-
-pub(crate) mod net;
+use uvia_shm::cma::LocalRange;
 
 /// VIA's reliability levels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -136,14 +131,9 @@ impl ViAttributes {
 pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(20);
 /// A sleeping waiter looks at its peer's health this often.
 const SLEEP_SLICE: Duration = Duration::from_millis(20);
-/// Empty polls between two looks at the peer's health (a system call).
-const IDLE_CHECK_EVERY: u32 = 4096;
-/// Longest sleep of a network VI's waiter: the engine's timers (delayed
-/// acks, retransmissions, keep-alives) run in its progress.
-const NET_NAP: Duration = Duration::from_millis(1);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum EntryState {
+pub(crate) enum EntryState {
     Queued,
     InFlight,
     Done,
@@ -151,13 +141,13 @@ enum EntryState {
 
 /// The registered region a local range lies in.
 #[derive(Clone, Copy)]
-struct Source {
-    handle: MemHandle,
-    serial: u32,
+pub(crate) struct Source {
+    pub handle: MemHandle,
+    pub serial: u32,
     /// The region's memfd, or -1 for caller memory.
-    fd: i32,
+    pub fd: i32,
     /// Offset of the range in the region.
-    offset: u64,
+    pub offset: u64,
 }
 
 impl Source {
@@ -171,27 +161,29 @@ impl Source {
 
 /// A posted descriptor with what the post checked, so that progress never
 /// re-reads (or trusts) the caller's segments.
-struct Posted {
-    desc: NonNull<Descriptor>,
-    owned: bool,
-    op: Op,
-    fence: bool,
-    imm: Option<u32>,
-    ranges: [LocalRange; MAX_SEGMENTS],
+pub(crate) struct Posted {
+    pub desc: NonNull<Descriptor>,
+    pub owned: bool,
+    pub op: Op,
+    pub fence: bool,
+    pub imm: Option<u32>,
+    pub ranges: [LocalRange; MAX_SEGMENTS],
     /// Where each range lives: its region, to share it with the peer.
-    src: [Source; MAX_SEGMENTS],
-    nranges: u8,
-    total: u64,
-    remote: (u64, MemHandle),
-    id: u32,
-    /// Ring index just past this message once sent.
-    end: u64,
-    needs_ack: bool,
-    state: EntryState,
+    pub src: [Source; MAX_SEGMENTS],
+    pub nranges: u8,
+    pub total: u64,
+    pub remote: (u64, MemHandle),
+    /// The transport's number for it (a ring message id, an engine msn/rsn).
+    pub id: u32,
+    /// Where the transport's medium is just past this message once sent
+    /// (the shm ring's index), for completing it when the peer consumed it.
+    pub end: u64,
+    pub needs_ack: bool,
+    pub state: EntryState,
 }
 
 impl Posted {
-    fn ranges(&self) -> &[LocalRange] {
+    pub fn ranges(&self) -> &[LocalRange] {
         &self.ranges[..self.nranges as usize]
     }
 
@@ -200,7 +192,7 @@ impl Posted {
     /// memory later than the post itself, so memory deregistered (and perhaps
     /// freed) in between is never written or read.
     #[inline]
-    fn still_registered(&self, regions: &crate::mem::RegionTable) -> bool {
+    pub fn still_registered(&self, regions: &crate::mem::RegionTable) -> bool {
         self.src[..self.nranges as usize].iter().all(|s| {
             regions
                 .lookup(s.handle)
@@ -239,14 +231,14 @@ impl Posted {
 
 /// A descriptor queue: a fixed ring of entries filled in place, so posting
 /// moves no entry and allocates nothing.
-struct SlotQueue {
+pub(crate) struct SlotQueue {
     slots: Box<[Posted]>,
     head: usize,
     len: usize,
 }
 
 impl SlotQueue {
-    fn new(depth: u32) -> SlotQueue {
+    pub fn new(depth: u32) -> SlotQueue {
         SlotQueue {
             slots: (0..depth.max(1)).map(|_| Posted::empty()).collect(),
             head: 0,
@@ -254,11 +246,11 @@ impl SlotQueue {
         }
     }
 
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.len
     }
 
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
@@ -273,7 +265,7 @@ impl SlotQueue {
     }
 
     /// The free slot after the last entry, to fill before `commit`.
-    fn next_free(&mut self) -> Option<&mut Posted> {
+    pub fn next_free(&mut self) -> Option<&mut Posted> {
         if self.len == self.slots.len() {
             return None;
         }
@@ -281,16 +273,16 @@ impl SlotQueue {
         Some(&mut self.slots[i])
     }
 
-    fn commit(&mut self) {
+    pub fn commit(&mut self) {
         self.len += 1;
     }
 
-    fn front(&self) -> Option<&Posted> {
+    pub fn front(&self) -> Option<&Posted> {
         (self.len > 0).then(|| &self.slots[self.head])
     }
 
     #[inline]
-    fn pop_front(&mut self) -> Option<(NonNull<Descriptor>, bool)> {
+    pub fn pop_front(&mut self) -> Option<(NonNull<Descriptor>, bool)> {
         let e = self.front()?;
         let r = (e.desc, e.owned);
         self.head = self.slot(1);
@@ -298,7 +290,7 @@ impl SlotQueue {
         Some(r)
     }
 
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Posted> {
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Posted> {
         let (len, head, cap) = (self.len, self.head, self.slots.len());
         let (a, b) = self.slots.split_at_mut(head);
         b.iter_mut().chain(a.iter_mut()).take(len.min(cap))
@@ -319,37 +311,38 @@ impl std::ops::IndexMut<usize> for SlotQueue {
     }
 }
 
-pub(crate) struct ViInner {
-    attrs: ViAttributes,
-    conn: Option<ShmConn>,
-    seg: Option<Arc<ShmSegment>>,
-    remote: Option<RemoteViAttributes>,
-    sq: SlotQueue,
-    /// Entries of `sq` that have been written to the ring (a prefix).
-    sq_sent: usize,
-    /// Entries written but waiting for the peer to consume them.
-    awaiting_ack: usize,
-    rq: SlotQueue,
+/// What every provider's VI shares: attributes and the two descriptor
+/// queues. A provider's transport reads and completes entries here.
+pub(crate) struct Queues {
+    pub attrs: ViAttributes,
+    pub remote: Option<RemoteViAttributes>,
+    pub sq: SlotQueue,
+    /// Entries of `sq` handed to the transport (a prefix; the rest wait
+    /// for room in the medium or for a fence).
+    pub sq_sent: usize,
+    pub rq: SlotQueue,
     /// Completed entries at the front of `rq`.
-    rq_done: usize,
-    next_id: u32,
-    idle: u32,
-    spin: Duration,
-    /// Set when an error reported by the peer should end the connection.
-    failed: Option<u32>,
-    /// The server's listening socket, on the client side of a connection.
-    server_socket: Option<std::path::PathBuf>,
-    /// The network connection, on a network Nic.
-    net: Option<Box<net::NetVi>>,
+    pub rq_done: usize,
+    /// The id the next send gets, where the transport does not number them.
+    pub next_id: u32,
+    pub spin: Duration,
+    /// Private data the peer's accept or reject carried.
+    pub remote_private: Vec<u8>,
+}
+
+pub(crate) struct ViInner {
+    pub q: Queues,
+    /// The connection, over whichever provider carries it.
+    pub t: Transport,
 }
 
 pub(crate) struct ViShared {
     pub id: u32,
-    nic: Arc<NicShared>,
-    send_cq: Option<Arc<CqShared>>,
-    recv_cq: Option<Arc<CqShared>>,
+    pub nic: Arc<NicShared>,
+    pub send_cq: Option<Arc<CqShared>>,
+    pub recv_cq: Option<Arc<CqShared>>,
     state: AtomicU8,
-    inner: Mutex<ViInner>,
+    pub inner: Mutex<ViInner>,
 }
 
 /// A virtual interface. Clones name the same VI; it is destroyed when the
@@ -392,21 +385,18 @@ impl Vi {
                 recv_cq: recv_cq.map(|c| c.s.clone()),
                 state: AtomicU8::new(ViState::Idle as u8),
                 inner: Mutex::new(ViInner {
-                    attrs,
-                    conn: None,
-                    seg: None,
-                    remote: None,
-                    sq: SlotQueue::new(attrs.send_queue_depth),
-                    sq_sent: 0,
-                    awaiting_ack: 0,
-                    rq: SlotQueue::new(attrs.recv_queue_depth),
-                    rq_done: 0,
-                    next_id: 1,
-                    idle: 0,
-                    spin: DEFAULT_WAIT_SPIN,
-                    failed: None,
-                    server_socket: None,
-                    net: None,
+                    q: Queues {
+                        attrs,
+                        remote: None,
+                        sq: SlotQueue::new(attrs.send_queue_depth),
+                        sq_sent: 0,
+                        rq: SlotQueue::new(attrs.recv_queue_depth),
+                        rq_done: 0,
+                        next_id: 1,
+                        spin: DEFAULT_WAIT_SPIN,
+                        remote_private: Vec::new(),
+                    },
+                    t: Transport::None,
                 }),
             }),
         };
@@ -431,39 +421,40 @@ impl Vi {
     }
 
     pub fn attributes(&self) -> ViAttributes {
-        self.lock().attrs
+        self.lock().q.attrs
     }
 
     /// The peer's attributes, once connected.
     pub fn remote_attributes(&self) -> Option<RemoteViAttributes> {
-        self.lock().remote.clone()
+        self.lock().q.remote.clone()
     }
 
     /// Changes attributes of an idle VI.
     pub fn set_attributes(&self, attrs: ViAttributes) -> Result<(), ViAttrError> {
         let mut g = self.lock();
+        let q = &mut g.q;
         if self.state() != ViState::Idle {
             return Err(ViAttrError::InvalidState(self.state()));
         }
         check_attrs(&self.s.nic, &attrs)?;
-        if attrs.send_queue_depth as usize != g.attrs.send_queue_depth as usize && !g.sq.is_empty()
-            || attrs.recv_queue_depth != g.attrs.recv_queue_depth && !g.rq.is_empty()
+        if attrs.send_queue_depth != q.attrs.send_queue_depth && !q.sq.is_empty()
+            || attrs.recv_queue_depth != q.attrs.recv_queue_depth && !q.rq.is_empty()
         {
             return Err(ViAttrError::InvalidState(ViState::Idle));
         }
-        if attrs.ptag != g.attrs.ptag {
+        if attrs.ptag != q.attrs.ptag {
             if !self.s.nic.hold_ptag(attrs.ptag, 1) {
                 return Err(ViAttrError::InvalidPtag(attrs.ptag.raw()));
             }
-            self.s.nic.hold_ptag(g.attrs.ptag, -1);
+            self.s.nic.hold_ptag(q.attrs.ptag, -1);
         }
-        if attrs.send_queue_depth != g.attrs.send_queue_depth {
-            g.sq = SlotQueue::new(attrs.send_queue_depth);
+        if attrs.send_queue_depth != q.attrs.send_queue_depth {
+            q.sq = SlotQueue::new(attrs.send_queue_depth);
         }
-        if attrs.recv_queue_depth != g.attrs.recv_queue_depth {
-            g.rq = SlotQueue::new(attrs.recv_queue_depth);
+        if attrs.recv_queue_depth != q.attrs.recv_queue_depth {
+            q.rq = SlotQueue::new(attrs.recv_queue_depth);
         }
-        g.attrs = attrs;
+        q.attrs = attrs;
         Ok(())
     }
 
@@ -471,25 +462,25 @@ impl Vi {
     pub fn queue_is_empty(&self, q: Queue) -> bool {
         let g = self.lock();
         match q {
-            Queue::Send => g.sq.is_empty(),
-            Queue::Recv => g.rq.is_empty(),
+            Queue::Send => g.q.sq.is_empty(),
+            Queue::Recv => g.q.rq.is_empty(),
         }
     }
 
     /// How long waits spin before they sleep (0: sleep at once).
     pub fn set_wait_spin(&self, spin: Duration) {
-        self.lock().spin = spin;
+        self.lock().q.spin = spin;
     }
 
     /// The VI's state lock. A spin lock, not `std::sync::Mutex`: its release
     /// is a plain store, where std's unlock is an exchange (a full barrier
     /// that waits for the ring store just made to reach the other core).
     /// Nothing sleeps or makes a long call while holding it.
-    fn lock(&self) -> MutexGuard<'_, ViInner> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ViInner> {
         self.s.inner.lock()
     }
 
-    fn set_state(&self, st: ViState) {
+    pub(crate) fn set_state(&self, st: ViState) {
         self.s.state.store(st as u8, Ordering::Release);
     }
 
@@ -527,182 +518,20 @@ impl Vi {
         owned: bool,
     ) -> Result<(), PostError> {
         uvia_trace::mark!(AppSend);
-        // SAFETY: forwarded from the caller.
-        let r = unsafe { self.post_send_locked(d, owned) };
+        let r = {
+            let mut g = self.lock();
+            match self.state() {
+                ViState::Connected => {
+                    let ViInner { q, t } = &mut *g;
+                    // SAFETY: forwarded from the caller.
+                    unsafe { t.post_send(self, q, d, owned) }
+                }
+                ViState::Error => Err(PostError::ViError),
+                st => Err(PostError::NotConnected(st)),
+            }
+        };
         uvia_trace::mark!(AppSendReturned);
         r
-    }
-
-    /// # Safety
-    /// As for [`post_send_raw`](Self::post_send_raw).
-    #[inline(always)]
-    unsafe fn post_send_locked(
-        &self,
-        d: NonNull<Descriptor>,
-        owned: bool,
-    ) -> Result<(), PostError> {
-        let mut g = self.lock();
-        match self.state() {
-            ViState::Connected => {}
-            ViState::Error => return Err(PostError::ViError),
-            st => return Err(PostError::NotConnected(st)),
-        }
-        if g.net.is_some() {
-            // SAFETY: forwarded from the caller.
-            return unsafe { self.net_post_send(&mut g, d, owned) };
-        }
-        // SAFETY: forwarded from the caller.
-        if let Some(r) = unsafe { self.send_inline_fast(&mut g, d, owned) } {
-            return r;
-        }
-        let (attrs, id) = (g.attrs, g.next_id);
-        let nic = &self.s.nic;
-        let len = g.sq.len();
-        let Some(slot) = g.sq.next_free() else {
-            return Err(PostError::QueueFull("send", len));
-        };
-        // SAFETY: forwarded from the caller.
-        unsafe { prepare(nic, &attrs, slot, d, owned, Queue::Send)? };
-        slot.id = id;
-        g.next_id = id.wrapping_add(1);
-        g.sq.commit();
-        if g.sq_sent == g.sq.len() - 1 {
-            self.send_queued(&mut g);
-        }
-        Ok(())
-    }
-
-    /// The common case in few instructions: a plain send of one segment that
-    /// fits inline, nothing queued ahead of it, completing when written
-    /// (Unreliable and Reliable Delivery). `None` leaves the descriptor to
-    /// the general path, which gives the same result for these cases.
-    ///
-    /// # Safety
-    /// As for [`post_send_raw`](Self::post_send_raw).
-    #[inline]
-    unsafe fn send_inline_fast(
-        &self,
-        g: &mut ViInner,
-        d: NonNull<Descriptor>,
-        owned: bool,
-    ) -> Option<Result<(), PostError>> {
-        // SAFETY: the caller guarantees a valid control segment.
-        let cs = unsafe { &mut (*d.as_ptr()).cs };
-        if cs.control & !control::IMMEDIATE != 0
-            || cs.seg_count != 1
-            || g.sq_sent != g.sq.len()
-            || g.attrs.reliability == Reliability::ReliableReception
-        {
-            return None;
-        }
-        // SAFETY: one segment follows the control segment (caller's contract).
-        let s = unsafe { *((d.as_ptr() as *const u8).add(32) as *const Segment) };
-        let len = s.length as usize;
-        if len > INLINE_MAX || s.length > g.attrs.max_transfer_size {
-            return None;
-        }
-        if let Err(error) = self
-            .s
-            .nic
-            .regions
-            .check(s.handle, g.attrs.ptag, s.addr, len as u64)
-        {
-            return Some(Err(PostError::Segment { index: 0, error }));
-        }
-        let id = g.next_id;
-        let ViInner { conn, sq, .. } = g;
-        let slot = sq.next_free()?;
-        let conn = conn.as_mut()?;
-        let p = conn.tx.reserve(crate::shm::MSG_HEADER + len)?;
-        let imm = cs.control & control::IMMEDIATE != 0;
-        let hdr = MsgHeader {
-            kind: kind::SEND,
-            flags: imm as u8 * flag::IMM,
-            imm: cs.immediate_data,
-            len: len as u32,
-            id,
-            ..MsgHeader::default()
-        };
-        // SAFETY: `reserve` gave room for the header and `len` bytes; the
-        // source was checked against registered memory above.
-        unsafe {
-            hdr.write(p);
-            crate::copy::copy(p.add(crate::shm::MSG_HEADER), s.addr as *const u8, len);
-        }
-        uvia_trace::mark!(ProtoBuilt);
-        conn.tx.commit();
-        uvia_trace::mark!(MediumQueued);
-        conn.wake_peer();
-        cs.length = len as u32;
-        cs.status = status::DONE | status::OP_SEND;
-        slot.desc = d;
-        slot.owned = owned;
-        slot.op = Op::SendRecv;
-        slot.total = len as u64;
-        slot.nranges = 0;
-        slot.id = id;
-        slot.state = EntryState::Done;
-        sq.commit();
-        g.sq_sent += 1;
-        g.next_id = id.wrapping_add(1);
-        if let Some(cq) = &self.s.send_cq {
-            cq.notify(&self.s, Queue::Send);
-        }
-        Some(Ok(()))
-    }
-
-    /// The receiving half of the common case: the next message is an inline
-    /// send and the oldest receive is waiting for it. Completes and returns
-    /// that receive; `None` leaves everything to the general path.
-    #[inline]
-    fn recv_inline_fast(&self, g: &mut ViInner, owned: bool) -> Option<NonNull<Descriptor>> {
-        if g.rq_done != 0 || g.failed.is_some() {
-            return None;
-        }
-        let max = g.attrs.max_transfer_size;
-        let ViInner { conn, rq, idle, .. } = g;
-        let e = rq.front()?;
-        if e.owned != owned {
-            return None;
-        }
-        let conn = conn.as_mut()?;
-        let rec = conn.rx.peek().ok()??;
-        uvia_trace::mark!(RxFound);
-        // SAFETY: the record's body stays valid and unchanged until released.
-        let body = unsafe { std::slice::from_raw_parts(rec.as_ptr(), rec.len()) };
-        let h = MsgHeader::parse(body)?;
-        let len = h.len as usize;
-        if h.kind != kind::SEND
-            || h.flags & (flag::BY_REF | flag::ACK) != 0
-            || h.len as u64 > e.total
-            || h.len > max
-            || body.len() < crate::shm::MSG_HEADER + len
-            || !e.still_registered(&self.s.nic.regions)
-        {
-            return None;
-        }
-        scatter(
-            &body[crate::shm::MSG_HEADER..crate::shm::MSG_HEADER + len],
-            e.ranges(),
-        );
-        let imm = h.flags & flag::IMM != 0;
-        // SAFETY: the descriptor is ours until it is handed back.
-        unsafe {
-            let cs = &mut (*e.desc.as_ptr()).cs;
-            cs.length = h.len;
-            if imm {
-                cs.immediate_data = h.imm;
-            }
-            cs.status = status::DONE | status::OP_RECEIVE | if imm { status::IMMEDIATE } else { 0 };
-        }
-        conn.rx.release(rec);
-        uvia_trace::mark!(ViCompleted);
-        *idle = 0;
-        if let Some(cq) = &self.s.recv_cq {
-            cq.notify(&self.s, Queue::Recv);
-        }
-        uvia_trace::mark!(AppReceived);
-        rq.pop_front().map(|(desc, _)| desc)
     }
 
     /// Posts a receive that lives in the caller's memory (the C API).
@@ -718,132 +547,20 @@ impl Vi {
         if self.state() == ViState::Error {
             return Err(PostError::ViError);
         }
-        let attrs = g.attrs;
-        let len = g.rq.len();
-        let Some(slot) = g.rq.next_free() else {
+        let ViInner { q, t } = &mut *g;
+        let len = q.rq.len();
+        let Some(slot) = q.rq.next_free() else {
             return Err(PostError::QueueFull("receive", len));
         };
         // SAFETY: forwarded from the caller.
-        unsafe { prepare(&self.s.nic, &attrs, slot, d, owned, Queue::Recv)? };
-        g.rq.commit();
-        if g.net.is_some() {
-            self.net_post_recv(&mut g);
-        }
+        unsafe { prepare(&self.s.nic, &q.attrs, slot, d, owned, Queue::Recv)? };
+        q.rq.commit();
+        t.posted_recv(q);
         Ok(())
     }
 
-    /// Writes queued sends into the ring while it has room.
-    fn send_queued(&self, g: &mut ViInner) {
-        while g.sq_sent < g.sq.len() {
-            let i = g.sq_sent;
-            if g.sq[i].fence && (0..i).any(|k| g.sq[k].state != EntryState::Done) {
-                return;
-            }
-            if !self.write_message(g, i) {
-                return;
-            }
-            g.sq_sent += 1;
-        }
-    }
-
-    /// Builds send-queue entry `i` in the ring. `false` if the ring is full.
-    fn write_message(&self, g: &mut ViInner, i: usize) -> bool {
-        let reliability = g.attrs.reliability;
-        let ViInner {
-            conn,
-            sq,
-            awaiting_ack,
-            ..
-        } = g;
-        let Some(conn) = conn.as_mut() else {
-            return false;
-        };
-        let e = &mut sq[i];
-        let by_ref = e.op == Op::RdmaRead || e.total as usize > INLINE_MAX;
-        if !by_ref && !e.still_registered(&self.s.nic.regions) {
-            // Deregistered while the send waited for ring space.
-            self.complete_send(e, status::PROTECTION_ERROR);
-            return true;
-        }
-        e.needs_ack =
-            by_ref || e.op != Op::SendRecv || reliability == Reliability::ReliableReception;
-        let hdr = MsgHeader {
-            kind: match e.op {
-                Op::SendRecv => kind::SEND,
-                Op::RdmaWrite => kind::RDMA_WRITE,
-                Op::RdmaRead => kind::RDMA_READ,
-            },
-            flags: (e.imm.is_some() as u8 * flag::IMM)
-                | (by_ref as u8 * flag::BY_REF)
-                | (e.needs_ack as u8 * flag::ACK),
-            nranges: if by_ref { e.nranges } else { 0 },
-            imm: e.imm.unwrap_or(0),
-            len: e.total as u32,
-            id: e.id,
-            raddr: e.remote.0,
-            rhandle: e.remote.1,
-        };
-        let body_len = hdr.size()
-            + if by_ref {
-                e.nranges as usize * crate::shm::RANGE_BYTES
-            } else {
-                e.total as usize
-            };
-        let Some(p) = conn.tx.reserve(body_len) else {
-            return false;
-        };
-        // SAFETY: `reserve` returned `body_len` writable bytes; local ranges
-        // were checked against registered memory when posted.
-        unsafe {
-            hdr.write(p);
-            if by_ref {
-                for k in 0..e.nranges as usize {
-                    let (r, src) = (e.ranges[k], e.src[k]);
-                    // Data the peer reads comes from a shared mapping when
-                    // the region can be shared; an RDMA read's ranges are
-                    // written by the peer, so they stay addresses.
-                    let shared = e.op != Op::RdmaRead
-                        && src.fd >= 0
-                        && conn.announce(src.handle, src.serial, src.fd).is_ok();
-                    let w = if shared {
-                        WireRange {
-                            addr: src.offset,
-                            len: r.len as u64,
-                            handle: src.handle,
-                            serial: src.serial,
-                        }
-                    } else {
-                        WireRange {
-                            addr: r.ptr as u64,
-                            len: r.len as u64,
-                            ..WireRange::default()
-                        }
-                    };
-                    crate::shm::write_range(p, &hdr, k, &w);
-                }
-            } else {
-                let mut at = p.add(hdr.size());
-                for r in e.ranges() {
-                    crate::copy::copy(at, r.ptr, r.len);
-                    at = at.add(r.len);
-                }
-            }
-        }
-        uvia_trace::mark!(ProtoBuilt);
-        conn.tx.commit();
-        uvia_trace::mark!(MediumQueued);
-        e.end = conn.tx.head();
-        conn.wake_peer();
-        if e.needs_ack {
-            e.state = EntryState::InFlight;
-            *awaiting_ack += 1;
-        } else {
-            self.complete_send(e, 0);
-        }
-        true
-    }
-
-    fn complete_send(&self, e: &mut Posted, err_bits: u32) {
+    /// Writes a completed send's status into its descriptor and tells the CQ.
+    pub(crate) fn complete_send(&self, e: &mut Posted, err_bits: u32) {
         let op_bits = match e.op {
             Op::SendRecv => status::OP_SEND,
             Op::RdmaWrite => status::OP_RDMA_WRITE,
@@ -861,7 +578,8 @@ impl Vi {
         }
     }
 
-    fn complete_recv(
+    /// Writes a completed receive's status into its descriptor and tells the CQ.
+    pub(crate) fn complete_recv(
         &self,
         e: &mut Posted,
         op_bits: u32,
@@ -888,388 +606,64 @@ impl Vi {
         }
     }
 
-    /// Moves everything forward that can move without waiting. Returns true
-    /// if anything happened.
-    fn progress(&self, g: &mut ViInner) -> bool {
-        if g.net.is_some() {
-            return self.net_progress(g);
-        }
-        if g.conn.is_none() || self.state() == ViState::Error {
-            return false;
-        }
-        let mut moved = false;
-        if g.awaiting_ack > 0 {
-            moved |= self.reap_acks(g);
-        } else if g.failed.is_none()
-            && g.conn
-                .as_ref()
-                .is_some_and(|c| c.mine().error.load(Ordering::Acquire) != 0)
-        {
-            // The peer reported an error for a send that completed when it
-            // was written: the reliable connection is broken all the same.
-            g.failed = Some(status::TRANSPORT_ERROR);
-            moved = true;
-        }
-        moved |= self.serve_incoming(g);
-        if g.sq_sent < g.sq.len() {
-            let before = g.sq_sent;
-            self.send_queued(g);
-            moved |= g.sq_sent != before;
-        }
-        if let Some(bits) = g.failed.take() {
-            self.fail(g, bits);
-            moved = true;
-        }
-        if moved {
-            g.idle = 0;
-        } else {
-            g.idle += 1;
-            if g.idle.is_multiple_of(IDLE_CHECK_EVERY) {
-                moved = self.check_peer(g);
-            }
-        }
-        moved
-    }
-
-    /// Completes sends the peer has consumed, with the error it reported, if any.
-    fn reap_acks(&self, g: &mut ViInner) -> bool {
-        let Some(conn) = g.conn.as_ref() else {
-            return false;
-        };
-        let consumed = conn.tx.consumed();
-        // Read after `consumed` (Acquire): the peer stores its report before it releases the message.
-        let report = conn.mine().error.load(Ordering::Acquire);
-        let mut moved = false;
-        for i in 0..g.sq_sent {
-            let e = &g.sq[i];
-            if e.state != EntryState::InFlight {
-                continue;
-            }
-            if e.end > consumed {
-                break;
-            }
-            let bits = if report != 0 && (report >> 32) as u32 == e.id {
-                report as u32 & status::ERROR_MASK
-            } else {
-                0
-            };
-            let e = &mut g.sq[i];
-            self.complete_send(e, bits);
-            g.awaiting_ack -= 1;
-            moved = true;
-            if bits != 0 {
-                g.failed = Some(status::DESC_FLUSHED_ERROR);
-                break;
-            }
-        }
-        moved
-    }
-
-    /// Handles messages from the peer until the ring is empty or a message
-    /// needs a receive descriptor that is not posted yet.
-    fn serve_incoming(&self, g: &mut ViInner) -> bool {
-        let mut moved = false;
-        let reliable = g.attrs.reliability != Reliability::Unreliable;
-        loop {
-            let ViInner {
-                conn,
-                rq,
-                rq_done,
-                attrs,
-                failed,
-                ..
-            } = &mut *g;
-            let Some(conn) = conn.as_mut() else {
-                return moved;
-            };
-            let rec = match conn.rx.peek() {
-                Ok(Some(r)) => {
-                    uvia_trace::mark!(RxFound);
-                    r
-                }
-                Ok(None) => return moved,
-                Err(_) => {
-                    *failed = Some(status::TRANSPORT_ERROR);
-                    return true;
-                }
-            };
-            // SAFETY: the record's body stays valid and unchanged by the peer
-            // until we release it.
-            let body = unsafe { std::slice::from_raw_parts(rec.as_ptr(), rec.len()) };
-            let Some(h) = MsgHeader::parse(body) else {
-                *failed = Some(status::TRANSPORT_ERROR);
-                return true;
-            };
-            let needs_recv =
-                h.kind == kind::SEND || (h.kind == kind::RDMA_WRITE && h.flags & flag::IMM != 0);
-            if needs_recv && *rq_done >= rq.len() {
-                // Receiver not ready: the message waits in the ring (the sender
-                // is held back by the ring, nothing is lost).
-                return moved;
-            }
-            let mut remote = [WireRange::default(); MAX_SEGMENTS];
-            let by_ref = h.flags & flag::BY_REF != 0;
-            let mut nr = 0;
-            let mut malformed = false;
-            if by_ref {
-                match h.ranges(body, &mut remote) {
-                    Some(n) if remote[..n].iter().map(|r| r.len).sum::<u64>() == h.len as u64 => {
-                        nr = n
-                    }
-                    _ => malformed = true,
-                }
-            } else if body.len() < h.size() + h.len as usize {
-                malformed = true;
-            }
-            if malformed {
-                *failed = Some(status::TRANSPORT_ERROR);
-                return true;
-            }
-            let inline = &body[h.size()..];
-            let imm = (h.flags & flag::IMM != 0).then_some(h.imm);
-            // Error to report back to the sender (status bits), if any.
-            let mut report = 0u32;
-            match h.kind {
-                kind::SEND => {
-                    let e = &mut rq[*rq_done];
-                    if h.len as u64 > e.total || h.len > attrs.max_transfer_size {
-                        self.complete_recv(e, status::OP_RECEIVE, 0, imm, status::LENGTH_ERROR);
-                        if reliable {
-                            report = status::REMOTE_DESC_ERROR;
-                        }
-                    } else if !e.still_registered(&self.s.nic.regions) {
-                        self.complete_recv(e, status::OP_RECEIVE, 0, imm, status::PROTECTION_ERROR);
-                        if reliable {
-                            report = status::REMOTE_DESC_ERROR;
-                        }
-                    } else {
-                        let ok = if by_ref {
-                            conn.gather(&remote[..nr], e.ranges())
-                        } else {
-                            scatter(&inline[..h.len as usize], e.ranges());
-                            true
-                        };
-                        if ok {
-                            self.complete_recv(e, status::OP_RECEIVE, h.len, imm, 0);
-                        } else {
-                            self.complete_recv(
-                                e,
-                                status::OP_RECEIVE,
-                                0,
-                                imm,
-                                status::TRANSPORT_ERROR,
-                            );
-                            report = status::TRANSPORT_ERROR;
-                        }
-                    }
-                    *rq_done += 1;
-                }
-                kind::RDMA_WRITE | kind::RDMA_READ => {
-                    let write = h.kind == kind::RDMA_WRITE;
-                    match self.check_rdma(attrs, &h, write) {
-                        Err(_) => report = status::RDMA_PROT_ERROR,
-                        Ok(()) => {
-                            let target = [LocalRange {
-                                ptr: h.raddr as *mut u8,
-                                len: h.len as usize,
-                            }];
-                            let nt = (h.len > 0) as usize;
-                            // SAFETY: the target range was checked against this
-                            // side's registered regions, tag and enable bits.
-                            let ok = unsafe {
-                                match (write, by_ref) {
-                                    (true, true) => conn.gather(&remote[..nr], &target[..nt]),
-                                    (true, false) => {
-                                        std::ptr::copy_nonoverlapping(
-                                            inline.as_ptr(),
-                                            h.raddr as *mut u8,
-                                            h.len as usize,
-                                        );
-                                        true
-                                    }
-                                    (false, _) => {
-                                        let mut dst =
-                                            [RemoteRange { addr: 0, len: 0 }; MAX_SEGMENTS];
-                                        for (d, r) in dst.iter_mut().zip(&remote[..nr]) {
-                                            *d = RemoteRange {
-                                                addr: r.addr,
-                                                len: r.len,
-                                            };
-                                        }
-                                        remote[..nr].iter().all(|r| r.handle.0 == 0)
-                                            && cma::write(
-                                                conn.peer_pid,
-                                                &target[..nt],
-                                                &dst[..nr],
-                                                h.len as usize,
-                                            )
-                                            .is_ok()
-                                    }
-                                }
-                            };
-                            if !ok {
-                                report = status::TRANSPORT_ERROR;
-                            }
-                        }
-                    }
-                    if write && imm.is_some() {
-                        let e = &mut rq[*rq_done];
-                        let err = if report != 0 {
-                            status::TRANSPORT_ERROR
-                        } else {
-                            0
-                        };
-                        self.complete_recv(e, status::OP_REMOTE_RDMA_WRITE, h.len, imm, err);
-                        *rq_done += 1;
-                    }
-                }
-                _ => unreachable!("MsgHeader::parse accepts only known kinds"),
-            }
-            if report != 0 {
-                // Release: the report is visible before the release below.
-                conn.peers()
-                    .error
-                    .store(((h.id as u64) << 32) | report as u64, Ordering::Release);
-            }
-            conn.rx.release(rec);
-            if h.flags & flag::ACK != 0 || report != 0 {
-                conn.wake_peer();
-            }
-            moved = true;
-            if report != 0 && (reliable || report == status::RDMA_PROT_ERROR) {
-                *failed = Some(status::DESC_FLUSHED_ERROR);
-                return true;
-            }
-        }
-    }
-
-    /// Target-side check of an RDMA request: handle, bounds, tag, enable bits.
-    fn check_rdma(
-        &self,
-        attrs: &ViAttributes,
-        h: &MsgHeader,
-        write: bool,
-    ) -> Result<(), AccessError> {
-        let r = self
-            .s
-            .nic
-            .regions
-            .check(h.rhandle, attrs.ptag, h.raddr, h.len as u64)?;
-        match write {
-            true if !(r.attrs.enable_rdma_write && attrs.enable_rdma_write) => {
-                Err(AccessError::RdmaWriteDisabled(h.rhandle.0))
-            }
-            false if !(r.attrs.enable_rdma_read && attrs.enable_rdma_read) => {
-                Err(AccessError::RdmaReadDisabled(h.rhandle.0))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Looks at the peer's health; fails the VI if it is gone.
-    fn check_peer(&self, g: &mut ViInner) -> bool {
-        let Some(conn) = g.conn.as_ref() else {
-            return false;
-        };
-        let closed = conn.mine().closed.load(Ordering::Acquire) != 0;
-        if closed || conn.stream.peer_gone() {
-            if !closed {
-                // The peer died without disconnecting. If it was the server,
-                // its listening socket may be left behind: remove it if
-                // nobody accepts on it any more.
-                if let Some(path) = &g.server_socket {
-                    let _ = uvia_shm::socket::remove_if_stale(path);
-                }
-            }
-            // Messages the peer published before leaving are still delivered.
-            self.serve_incoming(g);
-            self.fail(g, status::TRANSPORT_ERROR);
-            return true;
-        }
-        false
-    }
-
     /// Moves the VI to Error: sends in flight complete with `inflight_bits`,
     /// everything else outstanding is flushed.
-    fn fail(&self, g: &mut ViInner, inflight_bits: u32) {
+    pub(crate) fn fail(&self, q: &mut Queues, inflight_bits: u32) {
         self.set_state(ViState::Error);
-        self.flush(g, inflight_bits);
+        self.flush(q, inflight_bits);
     }
 
-    fn flush(&self, g: &mut ViInner, inflight_bits: u32) {
-        let ViInner {
-            sq,
-            rq,
-            rq_done,
-            awaiting_ack,
-            sq_sent,
-            ..
-        } = g;
-        for e in sq.iter_mut() {
+    fn flush(&self, q: &mut Queues, inflight_bits: u32) {
+        for e in q.sq.iter_mut() {
             match e.state {
                 EntryState::Done => {}
                 EntryState::InFlight => self.complete_send(e, inflight_bits),
                 EntryState::Queued => self.complete_send(e, status::DESC_FLUSHED_ERROR),
             }
         }
-        *awaiting_ack = 0;
-        *sq_sent = sq.len();
-        for e in rq.iter_mut().skip(*rq_done) {
+        q.sq_sent = q.sq.len();
+        for e in q.rq.iter_mut().skip(q.rq_done) {
             self.complete_recv(e, status::OP_RECEIVE, 0, None, status::DESC_FLUSHED_ERROR);
         }
-        *rq_done = rq.len();
+        q.rq_done = q.rq.len();
     }
 
-    fn pop(&self, g: &mut ViInner, q: Queue, owned: bool) -> Option<NonNull<Descriptor>> {
-        let head = match q {
-            Queue::Send => g.sq.front(),
-            Queue::Recv => g.rq.front(),
+    /// The head of `queue` if it has completed.
+    #[inline]
+    pub(crate) fn pop(
+        &self,
+        q: &mut Queues,
+        queue: Queue,
+        owned: bool,
+    ) -> Option<NonNull<Descriptor>> {
+        let head = match queue {
+            Queue::Send => q.sq.front(),
+            Queue::Recv => q.rq.front(),
         }?;
         if head.state != EntryState::Done || head.owned != owned {
             return None;
         }
-        let (desc, _) = match q {
+        let (desc, _) = match queue {
             Queue::Send => {
-                g.sq_sent -= 1;
-                g.sq.pop_front()
+                q.sq_sent -= 1;
+                q.sq.pop_front()
             }
             Queue::Recv => {
-                g.rq_done -= 1;
+                q.rq_done -= 1;
                 uvia_trace::mark!(AppReceived);
-                g.rq.pop_front()
+                q.rq.pop_front()
             }
         }?;
         Some(desc)
     }
 
-    fn done_inner(&self, q: Queue, owned: bool) -> Option<NonNull<Descriptor>> {
+    fn done_inner(&self, queue: Queue, owned: bool) -> Option<NonNull<Descriptor>> {
         let mut g = self.lock();
-        if let Some(d) = self.pop(&mut g, q, owned) {
+        let ViInner { q, t } = &mut *g;
+        if let Some(d) = self.pop(q, queue, owned) {
             return Some(d);
         }
-        // An empty poll in a few instructions: nothing of ours in flight or
-        // queued, and nothing published by the peer.
-        if g.awaiting_ack == 0 && g.sq_sent == g.sq.len() && g.failed.is_none() {
-            let quiet = match &g.conn {
-                Some(c) => !c.rx.ready() && c.mine().error.load(Ordering::Relaxed) == 0,
-                None if g.net.is_some() => false,
-                None => return None,
-            };
-            if quiet {
-                g.idle += 1;
-                if g.idle.is_multiple_of(IDLE_CHECK_EVERY) && self.check_peer(&mut g) {
-                    return self.pop(&mut g, q, owned);
-                }
-                return None;
-            }
-        }
-        if q == Queue::Recv && self.state() == ViState::Connected {
-            if let Some(d) = self.recv_inline_fast(&mut g, owned) {
-                return Some(d);
-            }
-        }
-        self.progress(&mut g);
-        self.pop(&mut g, q, owned)
+        t.poll(self, q, queue, owned)
     }
 
     /// The oldest send-queue descriptor if it has completed (VipSendDone).
@@ -1322,11 +716,11 @@ impl Vi {
 
     fn wait(
         &self,
-        q: Queue,
+        queue: Queue,
         timeout: Option<Duration>,
         owned: bool,
     ) -> Result<NonNull<Descriptor>, WaitError> {
-        let bound = match q {
+        let bound = match queue {
             Queue::Send => self.s.send_cq.is_some(),
             Queue::Recv => self.s.recv_cq.is_some(),
         };
@@ -1334,13 +728,13 @@ impl Vi {
             return Err(WaitError::BoundToCq);
         }
         let start = Instant::now();
-        let spin = self.lock().spin;
+        let spin = self.lock().q.spin;
         // Spin phase: poll without sleeping; look at the clock every 64
         // rounds. With no spin time, go straight to sleep (the sleep phase
         // polls once after arming).
         let mut k = 0u32;
         while !spin.is_zero() {
-            if let Some(d) = self.done_inner(q, owned) {
+            if let Some(d) = self.done_inner(queue, owned) {
                 return Ok(d);
             }
             k = k.wrapping_add(1);
@@ -1348,41 +742,32 @@ impl Vi {
                 break;
             }
         }
-        // Sleep phase: announce, re-check, sleep on this side's doorbell.
+        // Sleep phase: announce, re-check, sleep on what the transport names.
         let mut look_at_peer = false;
         loop {
-            let (armed, on_medium) = {
+            let sleep = {
                 let mut g = self.lock();
-                if let Some(d) = self.pop(&mut g, q, owned) {
+                let ViInner { q, t } = &mut *g;
+                if let Some(d) = self.pop(q, queue, owned) {
                     return Ok(d);
                 }
                 // Look before arming: after a wake-up the message is usually
                 // here, and an armed bell would cost the next sender a wake call.
-                self.progress(&mut g);
-                if let Some(d) = self.pop(&mut g, q, owned) {
+                t.progress(self, q);
+                if let Some(d) = self.pop(q, queue, owned) {
                     return Ok(d);
                 }
-                let armed = match (&g.conn, &g.seg) {
-                    (Some(conn), Some(seg)) => Some((
-                        seg.clone(),
-                        conn.side(),
-                        conn.mine().bell.arm(doorbell::FUTEX),
-                    )),
-                    _ => None,
-                };
-                let on_medium = g.net.is_some();
+                let sleep = t.arm(&self.s.nic);
                 // Re-check after arming: a message published before the arm is seen here.
-                self.progress(&mut g);
+                t.progress(self, q);
                 if look_at_peer {
-                    self.check_peer(&mut g);
+                    t.check_peer(self, q);
                 }
-                if let Some(d) = self.pop(&mut g, q, owned) {
-                    if let Some(conn) = &g.conn {
-                        conn.mine().bell.disarm(doorbell::FUTEX);
-                    }
+                if let Some(d) = self.pop(q, queue, owned) {
+                    t.disarm();
                     return Ok(d);
                 }
-                (armed, on_medium)
+                sleep
             };
             let left = match timeout {
                 Some(t) => match t.checked_sub(start.elapsed()) {
@@ -1393,23 +778,12 @@ impl Vi {
             };
             let nap = left.min(SLEEP_SLICE);
             let t0 = Instant::now();
-            match armed {
-                Some((seg, side, seq)) => crate::shm::block_in(&seg, side).bell.sleep(seq, nap),
-                // A network VI sleeps until a frame arrives, or its engine's
-                // next timer (a retransmission, a delayed ack) is due.
-                None if on_medium => {
-                    let own = self.net_wait_medium(&self.lock());
-                    let nap = Some(nap.min(NET_NAP));
-                    let _ = match own {
-                        Some(m) => m.wait(nap),
-                        None => self.s.nic.net().medium.wait(nap),
-                    };
-                }
-                None => std::thread::sleep(nap.min(Duration::from_millis(1))),
-            }
-            if on_medium {
+            let timers = sleep.runs_timers();
+            sleep.sleep(&self.s.nic, nap);
+            if timers {
                 let mut g = self.lock();
-                self.net_timers(&mut g);
+                let ViInner { q, t } = &mut *g;
+                t.run_timers(self, q);
             }
             // A full slice without a wake-up: look at the peer's health next round.
             look_at_peer = t0.elapsed() + Duration::from_millis(1) >= SLEEP_SLICE;
@@ -1423,100 +797,50 @@ impl Vi {
         remote: &NetAddress,
         timeout: Duration,
     ) -> Result<RemoteViAttributes, ConnectError> {
-        let attrs = {
-            let g = self.lock();
-            let st = self.state();
-            if st != ViState::Idle {
-                return Err(ConnectError::InvalidState(st));
-            }
-            self.set_state(ViState::PendingConnect);
-            g.attrs
-        };
-        let r = self.connect_inner(remote, timeout, &attrs);
-        if r.is_err() {
-            self.set_state(ViState::Idle);
-        }
-        r
+        self.connect_request_with(remote, timeout, &[])
     }
 
-    fn connect_inner(
+    /// [`connect_request`](Self::connect_request) carrying up to
+    /// [`MAX_PRIVATE_DATA`](crate::cm::MAX_PRIVATE_DATA) bytes for the
+    /// server ([`ConnRequest::private_data`](crate::ConnRequest::private_data));
+    /// the server's answer carries its own
+    /// ([`peer_private_data`](Self::peer_private_data)).
+    pub fn connect_request_with(
         &self,
         remote: &NetAddress,
         timeout: Duration,
-        attrs: &ViAttributes,
+        private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError> {
-        if self.s.nic.net.is_some() {
-            return self.net_connect(remote, None, timeout);
-        }
-        let start = Instant::now();
-        let nic = &self.s.nic;
-        let path = nic
-            .shm
-            .dir
-            .socket(&socket_name(&remote.host, &remote.discriminator));
-        let stream = Stream::connect(&path, timeout).map_err(|e| match e {
-            uvia_shm::socket::ConnectError::NoListener(_) => ConnectError::NoListener {
-                nic: remote.host.clone(),
-                discriminator: remote.discriminator.to_string(),
-                waited_ms: start.elapsed().as_millis() as u64,
-            },
-            uvia_shm::socket::ConnectError::Io(e) => ConnectError::Io(e),
-        })?;
-        let seg = ShmConn::create_segment()?;
-        let mut fds: Vec<RawFd> = vec![seg.fd()];
-        fds.extend(self.cq_eventfds());
-        stream.send(
-            &Hello::new(hello::REQUEST, attrs, &remote.discriminator).emit(),
-            &fds,
-        )?;
-        let left = timeout.saturating_sub(start.elapsed());
-        let mut buf = [0u8; hello::LEN + 16];
-        let (n, peer_fds) = match stream.recv(&mut buf, Some(left)) {
-            Ok(Some(x)) => x,
-            Ok(None) => return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64)),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(ConnectError::Rejected)
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let reply = Hello::parse(&buf[..n]).map_err(ConnectError::Protocol)?;
-        match reply.kind {
-            hello::REJECT if reply.reason == hello::MISMATCH => {
-                check_compatible(attrs, &reply)?;
-                return Err(ConnectError::Rejected);
-            }
-            hello::REJECT => return Err(ConnectError::Rejected),
-            hello::ACCEPT => {}
-            _ => {
-                return Err(ConnectError::Protocol(
-                    "unexpected reply to a connection request",
-                ))
-            }
-        }
-        check_compatible(attrs, &reply)?;
-        let (pid, _) = stream.peer_cred()?;
-        let mut g = self.lock();
-        self.install(&mut g, seg, 0, stream, pid, peer_fds, (&reply).into());
-        g.server_socket = Some(path);
-        Ok((&reply).into())
+        self.connect(remote, None, timeout, private)
     }
 
     /// Connects peer to peer (VipConnectPeerRequest and VipConnectPeerWait
     /// in one call): this VI waits on `local` while it asks the VI waiting
     /// on `remote`; the other side does the same with the discriminators
-    /// swapped, and whichever request arrives first connects both. Network
-    /// providers only.
+    /// swapped, and whichever request arrives first connects both. Offered
+    /// where [`NicAttributes::peer_to_peer`](crate::NicAttributes) says so.
     pub fn connect_peer_request(
         &self,
         local: &Discriminator,
         remote: &NetAddress,
         timeout: Duration,
     ) -> Result<RemoteViAttributes, ConnectError> {
-        if self.s.nic.net.is_none() {
+        if !self.s.nic.attrs.peer_to_peer {
             return Err(ConnectError::Unsupported(
-                "peer-to-peer connection on the shm provider",
+                "peer-to-peer connection on this provider",
             ));
         }
+        self.connect(remote, Some(local), timeout, &[])
+    }
+
+    fn connect(
+        &self,
+        remote: &NetAddress,
+        local: Option<&Discriminator>,
+        timeout: Duration,
+        private: &[u8],
+    ) -> Result<RemoteViAttributes, ConnectError> {
+        crate::cm::check_private(private)?;
         {
             let _g = self.lock();
             let st = self.state();
@@ -1525,87 +849,28 @@ impl Vi {
             }
             self.set_state(ViState::PendingConnect);
         }
-        let r = self.net_connect(remote, Some(local), timeout);
+        let r = self
+            .s
+            .nic
+            .provider
+            .connect(self, remote, local, timeout, private);
         if r.is_err() {
             self.set_state(ViState::Idle);
         }
         r
     }
 
-    /// The server half of a connection, called by `ConnRequest::accept`.
-    pub(crate) fn accept_from(
-        &self,
-        stream: Stream,
-        mut fds: Vec<OwnedFd>,
-        req: &Hello,
-        pid: i32,
-    ) -> Result<(), ConnectError> {
-        let mut g = self.lock();
-        let st = self.state();
-        let refuse = |stream: &Stream| {
-            let _ = stream.send(
-                &Hello {
-                    kind: hello::REJECT,
-                    ..req.clone()
-                }
-                .emit(),
-                &[],
-            );
-        };
-        if st != ViState::Idle {
-            refuse(&stream);
-            return Err(ConnectError::InvalidState(st));
-        }
-        if let Err(e) = check_compatible(&g.attrs, req) {
-            // Tell the client why, with this side's attributes.
-            let mut why = Hello::new(hello::REJECT, &g.attrs, &req.discriminator);
-            why.reason = hello::MISMATCH;
-            let _ = stream.send(&why.emit(), &[]);
-            return Err(e);
-        }
-        if fds.is_empty() {
-            return Err(ConnectError::Protocol(
-                "connection request without a shared segment",
-            ));
-        }
-        let seg = ShmSegment::open(fds.remove(0), 0)?;
-        ShmConn::check_segment(&seg).map_err(ConnectError::Protocol)?;
-        stream.send(
-            &Hello::new(hello::ACCEPT, &g.attrs, &req.discriminator).emit(),
-            &self.cq_eventfds(),
-        )?;
-        self.install(&mut g, seg, 1, stream, pid, fds, req.into());
-        Ok(())
+    /// The private data the peer's answer carried (its accept, or its
+    /// reject after a refused connect); empty if none.
+    pub fn peer_private_data(&self) -> Vec<u8> {
+        self.lock().q.remote_private.clone()
     }
 
-    fn cq_eventfds(&self) -> Vec<RawFd> {
-        let mut v: Vec<RawFd> = [&self.s.send_cq, &self.s.recv_cq]
-            .into_iter()
-            .flatten()
-            .map(|c| c.efd.as_raw_fd())
-            .collect();
-        v.dedup();
-        v
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn install(
-        &self,
-        g: &mut ViInner,
-        seg: ShmSegment,
-        side: usize,
-        stream: Stream,
-        pid: i32,
-        fds: Vec<OwnedFd>,
-        remote: RemoteViAttributes,
-    ) {
-        let seg = Arc::new(seg);
-        g.conn = Some(ShmConn::new(seg.clone(), side, stream, pid, fds));
-        g.seg = Some(seg);
-        g.remote = Some(remote);
-        g.idle = 0;
-        g.failed = None;
-        g.server_socket = None;
+    /// Makes `t` this VI's connection to a peer with attributes `remote`
+    /// and moves it to Connected (a provider's connect or accept).
+    pub(crate) fn install(&self, g: &mut ViInner, t: Transport, remote: RemoteViAttributes) {
+        g.t = t;
+        g.q.remote = Some(remote);
         self.set_state(ViState::Connected);
     }
 
@@ -1613,15 +878,10 @@ impl Vi {
     /// outstanding descriptor here completes as flushed, and the VI is Idle.
     pub fn disconnect(&self) {
         let mut g = self.lock();
-        if g.net.is_some() {
-            self.net_disconnect(&mut g);
-        }
-        if let Some(conn) = g.conn.take() {
-            conn.close();
-        }
-        g.seg = None;
-        self.flush(&mut g, status::DESC_FLUSHED_ERROR);
-        g.remote = None;
+        let ViInner { q, t } = &mut *g;
+        t.disconnect(self, q);
+        self.flush(q, status::DESC_FLUSHED_ERROR);
+        q.remote = None;
         self.set_state(ViState::Idle);
     }
 
@@ -1631,7 +891,7 @@ impl Vi {
         let st = self.state();
         let busy = {
             let g = self.lock();
-            !g.sq.is_empty() || !g.rq.is_empty()
+            !g.q.sq.is_empty() || !g.q.rq.is_empty()
         };
         if st == ViState::Connected || st == ViState::PendingConnect || busy {
             return Err((self, ViAttrError::InvalidState(st)));
@@ -1648,26 +908,25 @@ impl Vi {
     /// now and then. Takes no descriptor off a queue.
     pub fn drive(&self) {
         let mut g = self.lock();
-        self.progress(&mut g);
-        if g.net.is_some() {
-            self.net_timers(&mut g);
-        }
+        let ViInner { q, t } = &mut *g;
+        t.progress(self, q);
+        t.run_timers(self, q);
     }
 
     /// Completes what can complete without waiting (used by CQs).
     pub(crate) fn poll_progress(s: &Arc<ViShared>) {
         let vi = Vi { s: s.clone() };
         let mut g = vi.lock();
-        vi.progress(&mut g);
+        let ViInner { q, t } = &mut *g;
+        t.progress(&vi, q);
     }
 
-    /// Runs a network VI's timers (a CQ waiter that has slept).
-    pub(crate) fn run_net_timers(s: &Arc<ViShared>) {
+    /// Runs the VI's protocol timers (a CQ waiter that has slept).
+    pub(crate) fn run_timers(s: &Arc<ViShared>) {
         let vi = Vi { s: s.clone() };
         let mut g = vi.lock();
-        if g.net.is_some() {
-            vi.net_timers(&mut g);
-        }
+        let ViInner { q, t } = &mut *g;
+        t.run_timers(&vi, q);
     }
 
     /// Arms this VI's doorbell for an eventfd wake-up; `true` if something
@@ -1675,15 +934,35 @@ impl Vi {
     pub(crate) fn arm_eventfd(s: &Arc<ViShared>) -> bool {
         let vi = Vi { s: s.clone() };
         let mut g = vi.lock();
-        match g.conn.as_ref() {
-            Some(c) => {
-                c.mine().bell.arm(doorbell::EVENTFD);
-                vi.progress(&mut g) || vi.check_peer(&mut g)
-            }
-            // Frames wake the CQ's waiter through the medium's descriptor.
-            None if g.net.is_some() => vi.progress(&mut g),
-            None => false,
+        let ViInner { q, t } = &mut *g;
+        t.arm_eventfd(&vi, q)
+    }
+
+    /// What a CQ waiter polls for this VI's input beside its eventfd.
+    pub(crate) fn wake_fd(s: &Arc<ViShared>) -> Option<std::os::fd::RawFd> {
+        s.inner.lock().t.wake_fd(&s.nic)
+    }
+}
+
+/// Target-side check of an RDMA request on `attrs`' VI: handle, bounds,
+/// tag, the region's and the VI's enable bits.
+pub(crate) fn check_rdma(
+    regions: &crate::mem::RegionTable,
+    attrs: &ViAttributes,
+    handle: MemHandle,
+    addr: u64,
+    len: u64,
+    write: bool,
+) -> Result<(), AccessError> {
+    let r = regions.check(handle, attrs.ptag, addr, len)?;
+    match write {
+        true if !(r.attrs.enable_rdma_write && attrs.enable_rdma_write) => {
+            Err(AccessError::RdmaWriteDisabled(handle.0))
         }
+        false if !(r.attrs.enable_rdma_read && attrs.enable_rdma_read) => {
+            Err(AccessError::RdmaReadDisabled(handle.0))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -1691,7 +970,7 @@ impl Vi {
 ///
 /// # Safety
 /// `d` is valid as described in `post_send_raw`.
-unsafe fn prepare(
+pub(crate) unsafe fn prepare(
     nic: &NicShared,
     attrs: &ViAttributes,
     e: &mut Posted,
@@ -1825,26 +1104,6 @@ unsafe fn prepare(
     Ok(())
 }
 
-#[inline(always)]
-fn scatter(mut src: &[u8], dst: &[LocalRange]) {
-    if let [r] = dst {
-        // One receive buffer (the common case); its length was checked against `src`.
-        let n = r.len.min(src.len());
-        // SAFETY: `r` is registered receive memory checked at post; `n` <= its length.
-        unsafe { crate::copy::copy(r.ptr, src.as_ptr(), n) };
-        return;
-    }
-    for r in dst {
-        if src.is_empty() {
-            break;
-        }
-        let n = r.len.min(src.len());
-        // SAFETY: `r` is registered receive memory checked at post; `n` <= its length.
-        unsafe { crate::copy::copy(r.ptr, src.as_ptr(), n) };
-        src = &src[n..];
-    }
-}
-
 fn check_attrs(nic: &NicShared, a: &ViAttributes) -> Result<(), ViAttrError> {
     if a.max_transfer_size > nic.attrs.max_transfer_size {
         return Err(ViAttrError::TransferTooLarge {
@@ -1867,13 +1126,8 @@ fn check_attrs(nic: &NicShared, a: &ViAttributes) -> Result<(), ViAttrError> {
 impl Drop for ViShared {
     fn drop(&mut self) {
         let g = self.inner.get_mut();
-        if let Some(conn) = g.conn.take() {
-            conn.close();
-        }
-        if let Some(n) = g.net.take() {
-            net::NetVi::drop_connection(&self.nic, n);
-        }
-        for q in [&mut g.sq, &mut g.rq] {
+        std::mem::replace(&mut g.t, Transport::None).drop_connection(&self.nic);
+        for q in [&mut g.q.sq, &mut g.q.rq] {
             while let Some((desc, owned)) = q.pop_front() {
                 if owned {
                     // SAFETY: owned descriptors came from `Box::leak` in post_*.
@@ -1881,7 +1135,7 @@ impl Drop for ViShared {
                 }
             }
         }
-        self.nic.hold_ptag(g.attrs.ptag, -1);
+        self.nic.hold_ptag(g.q.attrs.ptag, -1);
     }
 }
 

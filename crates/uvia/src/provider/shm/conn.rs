@@ -323,7 +323,7 @@ impl ShmConn {
     #[cold]
     fn signal_peer_eventfds(&self) {
         for fd in &self.peer_eventfds {
-            write_eventfd(fd.as_raw_fd());
+            crate::cq::write_eventfd(fd.as_raw_fd());
         }
     }
 
@@ -494,23 +494,18 @@ pub(crate) fn block_in(seg: &Segment, side: usize) -> &SideBlock {
     unsafe { &*(seg.as_ptr().add(HEADER_BYTES + side * BLOCK_BYTES) as *const SideBlock) }
 }
 
-/// Adds one to an eventfd's counter (a wake-up).
-pub(crate) fn write_eventfd(fd: RawFd) {
-    let one: u64 = 1;
-    // SAFETY: writing 8 bytes from a live u64 to a descriptor we hold.
-    unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
-}
-
 /// Connection messages on the rendezvous socket.
 pub(crate) mod hello {
-    use crate::cm::{Discriminator, MAX_DISCRIMINATOR};
+    use crate::cm::{Discriminator, MAX_DISCRIMINATOR, MAX_PRIVATE_DATA};
     use crate::vi::{Reliability, ViAttributes};
 
     pub const MAGIC: [u8; 4] = *b"UVIA";
     pub const REQUEST: u8 = 1;
     pub const ACCEPT: u8 = 2;
     pub const REJECT: u8 = 3;
-    pub const LEN: usize = 24 + MAX_DISCRIMINATOR;
+    /// Where the private data starts.
+    const PRIVATE_AT: usize = 24 + MAX_DISCRIMINATOR;
+    pub const LEN: usize = PRIVATE_AT + MAX_PRIVATE_DATA;
 
     /// What one side tells the other about its VI.
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -523,10 +518,24 @@ pub(crate) mod hello {
         pub discriminator: Discriminator,
         /// Why a reject: 0 the server's choice, [`MISMATCH`] attributes differ.
         pub reason: u8,
+        /// The application's bytes for the other side (at most
+        /// [`MAX_PRIVATE_DATA`]).
+        pub private: Vec<u8>,
     }
 
     /// Reject reason: the two VIs' attributes do not match.
     pub const MISMATCH: u8 = 1;
+
+    impl From<&Hello> for crate::cm::RemoteViAttributes {
+        fn from(h: &Hello) -> Self {
+            crate::cm::RemoteViAttributes {
+                reliability: h.reliability,
+                max_transfer_size: h.max_transfer_size,
+                enable_rdma_write: h.rdma_write,
+                enable_rdma_read: h.rdma_read,
+            }
+        }
+    }
 
     impl Hello {
         pub fn new(kind: u8, a: &ViAttributes, d: &Discriminator) -> Hello {
@@ -538,6 +547,7 @@ pub(crate) mod hello {
                 max_transfer_size: a.max_transfer_size,
                 discriminator: d.clone(),
                 reason: 0,
+                private: Vec::new(),
             }
         }
 
@@ -552,7 +562,10 @@ pub(crate) mod hello {
             let d = self.discriminator.as_bytes();
             b[12] = d.len() as u8;
             b[13] = self.reason;
+            let p = &self.private[..self.private.len().min(MAX_PRIVATE_DATA)];
+            b[14] = p.len() as u8;
             b[24..24 + d.len()].copy_from_slice(d);
+            b[PRIVATE_AT..PRIVATE_AT + p.len()].copy_from_slice(p);
             b
         }
 
@@ -573,6 +586,10 @@ pub(crate) mod hello {
             }
             let discriminator =
                 Discriminator::new(&b[24..24 + dlen]).map_err(|_| "discriminator too long")?;
+            let plen = b[14] as usize;
+            if plen > MAX_PRIVATE_DATA {
+                return Err("private data too long");
+            }
             Ok(Hello {
                 kind: b[5],
                 reliability,
@@ -581,6 +598,7 @@ pub(crate) mod hello {
                 max_transfer_size: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
                 discriminator,
                 reason: b[13],
+                private: b[PRIVATE_AT..PRIVATE_AT + plen].to_vec(),
             })
         }
     }

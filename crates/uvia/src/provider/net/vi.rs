@@ -1,0 +1,656 @@
+//! One network VI's transport: the protocol engine ([`uvia_proto::Conn`])
+//! of its connection, driven over the Nic's medium or a medium of its own.
+//!
+//! Progress runs inside the caller's post, done and wait calls, as on `shm`:
+//! whoever polls reads what the medium has, hands each frame to the VI it
+//! names (through the Nic's endpoint) and sends what the engines want sent.
+//! The engine moves payload straight between frames and the descriptors'
+//! registered memory through [`ViMem`]; completions come back as engine
+//! events and are written into the descriptors here.
+
+use super::{NetNic, TX_BATCH};
+use crate::desc::{status, Descriptor, MemHandle, Op};
+use crate::error::PostError;
+use crate::mem::RegionTable;
+use crate::nic::NicShared;
+use crate::vi::{check_rdma, prepare, EntryState, Posted, Queue, Queues, SlotQueue, Vi};
+use crate::vi::{ViAttributes, ViState};
+use std::os::fd::RawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uvia_net::{Addr, Medium, OutFrame, RecvBatch};
+use uvia_proto::wire::{NakCode, Repr};
+use uvia_proto::{Conn, Event, Memory, Outcome, SendKind, SendOp};
+
+/// A post this soon after the previous transmission joins a burst.
+const COALESCE: Duration = Duration::from_micros(5);
+/// Empty polls between two looks at a network VI's timers.
+const TIMER_EVERY: u32 = 16;
+/// Longest sleep of a network VI's waiter: the engine's timers (delayed
+/// acks, retransmissions, keep-alives) run in its progress.
+const NAP: Duration = Duration::from_millis(1);
+
+/// A VI's network connection.
+pub(crate) struct NetVi {
+    pub conn: Conn,
+    pub peer: Addr,
+    pub id: u32,
+    /// Frames built and not yet handed to the medium.
+    tx: Vec<u8>,
+    tx_lens: Vec<usize>,
+    /// The last handshake event, for the connecting call.
+    pub(super) handshake: Option<Event>,
+    /// When frames last went to the medium.
+    last_tx: Option<Instant>,
+    /// A message arrived since frames last went: a post now answers it.
+    answering: bool,
+    /// Posts whose frames wait for the next progress call (coalesced).
+    deferred: u32,
+    /// Polls since the timers were last looked at.
+    idle: u32,
+    /// The VI's own medium for its peer, when the Nic's allows one: frames
+    /// of this connection come and go there, with no table lookup.
+    own: Option<Arc<dyn Medium>>,
+    own_batch: Option<RecvBatch>,
+}
+
+/// What a sleeping waiter of a network VI waits on: a frame on its own
+/// medium or the Nic's, or its engine's next timer.
+pub(crate) struct Sleep(Option<Arc<dyn Medium>>);
+
+impl Sleep {
+    pub fn sleep(self, nic: &NicShared, nap: Duration) {
+        let nap = Some(nap.min(NAP));
+        let _ = match (self.0, NetNic::of(nic)) {
+            (Some(m), _) => m.wait(nap),
+            (None, Some(n)) => n.medium.wait(nap),
+            (None, None) => Ok(()),
+        };
+    }
+}
+
+impl NetVi {
+    pub(super) fn new(conn: Conn, peer: Addr, id: u32, max_frame: usize) -> Box<NetVi> {
+        Box::new(NetVi {
+            conn,
+            peer,
+            id,
+            tx: vec![0; TX_BATCH * max_frame],
+            tx_lens: Vec::with_capacity(TX_BATCH),
+            handshake: None,
+            last_tx: None,
+            answering: false,
+            deferred: 0,
+            idle: 0,
+            own: None,
+            own_batch: None,
+        })
+    }
+
+    /// The VI is gone: tell the peer (once; its idle timeout covers a lost
+    /// frame) and forget the connection id.
+    pub fn drop_connection(mut self: Box<Self>, nic: &NicShared) {
+        let Some(net) = NetNic::of(nic) else {
+            return;
+        };
+        if self.conn.is_connected() {
+            // Acknowledge what arrived, then say goodbye (once; the peer's
+            // idle timeout covers a lost frame). Every descriptor is gone,
+            // so the engine has no payload to ask for.
+            let now = Instant::now();
+            self.conn.close(now);
+            let mut buf = [0u8; 256];
+            for _ in 0..4 {
+                let Some(len) = self.conn.poll_transmit(now, &mut buf, &mut NoMemory) else {
+                    break;
+                };
+                let f = [OutFrame {
+                    to: self.peer,
+                    bytes: &buf[..len],
+                }];
+                let _ = match &self.own {
+                    Some(m) => m.send(&f),
+                    None => net.medium.send(&f),
+                };
+            }
+        }
+        net.unregister(self.id);
+    }
+
+    /// Hands a frame to this VI's engine.
+    pub(super) fn input(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        from: Addr,
+        src: u32,
+        repr: &Repr<'_>,
+        now: Instant,
+    ) {
+        if from != self.peer {
+            return;
+        }
+        let mut mem = ViMem::new(vi, q);
+        uvia_trace::mark!(ProtoIn);
+        self.conn.handle_frame(now, src, repr, &mut mem);
+        uvia_trace::mark!(ProtoPlaced);
+        self.events(vi, q);
+    }
+
+    /// Sends what the engine has to send and applies its events.
+    pub(super) fn output(&mut self, vi: &Vi, q: &mut Queues, now: Instant) -> bool {
+        let Some(nic) = NetNic::of(&vi.s.nic) else {
+            return false;
+        };
+        let mut sent = false;
+        loop {
+            let mut mem = ViMem::new(vi, q);
+            self.deferred = 0;
+            // A local send failure is a lost frame to the engine: the
+            // reliable levels send it again, the unreliable one lost it.
+            // (The VI's own medium is moved out for the call, not cloned:
+            // no reference count touched per send.)
+            let own = self.own.take();
+            let k = match &own {
+                Some(own) => self.send_copied(&**own, now, &mut mem),
+                None if nic.lends => self.send_built(&*nic.medium, now, &mut mem),
+                None => self.send_copied(&*nic.medium, now, &mut mem),
+            };
+            self.own = own;
+            if k > 0 {
+                // After the call: a burst is judged by the gap between the
+                // end of one transmission and the next post.
+                self.last_tx = Some(Instant::now());
+                self.answering = false;
+                sent = true;
+            }
+            self.events(vi, q);
+            if k < TX_BATCH {
+                return sent;
+            }
+        }
+    }
+
+    /// Writes engine completions into the descriptors.
+    fn events(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        let mut moved = false;
+        while let Some(ev) = self.conn.poll_event() {
+            moved = true;
+            match ev {
+                Event::SendDone { msn, outcome } => {
+                    let first = q.sq.front().map(|e| e.id).unwrap_or(msn);
+                    let i = msn.wrapping_sub(first) as usize;
+                    if i < q.sq.len() {
+                        let e = &mut q.sq[i];
+                        if e.state != EntryState::Done {
+                            vi.complete_send(e, outcome_bits(outcome));
+                        }
+                    }
+                }
+                Event::RecvDone {
+                    rsn,
+                    len,
+                    imm,
+                    remote_write,
+                    outcome,
+                } => {
+                    let first = q.rq.front().map(|e| e.id).unwrap_or(rsn);
+                    let i = rsn.wrapping_sub(first) as usize;
+                    if i < q.rq.len() {
+                        let op = if remote_write {
+                            status::OP_REMOTE_RDMA_WRITE
+                        } else {
+                            status::OP_RECEIVE
+                        };
+                        let len = if outcome == Outcome::Ok { len } else { 0 };
+                        let e = &mut q.rq[i];
+                        if e.state != EntryState::Done {
+                            vi.complete_recv(e, op, len, imm, outcome_bits(outcome));
+                            q.rq_done += 1;
+                        }
+                        self.answering = true;
+                    }
+                }
+                Event::Connected | Event::Rejected(_) | Event::ConnectTimedOut => {
+                    self.handshake = Some(ev);
+                }
+                Event::Disconnected | Event::Failed(_) => {
+                    // Every descriptor was completed by the engine first.
+                    vi.set_state(ViState::Error);
+                }
+            }
+        }
+        moved
+    }
+
+    /// Reads the VI's own medium and hands the frames to its engine.
+    /// Returns the time the frames were taken in, if any arrived.
+    fn poll_own(&mut self, vi: &Vi, q: &mut Queues, nic: &NetNic) -> Option<Instant> {
+        let (Some(own), Some(mut batch)) = (self.own.clone(), self.own_batch.take()) else {
+            return None;
+        };
+        let n = own.recv(&mut batch).unwrap_or(0);
+        let mut at = None;
+        if n > 0 {
+            let now = Instant::now();
+            at = Some(now);
+            for i in 0..n {
+                let (from, bytes) = batch.frame(i);
+                let Ok((dst, src, repr)) = nic.parse(bytes) else {
+                    nic.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                if dst == self.id {
+                    self.input(vi, q, from, src, &repr, now);
+                } else {
+                    nic.stray(from, bytes);
+                }
+            }
+        }
+        self.own_batch = Some(batch);
+        at
+    }
+
+    /// Gives an established connection a medium of its own, if the Nic can.
+    pub(super) fn own_medium(&mut self, nic: &NetNic) {
+        let Some(make) = &nic.own_medium else {
+            return;
+        };
+        if let Some(m) = make(self.peer) {
+            let slots = m.caps().max_batch.clamp(1, 16);
+            self.own_batch = Some(RecvBatch::new(slots, 65_536));
+            self.own = Some(Arc::from(m));
+        }
+    }
+
+    /// The descriptor a CQ waiter polls for this VI's frames.
+    pub fn wake_fd(&self, nic: &NicShared) -> RawFd {
+        match (&self.own, NetNic::of(nic)) {
+            (Some(m), _) => m.fd(),
+            (None, Some(n)) => n.medium.fd(),
+            (None, None) => -1,
+        }
+    }
+
+    /// What a sleeping waiter of this VI waits on.
+    pub fn sleep_source(&self, _nic: &NicShared) -> Sleep {
+        Sleep(self.own.clone())
+    }
+
+    /// Moves a network VI forward: reads the medium, runs timers, sends.
+    pub fn progress(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        let Some(nic) = NetNic::of(&vi.s.nic) else {
+            return false;
+        };
+        let mut arrived = None;
+        let got = match self.own.is_some() {
+            true => {
+                arrived = self.poll_own(vi, q, nic);
+                // Stray frames (repeated handshakes, other VIs) reach the
+                // Nic's socket: look there now and then.
+                let every = self.idle.wrapping_add(1).is_multiple_of(TIMER_EVERY);
+                arrived.is_some() | (every && nic.poll(Some((vi, &mut *q, &mut *self))))
+            }
+            false => nic.poll(Some((vi, &mut *q, &mut *self))),
+        };
+        // The timers are looked at every few polls, arrivals or not: they
+        // are tens of microseconds apart at the least, and a look (a clock
+        // read on an empty poll, the deadlines compared) kept off most
+        // messages' path is that much less latency.
+        self.idle = self.idle.wrapping_add(1);
+        let timers = self.idle.is_multiple_of(TIMER_EVERY);
+        if !got && self.deferred == 0 && !timers {
+            return false;
+        }
+        // The time frames arrived is recent enough for the timers: a
+        // second clock read would sit on the message's path.
+        let now = arrived.unwrap_or_else(Instant::now);
+        let mut moved = got;
+        if timers && self.conn.poll_timeout().is_some_and(|t| t <= now) {
+            self.conn.handle_timeout(now);
+            moved = true;
+        }
+        moved |= self.output(vi, q, now);
+        moved
+    }
+
+    /// Runs the engine's timers now and sends what they produced: for a
+    /// waiter that has slept, whose few polls would otherwise leave the
+    /// timers to the every-few-polls look.
+    pub fn run_timers(&mut self, vi: &Vi, q: &mut Queues) {
+        let now = Instant::now();
+        if self.conn.poll_timeout().is_some_and(|t| t <= now) {
+            self.conn.handle_timeout(now);
+        }
+        self.output(vi, q, now);
+    }
+
+    /// Posts a send-queue descriptor and sends what can go now.
+    ///
+    /// # Safety
+    /// As for [`Vi::post_send_raw`].
+    pub unsafe fn post_send(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Result<(), PostError> {
+        let attrs = q.attrs;
+        let len = q.sq.len();
+        let Some(slot) = q.sq.next_free() else {
+            return Err(PostError::QueueFull("send", len));
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { prepare(&vi.s.nic, &attrs, slot, d, owned, Queue::Send)? };
+        let op = SendOp {
+            kind: match slot.op {
+                Op::SendRecv => SendKind::Send,
+                Op::RdmaWrite => SendKind::RdmaWrite {
+                    raddr: slot.remote.0,
+                    rkey: slot.remote.1 .0,
+                },
+                Op::RdmaRead => SendKind::RdmaRead {
+                    raddr: slot.remote.0,
+                    rkey: slot.remote.1 .0,
+                },
+            },
+            len: slot.total as u32,
+            imm: slot.imm,
+        };
+        let now = Instant::now();
+        let msn = self.conn.post_send(now, op).map_err(|e| match e {
+            uvia_proto::PostError::State => PostError::NotConnected(vi.state()),
+            uvia_proto::PostError::TooLong { len, max } => PostError::TooLong {
+                len: len as u64,
+                max,
+            },
+            uvia_proto::PostError::ReadUnavailable => {
+                PostError::NotEnabled("RDMA read (the peer does not allow it)")
+            }
+            uvia_proto::PostError::WriteUnavailable => {
+                PostError::NotEnabled("RDMA write (the peer does not allow it)")
+            }
+        })?;
+        uvia_trace::mark!(ViPosted);
+        slot.id = msn;
+        slot.state = EntryState::InFlight;
+        q.sq.commit();
+        q.sq_sent = q.sq.len();
+        // Doorbell coalescing: a post that follows the last transmission
+        // closely is part of a burst; its frames leave with the burst, at
+        // the caller's next done or wait call (or once a batch is full), in
+        // one system call. A lone post goes at once, and so does the first
+        // post after a message arrived: that is an answer (a ping-pong's
+        // reply comes well within the burst gap of the previous send).
+        let burst = !self.answering
+            && self
+                .last_tx
+                .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
+        if burst && (self.deferred as usize) < TX_BATCH - 1 {
+            self.deferred += 1;
+            return Ok(());
+        }
+        self.output(vi, q, now);
+        Ok(())
+    }
+
+    /// Tells the engine of a receive descriptor just queued at the back.
+    pub fn posted_recv(&mut self, q: &mut Queues) {
+        let i = q.rq.len() - 1;
+        let cap = q.rq[i].total.min(u32::MAX as u64) as u32;
+        if let Ok(rsn) = self.conn.post_recv(cap) {
+            q.rq[i].id = rsn;
+        }
+    }
+
+    /// Hands the engine every receive descriptor posted before it existed.
+    pub(super) fn adopt_recvs(&mut self, q: &mut Queues) {
+        for e in q.rq.iter_mut() {
+            if e.state == EntryState::Done {
+                continue;
+            }
+            if let Ok(rsn) = self.conn.post_recv(e.total.min(u32::MAX as u64) as u32) {
+                e.id = rsn;
+            }
+        }
+    }
+
+    /// Ends the connection (VipDisconnect): the peer is told; the caller
+    /// flushes the queues.
+    pub fn disconnect(&mut self, vi: &Vi, q: &mut Queues) {
+        let now = Instant::now();
+        self.conn.close(now);
+        self.output(vi, q, now);
+        if let Some(nic) = NetNic::of(&vi.s.nic) {
+            nic.unregister(self.id);
+        }
+    }
+}
+
+impl NetVi {
+    /// Up to a batch of the engine's frames, built in `tx` and handed to
+    /// `medium` in one call. Returns how many frames there were.
+    fn send_copied(&mut self, medium: &dyn Medium, now: Instant, mem: &mut ViMem<'_>) -> usize {
+        let frame = self.tx.len() / TX_BATCH;
+        self.tx_lens.clear();
+        while self.tx_lens.len() < TX_BATCH {
+            let at = self.tx_lens.len() * frame;
+            match self
+                .conn
+                .poll_transmit(now, &mut self.tx[at..at + frame], mem)
+            {
+                Some(n) => self.tx_lens.push(n),
+                None => break,
+            }
+        }
+        let k = self.tx_lens.len();
+        if k > 0 {
+            uvia_trace::mark!(ProtoBuilt);
+            let empty = OutFrame {
+                to: self.peer,
+                bytes: &[],
+            };
+            let mut frames: [OutFrame<'_>; TX_BATCH] = [empty; TX_BATCH];
+            for (i, &n) in self.tx_lens.iter().enumerate() {
+                frames[i].bytes = &self.tx[i * frame..i * frame + n];
+            }
+            let _ = medium.send(&frames[..k]);
+        }
+        k
+    }
+
+    /// Up to a batch of the engine's frames, each built straight in the
+    /// transmit buffer `medium` lends (one copy of the payload, from
+    /// registered memory to where the kernel or device takes it).
+    fn send_built(&mut self, medium: &dyn Medium, now: Instant, mem: &mut ViMem<'_>) -> usize {
+        let conn = &mut self.conn;
+        let mut build = |room: &mut [u8]| {
+            let n = conn.poll_transmit(now, room, mem);
+            if n.is_some() {
+                uvia_trace::mark!(ProtoBuilt);
+            }
+            n
+        };
+        medium
+            .send_built(self.peer, TX_BATCH, &mut build)
+            .unwrap_or(0)
+    }
+}
+
+/// Memory of a VI whose descriptors are all gone: nothing to read or write.
+struct NoMemory;
+
+impl Memory for NoMemory {
+    fn read_send(&mut self, _: u32, _: u32, buf: &mut [u8]) {
+        buf.fill(0);
+    }
+    fn write_recv(&mut self, _: u32, _: u32, _: &[u8]) {}
+    fn write_read(&mut self, _: u32, _: u32, _: &[u8]) {}
+    fn check_rdma(&mut self, _: u32, _: u64, _: u32, _: bool) -> Result<(), NakCode> {
+        Err(NakCode::Protection)
+    }
+    fn rdma_write(&mut self, _: u32, _: u64, _: &[u8]) -> Result<(), NakCode> {
+        Err(NakCode::Protection)
+    }
+    fn rdma_read(&mut self, _: u32, _: u64, buf: &mut [u8]) {
+        buf.fill(0);
+    }
+}
+
+/// The engine's view of a VI's descriptors and of the Nic's registered
+/// memory.
+pub(super) struct ViMem<'a> {
+    regions: &'a RegionTable,
+    attrs: &'a ViAttributes,
+    sq: &'a SlotQueue,
+    rq: &'a SlotQueue,
+}
+
+impl<'a> ViMem<'a> {
+    fn new(vi: &'a Vi, q: &'a Queues) -> ViMem<'a> {
+        ViMem {
+            regions: &vi.s.nic.regions,
+            attrs: &q.attrs,
+            sq: &q.sq,
+            rq: &q.rq,
+        }
+    }
+}
+
+/// The entry of `q` whose id is `id`: ids are consecutive from the front.
+fn entry(q: &SlotQueue, id: u32) -> Option<&Posted> {
+    let first = q.front()?.id;
+    let i = id.wrapping_sub(first) as usize;
+    (i < q.len()).then(|| &q[i])
+}
+
+/// Calls `f(range pointer, position in the caller's buffer, n)` for each
+/// piece of the entry's ranges that covers `len` bytes from `offset`.
+fn pieces(e: &Posted, mut offset: usize, len: usize, mut f: impl FnMut(*mut u8, usize, usize)) {
+    let mut done = 0;
+    for r in e.ranges() {
+        if done == len {
+            break;
+        }
+        if offset >= r.len {
+            offset -= r.len;
+            continue;
+        }
+        let n = (r.len - offset).min(len - done);
+        // SAFETY (of the pointer arithmetic): `offset < r.len`.
+        f(unsafe { r.ptr.add(offset) }, done, n);
+        done += n;
+        offset = 0;
+    }
+}
+
+/// Copies the entry's bytes at `offset` into `buf`.
+fn gather_at(e: &Posted, offset: usize, buf: &mut [u8]) {
+    let dst = buf.as_mut_ptr();
+    pieces(e, offset, buf.len(), |p, at, n| {
+        // SAFETY: `p..p+n` lies in registered memory checked at post (and
+        // re-checked by the caller with `still_registered`); `at + n` is
+        // within `buf`.
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.add(at), n) }
+    });
+}
+
+/// Copies `data` into the entry's ranges at `offset`.
+fn scatter_at(e: &Posted, offset: usize, data: &[u8]) {
+    pieces(e, offset, data.len(), |p, at, n| {
+        // SAFETY: as in `gather_at`, the other way.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), p, n) }
+    });
+}
+
+impl Memory for ViMem<'_> {
+    fn read_send(&mut self, msn: u32, offset: u32, buf: &mut [u8]) {
+        match entry(self.sq, msn) {
+            Some(e) if e.still_registered(self.regions) => gather_at(e, offset as usize, buf),
+            // Deregistered under a posted descriptor: the caller broke the
+            // contract; send zeros rather than touch freed memory.
+            _ => buf.fill(0),
+        }
+    }
+
+    fn write_recv(&mut self, rsn: u32, offset: u32, data: &[u8]) {
+        if let Some(e) = entry(self.rq, rsn) {
+            if e.still_registered(self.regions) {
+                scatter_at(e, offset as usize, data);
+            }
+        }
+    }
+
+    fn write_read(&mut self, msn: u32, offset: u32, data: &[u8]) {
+        if let Some(e) = entry(self.sq, msn) {
+            if e.still_registered(self.regions) {
+                scatter_at(e, offset as usize, data);
+            }
+        }
+    }
+
+    fn check_rdma(&mut self, rkey: u32, raddr: u64, len: u32, write: bool) -> Result<(), NakCode> {
+        check(self.regions, self.attrs, rkey, raddr, len as u64, write)
+    }
+
+    fn rdma_write(&mut self, rkey: u32, raddr: u64, data: &[u8]) -> Result<(), NakCode> {
+        check(
+            self.regions,
+            self.attrs,
+            rkey,
+            raddr,
+            data.len() as u64,
+            true,
+        )?;
+        // SAFETY: the range was just checked against this Nic's registered
+        // regions, the VI's tag and the enable bits.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), raddr as *mut u8, data.len()) };
+        Ok(())
+    }
+
+    fn rdma_read(&mut self, rkey: u32, raddr: u64, buf: &mut [u8]) {
+        if check(
+            self.regions,
+            self.attrs,
+            rkey,
+            raddr,
+            buf.len() as u64,
+            false,
+        )
+        .is_err()
+        {
+            // Deregistered since the request was checked: zeros, not freed memory.
+            buf.fill(0);
+            return;
+        }
+        // SAFETY: as in `rdma_write`, for reading.
+        unsafe { std::ptr::copy_nonoverlapping(raddr as *const u8, buf.as_mut_ptr(), buf.len()) };
+    }
+}
+
+fn check(
+    regions: &RegionTable,
+    attrs: &ViAttributes,
+    rkey: u32,
+    raddr: u64,
+    len: u64,
+    write: bool,
+) -> Result<(), NakCode> {
+    check_rdma(regions, attrs, MemHandle(rkey), raddr, len, write).map_err(|_| NakCode::Protection)
+}
+
+fn outcome_bits(o: Outcome) -> u32 {
+    match o {
+        Outcome::Ok => 0,
+        Outcome::Length => status::LENGTH_ERROR,
+        Outcome::Remote(NakCode::Protection) | Outcome::Remote(NakCode::Operation) => {
+            status::RDMA_PROT_ERROR
+        }
+        Outcome::Remote(_) => status::REMOTE_DESC_ERROR,
+        Outcome::Transport => status::TRANSPORT_ERROR,
+        Outcome::Flushed => status::DESC_FLUSHED_ERROR,
+    }
+}

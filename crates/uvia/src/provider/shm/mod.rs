@@ -1,0 +1,318 @@
+//! The `shm` provider: VIs between processes of one host, over rings in a
+//! memory segment the two share (`conn`), driven by the VI's own calls
+//! (`vi`).
+//!
+//! Connection management: a server listens on an owner-only Unix socket per
+//! (Nic instance, discriminator); the client creates the connection's
+//! segment and passes it, with its CQ eventfds, in its request; the server
+//! answers accept or reject. The socket stays open for the life of the
+//! connection: the kernel closes it when a process dies, which is how a dead
+//! peer is seen.
+
+mod conn;
+mod vi;
+
+pub(crate) use conn::INLINE_MAX;
+pub(crate) use vi::{ShmVi, Sleep};
+
+use crate::cm::{check_compatible, ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
+use crate::desc::MAX_SEGMENTS;
+use crate::error::{ConnectError, OpenError};
+use crate::nic::{NicAttributes, NicOptions};
+use crate::provider::{Answer as AnyAnswer, NicProvider, Transport};
+use crate::vi::{Reliability, Vi, ViAttributes};
+use conn::hello::{self, Hello};
+use conn::ShmConn;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use uvia_shm::socket::hex_name;
+use uvia_shm::{Listener, Segment as ShmSegment, SocketDir, Stream};
+
+/// Longest wait for a connecting client's request, once it has connected.
+const HELLO_WAIT: Duration = Duration::from_secs(5);
+
+/// An shm Nic: its instance name (the address space of its discriminators)
+/// and the sockets it listens on.
+pub(crate) struct ShmNic {
+    instance: String,
+    dir: SocketDir,
+    listeners: Mutex<HashMap<Vec<u8>, Listener>>,
+}
+
+/// `shm` (instance `0`) or `shm:<instance>`.
+pub(crate) fn open(
+    name: &str,
+    _opts: &NicOptions,
+) -> Result<(NicAttributes, NicProvider), OpenError> {
+    let instance = match name.split_once(':') {
+        None => "0".to_string(),
+        Some((_, inst))
+            if !inst.is_empty()
+                && inst
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
+        {
+            inst.to_string()
+        }
+        _ => {
+            return Err(OpenError::BadAddress {
+                name: name.to_string(),
+                reason: "an instance name is letters, digits, '-' and '_'".to_string(),
+            })
+        }
+    };
+    let dir = SocketDir::from_env().map_err(|source| OpenError::Io {
+        provider: "shm",
+        source,
+    })?;
+    let attrs = NicAttributes {
+        name: name.to_string(),
+        provider: "shm",
+        address: instance.clone(),
+        max_transfer_size: 16 << 20,
+        max_segments_per_desc: MAX_SEGMENTS,
+        max_queue_depth: 4096,
+        max_cq_entries: 1 << 16,
+        max_ptags: 256,
+        max_registered_regions: 4096,
+        inline_threshold: INLINE_MAX,
+        reliability_levels: &[
+            Reliability::Unreliable,
+            Reliability::ReliableDelivery,
+            Reliability::ReliableReception,
+        ],
+        rdma_read: true,
+        rdma_write: true,
+        peer_to_peer: false,
+        host_local: true,
+        needs_driving: false,
+    };
+    let nic = ShmNic {
+        instance,
+        dir,
+        listeners: Mutex::new(HashMap::new()),
+    };
+    Ok((attrs, NicProvider::Shm(nic)))
+}
+
+fn socket_name(instance: &str, d: &Discriminator) -> String {
+    hex_name(&format!("shm-{instance}"), d.as_bytes())
+}
+
+/// The CQ eventfds a peer signals for this VI's queues.
+fn cq_eventfds(vi: &Vi) -> Vec<RawFd> {
+    let mut v: Vec<RawFd> = [&vi.s.send_cq, &vi.s.recv_cq]
+        .into_iter()
+        .flatten()
+        .map(|c| c.efd.as_raw_fd())
+        .collect();
+    v.dedup();
+    v
+}
+
+impl ShmNic {
+    /// The client half of a connection (VipConnectRequest): waits up to
+    /// `timeout` for a listener to appear and for its answer.
+    pub fn connect(
+        &self,
+        vi: &Vi,
+        remote: &NetAddress,
+        timeout: Duration,
+        private: &[u8],
+    ) -> Result<RemoteViAttributes, ConnectError> {
+        let start = Instant::now();
+        let attrs = vi.attributes();
+        let path = self
+            .dir
+            .socket(&socket_name(&remote.host, &remote.discriminator));
+        let stream = Stream::connect(&path, timeout).map_err(|e| match e {
+            uvia_shm::socket::ConnectError::NoListener(_) => ConnectError::NoListener {
+                nic: remote.host.clone(),
+                discriminator: remote.discriminator.to_string(),
+                waited_ms: start.elapsed().as_millis() as u64,
+            },
+            uvia_shm::socket::ConnectError::Io(e) => ConnectError::Io(e),
+        })?;
+        let seg = ShmConn::create_segment()?;
+        let mut fds: Vec<RawFd> = vec![seg.fd()];
+        fds.extend(cq_eventfds(vi));
+        let mut req = Hello::new(hello::REQUEST, &attrs, &remote.discriminator);
+        req.private = private.to_vec();
+        stream.send(&req.emit(), &fds)?;
+        let left = timeout.saturating_sub(start.elapsed());
+        let mut buf = [0u8; hello::LEN + 16];
+        let (n, peer_fds) = match stream.recv(&mut buf, Some(left)) {
+            Ok(Some(x)) => x,
+            Ok(None) => return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64)),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(ConnectError::Rejected)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let reply = Hello::parse(&buf[..n]).map_err(ConnectError::Protocol)?;
+        vi.lock().q.remote_private = reply.private.clone();
+        let theirs = RemoteViAttributes::from(&reply);
+        match reply.kind {
+            hello::REJECT if reply.reason == hello::MISMATCH => {
+                check_compatible(&attrs, &theirs)?;
+                return Err(ConnectError::Rejected);
+            }
+            hello::REJECT => return Err(ConnectError::Rejected),
+            hello::ACCEPT => {}
+            _ => {
+                return Err(ConnectError::Protocol(
+                    "unexpected reply to a connection request",
+                ))
+            }
+        }
+        check_compatible(&attrs, &theirs)?;
+        let (pid, _) = stream.peer_cred()?;
+        let seg = Arc::new(seg);
+        let mut t = ShmVi::new(ShmConn::new(seg.clone(), 0, stream, pid, peer_fds), seg);
+        t.server_socket = Some(path);
+        vi.install(&mut vi.lock(), Transport::Shm(t), theirs.clone());
+        Ok(theirs)
+    }
+
+    /// Waits up to `timeout` (`None`: forever) for a connection request on
+    /// `discriminator`; keeps listening on it until the Nic closes.
+    pub fn connect_wait(
+        &self,
+        discriminator: &Discriminator,
+        timeout: Option<Duration>,
+    ) -> Result<ConnRequest, ConnectError> {
+        let start = Instant::now();
+        let key = discriminator.as_bytes().to_vec();
+        let mut ls = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        if !ls.contains_key(&key) {
+            let path = self.dir.socket(&socket_name(&self.instance, discriminator));
+            ls.insert(key.clone(), Listener::bind(&path)?);
+        }
+        let listener = &ls[&key];
+        loop {
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            let Some(stream) = listener.accept(left)? else {
+                return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
+            };
+            // A client that connects but says nothing valid is dropped; keep waiting.
+            let left = timeout
+                .map(|t| t.saturating_sub(start.elapsed()))
+                .unwrap_or(HELLO_WAIT)
+                .min(HELLO_WAIT);
+            let mut buf = [0u8; hello::LEN + 16];
+            let Ok(Some((n, fds))) = stream.recv(&mut buf, Some(left)) else {
+                continue;
+            };
+            let Ok(h) = Hello::parse(&buf[..n]) else {
+                continue;
+            };
+            if h.kind != hello::REQUEST || h.discriminator != *discriminator {
+                continue;
+            }
+            let Ok((pid, _uid)) = stream.peer_cred() else {
+                continue;
+            };
+            return Ok(ConnRequest {
+                remote: (&h).into(),
+                discriminator: h.discriminator.clone(),
+                private: h.private.clone(),
+                peer_address: None,
+                peer_pid: pid,
+                answer: Some(AnyAnswer::Shm(Answer {
+                    stream,
+                    fds,
+                    hello: h,
+                })),
+            });
+        }
+    }
+
+    /// Stops listening on `discriminator` and removes its socket file.
+    pub fn stop_listening(&self, discriminator: &Discriminator) {
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(discriminator.as_bytes());
+    }
+}
+
+impl Drop for ShmNic {
+    fn drop(&mut self) {
+        // Listener sockets remove their files as they drop.
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+/// What answering a request needs: the client's socket, the descriptors it
+/// passed (the segment, its CQ eventfds) and its request.
+pub(crate) struct Answer {
+    stream: Stream,
+    fds: Vec<OwnedFd>,
+    hello: Hello,
+}
+
+impl Answer {
+    /// Connects `vi` (idle, same reliability level) to the client.
+    pub fn accept(
+        mut self,
+        vi: &Vi,
+        req: &ConnRequest,
+        private: &[u8],
+    ) -> Result<(), ConnectError> {
+        let mut g = vi.lock();
+        let st = vi.state();
+        if st != crate::ViState::Idle {
+            let _ = self
+                .stream
+                .send(&self.reply(hello::REJECT, &g.q.attrs, 0, &[]).emit(), &[]);
+            return Err(ConnectError::InvalidState(st));
+        }
+        if let Err(e) = check_compatible(&g.q.attrs, &req.remote) {
+            // Tell the client why, with this side's attributes.
+            let why = self.reply(hello::REJECT, &g.q.attrs, hello::MISMATCH, &[]);
+            let _ = self.stream.send(&why.emit(), &[]);
+            return Err(e);
+        }
+        if self.fds.is_empty() {
+            return Err(ConnectError::Protocol(
+                "connection request without a shared segment",
+            ));
+        }
+        let seg = ShmSegment::open(self.fds.remove(0), 0)?;
+        ShmConn::check_segment(&seg).map_err(ConnectError::Protocol)?;
+        let ok = self.reply(hello::ACCEPT, &g.q.attrs, 0, private);
+        self.stream.send(&ok.emit(), &cq_eventfds(vi))?;
+        let seg = Arc::new(seg);
+        let conn = ShmConn::new(seg.clone(), 1, self.stream, req.peer_pid, self.fds);
+        vi.install(
+            &mut g,
+            Transport::Shm(ShmVi::new(conn, seg)),
+            req.remote.clone(),
+        );
+        Ok(())
+    }
+
+    /// Refuses the request; the client's connect returns `Rejected`.
+    pub fn reject(self, _req: &ConnRequest, private: &[u8]) -> Result<(), ConnectError> {
+        let mut reply = Hello {
+            kind: hello::REJECT,
+            ..self.hello.clone()
+        };
+        reply.private = private.to_vec();
+        self.stream.send(&reply.emit(), &[])?;
+        Ok(())
+    }
+
+    /// This side's answer, with its VI's attributes.
+    fn reply(&self, kind: u8, attrs: &ViAttributes, reason: u8, private: &[u8]) -> Hello {
+        let mut h = Hello::new(kind, attrs, &self.hello.discriminator);
+        h.reason = reason;
+        h.private = private.to_vec();
+        h
+    }
+}

@@ -1,0 +1,681 @@
+//! One shm VI's transport: its connection's rings, driven by the VI's post,
+//! done and wait calls (there is no thread behind the caller's back).
+//!
+//! A post writes the message straight into the ring when it has room: the
+//! doorbell is that store. Progress copies arrived messages into posted
+//! receive buffers, serves the peer's RDMA, and notices the peer's
+//! consumption of this side's messages.
+
+use super::conn::{block_in, write_range};
+use super::conn::{flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, MSG_HEADER, RANGE_BYTES};
+use crate::desc::{control, status, Descriptor, Op, Segment, MAX_SEGMENTS};
+use crate::error::PostError;
+use crate::vi::{check_rdma, prepare, EntryState, Queue, Queues, Reliability, Vi, ViState};
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use uvia_shm::cma::{self, LocalRange, RemoteRange};
+use uvia_shm::{doorbell, Segment as ShmSegment};
+
+/// Empty polls between two looks at the peer's health (a system call).
+const IDLE_CHECK_EVERY: u32 = 4096;
+
+/// A connected shm VI.
+pub(crate) struct ShmVi {
+    pub(super) conn: ShmConn,
+    pub(super) seg: Arc<ShmSegment>,
+    /// Messages written but waiting for the peer to consume them.
+    awaiting_ack: usize,
+    /// Polls since anything moved.
+    idle: u32,
+    /// Set when an error reported by the peer should end the connection.
+    failed: Option<u32>,
+    /// The server's listening socket, on the client side of a connection.
+    pub(super) server_socket: Option<PathBuf>,
+}
+
+/// What a sleeping waiter of a shm VI waits on: its side's doorbell.
+pub(crate) struct Sleep {
+    seg: Arc<ShmSegment>,
+    side: usize,
+    seq: u32,
+}
+
+impl Sleep {
+    pub fn sleep(self, nap: Duration) {
+        block_in(&self.seg, self.side).bell.sleep(self.seq, nap);
+    }
+}
+
+impl ShmVi {
+    pub(super) fn new(conn: ShmConn, seg: Arc<ShmSegment>) -> ShmVi {
+        ShmVi {
+            conn,
+            seg,
+            awaiting_ack: 0,
+            idle: 0,
+            failed: None,
+            server_socket: None,
+        }
+    }
+
+    /// Posts a send: the fast path when it applies, else checked, queued,
+    /// and written to the ring if nothing waits ahead of it.
+    ///
+    /// # Safety
+    /// As for [`Vi::post_send_raw`].
+    #[inline(always)]
+    pub unsafe fn post_send(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Result<(), PostError> {
+        // SAFETY: forwarded from the caller.
+        if let Some(r) = unsafe { self.send_inline_fast(vi, q, d, owned) } {
+            return r;
+        }
+        let (attrs, id) = (q.attrs, q.next_id);
+        let len = q.sq.len();
+        let Some(slot) = q.sq.next_free() else {
+            return Err(PostError::QueueFull("send", len));
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { prepare(&vi.s.nic, &attrs, slot, d, owned, Queue::Send)? };
+        slot.id = id;
+        q.next_id = id.wrapping_add(1);
+        q.sq.commit();
+        if q.sq_sent == q.sq.len() - 1 {
+            self.send_queued(vi, q);
+        }
+        Ok(())
+    }
+
+    /// A done call's look: an empty poll in a few instructions, the fast
+    /// receive path, else full progress; then the head of `queue` if done.
+    #[inline(always)]
+    pub fn poll(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        queue: Queue,
+        owned: bool,
+    ) -> Option<NonNull<Descriptor>> {
+        // Nothing of ours in flight or queued, and nothing published by the peer.
+        if self.awaiting_ack == 0
+            && q.sq_sent == q.sq.len()
+            && self.failed.is_none()
+            && !self.conn.rx.ready()
+            && self.conn.mine().error.load(Ordering::Relaxed) == 0
+        {
+            self.idle += 1;
+            if self.idle.is_multiple_of(IDLE_CHECK_EVERY) && self.check_peer(vi, q) {
+                return vi.pop(q, queue, owned);
+            }
+            return None;
+        }
+        if queue == Queue::Recv && vi.state() == ViState::Connected {
+            if let Some(d) = self.recv_inline_fast(vi, q, owned) {
+                return Some(d);
+            }
+        }
+        self.progress(vi, q);
+        vi.pop(q, queue, owned)
+    }
+
+    /// Moves everything forward that can move without waiting. Returns true
+    /// if anything happened.
+    pub fn progress(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        if vi.state() == ViState::Error {
+            return false;
+        }
+        let mut moved = false;
+        if self.awaiting_ack > 0 {
+            moved |= self.reap_acks(vi, q);
+        } else if self.failed.is_none() && self.conn.mine().error.load(Ordering::Acquire) != 0 {
+            // The peer reported an error for a send that completed when it
+            // was written: the reliable connection is broken all the same.
+            self.failed = Some(status::TRANSPORT_ERROR);
+            moved = true;
+        }
+        moved |= self.serve_incoming(vi, q);
+        if q.sq_sent < q.sq.len() {
+            let before = q.sq_sent;
+            self.send_queued(vi, q);
+            moved |= q.sq_sent != before;
+        }
+        if let Some(bits) = self.failed.take() {
+            self.fail(vi, q, bits);
+            moved = true;
+        }
+        if moved {
+            self.idle = 0;
+        } else {
+            self.idle += 1;
+            if self.idle.is_multiple_of(IDLE_CHECK_EVERY) {
+                moved = self.check_peer(vi, q);
+            }
+        }
+        moved
+    }
+
+    fn fail(&mut self, vi: &Vi, q: &mut Queues, inflight_bits: u32) {
+        vi.fail(q, inflight_bits);
+        self.awaiting_ack = 0;
+    }
+
+    /// Arms this side's doorbell for a futex wake-up.
+    pub fn arm(&mut self) -> Sleep {
+        Sleep {
+            seg: self.seg.clone(),
+            side: self.conn.side(),
+            seq: self.conn.mine().bell.arm(doorbell::FUTEX),
+        }
+    }
+
+    pub fn disarm(&mut self) {
+        self.conn.mine().bell.disarm(doorbell::FUTEX);
+    }
+
+    /// Arms the doorbell for a CQ's eventfd; true if something is already
+    /// waiting to be served.
+    pub fn arm_eventfd(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        self.conn.mine().bell.arm(doorbell::EVENTFD);
+        self.progress(vi, q) || self.check_peer(vi, q)
+    }
+
+    /// Tells the peer this side is going away.
+    pub fn close(self) {
+        self.conn.close();
+    }
+
+    /// The common case in few instructions: a plain send of one segment that
+    /// fits inline, nothing queued ahead of it, completing when written
+    /// (Unreliable and Reliable Delivery). `None` leaves the descriptor to
+    /// the general path, which gives the same result for these cases.
+    ///
+    /// # Safety
+    /// As for [`Vi::post_send_raw`].
+    #[inline]
+    unsafe fn send_inline_fast(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Option<Result<(), PostError>> {
+        // SAFETY: the caller guarantees a valid control segment.
+        let cs = unsafe { &mut (*d.as_ptr()).cs };
+        if cs.control & !control::IMMEDIATE != 0
+            || cs.seg_count != 1
+            || q.sq_sent != q.sq.len()
+            || q.attrs.reliability == Reliability::ReliableReception
+        {
+            return None;
+        }
+        // SAFETY: one segment follows the control segment (caller's contract).
+        let s = unsafe { *((d.as_ptr() as *const u8).add(32) as *const Segment) };
+        let len = s.length as usize;
+        if len > INLINE_MAX || s.length > q.attrs.max_transfer_size {
+            return None;
+        }
+        if let Err(error) =
+            vi.s.nic
+                .regions
+                .check(s.handle, q.attrs.ptag, s.addr, len as u64)
+        {
+            return Some(Err(PostError::Segment { index: 0, error }));
+        }
+        let id = q.next_id;
+        let slot = q.sq.next_free()?;
+        let conn = &mut self.conn;
+        let p = conn.tx.reserve(MSG_HEADER + len)?;
+        let imm = cs.control & control::IMMEDIATE != 0;
+        let hdr = MsgHeader {
+            kind: kind::SEND,
+            flags: imm as u8 * flag::IMM,
+            imm: cs.immediate_data,
+            len: len as u32,
+            id,
+            ..MsgHeader::default()
+        };
+        // SAFETY: `reserve` gave room for the header and `len` bytes; the
+        // source was checked against registered memory above.
+        unsafe {
+            hdr.write(p);
+            crate::copy::copy(p.add(MSG_HEADER), s.addr as *const u8, len);
+        }
+        uvia_trace::mark!(ProtoBuilt);
+        conn.tx.commit();
+        uvia_trace::mark!(MediumQueued);
+        conn.wake_peer();
+        cs.length = len as u32;
+        cs.status = status::DONE | status::OP_SEND;
+        slot.desc = d;
+        slot.owned = owned;
+        slot.op = Op::SendRecv;
+        slot.total = len as u64;
+        slot.nranges = 0;
+        slot.id = id;
+        slot.state = EntryState::Done;
+        q.sq.commit();
+        q.sq_sent += 1;
+        q.next_id = id.wrapping_add(1);
+        if let Some(cq) = &vi.s.send_cq {
+            cq.notify(&vi.s, Queue::Send);
+        }
+        Some(Ok(()))
+    }
+
+    /// The receiving half of the common case: the next message is an inline
+    /// send and the oldest receive is waiting for it. Completes and returns
+    /// that receive; `None` leaves everything to the general path.
+    #[inline]
+    fn recv_inline_fast(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        owned: bool,
+    ) -> Option<NonNull<Descriptor>> {
+        if q.rq_done != 0 || self.failed.is_some() {
+            return None;
+        }
+        let max = q.attrs.max_transfer_size;
+        let e = q.rq.front()?;
+        if e.owned != owned {
+            return None;
+        }
+        let conn = &mut self.conn;
+        let rec = conn.rx.peek().ok()??;
+        uvia_trace::mark!(RxFound);
+        // SAFETY: the record's body stays valid and unchanged until released.
+        let body = unsafe { std::slice::from_raw_parts(rec.as_ptr(), rec.len()) };
+        let h = MsgHeader::parse(body)?;
+        let len = h.len as usize;
+        if h.kind != kind::SEND
+            || h.flags & (flag::BY_REF | flag::ACK) != 0
+            || h.len as u64 > e.total
+            || h.len > max
+            || body.len() < MSG_HEADER + len
+            || !e.still_registered(&vi.s.nic.regions)
+        {
+            return None;
+        }
+        scatter(&body[MSG_HEADER..MSG_HEADER + len], e.ranges());
+        let imm = h.flags & flag::IMM != 0;
+        // SAFETY: the descriptor is ours until it is handed back.
+        unsafe {
+            let cs = &mut (*e.desc.as_ptr()).cs;
+            cs.length = h.len;
+            if imm {
+                cs.immediate_data = h.imm;
+            }
+            cs.status = status::DONE | status::OP_RECEIVE | if imm { status::IMMEDIATE } else { 0 };
+        }
+        conn.rx.release(rec);
+        uvia_trace::mark!(ViCompleted);
+        self.idle = 0;
+        if let Some(cq) = &vi.s.recv_cq {
+            cq.notify(&vi.s, Queue::Recv);
+        }
+        uvia_trace::mark!(AppReceived);
+        q.rq.pop_front().map(|(desc, _)| desc)
+    }
+
+    /// Writes queued sends into the ring while it has room.
+    fn send_queued(&mut self, vi: &Vi, q: &mut Queues) {
+        while q.sq_sent < q.sq.len() {
+            let i = q.sq_sent;
+            if q.sq[i].fence && (0..i).any(|k| q.sq[k].state != EntryState::Done) {
+                return;
+            }
+            if !self.write_message(vi, q, i) {
+                return;
+            }
+            q.sq_sent += 1;
+        }
+    }
+
+    /// Builds send-queue entry `i` in the ring. `false` if the ring is full.
+    fn write_message(&mut self, vi: &Vi, q: &mut Queues, i: usize) -> bool {
+        let reliability = q.attrs.reliability;
+        let conn = &mut self.conn;
+        let e = &mut q.sq[i];
+        let by_ref = e.op == Op::RdmaRead || e.total as usize > INLINE_MAX;
+        if !by_ref && !e.still_registered(&vi.s.nic.regions) {
+            // Deregistered while the send waited for ring space.
+            vi.complete_send(e, status::PROTECTION_ERROR);
+            return true;
+        }
+        e.needs_ack =
+            by_ref || e.op != Op::SendRecv || reliability == Reliability::ReliableReception;
+        let hdr = MsgHeader {
+            kind: match e.op {
+                Op::SendRecv => kind::SEND,
+                Op::RdmaWrite => kind::RDMA_WRITE,
+                Op::RdmaRead => kind::RDMA_READ,
+            },
+            flags: (e.imm.is_some() as u8 * flag::IMM)
+                | (by_ref as u8 * flag::BY_REF)
+                | (e.needs_ack as u8 * flag::ACK),
+            nranges: if by_ref { e.nranges } else { 0 },
+            imm: e.imm.unwrap_or(0),
+            len: e.total as u32,
+            id: e.id,
+            raddr: e.remote.0,
+            rhandle: e.remote.1,
+        };
+        let body_len = hdr.size()
+            + if by_ref {
+                e.nranges as usize * RANGE_BYTES
+            } else {
+                e.total as usize
+            };
+        let Some(p) = conn.tx.reserve(body_len) else {
+            return false;
+        };
+        // SAFETY: `reserve` returned `body_len` writable bytes; local ranges
+        // were checked against registered memory when posted.
+        unsafe {
+            hdr.write(p);
+            if by_ref {
+                for k in 0..e.nranges as usize {
+                    let (r, src) = (e.ranges[k], e.src[k]);
+                    // Data the peer reads comes from a shared mapping when
+                    // the region can be shared; an RDMA read's ranges are
+                    // written by the peer, so they stay addresses.
+                    let shared = e.op != Op::RdmaRead
+                        && src.fd >= 0
+                        && conn.announce(src.handle, src.serial, src.fd).is_ok();
+                    let w = if shared {
+                        WireRange {
+                            addr: src.offset,
+                            len: r.len as u64,
+                            handle: src.handle,
+                            serial: src.serial,
+                        }
+                    } else {
+                        WireRange {
+                            addr: r.ptr as u64,
+                            len: r.len as u64,
+                            ..WireRange::default()
+                        }
+                    };
+                    write_range(p, &hdr, k, &w);
+                }
+            } else {
+                let mut at = p.add(hdr.size());
+                for r in e.ranges() {
+                    crate::copy::copy(at, r.ptr, r.len);
+                    at = at.add(r.len);
+                }
+            }
+        }
+        uvia_trace::mark!(ProtoBuilt);
+        conn.tx.commit();
+        uvia_trace::mark!(MediumQueued);
+        e.end = conn.tx.head();
+        conn.wake_peer();
+        if e.needs_ack {
+            e.state = EntryState::InFlight;
+            self.awaiting_ack += 1;
+        } else {
+            vi.complete_send(e, 0);
+        }
+        true
+    }
+
+    /// Completes sends the peer has consumed, with the error it reported, if any.
+    fn reap_acks(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        let conn = &self.conn;
+        let consumed = conn.tx.consumed();
+        // Read after `consumed` (Acquire): the peer stores its report before it releases the message.
+        let report = conn.mine().error.load(Ordering::Acquire);
+        let mut moved = false;
+        for i in 0..q.sq_sent {
+            let e = &q.sq[i];
+            if e.state != EntryState::InFlight {
+                continue;
+            }
+            if e.end > consumed {
+                break;
+            }
+            let bits = if report != 0 && (report >> 32) as u32 == e.id {
+                report as u32 & status::ERROR_MASK
+            } else {
+                0
+            };
+            vi.complete_send(&mut q.sq[i], bits);
+            self.awaiting_ack -= 1;
+            moved = true;
+            if bits != 0 {
+                self.failed = Some(status::DESC_FLUSHED_ERROR);
+                break;
+            }
+        }
+        moved
+    }
+
+    /// Handles messages from the peer until the ring is empty or a message
+    /// needs a receive descriptor that is not posted yet.
+    fn serve_incoming(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        let mut moved = false;
+        let reliable = q.attrs.reliability != Reliability::Unreliable;
+        let Queues {
+            rq, rq_done, attrs, ..
+        } = q;
+        let conn = &mut self.conn;
+        let failed = &mut self.failed;
+        loop {
+            let rec = match conn.rx.peek() {
+                Ok(Some(r)) => {
+                    uvia_trace::mark!(RxFound);
+                    r
+                }
+                Ok(None) => return moved,
+                Err(_) => {
+                    *failed = Some(status::TRANSPORT_ERROR);
+                    return true;
+                }
+            };
+            // SAFETY: the record's body stays valid and unchanged by the peer
+            // until we release it.
+            let body = unsafe { std::slice::from_raw_parts(rec.as_ptr(), rec.len()) };
+            let Some(h) = MsgHeader::parse(body) else {
+                *failed = Some(status::TRANSPORT_ERROR);
+                return true;
+            };
+            let needs_recv =
+                h.kind == kind::SEND || (h.kind == kind::RDMA_WRITE && h.flags & flag::IMM != 0);
+            if needs_recv && *rq_done >= rq.len() {
+                // Receiver not ready: the message waits in the ring (the sender
+                // is held back by the ring, nothing is lost).
+                return moved;
+            }
+            let mut remote = [WireRange::default(); MAX_SEGMENTS];
+            let by_ref = h.flags & flag::BY_REF != 0;
+            let mut nr = 0;
+            let mut malformed = false;
+            if by_ref {
+                match h.ranges(body, &mut remote) {
+                    Some(n) if remote[..n].iter().map(|r| r.len).sum::<u64>() == h.len as u64 => {
+                        nr = n
+                    }
+                    _ => malformed = true,
+                }
+            } else if body.len() < h.size() + h.len as usize {
+                malformed = true;
+            }
+            if malformed {
+                *failed = Some(status::TRANSPORT_ERROR);
+                return true;
+            }
+            let inline = &body[h.size()..];
+            let imm = (h.flags & flag::IMM != 0).then_some(h.imm);
+            // Error to report back to the sender (status bits), if any.
+            let mut report = 0u32;
+            match h.kind {
+                kind::SEND => {
+                    let e = &mut rq[*rq_done];
+                    if h.len as u64 > e.total || h.len > attrs.max_transfer_size {
+                        vi.complete_recv(e, status::OP_RECEIVE, 0, imm, status::LENGTH_ERROR);
+                        if reliable {
+                            report = status::REMOTE_DESC_ERROR;
+                        }
+                    } else if !e.still_registered(&vi.s.nic.regions) {
+                        vi.complete_recv(e, status::OP_RECEIVE, 0, imm, status::PROTECTION_ERROR);
+                        if reliable {
+                            report = status::REMOTE_DESC_ERROR;
+                        }
+                    } else {
+                        let ok = if by_ref {
+                            conn.gather(&remote[..nr], e.ranges())
+                        } else {
+                            scatter(&inline[..h.len as usize], e.ranges());
+                            true
+                        };
+                        if ok {
+                            vi.complete_recv(e, status::OP_RECEIVE, h.len, imm, 0);
+                        } else {
+                            vi.complete_recv(
+                                e,
+                                status::OP_RECEIVE,
+                                0,
+                                imm,
+                                status::TRANSPORT_ERROR,
+                            );
+                            report = status::TRANSPORT_ERROR;
+                        }
+                    }
+                    *rq_done += 1;
+                }
+                kind::RDMA_WRITE | kind::RDMA_READ => {
+                    let write = h.kind == kind::RDMA_WRITE;
+                    match check_rdma(
+                        &vi.s.nic.regions,
+                        attrs,
+                        h.rhandle,
+                        h.raddr,
+                        h.len as u64,
+                        write,
+                    ) {
+                        Err(_) => report = status::RDMA_PROT_ERROR,
+                        Ok(()) => {
+                            let target = [LocalRange {
+                                ptr: h.raddr as *mut u8,
+                                len: h.len as usize,
+                            }];
+                            let nt = (h.len > 0) as usize;
+                            // SAFETY: the target range was checked against this
+                            // side's registered regions, tag and enable bits.
+                            let ok = unsafe {
+                                match (write, by_ref) {
+                                    (true, true) => conn.gather(&remote[..nr], &target[..nt]),
+                                    (true, false) => {
+                                        std::ptr::copy_nonoverlapping(
+                                            inline.as_ptr(),
+                                            h.raddr as *mut u8,
+                                            h.len as usize,
+                                        );
+                                        true
+                                    }
+                                    (false, _) => {
+                                        let mut dst =
+                                            [RemoteRange { addr: 0, len: 0 }; MAX_SEGMENTS];
+                                        for (d, r) in dst.iter_mut().zip(&remote[..nr]) {
+                                            *d = RemoteRange {
+                                                addr: r.addr,
+                                                len: r.len,
+                                            };
+                                        }
+                                        remote[..nr].iter().all(|r| r.handle.0 == 0)
+                                            && cma::write(
+                                                conn.peer_pid,
+                                                &target[..nt],
+                                                &dst[..nr],
+                                                h.len as usize,
+                                            )
+                                            .is_ok()
+                                    }
+                                }
+                            };
+                            if !ok {
+                                report = status::TRANSPORT_ERROR;
+                            }
+                        }
+                    }
+                    if write && imm.is_some() {
+                        let e = &mut rq[*rq_done];
+                        let err = if report != 0 {
+                            status::TRANSPORT_ERROR
+                        } else {
+                            0
+                        };
+                        vi.complete_recv(e, status::OP_REMOTE_RDMA_WRITE, h.len, imm, err);
+                        *rq_done += 1;
+                    }
+                }
+                _ => unreachable!("MsgHeader::parse accepts only known kinds"),
+            }
+            if report != 0 {
+                // Release: the report is visible before the release below.
+                conn.peers()
+                    .error
+                    .store(((h.id as u64) << 32) | report as u64, Ordering::Release);
+            }
+            conn.rx.release(rec);
+            if h.flags & flag::ACK != 0 || report != 0 {
+                conn.wake_peer();
+            }
+            moved = true;
+            if report != 0 && (reliable || report == status::RDMA_PROT_ERROR) {
+                *failed = Some(status::DESC_FLUSHED_ERROR);
+                return true;
+            }
+        }
+    }
+
+    /// Looks at the peer's health; fails the VI if it is gone.
+    pub fn check_peer(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        let conn = &self.conn;
+        let closed = conn.mine().closed.load(Ordering::Acquire) != 0;
+        if closed || conn.stream.peer_gone() {
+            if !closed {
+                // The peer died without disconnecting. If it was the server,
+                // its listening socket may be left behind: remove it if
+                // nobody accepts on it any more.
+                if let Some(path) = &self.server_socket {
+                    let _ = uvia_shm::socket::remove_if_stale(path);
+                }
+            }
+            // Messages the peer published before leaving are still delivered.
+            self.serve_incoming(vi, q);
+            self.fail(vi, q, status::TRANSPORT_ERROR);
+            return true;
+        }
+        false
+    }
+}
+
+#[inline(always)]
+fn scatter(mut src: &[u8], dst: &[LocalRange]) {
+    if let [r] = dst {
+        // One receive buffer (the common case); its length was checked against `src`.
+        let n = r.len.min(src.len());
+        // SAFETY: `r` is registered receive memory checked at post; `n` <= its length.
+        unsafe { crate::copy::copy(r.ptr, src.as_ptr(), n) };
+        return;
+    }
+    for r in dst {
+        if src.is_empty() {
+            break;
+        }
+        let n = r.len.min(src.len());
+        // SAFETY: `r` is registered receive memory checked at post; `n` <= its length.
+        unsafe { crate::copy::copy(r.ptr, src.as_ptr(), n) };
+        src = &src[n..];
+    }
+}
