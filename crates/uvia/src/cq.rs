@@ -155,8 +155,13 @@ impl Cq {
         if let Some(c) = self.pop()? {
             return Ok(Some(c));
         }
-        for vi in self.s.members() {
-            Vi::poll_progress(&vi);
+        // Walked under the members' lock, not copied out: an empty poll
+        // allocates nothing. (A VI's progress takes its own lock and the
+        // notices' lock, never this one.)
+        for w in self.s.lock_members().iter() {
+            if let Some(vi) = w.upgrade() {
+                Vi::poll_progress(vi);
+            }
         }
         self.pop()
     }
@@ -198,7 +203,7 @@ impl Cq {
                 self.drain_eventfd();
                 if p.len() > 1 {
                     for vi in self.s.members() {
-                        Vi::run_timers(&vi);
+                        Vi::run_timers(vi);
                     }
                 }
             }
@@ -228,7 +233,7 @@ impl Cq {
     pub fn arm(&self) -> bool {
         let mut ready = false;
         for vi in self.s.members() {
-            ready |= Vi::arm_eventfd(&vi);
+            ready |= Vi::arm_eventfd(vi);
         }
         ready || !self.s.lock_notices().q.is_empty()
     }

@@ -914,16 +914,16 @@ impl Vi {
     }
 
     /// Completes what can complete without waiting (used by CQs).
-    pub(crate) fn poll_progress(s: &Arc<ViShared>) {
-        let vi = Vi { s: s.clone() };
+    pub(crate) fn poll_progress(s: Arc<ViShared>) {
+        let vi = Vi { s };
         let mut g = vi.lock();
         let ViInner { q, t } = &mut *g;
         t.progress(&vi, q);
     }
 
     /// Runs the VI's protocol timers (a CQ waiter that has slept).
-    pub(crate) fn run_timers(s: &Arc<ViShared>) {
-        let vi = Vi { s: s.clone() };
+    pub(crate) fn run_timers(s: Arc<ViShared>) {
+        let vi = Vi { s };
         let mut g = vi.lock();
         let ViInner { q, t } = &mut *g;
         t.run_timers(&vi, q);
@@ -931,8 +931,8 @@ impl Vi {
 
     /// Arms this VI's doorbell for an eventfd wake-up; `true` if something
     /// is already waiting to be served.
-    pub(crate) fn arm_eventfd(s: &Arc<ViShared>) -> bool {
-        let vi = Vi { s: s.clone() };
+    pub(crate) fn arm_eventfd(s: Arc<ViShared>) -> bool {
+        let vi = Vi { s };
         let mut g = vi.lock();
         let ViInner { q, t } = &mut *g;
         t.arm_eventfd(&vi, q)
