@@ -267,6 +267,15 @@ fn same_request(a: &Descriptor, b: &Descriptor) -> bool {
         == (b.cs.control, b.cs.seg_count, b.cs.immediate_data, b.ds)
 }
 
+/// The descriptor completed because its connection ended: flushed before
+/// it started, or failed while it was carried.
+fn ended_with_the_connection(d: &Descriptor) -> bool {
+    matches!(
+        d.error(),
+        Some(CompletionError::Flushed | CompletionError::Transport)
+    )
+}
+
 /// Posts `segs` as a send (with immediate data) and as a receive; both must
 /// be refused with the same descriptor handed back. The two errors.
 fn refusals(vi: &Vi, segs: &[Segment]) -> [PostError; 2] {
@@ -536,10 +545,7 @@ fn a_short_receive_is_a_length_error(link: &Link) {
                 // The sender's outstanding receive comes back with an error.
                 let r = p.a.recv_wait();
                 assert!(
-                    matches!(
-                        r.error(),
-                        Some(CompletionError::Flushed | CompletionError::Transport)
-                    ),
+                    ended_with_the_connection(&r),
                     "{what}: the sender's receive {:?}",
                     r.result()
                 );
@@ -710,6 +716,42 @@ fn rdma_is_checked_on_the_target(link: &Link) {
     }
 }
 
+/// An RDMA write to a VI that does not enable it never lands: the
+/// providers differ in where they say so (the network providers refuse the
+/// post, knowing the peer's attributes from the connection; `shm` completes
+/// it with an RDMA protection error from the target), and either is taken.
+fn rdma_write_to_a_vi_without_it_is_refused(link: &Link) {
+    for level in link.levels() {
+        let what = format!("{level:?}");
+        let mut p = link.pair_with(
+            |t| ViAttributes::new(t).reliability(level).rdma(false, true),
+            false,
+        );
+        p.b.buf.as_mut_slice()[..64].fill(0x5a);
+        let d = Descriptor::rdma_write(p.b.buf.remote(0), &[p.a.buf.segment(0, 50)]);
+        match p.a.vi.post_send(Box::new(d)) {
+            Err(rej) => {
+                assert!(
+                    matches!(rej.error, PostError::NotEnabled(_)),
+                    "{what}: {}",
+                    rej.error
+                );
+                assert!(same_request(&rej.descriptor, &d), "{what}");
+                assert!(p.a.vi.queue_is_empty(Queue::Send), "{what}");
+            }
+            Ok(()) => {
+                let s = p.a.send_wait();
+                assert_eq!(s.error(), Some(CompletionError::RdmaProtection), "{what}");
+                p.b.until_error(&format!("{what}: the target's VI breaks"));
+            }
+        }
+        assert!(
+            p.b.buf.as_slice()[..64].iter().all(|&x| x == 0x5a),
+            "{what}: untouched"
+        );
+    }
+}
+
 /// An RDMA write with immediate data consumes the target's oldest receive
 /// descriptor, which completes with the immediate data once the bytes are
 /// in place; its own buffer is not written and the next send takes the
@@ -859,6 +901,54 @@ fn disconnect_flushes_both_sides(link: &Link) {
     }
 }
 
+/// Sends that wait for the peer's receive descriptors are outstanding
+/// descriptors too: a disconnect completes the disconnecting side's as
+/// flushed and fails the peer's (reliable reception, where a send completes
+/// only in a receive; `rnr_retry` keeps a network sender trying meanwhile).
+fn disconnect_fails_sends_waiting_for_the_peer(link: &Link) {
+    let level = Reliability::ReliableReception;
+    if !link.levels().contains(&level) {
+        println!("skipped: the provider does not offer {level:?}");
+        return;
+    }
+    let p = link.pair_with(
+        |t| ViAttributes::new(t).reliability(level).rnr_retry(true),
+        false,
+    );
+    p.b.post_recv(0, 64);
+    for i in 0..3 {
+        p.a.send(i * 64, 8);
+    }
+    assert_eq!(p.a.send_wait().result(), Ok(8), "the send b had room for");
+    assert_eq!(p.b.recv_wait().result(), Ok(8));
+    for i in 0..2 {
+        p.b.send(i * 64, 4);
+    }
+    assert_eq!(
+        p.a.vi.send_wait(Some(SHORT)).unwrap_err(),
+        WaitError::Timeout
+    );
+    assert_eq!(
+        p.b.vi.send_wait(Some(SHORT)).unwrap_err(),
+        WaitError::Timeout
+    );
+    p.a.vi.disconnect();
+    for i in 0..2 {
+        let d = p.a.send_wait();
+        assert_eq!(d.error(), Some(CompletionError::Flushed), "a's send {i}");
+    }
+    for i in 0..2 {
+        let d = p.b.send_wait();
+        assert!(
+            ended_with_the_connection(&d),
+            "b's send {i}: {:?}",
+            d.result()
+        );
+    }
+    assert_eq!(p.a.vi.state(), ViState::Idle);
+    assert_eq!(p.b.vi.state(), ViState::Error);
+}
+
 // ---------------------------------------------------------------------------
 // Every behaviour on every medium.
 // ---------------------------------------------------------------------------
@@ -904,11 +994,13 @@ on_every_medium! {
     refused_posts_hand_the_descriptor_back_and_queue_nothing:   run run run;
     a_short_receive_is_a_length_error:                          run run run;
     deregistered_memory_under_a_posted_receive_is_not_written:  run bug bug =
-        "bug: on the network providers the receive completes without error and unwritten";
+        "bug: udp and xdp complete the receive without error, its memory unwritten";
     rdma_write_and_read_land_on_the_target:                     run run run;
     rdma_is_checked_on_the_target:                              run run run;
+    rdma_write_to_a_vi_without_it_is_refused:                   run run run;
     rdma_write_with_immediate_consumes_a_receive:               run run run;
     cq_notices_name_the_vi_and_queue:                           run run run;
     a_wait_times_out_and_the_descriptor_stays:                  run run run;
     disconnect_flushes_both_sides:                              run run run;
+    disconnect_fails_sends_waiting_for_the_peer:                run run run;
 }
