@@ -105,9 +105,10 @@ struct End {
 
 /// Two connected VIs, `a` the client and `b` the server, driven.
 struct Pair {
+    /// Declared first: stops before the ends close.
+    _driver: Driver,
     a: End,
     b: End,
-    _driver: Driver,
 }
 
 impl Link {
