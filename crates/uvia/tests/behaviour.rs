@@ -1,0 +1,1007 @@
+//! One behaviour suite over every provider: each test below is written once
+//! against a [`Link`] (two Nics that reach each other) and run over `shm`,
+//! `udp` on loopback, and `xdp` between two test hosts (network namespaces
+//! joined by a veth pair; root only, skipped with a reason elsewhere). Both
+//! ends live in this process; a [`Driver`] thread moves their progress
+//! between the test's own calls, as a VIA NIC works while the program does
+//! not call in (acknowledgements, RDMA served on the target).
+//!
+//! What a test may expect of a provider it asks its attributes
+//! (reliability levels, inline threshold, segments), never its name.
+
+mod common;
+
+use common::{pattern, poll_until, T};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use uvia::*;
+use uvia_net::netns::{Side, TestHosts};
+
+/// Bytes of each end's buffer (RDMA read and write enabled).
+const BUF: usize = 1 << 20;
+/// A wait that is meant to time out.
+const SHORT: Duration = Duration::from_millis(50);
+
+/// The provider a test runs over.
+#[derive(Clone, Copy, Debug)]
+enum Medium {
+    Shm,
+    Udp,
+    Xdp,
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(1);
+
+/// A number no other pair of this run uses (discriminators, instances).
+fn unique() -> u64 {
+    (std::process::id() as u64) << 32 | NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+impl Medium {
+    /// Two Nics that reach each other over this medium, or why that cannot
+    /// be had here.
+    fn link(self) -> Result<Link, String> {
+        match self {
+            Medium::Shm => {
+                let name = format!("shm:b{:x}", unique());
+                Ok(Link::new(open(&name), open(&name), None))
+            }
+            Medium::Udp => Ok(Link::new(
+                open("udp:127.0.0.1"),
+                open("udp:127.0.0.1"),
+                None,
+            )),
+            Medium::Xdp => {
+                TestHosts::available()?;
+                let hosts = TestHosts::create("bh").expect("test hosts");
+                // A socket belongs to the host its thread is on when it is
+                // opened; after that any thread may use it.
+                let on = |side: Side| {
+                    let _on = hosts.enter(side).expect("enter a test host");
+                    Nic::open(&format!("xdp:{}", hosts.iface(side)))
+                };
+                let a = on(Side::A).map_err(|e| e.to_string())?;
+                let b = on(Side::B).map_err(|e| e.to_string())?;
+                Ok(Link::new(a, b, Some(hosts)))
+            }
+        }
+    }
+}
+
+fn open(name: &str) -> Nic {
+    Nic::open(name).unwrap_or_else(|e| panic!("opening {name}: {e}"))
+}
+
+/// Runs one behaviour over `medium`, or says in one line why it cannot run.
+fn run(medium: Medium, behaviour: fn(&Link)) {
+    match medium.link() {
+        Ok(link) => behaviour(&link),
+        Err(why) => println!("skipped: {why}"),
+    }
+}
+
+/// Two Nics that reach each other: `a` connects, `b` accepts.
+struct Link {
+    a: Nic,
+    b: Nic,
+    /// The host address `a` connects to.
+    b_host: String,
+    /// The test hosts of an xdp link; removed after the Nics are closed.
+    _hosts: Option<TestHosts>,
+}
+
+/// One end of a connected pair.
+struct End {
+    nic: Nic,
+    ptag: Ptag,
+    vi: Vi,
+    /// `BUF` bytes, RDMA read and write enabled.
+    buf: MemoryRegion,
+    /// The CQ both queues report to, when asked for.
+    cq: Option<Cq>,
+}
+
+/// Two connected VIs, `a` the client and `b` the server, driven.
+struct Pair {
+    /// Declared first: stops before the ends close.
+    _driver: Driver,
+    a: End,
+    b: End,
+}
+
+impl Link {
+    fn new(a: Nic, b: Nic, hosts: Option<TestHosts>) -> Link {
+        Link {
+            b_host: b.attributes().address.clone(),
+            a,
+            b,
+            _hosts: hosts,
+        }
+    }
+
+    fn attributes(&self) -> &NicAttributes {
+        self.a.attributes()
+    }
+
+    /// The reliability levels both Nics offer.
+    fn levels(&self) -> Vec<Reliability> {
+        let theirs = self.b.attributes().reliability_levels;
+        self.attributes()
+            .reliability_levels
+            .iter()
+            .copied()
+            .filter(|l| theirs.contains(l))
+            .collect()
+    }
+
+    /// The reliable levels among them (RDMA read needs one).
+    fn reliable_levels(&self) -> Vec<Reliability> {
+        let mut l = self.levels();
+        l.retain(|&l| l != Reliability::Unreliable);
+        l
+    }
+
+    /// A pair on `level` with RDMA enabled both ways.
+    fn pair(&self, level: Reliability) -> Pair {
+        self.pair_with(
+            |p| ViAttributes::new(p).reliability(level).rdma(true, true),
+            false,
+        )
+    }
+
+    /// A pair whose VIs have `attrs`; with `cqs`, each end's queues report
+    /// to a CQ of its own.
+    fn pair_with(&self, attrs: impl Fn(Ptag) -> ViAttributes, cqs: bool) -> Pair {
+        let end = |nic: &Nic| {
+            let ptag = nic.create_ptag().unwrap();
+            let cq = cqs.then(|| nic.create_cq(64).unwrap());
+            let vi = nic
+                .create_vi(attrs(ptag), cq.as_ref(), cq.as_ref())
+                .unwrap();
+            let rdma = MemAttributes::new(ptag).rdma_write(true).rdma_read(true);
+            End {
+                nic: nic.clone(),
+                ptag,
+                vi,
+                buf: nic.alloc_region(BUF, rdma).unwrap(),
+                cq,
+            }
+        };
+        let (a, b) = (end(&self.a), end(&self.b));
+        let disc = Discriminator::from_u64(unique());
+        let (nic, vi, d) = (self.b.clone(), b.vi.clone(), disc.clone());
+        let server = std::thread::spawn(move || {
+            let mut req = nic.connect_wait(&d, Some(T)).unwrap();
+            req.accept(&vi).unwrap();
+            nic.stop_listening(&d);
+        });
+        a.vi.connect_request(&NetAddress::new(&self.b_host, disc), T)
+            .unwrap();
+        server.join().unwrap();
+        Pair {
+            _driver: Driver::start(vec![a.vi.clone(), b.vi.clone()]),
+            a,
+            b,
+        }
+    }
+}
+
+/// Plays the NIC's processor for VIs: calls [`Vi::drive`] on them until
+/// dropped. Every provider needs one for an in-process pair: the `shm`
+/// target serves RDMA only inside its own calls, and a network VI
+/// acknowledges, retransmits and serves RDMA only inside its own calls.
+struct Driver {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Driver {
+    fn start(vis: Vec<Vi>) -> Driver {
+        let stop = Arc::new(AtomicBool::new(false));
+        let halt = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !halt.load(Ordering::Relaxed) {
+                for vi in &vis {
+                    vi.drive();
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        });
+        Driver {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl End {
+    /// Posts a receive of `len` bytes at `off` of the buffer.
+    fn post_recv(&self, off: usize, len: usize) {
+        self.vi
+            .post_recv(Box::new(Descriptor::recv(&[self.buf.segment(off, len)])))
+            .unwrap_or_else(|r| panic!("receive refused: {}", r.error));
+    }
+
+    fn post_send(&self, d: Descriptor) {
+        self.vi
+            .post_send(Box::new(d))
+            .unwrap_or_else(|r| panic!("send refused: {}", r.error));
+    }
+
+    /// Sends `len` bytes at `off` of the buffer.
+    fn send(&self, off: usize, len: usize) {
+        self.post_send(Descriptor::send(&[self.buf.segment(off, len)]));
+    }
+
+    fn send_wait(&self) -> Box<Descriptor> {
+        self.vi
+            .send_wait(Some(T))
+            .unwrap_or_else(|e| panic!("send queue: {e} (VI {:?})", self.vi.state()))
+    }
+
+    fn recv_wait(&self) -> Box<Descriptor> {
+        self.vi
+            .recv_wait(Some(T))
+            .unwrap_or_else(|e| panic!("receive queue: {e} (VI {:?})", self.vi.state()))
+    }
+
+    /// Waits (bounded) until the VI is in the Error state.
+    fn until_error(&self, what: &str) {
+        poll_until(what, || (self.vi.state() == ViState::Error).then_some(()));
+    }
+}
+
+/// The post-time fields of two descriptors are the same.
+fn same_request(a: &Descriptor, b: &Descriptor) -> bool {
+    (a.cs.control, a.cs.seg_count, a.cs.immediate_data, a.ds)
+        == (b.cs.control, b.cs.seg_count, b.cs.immediate_data, b.ds)
+}
+
+/// The descriptor completed because its connection ended: flushed before
+/// it started, or failed while it was carried.
+fn ended_with_the_connection(d: &Descriptor) -> bool {
+    matches!(
+        d.error(),
+        Some(CompletionError::Flushed | CompletionError::Transport)
+    )
+}
+
+/// Posts `segs` as a send (with immediate data) and as a receive; both must
+/// be refused with the same descriptor handed back. The two errors.
+fn refusals(vi: &Vi, segs: &[Segment]) -> [PostError; 2] {
+    let send = Descriptor::send(segs).with_immediate(9);
+    let recv = Descriptor::recv(segs);
+    [
+        (send, vi.post_send(Box::new(send))),
+        (recv, vi.post_recv(Box::new(recv))),
+    ]
+    .map(|(d, r)| {
+        let rej = r.expect_err("the post is refused");
+        assert!(
+            same_request(&rej.descriptor, &d),
+            "the same descriptor comes back"
+        );
+        rej.error
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Sends and receives.
+// ---------------------------------------------------------------------------
+
+/// 1 B, the largest inline message, one byte more (by reference on `shm`,
+/// a second frame on a network), 64 KiB and four inline messages' worth,
+/// on every level: the bytes, the length and the immediate data arrive,
+/// and nothing past the message is written.
+fn every_size_arrives_intact_with_its_immediate_data(link: &Link) {
+    let inline = link.attributes().inline_threshold;
+    let sizes = [1, inline, inline + 1, 64 << 10, 4 * inline + 3];
+    const RX: usize = BUF / 2;
+    for level in link.levels() {
+        let mut p = link.pair(level);
+        for (k, &n) in sizes.iter().enumerate() {
+            let what = format!("{level:?}, {n} B");
+            let data = pattern(n, k as u8 + 1);
+            p.a.buf.as_mut_slice()[..n].copy_from_slice(&data);
+            p.b.buf.as_mut_slice()[RX..].fill(0xee);
+            p.b.post_recv(RX, BUF - RX - 1);
+            let imm = 0x5eed_0000 | k as u32;
+            p.a.post_send(Descriptor::send(&[p.a.buf.segment(0, n)]).with_immediate(imm));
+            assert_eq!(p.a.send_wait().result(), Ok(n as u32), "{what}: send");
+            let r = p.b.recv_wait();
+            assert_eq!(r.result(), Ok(n as u32), "{what}: receive");
+            assert_eq!(r.immediate(), Some(imm), "{what}: immediate data");
+            assert_eq!(r.cs.status & status::OP_MASK, status::OP_RECEIVE, "{what}");
+            let got = &p.b.buf.as_slice()[RX..];
+            assert!(got[..n] == data[..], "{what}: the bytes");
+            assert_eq!(got[n], 0xee, "{what}: nothing written past the message");
+        }
+    }
+}
+
+/// Six messages of mixed sizes posted back to back: each queue hands its
+/// descriptors back in posting order, each receive holding its message.
+fn completions_come_in_posting_order(link: &Link) {
+    let inline = link.attributes().inline_threshold;
+    let lens = [7, 1, inline + 1, 300, 40_000, 2_000];
+    const SLOT: usize = 128 << 10;
+    for level in link.levels() {
+        let mut p = link.pair(level);
+        for (i, &n) in lens.iter().enumerate() {
+            p.a.buf.as_mut_slice()[i * SLOT..i * SLOT + n].copy_from_slice(&pattern(n, i as u8));
+            p.b.post_recv(i * SLOT, SLOT);
+        }
+        for (i, &n) in lens.iter().enumerate() {
+            let d = Descriptor::send(&[p.a.buf.segment(i * SLOT, n)]).with_immediate(i as u32);
+            p.a.post_send(d);
+        }
+        for (i, &n) in lens.iter().enumerate() {
+            let d = p.a.send_wait();
+            assert_eq!(d.result(), Ok(n as u32), "{level:?}: send {i}");
+            assert_eq!(d.ds[0], p.a.buf.segment(i * SLOT, n), "{level:?}: send {i}");
+        }
+        for (i, &n) in lens.iter().enumerate() {
+            let d = p.b.recv_wait();
+            assert_eq!(
+                d.ds[0],
+                p.b.buf.segment(i * SLOT, SLOT),
+                "{level:?}: receive {i}"
+            );
+            assert_eq!(d.result(), Ok(n as u32), "{level:?}: receive {i}");
+            assert_eq!(d.immediate(), Some(i as u32), "{level:?}: receive {i}");
+            let got = &p.b.buf.as_slice()[i * SLOT..i * SLOT + n];
+            assert!(got == pattern(n, i as u8), "{level:?}: message {i}'s bytes");
+        }
+    }
+}
+
+/// Every refusal the post itself can make hands the same descriptor back,
+/// queues nothing and leaves the VI usable.
+fn refused_posts_hand_the_descriptor_back_and_queue_nothing(link: &Link) {
+    const MAX: u32 = 4096;
+    let ptag = link.a.create_ptag().unwrap();
+    let idle = link
+        .a
+        .create_vi(ViAttributes::new(ptag), None, None)
+        .unwrap();
+    let r = link.a.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    let d = Descriptor::send(&[r.segment(0, 8)]);
+    let rej = idle.post_send(Box::new(d)).unwrap_err();
+    assert_eq!(rej.error, PostError::NotConnected(ViState::Idle));
+    assert!(
+        same_request(&rej.descriptor, &d),
+        "the same descriptor comes back"
+    );
+    assert!(idle.queue_is_empty(Queue::Send));
+
+    let level = link.levels()[0];
+    let mut p = link.pair_with(
+        |t| {
+            ViAttributes::new(t)
+                .reliability(level)
+                .max_transfer_size(MAX)
+        },
+        false,
+    );
+    let other = link.a.create_ptag().unwrap();
+    let foreign = link.a.alloc_region(64, MemAttributes::new(other)).unwrap();
+    let buf = &p.a.buf;
+    for e in refusals(&p.a.vi, &[buf.segment(BUF - 100, 200)]) {
+        assert!(
+            matches!(
+                e,
+                PostError::Segment {
+                    index: 0,
+                    error: AccessError::OutOfBounds { .. }
+                }
+            ),
+            "out of bounds: {e:?}"
+        );
+    }
+    for e in refusals(&p.a.vi, &[foreign.segment(0, 8)]) {
+        assert!(
+            matches!(
+                e,
+                PostError::Segment {
+                    index: 0,
+                    error: AccessError::WrongPtag { .. }
+                }
+            ),
+            "another tag's memory: {e:?}"
+        );
+    }
+    let unregistered = Segment::local(buf.addr(), MemHandle(0x7777_0001), 8);
+    for e in refusals(&p.a.vi, &[buf.segment(0, 4), unregistered]) {
+        assert!(
+            matches!(
+                e,
+                PostError::Segment {
+                    index: 1,
+                    error: AccessError::NotRegistered(_)
+                }
+            ),
+            "an unregistered handle: {e:?}"
+        );
+    }
+    let too_many = vec![buf.segment(0, 1); link.attributes().max_segments_per_desc + 1];
+    for e in refusals(&p.a.vi, &too_many) {
+        assert!(
+            matches!(e, PostError::Format(_)),
+            "too many segments: {e:?}"
+        );
+    }
+    let over = MAX as usize + 1;
+    for e in refusals(&p.a.vi, &[buf.segment(0, over)]) {
+        let want = PostError::TooLong {
+            len: over as u64,
+            max: MAX,
+        };
+        assert_eq!(e, want, "one segment over the VI's max transfer size");
+    }
+    for e in refusals(&p.a.vi, &[buf.segment(0, 3000), buf.segment(4096, 2000)]) {
+        let want = PostError::TooLong {
+            len: 5000,
+            max: MAX,
+        };
+        assert_eq!(e, want, "segments over the VI's max transfer size");
+    }
+    assert!(
+        p.a.vi.queue_is_empty(Queue::Send),
+        "nothing was queued to send"
+    );
+    assert!(
+        p.a.vi.queue_is_empty(Queue::Recv),
+        "nothing was queued to receive"
+    );
+    assert!(p.a.vi.send_done().is_none());
+    assert_eq!(p.a.vi.state(), ViState::Connected, "the VI stays usable");
+    // The first completions are those of the next good posts, both ways.
+    p.a.post_recv(0, 64);
+    p.b.post_recv(0, 64);
+    p.a.buf.as_mut_slice()[..5].copy_from_slice(b"hello");
+    p.a.send(0, 5);
+    assert_eq!(p.a.send_wait().result(), Ok(5));
+    assert_eq!(p.b.recv_wait().result(), Ok(5));
+    p.b.buf.as_mut_slice()[100..102].copy_from_slice(b"hi");
+    p.b.send(100, 2);
+    assert_eq!(p.b.send_wait().result(), Ok(2));
+    assert_eq!(p.a.recv_wait().result(), Ok(2));
+    assert_eq!(&p.a.buf.as_slice()[..2], b"hi");
+}
+
+/// A message longer than the receive descriptor completes it with a length
+/// error, and nothing past the descriptor's buffer is written. Unreliable:
+/// the sender is not told and the connection goes on. Reliable levels: the
+/// connection breaks on both sides; reliable reception tells the sender
+/// through its send's status (remote descriptor error), reliable delivery
+/// may have completed the send already.
+fn a_short_receive_is_a_length_error(link: &Link) {
+    let inline = link.attributes().inline_threshold;
+    for level in link.levels() {
+        for (n, room) in [(100, 10), (64 << 10, inline + 1)] {
+            let what = format!("{level:?}, {n} B into {room} B");
+            let mut p = link.pair(level);
+            p.a.buf.as_mut_slice()[..n].copy_from_slice(&pattern(n, 3));
+            p.b.buf.as_mut_slice().fill(0xee);
+            p.a.post_recv(BUF / 2, 64);
+            p.b.post_recv(0, room);
+            p.a.send(0, n);
+            let r = p.b.recv_wait();
+            assert_eq!(r.error(), Some(CompletionError::Length), "{what}: receive");
+            assert_eq!(r.cs.status & status::OP_MASK, status::OP_RECEIVE, "{what}");
+            assert!(
+                p.b.buf.as_slice()[room..].iter().all(|&x| x == 0xee),
+                "{what}: nothing written past the receive buffer"
+            );
+            let s = p.a.send_wait();
+            match level {
+                Reliability::Unreliable => {
+                    assert_eq!(s.result(), Ok(n as u32), "{what}: the sender is not told");
+                    assert_eq!(p.b.vi.state(), ViState::Connected, "{what}: receiver");
+                    p.b.post_recv(0, 64);
+                    p.a.buf.as_mut_slice()[..8].copy_from_slice(b"followup");
+                    p.a.send(0, 8);
+                    assert_eq!(p.a.send_wait().result(), Ok(8), "{what}: next send");
+                    assert_eq!(p.b.recv_wait().result(), Ok(8), "{what}: next message");
+                    assert_eq!(&p.b.buf.as_slice()[..8], b"followup", "{what}");
+                    assert_eq!(p.a.vi.state(), ViState::Connected, "{what}: sender");
+                }
+                Reliability::ReliableDelivery => {
+                    assert!(
+                        matches!(s.result(), Ok(_) | Err(CompletionError::RemoteDescriptor)),
+                        "{what}: send {:?}",
+                        s.result()
+                    );
+                }
+                Reliability::ReliableReception => {
+                    assert_eq!(
+                        s.error(),
+                        Some(CompletionError::RemoteDescriptor),
+                        "{what}: the sender is told"
+                    );
+                }
+            }
+            if level != Reliability::Unreliable {
+                assert_eq!(
+                    p.b.vi.state(),
+                    ViState::Error,
+                    "{what}: the receiver breaks"
+                );
+                let rej =
+                    p.b.vi
+                        .post_recv(Box::new(Descriptor::recv(&[p.b.buf.segment(0, 64)])))
+                        .unwrap_err();
+                assert_eq!(rej.error, PostError::ViError, "{what}");
+                // The sender's outstanding receive comes back with an error.
+                let r = p.a.recv_wait();
+                assert!(
+                    ended_with_the_connection(&r),
+                    "{what}: the sender's receive {:?}",
+                    r.result()
+                );
+                assert_eq!(p.a.vi.state(), ViState::Error, "{what}: the sender breaks");
+            }
+        }
+    }
+}
+
+/// Memory deregistered under a posted receive is not written: the receive
+/// completes with a protection error.
+fn deregistered_memory_under_a_posted_receive_is_not_written(link: &Link) {
+    for level in link.levels() {
+        let mut p = link.pair(level);
+        let mut mem = vec![0x5au8; 4096];
+        // SAFETY: `mem` outlives the registration and is only read below,
+        // after the receive that names it has completed.
+        let h = unsafe {
+            p.b.nic
+                .register_mem(mem.as_mut_ptr(), mem.len(), MemAttributes::new(p.b.ptag))
+        }
+        .unwrap();
+        p.b.vi
+            .post_recv(Box::new(Descriptor::recv(&[Segment::local(
+                mem.as_ptr(),
+                h,
+                4096,
+            )])))
+            .unwrap();
+        p.b.nic.deregister_mem(h).unwrap();
+        p.a.buf.as_mut_slice()[..100].fill(0x11);
+        p.a.send(0, 100);
+        let r = p.b.recv_wait();
+        assert!(
+            mem.iter().all(|&x| x == 0x5a),
+            "{level:?}: memory untouched"
+        );
+        assert_eq!(r.error(), Some(CompletionError::Protection), "{level:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// RDMA.
+// ---------------------------------------------------------------------------
+
+/// RDMA writes land in the target's memory and RDMA reads bring it back,
+/// small and over many frames, on the reliable levels; on the unreliable
+/// level a write lands and a read is refused at the post.
+fn rdma_write_and_read_land_on_the_target(link: &Link) {
+    const AT: usize = 128 << 10;
+    for level in link.levels() {
+        let mut p = link.pair(level);
+        for (k, n) in [50usize, 64 << 10].into_iter().enumerate() {
+            let what = format!("{level:?}, {n} B");
+            let data = pattern(n, k as u8 + 7);
+            p.a.buf.as_mut_slice()[..n].copy_from_slice(&data);
+            p.a.post_send(Descriptor::rdma_write(
+                p.b.buf.remote(AT),
+                &[p.a.buf.segment(0, n)],
+            ));
+            let s = p.a.send_wait();
+            assert_eq!(s.result(), Ok(n as u32), "{what}: write");
+            assert_eq!(
+                s.cs.status & status::OP_MASK,
+                status::OP_RDMA_WRITE,
+                "{what}"
+            );
+            if level == Reliability::Unreliable {
+                // Complete once sent: the bytes follow.
+                poll_until(&what, || {
+                    (p.b.buf.as_slice()[AT..AT + n] == data[..]).then_some(())
+                });
+                continue;
+            }
+            assert!(
+                p.b.buf.as_slice()[AT..AT + n] == data[..],
+                "{what}: written"
+            );
+            let back = BUF / 2 - n;
+            p.a.post_send(Descriptor::rdma_read(
+                p.b.buf.remote(AT),
+                &[p.a.buf.segment(back, n)],
+            ));
+            let s = p.a.send_wait();
+            assert_eq!(s.result(), Ok(n as u32), "{what}: read");
+            assert_eq!(
+                s.cs.status & status::OP_MASK,
+                status::OP_RDMA_READ,
+                "{what}"
+            );
+            assert!(
+                p.a.buf.as_slice()[back..back + n] == data[..],
+                "{what}: read back"
+            );
+        }
+        if level == Reliability::Unreliable {
+            let d = Descriptor::rdma_read(p.b.buf.remote(AT), &[p.a.buf.segment(0, 8)]);
+            let rej = p.a.vi.post_send(Box::new(d)).unwrap_err();
+            assert!(
+                matches!(rej.error, PostError::NotEnabled(_)),
+                "{:?}",
+                rej.error
+            );
+            assert!(same_request(&rej.descriptor, &d));
+        }
+    }
+}
+
+/// What a refused RDMA request aims at.
+struct Refused {
+    what: &'static str,
+    /// The target region's attributes.
+    target: fn(Ptag) -> MemAttributes,
+    /// The request, given the target region.
+    request: fn(&MemoryRegion, &MemoryRegion) -> Descriptor,
+}
+
+/// RDMA the target does not allow (outside the region, or not enabled on
+/// it) completes with an RDMA protection error at the initiator, leaves
+/// memory on both sides untouched and breaks the reliable connection.
+fn rdma_is_checked_on_the_target(link: &Link) {
+    let rw = |t: Ptag| MemAttributes::new(t).rdma_write(true).rdma_read(true);
+    let cases = [
+        Refused {
+            what: "write past the region's end",
+            target: rw,
+            request: |t, local| {
+                Descriptor::rdma_write(t.remote(4096 - 10), &[local.segment(0, 50)])
+            },
+        },
+        Refused {
+            what: "read past the region's end",
+            target: rw,
+            request: |t, local| Descriptor::rdma_read(t.remote(4096 - 10), &[local.segment(0, 50)]),
+        },
+        Refused {
+            what: "write to a region without RDMA write",
+            target: |t| MemAttributes::new(t).rdma_read(true),
+            request: |t, local| Descriptor::rdma_write(t.remote(0), &[local.segment(0, 50)]),
+        },
+        Refused {
+            what: "read from a region without RDMA read",
+            target: |t| MemAttributes::new(t).rdma_write(true),
+            request: |t, local| Descriptor::rdma_read(t.remote(0), &[local.segment(0, 50)]),
+        },
+    ];
+    for level in link.reliable_levels() {
+        for c in &cases {
+            let what = format!("{level:?}: {}", c.what);
+            let mut p = link.pair(level);
+            let mut target = p.b.nic.alloc_region(4096, (c.target)(p.b.ptag)).unwrap();
+            target.as_mut_slice().fill(0x5a);
+            p.a.buf.as_mut_slice()[..64].fill(0xa5);
+            p.a.post_send((c.request)(&target, &p.a.buf));
+            let s = p.a.send_wait();
+            assert_eq!(s.error(), Some(CompletionError::RdmaProtection), "{what}");
+            assert!(
+                target.as_slice().iter().all(|&x| x == 0x5a),
+                "{what}: target untouched"
+            );
+            assert!(
+                p.a.buf.as_slice()[..64].iter().all(|&x| x == 0xa5),
+                "{what}: initiator's memory untouched"
+            );
+            p.a.until_error(&format!("{what}: the initiator's VI breaks"));
+            p.b.until_error(&format!("{what}: the target's VI breaks"));
+        }
+    }
+}
+
+/// An RDMA write to a VI that does not enable it never lands: the
+/// providers differ in where they say so (the network providers refuse the
+/// post, knowing the peer's attributes from the connection; `shm` completes
+/// it with an RDMA protection error from the target), and either is taken.
+fn rdma_write_to_a_vi_without_it_is_refused(link: &Link) {
+    for level in link.levels() {
+        let what = format!("{level:?}");
+        let mut p = link.pair_with(
+            |t| ViAttributes::new(t).reliability(level).rdma(false, true),
+            false,
+        );
+        p.b.buf.as_mut_slice()[..64].fill(0x5a);
+        let d = Descriptor::rdma_write(p.b.buf.remote(0), &[p.a.buf.segment(0, 50)]);
+        match p.a.vi.post_send(Box::new(d)) {
+            Err(rej) => {
+                assert!(
+                    matches!(rej.error, PostError::NotEnabled(_)),
+                    "{what}: {}",
+                    rej.error
+                );
+                assert!(same_request(&rej.descriptor, &d), "{what}");
+                assert!(p.a.vi.queue_is_empty(Queue::Send), "{what}");
+            }
+            Ok(()) => {
+                let s = p.a.send_wait();
+                assert_eq!(s.error(), Some(CompletionError::RdmaProtection), "{what}");
+                p.b.until_error(&format!("{what}: the target's VI breaks"));
+            }
+        }
+        assert!(
+            p.b.buf.as_slice()[..64].iter().all(|&x| x == 0x5a),
+            "{what}: untouched"
+        );
+    }
+}
+
+/// An RDMA write with immediate data consumes the target's oldest receive
+/// descriptor, which completes with the immediate data once the bytes are
+/// in place; its own buffer is not written and the next send takes the
+/// next receive.
+fn rdma_write_with_immediate_consumes_a_receive(link: &Link) {
+    const AT: usize = 128 << 10;
+    const N: usize = 3000;
+    for level in link.levels() {
+        let what = format!("{level:?}");
+        let mut p = link.pair(level);
+        p.b.buf.as_mut_slice()[..128].fill(0xee);
+        p.b.post_recv(0, 16);
+        p.b.post_recv(64, 16);
+        p.a.buf.as_mut_slice()[..N].copy_from_slice(&pattern(N, 9));
+        p.a.post_send(
+            Descriptor::rdma_write(p.b.buf.remote(AT), &[p.a.buf.segment(0, N)])
+                .with_immediate(0xabcd),
+        );
+        assert_eq!(p.a.send_wait().result(), Ok(N as u32), "{what}: write");
+        let r = p.b.recv_wait();
+        assert_eq!(r.result(), Ok(N as u32), "{what}: the write's length");
+        assert_eq!(r.immediate(), Some(0xabcd), "{what}");
+        assert_eq!(
+            r.cs.status & status::OP_MASK,
+            status::OP_REMOTE_RDMA_WRITE,
+            "{what}: the receive names the remote write"
+        );
+        assert!(
+            p.b.buf.as_slice()[AT..AT + N] == pattern(N, 9),
+            "{what}: bytes in place"
+        );
+        assert!(
+            p.b.buf.as_slice()[..16].iter().all(|&x| x == 0xee),
+            "{what}: receive buffer"
+        );
+        p.a.buf.as_mut_slice()[..4].copy_from_slice(b"next");
+        p.a.send(0, 4);
+        assert_eq!(p.a.send_wait().result(), Ok(4), "{what}");
+        assert_eq!(p.b.recv_wait().result(), Ok(4), "{what}: the next receive");
+        assert_eq!(&p.b.buf.as_slice()[64..68], b"next", "{what}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Completion queues, waits, disconnection.
+// ---------------------------------------------------------------------------
+
+/// A CQ names the VI and queue of each completion, in completion order; the
+/// VI's done call then hands the descriptor over, and a queue that reports
+/// to a CQ cannot be waited on directly.
+fn cq_notices_name_the_vi_and_queue(link: &Link) {
+    let level = link.levels()[0];
+    let mut p = link.pair_with(|t| ViAttributes::new(t).reliability(level), true);
+    let (cq_a, cq_b) = (p.a.cq.clone().unwrap(), p.b.cq.clone().unwrap());
+    assert_eq!(
+        p.a.vi.send_wait(Some(SHORT)).unwrap_err(),
+        WaitError::BoundToCq
+    );
+    assert_eq!(
+        p.b.vi.recv_wait(Some(SHORT)).unwrap_err(),
+        WaitError::BoundToCq
+    );
+    assert_eq!(cq_b.wait(Some(SHORT)).unwrap_err(), WaitError::Timeout);
+    for i in 0..3 {
+        p.b.post_recv(i * 64, 64);
+    }
+    for i in 0..3usize {
+        p.a.buf.as_mut_slice()[i * 64..i * 64 + 10 + i].fill(i as u8);
+        p.a.send(i * 64, 10 + i);
+    }
+    for (cq, end, queue) in [(&cq_a, &p.a, Queue::Send), (&cq_b, &p.b, Queue::Recv)] {
+        for i in 0..3 {
+            let c = cq.wait(Some(T)).unwrap();
+            assert_eq!((c.vi.id(), c.queue), (end.vi.id(), queue), "notice {i}");
+            let d = match queue {
+                Queue::Send => c.vi.send_done(),
+                Queue::Recv => c.vi.recv_done(),
+            }
+            .expect("the notice names a completed descriptor");
+            assert_eq!(d.result(), Ok(10 + i as u32), "{queue:?} {i}");
+        }
+    }
+    assert!(cq_a.done().unwrap().is_none());
+    assert!(cq_b.done().unwrap().is_none());
+    assert!(p.b.buf.as_slice()[128..140].iter().all(|&x| x == 2));
+}
+
+/// A wait with a timeout returns when it passes, and the descriptor waited
+/// for stays posted.
+fn a_wait_times_out_and_the_descriptor_stays(link: &Link) {
+    let mut p = link.pair(link.levels()[0]);
+    p.b.post_recv(0, 64);
+    assert_eq!(
+        p.b.vi.recv_wait(Some(SHORT)).unwrap_err(),
+        WaitError::Timeout
+    );
+    assert_eq!(
+        p.a.vi.send_wait(Some(SHORT)).unwrap_err(),
+        WaitError::Timeout
+    );
+    assert!(!p.b.vi.queue_is_empty(Queue::Recv));
+    p.a.buf.as_mut_slice()[..3].copy_from_slice(b"abc");
+    p.a.send(0, 3);
+    assert_eq!(p.a.send_wait().result(), Ok(3));
+    assert_eq!(p.b.recv_wait().result(), Ok(3));
+    assert_eq!(&p.b.buf.as_slice()[..3], b"abc");
+}
+
+/// A disconnect completes every outstanding descriptor on both sides as
+/// flushed; the side that disconnected is idle, its peer in Error.
+fn disconnect_flushes_both_sides(link: &Link) {
+    for level in link.levels() {
+        let what = format!("{level:?}");
+        let p = link.pair(level);
+        for i in 0..3 {
+            p.b.post_recv(i * 64, 64);
+        }
+        for i in 0..2 {
+            p.a.post_recv(i * 64, 64);
+        }
+        p.a.vi.disconnect();
+        assert_eq!(p.a.vi.state(), ViState::Idle, "{what}");
+        for i in 0..2 {
+            let d = p.a.recv_wait();
+            assert_eq!(
+                d.error(),
+                Some(CompletionError::Flushed),
+                "{what}: a's receive {i}"
+            );
+        }
+        for i in 0..3 {
+            let d = p.b.recv_wait();
+            assert_eq!(
+                d.error(),
+                Some(CompletionError::Flushed),
+                "{what}: b's receive {i}"
+            );
+        }
+        assert_eq!(p.b.vi.state(), ViState::Error, "{what}");
+        let d = Descriptor::send(&[p.b.buf.segment(0, 8)]);
+        assert_eq!(
+            p.b.vi.post_send(Box::new(d)).unwrap_err().error,
+            PostError::ViError
+        );
+        p.b.vi.disconnect();
+        assert_eq!(p.b.vi.state(), ViState::Idle, "{what}");
+    }
+}
+
+/// Sends that wait for the peer's receive descriptors are outstanding
+/// descriptors too: a disconnect completes the disconnecting side's as
+/// flushed and fails the peer's (reliable reception, where a send completes
+/// only in a receive; `rnr_retry` keeps a network sender trying meanwhile).
+fn disconnect_fails_sends_waiting_for_the_peer(link: &Link) {
+    let level = Reliability::ReliableReception;
+    if !link.levels().contains(&level) {
+        println!("skipped: the provider does not offer {level:?}");
+        return;
+    }
+    let p = link.pair_with(
+        |t| ViAttributes::new(t).reliability(level).rnr_retry(true),
+        false,
+    );
+    p.b.post_recv(0, 64);
+    for i in 0..3 {
+        p.a.send(i * 64, 8);
+    }
+    assert_eq!(p.a.send_wait().result(), Ok(8), "the send b had room for");
+    assert_eq!(p.b.recv_wait().result(), Ok(8));
+    for i in 0..2 {
+        p.b.send(i * 64, 4);
+    }
+    assert_eq!(
+        p.a.vi.send_wait(Some(SHORT)).unwrap_err(),
+        WaitError::Timeout
+    );
+    assert_eq!(
+        p.b.vi.send_wait(Some(SHORT)).unwrap_err(),
+        WaitError::Timeout
+    );
+    p.a.vi.disconnect();
+    for i in 0..2 {
+        let d = p.a.send_wait();
+        assert_eq!(d.error(), Some(CompletionError::Flushed), "a's send {i}");
+    }
+    for i in 0..2 {
+        let d = p.b.send_wait();
+        assert!(
+            ended_with_the_connection(&d),
+            "b's send {i}: {:?}",
+            d.result()
+        );
+    }
+    assert_eq!(p.a.vi.state(), ViState::Idle);
+    assert_eq!(p.b.vi.state(), ViState::Error);
+}
+
+// ---------------------------------------------------------------------------
+// Every behaviour on every medium.
+// ---------------------------------------------------------------------------
+
+/// One test of a behaviour on one medium: `run`, or `bug` with what the
+/// provider does instead today (ignored; `--ignored` runs it).
+macro_rules! instance {
+    (run $medium:ident $behaviour:ident $($bug:literal)?) => {
+        #[test]
+        fn $behaviour() {
+            super::run(super::Medium::$medium, super::$behaviour)
+        }
+    };
+    (bug $medium:ident $behaviour:ident $bug:literal) => {
+        #[test]
+        #[ignore = $bug]
+        fn $behaviour() {
+            super::run(super::Medium::$medium, super::$behaviour)
+        }
+    };
+}
+
+/// Each behaviour on each medium, in modules named after the media
+/// (`cargo test --test behaviour udp::` runs one medium).
+macro_rules! on_every_medium {
+    ($($behaviour:ident: $shm:ident $udp:ident $xdp:ident $(= $bug:literal)?;)*) => {
+        mod shm {
+            $(instance!($shm Shm $behaviour $($bug)?);)*
+        }
+        mod udp {
+            $(instance!($udp Udp $behaviour $($bug)?);)*
+        }
+        mod xdp {
+            $(instance!($xdp Xdp $behaviour $($bug)?);)*
+        }
+    };
+}
+
+on_every_medium! {
+    //                                                          shm udp xdp
+    every_size_arrives_intact_with_its_immediate_data:          run run run;
+    completions_come_in_posting_order:                          run run run;
+    refused_posts_hand_the_descriptor_back_and_queue_nothing:   run run run;
+    a_short_receive_is_a_length_error:                          run run run;
+    deregistered_memory_under_a_posted_receive_is_not_written:  run bug bug =
+        "bug: udp and xdp complete the receive without error, its memory unwritten";
+    rdma_write_and_read_land_on_the_target:                     run run run;
+    rdma_is_checked_on_the_target:                              run run run;
+    rdma_write_to_a_vi_without_it_is_refused:                   run run run;
+    rdma_write_with_immediate_consumes_a_receive:               run run run;
+    cq_notices_name_the_vi_and_queue:                           run run run;
+    a_wait_times_out_and_the_descriptor_stays:                  run run run;
+    disconnect_flushes_both_sides:                              run run run;
+    disconnect_fails_sends_waiting_for_the_peer:                run run run;
+}
