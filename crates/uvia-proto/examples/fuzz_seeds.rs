@@ -44,20 +44,29 @@ fn main() -> std::io::Result<()> {
             Repr::ConnRequest {
                 attrs,
                 discriminator: b"echo",
+                private: b"",
             },
         ),
-        ("accept", Repr::ConnAccept { attrs }),
+        (
+            "accept",
+            Repr::ConnAccept {
+                attrs,
+                private: b"",
+            },
+        ),
         (
             "peer-request",
             Repr::PeerRequest {
                 attrs,
                 discriminator: b"peer",
+                private: b"",
             },
         ),
         (
             "reject",
             Repr::ConnReject {
                 reason: RejectReason::NoListener,
+                private: b"",
             },
         ),
         ("confirm", Repr::ConnConfirm),

@@ -74,6 +74,7 @@ fn repeated_requests_make_one_connection() {
         let req = Repr::ConnRequest {
             attrs,
             discriminator: b"sim",
+            private: b"",
         };
         let mut b = vec![0u8; req.buffer_len()];
         req.emit(&mut b, 0, s.sides[0].id);
