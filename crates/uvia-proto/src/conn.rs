@@ -538,8 +538,7 @@ impl Conn {
         discriminator: &[u8],
     ) -> Conn {
         let mut c = Conn::new(now, cfg, local_id, initial_psn);
-        c.discriminator =
-            discriminator[..discriminator.len().min(wire::MAX_DISCRIMINATOR)].to_vec();
+        c.discriminator = wire::cut_discriminator(discriminator).to_vec();
         c.state = State::Connecting {
             since: now,
             last: None,
@@ -1767,19 +1766,7 @@ impl Conn {
                     let attrs = self.cfg.attrs(self.snd_nxt);
                     let discriminator = &self.discriminator[..];
                     let private = self.private.as_slice();
-                    let r = if self.peer_mode {
-                        Repr::PeerRequest {
-                            attrs,
-                            discriminator,
-                            private,
-                        }
-                    } else {
-                        Repr::ConnRequest {
-                            attrs,
-                            discriminator,
-                            private,
-                        }
-                    };
+                    let r = Repr::request(self.peer_mode, attrs, discriminator, private);
                     return Some(r.emit(buf, 0, src));
                 }
                 return None;

@@ -10,7 +10,7 @@
 //! socket, no clock and no lock; the address type `A` is the medium's.
 
 use crate::conn::Conn;
-use crate::wire::{self, ConnAttrs, PrivateData, RejectReason, Repr, MAX_DISCRIMINATOR};
+use crate::wire::{self, ConnAttrs, PrivateData, RejectReason, Repr};
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -255,11 +255,11 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
     // Listeners.
 
     /// Starts holding requests for `discriminator` (cut to
-    /// [`MAX_DISCRIMINATOR`] bytes, as requests carry it); until then they
+    /// [`wire::MAX_DISCRIMINATOR`] bytes, as requests carry it); until then they
     /// are refused with [`RejectReason::NoListener`]. Listening again
     /// changes nothing.
     pub fn listen(&mut self, discriminator: &[u8]) {
-        let d = &discriminator[..discriminator.len().min(MAX_DISCRIMINATOR)];
+        let d = wire::cut_discriminator(discriminator);
         if !self.listeners.contains_key(d) {
             let l = Listener {
                 queue: VecDeque::new(),
@@ -273,7 +273,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
     /// forgotten (their clients' repetitions are refused). A request
     /// already taken may still be answered.
     pub fn stop_listening(&mut self, discriminator: &[u8]) {
-        let d = &discriminator[..discriminator.len().min(MAX_DISCRIMINATOR)];
+        let d = wire::cut_discriminator(discriminator);
         if self.listeners.remove(d).is_some() {
             self.held.retain(|_, h| &*h.discriminator != d);
         }
@@ -284,7 +284,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
     /// one; then accept or [`reject`](Self::reject) it. Until answered, its
     /// repetitions are not queued again.
     pub fn take_request(&mut self, discriminator: &[u8]) -> Option<Incoming<A>> {
-        let d = &discriminator[..discriminator.len().min(MAX_DISCRIMINATOR)];
+        let d = wire::cut_discriminator(discriminator);
         let req = self.listeners.get_mut(d)?.queue.pop_front()?;
         if let Some(h) = self.held.get_mut(&(req.from, req.peer_id)) {
             h.taken = true;
@@ -294,7 +294,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
 
     /// Requests waiting on `discriminator`, not yet taken.
     pub fn pending(&self, discriminator: &[u8]) -> usize {
-        let d = &discriminator[..discriminator.len().min(MAX_DISCRIMINATOR)];
+        let d = wire::cut_discriminator(discriminator);
         self.listeners.get(d).map_or(0, |l| l.queue.len())
     }
 
@@ -357,7 +357,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
         peer: A,
         id: u32,
     ) -> Result<(), RendezvousError> {
-        let d = &discriminator[..discriminator.len().min(MAX_DISCRIMINATOR)];
+        let d = wire::cut_discriminator(discriminator);
         if self.peers.contains_key(d) {
             return Err(RendezvousError::InUse);
         }
@@ -368,7 +368,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
     /// The connection waiting on `discriminator` waits no more (connected:
     /// the peer's repetitions reach it through [`established`](Self::established)).
     pub fn peer_done(&mut self, discriminator: &[u8]) {
-        let d = &discriminator[..discriminator.len().min(MAX_DISCRIMINATOR)];
+        let d = wire::cut_discriminator(discriminator);
         self.peers.remove(d);
     }
 

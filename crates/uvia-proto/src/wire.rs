@@ -567,6 +567,12 @@ impl SackList {
     }
 }
 
+/// The part of a discriminator a request carries (the first
+/// [`MAX_DISCRIMINATOR`] bytes): what a longer one is known by.
+pub(crate) fn cut_discriminator(d: &[u8]) -> &[u8] {
+    &d[..d.len().min(MAX_DISCRIMINATOR)]
+}
+
 /// A handshake frame's private data: after its kind's fixed part, a length
 /// byte and exactly that many bytes; none if the frame ends at its fixed part.
 fn parse_private(b: &[u8], kind: Kind) -> Result<&[u8], WireError> {
@@ -689,6 +695,27 @@ fn emit_header(b: &mut [u8], kind: Kind, dst: u32, src: u32) {
 }
 
 impl<'a> Repr<'a> {
+    /// A connection request, or with `peer_to_peer` a peer request.
+    pub fn request(
+        peer_to_peer: bool,
+        attrs: ConnAttrs,
+        discriminator: &'a [u8],
+        private: &'a [u8],
+    ) -> Repr<'a> {
+        match peer_to_peer {
+            true => Repr::PeerRequest {
+                attrs,
+                discriminator,
+                private,
+            },
+            false => Repr::ConnRequest {
+                attrs,
+                discriminator,
+                private,
+            },
+        }
+    }
+
     /// Parses a checked frame. Never panics, whatever the bytes.
     pub fn parse(frame: Frame<&'a [u8]>) -> Result<Repr<'a>, WireError> {
         let b: &'a [u8] = frame.buf;
@@ -703,19 +730,8 @@ impl<'a> Repr<'a> {
                 let at = HEADER_LEN + 16;
                 let discriminator = &b[at..at + n];
                 let private = parse_private(b, kind)?;
-                if kind == Kind::PeerRequest {
-                    Repr::PeerRequest {
-                        attrs,
-                        discriminator,
-                        private,
-                    }
-                } else {
-                    Repr::ConnRequest {
-                        attrs,
-                        discriminator,
-                        private,
-                    }
-                }
+                let peer_to_peer = kind == Kind::PeerRequest;
+                Repr::request(peer_to_peer, attrs, discriminator, private)
             }
             Kind::ConnAccept => Repr::ConnAccept {
                 attrs: ConnAttrs::parse(b, HEADER_LEN)?,
