@@ -1,4 +1,5 @@
-//! Writes one frame of each kind as seed inputs for the fuzz targets:
+//! Writes one frame of each kind as seed inputs for the fuzz targets, and a
+//! few whole exchanges for the `conn` and `endpoint` targets:
 //! `cargo run -p uvia-proto --example fuzz_seeds -- crates/uvia-proto/fuzz/corpus`.
 
 use uvia_proto::wire::{ConnAttrs, DataHeader, NakCode, Op, RejectReason, Repr, SackList};
@@ -44,20 +45,29 @@ fn main() -> std::io::Result<()> {
             Repr::ConnRequest {
                 attrs,
                 discriminator: b"echo",
+                private: b"",
             },
         ),
-        ("accept", Repr::ConnAccept { attrs }),
+        (
+            "accept",
+            Repr::ConnAccept {
+                attrs,
+                private: b"",
+            },
+        ),
         (
             "peer-request",
             Repr::PeerRequest {
                 attrs,
                 discriminator: b"peer",
+                private: b"",
             },
         ),
         (
             "reject",
             Repr::ConnReject {
                 reason: RejectReason::NoListener,
+                private: b"",
             },
         ),
         ("confirm", Repr::ConnConfirm),
@@ -139,6 +149,104 @@ fn main() -> std::io::Result<()> {
             }
         }
         std::fs::write(dir.join("conn").join(name), c)?;
+    }
+    endpoint_seeds(&dir.join("endpoint"), attrs)
+}
+
+/// Exchanges for the endpoint target. A record is a control byte and, for
+/// a frame, a length byte and its bytes: the control byte's low two bits
+/// are the sender's address and the next two let time pass (300 ms
+/// each); with 0x80 it is instead one of the listener's moves (0x80 take
+/// and accept, 0x81 take and refuse, 0x82 take and hold, 0x83/0x84 accept
+/// or refuse the oldest held, 0x85 the oldest connection goes, 0x86 stop or
+/// start listening, 0x87 end or start the rendezvous; 0x08 picks listener
+/// "b" over "a").
+fn endpoint_seeds(dir: &std::path::Path, attrs: ConnAttrs) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let frame = |ctl: u8, r: Repr<'_>, dst: u32, src: u32| {
+        let mut b = vec![0u8; r.buffer_len()];
+        let n = r.emit(&mut b, dst, src);
+        let mut c = vec![ctl, n as u8];
+        c.extend_from_slice(&b[..n]);
+        c
+    };
+    let request = |ctl, src, d: &'static [u8], private: &'static [u8]| {
+        let r = Repr::ConnRequest {
+            attrs,
+            discriminator: d,
+            private,
+        };
+        frame(ctl, r, 0, src)
+    };
+    let peer_request = |ctl, src, d: &'static [u8]| {
+        let r = Repr::PeerRequest {
+            attrs,
+            discriminator: d,
+            private: b"peer",
+        };
+        frame(ctl, r, 0, src)
+    };
+    let disconnect = |ctl, dst, src| frame(ctl, Repr::Disconnect { ack: 1, done: 0 }, dst, src);
+    let seeds: [(&str, Vec<Vec<u8>>); 5] = [
+        (
+            "accepted",
+            vec![
+                request(1, 50, b"a", b"hello"),
+                request(1, 50, b"a", b"hello"),
+                vec![0x80],
+                request(1, 50, b"a", b"hello"),
+                frame(1, Repr::ConnConfirm, 10, 50),
+                disconnect(1, 10, 50),
+            ],
+        ),
+        (
+            "refused",
+            vec![
+                request(1, 51, b"b", b""),
+                vec![0x89],
+                request(1, 51, b"b", b""),
+                request(2, 52, b"zz", b""),
+            ],
+        ),
+        (
+            "bound",
+            vec![
+                request(1, 60, b"a", b""),
+                request(1, 61, b"a", b""),
+                vec![0x82],
+                request(1, 62, b"a", b""),
+                request(1, 63, b"a", b""),
+                request(1 | 0x0c, 61, b"a", b""),
+                request(2, 64, b"a", b""),
+                vec![0x83, 0x82, 0x84],
+            ],
+        ),
+        (
+            "rendezvous",
+            vec![
+                peer_request(3, 70, b"p"),
+                peer_request(1, 70, b"p"),
+                vec![0x87],
+                peer_request(3, 71, b"p"),
+                vec![0x87],
+                peer_request(3, 71, b"p"),
+                disconnect(1, 99, 5),
+            ],
+        ),
+        (
+            "stopped",
+            vec![
+                request(1, 80, b"a", b""),
+                vec![0x86],
+                request(1, 80, b"a", b""),
+                vec![0x86, 0x85, 0x85],
+                request(1, 80, b"a", b""),
+                frame(2, Repr::ConnConfirm, 11, 7),
+            ],
+        ),
+    ];
+    for (name, records) in seeds {
+        std::fs::write(dir.join(name), records.concat())?;
     }
     Ok(())
 }

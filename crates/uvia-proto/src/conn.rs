@@ -11,8 +11,8 @@
 use crate::rtt::RttEstimator;
 use crate::seq::{self, SeqWindow};
 use crate::wire::{
-    self, ack_flags, data_flags, ConnAttrs, DataHeader, NakCode, Op, RejectReason, Repr, SackList,
-    DATA_HEADER_LEN, MAX_SACK,
+    self, ack_flags, data_flags, ConnAttrs, DataHeader, NakCode, Op, PrivateData, RejectReason,
+    Repr, SackList, DATA_HEADER_LEN, MAX_SACK,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -388,6 +388,10 @@ pub struct Conn {
     peer_id: u32,
     peer: Option<ConnAttrs>,
     discriminator: Vec<u8>,
+    /// What this side's request or accept carries for the peer.
+    private: PrivateData,
+    /// What the peer's accept, reject or peer request carried.
+    peer_private: PrivateData,
     /// Payload bytes per data frame.
     frag: u32,
     events: VecDeque<Event>,
@@ -475,6 +479,8 @@ impl Conn {
             peer_id: 0,
             peer: None,
             discriminator: Vec::new(),
+            private: PrivateData::EMPTY,
+            peer_private: PrivateData::EMPTY,
             frag: 0,
             events: VecDeque::with_capacity(64),
             stats: Stats::default(),
@@ -532,8 +538,7 @@ impl Conn {
         discriminator: &[u8],
     ) -> Conn {
         let mut c = Conn::new(now, cfg, local_id, initial_psn);
-        c.discriminator =
-            discriminator[..discriminator.len().min(wire::MAX_DISCRIMINATOR)].to_vec();
+        c.discriminator = wire::cut_discriminator(discriminator).to_vec();
         c.state = State::Connecting {
             since: now,
             last: None,
@@ -574,6 +579,18 @@ impl Conn {
         c
     }
 
+    /// Gives the handshake private data: the request of a client (or of a
+    /// peer-to-peer side), the accept of a server. Call right after
+    /// [`connect`](Self::connect), [`connect_peer`](Self::connect_peer) or
+    /// [`accept`](Self::accept), before the first
+    /// [`poll_transmit`](Self::poll_transmit), so every copy of the frame
+    /// carries the same bytes. Its length was checked where it was made
+    /// ([`PrivateData::new`]).
+    pub fn with_private(mut self, private: PrivateData) -> Conn {
+        self.private = private;
+        self
+    }
+
     fn establish(&mut self, peer_id: u32, attrs: ConnAttrs) {
         self.peer_id = peer_id;
         self.peer = Some(attrs);
@@ -585,7 +602,19 @@ impl Conn {
     /// The frame a server sends to refuse a request; it keeps no state, so
     /// a repeated request gets the same answer.
     pub fn reject_frame(buf: &mut [u8], peer_id: u32, reason: RejectReason) -> usize {
-        Repr::ConnReject { reason }.emit(buf, peer_id, 0)
+        Conn::reject_frame_with(buf, peer_id, reason, &PrivateData::EMPTY)
+    }
+
+    /// [`reject_frame`](Self::reject_frame) carrying private data for the
+    /// client. `buf` must hold [`wire::MAX_REPLY_LEN`] bytes.
+    pub fn reject_frame_with(
+        buf: &mut [u8],
+        peer_id: u32,
+        reason: RejectReason,
+        private: &PrivateData,
+    ) -> usize {
+        let private = private.as_slice();
+        Repr::ConnReject { reason, private }.emit(buf, peer_id, 0)
     }
 
     /// The frame that answers a disconnect for a connection that no longer exists.
@@ -604,6 +633,15 @@ impl Conn {
 
     pub fn peer_attrs(&self) -> Option<ConnAttrs> {
         self.peer
+    }
+
+    /// The private data the peer's answer carried: at a client, the
+    /// server's accept or reject; at a peer-to-peer side, the other side's
+    /// request or accept. Empty until then, and at a server (the client's
+    /// request's private data reaches it with the request, in
+    /// [`Incoming`](crate::endpoint::Incoming)).
+    pub fn peer_private(&self) -> &[u8] {
+        self.peer_private.as_slice()
     }
 
     pub fn config(&self) -> &Config {
@@ -740,7 +778,8 @@ impl Conn {
     ) -> bool {
         self.stats.frames_received += 1;
         match (self.state, frame) {
-            (State::Connecting { .. }, Repr::ConnAccept { attrs }) => {
+            (State::Connecting { .. }, Repr::ConnAccept { attrs, private }) => {
+                self.peer_private = PrivateData::of_frame(private);
                 if Level::from_wire(attrs.reliability) != Some(self.cfg.level) {
                     self.state = State::Closed;
                     self.events
@@ -754,8 +793,11 @@ impl Conn {
                 self.events.push_back(Event::Connected);
                 return true;
             }
-            (State::Connecting { .. }, Repr::PeerRequest { attrs, .. }) if self.peer_mode => {
+            (State::Connecting { .. }, Repr::PeerRequest { attrs, private, .. })
+                if self.peer_mode =>
+            {
                 // The other side asked first: answer as a server would.
+                self.peer_private = PrivateData::of_frame(private);
                 if Level::from_wire(attrs.reliability) != Some(self.cfg.level) {
                     self.state = State::Closed;
                     self.events
@@ -768,7 +810,8 @@ impl Conn {
                 self.events.push_back(Event::Connected);
                 return true;
             }
-            (State::Connecting { .. }, Repr::ConnReject { reason }) => {
+            (State::Connecting { .. }, Repr::ConnReject { reason, private }) => {
+                self.peer_private = PrivateData::of_frame(private);
                 self.state = State::Closed;
                 self.events.push_back(Event::Rejected(*reason));
                 return true;
@@ -1722,17 +1765,8 @@ impl Conn {
                     };
                     let attrs = self.cfg.attrs(self.snd_nxt);
                     let discriminator = &self.discriminator[..];
-                    let r = if self.peer_mode {
-                        Repr::PeerRequest {
-                            attrs,
-                            discriminator,
-                        }
-                    } else {
-                        Repr::ConnRequest {
-                            attrs,
-                            discriminator,
-                        }
-                    };
+                    let private = self.private.as_slice();
+                    let r = Repr::request(self.peer_mode, attrs, discriminator, private);
                     return Some(r.emit(buf, 0, src));
                 }
                 return None;
@@ -1742,6 +1776,7 @@ impl Conn {
                     self.state = State::Accepting { last: Some(now) };
                     let r = Repr::ConnAccept {
                         attrs: self.cfg.attrs(self.snd_una),
+                        private: self.private.as_slice(),
                     };
                     return Some(r.emit(buf, dst, src));
                 }

@@ -5,8 +5,14 @@
 //! It owns no socket, no thread and no clock: time comes in as an argument,
 //! frames come in through `handle_*` and go out through `poll_*`, so the
 //! same engine runs over UDP, raw Ethernet, or a simulated network.
+//!
+//! [`Conn`] is one VI's connection; [`Endpoint`] is one network address's
+//! table of them: it says which connection an arriving frame is for, and
+//! answers what no connection answers (requests for listeners, refusals,
+//! disconnects of connections already gone, peer-to-peer rendezvous).
 
 pub mod conn;
+pub mod endpoint;
 pub mod rtt;
 pub mod seq;
 pub mod wire;
@@ -15,3 +21,7 @@ pub use conn::{
     Config, Conn, Event, FailReason, Level, Memory, Outcome, PostError, RnrPolicy, SendKind,
     SendOp, Stats,
 };
+pub use endpoint::{
+    Endpoint, EndpointConfig, EndpointEvent, EndpointStats, Incoming, RendezvousError,
+};
+pub use wire::{PrivateData, PrivateDataTooLong};

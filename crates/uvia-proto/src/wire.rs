@@ -13,6 +13,13 @@
 //! +-------+-------+---------------+---------------+---------------+---------------+
 //! | kind-specific body ...
 //! ```
+//!
+//! The four handshake frames (request, peer request, accept, reject) may
+//! end in the application's private data: after the kind's fixed part, one
+//! length byte (at most [`MAX_PRIVATE`]) and that many bytes. A frame that
+//! ends at its fixed part carries none, so frames without private data are
+//! the bytes they always were, and a receiver that reads only the fixed
+//! part still understands the rest of the frame.
 
 use std::fmt;
 
@@ -27,6 +34,11 @@ pub const DATA_HEADER_LEN: usize = 64;
 pub const MAX_SACK: usize = 8;
 /// Most bytes in a discriminator.
 pub const MAX_DISCRIMINATOR: usize = 32;
+/// Most bytes of private data a handshake frame carries.
+pub const MAX_PRIVATE: usize = 64;
+/// Bytes of the longest frame sent in answer without a connection (a
+/// reject with the most private data): the size of a buffer for one.
+pub const MAX_REPLY_LEN: usize = HEADER_LEN + 4 + 1 + MAX_PRIVATE;
 
 mod field {
     use std::ops::Range;
@@ -350,6 +362,8 @@ pub enum RejectReason {
     NoListener = 2,
     /// The two VIs' attributes do not match (reliability level).
     Mismatch = 3,
+    /// The listener has as many requests waiting as it holds: ask again later.
+    Busy = 4,
 }
 
 impl RejectReason {
@@ -358,6 +372,7 @@ impl RejectReason {
             1 => RejectReason::Refused,
             2 => RejectReason::NoListener,
             3 => RejectReason::Mismatch,
+            4 => RejectReason::Busy,
             _ => return None,
         })
     }
@@ -474,17 +489,25 @@ pub enum Repr<'a> {
     ConnRequest {
         attrs: ConnAttrs,
         discriminator: &'a [u8],
+        /// The client's private data for the server (at most [`MAX_PRIVATE`] bytes).
+        private: &'a [u8],
     },
     ConnAccept {
         attrs: ConnAttrs,
+        /// The server's private data for the client.
+        private: &'a [u8],
     },
     PeerRequest {
         attrs: ConnAttrs,
         /// The discriminator the receiving side's VI waits on.
         discriminator: &'a [u8],
+        /// The asking side's private data.
+        private: &'a [u8],
     },
     ConnReject {
         reason: RejectReason,
+        /// The server's private data for the refused client.
+        private: &'a [u8],
     },
     ConnConfirm,
     Disconnect {
@@ -544,6 +567,124 @@ impl SackList {
     }
 }
 
+/// The part of a discriminator a request carries (the first
+/// [`MAX_DISCRIMINATOR`] bytes): what a longer one is known by.
+pub(crate) fn cut_discriminator(d: &[u8]) -> &[u8] {
+    &d[..d.len().min(MAX_DISCRIMINATOR)]
+}
+
+/// A handshake frame's private data: after its kind's fixed part, a length
+/// byte and exactly that many bytes; none if the frame ends at its fixed part.
+fn parse_private(b: &[u8], kind: Kind) -> Result<&[u8], WireError> {
+    let fixed = kind.fixed_len();
+    let Some(&n) = b.get(fixed) else {
+        return Ok(&[]);
+    };
+    let n = n as usize;
+    if n > MAX_PRIVATE || b.len() != fixed + 1 + n {
+        return Err(WireError::Malformed("private data length"));
+    }
+    Ok(&b[fixed + 1..])
+}
+
+/// Bytes private data adds to a handshake frame (none when empty, so such
+/// frames keep the bytes they had before private data existed).
+fn private_len(private: &[u8]) -> usize {
+    match private.len() {
+        0 => 0,
+        n => 1 + n.min(MAX_PRIVATE),
+    }
+}
+
+/// Writes private data after `kind`'s fixed part; a caller's slice longer
+/// than [`MAX_PRIVATE`] is cut, as a discriminator is (and
+/// [`buffer_len`](Repr::buffer_len) counts it cut).
+fn emit_private(b: &mut [u8], kind: Kind, private: &[u8]) {
+    if private.is_empty() {
+        return;
+    }
+    let n = private.len().min(MAX_PRIVATE);
+    let at = kind.fixed_len();
+    b[at] = n as u8;
+    b[at + 1..at + 1 + n].copy_from_slice(&private[..n]);
+}
+
+/// Private data kept beside a connection or a request: up to
+/// [`MAX_PRIVATE`] bytes in place, no heap. Its length is checked once,
+/// where it is made ([`PrivateData::new`]), so every frame that carries it
+/// is well-formed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PrivateData {
+    bytes: [u8; MAX_PRIVATE],
+    len: u8,
+}
+
+/// Private data longer than a handshake frame carries; holds the length asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("private data of {0} bytes exceeds the {MAX_PRIVATE} a handshake frame carries")]
+pub struct PrivateDataTooLong(pub usize);
+
+impl PrivateData {
+    /// No private data (what a frame without it carries).
+    pub const EMPTY: PrivateData = PrivateData {
+        bytes: [0; MAX_PRIVATE],
+        len: 0,
+    };
+
+    /// A copy of `bytes`, refused if longer than [`MAX_PRIVATE`].
+    pub fn new(bytes: &[u8]) -> Result<PrivateData, PrivateDataTooLong> {
+        if bytes.len() > MAX_PRIVATE {
+            return Err(PrivateDataTooLong(bytes.len()));
+        }
+        let mut p = PrivateData::EMPTY;
+        p.bytes[..bytes.len()].copy_from_slice(bytes);
+        p.len = bytes.len() as u8;
+        Ok(p)
+    }
+
+    /// The private data of a parsed frame, which [`Repr::parse`] has bounded.
+    pub(crate) fn of_frame(bytes: &[u8]) -> PrivateData {
+        let mut p = PrivateData::EMPTY;
+        let n = bytes.len().min(MAX_PRIVATE);
+        p.bytes[..n].copy_from_slice(&bytes[..n]);
+        p.len = n as u8;
+        p
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Default for PrivateData {
+    fn default() -> PrivateData {
+        PrivateData::EMPTY
+    }
+}
+
+impl fmt::Debug for PrivateData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PrivateData")
+            .field(&self.as_slice())
+            .finish()
+    }
+}
+
+impl<'a> TryFrom<&'a [u8]> for PrivateData {
+    type Error = PrivateDataTooLong;
+    fn try_from(bytes: &'a [u8]) -> Result<PrivateData, PrivateDataTooLong> {
+        PrivateData::new(bytes)
+    }
+}
+
 fn emit_header(b: &mut [u8], kind: Kind, dst: u32, src: u32) {
     b[field::VERSION] = VERSION;
     b[field::KIND] = kind as u8;
@@ -554,40 +695,52 @@ fn emit_header(b: &mut [u8], kind: Kind, dst: u32, src: u32) {
 }
 
 impl<'a> Repr<'a> {
+    /// A connection request, or with `peer_to_peer` a peer request.
+    pub fn request(
+        peer_to_peer: bool,
+        attrs: ConnAttrs,
+        discriminator: &'a [u8],
+        private: &'a [u8],
+    ) -> Repr<'a> {
+        match peer_to_peer {
+            true => Repr::PeerRequest {
+                attrs,
+                discriminator,
+                private,
+            },
+            false => Repr::ConnRequest {
+                attrs,
+                discriminator,
+                private,
+            },
+        }
+    }
+
     /// Parses a checked frame. Never panics, whatever the bytes.
     pub fn parse(frame: Frame<&'a [u8]>) -> Result<Repr<'a>, WireError> {
         let b: &'a [u8] = frame.buf;
-        Ok(match frame.kind() {
-            Kind::ConnRequest => {
+        let kind = frame.kind();
+        Ok(match kind {
+            Kind::ConnRequest | Kind::PeerRequest => {
                 let attrs = ConnAttrs::parse(b, HEADER_LEN)?;
                 let n = b[HEADER_LEN + 2] as usize;
                 if n > MAX_DISCRIMINATOR {
                     return Err(WireError::Malformed("discriminator length"));
                 }
                 let at = HEADER_LEN + 16;
-                Repr::ConnRequest {
-                    attrs,
-                    discriminator: &b[at..at + n],
-                }
+                let discriminator = &b[at..at + n];
+                let private = parse_private(b, kind)?;
+                let peer_to_peer = kind == Kind::PeerRequest;
+                Repr::request(peer_to_peer, attrs, discriminator, private)
             }
             Kind::ConnAccept => Repr::ConnAccept {
                 attrs: ConnAttrs::parse(b, HEADER_LEN)?,
+                private: parse_private(b, kind)?,
             },
-            Kind::PeerRequest => {
-                let attrs = ConnAttrs::parse(b, HEADER_LEN)?;
-                let n = b[HEADER_LEN + 2] as usize;
-                if n > MAX_DISCRIMINATOR {
-                    return Err(WireError::Malformed("discriminator length"));
-                }
-                let at = HEADER_LEN + 16;
-                Repr::PeerRequest {
-                    attrs,
-                    discriminator: &b[at..at + n],
-                }
-            }
             Kind::ConnReject => Repr::ConnReject {
                 reason: RejectReason::from_u8(b[HEADER_LEN])
                     .ok_or(WireError::Malformed("reject reason"))?,
+                private: parse_private(b, kind)?,
             },
             Kind::ConnConfirm => Repr::ConnConfirm,
             Kind::Disconnect => Repr::Disconnect {
@@ -640,9 +793,11 @@ impl<'a> Repr<'a> {
     /// Bytes [`emit`](Self::emit) writes.
     pub fn buffer_len(&self) -> usize {
         match self {
-            Repr::ConnRequest { .. } | Repr::PeerRequest { .. } => Kind::ConnRequest.fixed_len(),
-            Repr::ConnAccept { .. } => Kind::ConnAccept.fixed_len(),
-            Repr::ConnReject { .. } => Kind::ConnReject.fixed_len(),
+            Repr::ConnRequest { private, .. } | Repr::PeerRequest { private, .. } => {
+                Kind::ConnRequest.fixed_len() + private_len(private)
+            }
+            Repr::ConnAccept { private, .. } => Kind::ConnAccept.fixed_len() + private_len(private),
+            Repr::ConnReject { private, .. } => Kind::ConnReject.fixed_len() + private_len(private),
             Repr::ConnConfirm | Repr::DisconnectAck => HEADER_LEN,
             Repr::Disconnect { .. } => Kind::Disconnect.fixed_len(),
             Repr::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
@@ -660,10 +815,12 @@ impl<'a> Repr<'a> {
             Repr::ConnRequest {
                 attrs,
                 discriminator,
+                private,
             }
             | Repr::PeerRequest {
                 attrs,
                 discriminator,
+                private,
             } => {
                 let kind = if matches!(self, Repr::PeerRequest { .. }) {
                     Kind::PeerRequest
@@ -677,14 +834,17 @@ impl<'a> Repr<'a> {
                 let at = HEADER_LEN + 16;
                 b[at..at + MAX_DISCRIMINATOR].fill(0);
                 b[at..at + n].copy_from_slice(&discriminator[..n]);
+                emit_private(b, kind, private);
             }
-            Repr::ConnAccept { attrs } => {
+            Repr::ConnAccept { attrs, private } => {
                 emit_header(b, Kind::ConnAccept, dst, src);
                 attrs.emit(b, HEADER_LEN);
+                emit_private(b, Kind::ConnAccept, private);
             }
-            Repr::ConnReject { reason } => {
+            Repr::ConnReject { reason, private } => {
                 emit_header(b, Kind::ConnReject, dst, src);
                 b[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&[*reason as u8, 0, 0, 0]);
+                emit_private(b, Kind::ConnReject, private);
             }
             Repr::ConnConfirm => emit_header(b, Kind::ConnConfirm, dst, src),
             Repr::Disconnect { ack, done } => {
@@ -857,13 +1017,28 @@ mod tests {
                 Repr::ConnRequest {
                     attrs,
                     discriminator: b"sim",
+                    private: b"",
                 },
             ),
-            ("accept", Repr::ConnAccept { attrs: attrs2 }),
+            (
+                "accept",
+                Repr::ConnAccept {
+                    attrs: attrs2,
+                    private: b"",
+                },
+            ),
+            (
+                "accept-private",
+                Repr::ConnAccept {
+                    attrs: attrs2,
+                    private: b"welcome",
+                },
+            ),
             (
                 "reject",
                 Repr::ConnReject {
                     reason: RejectReason::Mismatch,
+                    private: b"",
                 },
             ),
             ("confirm", Repr::ConnConfirm),
@@ -944,6 +1119,7 @@ mod tests {
                         ..attrs
                     },
                     discriminator: &[0xff; MAX_DISCRIMINATOR],
+                    private: b"",
                 },
             ),
         ]
@@ -976,6 +1152,18 @@ mod tests {
                 0x00, 0x00, 0x23, 0x28, // largest frame
                 0x00, 0x01, 0x00, 0x00, // largest transfer
                 0x00, 0x00, 0x13, 0x88, // initial psn
+            ]),
+            ("accept-private", &[
+                0x01, 0x02, 0x00, 0x00, // version 1, kind, flags 0
+                0x01, 0x02, 0x03, 0x04, // destination connection
+                0x0a, 0x0b, 0x0c, 0x0d, // source connection
+                0x8c, 0xc4, 0x2f, 0x74, // CRC-32
+                0x02, 0x02, 0x00, 0x01, // reliability, RDMA bits, 0, flags (intact)
+                0x00, 0x00, 0x23, 0x28, // largest frame
+                0x00, 0x01, 0x00, 0x00, // largest transfer
+                0x00, 0x00, 0x13, 0x88, // initial psn
+                0x07,                   // private data length
+                0x77, 0x65, 0x6c, 0x63, 0x6f, 0x6d, 0x65, // private data "welcome"
             ]),
             ("reject", &[
                 0x01, 0x03, 0x00, 0x00, // version 1, kind, flags 0
@@ -1195,8 +1383,10 @@ mod tests {
                 };
                 assert_eq!(parse(cut).unwrap_err(), want, "{name} cut to {n}");
                 // Resealed: a cut into the fixed part is still too short; a
-                // cut into an ack's ranges leaves a count that does not
-                // match; a cut into a payload is a shorter fragment.
+                // cut into an ack's ranges or into private data leaves a
+                // count that does not match (a cut right after the fixed
+                // part, none at all); a cut into a payload is a shorter
+                // fragment.
                 let sealed = resealed(cut.to_vec());
                 let r = parse(&sealed).map(|(_, _, r)| r);
                 match (&repr, n < fixed) {
@@ -1204,6 +1394,19 @@ mod tests {
                     (Repr::Ack { .. }, false) => {
                         assert_eq!(r, Err(WireError::Malformed("ack length")), "{name} {n}")
                     }
+                    (Repr::ConnAccept { attrs, .. }, false) if n == fixed => assert_eq!(
+                        r,
+                        Ok(Repr::ConnAccept {
+                            attrs: *attrs,
+                            private: b"",
+                        }),
+                        "{name} {n}"
+                    ),
+                    (Repr::ConnAccept { .. }, false) => assert_eq!(
+                        r,
+                        Err(WireError::Malformed("private data length")),
+                        "{name} {n}"
+                    ),
                     (Repr::Data { header, payload }, false) => assert_eq!(
                         r,
                         Ok(Repr::Data {
@@ -1287,8 +1490,34 @@ mod tests {
             assert_eq!(with(name, 18, 0xff), m("discriminator length"), "{name}");
             assert!(with(name, 18, 32).is_ok(), "{name}: the longest");
         }
-        for v in [0, 4, 0xff] {
+        for v in [0, 5, 0xff] {
             assert_eq!(with("reject", 16, v), m("reject reason"));
+        }
+        // Private data: its length byte (byte 32 of an accept) past the
+        // most a frame carries, or not what follows.
+        assert_eq!(with("accept-private", 32, 65), m("private data length"));
+        assert_eq!(with("accept-private", 32, 0xff), m("private data length"));
+        assert_eq!(with("accept-private", 32, 8), m("private data length"));
+        assert_eq!(with("accept-private", 32, 6), m("private data length"));
+        let mut b = bytes_of(&sample("accept-private"));
+        b.push(0);
+        assert_eq!(
+            parse(&resealed(b)).unwrap_err(),
+            WireError::Malformed("private data length")
+        );
+        // Every handshake kind: the most private data parses, one byte
+        // more is refused even when the bytes are there.
+        for name in ["request", "accept", "reject", "peer-request"] {
+            for (n, ok) in [(MAX_PRIVATE, true), (MAX_PRIVATE + 1, false)] {
+                let mut b = bytes_of(&sample(name));
+                b.push(n as u8);
+                b.extend(std::iter::repeat_n(0x5a, n));
+                let r = parse(&resealed(b)).map(|(_, _, r)| r.buffer_len());
+                match ok {
+                    true => assert_eq!(r, Ok(sample(name).buffer_len() + 1 + n), "{name}"),
+                    false => assert_eq!(r, m("private data length").map(|_: Repr| 0), "{name}"),
+                }
+            }
         }
         for v in [0, 7, 0xff] {
             assert_eq!(with("nak", 16, v), m("nak code"));

@@ -1,14 +1,14 @@
 //! The handshake in the simulated network: repeated requests make one
 //! connection, a refusal reaches the client as `Rejected`, a request nobody
-//! answers ends in `ConnectTimedOut`, and lost handshake frames are
-//! repeated until both sides are connected.
+//! answers ends in `ConnectTimedOut`, lost handshake frames are repeated
+//! until both sides are connected, and private data crosses both ways.
 
 mod sim;
 
 use sim::{message, Answer, Faults, Sim};
 use std::time::Duration;
 use uvia_proto::wire::{ConnAttrs, RejectReason, Repr};
-use uvia_proto::{Config, Event, Level, Outcome, PostError, SendKind, SendOp};
+use uvia_proto::{Config, Event, Level, Outcome, PostError, PrivateData, SendKind, SendOp};
 
 fn config(level: Level) -> Config {
     Config {
@@ -74,6 +74,7 @@ fn repeated_requests_make_one_connection() {
         let req = Repr::ConnRequest {
             attrs,
             discriminator: b"sim",
+            private: b"",
         };
         let mut b = vec![0u8; req.buffer_len()];
         req.emit(&mut b, 0, s.sides[0].id);
@@ -173,4 +174,71 @@ fn a_request_nobody_answers_times_out() {
     assert_eq!(s.sides[0].conn().poll_timeout(), None, "no timer left");
     s.run_until(Duration::from_secs(1), |_| false);
     assert_eq!(s.sides[1].requests, asked, "the client has stopped asking");
+}
+
+fn private(b: &[u8]) -> PrivateData {
+    PrivateData::new(b).expect("at most 64 bytes")
+}
+
+#[test]
+fn private_data_crosses_both_ways_under_loss() {
+    let f = Faults {
+        loss: 0.3,
+        dup: 0.2,
+        reorder: 0.2,
+        reorder_by: Duration::from_millis(10),
+        ..Faults::default()
+    };
+    let asked = private(b"from the client");
+    let longest = private(&[0xa5; 64]);
+    for seed in 0..10 {
+        // Accepted: the request's private data reaches the server's
+        // listener (once, whatever the repetitions), the accept's the client.
+        let mut s = Sim::new(seed, config(Level::ReliableDelivery), f);
+        s.sides[0].conn = s.sides[0].conn.take().map(|c| c.with_private(asked));
+        s.sides[1].answer_private = longest;
+        assert!(s.connect(Duration::from_secs(4)), "seed {seed}");
+        assert_eq!(s.sides[1].incoming.len(), 1, "seed {seed}");
+        assert_eq!(s.sides[1].incoming[0].private, asked);
+        assert_eq!(s.sides[0].conn().peer_private(), longest.as_slice());
+        assert_eq!(
+            s.sides[1].conn().peer_private(),
+            b"",
+            "a server's comes with the request"
+        );
+
+        // Refused: the reject's private data reaches the client, and so
+        // does the same answer to every repetition.
+        let mut s = Sim::new(seed, config(Level::ReliableDelivery), f);
+        s.sides[0].conn = s.sides[0].conn.take().map(|c| c.with_private(asked));
+        s.sides[1].answer = Answer::Reject(RejectReason::Refused);
+        s.sides[1].answer_private = private(b"not today");
+        assert!(s.run_until(Duration::from_secs(4), |s| {
+            s.sides[0]
+                .events
+                .contains(&Event::Rejected(RejectReason::Refused))
+        }));
+        assert_eq!(
+            s.sides[0].conn().peer_private(),
+            b"not today",
+            "seed {seed}"
+        );
+        assert_eq!(s.sides[1].incoming.len(), 1);
+        assert_eq!(s.sides[1].incoming[0].private, asked);
+
+        // Peer to peer: each side's request (or accept) carries its own.
+        let mut s = Sim::new(seed, config(Level::ReliableDelivery), f);
+        s.sides[0].answer_private = private(b"side 0");
+        s.sides[1].answer_private = private(b"side 1");
+        s.connect_peer(0, 10, b"b", b"a");
+        s.connect_peer(1, 20, b"a", b"b");
+        assert!(s.connect(Duration::from_secs(4)), "seed {seed}");
+        assert_eq!(s.sides[0].conn().peer_private(), b"side 1");
+        assert_eq!(s.sides[1].conn().peer_private(), b"side 0");
+    }
+    // Too long is refused where the data is made, never later.
+    assert_eq!(
+        PrivateData::new(&[0; 65]),
+        Err(uvia_proto::PrivateDataTooLong(65))
+    );
 }

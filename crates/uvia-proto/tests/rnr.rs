@@ -206,21 +206,9 @@ fn peer_to_peer_connects_whichever_request_arrives_first() {
                 ..Faults::default()
             },
         );
-        let now = s.now;
-        s.sides[0].conn = Some(uvia_proto::Conn::connect_peer(
-            now,
-            cfg.clone(),
-            s.sides[0].id,
-            10,
-            b"b",
-        ));
-        s.sides[1].conn = Some(uvia_proto::Conn::connect_peer(
-            now,
-            cfg.clone(),
-            s.sides[1].id,
-            20,
-            b"a",
-        ));
+        // Side 0 asks side 1's connection waiting on "b", and waits on "a".
+        s.connect_peer(0, 10, b"b", b"a");
+        s.connect_peer(1, 20, b"a", b"b");
         assert!(s.connect(Duration::from_secs(3)), "loss {loss}");
         let ids = (s.sides[0].id, s.sides[1].id);
         assert_eq!(s.sides[0].conn().peer_id(), ids.1);

@@ -1,13 +1,22 @@
 //! A deterministic simulated network between two engines: virtual time, a
 //! seeded random source, and faults (loss, duplication, reordering, delay,
-//! bit corruption) applied to every frame in both directions.
+//! bit corruption) applied to every frame in both directions. Each side's
+//! frames go through its own [`Endpoint`] (addresses are side numbers), as
+//! they would over a real medium: requests, refusals and rendezvous are the
+//! engine's, not the simulator's.
 
 #![allow(dead_code)]
 
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
-use uvia_proto::wire::{self, NakCode, RejectReason, Repr};
-use uvia_proto::{Config, Conn, Event, Memory, Outcome, SendKind, SendOp};
+use uvia_proto::wire::{self, Kind, NakCode, RejectReason};
+use uvia_proto::{
+    Config, Conn, Endpoint, EndpointConfig, EndpointEvent, Event, Incoming, Memory, Outcome,
+    PrivateData, SendKind, SendOp,
+};
+
+/// The discriminator side 1 listens on and side 0 asks.
+pub const DISCRIMINATOR: &[u8] = b"sim";
 
 /// splitmix64: small, seeded, and the same on every machine.
 pub struct Rng(u64);
@@ -120,8 +129,10 @@ impl Memory for Mem {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Answer {
     Accept,
+    /// Refused by the listener; `NoListener` by not listening at all (the
+    /// endpoint answers).
     Reject(RejectReason),
-    /// Nobody there: requests go unanswered.
+    /// A listener that never takes its requests: they go unanswered.
     Silent,
 }
 
@@ -139,9 +150,16 @@ pub struct Recv {
 
 pub struct Side {
     pub conn: Option<Conn>,
+    pub endpoint: Endpoint<usize>,
     pub answer: Answer,
+    /// Private data of this side's accept or reject.
+    pub answer_private: PrivateData,
     /// Connection requests that reached this side.
     pub requests: u32,
+    /// Requests this side's listener took, in order.
+    pub incoming: Vec<Incoming<usize>>,
+    /// Peer-to-peer: the discriminator this side's connection waits on.
+    pub waits_on: Option<Vec<u8>>,
     pub mem: Mem,
     pub events: Vec<Event>,
     pub cfg: Config,
@@ -304,14 +322,14 @@ pub struct Sim {
     pub sides: [Side; 2],
     net: BinaryHeap<InFlight>,
     seq: u64,
-    /// Frames that failed to parse (corruption caught by the checksum).
-    pub malformed: u64,
+    /// Frames handed to the sides' endpoints.
     pub delivered: u64,
     /// Link rate of each direction in bytes per second (frames queue
     /// behind each other, so goodput means something).
     pub rate: f64,
     link_free: [Instant; 2],
     buf: Vec<u8>,
+    reply: [u8; wire::MAX_REPLY_LEN],
 }
 
 impl Sim {
@@ -320,8 +338,12 @@ impl Sim {
         let start = Instant::now();
         let mk = |id| Side {
             conn: None,
+            endpoint: Endpoint::new(EndpointConfig::default()),
             answer: Answer::Accept,
+            answer_private: PrivateData::EMPTY,
             requests: 0,
+            incoming: vec![],
+            waits_on: None,
             mem: Mem {
                 region: vec![0; 1 << 16],
                 region_writable: true,
@@ -340,15 +362,38 @@ impl Sim {
             sides: [mk(0x0a00_0001), mk(0x0b00_0002)],
             net: BinaryHeap::new(),
             seq: 0,
-            malformed: 0,
             delivered: 0,
             rate: 1.25e9,
             link_free: [start, start],
             buf: vec![0; 1 << 17],
+            reply: [0; wire::MAX_REPLY_LEN],
         };
-        let c = Conn::connect(start, cfg, sim.sides[0].id, 1000, b"sim");
-        sim.sides[0].conn = Some(c);
+        let id = sim.sides[0].id;
+        sim.sides[0].conn = Some(Conn::connect(start, cfg, id, 1000, DISCRIMINATOR));
+        sim.sides[0].endpoint.register(id, 1);
         sim
+    }
+
+    /// Makes side `side` a peer-to-peer connection asking the other side's
+    /// connection that waits on `asks`, while its own waits on `waits_on`.
+    pub fn connect_peer(&mut self, side: usize, psn: u32, asks: &[u8], waits_on: &[u8]) {
+        let s = &mut self.sides[side];
+        let c = Conn::connect_peer(self.now, s.cfg.clone(), s.id, psn, asks);
+        s.conn = Some(c.with_private(s.answer_private));
+        s.endpoint.register(s.id, 1 - side);
+        s.endpoint
+            .peer_connect(waits_on, 1 - side, s.id)
+            .expect("one rendezvous per side");
+        s.waits_on = Some(waits_on.to_vec());
+    }
+
+    /// Frames that failed to parse at either side (corruption caught by
+    /// the checksum).
+    pub fn malformed(&self) -> u64 {
+        self.sides
+            .iter()
+            .map(|s| s.endpoint.stats().malformed)
+            .sum()
     }
 
     /// Frames on the wire.
@@ -417,54 +462,79 @@ impl Sim {
     }
 
     fn deliver(&mut self, f: InFlight) {
-        let Ok((dst, src, repr)) = wire::parse(&f.bytes) else {
-            self.malformed += 1;
-            return;
-        };
         self.delivered += 1;
+        let from = 1 - f.to;
         let side = &mut self.sides[f.to];
-        if matches!(repr, Repr::ConnRequest { .. }) && dst == 0 {
-            side.requests += 1;
+        let request = wire::Frame::new_checked(&f.bytes[..])
+            .is_ok_and(|v| v.kind() == Kind::ConnRequest && v.dst_conn() == 0);
+        side.requests += request as u32;
+        match side.answer {
+            Answer::Reject(RejectReason::NoListener) => side.endpoint.stop_listening(DISCRIMINATOR),
+            _ => side.endpoint.listen(DISCRIMINATOR),
         }
-        if side.conn.is_none() {
-            if let Repr::ConnRequest { attrs, .. } = repr {
-                if dst == 0 {
-                    match side.answer {
-                        Answer::Accept => {
-                            side.conn = Some(Conn::accept(
-                                self.now,
-                                side.cfg.clone(),
-                                side.id,
-                                5000,
-                                src,
-                                attrs,
-                            ))
-                        }
-                        Answer::Reject(reason) => {
-                            let mut b = [0u8; 64];
-                            let n = Conn::reject_frame(&mut b, src, reason);
-                            self.inject(1 - f.to, b[..n].to_vec());
-                        }
-                        Answer::Silent => {}
-                    }
-                }
+        let ev = side
+            .endpoint
+            .handle(self.now, from, &f.bytes, &mut self.reply);
+        match ev {
+            None => {}
+            Some(EndpointEvent::Frame { id, src, repr }) => {
+                let conn = side.conn.as_mut().filter(|c| c.local_id() == id);
+                let conn = conn.expect("the endpoint names only live connections");
+                conn.handle_frame(self.now, src, &repr, &mut side.mem);
             }
+            Some(EndpointEvent::Transmit { to, len }) => {
+                let reply = self.reply[..len].to_vec();
+                self.inject(to, reply);
+            }
+            Some(EndpointEvent::Request { .. }) => self.answer(f.to),
+        }
+    }
+
+    /// Side `i`'s listener answers the requests it holds.
+    fn answer(&mut self, i: usize) {
+        let side = &mut self.sides[i];
+        if side.answer == Answer::Silent || side.conn.is_some() {
             return;
         }
-        let Some(conn) = side.conn.as_mut() else {
+        let Some(req) = side.endpoint.take_request(DISCRIMINATOR) else {
             return;
         };
-        let to_zero = matches!(repr, Repr::ConnRequest { .. } | Repr::PeerRequest { .. });
-        if dst != conn.local_id() && !(dst == 0 && to_zero) {
-            return;
+        side.incoming.push(req);
+        match side.answer {
+            Answer::Reject(reason) => {
+                let mut b = [0u8; wire::MAX_REPLY_LEN];
+                let n = side
+                    .endpoint
+                    .reject(&req, reason, &side.answer_private, &mut b);
+                self.inject(req.from, b[..n].to_vec());
+            }
+            _ => {
+                let c = Conn::accept(
+                    self.now,
+                    side.cfg.clone(),
+                    side.id,
+                    5000,
+                    req.peer_id,
+                    req.attrs,
+                );
+                side.conn = Some(c.with_private(side.answer_private));
+                side.endpoint.register(side.id, req.from);
+                side.endpoint.established(req.from, req.peer_id, side.id);
+            }
         }
-        conn.handle_frame(self.now, src, &repr, &mut side.mem);
     }
 
     fn drain_events(&mut self) {
-        for s in self.sides.iter_mut() {
+        for (i, s) in self.sides.iter_mut().enumerate() {
             if let Some(c) = s.conn.as_mut() {
                 while let Some(e) = c.poll_event() {
+                    if e == Event::Connected {
+                        // Repeated requests of the peer reach it from now on.
+                        s.endpoint.established(1 - i, c.peer_id(), c.local_id());
+                        if let Some(d) = s.waits_on.take() {
+                            s.endpoint.peer_done(&d);
+                        }
+                    }
                     s.events.push(e);
                 }
             }

@@ -1,0 +1,962 @@
+//! One network address's share of the protocol: which connection an
+//! arriving frame is for, and the answers given without a connection
+//! (connection requests queued for listeners or refused, disconnects of
+//! connections already gone, peer-to-peer rendezvous).
+//!
+//! The caller feeds every frame its medium delivers to [`Endpoint::handle`]
+//! and acts on the one [`EndpointEvent`] it returns: a frame for a
+//! connection's [`Conn::handle_frame`](crate::Conn::handle_frame), a request
+//! now waiting on a listener, or a reply already built to send. It owns no
+//! socket, no clock and no lock; the address type `A` is the medium's.
+
+use crate::conn::Conn;
+use crate::wire::{self, ConnAttrs, PrivateData, RejectReason, Repr};
+use std::collections::{HashMap, VecDeque};
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::time::{Duration, Instant};
+
+/// An endpoint's settings.
+#[derive(Clone, Debug)]
+pub struct EndpointConfig {
+    /// The medium delivers frames intact or not at all: checksums are not
+    /// verified ([`wire::parse_intact`]); otherwise every frame's is
+    /// ([`wire::parse`]). As [`Config::intact`](crate::Config::intact).
+    pub intact: bool,
+    /// Where connection ids start. Choose it anew for each endpoint (from
+    /// the time, the process id), so that frames of an earlier run's
+    /// connection do not land on a new one.
+    pub id_seed: u32,
+    /// Most requests a listener holds, waiting to be taken or taken and
+    /// not yet answered; one more is refused with [`RejectReason::Busy`].
+    pub max_pending: usize,
+    /// A request held this long without a repetition is dropped when room
+    /// is needed: its client has stopped asking (clients repeat every
+    /// [`Config::handshake_retry`](crate::Config::handshake_retry)).
+    pub pending_timeout: Duration,
+    /// How many refusals are remembered, so a repetition of a refused
+    /// request gets the same answer without asking anyone.
+    pub max_rejects: usize,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> EndpointConfig {
+        EndpointConfig {
+            intact: false,
+            id_seed: 1,
+            max_pending: 64,
+            pending_timeout: Duration::from_secs(1),
+            max_rejects: 64,
+        }
+    }
+}
+
+/// A connection request waiting for an answer: accept it with
+/// [`Conn::accept`](crate::Conn::accept) (then [`Endpoint::register`] and
+/// [`Endpoint::established`]), or refuse it with [`Endpoint::reject`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Incoming<A> {
+    /// The client's address.
+    pub from: A,
+    /// The client's connection id.
+    pub peer_id: u32,
+    /// The client VI's attributes.
+    pub attrs: ConnAttrs,
+    /// What the client's request carried for the server.
+    pub private: PrivateData,
+}
+
+/// What [`Endpoint::handle`] made of a frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndpointEvent<'a, A> {
+    /// A frame for live connection `id`: hand `repr` and `src` to its
+    /// [`Conn::handle_frame`](crate::Conn::handle_frame).
+    Frame { id: u32, src: u32, repr: Repr<'a> },
+    /// A new request waits on the listener of `discriminator`: take it with
+    /// [`Endpoint::take_request`].
+    Request { discriminator: &'a [u8] },
+    /// An answer given without a connection (a reject, a disconnect ack)
+    /// is in `reply[..len]`: send it to `to`.
+    Transmit { to: A, len: usize },
+}
+
+/// Counters of frames the endpoint dropped or answered itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// Frames that failed the checksum or did not parse.
+    pub malformed: u64,
+    /// Frames for no live connection, or for connection 0 that nobody
+    /// waits for (a disconnect among them is answered all the same).
+    pub unknown: u64,
+    /// Frames naming a live connection, from an address other than its peer's.
+    pub stray: u64,
+    /// Requests answered with a reject by the endpoint: nobody listening,
+    /// a refusal remembered, or a listener full.
+    pub refused: u64,
+    /// Requests refused because their listener held [`EndpointConfig::max_pending`].
+    pub busy: u64,
+}
+
+/// Why [`Endpoint::peer_connect`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RendezvousError {
+    /// Another connection already waits on that discriminator.
+    #[error("a connection already waits on that discriminator")]
+    InUse,
+}
+
+/// A live connection.
+#[derive(Clone, Copy, Debug)]
+struct Link<A> {
+    peer: A,
+    /// The peer's connection id, once [`Endpoint::established`] named it.
+    peer_id: Option<u32>,
+}
+
+/// A request a listener holds: waiting in its queue, or taken and not yet
+/// answered (so that its repetitions do not make it a second time).
+#[derive(Clone, Debug)]
+struct Held {
+    discriminator: Box<[u8]>,
+    /// The request or its latest repetition came then.
+    heard: Instant,
+    /// Out of the queue, in the listener's hands.
+    taken: bool,
+}
+
+#[derive(Debug)]
+struct Listener<A> {
+    queue: VecDeque<Incoming<A>>,
+    /// Requests of this listener in [`Endpoint::held`].
+    held: usize,
+}
+
+/// A refusal remembered.
+#[derive(Clone, Copy, Debug)]
+struct Refusal {
+    reason: RejectReason,
+    private: PrivateData,
+}
+
+/// The connections and listeners of one network address. See the module
+/// documentation.
+#[derive(Debug)]
+pub struct Endpoint<A> {
+    cfg: EndpointConfig,
+    next_id: u32,
+    /// Live connections by local id.
+    conns: HashMap<u32, Link<A>>,
+    /// (peer address, peer's connection id) -> local id, so a repeated
+    /// request reaches the connection it made.
+    established: HashMap<(A, u32), u32>,
+    listeners: HashMap<Box<[u8]>, Listener<A>>,
+    /// Requests listeners hold, by (client address, client's id): a
+    /// repetition is found here at once.
+    held: HashMap<(A, u32), Held>,
+    rejected: HashMap<(A, u32), Refusal>,
+    /// Keys of `rejected`, oldest first, to forget the oldest.
+    rejected_order: VecDeque<(A, u32)>,
+    /// Peer-to-peer connections being made: the discriminator our
+    /// connection waits on -> (the peer's address, our connection id).
+    peers: HashMap<Box<[u8]>, (A, u32)>,
+    stats: EndpointStats,
+}
+
+impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
+    pub fn new(cfg: EndpointConfig) -> Endpoint<A> {
+        Endpoint {
+            next_id: cfg.id_seed,
+            cfg,
+            conns: HashMap::new(),
+            established: HashMap::new(),
+            listeners: HashMap::new(),
+            held: HashMap::new(),
+            rejected: HashMap::new(),
+            rejected_order: VecDeque::new(),
+            peers: HashMap::new(),
+            stats: EndpointStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    pub fn stats(&self) -> EndpointStats {
+        self.stats
+    }
+
+    // ------------------------------------------------------------------
+    // Connections.
+
+    /// A connection id for a new connection: never 0 (the id of "no
+    /// connection yet") and not one of a live connection.
+    pub fn new_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_id;
+            self.next_id = self.next_id.wrapping_add(1);
+            if id != 0 && !self.conns.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Makes connection `id`, whose frames come from `peer`, live: frames
+    /// naming it from there are handed to it. Call when its [`Conn`] is made.
+    pub fn register(&mut self, id: u32, peer: A) {
+        if let Some(old) = self.conns.insert(
+            id,
+            Link {
+                peer,
+                peer_id: None,
+            },
+        ) {
+            self.forget_link(id, old);
+        }
+    }
+
+    /// Records that live connection `id` to `peer` is joined to the peer's
+    /// connection `peer_id`, so that the peer's repeated requests reach it:
+    /// call when a server accepts a request, and when a client (or a
+    /// peer-to-peer side) sees [`Event::Connected`](crate::Event::Connected)
+    /// (with [`Conn::peer_id`]). Returns false, recording nothing, if `id`
+    /// is not live with that peer.
+    pub fn established(&mut self, peer: A, peer_id: u32, id: u32) -> bool {
+        let Some(link) = self.conns.get_mut(&id).filter(|l| l.peer == peer) else {
+            return false;
+        };
+        let old = link.peer_id.replace(peer_id);
+        if let Some(old) = old.filter(|&o| o != peer_id) {
+            self.established.remove(&(peer, old));
+        }
+        self.established.insert((peer, peer_id), id);
+        // Answered: its repetitions go to the connection from now on.
+        self.release(peer, peer_id);
+        true
+    }
+
+    /// Ends connection `id`: frames naming it are dropped from now on (a
+    /// disconnect answered). Call when its [`Conn`] is dropped.
+    pub fn unregister(&mut self, id: u32) {
+        if let Some(old) = self.conns.remove(&id) {
+            self.forget_link(id, old);
+        }
+    }
+
+    fn forget_link(&mut self, id: u32, link: Link<A>) {
+        if let Some(p) = link.peer_id {
+            if self.established.get(&(link.peer, p)) == Some(&id) {
+                self.established.remove(&(link.peer, p));
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Listeners.
+
+    /// Starts holding requests for `discriminator` (cut to
+    /// [`wire::MAX_DISCRIMINATOR`] bytes, as requests carry it); until then they
+    /// are refused with [`RejectReason::NoListener`]. Listening again
+    /// changes nothing.
+    pub fn listen(&mut self, discriminator: &[u8]) {
+        let d = wire::cut_discriminator(discriminator);
+        if !self.listeners.contains_key(d) {
+            let l = Listener {
+                queue: VecDeque::new(),
+                held: 0,
+            };
+            self.listeners.insert(d.into(), l);
+        }
+    }
+
+    /// Stops listening on `discriminator`: the requests it held are
+    /// forgotten (their clients' repetitions are refused). A request
+    /// already taken may still be answered.
+    pub fn stop_listening(&mut self, discriminator: &[u8]) {
+        let d = wire::cut_discriminator(discriminator);
+        if self.listeners.remove(d).is_some() {
+            self.held.retain(|_, h| &*h.discriminator != d);
+        }
+    }
+
+    /// The oldest request waiting on `discriminator`. Call after
+    /// [`EndpointEvent::Request`] names it, or whenever the listener wants
+    /// one; then accept or [`reject`](Self::reject) it. Until answered, its
+    /// repetitions are not queued again.
+    pub fn take_request(&mut self, discriminator: &[u8]) -> Option<Incoming<A>> {
+        let d = wire::cut_discriminator(discriminator);
+        let req = self.listeners.get_mut(d)?.queue.pop_front()?;
+        if let Some(h) = self.held.get_mut(&(req.from, req.peer_id)) {
+            h.taken = true;
+        }
+        Some(req)
+    }
+
+    /// Requests waiting on `discriminator`, not yet taken.
+    pub fn pending(&self, discriminator: &[u8]) -> usize {
+        let d = wire::cut_discriminator(discriminator);
+        self.listeners.get(d).map_or(0, |l| l.queue.len())
+    }
+
+    /// Refuses a request, now and for its repetitions (the most recent
+    /// [`EndpointConfig::max_rejects`] refusals are remembered): writes the
+    /// reject frame into `buf` and returns its length, to be sent to
+    /// `req.from`. `buf` must hold [`wire::MAX_REPLY_LEN`] bytes; if it is
+    /// shorter nothing is written and 0 returned (the refusal is still
+    /// remembered).
+    pub fn reject(
+        &mut self,
+        req: &Incoming<A>,
+        reason: RejectReason,
+        private: &PrivateData,
+        buf: &mut [u8],
+    ) -> usize {
+        let key = (req.from, req.peer_id);
+        self.release(req.from, req.peer_id);
+        let refusal = Refusal {
+            reason,
+            private: *private,
+        };
+        if self.rejected.insert(key, refusal).is_none() {
+            self.rejected_order.push_back(key);
+            while self.rejected_order.len() > self.cfg.max_rejects {
+                if let Some(old) = self.rejected_order.pop_front() {
+                    self.rejected.remove(&old);
+                }
+            }
+        }
+        reject_into(buf, req.peer_id, &refusal)
+    }
+
+    /// Drops a held request: it has been answered.
+    fn release(&mut self, from: A, peer_id: u32) {
+        if let Some(h) = self.held.remove(&(from, peer_id)) {
+            if let Some(l) = self.listeners.get_mut(&h.discriminator) {
+                l.held -= 1;
+                if !h.taken {
+                    // Answered while queued: a request taken once, forgotten
+                    // while it waited for its answer, and queued again by a
+                    // repetition. The copy in the queue goes too.
+                    l.queue.retain(|r| (r.from, r.peer_id) != (from, peer_id));
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Peer-to-peer.
+
+    /// Connection `id` (live with `peer`) makes a peer-to-peer connection
+    /// and waits on `discriminator`: a peer request from `peer` naming it
+    /// goes to that connection. Call with
+    /// [`Conn::connect_peer`](crate::Conn::connect_peer); end it with
+    /// [`peer_done`](Self::peer_done) once connected or given up.
+    pub fn peer_connect(
+        &mut self,
+        discriminator: &[u8],
+        peer: A,
+        id: u32,
+    ) -> Result<(), RendezvousError> {
+        let d = wire::cut_discriminator(discriminator);
+        if self.peers.contains_key(d) {
+            return Err(RendezvousError::InUse);
+        }
+        self.peers.insert(d.into(), (peer, id));
+        Ok(())
+    }
+
+    /// The connection waiting on `discriminator` waits no more (connected:
+    /// the peer's repetitions reach it through [`established`](Self::established)).
+    pub fn peer_done(&mut self, discriminator: &[u8]) {
+        let d = wire::cut_discriminator(discriminator);
+        self.peers.remove(d);
+    }
+
+    // ------------------------------------------------------------------
+    // Input.
+
+    /// Takes in one frame the medium delivered from `from`. Returns what to
+    /// do with it, or `None` when it was dropped (and counted in
+    /// [`stats`](Self::stats)). A reply is written into `reply`, which
+    /// should hold [`wire::MAX_REPLY_LEN`] bytes (a reply that does not fit
+    /// is not written). Call for every frame, in arrival order.
+    ///
+    /// A data frame for a live connection costs one parse and one table
+    /// look-up, and allocates nothing.
+    pub fn handle<'a>(
+        &mut self,
+        now: Instant,
+        from: A,
+        bytes: &'a [u8],
+        reply: &mut [u8],
+    ) -> Option<EndpointEvent<'a, A>> {
+        let parsed = match self.cfg.intact {
+            true => wire::parse_intact(bytes),
+            false => wire::parse(bytes),
+        };
+        let Ok((dst, src, repr)) = parsed else {
+            self.stats.malformed += 1;
+            return None;
+        };
+        if dst != 0 {
+            return match self.conns.get(&dst) {
+                Some(link) if link.peer == from => {
+                    Some(EndpointEvent::Frame { id: dst, src, repr })
+                }
+                Some(_) => {
+                    self.stats.stray += 1;
+                    None
+                }
+                None => {
+                    self.stats.unknown += 1;
+                    if !matches!(repr, Repr::Disconnect { .. }) {
+                        return None;
+                    }
+                    // The connection is gone already; say so, so that the
+                    // peer stops asking.
+                    if reply.len() < Repr::DisconnectAck.buffer_len() {
+                        return None;
+                    }
+                    let len = Conn::disconnect_ack_frame(reply, src, dst);
+                    Some(EndpointEvent::Transmit { to: from, len })
+                }
+            };
+        }
+        // Connection 0: requests, whose client knows no id of ours yet.
+        if let Some(&id) = self.established.get(&(from, src)) {
+            // A repetition of a request already answered by connection
+            // `id` (or of a peer request it answered): it answers again.
+            if matches!(repr, Repr::ConnRequest { .. } | Repr::PeerRequest { .. }) {
+                return Some(EndpointEvent::Frame { id, src, repr });
+            }
+        }
+        match repr {
+            Repr::ConnRequest {
+                attrs,
+                discriminator,
+                private,
+            } => self.on_request(now, from, src, attrs, discriminator, private, reply),
+            Repr::PeerRequest { discriminator, .. } => {
+                // A connection of ours asking that peer on this discriminator.
+                let waiting = self.peers.get(discriminator).copied();
+                match waiting {
+                    Some((peer, id))
+                        if peer == from && self.conns.get(&id).is_some_and(|l| l.peer == from) =>
+                    {
+                        Some(EndpointEvent::Frame { id, src, repr })
+                    }
+                    _ => {
+                        // Nobody waits yet: the peer repeats its request
+                        // until someone here asks it too.
+                        self.stats.unknown += 1;
+                        None
+                    }
+                }
+            }
+            _ => {
+                self.stats.unknown += 1;
+                None
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_request<'a>(
+        &mut self,
+        now: Instant,
+        from: A,
+        peer_id: u32,
+        attrs: ConnAttrs,
+        discriminator: &'a [u8],
+        private: &[u8],
+        reply: &mut [u8],
+    ) -> Option<EndpointEvent<'a, A>> {
+        let key = (from, peer_id);
+        if let Some(refusal) = self.rejected.get(&key) {
+            return self.refuse(from, peer_id, *refusal, reply);
+        }
+        if let Some(h) = self.held.get_mut(&key) {
+            // A repetition of a request held: the client still asks.
+            h.heard = now;
+            return None;
+        }
+        let no_listener = Refusal {
+            reason: RejectReason::NoListener,
+            private: PrivateData::EMPTY,
+        };
+        let Some(l) = self.listeners.get_mut(discriminator) else {
+            // Not remembered: a client asks again when nobody listens yet,
+            // and the listener may have come by then.
+            return self.refuse(from, peer_id, no_listener, reply);
+        };
+        if l.held >= self.cfg.max_pending {
+            self.expire(now, discriminator);
+        }
+        let Some(l) = self.listeners.get_mut(discriminator) else {
+            return self.refuse(from, peer_id, no_listener, reply);
+        };
+        if l.held >= self.cfg.max_pending {
+            self.stats.busy += 1;
+            let busy = Refusal {
+                reason: RejectReason::Busy,
+                private: PrivateData::EMPTY,
+            };
+            return self.refuse(from, peer_id, busy, reply);
+        }
+        l.held += 1;
+        l.queue.push_back(Incoming {
+            from,
+            peer_id,
+            attrs,
+            private: PrivateData::of_frame(private),
+        });
+        self.held.insert(
+            key,
+            Held {
+                discriminator: discriminator.into(),
+                heard: now,
+                taken: false,
+            },
+        );
+        Some(EndpointEvent::Request { discriminator })
+    }
+
+    /// Makes room on a full listener: forgets the requests whose clients
+    /// have not asked for [`EndpointConfig::pending_timeout`]. Runs only
+    /// when the listener is full, so its cost (a pass over what it holds)
+    /// is off every other path.
+    fn expire(&mut self, now: Instant, discriminator: &[u8]) {
+        let timeout = self.cfg.pending_timeout;
+        let mut gone = 0;
+        self.held.retain(|_, h| {
+            let stale = &*h.discriminator == discriminator
+                && now.saturating_duration_since(h.heard) >= timeout;
+            gone += stale as usize;
+            !stale
+        });
+        if gone == 0 {
+            return;
+        }
+        if let Some(l) = self.listeners.get_mut(discriminator) {
+            l.held -= gone;
+            let held = &self.held;
+            l.queue.retain(|r| held.contains_key(&(r.from, r.peer_id)));
+        }
+    }
+
+    /// Answers a request with a reject built into `reply`.
+    fn refuse<'a>(
+        &mut self,
+        to: A,
+        peer_id: u32,
+        refusal: Refusal,
+        reply: &mut [u8],
+    ) -> Option<EndpointEvent<'a, A>> {
+        self.stats.refused += 1;
+        match reject_into(reply, peer_id, &refusal) {
+            0 => None,
+            len => Some(EndpointEvent::Transmit { to, len }),
+        }
+    }
+}
+
+/// Writes a reject into `buf` if it fits; returns its length (0 if not).
+fn reject_into(buf: &mut [u8], peer_id: u32, refusal: &Refusal) -> usize {
+    let frame = Repr::ConnReject {
+        reason: refusal.reason,
+        private: refusal.private.as_slice(),
+    };
+    if buf.len() < frame.buffer_len() {
+        return 0;
+    }
+    Conn::reject_frame_with(buf, peer_id, refusal.reason, &refusal.private)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{DataHeader, Op};
+
+    const CLIENT: u8 = 1;
+    const OTHER: u8 = 2;
+
+    fn attrs() -> ConnAttrs {
+        ConnAttrs {
+            reliability: 1,
+            rdma_write: true,
+            rdma_read: true,
+            max_frame: 1472,
+            max_transfer: 1 << 20,
+            initial_psn: 100,
+            intact: false,
+        }
+    }
+
+    fn bytes(r: &Repr<'_>, dst: u32, src: u32) -> Vec<u8> {
+        let mut b = vec![0u8; r.buffer_len()];
+        r.emit(&mut b, dst, src);
+        b
+    }
+
+    fn request(peer_id: u32, discriminator: &[u8], private: &[u8]) -> Vec<u8> {
+        let r = Repr::ConnRequest {
+            attrs: attrs(),
+            discriminator,
+            private,
+        };
+        bytes(&r, 0, peer_id)
+    }
+
+    fn peer_request(peer_id: u32, discriminator: &[u8]) -> Vec<u8> {
+        let r = Repr::PeerRequest {
+            attrs: attrs(),
+            discriminator,
+            private: b"",
+        };
+        bytes(&r, 0, peer_id)
+    }
+
+    fn data(dst: u32, src: u32) -> Vec<u8> {
+        let header = DataHeader {
+            psn: 100,
+            ack: 1000,
+            msn: 0,
+            op: Op::Send,
+            flags: 0,
+            offset: 0,
+            total: 3,
+            imm: 0,
+            rkey: 0,
+            raddr: 0,
+            rsn: 0,
+            done: 0,
+        };
+        let r = Repr::Data {
+            header,
+            payload: b"abc",
+        };
+        bytes(&r, dst, src)
+    }
+
+    struct Bench {
+        ep: Endpoint<u8>,
+        now: Instant,
+        reply: [u8; wire::MAX_REPLY_LEN],
+    }
+
+    impl Bench {
+        fn new(cfg: EndpointConfig) -> Bench {
+            Bench {
+                ep: Endpoint::new(cfg),
+                now: Instant::now(),
+                reply: [0; wire::MAX_REPLY_LEN],
+            }
+        }
+
+        /// What the endpoint makes of `b` from `from`, with a reply parsed.
+        fn feed(&mut self, from: u8, b: &[u8]) -> Seen {
+            match self.ep.handle(self.now, from, b, &mut self.reply) {
+                None => Seen::Dropped,
+                Some(EndpointEvent::Frame { id, src, .. }) => Seen::Frame { id, src },
+                Some(EndpointEvent::Request { discriminator }) => {
+                    Seen::Request(discriminator.to_vec())
+                }
+                Some(EndpointEvent::Transmit { to, len }) => {
+                    let (dst, src, r) = wire::parse(&self.reply[..len]).expect("a reply parses");
+                    let r = match r {
+                        Repr::ConnReject { reason, private } => {
+                            Reply::Reject(reason, private.to_vec())
+                        }
+                        Repr::DisconnectAck => Reply::DisconnectAck,
+                        other => panic!("unexpected reply {other:?}"),
+                    };
+                    Seen::Reply { to, dst, src, r }
+                }
+            }
+        }
+    }
+
+    #[derive(Debug, PartialEq, Eq)]
+    enum Reply {
+        Reject(RejectReason, Vec<u8>),
+        DisconnectAck,
+    }
+
+    #[derive(Debug, PartialEq, Eq)]
+    enum Seen {
+        Dropped,
+        Frame {
+            id: u32,
+            src: u32,
+        },
+        Request(Vec<u8>),
+        Reply {
+            to: u8,
+            dst: u32,
+            src: u32,
+            r: Reply,
+        },
+    }
+
+    fn reject(to: u8, dst: u32, reason: RejectReason, private: &[u8]) -> Seen {
+        Seen::Reply {
+            to,
+            dst,
+            src: 0,
+            r: Reply::Reject(reason, private.to_vec()),
+        }
+    }
+
+    #[test]
+    fn ids_start_at_the_seed_and_skip_zero_and_live_ones() {
+        let mut ep = Endpoint::<u8>::new(EndpointConfig {
+            id_seed: u32::MAX,
+            ..EndpointConfig::default()
+        });
+        assert_eq!(ep.new_id(), u32::MAX);
+        ep.register(2, CLIENT);
+        assert_eq!(ep.new_id(), 1, "0 is never an id");
+        assert_eq!(ep.new_id(), 3, "2 is live");
+    }
+
+    #[test]
+    fn frames_reach_live_connections_from_their_peer_only() {
+        let mut b = Bench::new(EndpointConfig::default());
+        b.ep.register(5, CLIENT);
+        assert_eq!(b.feed(CLIENT, &data(5, 9)), Seen::Frame { id: 5, src: 9 });
+        assert_eq!(b.feed(OTHER, &data(5, 9)), Seen::Dropped, "not its peer");
+        assert_eq!(b.feed(CLIENT, &data(6, 9)), Seen::Dropped, "no such id");
+        b.ep.unregister(5);
+        assert_eq!(b.feed(CLIENT, &data(5, 9)), Seen::Dropped, "gone");
+        let s = b.ep.stats();
+        assert_eq!((s.stray, s.unknown), (1, 2));
+    }
+
+    #[test]
+    fn a_disconnect_for_an_unknown_connection_is_acknowledged() {
+        let mut b = Bench::new(EndpointConfig::default());
+        let d = bytes(&Repr::Disconnect { ack: 1, done: 2 }, 77, 9);
+        let ack = Seen::Reply {
+            to: CLIENT,
+            dst: 9,
+            src: 77,
+            r: Reply::DisconnectAck,
+        };
+        assert_eq!(b.feed(CLIENT, &d), ack);
+        // Any other frame for it is dropped unanswered.
+        assert_eq!(
+            b.feed(CLIENT, &bytes(&Repr::ConnConfirm, 77, 9)),
+            Seen::Dropped
+        );
+        assert_eq!(b.ep.stats().unknown, 2);
+        // A reply buffer too short for the ack: nothing is written.
+        let mut short = [0u8; 4];
+        assert_eq!(b.ep.handle(b.now, CLIENT, &d, &mut short), None);
+    }
+
+    #[test]
+    fn a_repeated_request_queues_once_and_then_reaches_its_connection() {
+        let mut b = Bench::new(EndpointConfig::default());
+        let req = request(9, b"srv", b"hello");
+        assert_eq!(
+            b.feed(CLIENT, &req),
+            reject(CLIENT, 9, RejectReason::NoListener, b"")
+        );
+        b.ep.listen(b"srv");
+        assert_eq!(b.feed(CLIENT, &req), Seen::Request(b"srv".to_vec()));
+        assert_eq!(b.feed(CLIENT, &req), Seen::Dropped, "queued already");
+        assert_eq!(b.ep.pending(b"srv"), 1);
+        let inc = b.ep.take_request(b"srv").expect("the request");
+        assert_eq!((inc.from, inc.peer_id), (CLIENT, 9));
+        assert_eq!(inc.attrs, attrs());
+        assert_eq!(inc.private.as_slice(), b"hello");
+        assert_eq!(b.ep.take_request(b"srv"), None);
+        // Taken, not answered yet: a repetition does not queue it again.
+        assert_eq!(b.feed(CLIENT, &req), Seen::Dropped);
+        assert_eq!(b.ep.pending(b"srv"), 0);
+        // Accepted: repetitions go to the connection, which answers again.
+        let id = b.ep.new_id();
+        b.ep.register(id, CLIENT);
+        assert!(b.ep.established(CLIENT, 9, id));
+        assert!(!b.ep.established(OTHER, 9, id), "not its peer");
+        assert_eq!(b.feed(CLIENT, &req), Seen::Frame { id, src: 9 });
+        // The same client id from elsewhere is another client.
+        assert_eq!(b.feed(OTHER, &req), Seen::Request(b"srv".to_vec()));
+        // Once the connection is gone, a repetition is a new request.
+        b.ep.unregister(id);
+        assert_eq!(b.feed(CLIENT, &req), Seen::Request(b"srv".to_vec()));
+    }
+
+    #[test]
+    fn a_refusal_is_remembered_for_the_repetitions() {
+        let mut b = Bench::new(EndpointConfig {
+            max_rejects: 2,
+            ..EndpointConfig::default()
+        });
+        b.ep.listen(b"srv");
+        for peer_id in [1, 2, 3] {
+            b.feed(CLIENT, &request(peer_id, b"srv", b""));
+        }
+        let mut buf = [0u8; wire::MAX_REPLY_LEN];
+        let no = PrivateData::new(b"not now").expect("short");
+        for _ in 0..3 {
+            let inc = b.ep.take_request(b"srv").expect("a request");
+            let n = b.ep.reject(&inc, RejectReason::Refused, &no, &mut buf);
+            let (dst, src, r) = wire::parse(&buf[..n]).expect("a reject");
+            assert_eq!((dst, src), (inc.peer_id, 0));
+            let private = no.as_slice();
+            let reason = RejectReason::Refused;
+            assert_eq!(r, Repr::ConnReject { reason, private });
+        }
+        // The last two are remembered; the first was forgotten and its
+        // repetition is a request again.
+        for peer_id in [2, 3] {
+            let want = reject(CLIENT, peer_id, RejectReason::Refused, b"not now");
+            assert_eq!(b.feed(CLIENT, &request(peer_id, b"srv", b"")), want);
+        }
+        assert_eq!(b.ep.pending(b"srv"), 0);
+        let again = b.feed(CLIENT, &request(1, b"srv", b""));
+        assert_eq!(again, Seen::Request(b"srv".to_vec()));
+        assert_eq!(b.ep.stats().refused, 2);
+        // A buffer too short: the refusal is remembered, nothing written.
+        let inc = b.ep.take_request(b"srv").expect("a request");
+        assert_eq!(
+            b.ep.reject(&inc, RejectReason::Mismatch, &no, &mut [0; 8]),
+            0
+        );
+        let want = reject(CLIENT, 1, RejectReason::Mismatch, b"not now");
+        assert_eq!(b.feed(CLIENT, &request(1, b"srv", b"")), want);
+    }
+
+    #[test]
+    fn a_full_listener_refuses_as_busy_until_a_silent_client_makes_room() {
+        let cfg = EndpointConfig {
+            max_pending: 2,
+            ..EndpointConfig::default()
+        };
+        let timeout = cfg.pending_timeout;
+        let mut b = Bench::new(cfg);
+        b.ep.listen(b"srv");
+        assert_eq!(
+            b.feed(CLIENT, &request(1, b"srv", b"")),
+            Seen::Request(b"srv".to_vec())
+        );
+        assert_eq!(
+            b.feed(CLIENT, &request(2, b"srv", b"")),
+            Seen::Request(b"srv".to_vec())
+        );
+        let busy = reject(CLIENT, 3, RejectReason::Busy, b"");
+        assert_eq!(b.feed(CLIENT, &request(3, b"srv", b"")), busy);
+        // Taken but not answered still counts against the bound.
+        b.ep.take_request(b"srv").expect("request 1");
+        assert_eq!(b.feed(CLIENT, &request(3, b"srv", b"")), busy);
+        assert_eq!(b.ep.stats().busy, 2);
+        // Client 1 keeps asking; client 2 goes silent for the timeout.
+        b.now += timeout;
+        assert_eq!(b.feed(CLIENT, &request(1, b"srv", b"")), Seen::Dropped);
+        assert_eq!(
+            b.feed(CLIENT, &request(3, b"srv", b"")),
+            Seen::Request(b"srv".to_vec())
+        );
+        assert_eq!(b.ep.pending(b"srv"), 1);
+        let inc = b.ep.take_request(b"srv").expect("request 3");
+        assert_eq!(inc.peer_id, 3, "2 was dropped");
+        // Still full (1 and 3 held, neither silent).
+        assert_eq!(
+            b.feed(CLIENT, &request(4, b"srv", b"")),
+            reject(CLIENT, 4, RejectReason::Busy, b"")
+        );
+        // Answering frees a place.
+        let mut buf = [0u8; wire::MAX_REPLY_LEN];
+        b.ep.reject(&inc, RejectReason::Refused, &PrivateData::EMPTY, &mut buf);
+        assert_eq!(
+            b.feed(CLIENT, &request(4, b"srv", b"")),
+            Seen::Request(b"srv".to_vec())
+        );
+    }
+
+    #[test]
+    fn stopping_a_listener_forgets_what_it_held() {
+        let mut b = Bench::new(EndpointConfig::default());
+        b.ep.listen(b"srv");
+        b.ep.listen(b"srv");
+        b.feed(CLIENT, &request(1, b"srv", b""));
+        b.ep.stop_listening(b"srv");
+        assert_eq!(b.ep.take_request(b"srv"), None);
+        let want = reject(CLIENT, 1, RejectReason::NoListener, b"");
+        assert_eq!(b.feed(CLIENT, &request(1, b"srv", b"")), want);
+        b.ep.listen(b"srv");
+        assert_eq!(
+            b.feed(CLIENT, &request(1, b"srv", b"")),
+            Seen::Request(b"srv".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_peer_request_reaches_the_connection_waiting_for_it_in_either_order() {
+        // Ours waits first, then the peer's request comes.
+        let mut b = Bench::new(EndpointConfig::default());
+        b.ep.register(5, OTHER);
+        b.ep.peer_connect(b"mine", OTHER, 5).expect("free");
+        assert_eq!(
+            b.ep.peer_connect(b"mine", OTHER, 6),
+            Err(RendezvousError::InUse)
+        );
+        assert_eq!(
+            b.feed(OTHER, &peer_request(8, b"mine")),
+            Seen::Frame { id: 5, src: 8 }
+        );
+        assert_eq!(
+            b.feed(CLIENT, &peer_request(8, b"mine")),
+            Seen::Dropped,
+            "another peer"
+        );
+        assert_eq!(
+            b.feed(OTHER, &peer_request(8, b"yours")),
+            Seen::Dropped,
+            "another name"
+        );
+        // Connected: the rendezvous ends, repetitions still reach it.
+        assert!(b.ep.established(OTHER, 8, 5));
+        b.ep.peer_done(b"mine");
+        assert_eq!(
+            b.feed(OTHER, &peer_request(8, b"mine")),
+            Seen::Frame { id: 5, src: 8 }
+        );
+
+        // The peer's request comes before ours waits: dropped (the peer
+        // repeats it), then it finds ours.
+        let mut b = Bench::new(EndpointConfig::default());
+        assert_eq!(b.feed(OTHER, &peer_request(8, b"mine")), Seen::Dropped);
+        assert_eq!(b.ep.stats().unknown, 1);
+        b.ep.register(5, OTHER);
+        b.ep.peer_connect(b"mine", OTHER, 5).expect("free");
+        assert_eq!(
+            b.feed(OTHER, &peer_request(8, b"mine")),
+            Seen::Frame { id: 5, src: 8 }
+        );
+        // A rendezvous whose connection is gone hands nothing on.
+        b.ep.unregister(5);
+        assert_eq!(b.feed(OTHER, &peer_request(8, b"mine")), Seen::Dropped);
+    }
+
+    #[test]
+    fn malformed_frames_are_counted_and_the_checksum_follows_the_config() {
+        let mut b = Bench::new(EndpointConfig::default());
+        b.ep.register(5, CLIENT);
+        let mut f = data(5, 9);
+        assert_eq!(b.feed(CLIENT, &[]), Seen::Dropped);
+        assert_eq!(b.feed(CLIENT, &f[..20]), Seen::Dropped);
+        f[12..16].fill(0);
+        assert_eq!(b.feed(CLIENT, &f), Seen::Dropped, "checksum left out");
+        assert_eq!(b.ep.stats().malformed, 3);
+        // An intact medium: the checksum is not looked at.
+        let mut b = Bench::new(EndpointConfig {
+            intact: true,
+            ..EndpointConfig::default()
+        });
+        b.ep.register(5, CLIENT);
+        assert_eq!(b.feed(CLIENT, &f), Seen::Frame { id: 5, src: 9 });
+        assert_eq!(b.ep.stats().malformed, 0);
+    }
+}
