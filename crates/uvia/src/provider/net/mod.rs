@@ -16,34 +16,30 @@ use crate::error::{ConnectError, OpenError};
 use crate::nic::{Nic, NicAttributes, NicOptions, NicShared};
 use crate::provider::{Answer as AnyAnswer, NicProvider, Transport};
 use crate::vi::{Queues, Reliability, Vi, ViAttributes, ViInner, ViShared, ViState};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use uvia_net::{Addr, Medium, OutFrame, RecvBatch};
-use uvia_proto::wire::{self, ConnAttrs, RejectReason, Repr};
+use uvia_proto::endpoint::{Endpoint, EndpointConfig, EndpointEvent};
+use uvia_proto::wire::{self, ConnAttrs, PrivateData, RejectReason, Repr};
 use uvia_proto::{Config, Conn, Event, Level, RnrPolicy};
 
 /// Most frames gathered before one call to the medium.
 pub(super) const TX_BATCH: usize = 32;
 /// Pause before a message the receiver was not ready for goes again.
 const RNR_DELAY: Duration = Duration::from_micros(200);
-/// Requests refused recently, answered again without asking anyone.
-const REJECTED_MEMORY: usize = 64;
 
 /// A connection request waiting for a server's answer.
-#[derive(Clone, Debug)]
-pub(crate) struct Incoming {
-    pub from: Addr,
-    pub peer_id: u32,
-    pub attrs: ConnAttrs,
-}
+pub(crate) type Incoming = uvia_proto::endpoint::Incoming<Addr>;
 
 /// Makes a per-peer medium.
 pub(crate) type OwnMediumFactory = Box<dyn Fn(Addr) -> Option<Box<dyn Medium>> + Send + Sync>;
 
-/// The network half of a Nic: its medium and the table of connections.
+/// The network half of a Nic: its medium, the protocol engine's endpoint
+/// (which connection a frame is for, listeners, refusals, rendezvous) and
+/// the VI behind each connection.
 pub(crate) struct NetNic {
     pub medium: Box<dyn Medium>,
     /// Makes a VI a medium of its own for one peer (a connected UDP
@@ -60,20 +56,11 @@ pub(crate) struct NetNic {
     /// looked up in its neighbour table.
     iface: Option<String>,
     pub idle_timeout: Duration,
+    endpoint: spin::Mutex<Endpoint<Addr>>,
     /// Local connection id -> its VI.
-    conns: spin::Mutex<HashMap<u32, Weak<ViShared>>>,
-    /// (peer address, peer connection id) -> local id, so a repeated
-    /// request reaches the connection it made.
-    accepted: spin::Mutex<HashMap<(Addr, u32), u32>>,
-    /// Discriminators someone waits on, with requests not yet taken.
-    listening: spin::Mutex<HashMap<Vec<u8>, VecDeque<Incoming>>>,
-    rejected: spin::Mutex<VecDeque<(Addr, u32, RejectReason)>>,
-    /// Peer-to-peer connections being made: our discriminator -> (the
-    /// peer's address, our connection id).
-    peers: spin::Mutex<HashMap<Vec<u8>, (Addr, u32)>>,
+    vis: spin::Mutex<HashMap<u32, Weak<ViShared>>>,
     rx: std::sync::Mutex<RxState>,
-    next_id: AtomicU32,
-    /// Frames that failed the checksum or did not parse.
+    /// Frames of a VI's own medium that did not parse.
     pub malformed: AtomicU64,
     /// Frames a VI's own medium received for another connection, or a
     /// connection request: two connections to one peer share the 4-tuple
@@ -101,32 +88,32 @@ impl NetNic {
         // Connection ids start somewhere different in each Nic, so frames of
         // an earlier run's connection do not land on a new one.
         let seed = std::process::id()
-            ^ Instant::now().elapsed().subsec_nanos()
             ^ (std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.subsec_nanos())
                 .unwrap_or(0)
                 << 8);
+        let endpoint = Endpoint::new(EndpointConfig {
+            intact: caps.intact,
+            id_seed: seed | 1,
+            ..EndpointConfig::default()
+        });
         NetNic {
             max_frame: caps.max_frame,
             intact: caps.intact,
             lends: caps.lends,
             iface,
             idle_timeout,
-            conns: spin::Mutex::new(HashMap::new()),
-            accepted: spin::Mutex::new(HashMap::new()),
-            listening: spin::Mutex::new(HashMap::new()),
-            rejected: spin::Mutex::new(VecDeque::new()),
-            peers: spin::Mutex::new(HashMap::new()),
+            endpoint: spin::Mutex::new(endpoint),
+            vis: spin::Mutex::new(HashMap::new()),
             rx: std::sync::Mutex::new(RxState {
                 // A medium that lends its frames needs no batch of its own.
                 batch: match caps.lends {
                     true => RecvBatch::new(1, 1),
                     false => RecvBatch::new(caps.max_batch.clamp(1, 64), 65_536),
                 },
-                reply: vec![0; 256],
+                reply: vec![0; wire::MAX_REPLY_LEN],
             }),
-            next_id: AtomicU32::new(seed | 1),
             malformed: AtomicU64::new(0),
             strays: spin::Mutex::new(Vec::new()),
             has_strays: std::sync::atomic::AtomicBool::new(false),
@@ -135,7 +122,7 @@ impl NetNic {
         }
     }
 
-    /// Checks and parses a frame from the medium.
+    /// Checks and parses a frame from a VI's own medium.
     pub(super) fn parse<'a>(
         &self,
         bytes: &'a [u8],
@@ -147,59 +134,52 @@ impl NetNic {
         }
     }
 
-    fn new_id(&self) -> u32 {
-        loop {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            if id != 0 {
-                return id;
-            }
-        }
-    }
-
     /// Starts queueing requests for `discriminator`.
     pub fn listen(&self, discriminator: &[u8]) {
-        self.listening
-            .lock()
-            .entry(discriminator.to_vec())
-            .or_default();
+        self.endpoint.lock().listen(discriminator);
     }
 
     pub fn stop_listening(&self, discriminator: &[u8]) {
-        self.listening.lock().remove(discriminator);
+        self.endpoint.lock().stop_listening(discriminator);
     }
 
     /// The oldest request waiting on `discriminator`.
     pub fn take_request(&self, discriminator: &[u8]) -> Option<Incoming> {
-        self.listening
-            .lock()
-            .get_mut(discriminator)
-            .and_then(|q| q.pop_front())
+        self.endpoint.lock().take_request(discriminator)
     }
 
     /// Answers a request with a refusal, now and for its repetitions.
-    pub fn reject(&self, req: &Incoming, reason: RejectReason) {
-        {
-            let mut r = self.rejected.lock();
-            if r.len() == REJECTED_MEMORY {
-                r.pop_front();
-            }
-            r.push_back((req.from, req.peer_id, reason));
+    pub fn reject(&self, req: &Incoming, reason: RejectReason, private: &PrivateData) {
+        let mut buf = [0u8; wire::MAX_REPLY_LEN];
+        let n = self.endpoint.lock().reject(req, reason, private, &mut buf);
+        if n > 0 {
+            let _ = self.medium.send(&[OutFrame {
+                to: req.from,
+                bytes: &buf[..n],
+            }]);
         }
-        let mut buf = [0u8; 64];
-        let n = Conn::reject_frame(&mut buf, req.peer_id, reason);
-        let _ = self.medium.send(&[OutFrame {
-            to: req.from,
-            bytes: &buf[..n],
-        }]);
     }
 
-    fn register(&self, id: u32, vi: &Arc<ViShared>) {
-        self.conns.lock().insert(id, Arc::downgrade(vi));
+    /// A new connection to `peer`, driven by `vi`: its id.
+    fn register(&self, vi: &Arc<ViShared>, peer: Addr) -> u32 {
+        let id = {
+            let mut ep = self.endpoint.lock();
+            let id = ep.new_id();
+            ep.register(id, peer);
+            id
+        };
+        self.vis.lock().insert(id, Arc::downgrade(vi));
+        id
+    }
+
+    /// Connection `id` to `peer` is joined to the peer's `peer_id`.
+    fn established(&self, peer: Addr, peer_id: u32, id: u32) {
+        self.endpoint.lock().established(peer, peer_id, id);
     }
 
     pub fn unregister(&self, id: u32) {
-        self.conns.lock().remove(&id);
-        self.accepted.lock().retain(|_, v| *v != id);
+        self.endpoint.lock().unregister(id);
+        self.vis.lock().remove(&id);
     }
 
     /// Reads what has arrived and hands each frame to its VI. `me` is the
@@ -211,22 +191,19 @@ impl NetNic {
             return false;
         };
         let RxState { batch, reply } = &mut *rx;
-        // The polling VI's own frames (a ping-pong's every frame) go
-        // straight to it, without the table.
-        let my_id = me.as_ref().map(|(_, _, n)| n.id);
         if self.has_strays.load(Ordering::Relaxed) && self.has_strays.swap(false, Ordering::Acquire)
         {
             let strays = std::mem::take(&mut *self.strays.lock());
             let now = Instant::now();
             for (from, bytes) in &strays {
-                self.dispatch(*from, bytes, &mut me, my_id, now, reply);
+                self.dispatch(*from, bytes, &mut me, now, reply);
             }
         }
         // The clock is read only when something arrived.
         let mut now = None;
         let mut on_frame = |from: Addr, bytes: &[u8]| {
             let now = *now.get_or_insert_with(Instant::now);
-            self.dispatch(from, bytes, &mut me, my_id, now, reply);
+            self.dispatch(from, bytes, &mut me, now, reply);
         };
         let n = if self.lends {
             // Frames are read where the medium holds them.
@@ -242,81 +219,38 @@ impl NetNic {
         n.is_ok_and(|n| n > 0)
     }
 
-    /// Hands one arrived frame to the VI it is for.
+    /// Hands one arrived frame to what the endpoint says it is for.
     fn dispatch(
         &self,
         from: Addr,
         bytes: &[u8],
         me: &mut Option<(&Vi, &mut Queues, &mut NetVi)>,
-        my_id: Option<u32>,
         now: Instant,
         reply: &mut [u8],
     ) {
-        let Ok((dst, src, repr)) = self.parse(bytes) else {
-            self.malformed.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        if dst == 0 {
-            match repr {
-                Repr::ConnRequest {
-                    attrs,
-                    discriminator,
-                } => self.on_request(from, src, attrs, discriminator, me, now, reply),
-                Repr::PeerRequest { discriminator, .. } => {
-                    // Known already (a repetition), or a VI of ours asking
-                    // that peer on this discriminator.
-                    let known = self.accepted.lock().get(&(from, src)).copied();
-                    let id = known.or_else(|| {
-                        self.peers
-                            .lock()
-                            .get(discriminator)
-                            .filter(|(a, _)| *a == from)
-                            .map(|(_, id)| *id)
-                    });
-                    if let Some(id) = id {
-                        self.deliver(id, from, src, &repr, me, now);
+        let ev = self.endpoint.lock().handle(now, from, bytes, reply);
+        match ev {
+            Some(EndpointEvent::Frame { id, src, repr }) => {
+                if let Some((vi, q, t)) = me {
+                    if t.id == id {
+                        t.input(vi, q, from, src, &repr, now);
+                        return;
                     }
                 }
-                _ => {}
+                let Some(target) = self.vis.lock().get(&id).and_then(Weak::upgrade) else {
+                    return;
+                };
+                self.hand_to(target, from, src, &repr, me, now);
             }
-            return;
-        }
-        if Some(dst) == my_id {
-            if let Some((vi, q, t)) = me {
-                t.input(vi, q, from, src, &repr, now);
-                return;
-            }
-        }
-        let target = self.conns.lock().get(&dst).and_then(Weak::upgrade);
-        let Some(target) = target else {
-            if matches!(repr, Repr::Disconnect { .. }) {
-                // The connection is gone already; say so, so the peer does
-                // not keep asking.
-                let n = Conn::disconnect_ack_frame(reply, src, dst);
+            Some(EndpointEvent::Transmit { to, len }) => {
                 let _ = self.medium.send(&[OutFrame {
-                    to: from,
-                    bytes: &reply[..n],
+                    to,
+                    bytes: &reply[..len],
                 }]);
             }
-            return;
-        };
-        self.hand_to(target, from, src, &repr, me, now);
-    }
-
-    /// Hands a frame to the VI of connection `id`.
-    fn deliver(
-        &self,
-        id: u32,
-        from: Addr,
-        src: u32,
-        repr: &Repr<'_>,
-        me: &mut Option<(&Vi, &mut Queues, &mut NetVi)>,
-        now: Instant,
-    ) {
-        let Some(target) = self.conns.lock().get(&id).and_then(Weak::upgrade) else {
-            return;
-        };
-        self.hand_to(target, from, src, repr, me, now);
+            // A listener takes it in its connect-wait.
+            Some(EndpointEvent::Request { .. }) | None => {}
+        }
     }
 
     /// Hands a frame to `target`'s engine: the polling VI's own, or another
@@ -358,62 +292,6 @@ impl NetNic {
         match &nic.provider {
             NicProvider::Net(n) => Some(n),
             _ => None,
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn on_request(
-        &self,
-        from: Addr,
-        peer_id: u32,
-        attrs: ConnAttrs,
-        discriminator: &[u8],
-        me: &mut Option<(&Vi, &mut Queues, &mut NetVi)>,
-        now: Instant,
-        reply: &mut [u8],
-    ) {
-        // A repetition of a request already accepted: its connection
-        // answers (with the accept again).
-        let known = self.accepted.lock().get(&(from, peer_id)).copied();
-        if let Some(id) = known {
-            let repr = Repr::ConnRequest {
-                attrs,
-                discriminator,
-            };
-            self.deliver(id, from, peer_id, &repr, me, now);
-            return;
-        }
-        let refused = self
-            .rejected
-            .lock()
-            .iter()
-            .find(|(a, p, _)| *a == from && *p == peer_id)
-            .map(|(_, _, r)| *r);
-        let reason = match refused {
-            Some(r) => Some(r),
-            None => {
-                let mut ls = self.listening.lock();
-                match ls.get_mut(discriminator) {
-                    Some(q) => {
-                        if !q.iter().any(|r| r.from == from && r.peer_id == peer_id) {
-                            q.push_back(Incoming {
-                                from,
-                                peer_id,
-                                attrs,
-                            });
-                        }
-                        None
-                    }
-                    None => Some(RejectReason::NoListener),
-                }
-            }
-        };
-        if let Some(reason) = reason {
-            let n = Conn::reject_frame(reply, peer_id, reason);
-            let _ = self.medium.send(&[OutFrame {
-                to: from,
-                bytes: &reply[..n],
-            }]);
         }
     }
 }
@@ -626,19 +504,32 @@ impl NetNic {
         let start = Instant::now();
         let nic = self;
         let to = nic.resolve(&remote.host)?;
-        let id = nic.new_id();
-        nic.register(id, &vi.s);
+        let private =
+            PrivateData::new(private).map_err(|e| ConnectError::PrivateDataTooLong(e.0))?;
+        let id = nic.register(&vi.s, to);
         if let Some(d) = local {
-            let mut peers = nic.peers.lock();
-            if peers.contains_key(d.as_bytes()) {
+            if nic
+                .endpoint
+                .lock()
+                .peer_connect(d.as_bytes(), to, id)
+                .is_err()
+            {
                 nic.unregister(id);
                 return Err(ConnectError::InUse(d.to_string()));
             }
-            peers.insert(d.as_bytes().to_vec(), (to, id));
         }
-        let r = self.connect_inner(vi, remote, local.is_some(), to, id, start, timeout, private);
+        let r = self.connect_inner(
+            vi,
+            remote,
+            local.is_some(),
+            to,
+            id,
+            start,
+            timeout,
+            &private,
+        );
         if let Some(d) = local {
-            nic.peers.lock().remove(d.as_bytes());
+            nic.endpoint.lock().peer_done(d.as_bytes());
         }
         match &r {
             Err(_) => {
@@ -652,7 +543,7 @@ impl NetNic {
                     _ => None,
                 };
                 if let Some(pid) = pid {
-                    nic.accepted.lock().insert((to, pid), id);
+                    nic.established(to, pid, id);
                 }
             }
         }
@@ -669,7 +560,7 @@ impl NetNic {
         id: u32,
         start: Instant,
         timeout: Duration,
-        _private: &[u8],
+        private: &PrivateData,
     ) -> Result<RemoteViAttributes, ConnectError> {
         let nic = self;
         let mut last_no_listener = false;
@@ -689,7 +580,8 @@ impl NetNic {
                     id,
                     initial_psn(id),
                     remote.discriminator.as_bytes(),
-                );
+                )
+                .with_private(*private);
                 let ViInner { q, t } = &mut *g;
                 let mut n = NetVi::new(conn, to, id, nic.max_frame);
                 n.adopt_recvs(q);
@@ -703,6 +595,8 @@ impl NetNic {
                     if let Transport::Net(t) = t {
                         t.progress(vi, q);
                         if let Some(ev) = t.handshake.take() {
+                            // The answer's private data, for an accept and a reject alike.
+                            q.remote_private = t.conn.peer_private().to_vec();
                             break ev;
                         }
                     }
@@ -777,7 +671,7 @@ impl NetNic {
                 return Ok(ConnRequest {
                     remote: remote_attrs(&req.attrs),
                     discriminator: discriminator.clone(),
-                    private: Vec::new(),
+                    private: req.private.as_slice().to_vec(),
                     peer_address: Some(req.from.to_string()),
                     peer_pid: 0,
                     answer: Some(AnyAnswer::Net(Answer {
@@ -807,31 +701,33 @@ pub(crate) struct Answer {
 
 impl Answer {
     /// Connects `vi` (idle, same reliability level) to the client.
-    pub fn accept(self, vi: &Vi, _private: &[u8]) -> Result<(), ConnectError> {
+    pub fn accept(self, vi: &Vi, private: &[u8]) -> Result<(), ConnectError> {
         let Some(nic) = NetNic::of(&self.nic.s) else {
             return Err(ConnectError::Protocol("request from another provider"));
         };
         let req = &self.req;
         let mut g = vi.lock();
+        let private =
+            PrivateData::new(private).map_err(|e| ConnectError::PrivateDataTooLong(e.0))?;
         let st = vi.state();
         if st != ViState::Idle {
-            nic.reject(req, RejectReason::Refused);
+            nic.reject(req, RejectReason::Refused, &PrivateData::EMPTY);
             return Err(ConnectError::InvalidState(st));
         }
         let theirs = remote_attrs(&req.attrs);
         if let Err(e) = check_compatible(&g.q.attrs, &theirs) {
-            nic.reject(req, RejectReason::Mismatch);
+            nic.reject(req, RejectReason::Mismatch, &PrivateData::EMPTY);
             return Err(e);
         }
-        let id = nic.new_id();
+        let id = nic.register(&vi.s, req.from);
         let now = Instant::now();
         let cfg = nic.config(&g.q.attrs);
-        let conn = Conn::accept(now, cfg, id, initial_psn(id), req.peer_id, req.attrs);
+        let conn = Conn::accept(now, cfg, id, initial_psn(id), req.peer_id, req.attrs)
+            .with_private(private);
         let mut t = NetVi::new(conn, req.from, id, nic.max_frame);
         t.own_medium(nic);
         t.adopt_recvs(&mut g.q);
-        nic.register(id, &vi.s);
-        nic.accepted.lock().insert((req.from, req.peer_id), id);
+        nic.established(req.from, req.peer_id, id);
         vi.install(&mut g, Transport::Net(t), theirs);
         let ViInner { q, t } = &mut *g;
         if let Transport::Net(t) = t {
@@ -841,9 +737,11 @@ impl Answer {
     }
 
     /// Refuses the request, now and for its repetitions.
-    pub fn reject(self, _private: &[u8]) -> Result<(), ConnectError> {
+    pub fn reject(self, private: &[u8]) -> Result<(), ConnectError> {
+        let private =
+            PrivateData::new(private).map_err(|e| ConnectError::PrivateDataTooLong(e.0))?;
         if let Some(nic) = NetNic::of(&self.nic.s) {
-            nic.reject(&self.req, RejectReason::Refused);
+            nic.reject(&self.req, RejectReason::Refused, &private);
         }
         Ok(())
     }
