@@ -23,7 +23,7 @@ pub mod nic;
 mod provider;
 pub mod vi;
 
-pub use cm::{ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
+pub use cm::{ConnRequest, Discriminator, NetAddress, RemoteViAttributes, MAX_PRIVATE_DATA};
 pub use cq::{Cq, CqCompletion};
 pub use desc::{
     control, status, CompletionError, ControlSegment, Descriptor, MemHandle, Op, Segment,

@@ -952,6 +952,70 @@ fn disconnect_fails_sends_waiting_for_the_peer(link: &Link) {
 
 // ---------------------------------------------------------------------------
 // Every behaviour on every medium.
+/// Private data crosses the handshake both ways: the request's reaches the
+/// server, the accept's and a reject's reach the client; too much is refused
+/// at the call.
+fn private_data_crosses_the_handshake(link: &Link) {
+    let ptag = link.a.create_ptag().unwrap();
+    let server_tag = link.b.create_ptag().unwrap();
+    let client = link
+        .a
+        .create_vi(ViAttributes::new(ptag), None, None)
+        .unwrap();
+    let server = link
+        .b
+        .create_vi(ViAttributes::new(server_tag), None, None)
+        .unwrap();
+    let too_long = [7u8; MAX_PRIVATE_DATA + 1];
+    let disc = Discriminator::from_u64(unique());
+    let to = NetAddress::new(&link.b_host, disc.clone());
+    assert!(matches!(
+        client.connect_request_with(&to, T, &too_long),
+        Err(ConnectError::PrivateDataTooLong(n)) if n == MAX_PRIVATE_DATA + 1
+    ));
+    assert_eq!(
+        client.state(),
+        ViState::Idle,
+        "a refused call changes nothing"
+    );
+
+    // Refused, with the server's reason in its private data.
+    let (nic, d) = (link.b.clone(), disc.clone());
+    let refuser = std::thread::spawn(move || {
+        let mut req = nic.connect_wait(&d, Some(T)).unwrap();
+        let asked = req.private_data().to_vec();
+        req.reject_with(b"come back later").unwrap();
+        asked
+    });
+    let r = client.connect_request_with(&to, T, b"first try");
+    assert!(matches!(r, Err(ConnectError::Rejected)), "{r:?}");
+    assert_eq!(refuser.join().unwrap(), b"first try");
+    assert_eq!(client.peer_private_data(), b"come back later");
+
+    // Accepted: 64 bytes each way.
+    let asked: Vec<u8> = (0..MAX_PRIVATE_DATA as u8).collect();
+    let answer: Vec<u8> = asked.iter().rev().copied().collect();
+    let disc = Discriminator::from_u64(unique());
+    let to = NetAddress::new(&link.b_host, disc.clone());
+    let (nic, vi, d, reply) = (link.b.clone(), server.clone(), disc.clone(), answer.clone());
+    let acceptor = std::thread::spawn(move || {
+        let mut req = nic.connect_wait(&d, Some(T)).unwrap();
+        assert!(matches!(
+            req.accept_with(&vi, &[0; MAX_PRIVATE_DATA + 1]),
+            Err(ConnectError::PrivateDataTooLong(_))
+        ));
+        let asked = req.private_data().to_vec();
+        req.accept_with(&vi, &reply).unwrap();
+        nic.stop_listening(&d);
+        asked
+    });
+    client.connect_request_with(&to, T, &asked).unwrap();
+    assert_eq!(acceptor.join().unwrap(), asked);
+    assert_eq!(client.peer_private_data(), answer);
+    assert_eq!(client.state(), ViState::Connected);
+    client.disconnect();
+}
+
 // ---------------------------------------------------------------------------
 
 /// One test of a behaviour on one medium: `run`, or `bug` with what the
@@ -1004,4 +1068,5 @@ on_every_medium! {
     a_wait_times_out_and_the_descriptor_stays:                  run run run;
     disconnect_flushes_both_sides:                              run run run;
     disconnect_fails_sends_waiting_for_the_peer:                run run run;
+    private_data_crosses_the_handshake:                         run run run;
 }
