@@ -196,7 +196,7 @@ pub unsafe extern "C" fn VipConnectPeerRequest(
     vip(|| {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
-        if v.nic.provider() == "shm" {
+        if !v.nic.nic.attributes().peer_to_peer {
             return Err(ret::ERROR_NOT_SUPPORTED);
         }
         // SAFETY: forwarded.

@@ -36,7 +36,7 @@ pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void
             return Err(ret::INVALID_PARAMETER);
         }
         let device = if device.is_null() {
-            "shm".to_string()
+            names::NULL_DEVICE.to_string()
         } else {
             // SAFETY: a non-NULL device name is a C string.
             match unsafe { CStr::from_ptr(device) }.to_str() {
@@ -54,9 +54,9 @@ pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void
             }
         })?;
         let address = host_bytes(&n.attributes().address).ok_or(ret::ERROR_RESOURCE)?;
-        let net = n.attributes().provider != "shm";
+        let driven = n.attributes().needs_driving;
         let nh = Arc::new(NicH::new(n, address));
-        if net {
+        if driven {
             notify::drive(nh.clone(), true);
         }
         let h = Arc::into_raw(nh);
@@ -103,7 +103,6 @@ pub unsafe extern "C" fn VipQueryNic(h: *mut c_void, out: *mut NicAttributes) ->
         for (d, s) in name.iter_mut().zip(a.name.bytes().take(63)) {
             *d = s as c_char;
         }
-        let net = a.provider != "shm";
         let all = levels(a.reliability_levels);
         let big = (c_ulong::MAX >> 1) as c_ulong;
         // SAFETY: `out` is NULL or points at the caller's attributes.
@@ -127,10 +126,12 @@ pub unsafe extern "C" fn VipQueryNic(h: *mut c_void, out: *mut NicAttributes) ->
                     max_cq: 1 << 16,
                     max_cq_entries: a.max_cq_entries as c_ulong,
                     max_transfer_size: a.max_transfer_size as c_ulong,
-                    native_mtu: if net {
-                        1500
-                    } else {
+                    // A host-local provider has no wire: its native unit is
+                    // its largest transfer. The others go over Ethernet.
+                    native_mtu: if a.host_local {
                         a.max_transfer_size as c_ulong
+                    } else {
+                        1500
                     },
                     max_ptags: a.max_ptags as c_ulong,
                     reliability_level_support: all,
@@ -382,7 +383,7 @@ unsafe fn write_host(a: *mut NetAddress, text: &str) -> Result<(), VipReturn> {
     Ok(())
 }
 
-/// The names this host goes by, for `shm` NICs.
+/// The names this host goes by, for host-local NICs.
 fn this_host(name: &str) -> bool {
     if name == "localhost" {
         return true;
@@ -394,9 +395,10 @@ fn this_host(name: &str) -> bool {
 }
 
 /// Every address `name` has on this NIC's provider, in file order. Else, on
-/// shm, `localhost` and this host's name resolve to the NIC's own instance;
-/// and a name that is itself an address of the provider (the NIC's own, one
-/// the file lists, an `ip:port` on udp, a MAC on xdp) resolves to itself.
+/// a host-local provider, `localhost` and this host's name resolve to the
+/// NIC's own instance; and a name that is itself an address of the provider
+/// (the NIC's own, one the file lists, one written in the provider's form)
+/// resolves to itself.
 fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
     let hosts = hosts_of(n)?;
     let mine = |e: &&HostEntry| e.provider == n.provider();
@@ -407,32 +409,16 @@ fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
         .map(|e| e.address.clone())
         .collect();
     if out.is_empty() {
-        let own = &n.nic.attributes().address;
-        if n.provider() == "shm" && this_host(name) {
-            out.push(own.clone());
-        } else if name == own
+        let a = n.nic.attributes();
+        if a.host_local && this_host(name) {
+            out.push(a.address.clone());
+        } else if n.nic.is_host_address(name)
             || hosts.iter().filter(mine).any(|e| e.address == name)
-            || match n.provider() {
-                "udp" => name.parse::<std::net::SocketAddr>().is_ok(),
-                "xdp" => is_mac(name),
-                // Any word is an instance name: only the NIC's own and the
-                // listed ones are taken for addresses.
-                _ => false,
-            }
         {
             out.push(name.to_string());
         }
     }
     Ok(out)
-}
-
-/// `aa:bb:cc:dd:ee:ff`, the xdp provider's host address.
-fn is_mac(s: &str) -> bool {
-    let parts: Vec<&str> = s.split(':').collect();
-    parts.len() == 6
-        && parts
-            .iter()
-            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 #[no_mangle]

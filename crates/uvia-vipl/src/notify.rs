@@ -18,7 +18,8 @@ use uvia::{Cq, Descriptor, Queue, Vi};
 /// How long the thread naps between polling rounds while requests wait.
 const NAP: Duration = Duration::from_micros(50);
 /// How often the thread looks for VIs that lost their connection (while a
-/// program's error handler is registered) and drives network VIs.
+/// program's error handler is registered) and drives the VIs of providers
+/// that need it.
 const TICK: Duration = Duration::from_millis(1);
 
 enum Request {
@@ -55,8 +56,8 @@ struct Work {
     errors: VecDeque<AsyncError>,
     /// NICs whose program registered an error handler: their VIs are watched.
     watched: Vec<Arc<NicH>>,
-    /// Network NICs: their VIs are driven every tick, as a NIC's processor
-    /// would, so that acknowledgements, deferred sends and keep-alives go
+    /// NICs whose provider needs driving: their VIs are driven every tick,
+    /// as a NIC's processor would, so that acknowledgements, deferred sends and keep-alives go
     /// out while the program makes no call (VIA's NIC does not wait for one).
     driven: Vec<Arc<NicH>>,
 }
@@ -144,7 +145,7 @@ pub fn watch(nic: Arc<NicH>, on: bool) {
     n.wake.notify_one();
 }
 
-/// Starts or stops driving a network NIC's VIs between the program's calls.
+/// Starts or stops driving a NIC's VIs between the program's calls.
 pub fn drive(nic: Arc<NicH>, on: bool) {
     let n = notifier();
     let mut w = lock(&n.work);
