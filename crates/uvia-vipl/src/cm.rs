@@ -1,10 +1,12 @@
 //! Connection management: client/server and peer to peer.
 
 use crate::data::{remote_attrs, vi};
-use crate::handle::{lock, ConnH, NicH, PeerConnect};
+use crate::handle::{self, lock, ConnH, PeerConnect};
+use crate::nic::nic;
 use crate::types::*;
 use crate::{put, timeout, vip};
 use std::ffi::{c_ulong, c_void};
+use std::sync::Mutex;
 use std::time::Duration;
 use uvia::{ConnectError, Discriminator, NetAddress as CoreAddress};
 
@@ -72,7 +74,7 @@ pub unsafe extern "C" fn VipConnectWait(
 ) -> VipReturn {
     vip(|| {
         // SAFETY: forwarded.
-        let n = unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        let n = unsafe { nic(h) }?;
         if remote.is_null() || out.is_null() {
             return Err(ret::INVALID_PARAMETER);
         }
@@ -107,8 +109,13 @@ pub unsafe extern "C" fn VipConnectWait(
             // SAFETY: non-NULL, the caller's struct.
             unsafe { remote_attrs_out.write(attrs) };
         }
-        // SAFETY: `h` passed the check.
-        let c = ConnH::new(req, unsafe { NicH::arc(h) }).into_handle();
+        // SAFETY: forwarded.
+        let nh = unsafe { handle::arc(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        let (c, _) = handle::insert(|_| ConnH {
+            req: Mutex::new(req),
+            nic: nh,
+        })
+        .ok_or(ret::ERROR_RESOURCE)?;
         // SAFETY: checked non-NULL.
         unsafe { out.write(c) };
         Ok(())
@@ -119,7 +126,7 @@ pub unsafe extern "C" fn VipConnectWait(
 pub unsafe extern "C" fn VipConnectAccept(ch: *mut c_void, vh: *mut c_void) -> VipReturn {
     vip(|| {
         // SAFETY: forwarded.
-        let c = unsafe { ConnH::from_handle(ch) }.ok_or(ret::INVALID_PARAMETER)?;
+        let c = unsafe { handle::get::<ConnH>(ch) }.ok_or(ret::INVALID_PARAMETER)?;
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         if !std::ptr::eq(&*c.nic, &*v.nic) {
@@ -128,8 +135,8 @@ pub unsafe extern "C" fn VipConnectAccept(ch: *mut c_void, vh: *mut c_void) -> V
         lock(&c.req).accept(&v.vi).map_err(connect_err)?;
         v.error_reported
             .store(false, std::sync::atomic::Ordering::Release);
-        // SAFETY: the request is answered; its handle ends here.
-        unsafe { ConnH::free(ch) };
+        // SAFETY: the request is answered; its handle is not used after this.
+        drop(unsafe { handle::remove::<ConnH>(ch) });
         Ok(())
     })
 }
@@ -138,10 +145,10 @@ pub unsafe extern "C" fn VipConnectAccept(ch: *mut c_void, vh: *mut c_void) -> V
 pub unsafe extern "C" fn VipConnectReject(ch: *mut c_void) -> VipReturn {
     vip(|| {
         // SAFETY: forwarded.
-        let c = unsafe { ConnH::from_handle(ch) }.ok_or(ret::INVALID_PARAMETER)?;
+        let c = unsafe { handle::get::<ConnH>(ch) }.ok_or(ret::INVALID_PARAMETER)?;
         lock(&c.req).reject().map_err(connect_err)?;
         // SAFETY: as in VipConnectAccept.
-        unsafe { ConnH::free(ch) };
+        drop(unsafe { handle::remove::<ConnH>(ch) });
         Ok(())
     })
 }

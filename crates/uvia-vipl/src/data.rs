@@ -1,7 +1,7 @@
 //! VIs, data transfer and completion queues.
 
-use crate::handle::{lock, CqH, NicH, ViH};
-use crate::nic::ptag_of;
+use crate::handle::{self, lock, CqH, NicH, ViH};
+use crate::nic::{nic, ptag_of};
 use crate::notify::{self, AsyncError};
 use crate::types::*;
 use crate::{addr, put, timeout, vip};
@@ -13,14 +13,19 @@ use uvia::{
 };
 
 /// The VI behind a handle, or the call's error.
+///
+/// # Safety
+/// As for [`crate::nic::nic`].
 pub(crate) unsafe fn vi<'a>(h: *mut c_void) -> Result<&'a ViH, VipReturn> {
-    // SAFETY: forwarded contract.
-    unsafe { ViH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)
+    // SAFETY: forwarded.
+    unsafe { handle::get(h) }.ok_or(ret::INVALID_PARAMETER)
 }
 
+/// # Safety
+/// As for [`vi`].
 unsafe fn cq<'a>(h: *mut c_void) -> Result<&'a CqH, VipReturn> {
-    // SAFETY: forwarded contract.
-    unsafe { CqH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)
+    // SAFETY: forwarded.
+    unsafe { handle::get(h) }.ok_or(ret::INVALID_PARAMETER)
 }
 
 fn level(r: Reliability) -> u16 {
@@ -107,6 +112,9 @@ fn wait_spin() -> Option<std::time::Duration> {
 }
 
 /// A CQ handle argument: NULL for none, else a CQ of the same NIC.
+///
+/// # Safety
+/// As for [`vi`].
 unsafe fn opt_cq<'a>(n: &NicH, h: *mut c_void) -> Result<Option<&'a CqH>, VipReturn> {
     if h.is_null() {
         return Ok(None);
@@ -129,7 +137,9 @@ pub unsafe extern "C" fn VipCreateVi(
 ) -> VipReturn {
     vip(|| {
         // SAFETY: forwarded.
-        let n = unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        let n = unsafe { nic(h) }?;
+        // SAFETY: forwarded.
+        let nh = unsafe { handle::arc(h) }.ok_or(ret::INVALID_PARAMETER)?;
         if out.is_null() {
             return Err(ret::INVALID_PARAMETER);
         }
@@ -147,8 +157,10 @@ pub unsafe extern "C" fn VipCreateVi(
         let id = v.id();
         // SAFETY: `attrs` is non-NULL (checked by `vi_attrs`).
         let ptag = unsafe { (*attrs).ptag } as usize;
-        // SAFETY: `h` passed the check.
-        let vh = ViH::new(v, unsafe { NicH::arc(h) }, ptag).into_handle();
+        let Some((vh, _)) = handle::insert(|_| ViH::new(v.clone(), nh, ptag)) else {
+            let _ = v.destroy();
+            return Err(ret::ERROR_RESOURCE);
+        };
         lock(&n.vis).insert(id, vh as usize);
         // SAFETY: checked non-NULL.
         unsafe { out.write(vh) };
@@ -165,9 +177,11 @@ pub unsafe extern "C" fn VipDestroyVi(vh: *mut c_void) -> VipReturn {
             return Err(attr_err(e));
         }
         notify::forget(vh);
+        // Out of its NIC's table first: the library thread uses the VIs
+        // it finds there with the table locked.
         lock(&v.nic.vis).remove(&v.vi.id());
-        // SAFETY: the handle came from VipCreateVi and leaves every table above.
-        unsafe { ViH::free(vh) };
+        // SAFETY: the handle is not used after this (`v` neither).
+        drop(unsafe { handle::remove::<ViH>(vh) });
         Ok(())
     })
 }
@@ -253,7 +267,7 @@ unsafe fn post(vh: *mut c_void, d: *mut Descriptor, mh: u32, q: Queue) -> VipRet
     let Some(p) = NonNull::new(d) else {
         return ret::INVALID_PARAMETER;
     };
-    if (d as usize) % 64 != 0 {
+    if !(d as usize).is_multiple_of(64) {
         return ret::INVALID_PARAMETER;
     }
     // The descriptor must lie in the region its handle names: its control
@@ -474,7 +488,9 @@ pub unsafe extern "C" fn VipCreateCQ(
 ) -> VipReturn {
     vip(|| {
         // SAFETY: forwarded.
-        let n = unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        let n = unsafe { nic(h) }?;
+        // SAFETY: forwarded.
+        let nh = unsafe { handle::arc(h) }.ok_or(ret::INVALID_PARAMETER)?;
         if out.is_null() || entries == 0 {
             return Err(ret::INVALID_PARAMETER);
         }
@@ -485,8 +501,13 @@ pub unsafe extern "C" fn VipCreateCQ(
             .nic
             .create_cq(entries as usize)
             .map_err(|_| ret::ERROR_RESOURCE)?;
-        // SAFETY: `h` passed the check.
-        let ch = CqH::new(c, unsafe { NicH::arc(h) }).into_handle();
+        let Some((ch, _)) = handle::insert(|_| CqH {
+            cq: c.clone(),
+            nic: nh,
+        }) else {
+            let _ = c.destroy();
+            return Err(ret::ERROR_RESOURCE);
+        };
         // SAFETY: checked non-NULL.
         unsafe { out.write(ch) };
         Ok(())
@@ -505,8 +526,8 @@ pub unsafe extern "C" fn VipDestroyCQ(ch: *mut c_void) -> VipReturn {
             });
         }
         notify::forget(ch);
-        // SAFETY: the handle came from VipCreateCQ and no request names it.
-        unsafe { CqH::free(ch) };
+        // SAFETY: the handle is not used after this (`c` neither).
+        drop(unsafe { handle::remove::<CqH>(ch) });
         Ok(())
     })
 }

@@ -1,7 +1,7 @@
 //! NIC, protection tags, memory registration, system management and the
 //! name service.
 
-use crate::handle::{lock, ErrorCallback, NicH, PtagH};
+use crate::handle::{self, lock, ErrorCallback, NicH, PtagH};
 use crate::names::{self, HostEntry};
 use crate::types::*;
 use crate::{host_bytes, notify, put, vip};
@@ -10,15 +10,22 @@ use std::sync::Arc;
 use uvia::{MemAttributes as CoreMem, MemError, MemHandle, Nic, OpenError, PtagError, Reliability};
 
 /// The NIC behind a handle, or the call's error.
-unsafe fn nic<'a>(h: *mut c_void) -> Result<&'a NicH, VipReturn> {
-    // SAFETY: forwarded contract: `h` is NULL or a handle from this library.
-    unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)
+///
+/// # Safety
+/// As for [`handle::get`]: the program does not destroy the handle during
+/// the call (the contract of every call, docs/VIPL.md).
+pub(crate) unsafe fn nic<'a>(h: *mut c_void) -> Result<&'a NicH, VipReturn> {
+    // SAFETY: forwarded.
+    unsafe { handle::get(h) }.ok_or(ret::INVALID_PARAMETER)
 }
 
 /// A tag handle of this NIC, as its core tag.
+///
+/// # Safety
+/// As for [`nic`].
 pub(crate) unsafe fn ptag_of(n: &NicH, h: *mut c_void) -> Result<uvia::Ptag, VipReturn> {
-    // SAFETY: as in `nic`.
-    match unsafe { PtagH::from_handle(h) } {
+    // SAFETY: forwarded.
+    match unsafe { handle::get::<PtagH>(h) } {
         Some(p) if std::ptr::eq(Arc::as_ptr(&p.nic), n) => Ok(p.ptag),
         _ => Err(ret::INVALID_PTAG),
     }
@@ -55,13 +62,12 @@ pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void
         })?;
         let address = host_bytes(&n.attributes().address).ok_or(ret::ERROR_RESOURCE)?;
         let driven = n.attributes().needs_driving;
-        let nh = Arc::new(NicH::new(n, address));
+        let (h, nh) = handle::insert(|h| NicH::new(h, n, address)).ok_or(ret::ERROR_RESOURCE)?;
         if driven {
-            notify::drive(nh.clone(), true);
+            notify::drive(nh, true);
         }
-        let h = Arc::into_raw(nh);
         // SAFETY: checked non-NULL above.
-        unsafe { out.write(h as *mut c_void) };
+        unsafe { out.write(h) };
         Ok(())
     })
 }
@@ -69,16 +75,10 @@ pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void
 #[no_mangle]
 pub unsafe extern "C" fn VipCloseNic(h: *mut c_void) -> VipReturn {
     vip(|| {
-        // SAFETY: forwarded.
-        let n = unsafe { nic(h) }?;
-        n.close();
-        // SAFETY: `h` passed the check above.
-        let nh = unsafe { NicH::arc(h) };
+        // SAFETY: the handle is not used by this or another call after this.
+        let nh = unsafe { handle::remove::<NicH>(h) }.ok_or(ret::INVALID_PARAMETER)?;
         notify::watch(nh.clone(), false);
         notify::drive(nh, false);
-        // SAFETY: the handle's own count, given at open, is released once:
-        // the magic is cleared so a second close is refused.
-        drop(unsafe { Arc::from_raw(h as *const NicH) });
         Ok(())
     })
 }
@@ -195,8 +195,9 @@ pub unsafe extern "C" fn VipErrorCallback(
             handler,
             context: context as usize,
         });
-        // SAFETY: `h` passed the check.
-        notify::watch(unsafe { NicH::arc(h) }, handler.is_some());
+        // SAFETY: forwarded.
+        let nh = unsafe { handle::arc(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        notify::watch(nh, handler.is_some());
         Ok(())
     })
 }
@@ -211,9 +212,13 @@ pub unsafe extern "C" fn VipCreatePtag(h: *mut c_void, out: *mut *mut c_void) ->
         if out.is_null() {
             return Err(ret::INVALID_PARAMETER);
         }
+        // SAFETY: forwarded.
+        let nh = unsafe { handle::arc(h) }.ok_or(ret::INVALID_PARAMETER)?;
         let p = n.nic.create_ptag().map_err(|_| ret::ERROR_RESOURCE)?;
-        // SAFETY: `h` passed the check.
-        let ph = PtagH::new(p, unsafe { NicH::arc(h) }).into_handle();
+        let Some((ph, _)) = handle::insert(|_| PtagH { ptag: p, nic: nh }) else {
+            let _ = n.nic.destroy_ptag(p);
+            return Err(ret::ERROR_RESOURCE);
+        };
         lock(&n.ptags).insert(p.raw(), ph as usize);
         // SAFETY: checked non-NULL.
         unsafe { out.write(ph) };
@@ -233,8 +238,8 @@ pub unsafe extern "C" fn VipDestroyPtag(h: *mut c_void, ptag: *mut c_void) -> Vi
             _ => ret::INVALID_PTAG,
         })?;
         lock(&n.ptags).remove(&p.raw());
-        // SAFETY: the tag handle came from VipCreatePtag and is dropped from the table.
-        unsafe { PtagH::free(ptag) };
+        // SAFETY: the tag's handle is not used after this.
+        drop(unsafe { handle::remove::<PtagH>(ptag) });
         Ok(())
     })
 }

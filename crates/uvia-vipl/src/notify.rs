@@ -7,7 +7,7 @@
 //! rounds; with none it sleeps on a condition variable. Asynchronous errors
 //! are queued by the calls that find them and delivered here too.
 
-use crate::handle::{lock, CqH, ErrorCallback, NicH, ViH};
+use crate::handle::{self, lock, CqH, ErrorCallback, NicH, ViH};
 use crate::types::{async_error, CqNotifyHandler, ErrorDescriptor, ViNotifyHandler};
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -97,7 +97,7 @@ pub fn vi_request(
     lock(&n.work).requests.push(Request::Vi {
         vi: v.vi.clone(),
         queue,
-        nic_handle: Arc::as_ptr(&v.nic) as usize,
+        nic_handle: v.nic.handle,
         vi_handle: vi_handle as usize,
         context,
         handler,
@@ -203,12 +203,11 @@ fn run() {
                     i += 1;
                 }
             }
-            // The tables are held while their VIs are used: destroying a VI
-            // removes it from its NIC's table before freeing it.
             for nic in &w.watched {
                 for &h in lock(&nic.vis).values() {
-                    // SAFETY: a handle in a NIC's table is live (above).
-                    if let Some(v) = unsafe { ViH::from_handle(h as *const c_void) } {
+                    // SAFETY: the table is locked while its VIs are used, and
+                    // VipDestroyVi takes a VI out of it before destroying it.
+                    if let Some(v) = unsafe { handle::get::<ViH>(h as *const c_void) } {
                         conn_lost(v, h as *mut c_void);
                     }
                 }
@@ -216,7 +215,7 @@ fn run() {
             for nic in &w.driven {
                 for &h in lock(&nic.vis).values() {
                     // SAFETY: as above.
-                    if let Some(v) = unsafe { ViH::from_handle(h as *const c_void) } {
+                    if let Some(v) = unsafe { handle::get::<ViH>(h as *const c_void) } {
                         v.vi.drive();
                     }
                 }
@@ -276,7 +275,7 @@ fn poll(r: &Request) -> Option<Call> {
             Some(Call::Cq(
                 *handler,
                 *context,
-                Arc::as_ptr(nic) as usize,
+                nic.handle,
                 vi,
                 c.queue == Queue::Recv,
             ))
@@ -303,7 +302,7 @@ fn deliver(c: Call) {
         }
         Call::Error(cb, e) => {
             let mut d = ErrorDescriptor {
-                nic_handle: Arc::as_ptr(&e.nic) as *mut c_void,
+                nic_handle: e.nic.handle as *mut c_void,
                 vi_handle: e.vi_handle as *mut c_void,
                 cq_handle: std::ptr::null_mut(),
                 descriptor_ptr: e.descriptor as *mut Descriptor,
