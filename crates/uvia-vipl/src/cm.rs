@@ -4,7 +4,7 @@ use crate::data::{remote_attrs, vi};
 use crate::handle::{self, lock, ConnH, PeerConnect};
 use crate::nic::nic;
 use crate::types::*;
-use crate::{put, timeout, vip};
+use crate::{put, timeout, unwind, vip};
 use std::ffi::{c_ulong, c_void};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -72,7 +72,7 @@ pub unsafe extern "C" fn VipConnectWait(
     remote_attrs_out: *mut ViAttributes,
     out: *mut *mut c_void,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipConnectWait", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if remote.is_null() || out.is_null() {
@@ -124,7 +124,7 @@ pub unsafe extern "C" fn VipConnectWait(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipConnectAccept(ch: *mut c_void, vh: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipConnectAccept", || {
         // SAFETY: forwarded.
         let c = unsafe { handle::get::<ConnH>(ch) }.ok_or(ret::INVALID_PARAMETER)?;
         // SAFETY: forwarded.
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn VipConnectAccept(ch: *mut c_void, vh: *mut c_void) -> V
 
 #[no_mangle]
 pub unsafe extern "C" fn VipConnectReject(ch: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipConnectReject", || {
         // SAFETY: forwarded.
         let c = unsafe { handle::get::<ConnH>(ch) }.ok_or(ret::INVALID_PARAMETER)?;
         lock(&c.req).reject().map_err(connect_err)?;
@@ -161,7 +161,7 @@ pub unsafe extern "C" fn VipConnectRequest(
     ms: c_ulong,
     remote_attrs_out: *mut ViAttributes,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipConnectRequest", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         if local.is_null() {
@@ -185,7 +185,7 @@ pub unsafe extern "C" fn VipConnectRequest(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDisconnect(vh: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipDisconnect", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         v.vi.disconnect();
@@ -200,7 +200,7 @@ pub unsafe extern "C" fn VipConnectPeerRequest(
     remote: *const NetAddress,
     ms: c_ulong,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipConnectPeerRequest", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         if !v.nic.nic.attributes().peer_to_peer {
@@ -222,7 +222,11 @@ pub unsafe extern "C" fn VipConnectPeerRequest(
         let core = v.vi.clone();
         let job = std::thread::Builder::new()
             .name("vipl-peer".into())
-            .spawn(move || core.connect_peer_request(&mine, &CoreAddress::new(&host, theirs), t))
+            .spawn(move || {
+                unwind::catch("VipConnectPeerRequest", || {
+                    core.connect_peer_request(&mine, &CoreAddress::new(&host, theirs), t)
+                })
+            })
             .map_err(|_| ret::ERROR_RESOURCE)?;
         *p = PeerConnect::Pending(job);
         Ok(())
@@ -230,42 +234,55 @@ pub unsafe extern "C" fn VipConnectPeerRequest(
 }
 
 /// Finishes a peer request: `wait` joins it, otherwise only a finished one.
-unsafe fn peer_finish(vh: *mut c_void, out: *mut ViAttributes, wait: bool) -> VipReturn {
-    vip(|| {
-        // SAFETY: forwarded.
-        let v = unsafe { vi(vh) }?;
-        let mut p = lock(&v.peer);
-        let job = match std::mem::replace(&mut *p, PeerConnect::None) {
-            PeerConnect::None => return Err(ret::INVALID_STATE),
-            PeerConnect::Pending(j) if !wait && !j.is_finished() => {
-                *p = PeerConnect::Pending(j);
-                return Err(ret::NOT_DONE);
-            }
-            PeerConnect::Pending(j) => j,
-        };
-        drop(p);
-        let r = job
-            .join()
-            .map_err(|_| ret::ERROR_RESOURCE)?
-            .map_err(connect_err)?;
-        v.error_reported
-            .store(false, std::sync::atomic::Ordering::Release);
-        if !out.is_null() {
-            // SAFETY: non-NULL, the caller's struct.
-            unsafe { put(out, remote_attrs(&r)) }?;
+///
+/// # Safety
+/// As for the exported functions: `vh` is a handle not destroyed meanwhile,
+/// `out` NULL or the caller's struct.
+unsafe fn peer_finish(
+    vh: *mut c_void,
+    out: *mut ViAttributes,
+    wait: bool,
+) -> Result<(), VipReturn> {
+    // SAFETY: forwarded.
+    let v = unsafe { vi(vh) }?;
+    let mut p = lock(&v.peer);
+    let job = match std::mem::replace(&mut *p, PeerConnect::None) {
+        PeerConnect::None => return Err(ret::INVALID_STATE),
+        PeerConnect::Pending(j) if !wait && !j.is_finished() => {
+            *p = PeerConnect::Pending(j);
+            return Err(ret::NOT_DONE);
         }
-        Ok(())
-    })
+        PeerConnect::Pending(j) => j,
+    };
+    drop(p);
+    // `None`: the thread panicked, and said so on stderr.
+    let r = job
+        .join()
+        .ok()
+        .flatten()
+        .ok_or(ret::ERROR_RESOURCE)?
+        .map_err(connect_err)?;
+    v.error_reported
+        .store(false, std::sync::atomic::Ordering::Release);
+    if !out.is_null() {
+        // SAFETY: non-NULL, the caller's struct.
+        unsafe { put(out, remote_attrs(&r)) }?;
+    }
+    Ok(())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipConnectPeerDone(vh: *mut c_void, out: *mut ViAttributes) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { peer_finish(vh, out, false) }
+    vip("VipConnectPeerDone", || unsafe {
+        peer_finish(vh, out, false)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipConnectPeerWait(vh: *mut c_void, out: *mut ViAttributes) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { peer_finish(vh, out, true) }
+    vip("VipConnectPeerWait", || unsafe {
+        peer_finish(vh, out, true)
+    })
 }

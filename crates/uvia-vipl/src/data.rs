@@ -4,7 +4,7 @@ use crate::handle::{self, lock, CqH, NicH, ViH};
 use crate::nic::{nic, ptag_of};
 use crate::notify::{self, AsyncError};
 use crate::types::*;
-use crate::{addr, put, timeout, vip};
+use crate::{addr, put, timeout, unwind, vip};
 use std::ffi::{c_ulong, c_void};
 use std::ptr::NonNull;
 use uvia::{
@@ -135,7 +135,7 @@ pub unsafe extern "C" fn VipCreateVi(
     recv_cq: *mut c_void,
     out: *mut *mut c_void,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipCreateVi", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         // SAFETY: forwarded.
@@ -170,7 +170,7 @@ pub unsafe extern "C" fn VipCreateVi(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDestroyVi(vh: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipDestroyVi", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         if let Err((_, e)) = v.vi.clone().destroy() {
@@ -194,7 +194,7 @@ pub unsafe extern "C" fn VipQueryVi(
     send_empty: *mut VipBoolean,
     recv_empty: *mut VipBoolean,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipQueryVi", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         let a = v.vi.attributes();
@@ -227,7 +227,7 @@ pub unsafe extern "C" fn VipSetViAttributes(
     vh: *mut c_void,
     attrs: *const ViAttributes,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipSetViAttributes", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         // SAFETY: forwarded.
@@ -351,13 +351,13 @@ unsafe fn refuse(v: &ViH, vh: *mut c_void, d: *mut Descriptor, e: &PostError) ->
 #[no_mangle]
 pub unsafe extern "C" fn VipPostSend(vh: *mut c_void, d: *mut Descriptor, mh: u32) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { post(vh, d, mh, Queue::Send) }
+    unwind::call("VipPostSend", || unsafe { post(vh, d, mh, Queue::Send) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipPostRecv(vh: *mut c_void, d: *mut Descriptor, mh: u32) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { post(vh, d, mh, Queue::Recv) }
+    unwind::call("VipPostRecv", || unsafe { post(vh, d, mh, Queue::Recv) })
 }
 
 /// Hands a completed descriptor to the program.
@@ -417,13 +417,13 @@ unsafe fn wait(vh: *mut c_void, ms: c_ulong, out: *mut *mut Descriptor, q: Queue
 #[no_mangle]
 pub unsafe extern "C" fn VipSendDone(vh: *mut c_void, out: *mut *mut Descriptor) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { done(vh, out, Queue::Send) }
+    unwind::call("VipSendDone", || unsafe { done(vh, out, Queue::Send) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipRecvDone(vh: *mut c_void, out: *mut *mut Descriptor) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { done(vh, out, Queue::Recv) }
+    unwind::call("VipRecvDone", || unsafe { done(vh, out, Queue::Recv) })
 }
 
 #[no_mangle]
@@ -433,7 +433,7 @@ pub unsafe extern "C" fn VipSendWait(
     out: *mut *mut Descriptor,
 ) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { wait(vh, ms, out, Queue::Send) }
+    unwind::call("VipSendWait", || unsafe { wait(vh, ms, out, Queue::Send) })
 }
 
 #[no_mangle]
@@ -443,19 +443,24 @@ pub unsafe extern "C" fn VipRecvWait(
     out: *mut *mut Descriptor,
 ) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { wait(vh, ms, out, Queue::Recv) }
+    unwind::call("VipRecvWait", || unsafe { wait(vh, ms, out, Queue::Recv) })
 }
 
-unsafe fn vi_notify(vh: *mut c_void, ctx: *mut c_void, f: ViNotifyHandler, q: Queue) -> VipReturn {
-    vip(|| {
-        // SAFETY: forwarded.
-        let v = unsafe { vi(vh) }?;
-        if f.is_none() {
-            return Err(ret::INVALID_PARAMETER);
-        }
-        notify::vi_request(v, vh, q, addr(ctx), f);
-        Ok(())
-    })
+/// # Safety
+/// As for the exported functions.
+unsafe fn vi_notify(
+    vh: *mut c_void,
+    ctx: *mut c_void,
+    f: ViNotifyHandler,
+    q: Queue,
+) -> Result<(), VipReturn> {
+    // SAFETY: forwarded.
+    let v = unsafe { vi(vh) }?;
+    if f.is_none() {
+        return Err(ret::INVALID_PARAMETER);
+    }
+    notify::vi_request(v, vh, q, addr(ctx), f);
+    Ok(())
 }
 
 #[no_mangle]
@@ -465,7 +470,9 @@ pub unsafe extern "C" fn VipSendNotify(
     f: ViNotifyHandler,
 ) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { vi_notify(vh, ctx, f, Queue::Send) }
+    vip("VipSendNotify", || unsafe {
+        vi_notify(vh, ctx, f, Queue::Send)
+    })
 }
 
 #[no_mangle]
@@ -475,7 +482,9 @@ pub unsafe extern "C" fn VipRecvNotify(
     f: ViNotifyHandler,
 ) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { vi_notify(vh, ctx, f, Queue::Recv) }
+    vip("VipRecvNotify", || unsafe {
+        vi_notify(vh, ctx, f, Queue::Recv)
+    })
 }
 
 // ---- Completion queues ----
@@ -486,7 +495,7 @@ pub unsafe extern "C" fn VipCreateCQ(
     entries: c_ulong,
     out: *mut *mut c_void,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipCreateCQ", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         // SAFETY: forwarded.
@@ -516,7 +525,7 @@ pub unsafe extern "C" fn VipCreateCQ(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDestroyCQ(ch: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipDestroyCQ", || {
         // SAFETY: forwarded.
         let c = unsafe { cq(ch) }?;
         if let Err((_, e)) = c.cq.clone().destroy() {
@@ -534,7 +543,7 @@ pub unsafe extern "C" fn VipDestroyCQ(ch: *mut c_void) -> VipReturn {
 
 #[no_mangle]
 pub unsafe extern "C" fn VipResizeCQ(ch: *mut c_void, entries: c_ulong) -> VipReturn {
-    vip(|| {
+    vip("VipResizeCQ", || {
         // SAFETY: forwarded.
         let c = unsafe { cq(ch) }?;
         if entries > c.nic.nic.attributes().max_cq_entries as c_ulong {
@@ -567,20 +576,22 @@ pub unsafe extern "C" fn VipCQDone(
     vi_out: *mut *mut c_void,
     recv_out: *mut VipBoolean,
 ) -> VipReturn {
-    // SAFETY: forwarded.
-    let c = match unsafe { cq(ch) } {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    if vi_out.is_null() || recv_out.is_null() {
-        return ret::INVALID_PARAMETER;
-    }
-    match c.cq.done() {
+    unwind::call("VipCQDone", || {
         // SAFETY: forwarded.
-        Ok(Some(n)) => unsafe { notice(c, n, vi_out, recv_out) },
-        Ok(None) => ret::NOT_DONE,
-        Err(_) => ret::ERROR_RESOURCE,
-    }
+        let c = match unsafe { cq(ch) } {
+            Ok(c) => c,
+            Err(r) => return r,
+        };
+        if vi_out.is_null() || recv_out.is_null() {
+            return ret::INVALID_PARAMETER;
+        }
+        match c.cq.done() {
+            // SAFETY: forwarded.
+            Ok(Some(n)) => unsafe { notice(c, n, vi_out, recv_out) },
+            Ok(None) => ret::NOT_DONE,
+            Err(_) => ret::ERROR_RESOURCE,
+        }
+    })
 }
 
 #[no_mangle]
@@ -590,20 +601,22 @@ pub unsafe extern "C" fn VipCQWait(
     vi_out: *mut *mut c_void,
     recv_out: *mut VipBoolean,
 ) -> VipReturn {
-    // SAFETY: forwarded.
-    let c = match unsafe { cq(ch) } {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    if vi_out.is_null() || recv_out.is_null() {
-        return ret::INVALID_PARAMETER;
-    }
-    match c.cq.wait(timeout(ms)) {
+    unwind::call("VipCQWait", || {
         // SAFETY: forwarded.
-        Ok(n) => unsafe { notice(c, n, vi_out, recv_out) },
-        Err(WaitError::Timeout) => ret::TIMEOUT,
-        Err(_) => ret::ERROR_RESOURCE,
-    }
+        let c = match unsafe { cq(ch) } {
+            Ok(c) => c,
+            Err(r) => return r,
+        };
+        if vi_out.is_null() || recv_out.is_null() {
+            return ret::INVALID_PARAMETER;
+        }
+        match c.cq.wait(timeout(ms)) {
+            // SAFETY: forwarded.
+            Ok(n) => unsafe { notice(c, n, vi_out, recv_out) },
+            Err(WaitError::Timeout) => ret::TIMEOUT,
+            Err(_) => ret::ERROR_RESOURCE,
+        }
+    })
 }
 
 #[no_mangle]
@@ -612,7 +625,7 @@ pub unsafe extern "C" fn VipCQNotify(
     ctx: *mut c_void,
     f: CqNotifyHandler,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipCQNotify", || {
         // SAFETY: forwarded.
         let c = unsafe { cq(ch) }?;
         if f.is_none() {

@@ -289,10 +289,11 @@ pub struct PtagH {
     pub nic: Arc<NicH>,
 }
 
-/// A peer-to-peer connection being made in the background.
+/// A peer-to-peer connection being made in the background; the thread
+/// gives `None` if it panicked (it said so on stderr).
 pub enum PeerConnect {
     None,
-    Pending(JoinHandle<Result<RemoteViAttributes, ConnectError>>),
+    Pending(JoinHandle<Option<Result<RemoteViAttributes, ConnectError>>>),
 }
 
 /// A VI (`VIP_VI_HANDLE`).

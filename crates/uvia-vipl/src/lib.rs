@@ -16,6 +16,7 @@ pub mod names;
 mod nic;
 mod notify;
 pub mod types;
+mod unwind;
 
 pub use types::ret;
 
@@ -53,12 +54,13 @@ fn host_bytes(text: &str) -> Option<[u8; HOST_ADDRESS_LEN]> {
     Some(out)
 }
 
-/// Runs a call body that returns early with an error code.
-fn vip(f: impl FnOnce() -> Result<(), VipReturn>) -> VipReturn {
-    match f() {
+/// Runs the body of the exported function `name`, which returns early with
+/// an error code; a panic is `VIP_ERROR_RESOURCE` (see [`unwind`]).
+fn vip(name: &'static str, f: impl FnOnce() -> Result<(), VipReturn>) -> VipReturn {
+    unwind::call(name, || match f() {
         Ok(()) => ret::SUCCESS,
         Err(r) => r,
-    }
+    })
 }
 
 /// `p` as a handle-sized integer, for the notify thread.

@@ -38,7 +38,7 @@ fn read_conf() -> Option<String> {
 
 #[no_mangle]
 pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipOpenNic", || {
         if out.is_null() {
             return Err(ret::INVALID_PARAMETER);
         }
@@ -74,7 +74,7 @@ pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void
 
 #[no_mangle]
 pub unsafe extern "C" fn VipCloseNic(h: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipCloseNic", || {
         // SAFETY: the handle is not used by this or another call after this.
         let nh = unsafe { handle::remove::<NicH>(h) }.ok_or(ret::INVALID_PARAMETER)?;
         notify::watch(nh.clone(), false);
@@ -95,7 +95,7 @@ fn levels(ls: &[Reliability]) -> u16 {
 
 #[no_mangle]
 pub unsafe extern "C" fn VipQueryNic(h: *mut c_void, out: *mut NicAttributes) -> VipReturn {
-    vip(|| {
+    vip("VipQueryNic", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         let a = n.nic.attributes();
@@ -153,7 +153,7 @@ pub unsafe extern "C" fn VipQuerySystemManagementInfo(
     info_type: c_ulong,
     out: *mut c_void,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipQuerySystemManagementInfo", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if info_type != SMI_AUTODISCOVERY || out.is_null() {
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn VipErrorCallback(
     context: *mut c_void,
     handler: ErrorHandler,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipErrorCallback", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         *lock(&n.on_error) = handler.map(|_| ErrorCallback {
@@ -206,7 +206,7 @@ pub unsafe extern "C" fn VipErrorCallback(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipCreatePtag(h: *mut c_void, out: *mut *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipCreatePtag", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if out.is_null() {
@@ -228,7 +228,7 @@ pub unsafe extern "C" fn VipCreatePtag(h: *mut c_void, out: *mut *mut c_void) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDestroyPtag(h: *mut c_void, ptag: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipDestroyPtag", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         // SAFETY: forwarded.
@@ -284,7 +284,7 @@ pub unsafe extern "C" fn VipRegisterMem(
     attrs: *const MemAttributes,
     out: *mut u32,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipRegisterMem", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if addr.is_null() || len == 0 || out.is_null() {
@@ -304,7 +304,7 @@ pub unsafe extern "C" fn VipRegisterMem(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDeregisterMem(h: *mut c_void, addr: *mut c_void, mh: u32) -> VipReturn {
-    vip(|| {
+    vip("VipDeregisterMem", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         region(n, addr, mh)?;
@@ -319,7 +319,7 @@ pub unsafe extern "C" fn VipQueryMem(
     mh: u32,
     out: *mut MemAttributes,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipQueryMem", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         let r = region(n, addr, mh)?;
@@ -344,7 +344,7 @@ pub unsafe extern "C" fn VipSetMemAttributes(
     mh: u32,
     attrs: *const MemAttributes,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipSetMemAttributes", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         // SAFETY: forwarded.
@@ -428,7 +428,7 @@ fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
 
 #[no_mangle]
 pub unsafe extern "C" fn VipNSInit(h: *mut c_void, info: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipNSInit", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         let path = if info.is_null() {
@@ -450,7 +450,7 @@ pub unsafe extern "C" fn VipNSGetHostByName(
     out: *mut NetAddress,
     index: c_ulong,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipNSGetHostByName", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if name.is_null() || out.is_null() {
@@ -474,7 +474,7 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
     name: *mut c_char,
     len: *mut c_ulong,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipNSGetHostByAddr", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if len.is_null() || name.is_null() {
@@ -505,7 +505,7 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipNSShutdown(h: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipNSShutdown", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         *lock(&n.hosts) = None;

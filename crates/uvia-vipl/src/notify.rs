@@ -9,6 +9,7 @@
 
 use crate::handle::{self, lock, CqH, ErrorCallback, NicH, ViH};
 use crate::types::{async_error, CqNotifyHandler, ErrorDescriptor, ViNotifyHandler};
+use crate::unwind;
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -17,6 +18,9 @@ use uvia::{Cq, Descriptor, Queue, Vi};
 
 /// How long the thread naps between polling rounds while requests wait.
 const NAP: Duration = Duration::from_micros(50);
+/// How long the thread pauses after a panic in a round (the line on stderr
+/// says what it was).
+const AFTER_PANIC: Duration = Duration::from_millis(100);
 /// How often the thread looks for VIs that lost their connection (while a
 /// program's error handler is registered) and drives the VIs of providers
 /// that need it.
@@ -184,60 +188,69 @@ enum Call {
 fn run() {
     let n = notifier();
     loop {
-        let mut calls = Vec::new();
-        let (busy, watching) = {
-            let mut w = lock(&n.work);
-            while w.requests.is_empty()
-                && w.errors.is_empty()
-                && w.watched.is_empty()
-                && w.driven.is_empty()
-            {
-                w = n.wake.wait(w).unwrap_or_else(|e| e.into_inner());
-            }
-            let mut i = 0;
-            while i < w.requests.len() {
-                if let Some(c) = poll(&w.requests[i]) {
-                    calls.push(c);
-                    w.requests.swap_remove(i);
-                } else {
-                    i += 1;
-                }
-            }
-            for nic in &w.watched {
-                for &h in lock(&nic.vis).values() {
-                    // SAFETY: the table is locked while its VIs are used, and
-                    // VipDestroyVi takes a VI out of it before destroying it.
-                    if let Some(v) = unsafe { handle::get::<ViH>(h as *const c_void) } {
-                        conn_lost(v, h as *mut c_void);
-                    }
-                }
-            }
-            for nic in &w.driven {
-                for &h in lock(&nic.vis).values() {
-                    // SAFETY: as above.
-                    if let Some(v) = unsafe { handle::get::<ViH>(h as *const c_void) } {
-                        v.vi.drive();
-                    }
-                }
-            }
-            while let Some(e) = w.errors.pop_front() {
-                let cb = *lock(&e.nic.on_error);
-                calls.push(Call::Error(cb, e));
-            }
-            (
-                !w.requests.is_empty(),
-                !w.watched.is_empty() || !w.driven.is_empty(),
-            )
-        };
-        for c in calls {
-            deliver(c);
+        if unwind::catch("vipl-notify", || round(n)).is_none() {
+            // A bug that repeats would otherwise write a line every round.
+            std::thread::sleep(AFTER_PANIC);
         }
-        if busy {
-            std::thread::sleep(NAP);
-        } else if watching {
-            let w = lock(&n.work);
-            let _ = n.wake.wait_timeout(w, TICK);
+    }
+}
+
+/// One round: waits for work, polls the requests, watches and drives the
+/// VIs, then calls the handlers found.
+fn round(n: &Notifier) {
+    let mut calls = Vec::new();
+    let (busy, watching) = {
+        let mut w = lock(&n.work);
+        while w.requests.is_empty()
+            && w.errors.is_empty()
+            && w.watched.is_empty()
+            && w.driven.is_empty()
+        {
+            w = n.wake.wait(w).unwrap_or_else(|e| e.into_inner());
         }
+        let mut i = 0;
+        while i < w.requests.len() {
+            if let Some(c) = poll(&w.requests[i]) {
+                calls.push(c);
+                w.requests.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        for nic in &w.watched {
+            for &h in lock(&nic.vis).values() {
+                // SAFETY: the table is locked while its VIs are used, and
+                // VipDestroyVi takes a VI out of it before destroying it.
+                if let Some(v) = unsafe { handle::get::<ViH>(h as *const c_void) } {
+                    conn_lost(v, h as *mut c_void);
+                }
+            }
+        }
+        for nic in &w.driven {
+            for &h in lock(&nic.vis).values() {
+                // SAFETY: as above.
+                if let Some(v) = unsafe { handle::get::<ViH>(h as *const c_void) } {
+                    v.vi.drive();
+                }
+            }
+        }
+        while let Some(e) = w.errors.pop_front() {
+            let cb = *lock(&e.nic.on_error);
+            calls.push(Call::Error(cb, e));
+        }
+        (
+            !w.requests.is_empty(),
+            !w.watched.is_empty() || !w.driven.is_empty(),
+        )
+    };
+    for c in calls {
+        deliver(c);
+    }
+    if busy {
+        std::thread::sleep(NAP);
+    } else if watching {
+        let w = lock(&n.work);
+        let _ = n.wake.wait_timeout(w, TICK);
     }
 }
 
