@@ -162,20 +162,26 @@ pub fn drive(nic: Arc<NicH>, on: bool) {
 
 /// Reports a VI's lost connection once (until it connects again).
 pub fn conn_lost(v: &ViH, vi_handle: *mut c_void) {
-    if v.vi.state() == uvia::ViState::Error
+    if let Some(e) = lost(v, vi_handle as usize) {
+        report(e);
+    }
+}
+
+/// The error to report if a VI has lost its connection and it has not been
+/// reported since it connected.
+fn lost(v: &ViH, vi_handle: usize) -> Option<AsyncError> {
+    let unreported = v.vi.state() == uvia::ViState::Error
         && !v
             .error_reported
-            .swap(true, std::sync::atomic::Ordering::AcqRel)
-    {
-        report(AsyncError {
-            nic: v.nic.clone(),
-            vi_handle: vi_handle as usize,
-            descriptor: 0,
-            op_code: 0,
-            resource: async_error::RESOURCE_VI,
-            code: async_error::CONN_LOST,
-        });
-    }
+            .swap(true, std::sync::atomic::Ordering::AcqRel);
+    unreported.then(|| AsyncError {
+        nic: v.nic.clone(),
+        vi_handle,
+        descriptor: 0,
+        op_code: 0,
+        resource: async_error::RESOURCE_VI,
+        code: async_error::CONN_LOST,
+    })
 }
 
 /// What one polling round found to call.
@@ -217,15 +223,18 @@ fn round(n: &Notifier) {
                 i += 1;
             }
         }
+        // Queued here, not by `report`: the work is locked.
+        let mut lost_vis = Vec::new();
         for nic in &w.watched {
             for &h in lock(&nic.vis).values() {
                 // SAFETY: the table is locked while its VIs are used, and
                 // VipDestroyVi takes a VI out of it before destroying it.
                 if let Some(v) = unsafe { handle::get::<ViH>(h as *const c_void) } {
-                    conn_lost(v, h as *mut c_void);
+                    lost_vis.extend(lost(v, h));
                 }
             }
         }
+        w.errors.extend(lost_vis);
         for nic in &w.driven {
             for &h in lock(&nic.vis).values() {
                 // SAFETY: as above.
