@@ -1,10 +1,12 @@
 //! Connection management: client/server and peer to peer.
 
 use crate::data::{remote_attrs, vi};
-use crate::handle::{lock, ConnH, NicH, PeerConnect};
+use crate::handle::{self, lock, ConnH, PeerConnect};
+use crate::nic::nic;
 use crate::types::*;
-use crate::{put, timeout, vip};
+use crate::{put, timeout, unwind, vip};
 use std::ffi::{c_ulong, c_void};
+use std::sync::Mutex;
 use std::time::Duration;
 use uvia::{ConnectError, Discriminator, NetAddress as CoreAddress};
 
@@ -72,9 +74,9 @@ pub unsafe extern "C" fn VipConnectWait(
     remote_attrs_out: *mut ViAttributes,
     out: *mut *mut c_void,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipConnectWait", || {
         // SAFETY: forwarded.
-        let n = unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        let n = unsafe { nic(h) }?;
         if remote.is_null() || out.is_null() {
             return Err(ret::INVALID_PARAMETER);
         }
@@ -109,8 +111,13 @@ pub unsafe extern "C" fn VipConnectWait(
             // SAFETY: non-NULL, the caller's struct.
             unsafe { remote_attrs_out.write(attrs) };
         }
-        // SAFETY: `h` passed the check.
-        let c = ConnH::new(req, unsafe { NicH::arc(h) }).into_handle();
+        // SAFETY: forwarded.
+        let nh = unsafe { handle::arc(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        let (c, _) = handle::insert(|_| ConnH {
+            req: Mutex::new(req),
+            nic: nh,
+        })
+        .ok_or(ret::ERROR_RESOURCE)?;
         // SAFETY: checked non-NULL.
         unsafe { out.write(c) };
         Ok(())
@@ -119,9 +126,9 @@ pub unsafe extern "C" fn VipConnectWait(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipConnectAccept(ch: *mut c_void, vh: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipConnectAccept", || {
         // SAFETY: forwarded.
-        let c = unsafe { ConnH::from_handle(ch) }.ok_or(ret::INVALID_PARAMETER)?;
+        let c = unsafe { handle::get::<ConnH>(ch) }.ok_or(ret::INVALID_PARAMETER)?;
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         if !std::ptr::eq(&*c.nic, &*v.nic) {
@@ -130,20 +137,20 @@ pub unsafe extern "C" fn VipConnectAccept(ch: *mut c_void, vh: *mut c_void) -> V
         lock(&c.req).accept(&v.vi).map_err(connect_err)?;
         v.error_reported
             .store(false, std::sync::atomic::Ordering::Release);
-        // SAFETY: the request is answered; its handle ends here.
-        unsafe { ConnH::free(ch) };
+        // SAFETY: the request is answered; its handle is not used after this.
+        drop(unsafe { handle::remove::<ConnH>(ch) });
         Ok(())
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipConnectReject(ch: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipConnectReject", || {
         // SAFETY: forwarded.
-        let c = unsafe { ConnH::from_handle(ch) }.ok_or(ret::INVALID_PARAMETER)?;
+        let c = unsafe { handle::get::<ConnH>(ch) }.ok_or(ret::INVALID_PARAMETER)?;
         lock(&c.req).reject().map_err(connect_err)?;
         // SAFETY: as in VipConnectAccept.
-        unsafe { ConnH::free(ch) };
+        drop(unsafe { handle::remove::<ConnH>(ch) });
         Ok(())
     })
 }
@@ -156,7 +163,7 @@ pub unsafe extern "C" fn VipConnectRequest(
     ms: c_ulong,
     remote_attrs_out: *mut ViAttributes,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipConnectRequest", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         if local.is_null() {
@@ -180,7 +187,7 @@ pub unsafe extern "C" fn VipConnectRequest(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDisconnect(vh: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipDisconnect", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         v.vi.disconnect();
@@ -195,10 +202,10 @@ pub unsafe extern "C" fn VipConnectPeerRequest(
     remote: *const NetAddress,
     ms: c_ulong,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipConnectPeerRequest", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
-        if v.nic.provider() == "shm" {
+        if !v.nic.nic.attributes().peer_to_peer {
             return Err(ret::ERROR_NOT_SUPPORTED);
         }
         // SAFETY: forwarded.
@@ -217,7 +224,11 @@ pub unsafe extern "C" fn VipConnectPeerRequest(
         let core = v.vi.clone();
         let job = std::thread::Builder::new()
             .name("vipl-peer".into())
-            .spawn(move || core.connect_peer_request(&mine, &CoreAddress::new(&host, theirs), t))
+            .spawn(move || {
+                unwind::catch("VipConnectPeerRequest", || {
+                    core.connect_peer_request(&mine, &CoreAddress::new(&host, theirs), t)
+                })
+            })
             .map_err(|_| ret::ERROR_RESOURCE)?;
         *p = PeerConnect::Pending(job);
         Ok(())
@@ -225,42 +236,55 @@ pub unsafe extern "C" fn VipConnectPeerRequest(
 }
 
 /// Finishes a peer request: `wait` joins it, otherwise only a finished one.
-unsafe fn peer_finish(vh: *mut c_void, out: *mut ViAttributes, wait: bool) -> VipReturn {
-    vip(|| {
-        // SAFETY: forwarded.
-        let v = unsafe { vi(vh) }?;
-        let mut p = lock(&v.peer);
-        let job = match std::mem::replace(&mut *p, PeerConnect::None) {
-            PeerConnect::None => return Err(ret::INVALID_STATE),
-            PeerConnect::Pending(j) if !wait && !j.is_finished() => {
-                *p = PeerConnect::Pending(j);
-                return Err(ret::NOT_DONE);
-            }
-            PeerConnect::Pending(j) => j,
-        };
-        drop(p);
-        let r = job
-            .join()
-            .map_err(|_| ret::ERROR_RESOURCE)?
-            .map_err(connect_err)?;
-        v.error_reported
-            .store(false, std::sync::atomic::Ordering::Release);
-        if !out.is_null() {
-            // SAFETY: non-NULL, the caller's struct.
-            unsafe { put(out, remote_attrs(&r)) }?;
+///
+/// # Safety
+/// As for the exported functions: `vh` is a handle not destroyed meanwhile,
+/// `out` NULL or the caller's struct.
+unsafe fn peer_finish(
+    vh: *mut c_void,
+    out: *mut ViAttributes,
+    wait: bool,
+) -> Result<(), VipReturn> {
+    // SAFETY: forwarded.
+    let v = unsafe { vi(vh) }?;
+    let mut p = lock(&v.peer);
+    let job = match std::mem::replace(&mut *p, PeerConnect::None) {
+        PeerConnect::None => return Err(ret::INVALID_STATE),
+        PeerConnect::Pending(j) if !wait && !j.is_finished() => {
+            *p = PeerConnect::Pending(j);
+            return Err(ret::NOT_DONE);
         }
-        Ok(())
-    })
+        PeerConnect::Pending(j) => j,
+    };
+    drop(p);
+    // `None`: the thread panicked, and said so on stderr.
+    let r = job
+        .join()
+        .ok()
+        .flatten()
+        .ok_or(ret::ERROR_RESOURCE)?
+        .map_err(connect_err)?;
+    v.error_reported
+        .store(false, std::sync::atomic::Ordering::Release);
+    if !out.is_null() {
+        // SAFETY: non-NULL, the caller's struct.
+        unsafe { put(out, remote_attrs(&r)) }?;
+    }
+    Ok(())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipConnectPeerDone(vh: *mut c_void, out: *mut ViAttributes) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { peer_finish(vh, out, false) }
+    vip("VipConnectPeerDone", || unsafe {
+        peer_finish(vh, out, false)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipConnectPeerWait(vh: *mut c_void, out: *mut ViAttributes) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { peer_finish(vh, out, true) }
+    vip("VipConnectPeerWait", || unsafe {
+        peer_finish(vh, out, true)
+    })
 }

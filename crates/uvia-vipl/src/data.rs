@@ -1,10 +1,10 @@
 //! VIs, data transfer and completion queues.
 
-use crate::handle::{lock, CqH, NicH, ViH};
-use crate::nic::ptag_of;
+use crate::handle::{self, lock, CqH, NicH, ViH};
+use crate::nic::{nic, ptag_of};
 use crate::notify::{self, AsyncError};
 use crate::types::*;
-use crate::{addr, put, timeout, vip};
+use crate::{addr, put, timeout, unwind, vip};
 use std::ffi::{c_ulong, c_void};
 use std::ptr::NonNull;
 use uvia::{
@@ -13,14 +13,19 @@ use uvia::{
 };
 
 /// The VI behind a handle, or the call's error.
+///
+/// # Safety
+/// As for [`crate::nic::nic`].
 pub(crate) unsafe fn vi<'a>(h: *mut c_void) -> Result<&'a ViH, VipReturn> {
-    // SAFETY: forwarded contract.
-    unsafe { ViH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)
+    // SAFETY: forwarded.
+    unsafe { handle::get(h) }.ok_or(ret::INVALID_PARAMETER)
 }
 
+/// # Safety
+/// As for [`vi`].
 unsafe fn cq<'a>(h: *mut c_void) -> Result<&'a CqH, VipReturn> {
-    // SAFETY: forwarded contract.
-    unsafe { CqH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)
+    // SAFETY: forwarded.
+    unsafe { handle::get(h) }.ok_or(ret::INVALID_PARAMETER)
 }
 
 fn level(r: Reliability) -> u16 {
@@ -107,6 +112,9 @@ fn wait_spin() -> Option<std::time::Duration> {
 }
 
 /// A CQ handle argument: NULL for none, else a CQ of the same NIC.
+///
+/// # Safety
+/// As for [`vi`].
 unsafe fn opt_cq<'a>(n: &NicH, h: *mut c_void) -> Result<Option<&'a CqH>, VipReturn> {
     if h.is_null() {
         return Ok(None);
@@ -127,9 +135,11 @@ pub unsafe extern "C" fn VipCreateVi(
     recv_cq: *mut c_void,
     out: *mut *mut c_void,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipCreateVi", || {
         // SAFETY: forwarded.
-        let n = unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        let n = unsafe { nic(h) }?;
+        // SAFETY: forwarded.
+        let nh = unsafe { handle::arc(h) }.ok_or(ret::INVALID_PARAMETER)?;
         if out.is_null() {
             return Err(ret::INVALID_PARAMETER);
         }
@@ -147,8 +157,10 @@ pub unsafe extern "C" fn VipCreateVi(
         let id = v.id();
         // SAFETY: `attrs` is non-NULL (checked by `vi_attrs`).
         let ptag = unsafe { (*attrs).ptag } as usize;
-        // SAFETY: `h` passed the check.
-        let vh = ViH::new(v, unsafe { NicH::arc(h) }, ptag).into_handle();
+        let Some((vh, _)) = handle::insert(|_| ViH::new(v.clone(), nh, ptag)) else {
+            let _ = v.destroy();
+            return Err(ret::ERROR_RESOURCE);
+        };
         lock(&n.vis).insert(id, vh as usize);
         // SAFETY: checked non-NULL.
         unsafe { out.write(vh) };
@@ -158,16 +170,18 @@ pub unsafe extern "C" fn VipCreateVi(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDestroyVi(vh: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipDestroyVi", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         if let Err((_, e)) = v.vi.clone().destroy() {
             return Err(attr_err(e));
         }
         notify::forget(vh);
+        // Out of its NIC's table first: the library thread uses the VIs
+        // it finds there with the table locked.
         lock(&v.nic.vis).remove(&v.vi.id());
-        // SAFETY: the handle came from VipCreateVi and leaves every table above.
-        unsafe { ViH::free(vh) };
+        // SAFETY: the handle is not used after this (`v` neither).
+        drop(unsafe { handle::remove::<ViH>(vh) });
         Ok(())
     })
 }
@@ -180,7 +194,7 @@ pub unsafe extern "C" fn VipQueryVi(
     send_empty: *mut VipBoolean,
     recv_empty: *mut VipBoolean,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipQueryVi", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         let a = v.vi.attributes();
@@ -213,7 +227,7 @@ pub unsafe extern "C" fn VipSetViAttributes(
     vh: *mut c_void,
     attrs: *const ViAttributes,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipSetViAttributes", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
         // SAFETY: forwarded.
@@ -253,7 +267,7 @@ unsafe fn post(vh: *mut c_void, d: *mut Descriptor, mh: u32, q: Queue) -> VipRet
     let Some(p) = NonNull::new(d) else {
         return ret::INVALID_PARAMETER;
     };
-    if (d as usize) % 64 != 0 {
+    if !(d as usize).is_multiple_of(64) {
         return ret::INVALID_PARAMETER;
     }
     // The descriptor must lie in the region its handle names: its control
@@ -337,13 +351,13 @@ unsafe fn refuse(v: &ViH, vh: *mut c_void, d: *mut Descriptor, e: &PostError) ->
 #[no_mangle]
 pub unsafe extern "C" fn VipPostSend(vh: *mut c_void, d: *mut Descriptor, mh: u32) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { post(vh, d, mh, Queue::Send) }
+    unwind::call("VipPostSend", || unsafe { post(vh, d, mh, Queue::Send) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipPostRecv(vh: *mut c_void, d: *mut Descriptor, mh: u32) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { post(vh, d, mh, Queue::Recv) }
+    unwind::call("VipPostRecv", || unsafe { post(vh, d, mh, Queue::Recv) })
 }
 
 /// Hands a completed descriptor to the program.
@@ -403,13 +417,13 @@ unsafe fn wait(vh: *mut c_void, ms: c_ulong, out: *mut *mut Descriptor, q: Queue
 #[no_mangle]
 pub unsafe extern "C" fn VipSendDone(vh: *mut c_void, out: *mut *mut Descriptor) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { done(vh, out, Queue::Send) }
+    unwind::call("VipSendDone", || unsafe { done(vh, out, Queue::Send) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipRecvDone(vh: *mut c_void, out: *mut *mut Descriptor) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { done(vh, out, Queue::Recv) }
+    unwind::call("VipRecvDone", || unsafe { done(vh, out, Queue::Recv) })
 }
 
 #[no_mangle]
@@ -419,7 +433,7 @@ pub unsafe extern "C" fn VipSendWait(
     out: *mut *mut Descriptor,
 ) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { wait(vh, ms, out, Queue::Send) }
+    unwind::call("VipSendWait", || unsafe { wait(vh, ms, out, Queue::Send) })
 }
 
 #[no_mangle]
@@ -429,19 +443,24 @@ pub unsafe extern "C" fn VipRecvWait(
     out: *mut *mut Descriptor,
 ) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { wait(vh, ms, out, Queue::Recv) }
+    unwind::call("VipRecvWait", || unsafe { wait(vh, ms, out, Queue::Recv) })
 }
 
-unsafe fn vi_notify(vh: *mut c_void, ctx: *mut c_void, f: ViNotifyHandler, q: Queue) -> VipReturn {
-    vip(|| {
-        // SAFETY: forwarded.
-        let v = unsafe { vi(vh) }?;
-        if f.is_none() {
-            return Err(ret::INVALID_PARAMETER);
-        }
-        notify::vi_request(v, vh, q, addr(ctx), f);
-        Ok(())
-    })
+/// # Safety
+/// As for the exported functions.
+unsafe fn vi_notify(
+    vh: *mut c_void,
+    ctx: *mut c_void,
+    f: ViNotifyHandler,
+    q: Queue,
+) -> Result<(), VipReturn> {
+    // SAFETY: forwarded.
+    let v = unsafe { vi(vh) }?;
+    if f.is_none() {
+        return Err(ret::INVALID_PARAMETER);
+    }
+    notify::vi_request(v, vh, q, addr(ctx), f);
+    Ok(())
 }
 
 #[no_mangle]
@@ -451,7 +470,9 @@ pub unsafe extern "C" fn VipSendNotify(
     f: ViNotifyHandler,
 ) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { vi_notify(vh, ctx, f, Queue::Send) }
+    vip("VipSendNotify", || unsafe {
+        vi_notify(vh, ctx, f, Queue::Send)
+    })
 }
 
 #[no_mangle]
@@ -461,7 +482,9 @@ pub unsafe extern "C" fn VipRecvNotify(
     f: ViNotifyHandler,
 ) -> VipReturn {
     // SAFETY: forwarded.
-    unsafe { vi_notify(vh, ctx, f, Queue::Recv) }
+    vip("VipRecvNotify", || unsafe {
+        vi_notify(vh, ctx, f, Queue::Recv)
+    })
 }
 
 // ---- Completion queues ----
@@ -472,9 +495,11 @@ pub unsafe extern "C" fn VipCreateCQ(
     entries: c_ulong,
     out: *mut *mut c_void,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipCreateCQ", || {
         // SAFETY: forwarded.
-        let n = unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        let n = unsafe { nic(h) }?;
+        // SAFETY: forwarded.
+        let nh = unsafe { handle::arc(h) }.ok_or(ret::INVALID_PARAMETER)?;
         if out.is_null() || entries == 0 {
             return Err(ret::INVALID_PARAMETER);
         }
@@ -485,8 +510,13 @@ pub unsafe extern "C" fn VipCreateCQ(
             .nic
             .create_cq(entries as usize)
             .map_err(|_| ret::ERROR_RESOURCE)?;
-        // SAFETY: `h` passed the check.
-        let ch = CqH::new(c, unsafe { NicH::arc(h) }).into_handle();
+        let Some((ch, _)) = handle::insert(|_| CqH {
+            cq: c.clone(),
+            nic: nh,
+        }) else {
+            let _ = c.destroy();
+            return Err(ret::ERROR_RESOURCE);
+        };
         // SAFETY: checked non-NULL.
         unsafe { out.write(ch) };
         Ok(())
@@ -495,7 +525,7 @@ pub unsafe extern "C" fn VipCreateCQ(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDestroyCQ(ch: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipDestroyCQ", || {
         // SAFETY: forwarded.
         let c = unsafe { cq(ch) }?;
         if let Err((_, e)) = c.cq.clone().destroy() {
@@ -505,15 +535,15 @@ pub unsafe extern "C" fn VipDestroyCQ(ch: *mut c_void) -> VipReturn {
             });
         }
         notify::forget(ch);
-        // SAFETY: the handle came from VipCreateCQ and no request names it.
-        unsafe { CqH::free(ch) };
+        // SAFETY: the handle is not used after this (`c` neither).
+        drop(unsafe { handle::remove::<CqH>(ch) });
         Ok(())
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipResizeCQ(ch: *mut c_void, entries: c_ulong) -> VipReturn {
-    vip(|| {
+    vip("VipResizeCQ", || {
         // SAFETY: forwarded.
         let c = unsafe { cq(ch) }?;
         if entries > c.nic.nic.attributes().max_cq_entries as c_ulong {
@@ -546,20 +576,22 @@ pub unsafe extern "C" fn VipCQDone(
     vi_out: *mut *mut c_void,
     recv_out: *mut VipBoolean,
 ) -> VipReturn {
-    // SAFETY: forwarded.
-    let c = match unsafe { cq(ch) } {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    if vi_out.is_null() || recv_out.is_null() {
-        return ret::INVALID_PARAMETER;
-    }
-    match c.cq.done() {
+    unwind::call("VipCQDone", || {
         // SAFETY: forwarded.
-        Ok(Some(n)) => unsafe { notice(c, n, vi_out, recv_out) },
-        Ok(None) => ret::NOT_DONE,
-        Err(_) => ret::ERROR_RESOURCE,
-    }
+        let c = match unsafe { cq(ch) } {
+            Ok(c) => c,
+            Err(r) => return r,
+        };
+        if vi_out.is_null() || recv_out.is_null() {
+            return ret::INVALID_PARAMETER;
+        }
+        match c.cq.done() {
+            // SAFETY: forwarded.
+            Ok(Some(n)) => unsafe { notice(c, n, vi_out, recv_out) },
+            Ok(None) => ret::NOT_DONE,
+            Err(_) => ret::ERROR_RESOURCE,
+        }
+    })
 }
 
 #[no_mangle]
@@ -569,20 +601,22 @@ pub unsafe extern "C" fn VipCQWait(
     vi_out: *mut *mut c_void,
     recv_out: *mut VipBoolean,
 ) -> VipReturn {
-    // SAFETY: forwarded.
-    let c = match unsafe { cq(ch) } {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    if vi_out.is_null() || recv_out.is_null() {
-        return ret::INVALID_PARAMETER;
-    }
-    match c.cq.wait(timeout(ms)) {
+    unwind::call("VipCQWait", || {
         // SAFETY: forwarded.
-        Ok(n) => unsafe { notice(c, n, vi_out, recv_out) },
-        Err(WaitError::Timeout) => ret::TIMEOUT,
-        Err(_) => ret::ERROR_RESOURCE,
-    }
+        let c = match unsafe { cq(ch) } {
+            Ok(c) => c,
+            Err(r) => return r,
+        };
+        if vi_out.is_null() || recv_out.is_null() {
+            return ret::INVALID_PARAMETER;
+        }
+        match c.cq.wait(timeout(ms)) {
+            // SAFETY: forwarded.
+            Ok(n) => unsafe { notice(c, n, vi_out, recv_out) },
+            Err(WaitError::Timeout) => ret::TIMEOUT,
+            Err(_) => ret::ERROR_RESOURCE,
+        }
+    })
 }
 
 #[no_mangle]
@@ -591,7 +625,7 @@ pub unsafe extern "C" fn VipCQNotify(
     ctx: *mut c_void,
     f: CqNotifyHandler,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipCQNotify", || {
         // SAFETY: forwarded.
         let c = unsafe { cq(ch) }?;
         if f.is_none() {

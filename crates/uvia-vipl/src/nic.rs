@@ -1,7 +1,7 @@
 //! NIC, protection tags, memory registration, system management and the
 //! name service.
 
-use crate::handle::{lock, ErrorCallback, NicH, PtagH};
+use crate::handle::{self, lock, ErrorCallback, NicH, PtagH};
 use crate::names::{self, HostEntry};
 use crate::types::*;
 use crate::{host_bytes, notify, put, vip};
@@ -10,15 +10,22 @@ use std::sync::Arc;
 use uvia::{MemAttributes as CoreMem, MemError, MemHandle, Nic, OpenError, PtagError, Reliability};
 
 /// The NIC behind a handle, or the call's error.
-unsafe fn nic<'a>(h: *mut c_void) -> Result<&'a NicH, VipReturn> {
-    // SAFETY: forwarded contract: `h` is NULL or a handle from this library.
-    unsafe { NicH::from_handle(h) }.ok_or(ret::INVALID_PARAMETER)
+///
+/// # Safety
+/// As for [`handle::get`]: the program does not destroy the handle during
+/// the call (the contract of every call, docs/VIPL.md).
+pub(crate) unsafe fn nic<'a>(h: *mut c_void) -> Result<&'a NicH, VipReturn> {
+    // SAFETY: forwarded.
+    unsafe { handle::get(h) }.ok_or(ret::INVALID_PARAMETER)
 }
 
 /// A tag handle of this NIC, as its core tag.
+///
+/// # Safety
+/// As for [`nic`].
 pub(crate) unsafe fn ptag_of(n: &NicH, h: *mut c_void) -> Result<uvia::Ptag, VipReturn> {
-    // SAFETY: as in `nic`.
-    match unsafe { PtagH::from_handle(h) } {
+    // SAFETY: forwarded.
+    match unsafe { handle::get::<PtagH>(h) } {
         Some(p) if std::ptr::eq(Arc::as_ptr(&p.nic), n) => Ok(p.ptag),
         _ => Err(ret::INVALID_PTAG),
     }
@@ -31,12 +38,12 @@ fn read_conf() -> Option<String> {
 
 #[no_mangle]
 pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipOpenNic", || {
         if out.is_null() {
             return Err(ret::INVALID_PARAMETER);
         }
         let device = if device.is_null() {
-            "shm".to_string()
+            names::NULL_DEVICE.to_string()
         } else {
             // SAFETY: a non-NULL device name is a C string.
             match unsafe { CStr::from_ptr(device) }.to_str() {
@@ -54,31 +61,24 @@ pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void
             }
         })?;
         let address = host_bytes(&n.attributes().address).ok_or(ret::ERROR_RESOURCE)?;
-        let net = n.attributes().provider != "shm";
-        let nh = Arc::new(NicH::new(n, address));
-        if net {
-            notify::drive(nh.clone(), true);
+        let driven = n.attributes().needs_driving;
+        let (h, nh) = handle::insert(|h| NicH::new(h, n, address)).ok_or(ret::ERROR_RESOURCE)?;
+        if driven {
+            notify::drive(nh, true);
         }
-        let h = Arc::into_raw(nh);
         // SAFETY: checked non-NULL above.
-        unsafe { out.write(h as *mut c_void) };
+        unsafe { out.write(h) };
         Ok(())
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipCloseNic(h: *mut c_void) -> VipReturn {
-    vip(|| {
-        // SAFETY: forwarded.
-        let n = unsafe { nic(h) }?;
-        n.close();
-        // SAFETY: `h` passed the check above.
-        let nh = unsafe { NicH::arc(h) };
+    vip("VipCloseNic", || {
+        // SAFETY: the handle is not used by this or another call after this.
+        let nh = unsafe { handle::remove::<NicH>(h) }.ok_or(ret::INVALID_PARAMETER)?;
         notify::watch(nh.clone(), false);
         notify::drive(nh, false);
-        // SAFETY: the handle's own count, given at open, is released once:
-        // the magic is cleared so a second close is refused.
-        drop(unsafe { Arc::from_raw(h as *const NicH) });
         Ok(())
     })
 }
@@ -95,7 +95,7 @@ fn levels(ls: &[Reliability]) -> u16 {
 
 #[no_mangle]
 pub unsafe extern "C" fn VipQueryNic(h: *mut c_void, out: *mut NicAttributes) -> VipReturn {
-    vip(|| {
+    vip("VipQueryNic", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         let a = n.nic.attributes();
@@ -103,7 +103,6 @@ pub unsafe extern "C" fn VipQueryNic(h: *mut c_void, out: *mut NicAttributes) ->
         for (d, s) in name.iter_mut().zip(a.name.bytes().take(63)) {
             *d = s as c_char;
         }
-        let net = a.provider != "shm";
         let all = levels(a.reliability_levels);
         let big = (c_ulong::MAX >> 1) as c_ulong;
         // SAFETY: `out` is NULL or points at the caller's attributes.
@@ -127,10 +126,12 @@ pub unsafe extern "C" fn VipQueryNic(h: *mut c_void, out: *mut NicAttributes) ->
                     max_cq: 1 << 16,
                     max_cq_entries: a.max_cq_entries as c_ulong,
                     max_transfer_size: a.max_transfer_size as c_ulong,
-                    native_mtu: if net {
-                        1500
-                    } else {
+                    // A host-local provider has no wire: its native unit is
+                    // its largest transfer. The others go over Ethernet.
+                    native_mtu: if a.host_local {
                         a.max_transfer_size as c_ulong
+                    } else {
+                        1500
                     },
                     max_ptags: a.max_ptags as c_ulong,
                     reliability_level_support: all,
@@ -152,7 +153,7 @@ pub unsafe extern "C" fn VipQuerySystemManagementInfo(
     info_type: c_ulong,
     out: *mut c_void,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipQuerySystemManagementInfo", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if info_type != SMI_AUTODISCOVERY || out.is_null() {
@@ -187,15 +188,16 @@ pub unsafe extern "C" fn VipErrorCallback(
     context: *mut c_void,
     handler: ErrorHandler,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipErrorCallback", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         *lock(&n.on_error) = handler.map(|_| ErrorCallback {
             handler,
             context: context as usize,
         });
-        // SAFETY: `h` passed the check.
-        notify::watch(unsafe { NicH::arc(h) }, handler.is_some());
+        // SAFETY: forwarded.
+        let nh = unsafe { handle::arc(h) }.ok_or(ret::INVALID_PARAMETER)?;
+        notify::watch(nh, handler.is_some());
         Ok(())
     })
 }
@@ -204,15 +206,19 @@ pub unsafe extern "C" fn VipErrorCallback(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipCreatePtag(h: *mut c_void, out: *mut *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipCreatePtag", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if out.is_null() {
             return Err(ret::INVALID_PARAMETER);
         }
+        // SAFETY: forwarded.
+        let nh = unsafe { handle::arc(h) }.ok_or(ret::INVALID_PARAMETER)?;
         let p = n.nic.create_ptag().map_err(|_| ret::ERROR_RESOURCE)?;
-        // SAFETY: `h` passed the check.
-        let ph = PtagH::new(p, unsafe { NicH::arc(h) }).into_handle();
+        let Some((ph, _)) = handle::insert(|_| PtagH { ptag: p, nic: nh }) else {
+            let _ = n.nic.destroy_ptag(p);
+            return Err(ret::ERROR_RESOURCE);
+        };
         lock(&n.ptags).insert(p.raw(), ph as usize);
         // SAFETY: checked non-NULL.
         unsafe { out.write(ph) };
@@ -222,7 +228,7 @@ pub unsafe extern "C" fn VipCreatePtag(h: *mut c_void, out: *mut *mut c_void) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDestroyPtag(h: *mut c_void, ptag: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipDestroyPtag", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         // SAFETY: forwarded.
@@ -232,8 +238,8 @@ pub unsafe extern "C" fn VipDestroyPtag(h: *mut c_void, ptag: *mut c_void) -> Vi
             _ => ret::INVALID_PTAG,
         })?;
         lock(&n.ptags).remove(&p.raw());
-        // SAFETY: the tag handle came from VipCreatePtag and is dropped from the table.
-        unsafe { PtagH::free(ptag) };
+        // SAFETY: the tag's handle is not used after this.
+        drop(unsafe { handle::remove::<PtagH>(ptag) });
         Ok(())
     })
 }
@@ -278,7 +284,7 @@ pub unsafe extern "C" fn VipRegisterMem(
     attrs: *const MemAttributes,
     out: *mut u32,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipRegisterMem", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if addr.is_null() || len == 0 || out.is_null() {
@@ -298,7 +304,7 @@ pub unsafe extern "C" fn VipRegisterMem(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDeregisterMem(h: *mut c_void, addr: *mut c_void, mh: u32) -> VipReturn {
-    vip(|| {
+    vip("VipDeregisterMem", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         region(n, addr, mh)?;
@@ -313,7 +319,7 @@ pub unsafe extern "C" fn VipQueryMem(
     mh: u32,
     out: *mut MemAttributes,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipQueryMem", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         let r = region(n, addr, mh)?;
@@ -338,7 +344,7 @@ pub unsafe extern "C" fn VipSetMemAttributes(
     mh: u32,
     attrs: *const MemAttributes,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipSetMemAttributes", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         // SAFETY: forwarded.
@@ -382,7 +388,7 @@ unsafe fn write_host(a: *mut NetAddress, text: &str) -> Result<(), VipReturn> {
     Ok(())
 }
 
-/// The names this host goes by, for `shm` NICs.
+/// The names this host goes by, for host-local NICs.
 fn this_host(name: &str) -> bool {
     if name == "localhost" {
         return true;
@@ -394,9 +400,10 @@ fn this_host(name: &str) -> bool {
 }
 
 /// Every address `name` has on this NIC's provider, in file order. Else, on
-/// shm, `localhost` and this host's name resolve to the NIC's own instance;
-/// and a name that is itself an address of the provider (the NIC's own, one
-/// the file lists, an `ip:port` on udp, a MAC on xdp) resolves to itself.
+/// a host-local provider, `localhost` and this host's name resolve to the
+/// NIC's own instance; and a name that is itself an address of the provider
+/// (the NIC's own, one the file lists, one written in the provider's form)
+/// resolves to itself.
 fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
     let hosts = hosts_of(n)?;
     let mine = |e: &&HostEntry| e.provider == n.provider();
@@ -407,18 +414,11 @@ fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
         .map(|e| e.address.clone())
         .collect();
     if out.is_empty() {
-        let own = &n.nic.attributes().address;
-        if n.provider() == "shm" && this_host(name) {
-            out.push(own.clone());
-        } else if name == own
+        let a = n.nic.attributes();
+        if a.host_local && this_host(name) {
+            out.push(a.address.clone());
+        } else if n.nic.is_host_address(name)
             || hosts.iter().filter(mine).any(|e| e.address == name)
-            || match n.provider() {
-                "udp" => name.parse::<std::net::SocketAddr>().is_ok(),
-                "xdp" => is_mac(name),
-                // Any word is an instance name: only the NIC's own and the
-                // listed ones are taken for addresses.
-                _ => false,
-            }
         {
             out.push(name.to_string());
         }
@@ -426,18 +426,9 @@ fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
     Ok(out)
 }
 
-/// `aa:bb:cc:dd:ee:ff`, the xdp provider's host address.
-fn is_mac(s: &str) -> bool {
-    let parts: Vec<&str> = s.split(':').collect();
-    parts.len() == 6
-        && parts
-            .iter()
-            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn VipNSInit(h: *mut c_void, info: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipNSInit", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         let path = if info.is_null() {
@@ -459,7 +450,7 @@ pub unsafe extern "C" fn VipNSGetHostByName(
     out: *mut NetAddress,
     index: c_ulong,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipNSGetHostByName", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if name.is_null() || out.is_null() {
@@ -483,7 +474,7 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
     name: *mut c_char,
     len: *mut c_ulong,
 ) -> VipReturn {
-    vip(|| {
+    vip("VipNSGetHostByAddr", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         if len.is_null() || name.is_null() {
@@ -514,7 +505,7 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipNSShutdown(h: *mut c_void) -> VipReturn {
-    vip(|| {
+    vip("VipNSShutdown", || {
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         *lock(&n.hosts) = None;

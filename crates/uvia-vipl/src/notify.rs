@@ -7,8 +7,9 @@
 //! rounds; with none it sleeps on a condition variable. Asynchronous errors
 //! are queued by the calls that find them and delivered here too.
 
-use crate::handle::{lock, CqH, ErrorCallback, NicH, ViH};
+use crate::handle::{self, lock, CqH, ErrorCallback, NicH, ViH};
 use crate::types::{async_error, CqNotifyHandler, ErrorDescriptor, ViNotifyHandler};
+use crate::unwind;
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -17,8 +18,12 @@ use uvia::{Cq, Descriptor, Queue, Vi};
 
 /// How long the thread naps between polling rounds while requests wait.
 const NAP: Duration = Duration::from_micros(50);
+/// How long the thread pauses after a panic in a round (the line on stderr
+/// says what it was).
+const AFTER_PANIC: Duration = Duration::from_millis(100);
 /// How often the thread looks for VIs that lost their connection (while a
-/// program's error handler is registered) and drives network VIs.
+/// program's error handler is registered) and drives the VIs of providers
+/// that need it.
 const TICK: Duration = Duration::from_millis(1);
 
 enum Request {
@@ -55,8 +60,8 @@ struct Work {
     errors: VecDeque<AsyncError>,
     /// NICs whose program registered an error handler: their VIs are watched.
     watched: Vec<Arc<NicH>>,
-    /// Network NICs: their VIs are driven every tick, as a NIC's processor
-    /// would, so that acknowledgements, deferred sends and keep-alives go
+    /// NICs whose provider needs driving: their VIs are driven every tick,
+    /// as a NIC's processor would, so that acknowledgements, deferred sends and keep-alives go
     /// out while the program makes no call (VIA's NIC does not wait for one).
     driven: Vec<Arc<NicH>>,
 }
@@ -96,7 +101,7 @@ pub fn vi_request(
     lock(&n.work).requests.push(Request::Vi {
         vi: v.vi.clone(),
         queue,
-        nic_handle: Arc::as_ptr(&v.nic) as usize,
+        nic_handle: v.nic.handle,
         vi_handle: vi_handle as usize,
         context,
         handler,
@@ -144,7 +149,7 @@ pub fn watch(nic: Arc<NicH>, on: bool) {
     n.wake.notify_one();
 }
 
-/// Starts or stops driving a network NIC's VIs between the program's calls.
+/// Starts or stops driving a NIC's VIs between the program's calls.
 pub fn drive(nic: Arc<NicH>, on: bool) {
     let n = notifier();
     let mut w = lock(&n.work);
@@ -157,20 +162,26 @@ pub fn drive(nic: Arc<NicH>, on: bool) {
 
 /// Reports a VI's lost connection once (until it connects again).
 pub fn conn_lost(v: &ViH, vi_handle: *mut c_void) {
-    if v.vi.state() == uvia::ViState::Error
+    if let Some(e) = lost(v, vi_handle as usize) {
+        report(e);
+    }
+}
+
+/// The error to report if a VI has lost its connection and it has not been
+/// reported since it connected.
+fn lost(v: &ViH, vi_handle: usize) -> Option<AsyncError> {
+    let unreported = v.vi.state() == uvia::ViState::Error
         && !v
             .error_reported
-            .swap(true, std::sync::atomic::Ordering::AcqRel)
-    {
-        report(AsyncError {
-            nic: v.nic.clone(),
-            vi_handle: vi_handle as usize,
-            descriptor: 0,
-            op_code: 0,
-            resource: async_error::RESOURCE_VI,
-            code: async_error::CONN_LOST,
-        });
-    }
+            .swap(true, std::sync::atomic::Ordering::AcqRel);
+    unreported.then(|| AsyncError {
+        nic: v.nic.clone(),
+        vi_handle,
+        descriptor: 0,
+        op_code: 0,
+        resource: async_error::RESOURCE_VI,
+        code: async_error::CONN_LOST,
+    })
 }
 
 /// What one polling round found to call.
@@ -183,61 +194,72 @@ enum Call {
 fn run() {
     let n = notifier();
     loop {
-        let mut calls = Vec::new();
-        let (busy, watching) = {
-            let mut w = lock(&n.work);
-            while w.requests.is_empty()
-                && w.errors.is_empty()
-                && w.watched.is_empty()
-                && w.driven.is_empty()
-            {
-                w = n.wake.wait(w).unwrap_or_else(|e| e.into_inner());
-            }
-            let mut i = 0;
-            while i < w.requests.len() {
-                if let Some(c) = poll(&w.requests[i]) {
-                    calls.push(c);
-                    w.requests.swap_remove(i);
-                } else {
-                    i += 1;
-                }
-            }
-            // The tables are held while their VIs are used: destroying a VI
-            // removes it from its NIC's table before freeing it.
-            for nic in &w.watched {
-                for &h in lock(&nic.vis).values() {
-                    // SAFETY: a handle in a NIC's table is live (above).
-                    if let Some(v) = unsafe { ViH::from_handle(h as *const c_void) } {
-                        conn_lost(v, h as *mut c_void);
-                    }
-                }
-            }
-            for nic in &w.driven {
-                for &h in lock(&nic.vis).values() {
-                    // SAFETY: as above.
-                    if let Some(v) = unsafe { ViH::from_handle(h as *const c_void) } {
-                        v.vi.drive();
-                    }
-                }
-            }
-            while let Some(e) = w.errors.pop_front() {
-                let cb = *lock(&e.nic.on_error);
-                calls.push(Call::Error(cb, e));
-            }
-            (
-                !w.requests.is_empty(),
-                !w.watched.is_empty() || !w.driven.is_empty(),
-            )
-        };
-        for c in calls {
-            deliver(c);
+        if unwind::catch("vipl-notify", || round(n)).is_none() {
+            // A bug that repeats would otherwise write a line every round.
+            std::thread::sleep(AFTER_PANIC);
         }
-        if busy {
-            std::thread::sleep(NAP);
-        } else if watching {
-            let w = lock(&n.work);
-            let _ = n.wake.wait_timeout(w, TICK);
+    }
+}
+
+/// One round: waits for work, polls the requests, watches and drives the
+/// VIs, then calls the handlers found.
+fn round(n: &Notifier) {
+    let mut calls = Vec::new();
+    let (busy, watching) = {
+        let mut w = lock(&n.work);
+        while w.requests.is_empty()
+            && w.errors.is_empty()
+            && w.watched.is_empty()
+            && w.driven.is_empty()
+        {
+            w = n.wake.wait(w).unwrap_or_else(|e| e.into_inner());
         }
+        let mut i = 0;
+        while i < w.requests.len() {
+            if let Some(c) = poll(&w.requests[i]) {
+                calls.push(c);
+                w.requests.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        // Queued here, not by `report`: the work is locked.
+        let mut lost_vis = Vec::new();
+        for nic in &w.watched {
+            for &h in lock(&nic.vis).values() {
+                // SAFETY: the table is locked while its VIs are used, and
+                // VipDestroyVi takes a VI out of it before destroying it.
+                if let Some(v) = unsafe { handle::get::<ViH>(h as *const c_void) } {
+                    lost_vis.extend(lost(v, h));
+                }
+            }
+        }
+        w.errors.extend(lost_vis);
+        for nic in &w.driven {
+            for &h in lock(&nic.vis).values() {
+                // SAFETY: as above.
+                if let Some(v) = unsafe { handle::get::<ViH>(h as *const c_void) } {
+                    v.vi.drive();
+                }
+            }
+        }
+        while let Some(e) = w.errors.pop_front() {
+            let cb = *lock(&e.nic.on_error);
+            calls.push(Call::Error(cb, e));
+        }
+        (
+            !w.requests.is_empty(),
+            !w.watched.is_empty() || !w.driven.is_empty(),
+        )
+    };
+    for c in calls {
+        deliver(c);
+    }
+    if busy {
+        std::thread::sleep(NAP);
+    } else if watching {
+        let w = lock(&n.work);
+        let _ = n.wake.wait_timeout(w, TICK);
     }
 }
 
@@ -275,7 +297,7 @@ fn poll(r: &Request) -> Option<Call> {
             Some(Call::Cq(
                 *handler,
                 *context,
-                Arc::as_ptr(nic) as usize,
+                nic.handle,
                 vi,
                 c.queue == Queue::Recv,
             ))
@@ -302,7 +324,7 @@ fn deliver(c: Call) {
         }
         Call::Error(cb, e) => {
             let mut d = ErrorDescriptor {
-                nic_handle: Arc::as_ptr(&e.nic) as *mut c_void,
+                nic_handle: e.nic.handle as *mut c_void,
                 vi_handle: e.vi_handle as *mut c_void,
                 cq_handle: std::ptr::null_mut(),
                 descriptor_ptr: e.descriptor as *mut Descriptor,
