@@ -163,6 +163,7 @@ pub struct Endpoint<A> {
 }
 
 impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
+    /// An endpoint with no connection, listener or rendezvous yet.
     pub fn new(cfg: EndpointConfig) -> Endpoint<A> {
         Endpoint {
             next_id: cfg.id_seed,
@@ -182,6 +183,8 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
         &self.cfg
     }
 
+    /// Counters of frames dropped or answered here; read them whenever
+    /// (they only grow).
     pub fn stats(&self) -> EndpointStats {
         self.stats
     }
@@ -190,8 +193,10 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
     // Connections.
 
     /// A connection id for a new connection: never 0 (the id of "no
-    /// connection yet") and not one of a live connection.
+    /// connection yet") and not one of a live connection. Call once per
+    /// [`Conn`], then [`register`](Self::register) it.
     pub fn new_id(&mut self) -> u32 {
+        // Live connections are a sliver of the 2^32 ids: this ends at once.
         loop {
             let id = self.next_id;
             self.next_id = self.next_id.wrapping_add(1);
@@ -292,7 +297,8 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
         Some(req)
     }
 
-    /// Requests waiting on `discriminator`, not yet taken.
+    /// Requests waiting on `discriminator`, not yet taken: for a listener
+    /// that polls rather than waits for [`EndpointEvent::Request`].
     pub fn pending(&self, discriminator: &[u8]) -> usize {
         let d = wire::cut_discriminator(discriminator);
         self.listeners.get(d).map_or(0, |l| l.queue.len())

@@ -97,6 +97,14 @@ fuzz_target!(|data: &[u8]| {
             }
             _ => None,
         };
+        // Held by the endpoint, as far as the harness can tell: queued or
+        // taken, unanswered, and its client asked within the timeout (a
+        // request silent longer may have been forgotten to make room).
+        let held = request.as_ref().is_some_and(|(key, _)| {
+            m.outstanding
+                .get(key)
+                .is_some_and(|(_, heard)| now.saturating_duration_since(*heard) < timeout)
+        });
         let ev = ep.handle(now, from, &f, &mut reply);
         match ev {
             Some(EndpointEvent::Frame { id, .. }) => {
@@ -114,24 +122,24 @@ fuzz_target!(|data: &[u8]| {
                     matches!(parsed, Ok(Repr::ConnReject { .. } | Repr::DisconnectAck)),
                     "{parsed:?}"
                 );
+                if let Some((key, _)) = &request {
+                    assert!(!held, "a request held is not refused");
+                    m.outstanding.remove(key);
+                }
             }
             Some(EndpointEvent::Request { discriminator }) => {
                 let (key, d) = request.clone().expect("only a request queues");
                 assert_eq!(discriminator, &d[..]);
-                if let Some((_, heard)) = m.outstanding.get(&key) {
-                    assert!(
-                        now.saturating_duration_since(*heard) >= timeout,
-                        "queued twice while its client still asks"
-                    );
-                    m.taken.retain(|r| (r.from, r.peer_id) != key);
-                }
+                assert!(!held, "queued twice while its client still asks");
+                // Forgotten and queued anew: the copy taken before is stale.
+                m.taken.retain(|r| (r.from, r.peer_id) != key);
                 m.outstanding.insert(key, (d, now));
             }
-            None => {}
-        }
-        if let Some((key, _)) = request {
-            if let Some(o) = m.outstanding.get_mut(&key) {
-                o.1 = now;
+            None => {
+                if let Some(o) = request.and_then(|(key, _)| m.outstanding.get_mut(&key)) {
+                    // A repetition of a request held: the client still asks.
+                    o.1 = now;
+                }
             }
         }
         for d in LISTENERS {
