@@ -77,6 +77,9 @@ mod tests {
     use std::ptr::null_mut;
     use types::{NicAttributes, ViAttributes};
 
+    // SAFETY (every call below): the pointers are live locals, the handles
+    // came from the library, and no call uses a handle another one destroys.
+
     fn open(test: &str) -> *mut c_void {
         let name = CString::new(format!("shm:{test}{}", std::process::id())).unwrap();
         let mut h = null_mut();

@@ -7,7 +7,9 @@
 //! The default panic hook would print several lines first; the hook
 //! installed here keeps quiet for panics inside a guarded body (it leaves
 //! the message for the line) and hands every other panic to the hook that
-//! was there before.
+//! was there before. Knowing "inside" takes a thread-local flag set and
+//! cleared on every call: about 3.5 ns a call on the test machine (the
+//! thread-local lookup of a shared library), the whole cost of the guard.
 //!
 //! `UVIA_VIPL_TEST_PANIC`, a comma-separated list of function names (or
 //! `vipl-notify`, the library thread), makes the first guarded run of each
