@@ -10,6 +10,7 @@
 
 use crate::rtt::RttEstimator;
 use crate::seq::{self, SeqWindow};
+use crate::timer::{Timer, TimerTable};
 use crate::wire::{
     self, ack_flags, data_flags, ConnAttrs, DataHeader, NakCode, Op, PrivateData, RejectReason,
     Repr, SackList, DATA_HEADER_LEN, MAX_SACK,
@@ -415,25 +416,20 @@ pub struct Conn {
     lost: u32,
     largest_acked: Option<u32>,
     rtt: RttEstimator,
-    rto_deadline: Option<Instant>,
-    /// When a frame sent before one already acked counts as lost if its
-    /// own ack has not come (time-based loss detection, as RACK does).
-    loss_deadline: Option<Instant>,
+    /// Retransmission, loss, probe, receiver-not-ready and delayed-ack
+    /// deadlines (the handshake's and the idle timeout follow from `state`
+    /// and `last_rx`).
+    timers: TimerTable,
     /// The most recently sent frame acked so far: its transmission order
     /// and the round trip its ack measured.
     rack: Option<(u64, Duration)>,
     /// Transmissions of data frames so far (the next one's `order`).
     sent_order: u64,
-    /// When to send a tail-loss probe: the last frame again, so that a
-    /// loss at the end of a burst is found by the ack it draws rather than
-    /// by the retransmission timeout.
-    probe_deadline: Option<Instant>,
     /// Probes sent since the last progress (one per tail).
     probes: u32,
     timeouts_in_a_row: u32,
     /// Peer's count of our messages completed at its side.
     peer_done: u32,
-    rnr_until: Option<Instant>,
     rnr_in_a_row: u32,
 
     // Receiving.
@@ -453,7 +449,6 @@ pub struct Conn {
     newest_rx: Option<u32>,
     /// Payload bytes received since the last ack.
     ack_bytes: u32,
-    ack_deadline: Option<Instant>,
     ack_now: bool,
     /// The peer pinged: answer even on the unreliable level.
     pong_due: bool,
@@ -498,15 +493,12 @@ impl Conn {
             lost: 0,
             largest_acked: None,
             rtt,
-            rto_deadline: None,
-            loss_deadline: None,
+            timers: TimerTable::default(),
             rack: None,
             sent_order: 0,
-            probe_deadline: None,
             probes: 0,
             timeouts_in_a_row: 0,
             peer_done: 0,
-            rnr_until: None,
             rnr_in_a_row: 0,
             in_msgs: VecDeque::new(),
             in_base: 0,
@@ -516,7 +508,6 @@ impl Conn {
             ack_pending: 0,
             newest_rx: None,
             ack_bytes: 0,
-            ack_deadline: None,
             ack_now: false,
             pong_due: false,
             rnr_nak_at: None,
@@ -743,7 +734,7 @@ impl Conn {
             return;
         }
         let was_connecting = matches!(self.state, State::Connecting { .. });
-        let owe_ack = self.ack_pending > 0 || self.ack_deadline.is_some() || self.ack_now;
+        let owe_ack = self.ack_pending > 0 || self.timers.is_set(Timer::Ack) || self.ack_now;
         self.flush(Outcome::Flushed);
         self.ack_now = owe_ack && self.cfg.level.is_reliable();
         self.state = if was_connecting {
@@ -979,8 +970,8 @@ impl Conn {
             || self.rcv.has_gap()
         {
             self.ack_now = true;
-        } else if self.ack_deadline.is_none() {
-            self.ack_deadline = Some(now + self.cfg.ack_delay);
+        } else if !self.timers.is_set(Timer::Ack) {
+            self.timers.set(Timer::Ack, now + self.cfg.ack_delay);
         }
         true
     }
@@ -1376,12 +1367,12 @@ impl Conn {
     /// timeout without anything being lost. The tail-loss probe follows it.
     fn arm_timers(&mut self, now: Instant, progress: bool) {
         if !self.outstanding() {
-            self.rto_deadline = None;
-            self.probe_deadline = None;
+            self.timers.stop(Timer::Rto);
+            self.timers.stop(Timer::Probe);
             return;
         }
-        if progress || self.rto_deadline.is_none() {
-            self.rto_deadline = Some(now + self.rtt.rto());
+        if progress || !self.timers.is_set(Timer::Rto) {
+            self.timers.set(Timer::Rto, now + self.rtt.rto());
         }
         if progress {
             self.arm_probe(now);
@@ -1392,7 +1383,7 @@ impl Conn {
     /// transmission or progress, a probe goes out, unless the timeout
     /// comes first or a probe already went for this tail.
     fn arm_probe(&mut self, now: Instant) {
-        self.probe_deadline = None;
+        self.timers.stop(Timer::Probe);
         if self.probes > 0 || self.lost > 0 {
             return;
         }
@@ -1400,15 +1391,15 @@ impl Conn {
             return;
         };
         let at = now + srtt * 2 + self.cfg.ack_delay;
-        if self.rto_deadline.is_none_or(|r| at < r) {
-            self.probe_deadline = Some(at);
+        if self.timers.get(Timer::Rto).is_none_or(|r| at < r) {
+            self.timers.set(Timer::Probe, at);
         }
     }
 
     /// The probe is due: the newest frame still unacked goes again, with a
     /// request for an immediate ack.
     fn on_probe(&mut self) {
-        self.probe_deadline = None;
+        self.timers.stop(Timer::Probe);
         if self.lost > 0 {
             return;
         }
@@ -1444,7 +1435,7 @@ impl Conn {
             return;
         };
         let wait = rack_rtt + self.rtt.reorder_window(Duration::from_micros(20));
-        self.loss_deadline = None;
+        self.timers.stop(Timer::Loss);
         for s in self.inflight.iter_mut() {
             if s.acked || s.lost || s.order >= rack {
                 continue;
@@ -1454,8 +1445,8 @@ impl Conn {
                 s.lost = true;
                 s.probe = false;
                 self.lost += 1;
-            } else if self.loss_deadline.is_none_or(|d| due < d) {
-                self.loss_deadline = Some(due);
+            } else if self.timers.get(Timer::Loss).is_none_or(|d| due < d) {
+                self.timers.set(Timer::Loss, due);
             }
         }
     }
@@ -1490,16 +1481,19 @@ impl Conn {
                     self.fail(FailReason::RnrExhausted, None);
                     return;
                 }
-                self.rnr_until = Some(now + delay);
+                self.timers.set(Timer::Rnr, now + delay);
             } else {
-                self.rnr_until = Some(now + self.rtt.rto());
+                self.timers.set(Timer::Rnr, now + self.rtt.rto());
             }
             // The peer answered: that is no silence, whatever it said. The
             // retry limit above ends a wait too long, not the timer.
             self.timeouts_in_a_row = 0;
             self.rtt.reset_backoff();
-            self.probe_deadline = None;
-            self.rto_deadline = self.rnr_until.map(|t| t + self.rtt.rto());
+            self.timers.stop(Timer::Probe);
+            match self.timers.get(Timer::Rnr) {
+                Some(t) => self.timers.set(Timer::Rto, t + self.rtt.rto()),
+                None => self.timers.stop(Timer::Rto),
+            }
             // Everything from `psn` on goes again after the pause.
             for i in 0..self.inflight.len() {
                 let p = self.snd_una.wrapping_add(i as u32);
@@ -1616,10 +1610,10 @@ impl Conn {
         self.inflight_bytes = 0;
         self.lost = 0;
         self.in_msgs.clear();
-        self.rto_deadline = None;
-        self.loss_deadline = None;
-        self.probe_deadline = None;
-        self.ack_deadline = None;
+        self.timers.stop(Timer::Rto);
+        self.timers.stop(Timer::Loss);
+        self.timers.stop(Timer::Probe);
+        self.timers.stop(Timer::Ack);
     }
 
     // ------------------------------------------------------------------
@@ -1645,11 +1639,7 @@ impl Conn {
             _ => {}
         }
         if self.is_connected() {
-            at(self.ack_deadline);
-            at(self.rto_deadline);
-            at(self.loss_deadline);
-            at(self.probe_deadline);
-            at(self.rnr_until);
+            at(self.timers.next());
             at(Some(self.last_rx + self.cfg.idle_timeout));
             at(Some(self.keepalive_at()));
         }
@@ -1684,21 +1674,22 @@ impl Conn {
             self.fail(FailReason::PeerSilent, None);
             return;
         }
-        if self.ack_deadline.is_some_and(|d| now >= d) {
-            self.ack_now = true;
-            self.ack_deadline = None;
-        }
-        if self.rnr_until.is_some_and(|d| now >= d) {
-            self.rnr_until = None;
-        }
-        if self.loss_deadline.is_some_and(|d| now >= d) {
-            self.detect_by_time(now, None);
-        }
-        if self.probe_deadline.is_some_and(|d| now >= d) {
-            self.on_probe();
-        }
-        if self.rto_deadline.is_some_and(|d| now >= d) {
-            self.on_rto(now);
+        // Each timer is looked at in its turn, after the ones before it ran:
+        // a handler may stop or move a later one (a timeout stops the probe).
+        for timer in Timer::ALL {
+            if !self.timers.expired(timer, now) {
+                continue;
+            }
+            match timer {
+                Timer::Ack => {
+                    self.ack_now = true;
+                    self.timers.stop(Timer::Ack);
+                }
+                Timer::Rnr => self.timers.stop(Timer::Rnr),
+                Timer::Loss => self.detect_by_time(now, None),
+                Timer::Probe => self.on_probe(),
+                Timer::Rto => self.on_rto(now),
+            }
         }
     }
 
@@ -1730,8 +1721,8 @@ impl Conn {
             }
             first = false;
         }
-        self.probe_deadline = None;
-        self.rto_deadline = Some(now + self.rtt.rto());
+        self.timers.stop(Timer::Probe);
+        self.timers.set(Timer::Rto, now + self.rtt.rto());
     }
 
     // ------------------------------------------------------------------
@@ -1787,7 +1778,7 @@ impl Conn {
                     // peer's last sends complete rather than fail.
                     self.ack_now = false;
                     self.ack_pending = 0;
-                    self.ack_deadline = None;
+                    self.timers.stop(Timer::Ack);
                     self.stats.acks_sent += 1;
                     let r = Repr::Ack {
                         ack: self.rcv.base(),
@@ -1843,7 +1834,7 @@ impl Conn {
             let ack = self.rcv.base();
             return Some(Repr::Nak { code, psn, ack }.emit(buf, dst, src));
         }
-        if self.rnr_until.is_none() {
+        if !self.timers.is_set(Timer::Rnr) {
             if let Some(n) = self.retransmit(now, buf, mem) {
                 return Some(n);
             }
@@ -1864,7 +1855,7 @@ impl Conn {
             };
             self.ack_pending = 0;
             self.ack_bytes = 0;
-            self.ack_deadline = None;
+            self.timers.stop(Timer::Ack);
             self.stats.acks_sent += 1;
             // The range of the newest arrival first, then the lowest ones:
             // every arrival is reported at least once even when more gaps
@@ -1924,8 +1915,8 @@ impl Conn {
         r.order = order;
         self.lost -= 1;
         self.stats.retransmitted += 1;
-        if self.rto_deadline.is_none() {
-            self.rto_deadline = Some(now + self.rtt.rto());
+        if !self.timers.is_set(Timer::Rto) {
+            self.timers.set(Timer::Rto, now + self.rtt.rto());
         }
         if self.lost == 0 {
             self.arm_probe(now);
@@ -1999,8 +1990,8 @@ impl Conn {
                 probe: false,
             });
             self.inflight_bytes += len;
-            if self.rto_deadline.is_none() {
-                self.rto_deadline = Some(now + self.rtt.rto());
+            if !self.timers.is_set(Timer::Rto) {
+                self.timers.set(Timer::Rto, now + self.rtt.rto());
             }
             self.arm_probe(now);
         }
@@ -2105,7 +2096,7 @@ impl Conn {
         if self.cfg.level.is_reliable() {
             self.ack_pending = 0;
             self.ack_bytes = 0;
-            self.ack_deadline = None;
+            self.timers.stop(Timer::Ack);
             self.ack_now = false;
         }
         end

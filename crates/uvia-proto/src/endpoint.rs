@@ -956,6 +956,12 @@ mod tests {
         f[12..16].fill(0);
         assert_eq!(b.feed(CLIENT, &f), Seen::Dropped, "checksum left out");
         assert_eq!(b.ep.stats().malformed, 3);
+        // A kind no frame has, checksum right: counted, not handed on.
+        let mut u = data(5, 9);
+        u[1] = 0x0b;
+        wire::fill_checksum(&mut u);
+        assert_eq!(b.feed(CLIENT, &u), Seen::Dropped, "unknown kind");
+        assert_eq!(b.ep.stats().malformed, 4);
         // An intact medium: the checksum is not looked at.
         let mut b = Bench::new(EndpointConfig {
             intact: true,
@@ -964,5 +970,7 @@ mod tests {
         b.ep.register(5, CLIENT);
         assert_eq!(b.feed(CLIENT, &f), Seen::Frame { id: 5, src: 9 });
         assert_eq!(b.ep.stats().malformed, 0);
+        assert_eq!(b.feed(CLIENT, &u), Seen::Dropped, "unknown kind, intact");
+        assert_eq!(b.ep.stats().malformed, 1);
     }
 }

@@ -15,6 +15,7 @@ pub mod conn;
 pub mod endpoint;
 pub mod rtt;
 pub mod seq;
+mod timer;
 pub mod wire;
 
 pub use conn::{

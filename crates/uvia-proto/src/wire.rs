@@ -138,6 +138,9 @@ pub enum WireError {
 #[derive(Clone, Copy)]
 pub struct Frame<T: AsRef<[u8]>> {
     buf: T,
+    /// The kind byte as read when the frame was checked: there is no
+    /// default to fall back on, so an unknown kind never reads as another.
+    kind: Kind,
 }
 
 fn be16(b: &[u8], at: usize) -> u16 {
@@ -211,7 +214,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
         if verify && be32(b, field::CHECKSUM.start) != crc_of(b) {
             return Err(WireError::Checksum);
         }
-        Ok(Frame { buf })
+        Ok(Frame { buf, kind })
     }
 
     fn b(&self) -> &[u8] {
@@ -219,8 +222,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
     }
 
     pub fn kind(&self) -> Kind {
-        // new_checked accepted only known kinds.
-        Kind::from_u8(self.b()[field::KIND]).unwrap_or(Kind::Ack)
+        self.kind
     }
 
     pub fn flags(&self) -> u16 {
@@ -1458,6 +1460,35 @@ mod tests {
             c[..HEADER_LEN].copy_from_slice(&b);
             c[1] = k;
             assert_eq!(parse(&resealed(c)).unwrap_err(), WireError::Kind(k));
+        }
+    }
+
+    /// A kind byte past the last kind (11), with a right checksum and the
+    /// length of an ack: refused by its kind, whether or not the checksum
+    /// is looked at, never read as any kind it is not.
+    #[test]
+    fn an_unknown_kind_is_refused() {
+        let bytes: &[u8] = &[
+            0x01, 0x0b, 0x00, 0x00, // version 1, kind 11 (none), flags 0
+            0x01, 0x02, 0x03, 0x04, // destination connection
+            0x0a, 0x0b, 0x0c, 0x0d, // source connection
+            0x19, 0x2a, 0x5d, 0x0a, // CRC-32
+            0x00, 0x00, 0x10, 0x00, // what would be an ack's cumulative ack
+            0x00, 0x00, 0x00, 0x02, // done count
+            0x00, 0x00, 0x00, 0x00, // flags, range count, 0, 0
+        ];
+        assert_eq!(reference_crc(bytes).to_be_bytes(), bytes[12..16]);
+        assert_eq!(parse(bytes).unwrap_err(), WireError::Kind(11));
+        assert_eq!(parse_intact(bytes).unwrap_err(), WireError::Kind(11));
+        let mut ack = bytes.to_vec();
+        ack[1] = Kind::Ack as u8;
+        assert!(matches!(parse(&resealed(ack)), Ok((_, _, Repr::Ack { .. }))));
+        // Kind 0 and the top of the range, the header alone.
+        for k in [0x00, 0xff] {
+            let mut b = bytes[..HEADER_LEN].to_vec();
+            b[1] = k;
+            assert_eq!(parse(&resealed(b.clone())).unwrap_err(), WireError::Kind(k));
+            assert_eq!(parse_intact(&b).unwrap_err(), WireError::Kind(k));
         }
     }
 

@@ -13,5 +13,7 @@ fuzz_target!(|data: &[u8]| {
     let n = repr.emit(&mut out, dst, src);
     let (d2, s2, back) = wire::parse(&out[..n]).expect("an emitted frame parses");
     assert_eq!((d2, s2), (dst, src));
+    // A frame parses only as the kind its bytes name.
+    assert_eq!(out[1], data[1], "kind byte");
     assert_eq!(back, repr);
 });
