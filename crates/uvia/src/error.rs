@@ -23,6 +23,16 @@ pub enum OpenError {
     },
 }
 
+impl OpenError {
+    /// `name` is not a valid name for its provider; `reason` says what is wanted.
+    pub(crate) fn bad_address(name: &str, reason: &str) -> OpenError {
+        OpenError::BadAddress {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
 /// Creating or destroying a protection tag failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PtagError {

@@ -43,6 +43,37 @@ pub struct NicAttributes {
     pub needs_driving: bool,
 }
 
+impl NicAttributes {
+    /// What every provider offers today: 16 MiB transfers, the queue, CQ,
+    /// tag and region limits, all three reliability levels and RDMA both
+    /// ways; a provider's open sets its own inline threshold and
+    /// capabilities on top.
+    pub(crate) fn common(name: &str, provider: &'static str, address: String) -> NicAttributes {
+        NicAttributes {
+            name: name.to_string(),
+            provider,
+            address,
+            max_transfer_size: 16 << 20,
+            max_segments_per_desc: crate::desc::MAX_SEGMENTS,
+            max_queue_depth: 4096,
+            max_cq_entries: 1 << 16,
+            max_ptags: 256,
+            max_registered_regions: 4096,
+            inline_threshold: 0,
+            reliability_levels: &[
+                Reliability::Unreliable,
+                Reliability::ReliableDelivery,
+                Reliability::ReliableReception,
+            ],
+            rdma_read: true,
+            rdma_write: true,
+            peer_to_peer: false,
+            host_local: false,
+            needs_driving: false,
+        }
+    }
+}
+
 static NIC_SERIAL: AtomicU32 = AtomicU32::new(1);
 
 pub(crate) struct NicShared {

@@ -33,8 +33,11 @@ pub(crate) struct Provider {
     pub name: &'static str,
     /// The forms of a Nic name, for error messages.
     pub usage: &'static str,
-    pub open: fn(&str, &NicOptions) -> Result<(NicAttributes, NicProvider), OpenError>,
+    pub open: fn(&str, &NicOptions) -> Result<Opened, OpenError>,
 }
+
+/// What a provider's open makes: the Nic's attributes and its provider half.
+pub(crate) type Opened = (NicAttributes, NicProvider);
 
 /// Every provider, by name.
 pub(crate) const PROVIDERS: &[Provider] = &[
@@ -69,7 +72,9 @@ pub(crate) fn usage() -> String {
     forms.join(", ")
 }
 
-/// A Nic's provider half.
+/// A Nic's provider half. One per Nic, made once: its variants' sizes
+/// differ and nothing is gained by boxing the larger.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum NicProvider {
     Shm(shm::ShmNic),
     Net(net::NetNic),
@@ -153,7 +158,11 @@ impl Answer {
     }
 }
 
-/// A VI's provider half: its connection, while it has one.
+/// A VI's provider half: its connection, while it has one. The shm
+/// transport lies in the VI itself, not behind a box, so that its fast path
+/// takes no extra pointer; the network one is boxed (its engine is large and
+/// its path a system call long).
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Transport {
     /// Not connected (idle, or after a disconnect).
     None,

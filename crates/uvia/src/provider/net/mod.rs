@@ -11,10 +11,9 @@ mod vi;
 pub(crate) use vi::{NetVi, Sleep};
 
 use crate::cm::{check_compatible, ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
-use crate::desc::MAX_SEGMENTS;
 use crate::error::{ConnectError, OpenError};
 use crate::nic::{Nic, NicAttributes, NicOptions, NicShared};
-use crate::provider::{Answer as AnyAnswer, NicProvider, Transport};
+use crate::provider::{Answer as AnyAnswer, NicProvider, Opened, Transport};
 use crate::vi::{Queues, Reliability, Vi, ViAttributes, ViInner, ViShared, ViState};
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -333,15 +332,9 @@ fn udp_options() -> uvia_net::udp::UdpOptions {
 }
 
 /// `udp` (127.0.0.1, any port) or `udp:<ip>[:<port>]`, IPv6 in brackets.
-pub(crate) fn open_udp(
-    name: &str,
-    opts: &NicOptions,
-) -> Result<(NicAttributes, NicProvider), OpenError> {
+pub(crate) fn open_udp(name: &str, opts: &NicOptions) -> Result<Opened, OpenError> {
     use std::net::{IpAddr, SocketAddr};
-    let bad = |reason: &str| OpenError::BadAddress {
-        name: name.to_string(),
-        reason: reason.to_string(),
-    };
+    let bad = |reason: &str| OpenError::bad_address(name, reason);
     let spec = name.strip_prefix("udp").unwrap_or("");
     let bind: SocketAddr = match spec.strip_prefix(':') {
         None | Some("") => SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -383,15 +376,9 @@ pub(crate) fn open_udp(
 /// an AF_XDP socket (root only). Without a mode, the XDP program runs
 /// where it is fastest for the driver (see
 /// [`Interface::preferred_mode`](uvia_net::xdp::Interface::preferred_mode)).
-pub(crate) fn open_xdp(
-    name: &str,
-    opts: &NicOptions,
-) -> Result<(NicAttributes, NicProvider), OpenError> {
+pub(crate) fn open_xdp(name: &str, opts: &NicOptions) -> Result<Opened, OpenError> {
     use uvia_net::xdp::bpf::Mode;
-    let bad = |reason: &str| OpenError::BadAddress {
-        name: name.to_string(),
-        reason: reason.to_string(),
-    };
+    let bad = |reason: &str| OpenError::bad_address(name, reason);
     let spec = name.strip_prefix("xdp:").unwrap_or("");
     let mut parts = spec.split(':');
     let iface = parts.next().unwrap_or("");
@@ -432,30 +419,14 @@ fn open_net(
     own: Option<OwnMediumFactory>,
     iface: Option<String>,
     opts: &NicOptions,
-) -> Result<(NicAttributes, NicProvider), OpenError> {
+) -> Result<Opened, OpenError> {
     let address = medium.local_addr().to_string();
     let max_frame = medium.caps().max_frame;
     let attrs = NicAttributes {
-        name: name.to_string(),
-        provider,
-        address: address.clone(),
-        max_transfer_size: 16 << 20,
-        max_segments_per_desc: MAX_SEGMENTS,
-        max_queue_depth: 4096,
-        max_cq_entries: 1 << 16,
-        max_ptags: 256,
-        max_registered_regions: 4096,
         inline_threshold: max_frame.saturating_sub(uvia_proto::wire::DATA_HEADER_LEN),
-        reliability_levels: &[
-            Reliability::Unreliable,
-            Reliability::ReliableDelivery,
-            Reliability::ReliableReception,
-        ],
-        rdma_read: true,
-        rdma_write: true,
         peer_to_peer: true,
-        host_local: false,
         needs_driving: true,
+        ..NicAttributes::common(name, provider, address)
     };
     let idle = opts
         .idle_timeout

@@ -16,11 +16,10 @@ pub(crate) use conn::INLINE_MAX;
 pub(crate) use vi::{ShmVi, Sleep};
 
 use crate::cm::{check_compatible, ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
-use crate::desc::MAX_SEGMENTS;
 use crate::error::{ConnectError, OpenError};
 use crate::nic::{NicAttributes, NicOptions};
-use crate::provider::{Answer as AnyAnswer, NicProvider, Transport};
-use crate::vi::{Reliability, Vi, ViAttributes};
+use crate::provider::{Answer as AnyAnswer, NicProvider, Opened, Transport};
+use crate::vi::{Vi, ViAttributes};
 use conn::hello::{self, Hello};
 use conn::ShmConn;
 use std::collections::HashMap;
@@ -42,10 +41,7 @@ pub(crate) struct ShmNic {
 }
 
 /// `shm` (instance `0`) or `shm:<instance>`.
-pub(crate) fn open(
-    name: &str,
-    _opts: &NicOptions,
-) -> Result<(NicAttributes, NicProvider), OpenError> {
+pub(crate) fn open(name: &str, _opts: &NicOptions) -> Result<Opened, OpenError> {
     let instance = match name.split_once(':') {
         None => "0".to_string(),
         Some((_, inst))
@@ -57,10 +53,10 @@ pub(crate) fn open(
             inst.to_string()
         }
         _ => {
-            return Err(OpenError::BadAddress {
-                name: name.to_string(),
-                reason: "an instance name is letters, digits, '-' and '_'".to_string(),
-            })
+            return Err(OpenError::bad_address(
+                name,
+                "an instance name is letters, digits, '-' and '_'",
+            ))
         }
     };
     let dir = SocketDir::from_env().map_err(|source| OpenError::Io {
@@ -68,26 +64,9 @@ pub(crate) fn open(
         source,
     })?;
     let attrs = NicAttributes {
-        name: name.to_string(),
-        provider: "shm",
-        address: instance.clone(),
-        max_transfer_size: 16 << 20,
-        max_segments_per_desc: MAX_SEGMENTS,
-        max_queue_depth: 4096,
-        max_cq_entries: 1 << 16,
-        max_ptags: 256,
-        max_registered_regions: 4096,
         inline_threshold: INLINE_MAX,
-        reliability_levels: &[
-            Reliability::Unreliable,
-            Reliability::ReliableDelivery,
-            Reliability::ReliableReception,
-        ],
-        rdma_read: true,
-        rdma_write: true,
-        peer_to_peer: false,
         host_local: true,
-        needs_driving: false,
+        ..NicAttributes::common(name, "shm", instance.clone())
     };
     let nic = ShmNic {
         instance,
