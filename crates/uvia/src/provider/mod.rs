@@ -2,17 +2,19 @@
 //!
 //! A provider is a folder here: `shm` (rings in shared memory between
 //! processes of one host) and `net` (the protocol engine over a frame
-//! medium: kernel UDP or raw Ethernet through AF_XDP). Each fills two roles:
-//! the Nic's ([`NicProvider`]: open, connect and listen, address checks) and
-//! one connected VI's ([`Transport`]: post, progress, the fast receive path,
-//! what a waiter sleeps on, timers, disconnect). Both are enums dispatched
-//! with a `match`, not trait objects, so that the shm fast path stays
-//! inlined into the VI's post and done calls. Nothing outside a provider's
-//! folder asks which provider it is: the shared code calls these methods,
-//! and faces read the Nic's capabilities ([`NicAttributes`]).
+//! medium: kernel UDP or raw Ethernet through AF_XDP). Each fills two
+//! contracts: the Nic's ([`NicOps`]: connect and listen, address checks;
+//! opening is its row in [`PROVIDERS`]) and one connected VI's
+//! ([`TransportOps`]: post, the fast receive path, progress, what a waiter
+//! sleeps on, timers, disconnect). The enums [`NicProvider`] and
+//! [`Transport`] hold one of each and dispatch with a `match`, not through
+//! trait objects, so that the shm fast path stays inlined into the VI's
+//! post and done calls. Nothing outside a provider's folder asks which
+//! provider it is: the shared code calls these methods, and faces read the
+//! Nic's capabilities ([`NicAttributes`]).
 //!
-//! Adding a provider: a folder beside `shm/` and `net/` with its Nic part,
-//! its VI transport and its connection request, a variant in each enum
+//! Adding a provider: a folder beside `shm/` and `net/` that implements
+//! both traits (with its `Answer` and `Sleep`), a variant in each enum
 //! below, and one row in [`PROVIDERS`].
 
 use crate::cm::{Discriminator, NetAddress, RemoteViAttributes};
@@ -72,6 +74,116 @@ pub(crate) fn usage() -> String {
     forms.join(", ")
 }
 
+/// What a provider's Nic half does, beyond opening (its row in
+/// [`PROVIDERS`]).
+pub(crate) trait NicOps {
+    /// Connects `vi` (PendingConnect) to the VI waiting on `remote`; with
+    /// `local`, peer to peer (this VI waits on `local` meanwhile). On
+    /// success the VI is Connected; on failure the caller makes it Idle.
+    fn connect(
+        &self,
+        vi: &Vi,
+        remote: &NetAddress,
+        local: Option<&Discriminator>,
+        timeout: Duration,
+        private: &[u8],
+    ) -> Result<RemoteViAttributes, ConnectError>;
+
+    /// Waits up to `timeout` (`None`: forever) for a connection request on
+    /// `discriminator`, listening on it from now until
+    /// [`stop_listening`](Self::stop_listening).
+    fn connect_wait(
+        &self,
+        nic: &Nic,
+        discriminator: &Discriminator,
+        timeout: Option<Duration>,
+    ) -> Result<crate::cm::ConnRequest, ConnectError>;
+
+    fn stop_listening(&self, discriminator: &Discriminator);
+
+    /// True if `host` is written as one of this provider's addresses (the
+    /// Nic's own is checked by the caller).
+    fn is_address(&self, _host: &str) -> bool {
+        false
+    }
+}
+
+/// What one connected VI's transport does. The shared VI code calls these
+/// under the VI's lock, with the VI's queues; a transport completes
+/// descriptors through [`Vi::complete_send`], [`Vi::complete_recv`] and
+/// [`Vi::fail`], and hands them back with [`Vi::pop`].
+pub(crate) trait TransportOps {
+    /// What a waiter sleeps on until the peer's next message.
+    type Sleep;
+
+    /// Checks the send `d` ([`prepare`](crate::vi::prepare)), queues it at
+    /// the back of the send queue and sends what can go now. The VI is
+    /// connected.
+    ///
+    /// # Safety
+    /// As for [`Vi::post_send_raw`].
+    unsafe fn post_send(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Result<(), PostError>;
+
+    /// A receive was just queued at the back of the receive queue.
+    fn posted_recv(&mut self, _q: &mut Queues) {}
+
+    /// A done call found nothing completed at the head of `queue`: moves
+    /// what can move and returns the head if it completed. The fast paths
+    /// live here.
+    fn poll(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        queue: Queue,
+        owned: bool,
+    ) -> Option<NonNull<Descriptor>>;
+
+    /// Moves everything forward that can move without waiting. True if
+    /// anything happened.
+    fn progress(&mut self, vi: &Vi, q: &mut Queues) -> bool;
+
+    /// Looks at the peer's health (it may cost a system call); fails the
+    /// VI if the peer is gone. True if anything changed.
+    fn check_peer(&mut self, _vi: &Vi, _q: &mut Queues) -> bool {
+        false
+    }
+
+    /// Asks to be woken by the peer's next message. Progress is looked at
+    /// once more after this, before sleeping.
+    fn arm(&mut self, nic: &NicShared) -> Self::Sleep;
+
+    /// Takes back an [`arm`](Self::arm) that was not slept on.
+    fn disarm(&mut self) {}
+
+    /// Runs the protocol's timers (after a sleep, or between the program's
+    /// calls) and sends what they produced.
+    fn run_timers(&mut self, _vi: &Vi, _q: &mut Queues) {}
+
+    /// Arms the doorbell for a CQ's eventfd; true if something is already
+    /// waiting to be served.
+    fn arm_eventfd(&mut self, vi: &Vi, q: &mut Queues) -> bool;
+
+    /// A descriptor that becomes readable when this VI has input, for a CQ
+    /// waiter to poll beside its eventfd (`None`: the eventfd is enough).
+    fn wake_fd(&self, _nic: &NicShared) -> Option<RawFd> {
+        None
+    }
+
+    /// Ends the connection (VipDisconnect): the peer is told. The caller
+    /// flushes the queues and drops the transport.
+    fn disconnect(&mut self, vi: &Vi, q: &mut Queues);
+
+    /// The VI is gone with its descriptors: tells the peer, frees what the
+    /// connection holds in the Nic. The transport is dropped next.
+    fn close(&mut self, nic: &NicShared);
+}
+
 /// A Nic's provider half. One per Nic, made once: its variants' sizes
 /// differ and nothing is gained by boxing the larger.
 #[allow(clippy::large_enum_variant)]
@@ -92,12 +204,7 @@ impl NicProvider {
         private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError> {
         match self {
-            NicProvider::Shm(n) => match local {
-                None => n.connect(vi, remote, timeout, private),
-                Some(_) => Err(ConnectError::Unsupported(
-                    "peer-to-peer connection on this provider",
-                )),
-            },
+            NicProvider::Shm(n) => n.connect(vi, remote, local, timeout, private),
             NicProvider::Net(n) => n.connect(vi, remote, local, timeout, private),
         }
     }
@@ -110,7 +217,7 @@ impl NicProvider {
         timeout: Option<Duration>,
     ) -> Result<crate::cm::ConnRequest, ConnectError> {
         match self {
-            NicProvider::Shm(n) => n.connect_wait(discriminator, timeout),
+            NicProvider::Shm(n) => n.connect_wait(nic, discriminator, timeout),
             NicProvider::Net(n) => n.connect_wait(nic, discriminator, timeout),
         }
     }
@@ -118,14 +225,14 @@ impl NicProvider {
     pub fn stop_listening(&self, discriminator: &Discriminator) {
         match self {
             NicProvider::Shm(n) => n.stop_listening(discriminator),
-            NicProvider::Net(n) => n.stop_listening(discriminator.as_bytes()),
+            NicProvider::Net(n) => n.stop_listening(discriminator),
         }
     }
 
     /// True if `host` is written as one of this provider's addresses.
     pub fn is_address(&self, host: &str) -> bool {
         match self {
-            NicProvider::Shm(_) => false,
+            NicProvider::Shm(n) => n.is_address(host),
             NicProvider::Net(n) => n.is_address(host),
         }
     }
@@ -170,10 +277,19 @@ pub(crate) enum Transport {
     Net(Box<net::NetVi>),
 }
 
+/// Calls `$f` on the transport behind `$t`, or evaluates `$none` when the VI
+/// has no connection. One `match`, so each arm is a direct, inlinable call.
+macro_rules! dispatch {
+    ($t:expr, $x:ident => $f:expr, None => $none:expr) => {
+        match $t {
+            Transport::Shm($x) => $f,
+            Transport::Net($x) => $f,
+            Transport::None => $none,
+        }
+    };
+}
+
 impl Transport {
-    /// Checks the send `d`, queues it at the back of the send queue and
-    /// sends what can go now. The VI is connected.
-    ///
     /// # Safety
     /// As for [`Vi::post_send_raw`].
     #[inline(always)]
@@ -184,25 +300,16 @@ impl Transport {
         d: NonNull<Descriptor>,
         owned: bool,
     ) -> Result<(), PostError> {
-        match self {
-            // SAFETY: forwarded from the caller.
-            Transport::Shm(t) => unsafe { t.post_send(vi, q, d, owned) },
-            // SAFETY: forwarded from the caller.
-            Transport::Net(t) => unsafe { t.post_send(vi, q, d, owned) },
-            Transport::None => Err(PostError::NotConnected(vi.state())),
-        }
+        // SAFETY: forwarded from the caller.
+        dispatch!(self, t => unsafe { t.post_send(vi, q, d, owned) },
+            None => Err(PostError::NotConnected(vi.state())))
     }
 
-    /// A receive was just queued at the back of the receive queue.
     #[inline(always)]
     pub fn posted_recv(&mut self, q: &mut Queues) {
-        if let Transport::Net(t) = self {
-            t.posted_recv(q);
-        }
+        dispatch!(self, t => t.posted_recv(q), None => ())
     }
 
-    /// A done call found nothing completed at the head of `queue`: moves
-    /// what can move and returns the head if it completed.
     #[inline(always)]
     pub fn poll(
         &mut self,
@@ -211,96 +318,50 @@ impl Transport {
         queue: Queue,
         owned: bool,
     ) -> Option<NonNull<Descriptor>> {
-        match self {
-            Transport::Shm(t) => t.poll(vi, q, queue, owned),
-            Transport::Net(t) => {
-                t.progress(vi, q);
-                vi.pop(q, queue, owned)
-            }
-            Transport::None => None,
-        }
+        dispatch!(self, t => t.poll(vi, q, queue, owned), None => None)
     }
 
-    /// Moves everything forward that can move without waiting. True if
-    /// anything happened.
     pub fn progress(&mut self, vi: &Vi, q: &mut Queues) -> bool {
-        match self {
-            Transport::Shm(t) => t.progress(vi, q),
-            Transport::Net(t) => t.progress(vi, q),
-            Transport::None => false,
-        }
+        dispatch!(self, t => t.progress(vi, q), None => false)
     }
 
-    /// Looks at the peer's health (a system call); fails the VI if it is
-    /// gone. True if anything changed.
     pub fn check_peer(&mut self, vi: &Vi, q: &mut Queues) -> bool {
-        match self {
-            Transport::Shm(t) => t.check_peer(vi, q),
-            Transport::Net(_) | Transport::None => false,
-        }
+        dispatch!(self, t => t.check_peer(vi, q), None => false)
     }
 
-    /// Asks to be woken by the peer's next message: what a waiter sleeps
-    /// on. Progress must be looked at once more after this, before sleeping.
     pub fn arm(&mut self, nic: &NicShared) -> Sleep {
         match self {
-            Transport::Shm(t) => Sleep::Shm(t.arm()),
-            Transport::Net(t) => Sleep::Net(t.sleep_source(nic)),
+            Transport::Shm(t) => Sleep::Shm(t.arm(nic)),
+            Transport::Net(t) => Sleep::Net(t.arm(nic)),
             Transport::None => Sleep::Nap,
         }
     }
 
-    /// Takes back an [`arm`](Self::arm) that was not slept on.
     pub fn disarm(&mut self) {
-        if let Transport::Shm(t) = self {
-            t.disarm();
-        }
+        dispatch!(self, t => t.disarm(), None => ())
     }
 
-    /// Runs the protocol's timers (after a sleep, or between the program's
-    /// calls) and sends what they produced.
     pub fn run_timers(&mut self, vi: &Vi, q: &mut Queues) {
-        if let Transport::Net(t) = self {
-            t.run_timers(vi, q);
-        }
+        dispatch!(self, t => t.run_timers(vi, q), None => ())
     }
 
-    /// Arms the doorbell for a CQ's eventfd; true if something is already
-    /// waiting to be served.
     pub fn arm_eventfd(&mut self, vi: &Vi, q: &mut Queues) -> bool {
-        match self {
-            Transport::Shm(t) => t.arm_eventfd(vi, q),
-            // Frames wake a CQ's waiter through the medium's descriptor.
-            Transport::Net(t) => t.progress(vi, q),
-            Transport::None => false,
-        }
+        dispatch!(self, t => t.arm_eventfd(vi, q), None => false)
     }
 
-    /// A descriptor that becomes readable when this VI has input, for a CQ
-    /// waiter to poll beside its eventfd (`None`: the eventfd is enough).
     pub fn wake_fd(&self, nic: &NicShared) -> Option<RawFd> {
-        match self {
-            Transport::Net(t) => Some(t.wake_fd(nic)),
-            Transport::Shm(_) | Transport::None => None,
-        }
+        dispatch!(self, t => t.wake_fd(nic), None => None)
     }
 
-    /// Ends the connection: the peer is told. The caller flushes the queues.
+    /// Ends the connection; the VI has none afterwards.
     pub fn disconnect(&mut self, vi: &Vi, q: &mut Queues) {
-        match std::mem::replace(self, Transport::None) {
-            Transport::Shm(t) => t.close(),
-            Transport::Net(mut t) => t.disconnect(vi, q),
-            Transport::None => {}
-        }
+        dispatch!(self, t => t.disconnect(vi, q), None => ());
+        *self = Transport::None;
     }
 
-    /// The VI is gone with its descriptors: tell the peer, free the medium.
-    pub fn drop_connection(self, nic: &NicShared) {
-        match self {
-            Transport::Shm(t) => t.close(),
-            Transport::Net(t) => t.drop_connection(nic),
-            Transport::None => {}
-        }
+    /// The VI is gone: its connection closes.
+    pub fn drop_connection(mut self, nic: &NicShared) {
+        dispatch!(&mut self, t => t.close(nic), None => ())
     }
 }
 

@@ -13,7 +13,7 @@ pub(crate) use vi::{NetVi, Sleep};
 use crate::cm::{check_compatible, ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
 use crate::error::{ConnectError, OpenError};
 use crate::nic::{Nic, NicAttributes, NicOptions, NicShared};
-use crate::provider::{Answer as AnyAnswer, NicProvider, Opened, Transport};
+use crate::provider::{Answer as AnyAnswer, NicOps, NicProvider, Opened, Transport, TransportOps};
 use crate::vi::{Queues, Reliability, Vi, ViAttributes, ViInner, ViShared, ViState};
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -136,10 +136,6 @@ impl NetNic {
     /// Starts queueing requests for `discriminator`.
     pub fn listen(&self, discriminator: &[u8]) {
         self.endpoint.lock().listen(discriminator);
-    }
-
-    pub fn stop_listening(&self, discriminator: &[u8]) {
-        self.endpoint.lock().stop_listening(discriminator);
     }
 
     /// The oldest request waiting on `discriminator`.
@@ -462,65 +458,6 @@ impl NetNic {
         }
     }
 
-    /// The client side of a connection (VipConnectRequest), or with
-    /// `local` peer to peer.
-    pub fn connect(
-        &self,
-        vi: &Vi,
-        remote: &NetAddress,
-        local: Option<&Discriminator>,
-        timeout: Duration,
-        private: &[u8],
-    ) -> Result<RemoteViAttributes, ConnectError> {
-        let start = Instant::now();
-        let nic = self;
-        let to = nic.resolve(&remote.host)?;
-        let private =
-            PrivateData::new(private).map_err(|e| ConnectError::PrivateDataTooLong(e.0))?;
-        let id = nic.register(&vi.s, to);
-        if let Some(d) = local {
-            if nic
-                .endpoint
-                .lock()
-                .peer_connect(d.as_bytes(), to, id)
-                .is_err()
-            {
-                nic.unregister(id);
-                return Err(ConnectError::InUse(d.to_string()));
-            }
-        }
-        let r = self.connect_inner(
-            vi,
-            remote,
-            local.is_some(),
-            to,
-            id,
-            start,
-            timeout,
-            &private,
-        );
-        if let Some(d) = local {
-            nic.endpoint.lock().peer_done(d.as_bytes());
-        }
-        match &r {
-            Err(_) => {
-                nic.unregister(id);
-                vi.lock().t = Transport::None;
-            }
-            Ok(_) => {
-                // Repeated requests of the peer reach this connection.
-                let pid = match &vi.lock().t {
-                    Transport::Net(t) => Some(t.conn.peer_id()),
-                    _ => None,
-                };
-                if let Some(pid) = pid {
-                    nic.established(to, pid, id);
-                }
-            }
-        }
-        r
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn connect_inner(
         &self,
@@ -626,42 +563,6 @@ impl NetNic {
             }
         }
     }
-
-    /// Waits for a connection request on `discriminator`, serving the
-    /// medium (frames of this Nic's connections too) meanwhile.
-    pub fn connect_wait(
-        &self,
-        nic: &Nic,
-        discriminator: &Discriminator,
-        timeout: Option<Duration>,
-    ) -> Result<ConnRequest, ConnectError> {
-        let start = Instant::now();
-        self.listen(discriminator.as_bytes());
-        loop {
-            if let Some(req) = self.take_request(discriminator.as_bytes()) {
-                return Ok(ConnRequest {
-                    remote: remote_attrs(&req.attrs),
-                    discriminator: discriminator.clone(),
-                    private: req.private.as_slice().to_vec(),
-                    peer_address: Some(req.from.to_string()),
-                    peer_pid: 0,
-                    answer: Some(AnyAnswer::Net(Answer {
-                        nic: nic.clone(),
-                        req,
-                    })),
-                });
-            }
-            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-            if left.is_some_and(|l| l.is_zero()) {
-                return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
-            }
-            self.poll(None);
-            let nap = left
-                .unwrap_or(Duration::from_millis(20))
-                .min(Duration::from_millis(20));
-            let _ = self.medium.wait(Some(nap));
-        }
-    }
 }
 
 /// What answering a request needs: the Nic it came to and the request.
@@ -719,14 +620,6 @@ impl Answer {
 }
 
 impl NetNic {
-    /// True if `host` is written as a literal address of this medium.
-    pub(crate) fn is_address(&self, host: &str) -> bool {
-        match self.medium.local_addr() {
-            Addr::Mac(_) => host.parse::<uvia_net::MacAddr>().is_ok(),
-            Addr::Ip(_) => host.parse::<SocketAddr>().is_ok(),
-        }
-    }
-
     /// The medium address of a [`NetAddress`]'s host: on an Ethernet
     /// medium a MAC address, or an IPv4 address or host name looked up in
     /// the interface's neighbour table; otherwise an IP address and port.
@@ -780,4 +673,115 @@ fn remote_attrs(a: &ConnAttrs) -> RemoteViAttributes {
 /// frame of an earlier connection is unlikely to fall in the window.
 fn initial_psn(id: u32) -> u32 {
     id.wrapping_mul(0x9e37_79b9) ^ 0x5bd1_e995
+}
+
+impl NicOps for NetNic {
+    /// The client side of a connection (VipConnectRequest), or with
+    /// `local` peer to peer.
+    fn connect(
+        &self,
+        vi: &Vi,
+        remote: &NetAddress,
+        local: Option<&Discriminator>,
+        timeout: Duration,
+        private: &[u8],
+    ) -> Result<RemoteViAttributes, ConnectError> {
+        let start = Instant::now();
+        let nic = self;
+        let to = nic.resolve(&remote.host)?;
+        let private =
+            PrivateData::new(private).map_err(|e| ConnectError::PrivateDataTooLong(e.0))?;
+        let id = nic.register(&vi.s, to);
+        if let Some(d) = local {
+            if nic
+                .endpoint
+                .lock()
+                .peer_connect(d.as_bytes(), to, id)
+                .is_err()
+            {
+                nic.unregister(id);
+                return Err(ConnectError::InUse(d.to_string()));
+            }
+        }
+        let r = self.connect_inner(
+            vi,
+            remote,
+            local.is_some(),
+            to,
+            id,
+            start,
+            timeout,
+            &private,
+        );
+        if let Some(d) = local {
+            nic.endpoint.lock().peer_done(d.as_bytes());
+        }
+        match &r {
+            Err(_) => {
+                nic.unregister(id);
+                vi.lock().t = Transport::None;
+            }
+            Ok(_) => {
+                // Repeated requests of the peer reach this connection.
+                let pid = match &vi.lock().t {
+                    Transport::Net(t) => Some(t.conn.peer_id()),
+                    _ => None,
+                };
+                if let Some(pid) = pid {
+                    nic.established(to, pid, id);
+                }
+            }
+        }
+        r
+    }
+
+    /// Waits for a connection request on `discriminator`, serving the
+    /// medium (frames of this Nic's connections too) meanwhile.
+    fn connect_wait(
+        &self,
+        nic: &Nic,
+        discriminator: &Discriminator,
+        timeout: Option<Duration>,
+    ) -> Result<ConnRequest, ConnectError> {
+        let start = Instant::now();
+        self.listen(discriminator.as_bytes());
+        loop {
+            if let Some(req) = self.take_request(discriminator.as_bytes()) {
+                return Ok(ConnRequest {
+                    remote: remote_attrs(&req.attrs),
+                    discriminator: discriminator.clone(),
+                    private: req.private.as_slice().to_vec(),
+                    peer_address: Some(req.from.to_string()),
+                    peer_pid: 0,
+                    answer: Some(AnyAnswer::Net(Answer {
+                        nic: nic.clone(),
+                        req,
+                    })),
+                });
+            }
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
+            }
+            self.poll(None);
+            let nap = left
+                .unwrap_or(Duration::from_millis(20))
+                .min(Duration::from_millis(20));
+            let _ = self.medium.wait(Some(nap));
+        }
+    }
+
+    fn stop_listening(&self, discriminator: &Discriminator) {
+        self.endpoint
+            .lock()
+            .stop_listening(discriminator.as_bytes());
+    }
+
+    /// True if `host` is written as a literal address of this medium.
+    fn is_address(&self, host: &str) -> bool {
+        match self.medium.local_addr() {
+            Addr::Mac(_) => host.parse::<uvia_net::MacAddr>().is_ok(),
+            Addr::Ip(_) => host.parse::<SocketAddr>().is_ok(),
+        }
+    }
 }

@@ -13,6 +13,7 @@ use crate::desc::{status, Descriptor, MemHandle, Op};
 use crate::error::PostError;
 use crate::mem::RegionTable;
 use crate::nic::NicShared;
+use crate::provider::TransportOps;
 use crate::vi::{check_rdma, prepare, EntryState, Posted, Queue, Queues, SlotQueue, Vi};
 use crate::vi::{ViAttributes, ViState};
 use std::os::fd::RawFd;
@@ -87,36 +88,6 @@ impl NetVi {
             own: None,
             own_batch: None,
         })
-    }
-
-    /// The VI is gone: tell the peer (once; its idle timeout covers a lost
-    /// frame) and forget the connection id.
-    pub fn drop_connection(mut self: Box<Self>, nic: &NicShared) {
-        let Some(net) = NetNic::of(nic) else {
-            return;
-        };
-        if self.conn.is_connected() {
-            // Acknowledge what arrived, then say goodbye (once; the peer's
-            // idle timeout covers a lost frame). Every descriptor is gone,
-            // so the engine has no payload to ask for.
-            let now = Instant::now();
-            self.conn.close(now);
-            let mut buf = [0u8; 256];
-            for _ in 0..4 {
-                let Some(len) = self.conn.poll_transmit(now, &mut buf, &mut NoMemory) else {
-                    break;
-                };
-                let f = [OutFrame {
-                    to: self.peer,
-                    bytes: &buf[..len],
-                }];
-                let _ = match &self.own {
-                    Some(m) => m.send(&f),
-                    None => net.medium.send(&f),
-                };
-            }
-        }
-        net.unregister(self.id);
     }
 
     /// Hands a frame to this VI's engine.
@@ -265,147 +236,6 @@ impl NetVi {
         }
     }
 
-    /// The descriptor a CQ waiter polls for this VI's frames.
-    pub fn wake_fd(&self, nic: &NicShared) -> RawFd {
-        match (&self.own, NetNic::of(nic)) {
-            (Some(m), _) => m.fd(),
-            (None, Some(n)) => n.medium.fd(),
-            (None, None) => -1,
-        }
-    }
-
-    /// What a sleeping waiter of this VI waits on.
-    pub fn sleep_source(&self, _nic: &NicShared) -> Sleep {
-        Sleep(self.own.clone())
-    }
-
-    /// Moves a network VI forward: reads the medium, runs timers, sends.
-    pub fn progress(&mut self, vi: &Vi, q: &mut Queues) -> bool {
-        let Some(nic) = NetNic::of(&vi.s.nic) else {
-            return false;
-        };
-        let mut arrived = None;
-        let got = match self.own.is_some() {
-            true => {
-                arrived = self.poll_own(vi, q, nic);
-                // Stray frames (repeated handshakes, other VIs) reach the
-                // Nic's socket: look there now and then.
-                let every = self.idle.wrapping_add(1).is_multiple_of(TIMER_EVERY);
-                arrived.is_some() | (every && nic.poll(Some((vi, &mut *q, &mut *self))))
-            }
-            false => nic.poll(Some((vi, &mut *q, &mut *self))),
-        };
-        // The timers are looked at every few polls, arrivals or not: they
-        // are tens of microseconds apart at the least, and a look (a clock
-        // read on an empty poll, the deadlines compared) kept off most
-        // messages' path is that much less latency.
-        self.idle = self.idle.wrapping_add(1);
-        let timers = self.idle.is_multiple_of(TIMER_EVERY);
-        if !got && self.deferred == 0 && !timers {
-            return false;
-        }
-        // The time frames arrived is recent enough for the timers: a
-        // second clock read would sit on the message's path.
-        let now = arrived.unwrap_or_else(Instant::now);
-        let mut moved = got;
-        if timers && self.conn.poll_timeout().is_some_and(|t| t <= now) {
-            self.conn.handle_timeout(now);
-            moved = true;
-        }
-        moved |= self.output(vi, q, now);
-        moved
-    }
-
-    /// Runs the engine's timers now and sends what they produced: for a
-    /// waiter that has slept, whose few polls would otherwise leave the
-    /// timers to the every-few-polls look.
-    pub fn run_timers(&mut self, vi: &Vi, q: &mut Queues) {
-        let now = Instant::now();
-        if self.conn.poll_timeout().is_some_and(|t| t <= now) {
-            self.conn.handle_timeout(now);
-        }
-        self.output(vi, q, now);
-    }
-
-    /// Posts a send-queue descriptor and sends what can go now.
-    ///
-    /// # Safety
-    /// As for [`Vi::post_send_raw`].
-    pub unsafe fn post_send(
-        &mut self,
-        vi: &Vi,
-        q: &mut Queues,
-        d: NonNull<Descriptor>,
-        owned: bool,
-    ) -> Result<(), PostError> {
-        let attrs = q.attrs;
-        let len = q.sq.len();
-        let Some(slot) = q.sq.next_free() else {
-            return Err(PostError::QueueFull("send", len));
-        };
-        // SAFETY: forwarded from the caller.
-        unsafe { prepare(&vi.s.nic, &attrs, slot, d, owned, Queue::Send)? };
-        let op = SendOp {
-            kind: match slot.op {
-                Op::SendRecv => SendKind::Send,
-                Op::RdmaWrite => SendKind::RdmaWrite {
-                    raddr: slot.remote.0,
-                    rkey: slot.remote.1 .0,
-                },
-                Op::RdmaRead => SendKind::RdmaRead {
-                    raddr: slot.remote.0,
-                    rkey: slot.remote.1 .0,
-                },
-            },
-            len: slot.total as u32,
-            imm: slot.imm,
-        };
-        let now = Instant::now();
-        let msn = self.conn.post_send(now, op).map_err(|e| match e {
-            uvia_proto::PostError::State => PostError::NotConnected(vi.state()),
-            uvia_proto::PostError::TooLong { len, max } => PostError::TooLong {
-                len: len as u64,
-                max,
-            },
-            uvia_proto::PostError::ReadUnavailable => {
-                PostError::NotEnabled("RDMA read (the peer does not allow it)")
-            }
-            uvia_proto::PostError::WriteUnavailable => {
-                PostError::NotEnabled("RDMA write (the peer does not allow it)")
-            }
-        })?;
-        uvia_trace::mark!(ViPosted);
-        slot.id = msn;
-        slot.state = EntryState::InFlight;
-        q.sq.commit();
-        q.sq_sent = q.sq.len();
-        // Doorbell coalescing: a post that follows the last transmission
-        // closely is part of a burst; its frames leave with the burst, at
-        // the caller's next done or wait call (or once a batch is full), in
-        // one system call. A lone post goes at once, and so does the first
-        // post after a message arrived: that is an answer (a ping-pong's
-        // reply comes well within the burst gap of the previous send).
-        let burst = !self.answering
-            && self
-                .last_tx
-                .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
-        if burst && (self.deferred as usize) < TX_BATCH - 1 {
-            self.deferred += 1;
-            return Ok(());
-        }
-        self.output(vi, q, now);
-        Ok(())
-    }
-
-    /// Tells the engine of a receive descriptor just queued at the back.
-    pub fn posted_recv(&mut self, q: &mut Queues) {
-        let i = q.rq.len() - 1;
-        let cap = q.rq[i].total.min(u32::MAX as u64) as u32;
-        if let Ok(rsn) = self.conn.post_recv(cap) {
-            q.rq[i].id = rsn;
-        }
-    }
-
     /// Hands the engine every receive descriptor posted before it existed.
     pub(super) fn adopt_recvs(&mut self, q: &mut Queues) {
         for e in q.rq.iter_mut() {
@@ -415,17 +245,6 @@ impl NetVi {
             if let Ok(rsn) = self.conn.post_recv(e.total.min(u32::MAX as u64) as u32) {
                 e.id = rsn;
             }
-        }
-    }
-
-    /// Ends the connection (VipDisconnect): the peer is told; the caller
-    /// flushes the queues.
-    pub fn disconnect(&mut self, vi: &Vi, q: &mut Queues) {
-        let now = Instant::now();
-        self.conn.close(now);
-        self.output(vi, q, now);
-        if let Some(nic) = NetNic::of(&vi.s.nic) {
-            nic.unregister(self.id);
         }
     }
 }
@@ -652,5 +471,209 @@ fn outcome_bits(o: Outcome) -> u32 {
         Outcome::Remote(_) => status::REMOTE_DESC_ERROR,
         Outcome::Transport => status::TRANSPORT_ERROR,
         Outcome::Flushed => status::DESC_FLUSHED_ERROR,
+    }
+}
+
+impl TransportOps for NetVi {
+    type Sleep = Sleep;
+
+    #[inline(always)]
+    fn poll(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        queue: Queue,
+        owned: bool,
+    ) -> Option<NonNull<Descriptor>> {
+        self.progress(vi, q);
+        vi.pop(q, queue, owned)
+    }
+
+    /// Frames wake a CQ's waiter through the medium's descriptor: nothing
+    /// to arm, only a look at what has come.
+    fn arm_eventfd(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        self.progress(vi, q)
+    }
+
+    /// The VI is gone: tell the peer (once; its idle timeout covers a lost
+    /// frame) and forget the connection id.
+    fn close(&mut self, nic: &NicShared) {
+        let Some(net) = NetNic::of(nic) else {
+            return;
+        };
+        if self.conn.is_connected() {
+            // Acknowledge what arrived, then say goodbye (once; the peer's
+            // idle timeout covers a lost frame). Every descriptor is gone,
+            // so the engine has no payload to ask for.
+            let now = Instant::now();
+            self.conn.close(now);
+            let mut buf = [0u8; 256];
+            for _ in 0..4 {
+                let Some(len) = self.conn.poll_transmit(now, &mut buf, &mut NoMemory) else {
+                    break;
+                };
+                let f = [OutFrame {
+                    to: self.peer,
+                    bytes: &buf[..len],
+                }];
+                let _ = match &self.own {
+                    Some(m) => m.send(&f),
+                    None => net.medium.send(&f),
+                };
+            }
+        }
+        net.unregister(self.id);
+    }
+
+    /// The descriptor a CQ waiter polls for this VI's frames.
+    fn wake_fd(&self, nic: &NicShared) -> Option<RawFd> {
+        match (&self.own, NetNic::of(nic)) {
+            (Some(m), _) => Some(m.fd()),
+            (None, Some(n)) => Some(n.medium.fd()),
+            (None, None) => None,
+        }
+    }
+
+    /// What a sleeping waiter of this VI waits on.
+    fn arm(&mut self, _nic: &NicShared) -> Sleep {
+        Sleep(self.own.clone())
+    }
+
+    /// Moves a network VI forward: reads the medium, runs timers, sends.
+    fn progress(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        let Some(nic) = NetNic::of(&vi.s.nic) else {
+            return false;
+        };
+        let mut arrived = None;
+        let got = match self.own.is_some() {
+            true => {
+                arrived = self.poll_own(vi, q, nic);
+                // Stray frames (repeated handshakes, other VIs) reach the
+                // Nic's socket: look there now and then.
+                let every = self.idle.wrapping_add(1).is_multiple_of(TIMER_EVERY);
+                arrived.is_some() | (every && nic.poll(Some((vi, &mut *q, &mut *self))))
+            }
+            false => nic.poll(Some((vi, &mut *q, &mut *self))),
+        };
+        // The timers are looked at every few polls, arrivals or not: they
+        // are tens of microseconds apart at the least, and a look (a clock
+        // read on an empty poll, the deadlines compared) kept off most
+        // messages' path is that much less latency.
+        self.idle = self.idle.wrapping_add(1);
+        let timers = self.idle.is_multiple_of(TIMER_EVERY);
+        if !got && self.deferred == 0 && !timers {
+            return false;
+        }
+        // The time frames arrived is recent enough for the timers: a
+        // second clock read would sit on the message's path.
+        let now = arrived.unwrap_or_else(Instant::now);
+        let mut moved = got;
+        if timers && self.conn.poll_timeout().is_some_and(|t| t <= now) {
+            self.conn.handle_timeout(now);
+            moved = true;
+        }
+        moved |= self.output(vi, q, now);
+        moved
+    }
+
+    /// Runs the engine's timers now and sends what they produced: for a
+    /// waiter that has slept, whose few polls would otherwise leave the
+    /// timers to the every-few-polls look.
+    fn run_timers(&mut self, vi: &Vi, q: &mut Queues) {
+        let now = Instant::now();
+        if self.conn.poll_timeout().is_some_and(|t| t <= now) {
+            self.conn.handle_timeout(now);
+        }
+        self.output(vi, q, now);
+    }
+
+    /// Posts a send-queue descriptor and sends what can go now.
+    ///
+    /// # Safety
+    /// As for [`Vi::post_send_raw`].
+    unsafe fn post_send(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Result<(), PostError> {
+        let attrs = q.attrs;
+        let len = q.sq.len();
+        let Some(slot) = q.sq.next_free() else {
+            return Err(PostError::QueueFull("send", len));
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { prepare(&vi.s.nic, &attrs, slot, d, owned, Queue::Send)? };
+        let op = SendOp {
+            kind: match slot.op {
+                Op::SendRecv => SendKind::Send,
+                Op::RdmaWrite => SendKind::RdmaWrite {
+                    raddr: slot.remote.0,
+                    rkey: slot.remote.1 .0,
+                },
+                Op::RdmaRead => SendKind::RdmaRead {
+                    raddr: slot.remote.0,
+                    rkey: slot.remote.1 .0,
+                },
+            },
+            len: slot.total as u32,
+            imm: slot.imm,
+        };
+        let now = Instant::now();
+        let msn = self.conn.post_send(now, op).map_err(|e| match e {
+            uvia_proto::PostError::State => PostError::NotConnected(vi.state()),
+            uvia_proto::PostError::TooLong { len, max } => PostError::TooLong {
+                len: len as u64,
+                max,
+            },
+            uvia_proto::PostError::ReadUnavailable => {
+                PostError::NotEnabled("RDMA read (the peer does not allow it)")
+            }
+            uvia_proto::PostError::WriteUnavailable => {
+                PostError::NotEnabled("RDMA write (the peer does not allow it)")
+            }
+        })?;
+        uvia_trace::mark!(ViPosted);
+        slot.id = msn;
+        slot.state = EntryState::InFlight;
+        q.sq.commit();
+        q.sq_sent = q.sq.len();
+        // Doorbell coalescing: a post that follows the last transmission
+        // closely is part of a burst; its frames leave with the burst, at
+        // the caller's next done or wait call (or once a batch is full), in
+        // one system call. A lone post goes at once, and so does the first
+        // post after a message arrived: that is an answer (a ping-pong's
+        // reply comes well within the burst gap of the previous send).
+        let burst = !self.answering
+            && self
+                .last_tx
+                .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
+        if burst && (self.deferred as usize) < TX_BATCH - 1 {
+            self.deferred += 1;
+            return Ok(());
+        }
+        self.output(vi, q, now);
+        Ok(())
+    }
+
+    /// Tells the engine of a receive descriptor just queued at the back.
+    fn posted_recv(&mut self, q: &mut Queues) {
+        let i = q.rq.len() - 1;
+        let cap = q.rq[i].total.min(u32::MAX as u64) as u32;
+        if let Ok(rsn) = self.conn.post_recv(cap) {
+            q.rq[i].id = rsn;
+        }
+    }
+
+    /// Ends the connection (VipDisconnect): the peer is told; the caller
+    /// flushes the queues.
+    fn disconnect(&mut self, vi: &Vi, q: &mut Queues) {
+        let now = Instant::now();
+        self.conn.close(now);
+        self.output(vi, q, now);
+        if let Some(nic) = NetNic::of(&vi.s.nic) {
+            nic.unregister(self.id);
+        }
     }
 }

@@ -17,8 +17,8 @@ pub(crate) use vi::{ShmVi, Sleep};
 
 use crate::cm::{check_compatible, ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
 use crate::error::{ConnectError, OpenError};
-use crate::nic::{NicAttributes, NicOptions};
-use crate::provider::{Answer as AnyAnswer, NicProvider, Opened, Transport};
+use crate::nic::{Nic, NicAttributes, NicOptions};
+use crate::provider::{Answer as AnyAnswer, NicOps, NicProvider, Opened, Transport};
 use crate::vi::{Vi, ViAttributes};
 use conn::hello::{self, Hello};
 use conn::ShmConn;
@@ -91,16 +91,22 @@ fn cq_eventfds(vi: &Vi) -> Vec<RawFd> {
     v
 }
 
-impl ShmNic {
+impl NicOps for ShmNic {
     /// The client half of a connection (VipConnectRequest): waits up to
     /// `timeout` for a listener to appear and for its answer.
-    pub fn connect(
+    fn connect(
         &self,
         vi: &Vi,
         remote: &NetAddress,
+        local: Option<&Discriminator>,
         timeout: Duration,
         private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError> {
+        if local.is_some() {
+            return Err(ConnectError::Unsupported(
+                "peer-to-peer connection on this provider",
+            ));
+        }
         let start = Instant::now();
         let attrs = vi.attributes();
         let path = self
@@ -157,8 +163,9 @@ impl ShmNic {
 
     /// Waits up to `timeout` (`None`: forever) for a connection request on
     /// `discriminator`; keeps listening on it until the Nic closes.
-    pub fn connect_wait(
+    fn connect_wait(
         &self,
+        _nic: &Nic,
         discriminator: &Discriminator,
         timeout: Option<Duration>,
     ) -> Result<ConnRequest, ConnectError> {
@@ -209,7 +216,7 @@ impl ShmNic {
     }
 
     /// Stops listening on `discriminator` and removes its socket file.
-    pub fn stop_listening(&self, discriminator: &Discriminator) {
+    fn stop_listening(&self, discriminator: &Discriminator) {
         self.listeners
             .lock()
             .unwrap_or_else(|e| e.into_inner())

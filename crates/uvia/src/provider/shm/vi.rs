@@ -10,6 +10,8 @@ use super::conn::{block_in, write_range};
 use super::conn::{flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, MSG_HEADER, RANGE_BYTES};
 use crate::desc::{control, status, Descriptor, Op, Segment, MAX_SEGMENTS};
 use crate::error::PostError;
+use crate::nic::NicShared;
+use crate::provider::TransportOps;
 use crate::vi::{check_rdma, prepare, EntryState, Queue, Queues, Reliability, Vi, ViState};
 use std::path::PathBuf;
 use std::ptr::NonNull;
@@ -61,135 +63,9 @@ impl ShmVi {
         }
     }
 
-    /// Posts a send: the fast path when it applies, else checked, queued,
-    /// and written to the ring if nothing waits ahead of it.
-    ///
-    /// # Safety
-    /// As for [`Vi::post_send_raw`].
-    #[inline(always)]
-    pub unsafe fn post_send(
-        &mut self,
-        vi: &Vi,
-        q: &mut Queues,
-        d: NonNull<Descriptor>,
-        owned: bool,
-    ) -> Result<(), PostError> {
-        // SAFETY: forwarded from the caller.
-        if let Some(r) = unsafe { self.send_inline_fast(vi, q, d, owned) } {
-            return r;
-        }
-        let (attrs, id) = (q.attrs, q.next_id);
-        let len = q.sq.len();
-        let Some(slot) = q.sq.next_free() else {
-            return Err(PostError::QueueFull("send", len));
-        };
-        // SAFETY: forwarded from the caller.
-        unsafe { prepare(&vi.s.nic, &attrs, slot, d, owned, Queue::Send)? };
-        slot.id = id;
-        q.next_id = id.wrapping_add(1);
-        q.sq.commit();
-        if q.sq_sent == q.sq.len() - 1 {
-            self.send_queued(vi, q);
-        }
-        Ok(())
-    }
-
-    /// A done call's look: an empty poll in a few instructions, the fast
-    /// receive path, else full progress; then the head of `queue` if done.
-    #[inline(always)]
-    pub fn poll(
-        &mut self,
-        vi: &Vi,
-        q: &mut Queues,
-        queue: Queue,
-        owned: bool,
-    ) -> Option<NonNull<Descriptor>> {
-        // Nothing of ours in flight or queued, and nothing published by the peer.
-        if self.awaiting_ack == 0
-            && q.sq_sent == q.sq.len()
-            && self.failed.is_none()
-            && !self.conn.rx.ready()
-            && self.conn.mine().error.load(Ordering::Relaxed) == 0
-        {
-            self.idle += 1;
-            if self.idle.is_multiple_of(IDLE_CHECK_EVERY) && self.check_peer(vi, q) {
-                return vi.pop(q, queue, owned);
-            }
-            return None;
-        }
-        if queue == Queue::Recv && vi.state() == ViState::Connected {
-            if let Some(d) = self.recv_inline_fast(vi, q, owned) {
-                return Some(d);
-            }
-        }
-        self.progress(vi, q);
-        vi.pop(q, queue, owned)
-    }
-
-    /// Moves everything forward that can move without waiting. Returns true
-    /// if anything happened.
-    pub fn progress(&mut self, vi: &Vi, q: &mut Queues) -> bool {
-        if vi.state() == ViState::Error {
-            return false;
-        }
-        let mut moved = false;
-        if self.awaiting_ack > 0 {
-            moved |= self.reap_acks(vi, q);
-        } else if self.failed.is_none() && self.conn.mine().error.load(Ordering::Acquire) != 0 {
-            // The peer reported an error for a send that completed when it
-            // was written: the reliable connection is broken all the same.
-            self.failed = Some(status::TRANSPORT_ERROR);
-            moved = true;
-        }
-        moved |= self.serve_incoming(vi, q);
-        if q.sq_sent < q.sq.len() {
-            let before = q.sq_sent;
-            self.send_queued(vi, q);
-            moved |= q.sq_sent != before;
-        }
-        if let Some(bits) = self.failed.take() {
-            self.fail(vi, q, bits);
-            moved = true;
-        }
-        if moved {
-            self.idle = 0;
-        } else {
-            self.idle += 1;
-            if self.idle.is_multiple_of(IDLE_CHECK_EVERY) {
-                moved = self.check_peer(vi, q);
-            }
-        }
-        moved
-    }
-
     fn fail(&mut self, vi: &Vi, q: &mut Queues, inflight_bits: u32) {
         vi.fail(q, inflight_bits);
         self.awaiting_ack = 0;
-    }
-
-    /// Arms this side's doorbell for a futex wake-up.
-    pub fn arm(&mut self) -> Sleep {
-        Sleep {
-            seg: self.seg.clone(),
-            side: self.conn.side(),
-            seq: self.conn.mine().bell.arm(doorbell::FUTEX),
-        }
-    }
-
-    pub fn disarm(&mut self) {
-        self.conn.mine().bell.disarm(doorbell::FUTEX);
-    }
-
-    /// Arms the doorbell for a CQ's eventfd; true if something is already
-    /// waiting to be served.
-    pub fn arm_eventfd(&mut self, vi: &Vi, q: &mut Queues) -> bool {
-        self.conn.mine().bell.arm(doorbell::EVENTFD);
-        self.progress(vi, q) || self.check_peer(vi, q)
-    }
-
-    /// Tells the peer this side is going away.
-    pub fn close(self) {
-        self.conn.close();
     }
 
     /// The common case in few instructions: a plain send of one segment that
@@ -637,27 +513,6 @@ impl ShmVi {
             }
         }
     }
-
-    /// Looks at the peer's health; fails the VI if it is gone.
-    pub fn check_peer(&mut self, vi: &Vi, q: &mut Queues) -> bool {
-        let conn = &self.conn;
-        let closed = conn.mine().closed.load(Ordering::Acquire) != 0;
-        if closed || conn.stream.peer_gone() {
-            if !closed {
-                // The peer died without disconnecting. If it was the server,
-                // its listening socket may be left behind: remove it if
-                // nobody accepts on it any more.
-                if let Some(path) = &self.server_socket {
-                    let _ = uvia_shm::socket::remove_if_stale(path);
-                }
-            }
-            // Messages the peer published before leaving are still delivered.
-            self.serve_incoming(vi, q);
-            self.fail(vi, q, status::TRANSPORT_ERROR);
-            return true;
-        }
-        false
-    }
 }
 
 #[inline(always)]
@@ -677,5 +532,160 @@ fn scatter(mut src: &[u8], dst: &[LocalRange]) {
         // SAFETY: `r` is registered receive memory checked at post; `n` <= its length.
         unsafe { crate::copy::copy(r.ptr, src.as_ptr(), n) };
         src = &src[n..];
+    }
+}
+
+impl TransportOps for ShmVi {
+    type Sleep = Sleep;
+
+    /// Posts a send: the fast path when it applies, else checked, queued,
+    /// and written to the ring if nothing waits ahead of it.
+    ///
+    /// # Safety
+    /// As for [`Vi::post_send_raw`].
+    #[inline(always)]
+    unsafe fn post_send(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Result<(), PostError> {
+        // SAFETY: forwarded from the caller.
+        if let Some(r) = unsafe { self.send_inline_fast(vi, q, d, owned) } {
+            return r;
+        }
+        let (attrs, id) = (q.attrs, q.next_id);
+        let len = q.sq.len();
+        let Some(slot) = q.sq.next_free() else {
+            return Err(PostError::QueueFull("send", len));
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { prepare(&vi.s.nic, &attrs, slot, d, owned, Queue::Send)? };
+        slot.id = id;
+        q.next_id = id.wrapping_add(1);
+        q.sq.commit();
+        if q.sq_sent == q.sq.len() - 1 {
+            self.send_queued(vi, q);
+        }
+        Ok(())
+    }
+
+    /// A done call's look: an empty poll in a few instructions, the fast
+    /// receive path, else full progress; then the head of `queue` if done.
+    #[inline(always)]
+    fn poll(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        queue: Queue,
+        owned: bool,
+    ) -> Option<NonNull<Descriptor>> {
+        // Nothing of ours in flight or queued, and nothing published by the peer.
+        if self.awaiting_ack == 0
+            && q.sq_sent == q.sq.len()
+            && self.failed.is_none()
+            && !self.conn.rx.ready()
+            && self.conn.mine().error.load(Ordering::Relaxed) == 0
+        {
+            self.idle += 1;
+            if self.idle.is_multiple_of(IDLE_CHECK_EVERY) && self.check_peer(vi, q) {
+                return vi.pop(q, queue, owned);
+            }
+            return None;
+        }
+        if queue == Queue::Recv && vi.state() == ViState::Connected {
+            if let Some(d) = self.recv_inline_fast(vi, q, owned) {
+                return Some(d);
+            }
+        }
+        self.progress(vi, q);
+        vi.pop(q, queue, owned)
+    }
+
+    /// Moves everything forward that can move without waiting. Returns true
+    /// if anything happened.
+    fn progress(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        if vi.state() == ViState::Error {
+            return false;
+        }
+        let mut moved = false;
+        if self.awaiting_ack > 0 {
+            moved |= self.reap_acks(vi, q);
+        } else if self.failed.is_none() && self.conn.mine().error.load(Ordering::Acquire) != 0 {
+            // The peer reported an error for a send that completed when it
+            // was written: the reliable connection is broken all the same.
+            self.failed = Some(status::TRANSPORT_ERROR);
+            moved = true;
+        }
+        moved |= self.serve_incoming(vi, q);
+        if q.sq_sent < q.sq.len() {
+            let before = q.sq_sent;
+            self.send_queued(vi, q);
+            moved |= q.sq_sent != before;
+        }
+        if let Some(bits) = self.failed.take() {
+            self.fail(vi, q, bits);
+            moved = true;
+        }
+        if moved {
+            self.idle = 0;
+        } else {
+            self.idle += 1;
+            if self.idle.is_multiple_of(IDLE_CHECK_EVERY) {
+                moved = self.check_peer(vi, q);
+            }
+        }
+        moved
+    }
+
+    /// Arms this side's doorbell for a futex wake-up.
+    fn arm(&mut self, _nic: &NicShared) -> Sleep {
+        Sleep {
+            seg: self.seg.clone(),
+            side: self.conn.side(),
+            seq: self.conn.mine().bell.arm(doorbell::FUTEX),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.conn.mine().bell.disarm(doorbell::FUTEX);
+    }
+
+    /// Arms the doorbell for a CQ's eventfd; true if something is already
+    /// waiting to be served.
+    fn arm_eventfd(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        self.conn.mine().bell.arm(doorbell::EVENTFD);
+        self.progress(vi, q) || self.check_peer(vi, q)
+    }
+
+    /// Tells the peer this side is going away.
+    fn disconnect(&mut self, _vi: &Vi, _q: &mut Queues) {
+        self.conn.close();
+    }
+
+    fn close(&mut self, _nic: &NicShared) {
+        self.conn.close();
+    }
+
+    /// Looks at the peer's health; fails the VI if it is gone.
+    fn check_peer(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        let conn = &self.conn;
+        let closed = conn.mine().closed.load(Ordering::Acquire) != 0;
+        if closed || conn.stream.peer_gone() {
+            if !closed {
+                // The peer died without disconnecting. If it was the server,
+                // its listening socket may be left behind: remove it if
+                // nobody accepts on it any more.
+                if let Some(path) = &self.server_socket {
+                    let _ = uvia_shm::socket::remove_if_stale(path);
+                }
+            }
+            // Messages the peer published before leaving are still delivered.
+            self.serve_incoming(vi, q);
+            self.fail(vi, q, status::TRANSPORT_ERROR);
+            return true;
+        }
+        false
     }
 }
