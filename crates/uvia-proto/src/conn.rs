@@ -269,22 +269,22 @@ pub struct Stats {
     pub acks_sent: u64,
 }
 
+/// Disconnects a closing side sends before it stops waiting for an answer.
+const CLOSE_TRIES: u32 = 3;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// Client: the request goes out until an answer comes.
-    Connecting {
-        since: Instant,
-        last: Option<Instant>,
-    },
-    /// Server: connected; the accept goes out until the client confirms.
-    Accepting {
-        last: Option<Instant>,
-    },
+    /// Client: the request goes out until an answer comes (each time
+    /// [`Timer::Handshake`] is due), or [`Timer::ConnectTimeout`] expires.
+    Connecting,
+    /// Server: connected; the accept goes out until the client confirms
+    /// (at once, then each time [`Timer::Handshake`] expires).
+    Accepting,
     Connected,
-    /// Our disconnect goes out until it is answered (a few tries).
+    /// Our disconnect goes out until it is answered (a few tries, one
+    /// each time [`Timer::Close`] is due).
     Closing {
         tries: u32,
-        last: Option<Instant>,
     },
     Closed,
     Failed,
@@ -397,7 +397,10 @@ pub struct Conn {
     frag: u32,
     events: VecDeque<Event>,
     stats: Stats,
+    /// When a frame last came from the peer ([`Timer::Idle`] and
+    /// [`Timer::KeepAlive`] count from it).
     last_rx: Instant,
+    /// When our last keep-alive went.
     last_ping: Option<Instant>,
 
     // Sending.
@@ -416,9 +419,9 @@ pub struct Conn {
     lost: u32,
     largest_acked: Option<u32>,
     rtt: RttEstimator,
-    /// Retransmission, loss, probe, receiver-not-ready and delayed-ack
-    /// deadlines (the handshake's and the idle timeout follow from `state`
-    /// and `last_rx`).
+    /// Every deadline: the handshake's and the disconnect's retries, the
+    /// connect, idle and keep-alive timeouts, retransmission, loss, probe,
+    /// receiver-not-ready and delayed ack.
     timers: TimerTable,
     /// The most recently sent frame acked so far: its transmission order
     /// and the round trip its ack measured.
@@ -530,10 +533,11 @@ impl Conn {
     ) -> Conn {
         let mut c = Conn::new(now, cfg, local_id, initial_psn);
         c.discriminator = wire::cut_discriminator(discriminator).to_vec();
-        c.state = State::Connecting {
-            since: now,
-            last: None,
-        };
+        c.state = State::Connecting;
+        c.timers
+            .set(Timer::ConnectTimeout, now + c.cfg.connect_timeout);
+        // The first request goes at once.
+        c.timers.set(Timer::Handshake, now);
         c
     }
 
@@ -566,7 +570,7 @@ impl Conn {
     ) -> Conn {
         let mut c = Conn::new(now, cfg, local_id, initial_psn);
         c.establish(peer_id, peer_attrs);
-        c.state = State::Accepting { last: None };
+        c.enter(State::Accepting);
         c
     }
 
@@ -645,7 +649,7 @@ impl Conn {
 
     /// True once the handshake is done and until the connection ends.
     pub fn is_connected(&self) -> bool {
-        matches!(self.state, State::Accepting { .. } | State::Connected)
+        matches!(self.state, State::Accepting | State::Connected)
     }
 
     /// True when the connection has ended (closed, refused or failed).
@@ -733,18 +737,15 @@ impl Conn {
         if self.is_closed() || matches!(self.state, State::Closing { .. }) {
             return;
         }
-        let was_connecting = matches!(self.state, State::Connecting { .. });
+        let was_connecting = self.state == State::Connecting;
         let owe_ack = self.ack_pending > 0 || self.timers.is_set(Timer::Ack) || self.ack_now;
         self.flush(Outcome::Flushed);
         self.ack_now = owe_ack && self.cfg.level.is_reliable();
-        self.state = if was_connecting {
+        self.enter(if was_connecting {
             State::Closed
         } else {
-            State::Closing {
-                tries: 0,
-                last: None,
-            }
-        };
+            State::Closing { tries: 0 }
+        });
         let _ = now;
     }
 
@@ -769,45 +770,43 @@ impl Conn {
     ) -> bool {
         self.stats.frames_received += 1;
         match (self.state, frame) {
-            (State::Connecting { .. }, Repr::ConnAccept { attrs, private }) => {
+            (State::Connecting, Repr::ConnAccept { attrs, private }) => {
                 self.peer_private = PrivateData::of_frame(private);
                 if Level::from_wire(attrs.reliability) != Some(self.cfg.level) {
-                    self.state = State::Closed;
+                    self.enter(State::Closed);
                     self.events
                         .push_back(Event::Rejected(RejectReason::Mismatch));
                     return true;
                 }
                 self.establish(src, *attrs);
-                self.state = State::Connected;
-                self.last_rx = now;
+                self.heard(now);
+                self.enter(State::Connected);
                 self.confirm_due = true;
                 self.events.push_back(Event::Connected);
                 return true;
             }
-            (State::Connecting { .. }, Repr::PeerRequest { attrs, private, .. })
-                if self.peer_mode =>
-            {
+            (State::Connecting, Repr::PeerRequest { attrs, private, .. }) if self.peer_mode => {
                 // The other side asked first: answer as a server would.
                 self.peer_private = PrivateData::of_frame(private);
                 if Level::from_wire(attrs.reliability) != Some(self.cfg.level) {
-                    self.state = State::Closed;
+                    self.enter(State::Closed);
                     self.events
                         .push_back(Event::Rejected(RejectReason::Mismatch));
                     return true;
                 }
                 self.establish(src, *attrs);
-                self.state = State::Accepting { last: None };
-                self.last_rx = now;
+                self.heard(now);
+                self.enter(State::Accepting);
                 self.events.push_back(Event::Connected);
                 return true;
             }
-            (State::Connecting { .. }, Repr::ConnReject { reason, private }) => {
+            (State::Connecting, Repr::ConnReject { reason, private }) => {
                 self.peer_private = PrivateData::of_frame(private);
-                self.state = State::Closed;
+                self.enter(State::Closed);
                 self.events.push_back(Event::Rejected(*reason));
                 return true;
             }
-            (State::Connecting { .. }, _) => {
+            (State::Connecting, _) => {
                 self.stats.dropped += 1;
                 return false;
             }
@@ -817,7 +816,7 @@ impl Conn {
             self.stats.dropped += 1;
             return false;
         }
-        self.last_rx = now;
+        self.heard(now);
         match frame {
             Repr::ConnAccept { .. } => {
                 // Our confirm was lost: say it again.
@@ -826,15 +825,13 @@ impl Conn {
             }
             Repr::ConnRequest { .. } | Repr::PeerRequest { .. } => {
                 // A repeated request: the accept goes out again.
-                if matches!(self.state, State::Accepting { .. } | State::Connected) {
-                    self.state = State::Accepting { last: None };
+                if self.is_connected() {
+                    self.enter(State::Accepting);
                 }
                 true
             }
             Repr::ConnConfirm => {
-                if matches!(self.state, State::Accepting { .. }) {
-                    self.state = State::Connected;
-                }
+                self.confirmed();
                 true
             }
             Repr::ConnReject { .. } => {
@@ -852,13 +849,13 @@ impl Conn {
                         self.flush(Outcome::Transport);
                         self.events.push_back(Event::Disconnected);
                     }
-                    self.state = State::Closed;
+                    self.enter(State::Closed);
                 }
                 true
             }
             Repr::DisconnectAck => {
                 if matches!(self.state, State::Closing { .. }) {
-                    self.state = State::Closed;
+                    self.enter(State::Closed);
                 }
                 true
             }
@@ -912,8 +909,8 @@ impl Conn {
 
     /// Anything from the peer after our accept means it has the accept.
     fn confirmed(&mut self) {
-        if matches!(self.state, State::Accepting { .. }) {
-            self.state = State::Connected;
+        if self.state == State::Accepting {
+            self.enter(State::Connected);
         }
     }
 
@@ -1581,7 +1578,7 @@ impl Conn {
             }
         }
         self.flush(Outcome::Transport);
-        self.state = State::Failed;
+        self.enter(State::Failed);
         self.events.push_back(Event::Failed(reason));
     }
 
@@ -1622,65 +1619,37 @@ impl Conn {
     /// When [`handle_timeout`](Self::handle_timeout) must next be called.
     /// Ask again after every other call.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let mut t: Option<Instant> = None;
-        let mut at = |d: Option<Instant>| {
-            if let Some(d) = d {
-                t = Some(t.map_or(d, |t| t.min(d)));
-            }
-        };
-        match self.state {
-            State::Connecting { since, last } => {
-                at(Some(since + self.cfg.connect_timeout));
-                at(Some(last.map_or(since, |l| l + self.cfg.handshake_retry)));
-            }
-            State::Accepting { last } | State::Closing { last, .. } => {
-                at(last.map(|l| l + self.cfg.handshake_retry));
-            }
-            _ => {}
-        }
-        if self.is_connected() {
-            at(self.timers.next());
-            at(Some(self.last_rx + self.cfg.idle_timeout));
-            at(Some(self.keepalive_at()));
-        }
-        t
-    }
-
-    fn keepalive_at(&self) -> Instant {
-        let base = self.last_rx.max(self.last_ping.unwrap_or(self.last_rx));
-        base + self.cfg.keepalive
+        self.timers.next()
     }
 
     /// Lets time pass: retransmission and handshake timers, delayed acks,
     /// keep-alives and the idle timeout.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let State::Connecting { since, .. } = self.state {
-            if now >= since + self.cfg.connect_timeout {
-                self.state = State::Closed;
-                self.events.push_back(Event::ConnectTimedOut);
-            }
-            return;
-        }
-        if let State::Closing { tries, .. } = self.state {
-            if tries >= 3 {
-                self.state = State::Closed;
-            }
-            return;
-        }
-        if !self.is_connected() {
-            return;
-        }
-        if now >= self.last_rx + self.cfg.idle_timeout {
-            self.fail(FailReason::PeerSilent, None);
-            return;
-        }
         // Each timer is looked at in its turn, after the ones before it ran:
-        // a handler may stop or move a later one (a timeout stops the probe).
+        // a handler may stop or move a later one (a timeout stops the probe,
+        // a failure all of them).
         for timer in Timer::ALL {
             if !self.timers.expired(timer, now) {
                 continue;
             }
             match timer {
+                Timer::ConnectTimeout => {
+                    self.enter(State::Closed);
+                    self.events.push_back(Event::ConnectTimedOut);
+                }
+                // The frame goes again from `poll_transmit`, which re-arms
+                // the timer; so does the keep-alive.
+                Timer::Handshake | Timer::KeepAlive => {}
+                Timer::Close => {
+                    // After the last try, its answer has had its time.
+                    if let State::Closing {
+                        tries: CLOSE_TRIES..,
+                    } = self.state
+                    {
+                        self.enter(State::Closed);
+                    }
+                }
+                Timer::Idle => self.fail(FailReason::PeerSilent, None),
                 Timer::Ack => {
                     self.ack_now = true;
                     self.timers.stop(Timer::Ack);
@@ -1691,6 +1660,41 @@ impl Conn {
                 Timer::Rto => self.on_rto(now),
             }
         }
+    }
+
+    /// Moves to `state` and stops the timers it does not keep: a connected
+    /// side counts idleness and keep-alives from `last_rx`, and sends its
+    /// accept at once; one closing keeps only the disconnect's timer,
+    /// armed as the disconnect goes; one closed or failed keeps none.
+    fn enter(&mut self, state: State) {
+        self.state = state;
+        match state {
+            State::Connecting => {}
+            State::Accepting | State::Connected => {
+                self.timers.stop(Timer::ConnectTimeout);
+                self.timers.stop(Timer::Handshake);
+                self.arm_liveness();
+            }
+            State::Closing { .. } | State::Closed | State::Failed => self.timers.clear(),
+        }
+    }
+
+    /// A frame came from the peer.
+    fn heard(&mut self, now: Instant) {
+        self.last_rx = now;
+        self.arm_liveness();
+    }
+
+    /// Arms the idle timeout and the keep-alive from the last frame heard
+    /// and the last keep-alive sent; only a connected side keeps them.
+    fn arm_liveness(&mut self) {
+        if !self.is_connected() {
+            return;
+        }
+        self.timers
+            .set(Timer::Idle, self.last_rx + self.cfg.idle_timeout);
+        let base = self.last_rx.max(self.last_ping.unwrap_or(self.last_rx));
+        self.timers.set(Timer::KeepAlive, base + self.cfg.keepalive);
     }
 
     fn on_rto(&mut self, now: Instant) {
@@ -1747,13 +1751,10 @@ impl Conn {
     fn transmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
         let (dst, src) = (self.peer_id, self.local_id);
         match self.state {
-            State::Connecting { since, last } => {
-                if last.is_none_or(|l| now >= l + self.cfg.handshake_retry) {
-                    let _ = since;
-                    self.state = State::Connecting {
-                        since,
-                        last: Some(now),
-                    };
+            State::Connecting => {
+                if self.timers.due(Timer::Handshake, now) {
+                    self.timers
+                        .set(Timer::Handshake, now + self.cfg.handshake_retry);
                     let attrs = self.cfg.attrs(self.snd_nxt);
                     let discriminator = &self.discriminator[..];
                     let private = self.private.as_slice();
@@ -1762,9 +1763,10 @@ impl Conn {
                 }
                 return None;
             }
-            State::Accepting { last } => {
-                if last.is_none_or(|l| now >= l + self.cfg.handshake_retry) {
-                    self.state = State::Accepting { last: Some(now) };
+            State::Accepting => {
+                if self.timers.due(Timer::Handshake, now) {
+                    self.timers
+                        .set(Timer::Handshake, now + self.cfg.handshake_retry);
                     let r = Repr::ConnAccept {
                         attrs: self.cfg.attrs(self.snd_una),
                         private: self.private.as_slice(),
@@ -1772,7 +1774,7 @@ impl Conn {
                     return Some(r.emit(buf, dst, src));
                 }
             }
-            State::Closing { tries, last } => {
+            State::Closing { tries } => {
                 if tries == 0 && self.ack_now {
                     // Acknowledge what arrived before saying goodbye, so the
                     // peer's last sends complete rather than fail.
@@ -1792,11 +1794,10 @@ impl Conn {
                     self.disconnect_ack_due = false;
                     return Some(Repr::DisconnectAck.emit(buf, dst, src));
                 }
-                if tries < 3 && last.is_none_or(|l| now >= l + self.cfg.handshake_retry) {
-                    self.state = State::Closing {
-                        tries: tries + 1,
-                        last: Some(now),
-                    };
+                if tries < CLOSE_TRIES && self.timers.due(Timer::Close, now) {
+                    self.state = State::Closing { tries: tries + 1 };
+                    self.timers
+                        .set(Timer::Close, now + self.cfg.handshake_retry);
                     let r = Repr::Disconnect {
                         ack: self.rcv.base(),
                         done: self.in_base,
@@ -1842,13 +1843,14 @@ impl Conn {
                 return Some(n);
             }
         }
-        let ping_due = now >= self.keepalive_at();
+        let ping_due = self.timers.expired(Timer::KeepAlive, now);
         let ack_due = self.ack_now && self.cfg.level.is_reliable();
         if ack_due || ping_due || self.pong_due {
             self.ack_now = false;
             self.pong_due = false;
             let flags = if ping_due {
                 self.last_ping = Some(now);
+                self.arm_liveness();
                 ack_flags::PING
             } else {
                 0

@@ -1595,7 +1595,10 @@ mod tests {
         assert_eq!(parse_intact(bytes).unwrap_err(), WireError::Kind(11));
         let mut ack = bytes.to_vec();
         ack[1] = Kind::Ack as u8;
-        assert!(matches!(parse(&resealed(ack)), Ok((_, _, Repr::Ack { .. }))));
+        assert!(matches!(
+            parse(&resealed(ack)),
+            Ok((_, _, Repr::Ack { .. }))
+        ));
         // Kind 0 and the top of the range, the header alone.
         for k in [0x00, 0xff] {
             let mut b = bytes[..HEADER_LEN].to_vec();
