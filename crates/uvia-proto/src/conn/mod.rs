@@ -10,13 +10,15 @@
 
 use crate::rtt::RttEstimator;
 use crate::seq::{self, SeqWindow};
-use crate::timer::{Timer, TimerTable};
 use crate::wire::{
     self, ack_flags, data_flags, ConnAttrs, DataHeader, NakCode, Op, PrivateData, RejectReason,
     Repr, SackList, DATA_HEADER_LEN, MAX_SACK,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+use timers::{Timer, TimerTable};
+
+mod timers;
 
 /// VIA's reliability levels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
