@@ -15,7 +15,6 @@ pub mod conn;
 pub mod endpoint;
 pub mod rtt;
 pub mod seq;
-mod timer;
 pub mod wire;
 
 pub use conn::{

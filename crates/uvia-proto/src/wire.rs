@@ -14,6 +14,20 @@
 //! | kind-specific body ...
 //! ```
 //!
+//! A data frame's body ([`DataHeader`]) fills bytes 16 to 64; its payload follows:
+//!
+//! ```text
+//! 16              20              24              28      30      32
+//! +---------------+---------------+---------------+---+---+-------+
+//! |      psn      |   cum. ack    |      msn      |op |flg|   0   |
+//! +---------------+---------------+---------------+---+---+-------+
+//! |    offset     |     total     |      imm      |     rkey      |
+//! +---------------+---------------+---------------+---------------+
+//! |             raddr             |      rsn      |  done count   |
+//! +-------------------------------+---------------+---------------+
+//! | payload ...
+//! ```
+//!
 //! The four handshake frames (request, peer request, accept, reject) may
 //! end in the application's private data: after the kind's fixed part, one
 //! length byte (at most [`MAX_PRIVATE`]) and that many bytes. A frame that
@@ -29,7 +43,7 @@ pub const VERSION: u8 = 1;
 /// Bytes of the header every frame starts with.
 pub const HEADER_LEN: usize = 16;
 /// Bytes of a data frame before its payload.
-pub const DATA_HEADER_LEN: usize = 64;
+pub const DATA_HEADER_LEN: usize = field::data::PAYLOAD.start;
 /// Most selective-acknowledgement ranges in one ack frame.
 pub const MAX_SACK: usize = 8;
 /// Most bytes in a discriminator.
@@ -41,13 +55,37 @@ pub const MAX_PRIVATE: usize = 64;
 pub const MAX_REPLY_LEN: usize = HEADER_LEN + 4 + 1 + MAX_PRIVATE;
 
 mod field {
-    use std::ops::Range;
+    pub type Field = std::ops::Range<usize>;
+    pub type Rest = std::ops::RangeFrom<usize>;
+
     pub const VERSION: usize = 0;
     pub const KIND: usize = 1;
-    pub const FLAGS: Range<usize> = 2..4;
-    pub const DST: Range<usize> = 4..8;
-    pub const SRC: Range<usize> = 8..12;
-    pub const CHECKSUM: Range<usize> = 12..16;
+    pub const FLAGS: Field = 2..4;
+    pub const DST: Field = 4..8;
+    pub const SRC: Field = 8..12;
+    pub const CHECKSUM: Field = 12..16;
+
+    /// A data frame's body, after the header: the fields of
+    /// [`DataHeader`](super::DataHeader), then the payload.
+    pub mod data {
+        use super::{Field, Rest};
+
+        pub const PSN: Field = 16..20;
+        pub const ACK: Field = 20..24;
+        pub const MSN: Field = 24..28;
+        pub const OP: usize = 28;
+        pub const FLAGS: usize = 29;
+        /// Zero on the wire, not read: keeps `OFFSET` and what follows aligned.
+        pub const RESERVED: Field = 30..32;
+        pub const OFFSET: Field = 32..36;
+        pub const TOTAL: Field = 36..40;
+        pub const IMM: Field = 40..44;
+        pub const RKEY: Field = 44..48;
+        pub const RADDR: Field = 48..56;
+        pub const RSN: Field = 56..60;
+        pub const DONE: Field = 60..64;
+        pub const PAYLOAD: Rest = 64..;
+    }
 }
 
 /// Frame kinds.
@@ -245,6 +283,80 @@ impl<T: AsRef<[u8]>> Frame<T> {
 
     pub fn is_empty(&self) -> bool {
         self.b().is_empty()
+    }
+
+    /// The bytes of a data frame: a frame checked as another (shorter)
+    /// kind has no data fields, so only [`DataHeader::parse`] reads them,
+    /// after it has matched the kind.
+    fn data(&self) -> &[u8] {
+        debug_assert_eq!(self.kind, Kind::Data, "a data field of another kind");
+        self.b()
+    }
+
+    /// Packet sequence number in the sender's stream.
+    fn psn(&self) -> u32 {
+        be32(self.data(), field::data::PSN.start)
+    }
+
+    /// Piggybacked cumulative ack.
+    fn ack(&self) -> u32 {
+        be32(self.data(), field::data::ACK.start)
+    }
+
+    /// Message sequence number.
+    fn msn(&self) -> u32 {
+        be32(self.data(), field::data::MSN.start)
+    }
+
+    /// The operation's byte, not yet checked against [`Op`].
+    fn op(&self) -> u8 {
+        self.data()[field::data::OP]
+    }
+
+    /// The data frame's flags ([`data_flags`]), not the header's.
+    fn data_flags(&self) -> u8 {
+        self.data()[field::data::FLAGS]
+    }
+
+    /// Offset of the fragment's payload in its message.
+    fn offset(&self) -> u32 {
+        be32(self.data(), field::data::OFFSET.start)
+    }
+
+    /// Length of the whole message (of the read, for read requests).
+    fn total(&self) -> u32 {
+        be32(self.data(), field::data::TOTAL.start)
+    }
+
+    fn imm(&self) -> u32 {
+        be32(self.data(), field::data::IMM.start)
+    }
+
+    fn rkey(&self) -> u32 {
+        be32(self.data(), field::data::RKEY.start)
+    }
+
+    fn raddr(&self) -> u64 {
+        be64(self.data(), field::data::RADDR.start)
+    }
+
+    /// Receive sequence number.
+    fn rsn(&self) -> u32 {
+        be32(self.data(), field::data::RSN.start)
+    }
+
+    /// Piggybacked count of the peer's messages completed here.
+    fn done(&self) -> u32 {
+        be32(self.data(), field::data::DONE.start)
+    }
+}
+
+impl<'a> Frame<&'a [u8]> {
+    /// A data frame's payload, borrowed for as long as the bytes (a parsed
+    /// [`Repr`] keeps it).
+    fn payload(&self) -> &'a [u8] {
+        debug_assert_eq!(self.kind, Kind::Data, "a payload of another kind");
+        &self.buf[field::data::PAYLOAD]
     }
 }
 
@@ -446,21 +558,21 @@ pub struct DataHeader {
 }
 
 impl DataHeader {
-    fn parse(b: &[u8]) -> Result<DataHeader, WireError> {
-        let op = Op::from_u8(b[28]).ok_or(WireError::Malformed("data operation"))?;
+    fn parse<T: AsRef<[u8]>>(f: &Frame<T>) -> Result<DataHeader, WireError> {
+        let op = Op::from_u8(f.op()).ok_or(WireError::Malformed("data operation"))?;
         Ok(DataHeader {
-            psn: be32(b, 16),
-            ack: be32(b, 20),
-            msn: be32(b, 24),
+            psn: f.psn(),
+            ack: f.ack(),
+            msn: f.msn(),
             op,
-            flags: b[29],
-            offset: be32(b, 32),
-            total: be32(b, 36),
-            imm: be32(b, 40),
-            rkey: be32(b, 44),
-            raddr: be64(b, 48),
-            rsn: be32(b, 56),
-            done: be32(b, 60),
+            flags: f.data_flags(),
+            offset: f.offset(),
+            total: f.total(),
+            imm: f.imm(),
+            rkey: f.rkey(),
+            raddr: f.raddr(),
+            rsn: f.rsn(),
+            done: f.done(),
         })
     }
 
@@ -468,20 +580,21 @@ impl DataHeader {
     /// left zero) into `b[..DATA_HEADER_LEN]`. The caller puts the payload
     /// after it and then calls [`fill_checksum`].
     pub fn emit(&self, b: &mut [u8], dst: u32, src: u32) {
+        use field::data;
         emit_header(b, Kind::Data, dst, src);
-        put32(b, 16, self.psn);
-        put32(b, 20, self.ack);
-        put32(b, 24, self.msn);
-        b[28] = self.op as u8;
-        b[29] = self.flags;
-        put16(b, 30, 0);
-        put32(b, 32, self.offset);
-        put32(b, 36, self.total);
-        put32(b, 40, self.imm);
-        put32(b, 44, self.rkey);
-        put64(b, 48, self.raddr);
-        put32(b, 56, self.rsn);
-        put32(b, 60, self.done);
+        put32(b, data::PSN.start, self.psn);
+        put32(b, data::ACK.start, self.ack);
+        put32(b, data::MSN.start, self.msn);
+        b[data::OP] = self.op as u8;
+        b[data::FLAGS] = self.flags;
+        put16(b, data::RESERVED.start, 0);
+        put32(b, data::OFFSET.start, self.offset);
+        put32(b, data::TOTAL.start, self.total);
+        put32(b, data::IMM.start, self.imm);
+        put32(b, data::RKEY.start, self.rkey);
+        put64(b, data::RADDR.start, self.raddr);
+        put32(b, data::RSN.start, self.rsn);
+        put32(b, data::DONE.start, self.done);
     }
 }
 
@@ -751,8 +864,8 @@ impl<'a> Repr<'a> {
             },
             Kind::DisconnectAck => Repr::DisconnectAck,
             Kind::Data => {
-                let header = DataHeader::parse(b)?;
-                let payload = &b[DATA_HEADER_LEN..];
+                let header = DataHeader::parse(&frame)?;
+                let payload = frame.payload();
                 if payload.len() as u64 + header.offset as u64 > header.total as u64
                     && header.op != Op::ReadRequest
                 {
@@ -857,7 +970,7 @@ impl<'a> Repr<'a> {
             Repr::DisconnectAck => emit_header(b, Kind::DisconnectAck, dst, src),
             Repr::Data { header, payload } => {
                 header.emit(b, dst, src);
-                b[DATA_HEADER_LEN..].copy_from_slice(payload);
+                b[field::data::PAYLOAD].copy_from_slice(payload);
             }
             Repr::Ack {
                 ack,

@@ -1,0 +1,458 @@
+//! Frames coming in: demultiplexing by kind, reassembly into receive
+//! descriptors or registered memory, and what the receiver owes the peer
+//! (acks, naks) for them.
+
+use super::{
+    Conn, Event, FailReason, InMsg, Memory, OutKind, OutMsg, Outcome, RnrPolicy, State, Timer,
+};
+use crate::seq;
+use crate::wire::{ack_flags, data_flags, DataHeader, NakCode, Op, Repr};
+use std::time::Instant;
+
+impl Conn {
+    /// Takes in a frame whose destination id is this connection's (or, for
+    /// a client still connecting, an answer to its request). `src` is the
+    /// frame's source connection id. Returns false if the frame was dropped.
+    pub fn handle_frame(
+        &mut self,
+        now: Instant,
+        src: u32,
+        frame: &Repr<'_>,
+        mem: &mut dyn Memory,
+    ) -> bool {
+        self.stats.frames_received += 1;
+        if self.state == State::Connecting {
+            return self.on_answer(now, src, frame);
+        }
+        if src != self.peer_id {
+            self.stats.dropped += 1;
+            return false;
+        }
+        self.heard(now);
+        match frame {
+            Repr::ConnAccept { .. } => {
+                // Our confirm was lost: say it again.
+                self.confirm_due = true;
+                true
+            }
+            Repr::ConnRequest { .. } | Repr::PeerRequest { .. } => {
+                // A repeated request: the accept goes out again.
+                if self.is_connected() {
+                    self.enter(State::Accepting);
+                }
+                true
+            }
+            Repr::ConnConfirm => {
+                self.confirmed();
+                true
+            }
+            Repr::ConnReject { .. } => {
+                self.stats.dropped += 1;
+                false
+            }
+            Repr::Disconnect { ack, done } => {
+                self.disconnect_ack_due = true;
+                if self.is_connected() {
+                    // What the peer had before it left completes normally.
+                    self.on_ack(now, *ack, *done, &[]);
+                }
+                if !self.is_closed() {
+                    if !matches!(self.state, State::Closing { .. }) {
+                        self.flush(Outcome::Transport);
+                        self.events.push_back(Event::Disconnected);
+                    }
+                    self.enter(State::Closed);
+                }
+                true
+            }
+            Repr::DisconnectAck => {
+                if matches!(self.state, State::Closing { .. }) {
+                    self.enter(State::Closed);
+                }
+                true
+            }
+            Repr::Ack {
+                ack,
+                done,
+                flags,
+                sack,
+            } => {
+                self.confirmed();
+                if !self.is_connected() {
+                    return false;
+                }
+                if flags & ack_flags::PING != 0 {
+                    self.pong_due = true;
+                }
+                self.on_ack(now, *ack, *done, sack.as_slice());
+                true
+            }
+            Repr::Nak { code, psn, ack } => {
+                self.confirmed();
+                if !self.is_connected() {
+                    return false;
+                }
+                self.on_ack(now, *ack, self.peer_done, &[]);
+                self.on_nak(now, *code, *psn);
+                true
+            }
+            Repr::Data { header, payload } => {
+                self.confirmed();
+                if !self.is_connected() {
+                    if self.state == State::Failed && self.nak.is_none() {
+                        // Our first word of the failure may have been lost.
+                        self.nak = Some((NakCode::Failed, header.psn));
+                    }
+                    if self.state == State::Closed && self.peer.is_some() {
+                        // Every copy of our disconnect was lost, and the
+                        // peer still waits for the ack it carries.
+                        self.disconnect_due = true;
+                    }
+                    self.stats.dropped += 1;
+                    return false;
+                }
+                if self.cfg.level.is_reliable() {
+                    self.on_ack(now, header.ack, header.done, &[]);
+                }
+                self.on_data(now, header, payload, mem)
+            }
+        }
+    }
+
+    fn on_data(
+        &mut self,
+        now: Instant,
+        h: &DataHeader,
+        payload: &[u8],
+        mem: &mut dyn Memory,
+    ) -> bool {
+        let reliable = self.cfg.level.is_reliable();
+        if !reliable {
+            if !self.rcv.in_window(h.psn) {
+                if seq::lt(h.psn, self.rcv.base()) {
+                    self.stats.dropped += 1;
+                    return false;
+                }
+                // Far ahead: what lay between is lost for good.
+                let to = h.psn.wrapping_sub(self.rcv.size() - 1);
+                self.rcv.advance(to);
+            }
+            if self.rcv.contains(h.psn) {
+                self.stats.duplicates += 1;
+                return false;
+            }
+        } else if self.rcv.contains(h.psn) {
+            // Seen before: our ack was lost, so say it again soon.
+            self.stats.duplicates += 1;
+            self.ack_now = true;
+            return false;
+        } else if !self.rcv.in_window(h.psn) {
+            self.stats.dropped += 1;
+            return false;
+        }
+        let accepted = match h.op {
+            Op::ReadResponse => self.on_read_response(h, payload, mem),
+            _ => self.on_message_frame(now, h, payload, mem),
+        };
+        if !accepted {
+            return false;
+        }
+        self.rcv.insert(h.psn);
+        if !reliable {
+            return true;
+        }
+        self.newest_rx = Some(h.psn);
+        self.ack_pending += 1;
+        self.ack_bytes = self.ack_bytes.saturating_add(payload.len() as u32);
+        if h.flags & data_flags::ACK_NOW != 0
+            || self.ack_pending >= self.cfg.ack_every
+            // Large frames: a quarter of the sender's byte window, so it
+            // never stalls waiting for an ack.
+            || self.ack_bytes >= self.cfg.window_bytes / 4
+            || self.rcv.has_gap()
+        {
+            self.ack_now = true;
+        } else if !self.timers.is_set(Timer::Ack) {
+            self.timers.set(Timer::Ack, now + self.cfg.ack_delay);
+        }
+        true
+    }
+
+    fn on_read_response(&mut self, h: &DataHeader, payload: &[u8], mem: &mut dyn Memory) -> bool {
+        let Some(i) = self.msg_index(h.msn) else {
+            self.stats.dropped += 1;
+            return false;
+        };
+        let m = &mut self.msgs[i];
+        let end = h.offset as u64 + payload.len() as u64;
+        if !matches!(m.kind, OutKind::ReadRequest { .. }) || end > m.len as u64 {
+            self.stats.dropped += 1;
+            return false;
+        }
+        mem.write_read(h.msn, h.offset, payload);
+        m.read_got += payload.len() as u32;
+        if h.total == 0 {
+            m.read_got = m.len;
+        }
+        self.complete_sends();
+        true
+    }
+
+    fn on_message_frame(
+        &mut self,
+        now: Instant,
+        h: &DataHeader,
+        payload: &[u8],
+        mem: &mut dyn Memory,
+    ) -> bool {
+        let reliable = self.cfg.level.is_reliable();
+        let at = h.msn.wrapping_sub(self.in_base);
+        if at >= self.cfg.window {
+            // Below the base (already completed) or absurdly far ahead.
+            self.stats.dropped += 1;
+            return false;
+        }
+        let at = at as usize;
+        let consumes = h.flags & data_flags::CONSUMES != 0;
+        // The operation must be allowed here.
+        let allowed = match h.op {
+            Op::Send => consumes,
+            Op::RdmaWrite => self.cfg.rdma_write,
+            Op::ReadRequest => self.cfg.rdma_read && reliable,
+            Op::ReadResponse => false,
+        };
+        if !allowed {
+            return self.refuse(h.psn, NakCode::Operation, None);
+        }
+        if h.total > self.cfg.max_transfer {
+            // Larger than this VI takes: a peer that ignored the
+            // attributes it was given (or garbage).
+            return self.refuse(h.psn, NakCode::Length, None);
+        }
+        let at = if !reliable && at > 0 {
+            // A newer message: the ones still in assembly will never be
+            // complete at this level (nothing is sent twice), and order
+            // must hold, so they are dropped.
+            self.abandon(at);
+            0
+        } else {
+            at
+        };
+        if self.in_msgs.len() == at {
+            // The next message, the usual case.
+            self.in_msgs.push_back(None);
+        } else if self.in_msgs.len() < at {
+            self.in_msgs.resize(at + 1, None);
+        }
+        if self.in_msgs[at].is_none() {
+            // First frame of this message to arrive.
+            let bound = if !consumes {
+                None
+            } else if reliable {
+                let idx = h.rsn.wrapping_sub(self.recv_base);
+                if idx as usize >= self.recvs.len() {
+                    return self.not_ready(h.psn);
+                }
+                Some(h.rsn)
+            } else {
+                if self.recvs_bound as usize >= self.recvs.len() {
+                    self.stats.messages_dropped += 1;
+                    return false;
+                }
+                let r = self.recv_base.wrapping_add(self.recvs_bound);
+                self.recvs_bound += 1;
+                Some(r)
+            };
+            if let Some(r) = bound {
+                let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
+                if h.op == Op::Send && h.total > cap {
+                    // Too long for the descriptor: it completes with a
+                    // length error (and a reliable connection breaks).
+                    self.in_msgs[at] = Some(InMsg {
+                        op: h.op,
+                        total: h.total,
+                        got: h.total,
+                        imm: None,
+                        bound: Some(r),
+                    });
+                    if reliable {
+                        self.complete_recv_error(r, h.total, Outcome::Length);
+                        return self.refuse(h.psn, NakCode::Length, None);
+                    }
+                    self.deliver_in_order();
+                    return true;
+                }
+            }
+            if matches!(h.op, Op::RdmaWrite | Op::ReadRequest) {
+                let write = h.op == Op::RdmaWrite;
+                if let Err(code) = mem.check_rdma(h.rkey, h.raddr, h.total, write) {
+                    if reliable {
+                        return self.refuse(h.psn, code, None);
+                    }
+                    self.stats.messages_dropped += 1;
+                    if let Some(r) = bound {
+                        // Unbind: the descriptor stays for the next message.
+                        let _ = r;
+                        self.recvs_bound -= 1;
+                    }
+                    return false;
+                }
+            }
+            self.in_msgs[at] = Some(InMsg {
+                op: h.op,
+                total: h.total,
+                got: 0,
+                imm: (h.flags & data_flags::IMM != 0).then_some(h.imm),
+                bound,
+            });
+        }
+        let Some(m) = self.in_msgs[at] else {
+            return false;
+        };
+        if m.op != h.op || m.total != h.total {
+            self.stats.dropped += 1;
+            return false;
+        }
+        match h.op {
+            Op::Send => {
+                if let Some(r) = m.bound {
+                    let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
+                    if h.offset as u64 + payload.len() as u64 <= cap as u64 {
+                        mem.write_recv(r, h.offset, payload);
+                    }
+                }
+            }
+            Op::RdmaWrite => {
+                let at = h.raddr.wrapping_add(h.offset as u64);
+                if let Err(code) = mem.rdma_write(h.rkey, at, payload) {
+                    return self.refuse(h.psn, code, None);
+                }
+            }
+            Op::ReadRequest => {
+                self.responses.push_back(OutMsg {
+                    msn: h.msn,
+                    kind: OutKind::ReadResponse {
+                        raddr: h.raddr,
+                        rkey: h.rkey,
+                    },
+                    len: h.total,
+                    imm: None,
+                    rsn: None,
+                    framed: 0,
+                    unacked: 0,
+                    read_got: 0,
+                    started: false,
+                });
+            }
+            Op::ReadResponse => {}
+        }
+        let got = if h.op == Op::ReadRequest {
+            h.total
+        } else {
+            m.got + payload.len() as u32
+        };
+        if let Some(Some(mm)) = self.in_msgs.get_mut(at) {
+            mm.got = got;
+        }
+        let _ = now;
+        self.deliver_in_order();
+        true
+    }
+
+    /// Drops the first `n` incoming messages (unreliable level): their
+    /// descriptors go to the messages after them.
+    fn abandon(&mut self, n: usize) {
+        for _ in 0..n {
+            if let Some(Some(m)) = self.in_msgs.pop_front() {
+                self.stats.messages_dropped += 1;
+                if m.bound.is_some() {
+                    self.recvs_bound -= 1;
+                }
+            }
+            self.in_base = self.in_base.wrapping_add(1);
+        }
+    }
+
+    /// Completes incoming messages whose every byte is here, in order.
+    fn deliver_in_order(&mut self) {
+        loop {
+            let front_done = matches!(self.in_msgs.front(), Some(Some(m)) if m.got >= m.total);
+            if !front_done {
+                return;
+            }
+            let Some(Some(m)) = self.in_msgs.pop_front() else {
+                return;
+            };
+            self.in_base = self.in_base.wrapping_add(1);
+            if let Some(r) = m.bound {
+                let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
+                let outcome = if m.op == Op::Send && m.total > cap {
+                    Outcome::Length
+                } else {
+                    Outcome::Ok
+                };
+                self.complete_recv(m.total, m.imm, m.op == Op::RdmaWrite, outcome);
+            }
+        }
+    }
+
+    /// Completes the oldest receive descriptor.
+    pub(super) fn complete_recv(
+        &mut self,
+        len: u32,
+        imm: Option<u32>,
+        remote_write: bool,
+        outcome: Outcome,
+    ) {
+        if self.recvs.pop_front().is_none() {
+            return;
+        }
+        let rsn = self.recv_base;
+        self.recv_base = self.recv_base.wrapping_add(1);
+        if !self.cfg.level.is_reliable() {
+            self.recvs_bound = self.recvs_bound.saturating_sub(1);
+        }
+        self.events.push_back(Event::RecvDone {
+            rsn,
+            len,
+            imm,
+            remote_write,
+            outcome,
+        });
+    }
+
+    /// Completes receive descriptor `r` with an error, completing those
+    /// before it as flushed (a reliable connection is about to break).
+    fn complete_recv_error(&mut self, r: u32, len: u32, outcome: Outcome) {
+        while seq::lt(self.recv_base, r) && !self.recvs.is_empty() {
+            self.complete_recv(0, None, false, Outcome::Flushed);
+        }
+        self.complete_recv(len, None, false, outcome);
+    }
+
+    /// No descriptor for a reliable message yet.
+    fn not_ready(&mut self, psn: u32) -> bool {
+        self.stats.rnr_naks += 1;
+        match self.cfg.rnr {
+            RnrPolicy::Retry { .. } => {
+                if self.rnr_nak_at.is_none_or(|p| seq::le(psn, p)) {
+                    self.rnr_nak_at = Some(psn);
+                    self.nak = Some((NakCode::ReceiverNotReady, psn));
+                }
+                false
+            }
+            RnrPolicy::Fail => self.refuse(psn, NakCode::NoDescriptor, None),
+        }
+    }
+
+    /// A fatal error in the peer's traffic: tell it, and break.
+    fn refuse(&mut self, psn: u32, code: NakCode, _outcome: Option<Outcome>) -> bool {
+        if !self.cfg.level.is_reliable() {
+            self.stats.messages_dropped += 1;
+            return false;
+        }
+        self.nak = Some((code, psn));
+        self.fail(FailReason::Local(code), None);
+        false
+    }
+}

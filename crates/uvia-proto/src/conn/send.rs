@@ -1,0 +1,520 @@
+//! Frames going out: the handshake's and control frames first, then
+//! retransmissions, then new fragments, then acks; and what the peer's
+//! acks and naks say about the frames in flight.
+
+use super::{
+    Conn, Event, FailReason, Level, Memory, OutKind, OutMsg, Outcome, RnrPolicy, Sent, Timer,
+};
+use crate::seq;
+use crate::wire::{
+    self, ack_flags, data_flags, DataHeader, NakCode, Repr, SackList, DATA_HEADER_LEN, MAX_SACK,
+};
+use std::time::Instant;
+
+impl Conn {
+    /// Builds the next frame to send into `buf` (at least `max_frame`
+    /// bytes) and returns its length, or `None` when there is nothing to
+    /// send now. Call after every `handle_*` and `post_*` until it returns
+    /// `None`. Frames of a client still connecting go to the server's
+    /// address with destination id 0; all others to the peer.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        mem: &mut dyn Memory,
+    ) -> Option<usize> {
+        let n = self.transmit(now, buf, mem)?;
+        self.stats.frames_sent += 1;
+        Some(n)
+    }
+
+    fn transmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
+        let (dst, src) = (self.peer_id, self.local_id);
+        if !self.is_connected() {
+            return self.transmit_unconnected(now, buf);
+        }
+        if let Some(n) = self.transmit_accept(now, buf) {
+            return Some(n);
+        }
+        if self.confirm_due {
+            self.confirm_due = false;
+            return Some(Repr::ConnConfirm.emit(buf, dst, src));
+        }
+        if let Some((code, psn)) = self.nak.take() {
+            let ack = self.rcv.base();
+            return Some(Repr::Nak { code, psn, ack }.emit(buf, dst, src));
+        }
+        if !self.timers.is_set(Timer::Rnr) {
+            if let Some(n) = self.retransmit(now, buf, mem) {
+                return Some(n);
+            }
+            if let Some(n) = self.send_new(now, buf, mem) {
+                return Some(n);
+            }
+        }
+        let ping_due = self.timers.expired(Timer::KeepAlive, now);
+        let ack_due = self.ack_now && self.cfg.level.is_reliable();
+        if ack_due || ping_due || self.pong_due {
+            self.ack_now = false;
+            self.pong_due = false;
+            let flags = if ping_due {
+                self.last_ping = Some(now);
+                self.arm_liveness();
+                ack_flags::PING
+            } else {
+                0
+            };
+            self.ack_pending = 0;
+            self.ack_bytes = 0;
+            self.timers.stop(Timer::Ack);
+            self.stats.acks_sent += 1;
+            // The range of the newest arrival first, then the lowest ones:
+            // every arrival is reported at least once even when more gaps
+            // are open than an ack has room for.
+            let mut sack = SackList::default();
+            let newest = self.newest_rx.and_then(|n| self.rcv.range_of(n));
+            if let Some((s, e)) = newest {
+                sack.push(s, e);
+            }
+            self.rcv.ranges(MAX_SACK, |s, e| {
+                if Some((s, e)) != newest {
+                    sack.push(s, e);
+                }
+            });
+            let r = Repr::Ack {
+                ack: self.rcv.base(),
+                done: self.in_base,
+                flags,
+                sack,
+            };
+            return Some(r.emit(buf, dst, src));
+        }
+        None
+    }
+
+    fn retransmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
+        let (i, s, m) = loop {
+            if self.lost == 0 {
+                return None;
+            }
+            let Some(i) = self.inflight.iter().position(|s| s.lost && !s.acked) else {
+                self.lost = 0;
+                return None;
+            };
+            let s = self.inflight[i];
+            let m = if s.response {
+                self.responses.iter().find(|m| m.msn == s.msn).cloned()
+            } else {
+                self.msg_index(s.msn).map(|j| self.msgs[j].clone())
+            };
+            if let Some(m) = m {
+                break (i, s, m);
+            }
+            // Its message is gone (completed on the peer's word); nothing
+            // to send, and it no longer counts against the window.
+            self.inflight[i].lost = false;
+            self.inflight[i].acked = true;
+            self.inflight_bytes = self.inflight_bytes.saturating_sub(s.len);
+            self.lost -= 1;
+        };
+        let psn = self.snd_una.wrapping_add(i as u32);
+        let order = self.next_order();
+        let r = &mut self.inflight[i];
+        r.lost = false;
+        r.transmissions = s.transmissions.saturating_add(1);
+        r.sent_at = now;
+        r.order = order;
+        self.lost -= 1;
+        self.stats.retransmitted += 1;
+        if !self.timers.is_set(Timer::Rto) {
+            self.timers.set(Timer::Rto, now + self.rtt.rto());
+        }
+        if self.lost == 0 {
+            self.arm_probe(now);
+        }
+        Some(self.emit_data(buf, psn, &m, s.offset, s.len, data_flags::ACK_NOW, mem))
+    }
+
+    fn next_order(&mut self) -> u64 {
+        let o = self.sent_order;
+        self.sent_order += 1;
+        o
+    }
+
+    fn send_new(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
+        let reliable = self.cfg.level.is_reliable();
+        if reliable
+            && (self.inflight.len() as u32 >= self.cfg.window
+                || self.inflight_bytes >= self.cfg.window_bytes)
+        {
+            return None;
+        }
+        // Read responses first: the peer is waiting for them.
+        let (response, idx) = if let Some(i) = self.responses.iter().position(|m| !m.fully_framed())
+        {
+            (true, i)
+        } else if self.frame_cursor < self.msgs.len() {
+            if reliable && self.waits_for_earlier(self.frame_cursor) {
+                return None;
+            }
+            (false, self.frame_cursor)
+        } else {
+            return None;
+        };
+        let m = if response {
+            &mut self.responses[idx]
+        } else {
+            &mut self.msgs[idx]
+        };
+        let offset = m.framed;
+        let len = (m.payload_len() - offset).min(self.frag);
+        m.framed += len;
+        m.started = true;
+        m.unacked += 1;
+        let m = m.clone();
+        let last = m.framed >= m.payload_len();
+        if !response && last {
+            self.frame_cursor += 1;
+        }
+        let psn = self.snd_nxt;
+        self.snd_nxt = psn.wrapping_add(1);
+        let more =
+            self.frame_cursor < self.msgs.len() || self.responses.iter().any(|m| !m.fully_framed());
+        let flags = if last && !more && self.cfg.level == Level::ReliableReception {
+            // Reliable reception completes on the peer's word: ask for it now.
+            data_flags::ACK_NOW
+        } else {
+            0
+        };
+        if reliable {
+            let order = self.next_order();
+            self.inflight.push_back(Sent {
+                response,
+                msn: m.msn,
+                offset,
+                len,
+                sent_at: now,
+                order,
+                transmissions: 1,
+                acked: false,
+                lost: false,
+                probe: false,
+            });
+            self.inflight_bytes += len;
+            if !self.timers.is_set(Timer::Rto) {
+                self.timers.set(Timer::Rto, now + self.rtt.rto());
+            }
+            self.arm_probe(now);
+        }
+        let n = self.emit_data(buf, psn, &m, offset, len, flags, mem);
+        if !reliable {
+            if let Some(j) = self.msg_index(m.msn).filter(|_| !response) {
+                self.msgs[j].unacked = 0;
+            }
+            self.complete_sends();
+        }
+        Some(n)
+    }
+
+    /// True when message `i`, not started yet, must wait for an earlier
+    /// one to reach the target first: the target places RDMA frames as
+    /// they arrive, not in order, so a write (or a read) overlapping an
+    /// earlier write still in flight could land before it and be
+    /// overwritten by a retransmission of it, and a write overlapping an
+    /// earlier read could change the bytes before the target has sent them.
+    /// (Addresses alone are compared: two handles may name the same memory.)
+    fn waits_for_earlier(&self, i: usize) -> bool {
+        let m = &self.msgs[i];
+        if m.started {
+            return false;
+        }
+        let (at, len) = match m.kind {
+            OutKind::Write { raddr, .. } | OutKind::ReadRequest { raddr, .. } => (raddr, m.len),
+            _ => return false,
+        };
+        let overlaps = |a: u64, n: u32| {
+            n > 0 && len > 0 && a < at.saturating_add(len as u64) && at < a.saturating_add(n as u64)
+        };
+        self.msgs.iter().take(i).any(|e| match e.kind {
+            // A write is placed once every frame of it has arrived.
+            OutKind::Write { raddr, .. } => {
+                !(e.fully_framed() && e.unacked == 0) && overlaps(raddr, e.len)
+            }
+            // A read is served once every byte of it is back.
+            OutKind::ReadRequest { raddr, .. } => {
+                matches!(m.kind, OutKind::Write { .. })
+                    && e.read_got < e.len
+                    && overlaps(raddr, e.len)
+            }
+            _ => false,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn emit_data(
+        &mut self,
+        buf: &mut [u8],
+        psn: u32,
+        m: &OutMsg,
+        offset: u32,
+        len: u32,
+        flags: u8,
+        mem: &mut dyn Memory,
+    ) -> usize {
+        let (raddr, rkey) = match m.kind {
+            OutKind::Send => (0, 0),
+            OutKind::Write { raddr, rkey }
+            | OutKind::ReadRequest { raddr, rkey }
+            | OutKind::ReadResponse { raddr, rkey } => (raddr, rkey),
+        };
+        let mut f = flags;
+        if m.imm.is_some() {
+            f |= data_flags::IMM;
+        }
+        if m.rsn.is_some() {
+            f |= data_flags::CONSUMES;
+        }
+        let h = DataHeader {
+            psn,
+            ack: self.rcv.base(),
+            msn: m.msn,
+            op: m.op(),
+            flags: f,
+            offset,
+            total: m.len,
+            imm: m.imm.unwrap_or(0),
+            rkey,
+            raddr,
+            rsn: m.rsn.unwrap_or(0),
+            done: self.in_base,
+        };
+        let end = DATA_HEADER_LEN + len as usize;
+        h.emit(buf, self.peer_id, self.local_id);
+        let payload = &mut buf[DATA_HEADER_LEN..end];
+        match m.kind {
+            OutKind::Send | OutKind::Write { .. } => mem.read_send(m.msn, offset, payload),
+            OutKind::ReadResponse { raddr, rkey } => {
+                mem.rdma_read(rkey, raddr.wrapping_add(offset as u64), payload)
+            }
+            OutKind::ReadRequest { .. } => {}
+        }
+        // Left out (zero) when the peer's medium checks frames itself: on
+        // the udp provider that is two CRCs off every message's path.
+        if !self.peer.is_some_and(|p| p.intact) {
+            wire::fill_checksum(&mut buf[..end]);
+        }
+        // The frame carries our ack: no separate one is needed.
+        if self.cfg.level.is_reliable() {
+            self.ack_pending = 0;
+            self.ack_bytes = 0;
+            self.timers.stop(Timer::Ack);
+            self.ack_now = false;
+        }
+        end
+    }
+
+    /// Index in `msgs` of our message `msn`.
+    pub(super) fn msg_index(&self, msn: u32) -> Option<usize> {
+        let first = self.msgs.front()?.msn;
+        let i = msn.wrapping_sub(first) as usize;
+        (i < self.msgs.len()).then_some(i)
+    }
+
+    pub(super) fn on_ack(&mut self, now: Instant, ack: u32, done: u32, sack: &[(u32, u32)]) {
+        if !self.cfg.level.is_reliable() {
+            return;
+        }
+        // Ignore acks of psns we never sent.
+        if seq::lt(self.snd_nxt, ack) {
+            return;
+        }
+        let mut progress = false;
+        // The most recently sent frame this ack covers.
+        let mut newest: Option<Sent> = None;
+        let mut note = |s: &Sent| {
+            if newest.is_none_or(|n| n.order < s.order) {
+                newest = Some(*s);
+            }
+        };
+        while seq::lt(self.snd_una, ack) {
+            if let Some(s) = self.inflight.pop_front() {
+                if s.lost {
+                    self.lost -= 1;
+                }
+                if !s.acked {
+                    note(&s);
+                    self.frame_acked(now, &s);
+                    progress = true;
+                }
+            }
+            self.snd_una = self.snd_una.wrapping_add(1);
+        }
+        // Offsets from `snd_una` bound every range by what is in flight,
+        // whatever numbers the peer sent.
+        let flight = self.inflight.len() as u32;
+        for &(start, end) in sack {
+            let hi = end.wrapping_sub(self.snd_una);
+            if hi == 0 || hi > flight {
+                continue;
+            }
+            let lo = if seq::lt(start, self.snd_una) {
+                0
+            } else {
+                start.wrapping_sub(self.snd_una)
+            };
+            if lo >= hi {
+                continue;
+            }
+            for i in lo as usize..hi as usize {
+                let s = self.inflight[i];
+                if !s.acked {
+                    if s.lost {
+                        self.inflight[i].lost = false;
+                        self.lost -= 1;
+                    }
+                    self.inflight[i].acked = true;
+                    note(&s);
+                    self.frame_acked(now, &s);
+                    progress = true;
+                }
+            }
+            let last = end.wrapping_sub(1);
+            if self.largest_acked.is_none_or(|l| seq::lt(l, last)) {
+                self.largest_acked = Some(last);
+            }
+        }
+        if self
+            .largest_acked
+            .is_none_or(|l| seq::lt(l, ack.wrapping_sub(1)))
+        {
+            self.largest_acked = Some(ack.wrapping_sub(1));
+        }
+        // Fast retransmit: three later frames arrived, this one did not.
+        if let Some(l) = self.largest_acked.filter(|_| !self.inflight.is_empty()) {
+            for i in 0..self.inflight.len() {
+                let psn = self.snd_una.wrapping_add(i as u32);
+                if !seq::lt(psn.wrapping_add(3), l.wrapping_add(1)) {
+                    break;
+                }
+                let s = &mut self.inflight[i];
+                if !s.acked && !s.lost && s.transmissions == 1 {
+                    s.lost = true;
+                    self.lost += 1;
+                }
+            }
+        }
+        if let Some(s) = newest {
+            self.detect_by_time(now, Some(&s));
+        }
+        if seq::lt(self.peer_done, done) && seq::le(done, self.next_msn) {
+            self.peer_done = done;
+            progress = true;
+        }
+        if progress {
+            self.timeouts_in_a_row = 0;
+            self.rnr_in_a_row = 0;
+            self.probes = 0;
+            self.rtt.reset_backoff();
+            self.complete_sends();
+        }
+        self.arm_timers(now, progress);
+    }
+
+    /// True while a frame waits for its ack.
+    pub(super) fn outstanding(&self) -> bool {
+        // The oldest record is almost always the one unacked.
+        self.inflight.iter().any(|s| !s.acked)
+    }
+
+    fn frame_acked(&mut self, now: Instant, s: &Sent) {
+        self.inflight_bytes = self.inflight_bytes.saturating_sub(s.len);
+        if s.transmissions == 1 {
+            self.rtt.sample(now.saturating_duration_since(s.sent_at));
+        }
+        let m = if s.response {
+            self.responses.iter_mut().find(|m| m.msn == s.msn)
+        } else {
+            match self.msg_index(s.msn) {
+                Some(i) => self.msgs.get_mut(i),
+                None => None,
+            }
+        };
+        if let Some(m) = m {
+            m.unacked = m.unacked.saturating_sub(1);
+        }
+        // Responses fully acknowledged are done.
+        while matches!(self.responses.front(), Some(r) if r.fully_framed() && r.unacked == 0) {
+            self.responses.pop_front();
+        }
+    }
+
+    pub(super) fn on_nak(&mut self, now: Instant, code: NakCode, psn: u32) {
+        if code == NakCode::ReceiverNotReady {
+            if let RnrPolicy::Retry { delay, limit } = self.cfg.rnr {
+                self.rnr_in_a_row += 1;
+                if self.rnr_in_a_row > limit {
+                    self.fail(FailReason::RnrExhausted, None);
+                    return;
+                }
+                self.timers.set(Timer::Rnr, now + delay);
+            } else {
+                self.timers.set(Timer::Rnr, now + self.rtt.rto());
+            }
+            // The peer answered: that is no silence, whatever it said. The
+            // retry limit above ends a wait too long, not the timer.
+            self.timeouts_in_a_row = 0;
+            self.rtt.reset_backoff();
+            self.timers.stop(Timer::Probe);
+            match self.timers.get(Timer::Rnr) {
+                Some(t) => self.timers.set(Timer::Rto, t + self.rtt.rto()),
+                None => self.timers.stop(Timer::Rto),
+            }
+            // Everything from `psn` on goes again after the pause.
+            for i in 0..self.inflight.len() {
+                let p = self.snd_una.wrapping_add(i as u32);
+                let s = &mut self.inflight[i];
+                if !seq::lt(p, psn) && !s.acked && !s.lost {
+                    s.lost = true;
+                    s.probe = false;
+                    self.lost += 1;
+                }
+            }
+            return;
+        }
+        // A fatal error: the message it names completes with it.
+        let msn = self
+            .inflight
+            .get(psn.wrapping_sub(self.snd_una) as usize)
+            .filter(|s| !s.response)
+            .map(|s| s.msn);
+        self.fail(
+            FailReason::Remote(code),
+            msn.map(|m| (m, Outcome::Remote(code))),
+        );
+    }
+
+    /// Completes finished send-queue descriptors, in posting order.
+    pub(super) fn complete_sends(&mut self) {
+        let level = self.cfg.level;
+        while let Some(m) = self.msgs.front() {
+            let done = match m.kind {
+                OutKind::ReadRequest { .. } => m.read_got >= m.len && m.fully_framed(),
+                _ => match level {
+                    Level::Unreliable => m.fully_framed(),
+                    Level::ReliableDelivery => m.fully_framed() && m.unacked == 0,
+                    Level::ReliableReception => seq::lt(m.msn, self.peer_done),
+                },
+            };
+            if !done {
+                break;
+            }
+            let msn = m.msn;
+            self.msgs.pop_front();
+            self.frame_cursor = self.frame_cursor.saturating_sub(1);
+            self.events.push_back(Event::SendDone {
+                msn,
+                outcome: Outcome::Ok,
+            });
+        }
+    }
+}
