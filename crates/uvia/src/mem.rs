@@ -201,6 +201,25 @@ impl RegionTable {
         Some(())
     }
 
+    /// True while `h` names the registration whose serial is `serial`: the
+    /// check a posted descriptor's memory passes before the Nic touches it
+    /// again. Lock-free, and lighter than [`lookup`](Self::lookup): two loads
+    /// of the generation and one of the serial.
+    #[inline]
+    pub(crate) fn is_current(&self, h: MemHandle, serial: u32) -> bool {
+        let idx = (h.0 & ((1 << INDEX_BITS) - 1)) as usize;
+        let gen = h.0 >> INDEX_BITS;
+        let Some(s) = self.slots.get(idx) else {
+            return false;
+        };
+        // Acquire: pairs with the Release in `insert`; the second load
+        // rejects a serial read across a deregistration, as in `lookup`.
+        gen != 0
+            && s.gen.load(Ordering::Acquire) == gen
+            && s.serial.load(Ordering::Relaxed) == serial
+            && s.gen.load(Ordering::Acquire) == gen
+    }
+
     /// The region `h` names, if it is registered. Lock-free.
     #[inline]
     pub(crate) fn lookup(&self, h: MemHandle) -> Option<RegionInfo> {

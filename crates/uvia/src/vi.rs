@@ -193,11 +193,9 @@ impl Posted {
     /// freed) in between is never written or read.
     #[inline]
     pub fn still_registered(&self, regions: &crate::mem::RegionTable) -> bool {
-        self.src[..self.nranges as usize].iter().all(|s| {
-            regions
-                .lookup(s.handle)
-                .is_some_and(|r| r.serial == s.serial)
-        })
+        self.src[..self.nranges as usize]
+            .iter()
+            .all(|s| regions.is_current(s.handle, s.serial))
     }
 }
 
@@ -281,7 +279,7 @@ impl SlotQueue {
         (self.len > 0).then(|| &self.slots[self.head])
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn pop_front(&mut self) -> Option<(NonNull<Descriptor>, bool)> {
         let e = self.front()?;
         let r = (e.desc, e.owned);
