@@ -14,9 +14,10 @@ impl Memory for Buf {
         let o = offset as usize;
         buf.copy_from_slice(&self.0[o..o + buf.len()]);
     }
-    fn write_recv(&mut self, _: u32, offset: u32, data: &[u8]) {
+    fn write_recv(&mut self, _: u32, offset: u32, data: &[u8]) -> bool {
         let o = offset as usize;
         self.0[o..o + data.len()].copy_from_slice(data);
+        true
     }
     fn write_read(&mut self, _: u32, _: u32, _: &[u8]) {}
     fn check_rdma(&mut self, _: u32, _: u64, _: u32, _: bool) -> Result<(), NakCode> {

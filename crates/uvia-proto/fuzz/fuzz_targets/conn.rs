@@ -15,7 +15,9 @@ impl Memory for Mem {
     fn read_send(&mut self, _: u32, _: u32, buf: &mut [u8]) {
         buf.fill(7);
     }
-    fn write_recv(&mut self, _: u32, _: u32, _: &[u8]) {}
+    fn write_recv(&mut self, _: u32, _: u32, _: &[u8]) -> bool {
+        true
+    }
     fn write_read(&mut self, _: u32, _: u32, _: &[u8]) {}
     fn check_rdma(&mut self, rkey: u32, _: u64, _: u32, _: bool) -> Result<(), NakCode> {
         if rkey == 7 {

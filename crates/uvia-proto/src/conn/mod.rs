@@ -186,6 +186,9 @@ pub enum Outcome {
     Ok,
     /// The message did not fit the receive descriptor.
     Length,
+    /// The receive descriptor's memory could not be written
+    /// ([`Memory::write_recv`] refused it).
+    Protection,
     /// The peer refused the operation: its code says why.
     Remote(NakCode),
     /// The connection broke while the descriptor was being carried.
@@ -245,7 +248,10 @@ pub trait Memory {
     /// `msn` (a send or RDMA write source) into `buf`.
     fn read_send(&mut self, msn: u32, offset: u32, buf: &mut [u8]);
     /// Places received bytes of receive descriptor `rsn` at `offset`.
-    fn write_recv(&mut self, rsn: u32, offset: u32, data: &[u8]);
+    /// `false` if the descriptor's memory can no longer be written (it was
+    /// deregistered after the post): nothing is written, and the descriptor
+    /// completes with [`Outcome::Protection`].
+    fn write_recv(&mut self, rsn: u32, offset: u32, data: &[u8]) -> bool;
     /// Places read-response bytes into RDMA-read descriptor `msn` at `offset`.
     fn write_read(&mut self, msn: u32, offset: u32, data: &[u8]);
     /// Checks that the peer may access `[raddr, raddr + len)` under `rkey`
@@ -387,6 +393,9 @@ struct InMsg {
     imm: Option<u32>,
     /// The receive descriptor it fills (unreliable binds on arrival).
     bound: Option<u32>,
+    /// That descriptor's memory refused a frame: it completes with a
+    /// protection error.
+    refused: bool,
 }
 
 /// One VI connection's transport state.

@@ -274,6 +274,7 @@ impl Conn {
                         got: h.total,
                         imm: None,
                         bound: Some(r),
+                        refused: false,
                     });
                     if reliable {
                         self.complete_recv_error(r, h.total, Outcome::Length);
@@ -304,6 +305,7 @@ impl Conn {
                 got: 0,
                 imm: (h.flags & data_flags::IMM != 0).then_some(h.imm),
                 bound,
+                refused: false,
             });
         }
         let Some(m) = self.in_msgs[at] else {
@@ -317,8 +319,16 @@ impl Conn {
             Op::Send => {
                 if let Some(r) = m.bound {
                     let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
-                    if h.offset as u64 + payload.len() as u64 <= cap as u64 {
-                        mem.write_recv(r, h.offset, payload);
+                    let fits = h.offset as u64 + payload.len() as u64 <= cap as u64;
+                    if fits && !m.refused && !mem.write_recv(r, h.offset, payload) {
+                        // The descriptor's memory went away under it.
+                        if reliable {
+                            self.complete_recv_error(r, 0, Outcome::Protection);
+                            return self.refuse(h.psn, NakCode::Failed, None);
+                        }
+                        if let Some(Some(m)) = self.in_msgs.get_mut(at) {
+                            m.refused = true;
+                        }
                     }
                 }
             }
@@ -388,6 +398,8 @@ impl Conn {
                 let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
                 let outcome = if m.op == Op::Send && m.total > cap {
                     Outcome::Length
+                } else if m.refused {
+                    Outcome::Protection
                 } else {
                     Outcome::Ok
                 };

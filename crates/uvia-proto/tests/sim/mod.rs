@@ -85,9 +85,10 @@ impl Memory for Mem {
         buf.copy_from_slice(&src[offset as usize..offset as usize + buf.len()]);
     }
 
-    fn write_recv(&mut self, rsn: u32, offset: u32, data: &[u8]) {
+    fn write_recv(&mut self, rsn: u32, offset: u32, data: &[u8]) -> bool {
         let dst = find(&mut self.recvs, rsn).expect("receive buffer");
         dst[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        true
     }
 
     fn write_read(&mut self, msn: u32, offset: u32, data: &[u8]) {

@@ -306,7 +306,9 @@ impl Memory for NoMemory {
     fn read_send(&mut self, _: u32, _: u32, buf: &mut [u8]) {
         buf.fill(0);
     }
-    fn write_recv(&mut self, _: u32, _: u32, _: &[u8]) {}
+    fn write_recv(&mut self, _: u32, _: u32, _: &[u8]) -> bool {
+        false
+    }
     fn write_read(&mut self, _: u32, _: u32, _: &[u8]) {}
     fn check_rdma(&mut self, _: u32, _: u64, _: u32, _: bool) -> Result<(), NakCode> {
         Err(NakCode::Protection)
@@ -395,11 +397,15 @@ impl Memory for ViMem<'_> {
         }
     }
 
-    fn write_recv(&mut self, rsn: u32, offset: u32, data: &[u8]) {
-        if let Some(e) = entry(self.rq, rsn) {
-            if e.still_registered(self.regions) {
+    fn write_recv(&mut self, rsn: u32, offset: u32, data: &[u8]) -> bool {
+        match entry(self.rq, rsn) {
+            Some(e) if e.still_registered(self.regions) => {
                 scatter_at(e, offset as usize, data);
+                true
             }
+            // Deregistered under a posted descriptor: not written, and the
+            // descriptor completes with a protection error.
+            _ => false,
         }
     }
 
@@ -465,6 +471,7 @@ fn outcome_bits(o: Outcome) -> u32 {
     match o {
         Outcome::Ok => 0,
         Outcome::Length => status::LENGTH_ERROR,
+        Outcome::Protection => status::PROTECTION_ERROR,
         Outcome::Remote(NakCode::Protection) | Outcome::Remote(NakCode::Operation) => {
             status::RDMA_PROT_ERROR
         }
