@@ -7,6 +7,8 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_collective.h>
 #include <rdma/fi_errno.h>
 #include <rdma/providers/fi_prov.h>
 #include <rdma/providers/fi_log.h>

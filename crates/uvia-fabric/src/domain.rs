@@ -5,6 +5,7 @@ use crate::fabric::Fabric;
 use crate::guard;
 use crate::medium::{self, Medium};
 use crate::nosys;
+use crate::pep::ConnReq;
 use crate::prov;
 use crate::sys::*;
 use std::ffi::{c_int, c_void, CStr};
@@ -38,8 +39,8 @@ static FI_OPS: fi_ops = fi_ops {
 static OPS: fi_ops_domain = fi_ops_domain {
     size: std::mem::size_of::<fi_ops_domain>(),
     av_open: Some(nosys::av_open),
-    cq_open: Some(nosys::cq_open),
-    endpoint: Some(nosys::endpoint),
+    cq_open: Some(crate::cq::open),
+    endpoint: Some(crate::ep::open),
     scalable_ep: Some(nosys::scalable_ep),
     cntr_open: Some(nosys::cntr_open),
     poll_open: Some(nosys::poll_open),
@@ -48,13 +49,6 @@ static OPS: fi_ops_domain = fi_ops_domain {
     query_atomic: Some(nosys::query_atomic),
     query_collective: Some(nosys::query_collective),
     endpoint2: Some(nosys::endpoint2),
-};
-
-static MR_OPS: fi_ops_mr = fi_ops_mr {
-    size: std::mem::size_of::<fi_ops_mr>(),
-    reg: Some(nosys::mr_reg),
-    regv: Some(nosys::mr_regv),
-    regattr: Some(nosys::mr_regattr),
 };
 
 /// `fi_domain` for this provider: opens a Nic on the medium the info's
@@ -89,7 +83,13 @@ pub unsafe extern "C" fn open(
             inject: prov::settings().inject.clone(),
             ..NicOptions::default()
         };
-        let nic = Nic::open_with(&medium.nic_name(src), &opts).map_err(|_| err::ENODEV)?;
+        // A domain opened for a connection request uses the listener's Nic:
+        // the endpoint that accepts must live where the request arrived.
+        // SAFETY: a handle this provider put in the info, or none.
+        let nic = match unsafe { ConnReq::peek(info.handle) } {
+            Some(req) => req.nic.clone(),
+            None => Nic::open_with(&medium.nic_name(src), &opts).map_err(|_| err::ENODEV)?,
+        };
         let ptag = nic.create_ptag().map_err(|_| err::ENOMEM)?;
         let d = Box::new(Domain {
             fid: fid_domain {
@@ -99,7 +99,7 @@ pub unsafe extern "C" fn open(
                     ops: &FI_OPS as *const fi_ops as *mut fi_ops,
                 },
                 ops: &OPS as *const fi_ops_domain as *mut fi_ops_domain,
-                mr: &MR_OPS as *const fi_ops_mr as *mut fi_ops_mr,
+                mr: &crate::mr::OPS as *const fi_ops_mr as *mut fi_ops_mr,
             },
             fabric: f,
             medium,

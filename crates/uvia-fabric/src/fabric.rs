@@ -31,8 +31,8 @@ static FI_OPS: fi_ops = fi_ops {
 static OPS: fi_ops_fabric = fi_ops_fabric {
     size: std::mem::size_of::<fi_ops_fabric>(),
     domain: Some(domain::open),
-    passive_ep: Some(nosys::passive_ep),
-    eq_open: Some(nosys::eq_open),
+    passive_ep: Some(crate::pep::open),
+    eq_open: Some(crate::eq::open),
     wait_open: Some(nosys::wait_open),
     trywait: Some(nosys::trywait),
     domain2: Some(nosys::domain2),

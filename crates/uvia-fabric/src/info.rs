@@ -340,10 +340,7 @@ fn fits(h: &Hints, medium: &Medium, a: &NicAttributes) -> bool {
         }
     }
     if let Some(tx) = h.tx {
-        if tx.size > depth
-            || tx.iov_limit > a.max_segments_per_desc
-            || tx.inject_size > a.inline_threshold
-        {
+        if tx.size > depth || tx.iov_limit > a.max_segments_per_desc || tx.inject_size > 0 {
             return false;
         }
     }
@@ -379,7 +376,8 @@ fn build(
             hints.and_then(|h| h.tx).map(|t| t.comp_order),
             FI_ORDER_NONE,
         ),
-        inject_size: a.inline_threshold,
+        // fi_inject is not offered yet (it needs registered bounce buffers).
+        inject_size: 0,
         size: asked(
             hints.and_then(|h| h.tx).map(|t| t.size),
             DEFAULT_QUEUE.min(depth),

@@ -12,11 +12,16 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+pub mod cq;
 pub mod domain;
+pub mod ep;
+pub mod eq;
 pub mod fabric;
 pub mod guard;
 pub mod info;
 pub mod medium;
+pub mod mr;
 mod nosys;
+pub mod pep;
 pub mod prov;
 pub mod sys;

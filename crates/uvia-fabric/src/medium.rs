@@ -10,7 +10,7 @@ use crate::guard::lock;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::sync::Mutex;
-use uvia::{Nic, NicAttributes, NicOptions};
+use uvia::{Discriminator, NetAddress, Nic, NicAttributes, NicOptions};
 
 /// A uvia medium, as a libfabric domain names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -63,6 +63,34 @@ impl Medium {
             (Medium::Udp, Some(a)) => format!("udp:{a}"),
             (Medium::Xdp(iface), _) => format!("xdp:{iface}"),
         }
+    }
+
+    /// The Nic a listener at `a` opens: on shm the host's (the port is the
+    /// discriminator), on a network medium one bound to `a` itself.
+    pub fn listen_nic_name(&self, a: SocketAddrV4) -> String {
+        match self {
+            Medium::Shm => "shm".into(),
+            _ => self.nic_name(Some(a)),
+        }
+    }
+
+    /// The discriminator a listener on `port` waits on: the port itself on
+    /// shm, where all of the host's listeners share one Nic; one fixed name
+    /// on a network medium, whose listeners each have a Nic at their port.
+    pub fn discriminator(&self, port: u16) -> Discriminator {
+        match self {
+            Medium::Shm => Discriminator::from_u64(port as u64),
+            _ => Discriminator::from_u64(u64::from_le_bytes(*b"uvia-fi\0")),
+        }
+    }
+
+    /// The uvia address of a libfabric peer at `a`, reached from `nic`.
+    pub fn remote(&self, nic: &Nic, a: SocketAddrV4) -> NetAddress {
+        let host = match self {
+            Medium::Shm => nic.attributes().address.clone(),
+            _ => a.to_string(),
+        };
+        NetAddress::new(&host, self.discriminator(a.port()))
     }
 
     /// Peers on this medium live on this host only.

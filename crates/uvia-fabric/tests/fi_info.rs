@@ -25,7 +25,9 @@ impl ProviderDir {
 
     fn fi_info(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut c = Command::new("fi_info");
-        c.args(args).env("FI_PROVIDER_PATH", &self.0).env_remove("FI_PROVIDER");
+        c.args(args)
+            .env("FI_PROVIDER_PATH", &self.0)
+            .env_remove("FI_PROVIDER");
         for (k, v) in env {
             c.env(k, v);
         }
@@ -65,10 +67,25 @@ fn fi_info_lists_a_domain_per_medium() {
     assert!(o.status.success(), "{o:?}");
     assert_eq!(domains(&text(&o), "uvia"), ["shm", "udp"]);
     // FI_UVIA_DOMAIN puts its medium first, for programs that take the first.
-    let o = dir.fi_info(&["-p", "uvia", "-t", "FI_EP_MSG"], &[("FI_UVIA_DOMAIN", "udp")]);
+    let o = dir.fi_info(
+        &["-p", "uvia", "-t", "FI_EP_MSG"],
+        &[("FI_UVIA_DOMAIN", "udp")],
+    );
     assert_eq!(domains(&text(&o), "uvia"), ["udp", "shm"]);
     // A destination off this host is out of shm's reach.
-    let o = dir.fi_info(&["-p", "uvia", "-t", "FI_EP_MSG", "-n", "192.0.2.1", "-P", "9228"], &[]);
+    let o = dir.fi_info(
+        &[
+            "-p",
+            "uvia",
+            "-t",
+            "FI_EP_MSG",
+            "-n",
+            "192.0.2.1",
+            "-P",
+            "9228",
+        ],
+        &[],
+    );
     assert_eq!(domains(&text(&o), "uvia"), ["udp"]);
 }
 
@@ -94,12 +111,30 @@ fn ofi_rxm_layers_reliable_tagged_endpoints_on_top() {
     let o = dir.fi_info(&["-p", "uvia;ofi_rxm"], &[]);
     assert!(o.status.success(), "{o:?}");
     let out = text(&o);
-    assert!(domains(&out, "uvia;ofi_rxm").contains(&"shm".to_string()), "{out}");
+    assert!(
+        domains(&out, "uvia;ofi_rxm").contains(&"shm".to_string()),
+        "{out}"
+    );
     assert!(out.contains("type: FI_EP_RDM"), "{out}");
-    let o = dir.fi_info(&["-p", "uvia;ofi_rxm", "-t", "FI_EP_RDM", "-c", "FI_TAGGED", "-v"], &[]);
+    let o = dir.fi_info(
+        &[
+            "-p",
+            "uvia;ofi_rxm",
+            "-t",
+            "FI_EP_RDM",
+            "-c",
+            "FI_TAGGED",
+            "-v",
+        ],
+        &[],
+    );
     let out = text(&o);
     assert!(out.contains("prov_name: uvia;ofi_rxm"), "{out}");
-    assert!(out.lines().any(|l| l.trim_start().starts_with("caps:") && l.contains("FI_TAGGED")), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("caps:") && l.contains("FI_TAGGED")),
+        "{out}"
+    );
 }
 
 #[test]
@@ -107,7 +142,12 @@ fn fi_info_e_lists_the_parameters() {
     let dir = ProviderDir::new("params");
     let o = dir.fi_info(&["-e"], &[]);
     let out = text(&o);
-    for p in ["FI_UVIA_DOMAIN", "FI_UVIA_RELIABILITY", "FI_UVIA_INJECT", "FI_UVIA_SPIN_US"] {
+    for p in [
+        "FI_UVIA_DOMAIN",
+        "FI_UVIA_RELIABILITY",
+        "FI_UVIA_INJECT",
+        "FI_UVIA_SPIN_US",
+    ] {
         assert!(out.contains(p), "{p} missing");
     }
 }
@@ -115,7 +155,10 @@ fn fi_info_e_lists_the_parameters() {
 #[test]
 fn a_panic_in_getinfo_is_an_error_not_an_abort() {
     let dir = ProviderDir::new("panic");
-    let o = dir.fi_info(&["-p", "uvia", "-t", "FI_EP_MSG"], &[("UVIA_FI_TEST_PANIC", "getinfo")]);
+    let o = dir.fi_info(
+        &["-p", "uvia", "-t", "FI_EP_MSG"],
+        &[("UVIA_FI_TEST_PANIC", "getinfo")],
+    );
     assert!(!o.status.success(), "{o:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("getinfo: internal error (panic)"), "{err}");
