@@ -163,3 +163,43 @@ fn a_panic_in_getinfo_is_an_error_not_an_abort() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("getinfo: internal error (panic)"), "{err}");
 }
+
+/// `fi_pingpong -e msg` on shm, server and client in two processes, with
+/// its data check, over a few sizes.
+#[test]
+fn fi_pingpong_msg_runs_on_shm() {
+    let dir = ProviderDir::new("pingpong");
+    // A control port of this run's own, so parallel runs do not meet.
+    let port = (20000 + std::process::id() % 20000).to_string();
+    let run = |extra: &[&str]| {
+        let mut c = Command::new("fi_pingpong");
+        c.args([
+            "-p", "uvia", "-e", "msg", "-d", "shm", "-c", "-I", "20", "-S", "all",
+        ])
+        .args(extra)
+        .env("FI_PROVIDER_PATH", &dir.0)
+        .env_remove("FI_PROVIDER")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        c.spawn()
+            .expect("fi_pingpong (apt-get install libfabric-bin)")
+    };
+    let server = run(&["-B", &port]);
+    // The client retries nothing: give the server its control socket first.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let client = run(&["-P", &port, "127.0.0.1"]).wait_with_output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    let out = text(&client);
+    assert!(
+        client.status.success(),
+        "client: {client:?}\nserver: {server:?}"
+    );
+    assert!(server.status.success(), "server: {server:?}");
+    for size in ["1 ", "4k", "64k", "1m"] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(size) && l.contains("=20")),
+            "{size}: {out}"
+        );
+    }
+}
