@@ -26,8 +26,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 need_pkgs=()
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)
 command -v pkg-config >/dev/null 2>&1 || need_pkgs+=(pkg-config)
+# The libfabric provider (crates/uvia-fabric) is generated from libfabric's
+# headers with bindgen, which needs libclang; its tests run fi_info and
+# fi_pingpong.
+[ -f /usr/include/rdma/providers/fi_prov.h ] || need_pkgs+=(libfabric-dev)
+command -v fi_info >/dev/null 2>&1 || need_pkgs+=(libfabric-bin)
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_pkgs+=(libclang-dev)
 if [ "${#need_pkgs[@]}" -gt 0 ] && [ "$(id -u)" -eq 0 ]; then
-    echo "uvia: installing ${need_pkgs[*]} for the C API's programs" >&2
+    echo "uvia: installing ${need_pkgs[*]} for the C API's programs and the libfabric provider" >&2
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi

@@ -1,0 +1,352 @@
+//! Completion queues: a uvia CQ of the domain's Nic that both queues of
+//! each bound endpoint report to. A read takes a notice, takes the
+//! completed descriptor off the named queue (the done call, which also
+//! drives the provider's progress) and writes the entry in the format the
+//! program asked for. Every posted operation is an [`Op`]: the descriptor
+//! and what the completion must hand back.
+
+use crate::domain::Domain;
+use crate::guard::{self, lock};
+use crate::nosys;
+use crate::sys::*;
+use std::collections::VecDeque;
+use std::ffi::{c_int, c_void};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+use uvia::{status, Descriptor, Queue};
+
+/// One posted operation: the descriptor first, so the descriptor a done
+/// call hands back is the operation.
+#[repr(C)]
+pub struct Op {
+    pub desc: Descriptor,
+    pub context: *mut c_void,
+    /// Completion flags (`FI_SEND | FI_MSG`, `FI_RMA | FI_WRITE`, ...).
+    pub flags: u64,
+    /// Bytes the operation moves (a receive's come from the descriptor).
+    pub len: usize,
+    /// The receive buffer, for `FI_CQ_FORMAT_DATA`.
+    pub buf: *mut c_void,
+}
+
+impl Op {
+    /// Boxes `desc` as an operation and gives up the box to the queue.
+    pub fn post(
+        desc: Descriptor,
+        context: *mut c_void,
+        flags: u64,
+        len: usize,
+        buf: *mut c_void,
+    ) -> NonNull<Descriptor> {
+        let op = Box::new(Op {
+            desc,
+            context,
+            flags,
+            len,
+            buf,
+        });
+        // The descriptor is the first field of the #[repr(C)] box.
+        NonNull::from(Box::leak(op)).cast()
+    }
+
+    /// Takes back the box of a descriptor `post` gave up.
+    ///
+    /// # Safety
+    /// `d` came from [`post`](Self::post) and the queue has handed it back.
+    pub unsafe fn take(d: NonNull<Descriptor>) -> Box<Op> {
+        // SAFETY: per the contract.
+        unsafe { Box::from_raw(d.cast::<Op>().as_ptr()) }
+    }
+}
+
+/// A completion queue. `#[repr(C)]` with libfabric's `fid_cq` first.
+#[repr(C)]
+pub struct Cq {
+    pub fid: fid_cq,
+    domain: *const Domain,
+    pub cq: uvia::Cq,
+    format: fi_cq_format,
+    /// Failed operations, read with `fi_cq_readerr`.
+    errors: Mutex<VecDeque<fi_cq_err_entry>>,
+    pub refs: AtomicUsize,
+}
+
+static FI_OPS: fi_ops = fi_ops {
+    size: std::mem::size_of::<fi_ops>(),
+    close: Some(close),
+    bind: Some(nosys::bind),
+    control: Some(nosys::control),
+    ops_open: Some(nosys::ops_open),
+    tostr: Some(nosys::tostr),
+    ops_set: Some(nosys::ops_set),
+};
+
+static OPS: fi_ops_cq = fi_ops_cq {
+    size: std::mem::size_of::<fi_ops_cq>(),
+    read: Some(read),
+    readfrom: Some(nosys::cq_readfrom),
+    readerr: Some(readerr),
+    sread: Some(sread),
+    sreadfrom: Some(nosys::cq_sreadfrom),
+    signal: Some(nosys::cq_signal),
+    strerror: Some(strerror),
+};
+
+/// `fi_cq_open`.
+pub unsafe extern "C" fn open(
+    d: *mut fid_domain,
+    attr: *mut fi_cq_attr,
+    cq: *mut *mut fid_cq,
+    context: *mut c_void,
+) -> c_int {
+    guard::call("cq_open", || {
+        // SAFETY: libfabric passes the domain it was given and an attribute struct.
+        let domain = unsafe { Domain::from_fid(d) }?;
+        let attr = unsafe { attr.as_ref() }.ok_or(err::EINVAL)?;
+        if cq.is_null() {
+            return Err(err::EINVAL);
+        }
+        let format = match attr.format {
+            FI_CQ_FORMAT_UNSPEC => FI_CQ_FORMAT_CONTEXT,
+            f @ (FI_CQ_FORMAT_CONTEXT | FI_CQ_FORMAT_MSG | FI_CQ_FORMAT_DATA) => f,
+            _ => return Err(err::ENOSYS),
+        };
+        match attr.wait_obj {
+            FI_WAIT_NONE | FI_WAIT_UNSPEC | FI_WAIT_FD => {}
+            _ => return Err(err::ENOSYS),
+        }
+        let max = domain.nic.attributes().max_cq_entries;
+        // Room for both queues of many endpoints: notices are small.
+        let entries = attr.size.max(1024).min(max);
+        let ucq = domain.nic.create_cq(entries).map_err(|_| err::ENOMEM)?;
+        let q = Box::new(Cq {
+            fid: fid_cq {
+                fid: fid {
+                    fclass: FI_CLASS_CQ as usize,
+                    context,
+                    ops: &FI_OPS as *const fi_ops as *mut fi_ops,
+                },
+                ops: &OPS as *const fi_ops_cq as *mut fi_ops_cq,
+            },
+            domain,
+            cq: ucq,
+            format,
+            errors: Mutex::new(VecDeque::new()),
+            refs: AtomicUsize::new(0),
+        });
+        domain.refs.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: checked non-NULL above.
+        unsafe { *cq = Box::into_raw(q) as *mut fid_cq };
+        Ok(())
+    })
+}
+
+impl Cq {
+    /// # Safety
+    /// `p` is NULL or a fid this provider handed out and has not freed.
+    pub unsafe fn from_fid<'a>(p: *mut fid) -> Result<&'a Cq, c_int> {
+        // SAFETY: per the contract, with the class checked.
+        match unsafe { p.as_ref() } {
+            Some(f) if f.fclass == FI_CLASS_CQ as usize => Ok(unsafe { &*(p as *const Cq) }),
+            _ => Err(err::EINVAL),
+        }
+    }
+
+    fn entry_size(&self) -> usize {
+        match self.format {
+            FI_CQ_FORMAT_MSG => std::mem::size_of::<fi_cq_msg_entry>(),
+            FI_CQ_FORMAT_DATA => std::mem::size_of::<fi_cq_data_entry>(),
+            _ => std::mem::size_of::<fi_cq_entry>(),
+        }
+    }
+
+    /// Up to `count` entries into `buf`: their number, `-FI_EAGAIN` for
+    /// none, `-FI_EAVAIL` when an error waits at the head.
+    /// `first` is a notice a blocking wait already took.
+    fn read_entries(
+        &self,
+        buf: *mut c_void,
+        count: usize,
+        mut first: Option<uvia::CqCompletion>,
+    ) -> Result<isize, c_int> {
+        let mut n = 0;
+        while n < count {
+            if !lock(&self.errors).is_empty() {
+                break;
+            }
+            let next = match first.take() {
+                Some(c) => Some(c),
+                None => self.cq.done().map_err(|_| -FI_EOVERFLOW)?,
+            };
+            let Some(c) = next else {
+                break;
+            };
+            let d = match c.queue {
+                Queue::Send => c.vi.send_done_raw(),
+                Queue::Recv => c.vi.recv_done_raw(),
+            };
+            let Some(d) = d else { continue };
+            // SAFETY: every descriptor the provider posts is an Op.
+            let op = unsafe { Op::take(d) };
+            let st = op.desc.cs.status;
+            let len = if op.flags & FI_RECV != 0 {
+                op.desc.cs.length as usize
+            } else {
+                op.len
+            };
+            let mut flags = op.flags;
+            let mut data = 0;
+            if st & status::IMMEDIATE != 0 {
+                flags |= FI_REMOTE_CQ_DATA;
+                data = op.desc.cs.immediate_data as u64;
+            }
+            if st & status::OP_MASK == status::OP_REMOTE_RDMA_WRITE {
+                flags = (flags & !(FI_MSG | FI_RECV)) | FI_RMA | FI_REMOTE_WRITE;
+            }
+            if st & status::ERROR_MASK != 0 {
+                lock(&self.errors).push_back(fi_cq_err_entry {
+                    op_context: op.context,
+                    flags,
+                    len,
+                    buf: op.buf,
+                    data,
+                    tag: 0,
+                    olen: 0,
+                    err: error_code(st),
+                    prov_errno: st as c_int,
+                    err_data: std::ptr::null_mut(),
+                    err_data_size: 0,
+                });
+                break;
+            }
+            // SAFETY: the caller's buffer holds `count` entries of the
+            // format; written unaligned, as the caller's memory may be.
+            unsafe {
+                let at = (buf as *mut u8).add(n * self.entry_size());
+                match self.format {
+                    FI_CQ_FORMAT_MSG => {
+                        (at as *mut fi_cq_msg_entry).write_unaligned(fi_cq_msg_entry {
+                            op_context: op.context,
+                            flags,
+                            len,
+                        })
+                    }
+                    FI_CQ_FORMAT_DATA => {
+                        (at as *mut fi_cq_data_entry).write_unaligned(fi_cq_data_entry {
+                            op_context: op.context,
+                            flags,
+                            len,
+                            buf: op.buf,
+                            data,
+                        })
+                    }
+                    _ => (at as *mut fi_cq_entry).write_unaligned(fi_cq_entry {
+                        op_context: op.context,
+                    }),
+                }
+            }
+            n += 1;
+        }
+        if n > 0 {
+            Ok(n as isize)
+        } else if !lock(&self.errors).is_empty() {
+            Err(-(FI_EAVAIL as c_int))
+        } else {
+            Err(-FI_EAGAIN)
+        }
+    }
+}
+
+/// VIA's completion errors as libfabric error codes.
+fn error_code(st: u32) -> c_int {
+    use uvia::CompletionError as E;
+    match uvia::CompletionError::from_status(st) {
+        Some(E::Flushed) => FI_ECANCELED,
+        Some(E::Length) => FI_EMSGSIZE,
+        Some(E::Protection | E::RdmaProtection) => FI_EACCES,
+        Some(E::Transport) => FI_EIO,
+        Some(E::RemoteDescriptor) => FI_EREMOTEIO,
+        Some(E::Format | E::Partial) | None => FI_EIO,
+    }
+}
+
+unsafe extern "C" fn read(cq: *mut fid_cq, buf: *mut c_void, count: usize) -> isize {
+    guard::call_ssize("cq_read", || {
+        // SAFETY: libfabric calls through the fid it was given.
+        let q = unsafe { Cq::from_fid(cq as *mut fid) }?;
+        q.read_entries(buf, count, None)
+    })
+}
+
+unsafe extern "C" fn sread(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    _cond: *const c_void,
+    timeout_ms: c_int,
+) -> isize {
+    guard::call_ssize("cq_sread", || {
+        // SAFETY: as in read.
+        let q = unsafe { Cq::from_fid(cq as *mut fid) }?;
+        let deadline = (timeout_ms >= 0)
+            .then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms as u64));
+        loop {
+            match q.read_entries(buf, count, None) {
+                Err(e) if e == -FI_EAGAIN => {}
+                r => return r,
+            }
+            let left = match deadline {
+                Some(d) => d
+                    .checked_duration_since(std::time::Instant::now())
+                    .ok_or(-FI_EAGAIN)?,
+                None => Duration::from_secs(1),
+            };
+            // The core's wait spins, then sleeps on the CQ; the notice it
+            // takes is the first entry.
+            match q.cq.wait(Some(left)) {
+                Ok(c) => return q.read_entries(buf, count, Some(c)),
+                Err(uvia::WaitError::Timeout) => {}
+                Err(_) => return Err(-FI_EOVERFLOW),
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags: u64) -> isize {
+    guard::call_ssize("cq_readerr", || {
+        // SAFETY: as in read; `buf` is the caller's entry.
+        let q = unsafe { Cq::from_fid(cq as *mut fid) }?;
+        let out = unsafe { buf.as_mut() }.ok_or(err::EINVAL)?;
+        let e = lock(&q.errors).pop_front().ok_or(-FI_EAGAIN)?;
+        *out = e;
+        Ok(1)
+    })
+}
+
+unsafe extern "C" fn strerror(
+    _cq: *mut fid_cq,
+    prov_errno: c_int,
+    err_data: *const c_void,
+    buf: *mut std::ffi::c_char,
+    len: usize,
+) -> *const std::ffi::c_char {
+    // SAFETY: forwarded.
+    unsafe { crate::eq::strerror(std::ptr::null_mut(), prov_errno, err_data, buf, len) }
+}
+
+unsafe extern "C" fn close(p: *mut fid) -> c_int {
+    guard::call("cq close", || {
+        // SAFETY: libfabric calls close through the fid it was given.
+        let q = unsafe { Cq::from_fid(p) }?;
+        if q.refs.load(Ordering::Acquire) != 0 {
+            return Err(err::EBUSY);
+        }
+        // SAFETY: the box made in `open`; nothing refers to it any more.
+        let q = unsafe { Box::from_raw(q as *const Cq as *mut Cq) };
+        // SAFETY: a CQ keeps its domain open.
+        unsafe { &*q.domain }.refs.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    })
+}

@@ -1,0 +1,149 @@
+//! The domain object: one opened uvia Nic (the medium the domain is named
+//! after) and the protection tag its endpoints and registrations share.
+
+use crate::fabric::Fabric;
+use crate::guard;
+use crate::medium::{self, Medium};
+use crate::nosys;
+use crate::pep::ConnReq;
+use crate::prov;
+use crate::sys::*;
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use uvia::{Nic, NicOptions, Ptag};
+
+/// A domain. `#[repr(C)]` with libfabric's `fid_domain` first.
+#[repr(C)]
+pub struct Domain {
+    pub fid: fid_domain,
+    pub fabric: *const Fabric,
+    pub medium: Medium,
+    pub nic: Nic,
+    /// One tag for every VI and region of the domain: libfabric has no
+    /// protection domains below the domain.
+    pub ptag: Ptag,
+    /// Objects opened on it and not yet closed; it closes only at zero.
+    pub refs: AtomicUsize,
+}
+
+static FI_OPS: fi_ops = fi_ops {
+    size: std::mem::size_of::<fi_ops>(),
+    close: Some(close),
+    bind: Some(nosys::bind),
+    control: Some(nosys::control),
+    ops_open: Some(nosys::ops_open),
+    tostr: Some(nosys::tostr),
+    ops_set: Some(nosys::ops_set),
+};
+
+static OPS: fi_ops_domain = fi_ops_domain {
+    size: std::mem::size_of::<fi_ops_domain>(),
+    av_open: Some(nosys::av_open),
+    cq_open: Some(crate::cq::open),
+    endpoint: Some(crate::ep::open),
+    scalable_ep: Some(nosys::scalable_ep),
+    cntr_open: Some(nosys::cntr_open),
+    poll_open: Some(nosys::poll_open),
+    stx_ctx: Some(nosys::stx_ctx),
+    srx_ctx: Some(nosys::srx_ctx),
+    query_atomic: Some(nosys::query_atomic),
+    query_collective: Some(nosys::query_collective),
+    endpoint2: Some(nosys::endpoint2),
+};
+
+/// `fi_domain` for this provider: opens a Nic on the medium the info's
+/// domain names, at its source address.
+pub unsafe extern "C" fn open(
+    fabric: *mut fid_fabric,
+    info: *mut fi_info,
+    domain: *mut *mut fid_domain,
+    context: *mut c_void,
+) -> c_int {
+    guard::call("domain", || {
+        // SAFETY: libfabric passes the fabric it was given and an fi_info.
+        let f = unsafe { Fabric::from_fid(fabric) }?;
+        let info = unsafe { info.as_ref() }.ok_or(err::EINVAL)?;
+        if domain.is_null() {
+            return Err(err::EINVAL);
+        }
+        // SAFETY: the info's attribute pointers are NULL or valid.
+        let attr = unsafe { info.domain_attr.as_ref() }.ok_or(err::EINVAL)?;
+        let medium = if attr.name.is_null() {
+            Medium::listed(prov::settings().domain.as_deref())[0].clone()
+        } else {
+            // SAFETY: a NUL-terminated name.
+            let name = unsafe { CStr::from_ptr(attr.name) };
+            Medium::parse(&name.to_string_lossy()).ok_or(err::ENODEV)?
+        };
+        // SAFETY: the source address is valid for its stated length.
+        let src = unsafe { medium::read_sockaddr_in(info.src_addr, info.src_addrlen) };
+        // The source's port is a listener's; the domain's Nic takes any.
+        let src = src.map(|a| std::net::SocketAddrV4::new(*a.ip(), 0));
+        let opts = NicOptions {
+            inject: prov::settings().inject.clone(),
+            ..NicOptions::default()
+        };
+        // A domain opened for a connection request uses the listener's Nic:
+        // the endpoint that accepts must live where the request arrived.
+        // SAFETY: a handle this provider put in the info, or none.
+        let nic = match unsafe { ConnReq::peek(info.handle) } {
+            Some(req) => req.nic.clone(),
+            None => Nic::open_with(&medium.nic_name(src), &opts).map_err(|_| err::ENODEV)?,
+        };
+        let ptag = nic.create_ptag().map_err(|_| err::ENOMEM)?;
+        let d = Box::new(Domain {
+            fid: fid_domain {
+                fid: fid {
+                    fclass: FI_CLASS_DOMAIN as usize,
+                    context,
+                    ops: &FI_OPS as *const fi_ops as *mut fi_ops,
+                },
+                ops: &OPS as *const fi_ops_domain as *mut fi_ops_domain,
+                mr: &crate::mr::OPS as *const fi_ops_mr as *mut fi_ops_mr,
+            },
+            fabric: f,
+            medium,
+            nic,
+            ptag,
+            refs: AtomicUsize::new(0),
+        });
+        f.refs.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: checked non-NULL above.
+        unsafe { *domain = Box::into_raw(d) as *mut fid_domain };
+        Ok(())
+    })
+}
+
+impl Domain {
+    /// The domain behind a `fid_domain` libfabric hands back.
+    ///
+    /// # Safety
+    /// `d` is NULL or a fid this provider handed out and has not freed.
+    pub unsafe fn from_fid<'a>(d: *mut fid_domain) -> Result<&'a Domain, c_int> {
+        // SAFETY: per the contract, with the class checked.
+        match unsafe { d.as_ref() } {
+            Some(d) if d.fid.fclass == FI_CLASS_DOMAIN as usize => {
+                Ok(unsafe { &*(d as *const fid_domain as *const Domain) })
+            }
+            _ => Err(err::EINVAL),
+        }
+    }
+}
+
+unsafe extern "C" fn close(d: *mut fid) -> c_int {
+    guard::call("domain close", || {
+        // SAFETY: libfabric calls close through the fid it was given.
+        let domain = unsafe { Domain::from_fid(d as *mut fid_domain) }?;
+        if domain.refs.load(Ordering::Acquire) != 0 {
+            return Err(err::EBUSY);
+        }
+        // SAFETY: the box made in `open`; nothing refers to it any more.
+        let domain = unsafe { Box::from_raw(domain as *const Domain as *mut Domain) };
+        // SAFETY: a domain keeps its fabric open (the count), so it is live.
+        unsafe { &*domain.fabric }
+            .refs
+            .fetch_sub(1, Ordering::AcqRel);
+        let _ = domain.nic.destroy_ptag(domain.ptag);
+        Ok(())
+    })
+}

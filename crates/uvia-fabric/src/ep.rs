@@ -1,0 +1,861 @@
+//! The active endpoint: one uvia VI, created when the endpoint is enabled
+//! (its queues report to the bound CQs), connected with `fi_connect` or
+//! `fi_accept`, and the data calls that post descriptors on it.
+//!
+//! Connection events go to the bound EQ. `fi_connect` waits for the
+//! peer's answer inside the call (uvia's connect request blocks), so a
+//! program must not connect to a listener whose EQ only it reads, on the
+//! same thread; the answer is on the EQ when the call returns.
+
+use crate::cq::{Cq, Op};
+use crate::domain::Domain;
+use crate::eq::{Eq, Event};
+use crate::guard;
+use crate::medium;
+use crate::mr;
+use crate::nosys;
+use crate::pep::{self, ConnReq};
+use crate::prov;
+use crate::sys::*;
+use std::ffi::{c_int, c_void};
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+use uvia::{
+    ConnectError, Descriptor, MemHandle, PostError, Reliability, Segment, Vi, ViAttributes,
+    MAX_SEGMENTS,
+};
+
+/// How long `fi_connect` waits for the peer's answer.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An endpoint. `#[repr(C)]` with libfabric's `fid_ep` first.
+#[repr(C)]
+pub struct Ep {
+    pub fid: fid_ep,
+    domain: *const Domain,
+    /// The info it was opened with (a copy): sizes, and a request's handle.
+    info: *mut fi_info,
+    eq: AtomicPtr<Eq>,
+    tx_cq: AtomicPtr<Cq>,
+    rx_cq: AtomicPtr<Cq>,
+    vi: OnceLock<Vi>,
+    peer: Mutex<Option<SocketAddrV4>>,
+}
+
+static FI_OPS: fi_ops = fi_ops {
+    size: std::mem::size_of::<fi_ops>(),
+    close: Some(close),
+    bind: Some(bind),
+    control: Some(control),
+    ops_open: Some(nosys::ops_open),
+    tostr: Some(nosys::tostr),
+    ops_set: Some(nosys::ops_set),
+};
+
+static EP_OPS: fi_ops_ep = fi_ops_ep {
+    size: std::mem::size_of::<fi_ops_ep>(),
+    cancel: Some(nosys::ep_cancel),
+    getopt: Some(nosys::ep_getopt),
+    setopt: Some(nosys::ep_setopt),
+    tx_ctx: Some(nosys::ep_tx_ctx),
+    rx_ctx: Some(nosys::ep_rx_ctx),
+    rx_size_left: Some(nosys::ep_rx_size_left),
+    tx_size_left: Some(nosys::ep_tx_size_left),
+};
+
+static CM_OPS: fi_ops_cm = fi_ops_cm {
+    size: std::mem::size_of::<fi_ops_cm>(),
+    setname: Some(nosys::cm_setname),
+    getname: Some(getname),
+    getpeer: Some(getpeer),
+    connect: Some(connect),
+    listen: Some(nosys::cm_listen),
+    accept: Some(accept),
+    reject: Some(nosys::cm_reject),
+    shutdown: Some(shutdown),
+    join: Some(nosys::cm_join),
+};
+
+static MSG_OPS: fi_ops_msg = fi_ops_msg {
+    size: std::mem::size_of::<fi_ops_msg>(),
+    recv: Some(recv),
+    recvv: Some(recvv),
+    recvmsg: Some(recvmsg),
+    send: Some(send),
+    sendv: Some(sendv),
+    sendmsg: Some(sendmsg),
+    inject: Some(nosys::msg_inject),
+    senddata: Some(senddata),
+    injectdata: Some(nosys::msg_injectdata),
+};
+
+static RMA_OPS: fi_ops_rma = fi_ops_rma {
+    size: std::mem::size_of::<fi_ops_rma>(),
+    read: Some(read),
+    readv: Some(readv),
+    readmsg: Some(readmsg),
+    write: Some(write),
+    writev: Some(writev),
+    writemsg: Some(writemsg),
+    inject: Some(nosys::rma_inject),
+    writedata: Some(writedata),
+    injectdata: Some(nosys::rma_injectdata),
+};
+
+static TAGGED_OPS: fi_ops_tagged = fi_ops_tagged {
+    size: std::mem::size_of::<fi_ops_tagged>(),
+    recv: Some(nosys::tagged_recv),
+    recvv: Some(nosys::tagged_recvv),
+    recvmsg: Some(nosys::tagged_recvmsg),
+    send: Some(nosys::tagged_send),
+    sendv: Some(nosys::tagged_sendv),
+    sendmsg: Some(nosys::tagged_sendmsg),
+    inject: Some(nosys::tagged_inject),
+    senddata: Some(nosys::tagged_senddata),
+    injectdata: Some(nosys::tagged_injectdata),
+};
+
+static ATOMIC_OPS: fi_ops_atomic = fi_ops_atomic {
+    size: std::mem::size_of::<fi_ops_atomic>(),
+    write: Some(nosys::atomic_write),
+    writev: Some(nosys::atomic_writev),
+    writemsg: Some(nosys::atomic_writemsg),
+    inject: Some(nosys::atomic_inject),
+    readwrite: Some(nosys::atomic_readwrite),
+    readwritev: Some(nosys::atomic_readwritev),
+    readwritemsg: Some(nosys::atomic_readwritemsg),
+    compwrite: Some(nosys::atomic_compwrite),
+    compwritev: Some(nosys::atomic_compwritev),
+    compwritemsg: Some(nosys::atomic_compwritemsg),
+    writevalid: Some(nosys::atomic_writevalid),
+    readwritevalid: Some(nosys::atomic_readwritevalid),
+    compwritevalid: Some(nosys::atomic_compwritevalid),
+};
+
+static COLLECTIVE_OPS: fi_ops_collective = fi_ops_collective {
+    size: std::mem::size_of::<fi_ops_collective>(),
+    barrier: Some(nosys::collective_barrier),
+    broadcast: Some(nosys::collective_broadcast),
+    alltoall: Some(nosys::collective_alltoall),
+    allreduce: Some(nosys::collective_allreduce),
+    allgather: Some(nosys::collective_allgather),
+    reduce_scatter: Some(nosys::collective_reduce_scatter),
+    reduce: Some(nosys::collective_reduce),
+    scatter: Some(nosys::collective_scatter),
+    gather: Some(nosys::collective_gather),
+    msg: Some(nosys::collective_msg),
+    barrier2: Some(nosys::collective_barrier2),
+};
+
+/// `fi_endpoint`.
+pub unsafe extern "C" fn open(
+    d: *mut fid_domain,
+    info: *mut fi_info,
+    ep: *mut *mut fid_ep,
+    context: *mut c_void,
+) -> c_int {
+    guard::call("endpoint", || {
+        // SAFETY: libfabric passes the domain it was given and an info.
+        let domain = unsafe { Domain::from_fid(d) }?;
+        let info = unsafe { info.as_ref() }.ok_or(err::EINVAL)?;
+        if ep.is_null() {
+            return Err(err::EINVAL);
+        }
+        // SAFETY: attribute pointers are NULL or valid.
+        if unsafe { info.ep_attr.as_ref() }
+            .is_some_and(|a| a.type_ != FI_EP_MSG && a.type_ != FI_EP_UNSPEC)
+        {
+            return Err(err::EINVAL);
+        }
+        // SAFETY: `info` is valid; the copy is ours.
+        let copy = unsafe { fi_dupinfo(info) };
+        if copy.is_null() {
+            return Err(err::ENOMEM);
+        }
+        let e = Box::new(Ep {
+            fid: fid_ep {
+                fid: fid {
+                    fclass: FI_CLASS_EP as usize,
+                    context,
+                    ops: &FI_OPS as *const fi_ops as *mut fi_ops,
+                },
+                ops: &EP_OPS as *const _ as *mut _,
+                cm: &CM_OPS as *const _ as *mut _,
+                msg: &MSG_OPS as *const _ as *mut _,
+                rma: &RMA_OPS as *const _ as *mut _,
+                tagged: &TAGGED_OPS as *const _ as *mut _,
+                atomic: &ATOMIC_OPS as *const _ as *mut _,
+                collective: &COLLECTIVE_OPS as *const _ as *mut _,
+            },
+            domain,
+            info: copy,
+            eq: AtomicPtr::new(std::ptr::null_mut()),
+            tx_cq: AtomicPtr::new(std::ptr::null_mut()),
+            rx_cq: AtomicPtr::new(std::ptr::null_mut()),
+            vi: OnceLock::new(),
+            peer: Mutex::new(None),
+        });
+        domain.refs.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: checked non-NULL above.
+        unsafe { *ep = Box::into_raw(e) as *mut fid_ep };
+        Ok(())
+    })
+}
+
+impl Ep {
+    /// # Safety
+    /// `p` is NULL or a fid this provider handed out and has not freed.
+    unsafe fn from_fid<'a>(p: *mut fid) -> Result<&'a Ep, c_int> {
+        // SAFETY: per the contract, with the class checked.
+        match unsafe { p.as_ref() } {
+            Some(f) if f.fclass == FI_CLASS_EP as usize => Ok(unsafe { &*(p as *const Ep) }),
+            _ => Err(err::EINVAL),
+        }
+    }
+
+    fn domain(&self) -> &Domain {
+        // SAFETY: an endpoint keeps its domain open.
+        unsafe { &*self.domain }
+    }
+
+    fn eq(&self) -> Option<&Eq> {
+        // SAFETY: a bound EQ is kept open by its count.
+        unsafe { self.eq.load(Ordering::Acquire).as_ref() }
+    }
+
+    fn vi(&self) -> Result<&Vi, c_int> {
+        self.vi.get().ok_or(-(FI_EOPBADSTATE as c_int))
+    }
+
+    fn fid_ptr(&self) -> fid_t {
+        &self.fid.fid as *const fid as fid_t
+    }
+
+    /// Creates the VI (`fi_enable`).
+    fn enable(&self) -> Result<(), c_int> {
+        if self.vi.get().is_some() {
+            return Ok(());
+        }
+        let d = self.domain();
+        let a = d.nic.attributes();
+        // SAFETY: our copy of the info, with its attribute structs.
+        let (tx, rx) = unsafe { ((*self.info).tx_attr.as_ref(), (*self.info).rx_attr.as_ref()) };
+        let depth = |n: Option<usize>| {
+            (n.filter(|n| *n > 0)
+                .unwrap_or(256)
+                .min(a.max_queue_depth as usize)) as u32
+        };
+        let attrs = ViAttributes::new(d.ptag)
+            .reliability(
+                prov::settings()
+                    .reliability
+                    .unwrap_or(Reliability::ReliableDelivery),
+            )
+            .rdma(true, true)
+            .max_transfer_size(a.max_transfer_size)
+            .queue_depths(depth(tx.map(|t| t.size)), depth(rx.map(|r| r.size)))
+            // libfabric's resource management: a message that finds no
+            // receive posted waits for one instead of breaking the connection.
+            .rnr_retry(true);
+        // SAFETY: bound CQs are kept open by their counts.
+        let (tx_cq, rx_cq) = unsafe {
+            (
+                self.tx_cq.load(Ordering::Acquire).as_ref(),
+                self.rx_cq.load(Ordering::Acquire).as_ref(),
+            )
+        };
+        let vi = d
+            .nic
+            .create_vi(attrs, tx_cq.map(|c| &c.cq), rx_cq.map(|c| &c.cq))
+            .map_err(|_| err::EINVAL)?;
+        if let Some(spin) = prov::settings().spin {
+            vi.set_wait_spin(spin);
+        }
+        let _ = self.vi.set(vi);
+        Ok(())
+    }
+
+    fn connected(&self, peer: Option<SocketAddrV4>) {
+        *crate::guard::lock(&self.peer) = peer;
+        let data = self.vi.get().map(Vi::peer_private_data).unwrap_or_default();
+        if let Some(eq) = self.eq() {
+            eq.push(Event::Cm {
+                event: FI_CONNECTED,
+                fid: self.fid_ptr(),
+                info: std::ptr::null_mut(),
+                data,
+            });
+        }
+    }
+
+    fn failed(&self, e: &ConnectError) {
+        let err = match e {
+            ConnectError::Rejected | ConnectError::NoListener { .. } => FI_ECONNREFUSED,
+            ConnectError::Timeout(_) => FI_ETIMEDOUT,
+            _ => FI_EIO,
+        };
+        if let Some(eq) = self.eq() {
+            eq.push(Event::Error {
+                fid: self.fid_ptr(),
+                context: self.fid.fid.context,
+                err,
+                data: Vec::new(),
+            });
+        }
+    }
+
+    /// Posts `desc` on the send queue as an operation completing with
+    /// `flags`.
+    fn post_send(
+        &self,
+        desc: Descriptor,
+        context: *mut c_void,
+        flags: u64,
+        len: usize,
+    ) -> Result<isize, c_int> {
+        let vi = self.vi()?;
+        let d = Op::post(desc, context, flags, len, std::ptr::null_mut());
+        // SAFETY: the Op box stays alive until the CQ read takes it back.
+        match unsafe { vi.post_send_raw(d, false) } {
+            Ok(()) => Ok(0),
+            Err(e) => {
+                // SAFETY: refused, so never queued: still ours.
+                drop(unsafe { Op::take(d) });
+                Err(post_error(&e))
+            }
+        }
+    }
+
+    fn post_recv(
+        &self,
+        desc: Descriptor,
+        context: *mut c_void,
+        buf: *mut c_void,
+    ) -> Result<isize, c_int> {
+        let vi = self.vi()?;
+        let d = Op::post(desc, context, FI_RECV | FI_MSG, 0, buf);
+        // SAFETY: as in post_send.
+        match unsafe { vi.post_recv_raw(d, false) } {
+            Ok(()) => Ok(0),
+            Err(e) => {
+                // SAFETY: refused, so never queued: still ours.
+                drop(unsafe { Op::take(d) });
+                Err(post_error(&e))
+            }
+        }
+    }
+}
+
+fn post_error(e: &PostError) -> c_int {
+    match e {
+        PostError::QueueFull(..) => -FI_EAGAIN,
+        PostError::NotConnected(_) => -(FI_EOPBADSTATE as c_int),
+        PostError::ViError => -FI_EIO,
+        PostError::TooLong { .. } => -FI_EMSGSIZE,
+        _ => err::EINVAL,
+    }
+}
+
+/// Data segments for an iovec list and its descriptors.
+///
+/// # Safety
+/// `iov` holds `count` entries and `desc` is NULL or holds `count`.
+unsafe fn segments(
+    iov: *const iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+) -> Result<([Segment; MAX_SEGMENTS], usize, usize), c_int> {
+    if count > MAX_SEGMENTS || (count > 0 && iov.is_null()) {
+        return Err(err::EINVAL);
+    }
+    let mut segs = [Segment::default(); MAX_SEGMENTS];
+    let mut total = 0;
+    for (i, seg) in segs.iter_mut().enumerate().take(count) {
+        // SAFETY: per the contract.
+        let v = unsafe { &*iov.add(i) };
+        let d = if desc.is_null() {
+            std::ptr::null_mut()
+        } else {
+            unsafe { *desc.add(i) }
+        };
+        let len = u32::try_from(v.iov_len).map_err(|_| -FI_EMSGSIZE)?;
+        *seg = Segment::local(v.iov_base as *const u8, mr::handle(d), len);
+        total += v.iov_len;
+    }
+    Ok((segs, count, total))
+}
+
+fn one(buf: *const c_void, len: usize, desc: *mut c_void) -> iovec {
+    let _ = desc;
+    iovec {
+        iov_base: buf as *mut c_void,
+        iov_len: len,
+    }
+}
+
+// ---- fi_ops
+
+unsafe extern "C" fn bind(p: *mut fid, bfid: *mut fid, flags: u64) -> c_int {
+    guard::call("ep bind", || {
+        // SAFETY: libfabric passes fids it was given.
+        let ep = unsafe { Ep::from_fid(p) }?;
+        if ep.vi.get().is_some() {
+            return Err(-(FI_EOPBADSTATE as c_int));
+        }
+        let class = unsafe { bfid.as_ref() }.ok_or(err::EINVAL)?.fclass as u32;
+        match class {
+            FI_CLASS_EQ => {
+                let eq = unsafe { Eq::from_fid(bfid) }?;
+                eq.refs.fetch_add(1, Ordering::AcqRel);
+                ep.eq.store(eq as *const Eq as *mut Eq, Ordering::Release);
+            }
+            FI_CLASS_CQ => {
+                let cq = unsafe { Cq::from_fid(bfid) }?;
+                if flags & (FI_TRANSMIT | FI_RECV) == 0 || flags & FI_SELECTIVE_COMPLETION != 0 {
+                    return Err(err::EINVAL);
+                }
+                for (bit, slot) in [(FI_TRANSMIT, &ep.tx_cq), (FI_RECV, &ep.rx_cq)] {
+                    if flags & bit != 0 {
+                        cq.refs.fetch_add(1, Ordering::AcqRel);
+                        slot.store(cq as *const Cq as *mut Cq, Ordering::Release);
+                    }
+                }
+            }
+            _ => return Err(err::ENOSYS),
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn control(p: *mut fid, command: c_int, _arg: *mut c_void) -> c_int {
+    guard::call("ep control", || {
+        // SAFETY: libfabric passes the fid it was given.
+        let ep = unsafe { Ep::from_fid(p) }?;
+        match command as u32 {
+            FI_ENABLE => ep.enable(),
+            _ => Err(err::ENOSYS),
+        }
+    })
+}
+
+unsafe extern "C" fn close(p: *mut fid) -> c_int {
+    guard::call("ep close", || {
+        // SAFETY: libfabric calls close through the fid it was given.
+        let ep = unsafe { Ep::from_fid(p) }?;
+        // SAFETY: the box made in `open`; nothing refers to it any more.
+        let mut ep = unsafe { Box::from_raw(ep as *const Ep as *mut Ep) };
+        if let Some(vi) = ep.vi.take() {
+            vi.disconnect();
+            // Descriptors still queued complete flushed: free their Ops.
+            while let Some(d) = vi.send_done_raw().or_else(|| vi.recv_done_raw()) {
+                // SAFETY: every descriptor posted here is an Op.
+                drop(unsafe { Op::take(d) });
+            }
+            let _ = vi.destroy();
+        }
+        // SAFETY: bound objects and the domain are kept open by the counts.
+        unsafe {
+            if let Some(eq) = ep.eq.load(Ordering::Acquire).as_ref() {
+                eq.refs.fetch_sub(1, Ordering::AcqRel);
+            }
+            for cq in [
+                ep.tx_cq.load(Ordering::Acquire),
+                ep.rx_cq.load(Ordering::Acquire),
+            ] {
+                if let Some(cq) = cq.as_ref() {
+                    cq.refs.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            fi_freeinfo(ep.info);
+        }
+        ep.domain().refs.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    })
+}
+
+// ---- fi_ops_cm
+
+unsafe extern "C" fn getname(p: fid_t, addr: *mut c_void, len: *mut usize) -> c_int {
+    guard::call("ep getname", || {
+        // SAFETY: libfabric passes the fid it was given; the info is ours.
+        let ep = unsafe { Ep::from_fid(p) }?;
+        let src = unsafe { medium::read_sockaddr_in((*ep.info).src_addr, (*ep.info).src_addrlen) }
+            .unwrap_or(SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0));
+        // SAFETY: the caller's buffer.
+        unsafe { pep::put_name(src, addr, len) }
+    })
+}
+
+unsafe extern "C" fn getpeer(p: *mut fid_ep, addr: *mut c_void, len: *mut usize) -> c_int {
+    guard::call("getpeer", || {
+        // SAFETY: libfabric passes the fid it was given.
+        let ep = unsafe { Ep::from_fid(p as *mut fid) }?;
+        let peer = (*crate::guard::lock(&ep.peer)).ok_or(-(FI_ENOTCONN))?;
+        // SAFETY: the caller's buffer.
+        unsafe { pep::put_name(peer, addr, len) }
+    })
+}
+
+unsafe extern "C" fn connect(
+    p: *mut fid_ep,
+    addr: *const c_void,
+    param: *const c_void,
+    len: usize,
+) -> c_int {
+    guard::call("connect", || {
+        // SAFETY: libfabric passes the fid it was given; `addr` is a
+        // sockaddr (read only as far as a sockaddr_in), `param` `len` bytes.
+        let ep = unsafe { Ep::from_fid(p as *mut fid) }?;
+        let to =
+            unsafe { medium::read_sockaddr_in(addr, std::mem::size_of::<libc::sockaddr_in>()) }
+                .ok_or(err::EINVAL)?;
+        let data = unsafe { pep::private(param, len) };
+        if data.len() > uvia::MAX_PRIVATE_DATA {
+            return Err(err::EINVAL);
+        }
+        if ep.eq().is_none() {
+            return Err(-(FI_ENOEQ as c_int));
+        }
+        let vi = ep.vi()?;
+        let d = ep.domain();
+        let remote = d.medium.remote(&d.nic, to);
+        match vi.connect_request_with(&remote, CONNECT_TIMEOUT, data) {
+            Ok(_) => ep.connected(Some(to)),
+            Err(ConnectError::InvalidState(_)) => return Err(-(FI_EOPBADSTATE as c_int)),
+            Err(e) => ep.failed(&e),
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn accept(p: *mut fid_ep, param: *const c_void, len: usize) -> c_int {
+    guard::call("accept", || {
+        // SAFETY: libfabric passes the fid it was given; the info is ours
+        // and its handle the request it was opened for; `param` `len` bytes.
+        let ep = unsafe { Ep::from_fid(p as *mut fid) }?;
+        let data = unsafe { pep::private(param, len) };
+        if data.len() > uvia::MAX_PRIVATE_DATA {
+            return Err(err::EINVAL);
+        }
+        let vi = ep.vi()?;
+        let handle = unsafe { (*ep.info).handle };
+        let req = unsafe { ConnReq::take(handle) }?;
+        // The request is answered (or dropped) here: forget the handle.
+        unsafe { (*ep.info).handle = std::ptr::null_mut() };
+        let mut request = crate::guard::lock(&req.request).take().ok_or(err::EINVAL)?;
+        match request.accept_with(vi, data) {
+            Ok(()) => {
+                ep.connected(request.peer_address().and_then(|a| a.parse().ok()));
+                Ok(())
+            }
+            Err(_) => Err(-(FI_ECONNABORTED)),
+        }
+    })
+}
+
+unsafe extern "C" fn shutdown(p: *mut fid_ep, _flags: u64) -> c_int {
+    guard::call("shutdown", || {
+        // SAFETY: libfabric passes the fid it was given.
+        let ep = unsafe { Ep::from_fid(p as *mut fid) }?;
+        ep.vi()?.disconnect();
+        Ok(())
+    })
+}
+
+// ---- fi_ops_msg
+
+unsafe extern "C" fn send(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    desc: *mut c_void,
+    dest: fi_addr_t,
+    context: *mut c_void,
+) -> isize {
+    let v = one(buf, len, desc);
+    let mut d = desc;
+    // SAFETY: one entry each, on the stack.
+    unsafe { sendv(ep, &v, &mut d, 1, dest, context) }
+}
+
+unsafe extern "C" fn sendv(
+    ep: *mut fid_ep,
+    iov: *const iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+    _dest: fi_addr_t,
+    context: *mut c_void,
+) -> isize {
+    guard::call_ssize("send", || {
+        // SAFETY: libfabric passes the fid it was given; iov/desc `count`.
+        let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
+        let (segs, n, total) = unsafe { segments(iov, desc, count) }?;
+        ep.post_send(
+            Descriptor::send(&segs[..n]),
+            context,
+            FI_SEND | FI_MSG,
+            total,
+        )
+    })
+}
+
+unsafe extern "C" fn senddata(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    desc: *mut c_void,
+    data: u64,
+    _dest: fi_addr_t,
+    context: *mut c_void,
+) -> isize {
+    guard::call_ssize("senddata", || {
+        // SAFETY: as in sendv, one entry on the stack.
+        let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
+        let v = one(buf, len, desc);
+        let mut d = desc;
+        let (segs, n, total) = unsafe { segments(&v, &mut d, 1) }?;
+        let desc = Descriptor::send(&segs[..n]).with_immediate(data as u32);
+        ep.post_send(desc, context, FI_SEND | FI_MSG, total)
+    })
+}
+
+unsafe extern "C" fn sendmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -> isize {
+    guard::call_ssize("sendmsg", || {
+        // SAFETY: as in sendv; `msg` is the caller's.
+        let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
+        let m = unsafe { msg.as_ref() }.ok_or(err::EINVAL)?;
+        if flags & FI_INJECT != 0 {
+            return Err(err::ENOSYS);
+        }
+        let (segs, n, total) = unsafe { segments(m.msg_iov, m.desc, m.iov_count) }?;
+        let mut desc = Descriptor::send(&segs[..n]);
+        if flags & FI_REMOTE_CQ_DATA != 0 {
+            desc = desc.with_immediate(m.data as u32);
+        }
+        ep.post_send(desc, m.context, FI_SEND | FI_MSG, total)
+    })
+}
+
+unsafe extern "C" fn recv(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    desc: *mut c_void,
+    src: fi_addr_t,
+    context: *mut c_void,
+) -> isize {
+    let v = one(buf, len, desc);
+    let mut d = desc;
+    // SAFETY: one entry each, on the stack.
+    unsafe { recvv(ep, &v, &mut d, 1, src, context) }
+}
+
+unsafe extern "C" fn recvv(
+    ep: *mut fid_ep,
+    iov: *const iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+    _src: fi_addr_t,
+    context: *mut c_void,
+) -> isize {
+    guard::call_ssize("recv", || {
+        // SAFETY: as in sendv.
+        let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
+        let (segs, n, _) = unsafe { segments(iov, desc, count) }?;
+        let buf = if n > 0 {
+            segs[0].addr as *mut c_void
+        } else {
+            std::ptr::null_mut()
+        };
+        ep.post_recv(Descriptor::recv(&segs[..n]), context, buf)
+    })
+}
+
+unsafe extern "C" fn recvmsg(ep: *mut fid_ep, msg: *const fi_msg, _flags: u64) -> isize {
+    // SAFETY: `msg` is the caller's.
+    match unsafe { msg.as_ref() } {
+        Some(m) => unsafe { recvv(ep, m.msg_iov, m.desc, m.iov_count, m.addr, m.context) },
+        None => err::EINVAL as isize,
+    }
+}
+
+// ---- fi_ops_rma
+
+/// Posts an RDMA write (`read == false`) or read of the local iovec list
+/// against the peer's `addr` under `key`.
+///
+/// # Safety
+/// As for [`segments`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn rma(
+    ep: *mut fid_ep,
+    iov: *const iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+    addr: u64,
+    key: u64,
+    data: Option<u64>,
+    context: *mut c_void,
+    read: bool,
+) -> Result<isize, c_int> {
+    // SAFETY: forwarded.
+    let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
+    let (segs, n, total) = unsafe { segments(iov, desc, count) }?;
+    let remote = Segment::remote(
+        addr,
+        MemHandle(u32::try_from(key).map_err(|_| err::EINVAL)?),
+    );
+    let (mut desc, flags) = if read {
+        (Descriptor::rdma_read(remote, &segs[..n]), FI_RMA | FI_READ)
+    } else {
+        (
+            Descriptor::rdma_write(remote, &segs[..n]),
+            FI_RMA | FI_WRITE,
+        )
+    };
+    if let Some(d) = data {
+        desc = desc.with_immediate(d as u32);
+    }
+    ep.post_send(desc, context, flags, total)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn write(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    desc: *mut c_void,
+    _dest: fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+) -> isize {
+    guard::call_ssize("write", || {
+        let v = one(buf, len, desc);
+        let mut d = desc;
+        // SAFETY: one entry each, on the stack.
+        unsafe { rma(ep, &v, &mut d, 1, addr, key, None, context, false) }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn writev(
+    ep: *mut fid_ep,
+    iov: *const iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+    _dest: fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: the caller's lists.
+    guard::call_ssize("writev", || unsafe {
+        rma(ep, iov, desc, count, addr, key, None, context, false)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn writedata(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    desc: *mut c_void,
+    data: u64,
+    _dest: fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+) -> isize {
+    guard::call_ssize("writedata", || {
+        let v = one(buf, len, desc);
+        let mut d = desc;
+        // SAFETY: one entry each, on the stack.
+        unsafe { rma(ep, &v, &mut d, 1, addr, key, Some(data), context, false) }
+    })
+}
+
+unsafe extern "C" fn writemsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize {
+    guard::call_ssize("writemsg", || {
+        // SAFETY: the caller's message.
+        let m = unsafe { msg.as_ref() }.ok_or(err::EINVAL)?;
+        let r = unsafe { m.rma_iov.as_ref() }
+            .filter(|_| m.rma_iov_count == 1)
+            .ok_or(err::EINVAL)?;
+        let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(m.data);
+        unsafe {
+            rma(
+                ep,
+                m.msg_iov,
+                m.desc,
+                m.iov_count,
+                r.addr,
+                r.key,
+                data,
+                m.context,
+                false,
+            )
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn read(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    desc: *mut c_void,
+    _src: fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+) -> isize {
+    guard::call_ssize("read", || {
+        let v = one(buf, len, desc);
+        let mut d = desc;
+        // SAFETY: one entry each, on the stack.
+        unsafe { rma(ep, &v, &mut d, 1, addr, key, None, context, true) }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn readv(
+    ep: *mut fid_ep,
+    iov: *const iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+    _src: fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: the caller's lists.
+    guard::call_ssize("readv", || unsafe {
+        rma(ep, iov, desc, count, addr, key, None, context, true)
+    })
+}
+
+unsafe extern "C" fn readmsg(ep: *mut fid_ep, msg: *const fi_msg_rma, _flags: u64) -> isize {
+    guard::call_ssize("readmsg", || {
+        // SAFETY: the caller's message.
+        let m = unsafe { msg.as_ref() }.ok_or(err::EINVAL)?;
+        let r = unsafe { m.rma_iov.as_ref() }
+            .filter(|_| m.rma_iov_count == 1)
+            .ok_or(err::EINVAL)?;
+        unsafe {
+            rma(
+                ep,
+                m.msg_iov,
+                m.desc,
+                m.iov_count,
+                r.addr,
+                r.key,
+                None,
+                m.context,
+                true,
+            )
+        }
+    })
+}

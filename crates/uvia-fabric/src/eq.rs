@@ -1,0 +1,363 @@
+//! The event queue: connection events (`FI_CONNREQ`, `FI_CONNECTED`,
+//! `FI_SHUTDOWN`), their errors, and events the program writes itself.
+//!
+//! Progress happens here: a read asks each passive endpoint bound to the
+//! queue for requests that arrived (uvia's connect wait with no wait), so
+//! a program that reads its EQ accepts connections without a thread.
+
+use crate::fabric::Fabric;
+use crate::guard::{self, lock};
+use crate::nosys;
+use crate::pep::Pep;
+use crate::sys::*;
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One queued event.
+pub enum Event {
+    /// A connection event: `fi_eq_cm_entry` with private data after it.
+    Cm {
+        event: u32,
+        fid: fid_t,
+        info: *mut fi_info,
+        data: Vec<u8>,
+    },
+    /// An error, read with `fi_eq_readerr`.
+    Error {
+        fid: fid_t,
+        context: *mut c_void,
+        err: c_int,
+        data: Vec<u8>,
+    },
+    /// Written by the program with `fi_eq_write`: handed back as written.
+    User { event: u32, bytes: Vec<u8> },
+}
+
+// SAFETY: the raw pointers are fids and infos this provider made, handed
+// to whichever thread reads the queue, as libfabric hands them.
+unsafe impl Send for Event {}
+
+/// An event queue. `#[repr(C)]` with libfabric's `fid_eq` first.
+#[repr(C)]
+pub struct Eq {
+    pub fid: fid_eq,
+    fabric: *const Fabric,
+    events: Mutex<VecDeque<Event>>,
+    /// Passive endpoints bound here, polled for requests by each read.
+    listeners: Mutex<Vec<usize>>,
+    /// The error event last read, whose data `fi_eq_readerr` points into.
+    last_error: Mutex<Vec<u8>>,
+    pub refs: AtomicUsize,
+}
+
+static FI_OPS: fi_ops = fi_ops {
+    size: std::mem::size_of::<fi_ops>(),
+    close: Some(close),
+    bind: Some(nosys::bind),
+    control: Some(nosys::control),
+    ops_open: Some(nosys::ops_open),
+    tostr: Some(nosys::tostr),
+    ops_set: Some(nosys::ops_set),
+};
+
+static OPS: fi_ops_eq = fi_ops_eq {
+    size: std::mem::size_of::<fi_ops_eq>(),
+    read: Some(read),
+    readerr: Some(readerr),
+    write: Some(write),
+    sread: Some(sread),
+    strerror: Some(strerror),
+};
+
+/// `fi_eq_open`.
+pub unsafe extern "C" fn open(
+    fabric: *mut fid_fabric,
+    _attr: *mut fi_eq_attr,
+    eq: *mut *mut fid_eq,
+    context: *mut c_void,
+) -> c_int {
+    guard::call("eq_open", || {
+        // SAFETY: libfabric passes the fabric it was given.
+        let f = unsafe { Fabric::from_fid(fabric) }?;
+        if eq.is_null() {
+            return Err(err::EINVAL);
+        }
+        let q = Box::new(Eq {
+            fid: fid_eq {
+                fid: fid {
+                    fclass: FI_CLASS_EQ as usize,
+                    context,
+                    ops: &FI_OPS as *const fi_ops as *mut fi_ops,
+                },
+                ops: &OPS as *const fi_ops_eq as *mut fi_ops_eq,
+            },
+            fabric: f,
+            events: Mutex::new(VecDeque::new()),
+            listeners: Mutex::new(Vec::new()),
+            last_error: Mutex::new(Vec::new()),
+            refs: AtomicUsize::new(0),
+        });
+        f.refs.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: checked non-NULL above.
+        unsafe { *eq = Box::into_raw(q) as *mut fid_eq };
+        Ok(())
+    })
+}
+
+impl Eq {
+    /// # Safety
+    /// `p` is NULL or a fid this provider handed out and has not freed.
+    pub unsafe fn from_fid<'a>(p: *mut fid) -> Result<&'a Eq, c_int> {
+        // SAFETY: per the contract, with the class checked.
+        match unsafe { p.as_ref() } {
+            Some(f) if f.fclass == FI_CLASS_EQ as usize => Ok(unsafe { &*(p as *const Eq) }),
+            _ => Err(err::EINVAL),
+        }
+    }
+
+    pub fn push(&self, e: Event) {
+        lock(&self.events).push_back(e);
+    }
+
+    pub fn add_listener(&self, pep: &Pep) {
+        lock(&self.listeners).push(pep as *const Pep as usize);
+        self.refs.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn remove_listener(&self, pep: &Pep) {
+        let mut l = lock(&self.listeners);
+        if let Some(i) = l.iter().position(|p| *p == pep as *const Pep as usize) {
+            l.remove(i);
+            self.refs.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Takes in the requests that arrived at the bound listeners, waiting
+    /// up to `wait` on the first of them.
+    fn progress(&self, wait: Duration) {
+        let listeners = lock(&self.listeners).clone();
+        for (i, p) in listeners.iter().enumerate() {
+            // SAFETY: a passive endpoint removes itself before it is freed.
+            let pep = unsafe { &*(*p as *const Pep) };
+            pep.poll(self, if i == 0 { wait } else { Duration::ZERO });
+        }
+        if listeners.is_empty() && !wait.is_zero() {
+            std::thread::sleep(wait.min(Duration::from_millis(1)));
+        }
+    }
+
+    /// One event into `buf`, or `-FI_EAGAIN` / `-FI_EAVAIL`.
+    fn read_one(
+        &self,
+        event: *mut u32,
+        buf: *mut c_void,
+        len: usize,
+        flags: u64,
+    ) -> Result<isize, c_int> {
+        let mut q = lock(&self.events);
+        let n = match q.front() {
+            None => return Err(-FI_EAGAIN),
+            Some(Event::Error { .. }) => return Err(-(FI_EAVAIL as c_int)),
+            Some(Event::Cm {
+                event: ev,
+                fid,
+                info,
+                data,
+            }) => {
+                let head = std::mem::size_of::<fi_eq_cm_entry>();
+                let n = head + data.len();
+                if buf.is_null() || len < n {
+                    return Err(-(FI_ETOOSMALL as c_int));
+                }
+                let entry = buf as *mut fi_eq_cm_entry;
+                // SAFETY: `buf` holds `len >= n` bytes per the caller; the
+                // entry's fields are written unaligned-safe through raw
+                // field pointers, the data after the header.
+                unsafe {
+                    std::ptr::addr_of_mut!((*entry).fid).write_unaligned(*fid);
+                    std::ptr::addr_of_mut!((*entry).info).write_unaligned(*info);
+                    std::ptr::copy_nonoverlapping(
+                        data.as_ptr(),
+                        (buf as *mut u8).add(head),
+                        data.len(),
+                    );
+                    if !event.is_null() {
+                        *event = *ev;
+                    }
+                }
+                n
+            }
+            Some(Event::User { event: ev, bytes }) => {
+                if buf.is_null() || len < bytes.len() {
+                    return Err(-(FI_ETOOSMALL as c_int));
+                }
+                // SAFETY: as above.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, bytes.len());
+                    if !event.is_null() {
+                        *event = *ev;
+                    }
+                }
+                bytes.len()
+            }
+        };
+        if flags & FI_PEEK == 0 {
+            q.pop_front();
+        }
+        Ok(n as isize)
+    }
+}
+
+unsafe extern "C" fn read(
+    eq: *mut fid_eq,
+    event: *mut u32,
+    buf: *mut c_void,
+    len: usize,
+    flags: u64,
+) -> isize {
+    guard::call_ssize("eq_read", || {
+        // SAFETY: libfabric calls through the fid it was given.
+        let q = unsafe { Eq::from_fid(eq as *mut fid) }?;
+        q.progress(Duration::ZERO);
+        q.read_one(event, buf, len, flags)
+    })
+}
+
+unsafe extern "C" fn sread(
+    eq: *mut fid_eq,
+    event: *mut u32,
+    buf: *mut c_void,
+    len: usize,
+    timeout_ms: c_int,
+    flags: u64,
+) -> isize {
+    guard::call_ssize("eq_sread", || {
+        // SAFETY: as in read.
+        let q = unsafe { Eq::from_fid(eq as *mut fid) }?;
+        let deadline =
+            (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+        loop {
+            q.progress(Duration::ZERO);
+            match q.read_one(event, buf, len, flags) {
+                Err(e) if e == -FI_EAGAIN => {}
+                r => return r,
+            }
+            let slice = Duration::from_millis(10);
+            let wait = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Err(-FI_EAGAIN);
+                    }
+                    (d - now).min(slice)
+                }
+                None => slice,
+            };
+            q.progress(wait);
+        }
+    })
+}
+
+unsafe extern "C" fn readerr(eq: *mut fid_eq, buf: *mut fi_eq_err_entry, flags: u64) -> isize {
+    guard::call_ssize("eq_readerr", || {
+        // SAFETY: as in read.
+        let q = unsafe { Eq::from_fid(eq as *mut fid) }?;
+        let out = unsafe { buf.as_mut() }.ok_or(err::EINVAL)?;
+        let mut events = lock(&q.events);
+        let Some(Event::Error {
+            fid,
+            context,
+            err,
+            data,
+        }) = events.front()
+        else {
+            return Err(-FI_EAGAIN);
+        };
+        // The error data stays readable until the next readerr, as
+        // libfabric's own queues keep it.
+        let mut keep = lock(&q.last_error);
+        *keep = data.clone();
+        *out = fi_eq_err_entry {
+            fid: *fid,
+            context: *context,
+            data: 0,
+            err: *err,
+            prov_errno: -*err,
+            err_data: if keep.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                keep.as_mut_ptr() as *mut c_void
+            },
+            err_data_size: keep.len(),
+        };
+        if flags & FI_PEEK == 0 {
+            events.pop_front();
+        }
+        Ok(std::mem::size_of::<fi_eq_err_entry>() as isize)
+    })
+}
+
+unsafe extern "C" fn write(
+    eq: *mut fid_eq,
+    event: u32,
+    buf: *const c_void,
+    len: usize,
+    _flags: u64,
+) -> isize {
+    guard::call_ssize("eq_write", || {
+        // SAFETY: as in read; `buf` holds `len` bytes.
+        let q = unsafe { Eq::from_fid(eq as *mut fid) }?;
+        let bytes = if buf.is_null() {
+            Vec::new()
+        } else {
+            unsafe { std::slice::from_raw_parts(buf as *const u8, len) }.to_vec()
+        };
+        q.push(Event::User { event, bytes });
+        Ok(len as isize)
+    })
+}
+
+/// `fi_eq_strerror`: libfabric's own text for the error number.
+pub unsafe extern "C" fn strerror(
+    _eq: *mut fid_eq,
+    prov_errno: c_int,
+    _err_data: *const c_void,
+    buf: *mut c_char,
+    len: usize,
+) -> *const c_char {
+    // SAFETY: fi_strerror returns a static string.
+    let s = unsafe { fi_strerror(prov_errno.abs()) };
+    if !buf.is_null() && len > 0 {
+        // SAFETY: `buf` holds `len` bytes; the copy leaves room for the NUL.
+        unsafe {
+            let n = libc::strlen(s).min(len - 1);
+            std::ptr::copy_nonoverlapping(s, buf, n);
+            *buf.add(n) = 0;
+        }
+    }
+    s
+}
+
+unsafe extern "C" fn close(p: *mut fid) -> c_int {
+    guard::call("eq close", || {
+        // SAFETY: libfabric calls close through the fid it was given.
+        let q = unsafe { Eq::from_fid(p) }?;
+        if q.refs.load(Ordering::Acquire) != 0 {
+            return Err(err::EBUSY);
+        }
+        // SAFETY: the box made in `open`; nothing refers to it any more.
+        let q = unsafe { Box::from_raw(q as *const Eq as *mut Eq) };
+        // SAFETY: an EQ keeps its fabric open.
+        unsafe { &*q.fabric }.refs.fetch_sub(1, Ordering::AcqRel);
+        for e in lock(&q.events).drain(..) {
+            if let Event::Cm { info, .. } = e {
+                // SAFETY: an unread request's info is still ours to free.
+                unsafe { fi_freeinfo(info) };
+            }
+        }
+        Ok(())
+    })
+}

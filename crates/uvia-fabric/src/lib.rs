@@ -1,0 +1,27 @@
+//! A libfabric provider named `uvia`: libfabric programs (and `ofi_rxm`
+//! layered on top, hence MPI) over uvia's media.
+//!
+//! Built as `libuvia-fi.so`, which libfabric loads from `FI_PROVIDER_PATH`
+//! or its own provider folder and enters through [`prov::fi_prov_ini`].
+//! Each libfabric object is a `#[repr(C)]` struct whose first field is
+//! libfabric's own (`fid_fabric`, `fid_domain`, ...), so the pointer
+//! libfabric holds is the object; its ops tables are statics, every slot
+//! filled (`nosys` for what is not offered). Every function libfabric calls
+//! runs through `guard`, so a panic is `-FI_EOTHER`, never an abort.
+//! Progress is made inside the program's calls: no thread of its own.
+
+#![allow(clippy::missing_safety_doc)]
+
+pub mod cq;
+pub mod domain;
+pub mod ep;
+pub mod eq;
+pub mod fabric;
+pub mod guard;
+pub mod info;
+pub mod medium;
+pub mod mr;
+mod nosys;
+pub mod pep;
+pub mod prov;
+pub mod sys;

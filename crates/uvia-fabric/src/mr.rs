@@ -1,0 +1,162 @@
+//! Memory registration: a libfabric memory region is a uvia region of the
+//! domain's Nic, under the domain's tag, with the RDMA enable bits the
+//! access flags ask for. Its descriptor (`fi_mr_desc`) and its key
+//! (`fi_mr_key`) are both the uvia memory handle.
+
+use crate::domain::Domain;
+use crate::guard;
+use crate::nosys;
+use crate::sys::*;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
+use uvia::{MemAttributes, MemHandle};
+
+/// A memory region. `#[repr(C)]` with libfabric's `fid_mr` first.
+#[repr(C)]
+pub struct Mr {
+    pub fid: fid_mr,
+    domain: *const Domain,
+    handle: MemHandle,
+}
+
+static FI_OPS: fi_ops = fi_ops {
+    size: std::mem::size_of::<fi_ops>(),
+    close: Some(close),
+    bind: Some(nosys::bind),
+    control: Some(nosys::control),
+    ops_open: Some(nosys::ops_open),
+    tostr: Some(nosys::tostr),
+    ops_set: Some(nosys::ops_set),
+};
+
+pub static OPS: fi_ops_mr = fi_ops_mr {
+    size: std::mem::size_of::<fi_ops_mr>(),
+    reg: Some(reg),
+    regv: Some(regv),
+    regattr: Some(regattr),
+};
+
+/// The uvia handle a descriptor from `fi_mr_desc` stands for.
+pub fn handle(desc: *mut c_void) -> MemHandle {
+    MemHandle(desc as usize as u32)
+}
+
+unsafe extern "C" fn reg(
+    d: *mut fid,
+    buf: *const c_void,
+    len: usize,
+    access: u64,
+    _offset: u64,
+    _requested_key: u64,
+    flags: u64,
+    mr: *mut *mut fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    guard::call("mr_reg", || {
+        // SAFETY: libfabric passes the domain's fid.
+        let domain = unsafe { Domain::from_fid(d as *mut fid_domain) }?;
+        if mr.is_null() || flags != 0 {
+            return Err(err::EINVAL);
+        }
+        let attrs = MemAttributes::new(domain.ptag)
+            .rdma_write(access & FI_REMOTE_WRITE != 0)
+            .rdma_read(access & FI_REMOTE_READ != 0);
+        // SAFETY: the program keeps the memory allocated while registered
+        // (fi_mr_reg's contract).
+        let h = unsafe { domain.nic.register_mem(buf as *mut u8, len, attrs) }.map_err(
+            |e| match e {
+                uvia::MemError::TableFull(_) => err::ENOMEM,
+                _ => err::EINVAL,
+            },
+        )?;
+        let m = Box::new(Mr {
+            fid: fid_mr {
+                fid: fid {
+                    fclass: FI_CLASS_MR as usize,
+                    context,
+                    ops: &FI_OPS as *const fi_ops as *mut fi_ops,
+                },
+                mem_desc: h.0 as usize as *mut c_void,
+                key: h.0 as u64,
+            },
+            domain,
+            handle: h,
+        });
+        domain.refs.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: checked non-NULL above.
+        unsafe { *mr = Box::into_raw(m) as *mut fid_mr };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn regv(
+    d: *mut fid,
+    iov: *const iovec,
+    count: usize,
+    access: u64,
+    offset: u64,
+    requested_key: u64,
+    flags: u64,
+    mr: *mut *mut fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    // One segment per region (mr_iov_limit 1).
+    // SAFETY: `iov` holds `count` entries.
+    match (count, unsafe { iov.as_ref() }) {
+        (1, Some(v)) => unsafe {
+            reg(
+                d,
+                v.iov_base,
+                v.iov_len,
+                access,
+                offset,
+                requested_key,
+                flags,
+                mr,
+                context,
+            )
+        },
+        _ => err::EINVAL,
+    }
+}
+
+unsafe extern "C" fn regattr(
+    d: *mut fid,
+    attr: *const fi_mr_attr,
+    flags: u64,
+    mr: *mut *mut fid_mr,
+) -> c_int {
+    // SAFETY: `attr` is NULL or valid.
+    match unsafe { attr.as_ref() } {
+        Some(a) => unsafe {
+            regv(
+                d,
+                a.mr_iov,
+                a.iov_count,
+                a.access,
+                a.offset,
+                a.requested_key,
+                flags,
+                mr,
+                a.context,
+            )
+        },
+        None => err::EINVAL,
+    }
+}
+
+unsafe extern "C" fn close(p: *mut fid) -> c_int {
+    guard::call("mr close", || {
+        // SAFETY: libfabric calls close through the fid it was given.
+        if unsafe { p.as_ref() }.map(|f| f.fclass) != Some(FI_CLASS_MR as usize) {
+            return Err(err::EINVAL);
+        }
+        // SAFETY: the box made in `reg`; nothing refers to it any more.
+        let m = unsafe { Box::from_raw(p as *mut Mr) };
+        // SAFETY: a region keeps its domain open.
+        let domain = unsafe { &*m.domain };
+        let _ = domain.nic.deregister_mem(m.handle);
+        domain.refs.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    })
+}

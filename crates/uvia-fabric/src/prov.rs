@@ -1,0 +1,160 @@
+//! The provider itself: the `fi_provider` libfabric finds through
+//! `fi_prov_ini`, and the `FI_UVIA_*` parameters.
+//!
+//! The parameters are defined with libfabric's own `fi_param_define`, so
+//! `fi_info -e` lists them, and read with `fi_param_get` (from the
+//! environment today, wherever libfabric reads them tomorrow) once, when
+//! first needed.
+
+use crate::guard;
+use crate::sys::*;
+use std::cell::UnsafeCell;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
+use std::time::Duration;
+use uvia::Reliability;
+
+/// The provider's name, as libfabric programs ask for it (`-p uvia`).
+pub const NAME: &CStr = c"uvia";
+
+/// The newest libfabric interface whose calls the provider implements; a
+/// program asking for a newer one skips it.
+pub const FI_VERSION_IMPLEMENTED: u32 = version(1, 17);
+
+/// The provider's own version: the crate's major and minor.
+pub const VERSION: u32 = version(0, 1);
+
+/// The `fi_provider` libfabric holds. libfabric writes into its `context`
+/// (its own bookkeeping), so it lives in an `UnsafeCell`.
+pub struct Provider(UnsafeCell<fi_provider>);
+
+// SAFETY: after fi_prov_ini hands it out only libfabric touches the cell
+// (its context field, under libfabric's own initialisation lock); the
+// provider reads the constant fields.
+unsafe impl Sync for Provider {}
+
+pub static PROVIDER: Provider = Provider(UnsafeCell::new(fi_provider {
+    version: VERSION,
+    fi_version: FI_VERSION_IMPLEMENTED,
+    context: fi_context {
+        internal: [std::ptr::null_mut(); 4],
+    },
+    name: NAME.as_ptr(),
+    getinfo: Some(crate::info::getinfo),
+    fabric: Some(crate::fabric::open),
+    cleanup: Some(cleanup),
+}));
+
+impl Provider {
+    pub fn as_ptr(&self) -> *mut fi_provider {
+        self.0.get()
+    }
+}
+
+/// libfabric's entry point: called once when it loads the library.
+#[no_mangle]
+pub extern "C" fn fi_prov_ini() -> *mut fi_provider {
+    guard::catch("fi_prov_ini", || {
+        define_params();
+        PROVIDER.as_ptr()
+    })
+    .unwrap_or(std::ptr::null_mut())
+}
+
+unsafe extern "C" fn cleanup() {
+    // Objects are freed when the program closes them; nothing is global
+    // but the cached settings and medium attributes, which may stay.
+}
+
+/// The parameters: name (libfabric makes it `FI_UVIA_<NAME>`), type, help.
+const PARAMS: [(&CStr, fi_param_type, &CStr); 4] = [
+    (
+        c"domain",
+        FI_PARAM_STRING,
+        c"Domain listed first, which a program that takes the first one gets: shm, udp or xdp:<interface> (default: shm)",
+    ),
+    (
+        c"reliability",
+        FI_PARAM_STRING,
+        c"Reliability level of endpoints: unreliable, delivery or reception (default: delivery)",
+    ),
+    (
+        c"inject",
+        FI_PARAM_STRING,
+        c"Faults injected on network domains' receive paths, as loss=0.05,dup=0.01,reorder=0.01,delay=100us,corrupt=0.001,seed=7 (default: UVIA_INJECT, else none)",
+    ),
+    (
+        c"spin_us",
+        FI_PARAM_INT,
+        c"Microseconds a blocking read spins before it sleeps (default: 20)",
+    ),
+];
+
+fn define_params() {
+    for (name, ty, help) in PARAMS {
+        // SAFETY: the provider and the strings are static; the help text has
+        // no '%', so the variadic format reads no arguments.
+        unsafe { fi_param_define(PROVIDER.as_ptr(), name.as_ptr(), ty, help.as_ptr()) };
+    }
+}
+
+/// What the parameters say.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// The medium listed first (`FI_UVIA_DOMAIN`).
+    pub domain: Option<String>,
+    pub reliability: Option<Reliability>,
+    pub inject: Option<String>,
+    pub spin: Option<Duration>,
+}
+
+/// The settings, read once.
+pub fn settings() -> &'static Settings {
+    static SETTINGS: OnceLock<Settings> = OnceLock::new();
+    SETTINGS.get_or_init(|| Settings {
+        domain: param_str(c"domain"),
+        reliability: param_str(c"reliability").and_then(|s| match s.as_str() {
+            "unreliable" => Some(Reliability::Unreliable),
+            "delivery" => Some(Reliability::ReliableDelivery),
+            "reception" => Some(Reliability::ReliableReception),
+            _ => None,
+        }),
+        inject: param_str(c"inject"),
+        spin: param_int(c"spin_us").map(|us| Duration::from_micros(us.max(0) as u64)),
+    })
+}
+
+fn param_str(name: &CStr) -> Option<String> {
+    let mut value: *mut c_char = std::ptr::null_mut();
+    // SAFETY: a string parameter's value is written as a char pointer into
+    // `value`; libfabric keeps the string (it is the environment's).
+    let r = unsafe {
+        fi_param_get(
+            PROVIDER.as_ptr(),
+            name.as_ptr(),
+            &mut value as *mut *mut c_char as *mut c_void,
+        )
+    };
+    if r != 0 || value.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL, NUL-terminated per fi_param_get.
+    let s = unsafe { CStr::from_ptr(value) }
+        .to_string_lossy()
+        .trim()
+        .to_string();
+    (!s.is_empty()).then_some(s)
+}
+
+fn param_int(name: &CStr) -> Option<c_int> {
+    let mut value: c_int = 0;
+    // SAFETY: an int parameter's value is written as an int.
+    let r = unsafe {
+        fi_param_get(
+            PROVIDER.as_ptr(),
+            name.as_ptr(),
+            &mut value as *mut c_int as *mut c_void,
+        )
+    };
+    (r == 0).then_some(value)
+}

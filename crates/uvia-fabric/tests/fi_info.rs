@@ -1,0 +1,205 @@
+//! The provider as libfabric loads it: `libuvia-fi.so` in a folder named by
+//! `FI_PROVIDER_PATH`, listed by `fi_info` (from libfabric-bin), alone and
+//! with `ofi_rxm` layered on top.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// A temporary provider folder holding this build's library under the name
+/// libfabric loads.
+struct ProviderDir(PathBuf);
+
+impl ProviderDir {
+    fn new(test: &str) -> ProviderDir {
+        // The test binary is target/<profile>/deps/<name>; the library cargo
+        // built with it is beside it (and copied up a folder only when built
+        // anew, so the copy there may be missing).
+        let exe = std::env::current_exe().unwrap();
+        let lib = exe.parent().unwrap().join("libuvia_fi.so");
+        assert!(lib.exists(), "{} not built", lib.display());
+        let dir = std::env::temp_dir().join(format!("uvia-fi-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(&lib, dir.join("libuvia-fi.so")).unwrap();
+        ProviderDir(dir)
+    }
+
+    fn fi_info(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut c = Command::new("fi_info");
+        c.args(args)
+            .env("FI_PROVIDER_PATH", &self.0)
+            .env_remove("FI_PROVIDER");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().expect("fi_info (apt-get install libfabric-bin)")
+    }
+}
+
+impl Drop for ProviderDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The domain names of the `provider: <name>` entries, in order.
+fn domains(out: &str, provider: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut current = false;
+    for line in out.lines() {
+        let line = line.trim();
+        if let Some(p) = line.strip_prefix("provider: ") {
+            current = p == provider;
+        } else if let Some(d) = line.strip_prefix("domain: ").filter(|_| current) {
+            found.push(d.to_string());
+        }
+    }
+    found
+}
+
+#[test]
+fn fi_info_lists_a_domain_per_medium() {
+    let dir = ProviderDir::new("list");
+    let o = dir.fi_info(&["-p", "uvia", "-t", "FI_EP_MSG"], &[]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(domains(&text(&o), "uvia"), ["shm", "udp"]);
+    // FI_UVIA_DOMAIN puts its medium first, for programs that take the first.
+    let o = dir.fi_info(
+        &["-p", "uvia", "-t", "FI_EP_MSG"],
+        &[("FI_UVIA_DOMAIN", "udp")],
+    );
+    assert_eq!(domains(&text(&o), "uvia"), ["udp", "shm"]);
+    // A destination off this host is out of shm's reach.
+    let o = dir.fi_info(
+        &[
+            "-p",
+            "uvia",
+            "-t",
+            "FI_EP_MSG",
+            "-n",
+            "192.0.2.1",
+            "-P",
+            "9228",
+        ],
+        &[],
+    );
+    assert_eq!(domains(&text(&o), "uvia"), ["udp"]);
+}
+
+#[test]
+fn fi_info_returns_nothing_for_what_it_cannot_do() {
+    let dir = ProviderDir::new("nodata");
+    for args in [
+        ["-p", "uvia", "-t", "FI_EP_DGRAM", "", ""],
+        // (ofi_rxm would emulate atomics over uvia: asked of uvia alone.)
+        ["-p", "uvia", "-t", "FI_EP_MSG", "-c", "FI_ATOMIC"],
+        ["-p", "uvia", "-t", "FI_EP_MSG", "-a", "FI_SOCKADDR_IB"],
+    ] {
+        let args: Vec<&str> = args.into_iter().filter(|a| !a.is_empty()).collect();
+        let o = dir.fi_info(&args, &[]);
+        assert!(!o.status.success(), "{args:?}: {}", text(&o));
+        assert_eq!(domains(&text(&o), "uvia"), Vec::<String>::new());
+    }
+}
+
+#[test]
+fn ofi_rxm_layers_reliable_tagged_endpoints_on_top() {
+    let dir = ProviderDir::new("rxm");
+    let o = dir.fi_info(&["-p", "uvia;ofi_rxm"], &[]);
+    assert!(o.status.success(), "{o:?}");
+    let out = text(&o);
+    assert!(
+        domains(&out, "uvia;ofi_rxm").contains(&"shm".to_string()),
+        "{out}"
+    );
+    assert!(out.contains("type: FI_EP_RDM"), "{out}");
+    let o = dir.fi_info(
+        &[
+            "-p",
+            "uvia;ofi_rxm",
+            "-t",
+            "FI_EP_RDM",
+            "-c",
+            "FI_TAGGED",
+            "-v",
+        ],
+        &[],
+    );
+    let out = text(&o);
+    assert!(out.contains("prov_name: uvia;ofi_rxm"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("caps:") && l.contains("FI_TAGGED")),
+        "{out}"
+    );
+}
+
+#[test]
+fn fi_info_e_lists_the_parameters() {
+    let dir = ProviderDir::new("params");
+    let o = dir.fi_info(&["-e"], &[]);
+    let out = text(&o);
+    for p in [
+        "FI_UVIA_DOMAIN",
+        "FI_UVIA_RELIABILITY",
+        "FI_UVIA_INJECT",
+        "FI_UVIA_SPIN_US",
+    ] {
+        assert!(out.contains(p), "{p} missing");
+    }
+}
+
+#[test]
+fn a_panic_in_getinfo_is_an_error_not_an_abort() {
+    let dir = ProviderDir::new("panic");
+    let o = dir.fi_info(
+        &["-p", "uvia", "-t", "FI_EP_MSG"],
+        &[("UVIA_FI_TEST_PANIC", "getinfo")],
+    );
+    assert!(!o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("getinfo: internal error (panic)"), "{err}");
+}
+
+/// `fi_pingpong -e msg` on shm, server and client in two processes, with
+/// its data check, over a few sizes.
+#[test]
+fn fi_pingpong_msg_runs_on_shm() {
+    let dir = ProviderDir::new("pingpong");
+    // A control port of this run's own, so parallel runs do not meet.
+    let port = (20000 + std::process::id() % 20000).to_string();
+    let run = |extra: &[&str]| {
+        let mut c = Command::new("fi_pingpong");
+        c.args([
+            "-p", "uvia", "-e", "msg", "-d", "shm", "-c", "-I", "20", "-S", "all",
+        ])
+        .args(extra)
+        .env("FI_PROVIDER_PATH", &dir.0)
+        .env_remove("FI_PROVIDER")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        c.spawn()
+            .expect("fi_pingpong (apt-get install libfabric-bin)")
+    };
+    let server = run(&["-B", &port]);
+    // The client retries nothing: give the server its control socket first.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let client = run(&["-P", &port, "127.0.0.1"]).wait_with_output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    let out = text(&client);
+    assert!(
+        client.status.success(),
+        "client: {client:?}\nserver: {server:?}"
+    );
+    assert!(server.status.success(), "server: {server:?}");
+    for size in ["1 ", "4k", "64k", "1m"] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(size) && l.contains("=20")),
+            "{size}: {out}"
+        );
+    }
+}
