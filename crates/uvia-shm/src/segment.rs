@@ -24,43 +24,63 @@ unsafe impl Send for Segment {}
 // SAFETY: as above; `Segment` itself holds no interior state besides the mapping.
 unsafe impl Sync for Segment {}
 
+/// Seals every segment carries from its creation: its size is fixed for
+/// life, so no holder of the descriptor (the peer included) can take pages
+/// away from under a mapping (the next access would be SIGBUS), and no seal
+/// can be added later (`F_SEAL_FUTURE_WRITE` would turn a peer's mapping
+/// read-only).
+pub const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
 impl Segment {
-    /// Creates a zero-filled segment of `len` bytes, close-on-exec.
+    /// Creates a zero-filled segment of `len` bytes, close-on-exec, sealed
+    /// with [`SEALS`].
     pub fn create(name: &CStr, len: usize) -> io::Result<Segment> {
         // SAFETY: `name` is a valid C string; flags are constants.
-        let fd = cvt(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) } as _)?;
+        let fd = cvt(unsafe {
+            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        } as _)?;
         // SAFETY: memfd_create returned a fresh descriptor we now own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-        // SAFETY: plain system call on our own descriptor.
+        // SAFETY: plain system calls on our own descriptor.
         cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } as _)?;
-        Segment::map(fd, len)
+        // SAFETY: as above.
+        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } as _)?;
+        // Our own memory: populating it spares the data path the first faults.
+        Segment::map(
+            fd,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_POPULATE,
+        )
     }
 
-    /// Maps a segment received from a peer. Its size is read from the file,
-    /// not trusted from the peer's word, and must be at least `min_len`.
-    pub fn open(fd: OwnedFd, min_len: usize) -> io::Result<Segment> {
-        // SAFETY: zeroed stat is a valid out-parameter.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is a valid pointer for the duration of the call.
-        cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } as _)?;
-        let len = st.st_size as usize;
-        if len < min_len {
+    /// Maps, read-write, a segment a peer passed. It must be sealed against
+    /// shrinking and exactly `len` bytes long (its size is read from the
+    /// file, not taken from the peer's word). Not populated: the pages are
+    /// the peer's to provide.
+    pub fn open_exact(fd: OwnedFd, len: usize) -> io::Result<Segment> {
+        let size = sealed_size(&fd)?;
+        if size != len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("shared segment is {len} bytes, expected at least {min_len}"),
+                format!("shared segment is {size} bytes, expected {len}"),
             ));
         }
-        Segment::map(fd, len)
+        Segment::map(fd, len, libc::PROT_READ | libc::PROT_WRITE, 0)
     }
 
     /// Maps a peer's segment for reading only (the descriptor may be
-    /// read-only). Its size is read from the file.
-    pub fn open_read_only(fd: OwnedFd) -> io::Result<Segment> {
-        // SAFETY: zeroed stat is a valid out-parameter.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is a valid pointer for the duration of the call.
-        cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } as _)?;
-        Segment::map_prot(fd, st.st_size as usize, libc::PROT_READ)
+    /// read-only). It must be sealed against shrinking and at most `max_len`
+    /// bytes long; it is mapped at its size, lazily.
+    pub fn open_read_only(fd: OwnedFd, max_len: usize) -> io::Result<Segment> {
+        let size = sealed_size(&fd)?;
+        if size > max_len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("shared segment is {size} bytes, more than {max_len}"),
+            ));
+        }
+        Segment::map(fd, size, libc::PROT_READ, 0)
     }
 
     /// A read-only descriptor for the same memory, to hand to a peer that
@@ -74,11 +94,7 @@ impl Segment {
         Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
     }
 
-    fn map(fd: OwnedFd, len: usize) -> io::Result<Segment> {
-        Segment::map_prot(fd, len, libc::PROT_READ | libc::PROT_WRITE)
-    }
-
-    fn map_prot(fd: OwnedFd, len: usize, prot: libc::c_int) -> io::Result<Segment> {
+    fn map(fd: OwnedFd, len: usize, prot: libc::c_int, flags: libc::c_int) -> io::Result<Segment> {
         if len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -91,7 +107,7 @@ impl Segment {
                 std::ptr::null_mut(),
                 len,
                 prot,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                libc::MAP_SHARED | flags,
                 fd.as_raw_fd(),
                 0,
             )
@@ -131,16 +147,53 @@ impl Drop for Segment {
     }
 }
 
+/// The size of a peer's segment, once it is known that the size can no
+/// longer shrink: without `F_SEAL_SHRINK` (or without seals at all: not a
+/// memfd) the peer could truncate it after we mapped it.
+fn sealed_size(fd: &OwnedFd) -> io::Result<usize> {
+    // SAFETY: plain system call on a descriptor we own.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "shared segment is not sealed against shrinking",
+        ));
+    }
+    // SAFETY: zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid pointer for the duration of the call.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } as _)?;
+    Ok(st.st_size as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn dup(fd: RawFd) -> OwnedFd {
+        // SAFETY: duplicating a descriptor we own.
+        unsafe { OwnedFd::from_raw_fd(libc::dup(fd)) }
+    }
+
+    /// A memfd of `len` bytes as a careless or hostile peer makes it: no seals.
+    fn unsealed(len: usize) -> OwnedFd {
+        // SAFETY: a literal name; flags are constants.
+        let fd = unsafe { libc::memfd_create(c"bare".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain call on our descriptor.
+        assert_eq!(
+            unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) },
+            0
+        );
+        fd
+    }
+
     #[test]
     fn create_and_reopen_share_memory() {
         let a = Segment::create(c"t", 8192).unwrap();
-        // SAFETY: duplicating a descriptor we own.
-        let dup = unsafe { OwnedFd::from_raw_fd(libc::dup(a.fd())) };
-        let b = Segment::open(dup, 4096).unwrap();
+        let b = Segment::open_exact(dup(a.fd()), 8192).unwrap();
         assert_eq!(b.len(), 8192);
         // SAFETY: both mappings are 8192 bytes long.
         unsafe {
@@ -152,7 +205,7 @@ mod tests {
     #[test]
     fn read_only_view_sees_writes_and_cannot_write() {
         let a = Segment::create(c"t", 4096).unwrap();
-        let b = Segment::open_read_only(a.read_only_fd().unwrap()).unwrap();
+        let b = Segment::open_read_only(a.read_only_fd().unwrap(), 4096).unwrap();
         // SAFETY: both mappings are 4096 bytes long.
         unsafe {
             *a.as_ptr().add(7) = 9;
@@ -166,11 +219,41 @@ mod tests {
     }
 
     #[test]
-    fn too_small_segment_is_refused() {
+    fn a_segment_of_another_size_is_refused() {
         let a = Segment::create(c"t", 4096).unwrap();
-        // SAFETY: duplicating a descriptor we own.
-        let dup = unsafe { OwnedFd::from_raw_fd(libc::dup(a.fd())) };
-        let err = Segment::open(dup, 8192).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        for len in [8192, 2048] {
+            let err = Segment::open_exact(dup(a.fd()), len).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{len}: {err}");
+        }
+        let err = Segment::open_read_only(a.read_only_fd().unwrap(), 4095).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+    }
+
+    /// Nobody, the creator included, can shrink or grow a segment once it
+    /// exists: a peer's mapping never loses its pages.
+    #[test]
+    fn segments_are_sealed_against_resizing() {
+        let a = Segment::create(c"t", 4096).unwrap();
+        for len in [0, 8192] {
+            // SAFETY: plain call on our descriptor.
+            let r = unsafe { libc::ftruncate(a.fd(), len) };
+            assert_eq!(r, -1, "resize to {len}");
+            assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EPERM));
+        }
+        // SAFETY: plain call on our descriptor.
+        let seals = unsafe { libc::fcntl(a.fd(), libc::F_GET_SEALS) };
+        assert_eq!(seals, SEALS);
+    }
+
+    #[test]
+    fn an_unsealed_segment_is_refused() {
+        let err = Segment::open_exact(unsealed(4096), 4096).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        let err = Segment::open_read_only(unsealed(4096), 4096).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        // Not a memfd at all.
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        let err = Segment::open_read_only(f.into(), usize::MAX).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
     }
 }

@@ -1526,3 +1526,239 @@ fn disconnect_flushes_the_peer_and_allows_reconnecting() {
     drop((vi, nic));
     dir.assert_empty("after both sides closed");
 }
+
+// ---------------------------------------------------------------------------
+// 11. Hostile peers: a peer is another program, not to be trusted.
+// ---------------------------------------------------------------------------
+
+/// Truncates to nothing every uvia memfd this process holds (its connection
+/// segment, its regions): (how many it found, how many it could truncate).
+fn truncate_own_memfds() -> (usize, usize) {
+    let (mut found, mut cut) = (0, 0);
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        if !target.to_string_lossy().starts_with("/memfd:uvia") {
+            continue;
+        }
+        let Ok(fd) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        found += 1;
+        // SAFETY: resizing a descriptor of this process; that is the attack.
+        cut += (unsafe { libc::ftruncate(fd, 0) } == 0) as usize;
+    }
+    (found, cut)
+}
+
+/// `<victim|attacker>-<server|client>:<discriminator>`. The attacker sends
+/// a large message (its region is mapped by the victim), truncates its
+/// memfds, and sends another; the victim receives both.
+fn shrink_peer(arg: &str) {
+    let (role, d) = arg.split_once(':').unwrap();
+    let (who, side) = role.split_once('-').unwrap();
+    let d: u64 = d.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let mut buf = nic
+        .alloc_region(2 * 4096, MemAttributes::new(ptag))
+        .unwrap();
+    if who == "victim" {
+        post_recv(&vi, &buf, 0, 4096);
+        post_recv(&vi, &buf, 4096, 4096);
+    }
+    if side == "server" {
+        accept(&nic, &vi, d);
+    } else {
+        connect(&vi, d);
+    }
+    if who == "victim" {
+        for k in 0..2 {
+            assert_eq!(recv_ok(&vi), 4096);
+            assert!(buf.as_slice()[k * 4096..(k + 1) * 4096] == pattern(4096, k as u8)[..]);
+        }
+        return until_peer_leaves(&vi, &buf);
+    }
+    // By reference: the send completes once the victim has read the region.
+    send_bytes(&vi, &mut buf, 0, &pattern(4096, 0));
+    let (found, cut) = truncate_own_memfds();
+    if cut > 0 {
+        // This process's own mappings are gone too: leave without touching them.
+        eprintln!("truncated {cut} of {found} shared memfds");
+        std::thread::sleep(Duration::from_secs(1));
+        std::process::exit(1);
+    }
+    assert!(found >= 2, "the connection segment and the region: {found}");
+    send_bytes(&vi, &mut buf, 4096, &pattern(4096, 1));
+    vi.disconnect();
+}
+
+/// Segments and regions are sealed against shrinking: a peer that truncates
+/// its memfds after the other side mapped them cannot kill it with SIGBUS.
+#[test]
+fn a_peer_cannot_shrink_shared_memory() {
+    if let Some(a) = peer_arg() {
+        return shrink_peer(&a);
+    }
+    let dir = SockDir::new("shrink");
+    let pairs = [
+        ("victim-server", "attacker-client"),
+        ("victim-client", "attacker-server"),
+    ];
+    for (k, (victim, attacker)) in pairs.into_iter().enumerate() {
+        let d = disc_base(15) + k as u64;
+        let name = "a_peer_cannot_shrink_shared_memory";
+        let v = Peer::spawn(name, &dir, &format!("{victim}:{d}"));
+        let a = Peer::spawn(name, &dir, &format!("{attacker}:{d}"));
+        v.join();
+        a.join();
+    }
+    dir.assert_empty("after both sides are gone");
+}
+
+/// A raw client of the shm provider, written with `uvia_shm`'s pieces: it
+/// sends the connection request the provider's client sends (the layout of
+/// `provider/shm/conn.rs`'s `hello`) with descriptors of its choosing.
+mod raw {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    use uvia_shm::{ring_bytes, SocketDir, Stream, RING_ALIGN};
+
+    /// Bytes of a connection message: 24 of header, the discriminator
+    /// (at most 32), the private data (at most 64).
+    const HELLO_LEN: usize = 24 + 32 + uvia::MAX_PRIVATE_DATA;
+
+    /// The connection segment's size: a 128-byte header, two 128-byte side
+    /// blocks, two rings of 1024 lines.
+    pub fn segment_len() -> usize {
+        3 * 128 + 2 * ring_bytes(1024).next_multiple_of(RING_ALIGN)
+    }
+
+    /// A request for discriminator `d` from a Reliable Delivery VI with the
+    /// default attributes.
+    pub fn request(d: u64) -> Vec<u8> {
+        let mut b = vec![0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(b"UVIA");
+        b[4] = 1; // version
+        b[5] = 1; // request
+        b[6] = uvia::Reliability::ReliableDelivery as u8;
+        b[8..12].copy_from_slice(&(1u32 << 20).to_le_bytes()); // max transfer size
+        b[12] = 8; // discriminator length
+        b[24..32].copy_from_slice(&d.to_le_bytes());
+        b
+    }
+
+    /// A memfd of `len` bytes laid out as a connection segment's header
+    /// (magic, version, lines per ring), with `seals` added.
+    pub fn segment(len: usize, seals: i32) -> OwnedFd {
+        // SAFETY: a literal name; flags are constants.
+        let fd = unsafe {
+            libc::memfd_create(c"raw".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut hdr = [0u8; 16];
+        hdr[0..8].copy_from_slice(b"UVIA-SHM");
+        hdr[8..12].copy_from_slice(&1u32.to_le_bytes());
+        hdr[12..16].copy_from_slice(&1024u32.to_le_bytes());
+        // SAFETY: plain calls on our descriptor with a live buffer.
+        unsafe {
+            assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
+            assert_eq!(libc::pwrite(fd.as_raw_fd(), hdr.as_ptr().cast(), 16, 0), 16);
+            if seals != 0 {
+                assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals), 0);
+            }
+        }
+        fd
+    }
+
+    /// An eventfd, as a client passes for its completion queues.
+    pub fn eventfd() -> OwnedFd {
+        // SAFETY: plain eventfd creation.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor we own.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    /// Connects to the listener of discriminator `d` in `dir`.
+    pub fn connect(dir: &std::path::Path, d: u64) -> Stream {
+        let dir = SocketDir::at(dir.to_owned()).unwrap();
+        let name = uvia_shm::socket::hex_name("shm-0", &d.to_le_bytes());
+        Stream::connect(&dir.socket(&name), super::T).unwrap()
+    }
+
+    /// Sends a request with `fds`; whether the server accepted it.
+    pub fn try_request(dir: &std::path::Path, d: u64, fds: &[RawFd]) -> bool {
+        let s = connect(dir, d);
+        s.send(&request(d), fds).unwrap();
+        let mut buf = [0u8; HELLO_LEN + 16];
+        match s.recv(&mut buf, Some(super::T)) {
+            Ok(Some((n, _))) => n == HELLO_LEN && buf[5] == 2,
+            Ok(None) => panic!("no answer within {:?}", super::T),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => false,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    pub const SEALED: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+}
+
+fn refusing_server_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let buf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    accept(&nic, &vi, d);
+    until_peer_leaves(&vi, &buf);
+}
+
+/// Connection requests whose segment the client could shrink later, or
+/// whose size is not the layout's, never reach the application; the server
+/// accepts the well-formed one after them.
+#[test]
+fn hostile_connection_requests_are_refused() {
+    if let Some(a) = peer_arg() {
+        return refusing_server_peer(&a);
+    }
+    use std::os::fd::AsRawFd;
+    let dir = SockDir::new("hostile");
+    let d = disc_base(16);
+    let peer = Peer::spawn(
+        "hostile_connection_requests_are_refused",
+        &dir,
+        &d.to_string(),
+    );
+    let len = raw::segment_len();
+    let efd = raw::eventfd();
+    let cases = [
+        ("an unsealed segment", Some(raw::segment(len, 0))),
+        (
+            "a 64 MiB segment",
+            Some(raw::segment(64 * MIB, raw::SEALED)),
+        ),
+        (
+            "a segment one page short",
+            Some(raw::segment(len - 4096, raw::SEALED)),
+        ),
+        ("no segment", None),
+    ];
+    for (what, seg) in &cases {
+        let mut fds: Vec<i32> = seg.iter().map(|s| s.as_raw_fd()).collect();
+        fds.push(efd.as_raw_fd());
+        assert!(
+            !raw::try_request(dir.path(), d, &fds),
+            "a request with {what} was accepted"
+        );
+    }
+    let good = raw::segment(len, raw::SEALED);
+    assert!(
+        raw::try_request(dir.path(), d, &[good.as_raw_fd(), efd.as_raw_fd()]),
+        "the well-formed request is accepted"
+    );
+    peer.join();
+    dir.assert_empty("after both sides are gone");
+}

@@ -27,6 +27,12 @@ pub(crate) const RING_LINES: usize = 1024;
 /// Measured crossover: from 1 KiB up the single copy out of a shared
 /// mapping beats two copies through the ring (docs/DESIGN.md).
 pub(crate) const INLINE_MAX: usize = 512;
+/// Largest region shared with the peer by mapping (larger ones are copied
+/// by cross-memory attach). Peer regions are mapped lazily, so this bounds
+/// the address space a peer can make this side reserve per region.
+pub(crate) const MAX_SHARED_REGION: usize = 64 << 30;
+/// Most peer regions mapped at once on one connection.
+pub(crate) const MAX_PEER_REGIONS: usize = 4096;
 
 /// What side X of a connection observes; written by the other side.
 #[repr(C, align(128))]
@@ -241,13 +247,20 @@ impl ShmConn {
         Ok(seg)
     }
 
-    /// Checks a segment received from a client before mapping its rings.
-    pub fn check_segment(seg: &Segment) -> Result<(), &'static str> {
-        let (_, _, total) = layout(RING_LINES);
-        if seg.len() < total {
-            return Err("shared segment too small");
-        }
-        // SAFETY: the segment is at least one header long (checked above).
+    /// The size of a connection segment: exactly what the layout needs.
+    pub fn segment_len() -> usize {
+        layout(RING_LINES).2
+    }
+
+    /// Maps a segment received from a client and checks it before its rings
+    /// are used: sealed against shrinking, exactly [`segment_len`] bytes
+    /// (`Segment::open_exact`), and a header this version knows.
+    ///
+    /// [`segment_len`]: Self::segment_len
+    pub fn open_segment(fd: OwnedFd) -> Result<Segment, &'static str> {
+        let seg = Segment::open_exact(fd, Self::segment_len())
+            .map_err(|_| "shared segment not sealed or not of the layout's size")?;
+        // SAFETY: the segment is the full layout long (checked above).
         let hdr = unsafe { &*(seg.as_ptr() as *const SegHeader) };
         if hdr.magic.load(Ordering::Acquire) != SEG_MAGIC
             || hdr.version.load(Ordering::Relaxed) != VERSION as u32
@@ -255,7 +268,7 @@ impl ShmConn {
         {
             return Err("shared segment has an unknown layout");
         }
-        Ok(())
+        Ok(seg)
     }
 
     /// Builds this side's view. `side` 0 is the client, 1 the server.
@@ -335,6 +348,12 @@ impl ShmConn {
         if self.announced.contains(&(handle.0, serial)) {
             return Ok(());
         }
+        if region_len(fd)? > MAX_SHARED_REGION {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "region too large to share by mapping",
+            ));
+        }
         let ro = reopen_read_only(fd)?;
         let mut m = [0u8; 12];
         m[0..4].copy_from_slice(&REGION_MAGIC);
@@ -346,7 +365,9 @@ impl ShmConn {
     }
 
     /// The peer's region (`handle`, `serial`), mapped read-only; reads the
-    /// announcements waiting on the socket when it is not mapped yet.
+    /// announcements waiting on the socket when it is not mapped yet. A
+    /// region that is not sealed against shrinking, larger than
+    /// [`MAX_SHARED_REGION`] or beyond [`MAX_PEER_REGIONS`] is not used.
     pub fn peer_region(&mut self, handle: MemHandle, serial: u32) -> Option<&Segment> {
         if self
             .peer_regions
@@ -364,7 +385,12 @@ impl ShmConn {
                 }
                 let h = u32::from_le_bytes([m[4], m[5], m[6], m[7]]);
                 let s = u32::from_le_bytes([m[8], m[9], m[10], m[11]]);
-                let seg = Segment::open_read_only(fds.remove(0)).ok()?;
+                let seg = Segment::open_read_only(fds.remove(0), MAX_SHARED_REGION).ok()?;
+                if self.peer_regions.len() >= MAX_PEER_REGIONS
+                    && !self.peer_regions.contains_key(&h)
+                {
+                    return None;
+                }
                 self.peer_regions.insert(h, (s, seg));
                 if h == handle.0 && s == serial {
                     break;
@@ -471,6 +497,16 @@ impl Cursor<'_> {
         }
         Some(n)
     }
+}
+
+fn region_len(fd: RawFd) -> io::Result<usize> {
+    // SAFETY: zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid pointer for the duration of the call.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_size as usize)
 }
 
 fn reopen_read_only(fd: RawFd) -> io::Result<OwnedFd> {
@@ -671,6 +707,53 @@ mod tests {
         };
         assert_eq!(r[0], want);
         assert_eq!(&b[48..56], &[7, 0, 0, 0, 9, 0, 0, 0]);
+    }
+
+    /// A connection whose peer end is a bare socket the test writes to.
+    fn conn_with_raw_peer(tag: &str) -> (ShmConn, Stream, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("uvia-conn-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let dir = uvia_shm::SocketDir::at(dir).unwrap();
+        let l = uvia_shm::Listener::bind(&dir.socket("c")).unwrap();
+        let t = std::time::Duration::from_secs(5);
+        let ours = Stream::connect(&dir.socket("c"), t).unwrap();
+        let theirs = l.accept(Some(t)).unwrap().unwrap();
+        let seg = Arc::new(ShmConn::create_segment().unwrap());
+        let conn = ShmConn::new(seg, 0, ours, std::process::id() as i32, Vec::new());
+        (conn, theirs, dir.path().to_owned())
+    }
+
+    fn announcement(handle: u32, serial: u32) -> [u8; 12] {
+        let mut m = [0u8; 12];
+        m[0..4].copy_from_slice(&REGION_MAGIC);
+        m[4..8].copy_from_slice(&handle.to_le_bytes());
+        m[8..12].copy_from_slice(&serial.to_le_bytes());
+        m
+    }
+
+    /// A region the peer could shrink after we mapped it (no seals) is never
+    /// mapped: reading it later could kill this process with SIGBUS.
+    #[test]
+    fn an_unsealed_peer_region_is_not_used() {
+        let (mut conn, peer, dir) = conn_with_raw_peer("unsealed");
+        // SAFETY: a literal name; flags are constants.
+        let fd = unsafe { libc::memfd_create(c"bare".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: plain calls on the fresh descriptor, closed at the end.
+        unsafe { assert_eq!(libc::ftruncate(fd, 4096), 0) };
+        peer.send(&announcement(7, 1), &[fd]).unwrap();
+        // SAFETY: our own descriptor, no longer used.
+        unsafe { libc::close(fd) };
+        assert!(conn.peer_region(MemHandle(7), 1).is_none());
+
+        let good = Segment::create(c"region", 4096).unwrap();
+        let ro = good.read_only_fd().unwrap();
+        peer.send(&announcement(8, 1), &[ro.as_raw_fd()]).unwrap();
+        assert_eq!(
+            conn.peer_region(MemHandle(8), 1).map(|s| s.len()),
+            Some(4096)
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -200,6 +200,12 @@ impl NicOps for ShmNic {
             let Ok((pid, _uid)) = stream.peer_cred() else {
                 continue;
             };
+            // The segment is checked (sealed, of the layout's size, a known
+            // header) before the application hears of the request.
+            let mut fds = fds.into_iter();
+            let Some(Ok(seg)) = fds.next().map(ShmConn::open_segment) else {
+                continue;
+            };
             return Ok(ConnRequest {
                 remote: (&h).into(),
                 discriminator: h.discriminator.clone(),
@@ -208,7 +214,8 @@ impl NicOps for ShmNic {
                 peer_pid: pid,
                 answer: Some(AnyAnswer::Shm(Answer {
                     stream,
-                    fds,
+                    seg,
+                    fds: fds.collect(),
                     hello: h,
                 })),
             });
@@ -234,22 +241,18 @@ impl Drop for ShmNic {
     }
 }
 
-/// What answering a request needs: the client's socket, the descriptors it
-/// passed (the segment, its CQ eventfds) and its request.
+/// What answering a request needs: the client's socket, the segment it
+/// passed (checked), its CQ eventfds and its request.
 pub(crate) struct Answer {
     stream: Stream,
+    seg: ShmSegment,
     fds: Vec<OwnedFd>,
     hello: Hello,
 }
 
 impl Answer {
     /// Connects `vi` (idle, same reliability level) to the client.
-    pub fn accept(
-        mut self,
-        vi: &Vi,
-        req: &ConnRequest,
-        private: &[u8],
-    ) -> Result<(), ConnectError> {
+    pub fn accept(self, vi: &Vi, req: &ConnRequest, private: &[u8]) -> Result<(), ConnectError> {
         let mut g = vi.lock();
         let st = vi.state();
         if st != crate::ViState::Idle {
@@ -264,16 +267,9 @@ impl Answer {
             let _ = self.stream.send(&why.emit(), &[]);
             return Err(e);
         }
-        if self.fds.is_empty() {
-            return Err(ConnectError::Protocol(
-                "connection request without a shared segment",
-            ));
-        }
-        let seg = ShmSegment::open(self.fds.remove(0), 0)?;
-        ShmConn::check_segment(&seg).map_err(ConnectError::Protocol)?;
         let ok = self.reply(hello::ACCEPT, &g.q.attrs, 0, private);
         self.stream.send(&ok.emit(), &cq_eventfds(vi))?;
-        let seg = Arc::new(seg);
+        let seg = Arc::new(self.seg);
         let conn = ShmConn::new(seg.clone(), 1, self.stream, req.peer_pid, self.fds);
         vi.install(
             &mut g,
