@@ -16,6 +16,8 @@
 //! slice. That can happen once per doorbell, at the switch from polling to
 //! sleeping, and costs latency, never a lost message.
 
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -112,6 +114,62 @@ impl Doorbell {
     }
 }
 
+/// An eventfd the peer passed for its wake-ups, checked to be one: a pipe or
+/// a socket in its place could block the waker or raise SIGPIPE.
+#[derive(Debug)]
+pub struct PeerEventfd(OwnedFd);
+
+impl PeerEventfd {
+    /// Keeps `fd` if the kernel names it an eventfd, and makes it non-blocking.
+    pub fn check(fd: OwnedFd) -> io::Result<PeerEventfd> {
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        if link.as_os_str() != "anon_inode:[eventfd]" {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "peer's wake-up descriptor is {}, not an eventfd",
+                    link.display()
+                ),
+            ));
+        }
+        // SAFETY: plain calls on a descriptor we own.
+        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0
+            || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(PeerEventfd(fd))
+    }
+
+    /// Adds one to the counter. Never blocks: a counter the peer filled to
+    /// its limit loses the wake-up. The peer shares the file's flags and
+    /// could clear `O_NONBLOCK` again, so the counter's room is polled first;
+    /// only a peer racing its own counter between the two calls could still
+    /// hold this write.
+    pub fn signal(&self) {
+        let mut p = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        if unsafe { libc::poll(&mut p, 1, 0) } != 1 || p.revents & libc::POLLOUT == 0 {
+            return;
+        }
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to a descriptor we hold.
+        unsafe {
+            libc::write(
+                self.0.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +216,45 @@ mod tests {
             waited < Duration::from_secs(30),
             "woken by the ring, not the timeout"
         );
+    }
+
+    #[test]
+    fn only_eventfds_are_kept_and_a_full_one_never_blocks() {
+        use std::os::fd::FromRawFd;
+        let mut p = [0; 2];
+        // SAFETY: `p` has room for two descriptors.
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh descriptors we own.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        assert!(PeerEventfd::check(w).is_err());
+        drop(r);
+        // A blocking eventfd filled to its limit by its owner.
+        // SAFETY: plain eventfd creation.
+        let fd = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
+        let full: u64 = u64::MAX - 1;
+        // SAFETY: writing 8 bytes from a live u64.
+        let n = unsafe {
+            libc::write(
+                fd.as_raw_fd(),
+                &full as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
+        assert_eq!(n, 8);
+        // SAFETY: duplicating a descriptor we own.
+        let dup = unsafe { OwnedFd::from_raw_fd(libc::dup(fd.as_raw_fd())) };
+        let e = PeerEventfd::check(dup).unwrap();
+        // The owner clears O_NONBLOCK again (the flags are shared).
+        // SAFETY: plain call on our descriptor.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, 0) };
+        e.signal();
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes into a live u64.
+        unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
+        assert_eq!(v, full, "the wake-up is lost, not waited for");
+        e.signal();
+        // SAFETY: as above.
+        unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
+        assert_eq!(v, 1);
     }
 }

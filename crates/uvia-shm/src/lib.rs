@@ -13,7 +13,7 @@ pub mod ring;
 pub mod segment;
 pub mod socket;
 
-pub use doorbell::Doorbell;
+pub use doorbell::{Doorbell, PeerEventfd};
 pub use ring::{ring_bytes, Consumer, Corrupt, Producer, Record, RingHeader, LINE, RING_ALIGN};
 pub use segment::Segment;
 pub use socket::{Listener, SocketDir, Stream};

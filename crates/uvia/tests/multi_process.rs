@@ -1637,7 +1637,7 @@ mod raw {
 
     /// A request for discriminator `d` from a Reliable Delivery VI with the
     /// default attributes.
-    pub fn request(d: u64) -> Vec<u8> {
+    pub fn request_bytes(d: u64) -> Vec<u8> {
         let mut b = vec![0u8; HELLO_LEN];
         b[0..4].copy_from_slice(b"UVIA");
         b[4] = 1; // version
@@ -1690,10 +1690,9 @@ mod raw {
         Stream::connect(&dir.socket(&name), super::T).unwrap()
     }
 
-    /// Sends a request with `fds`; whether the server accepted it.
-    pub fn try_request(dir: &std::path::Path, d: u64, fds: &[RawFd]) -> bool {
-        let s = connect(dir, d);
-        s.send(&request(d), fds).unwrap();
+    /// Sends a request with `fds` on `s`; whether the server accepted it.
+    pub fn request(s: &Stream, d: u64, fds: &[RawFd]) -> bool {
+        s.send(&request_bytes(d), fds).unwrap();
         let mut buf = [0u8; HELLO_LEN + 16];
         match s.recv(&mut buf, Some(super::T)) {
             Ok(Some((n, _))) => n == HELLO_LEN && buf[5] == 2,
@@ -1701,6 +1700,23 @@ mod raw {
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => false,
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// A pipe: (read end, write end).
+    pub fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut p = [0; 2];
+        // SAFETY: `p` has room for two descriptors.
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh descriptors we own.
+        unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
+    }
+
+    /// Fills an eventfd's counter to its limit: one more write would block.
+    pub fn fill(fd: &OwnedFd) {
+        let full: u64 = u64::MAX - 1;
+        // SAFETY: writing 8 bytes from a live u64 to our descriptor.
+        let n = unsafe { libc::write(fd.as_raw_fd(), (&full as *const u64).cast(), 8) };
+        assert_eq!(n, 8);
     }
 
     pub const SEALED: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
@@ -1711,14 +1727,18 @@ fn refusing_server_peer(arg: &str) {
     let nic = open_peer_nic();
     let ptag = nic.create_ptag().unwrap();
     let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
-    let buf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    let mut buf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
     accept(&nic, &vi, d);
-    until_peer_leaves(&vi, &buf);
+    // The client claims to sleep on its CQ: this send signals its eventfd.
+    send_bytes(&vi, &mut buf, 0, b"wake up");
+    vi.disconnect();
 }
 
-/// Connection requests whose segment the client could shrink later, or
-/// whose size is not the layout's, never reach the application; the server
-/// accepts the well-formed one after them.
+/// Connection requests whose segment the client could shrink later, whose
+/// size is not the layout's, or whose wake-up descriptor is not an eventfd
+/// never reach the application; the server accepts the well-formed one
+/// after them, and signalling its eventfd, filled to the limit by the
+/// client, does not block the server.
 #[test]
 fn hostile_connection_requests_are_refused() {
     if let Some(a) = peer_arg() {
@@ -1734,31 +1754,98 @@ fn hostile_connection_requests_are_refused() {
     );
     let len = raw::segment_len();
     let efd = raw::eventfd();
+    let (pipe_r, pipe_w) = raw::pipe();
     let cases = [
-        ("an unsealed segment", Some(raw::segment(len, 0))),
+        ("an unsealed segment", Some(raw::segment(len, 0)), &efd),
         (
             "a 64 MiB segment",
             Some(raw::segment(64 * MIB, raw::SEALED)),
+            &efd,
         ),
         (
             "a segment one page short",
             Some(raw::segment(len - 4096, raw::SEALED)),
+            &efd,
         ),
-        ("no segment", None),
+        (
+            "a pipe for an eventfd",
+            Some(raw::segment(len, raw::SEALED)),
+            &pipe_w,
+        ),
+        ("no segment", None, &efd),
     ];
-    for (what, seg) in &cases {
+    for (what, seg, wake) in &cases {
         let mut fds: Vec<i32> = seg.iter().map(|s| s.as_raw_fd()).collect();
-        fds.push(efd.as_raw_fd());
+        fds.push(wake.as_raw_fd());
+        let s = raw::connect(dir.path(), d);
         assert!(
-            !raw::try_request(dir.path(), d, &fds),
+            !raw::request(&s, d, &fds),
             "a request with {what} was accepted"
         );
     }
+    drop((pipe_r, pipe_w));
+    // Well formed, but the client's CQ eventfd is full and blocking, and its
+    // side block says it sleeps on it.
     let good = raw::segment(len, raw::SEALED);
+    let seg = uvia_shm::Segment::open_exact(good.try_clone().unwrap(), len).unwrap();
+    // SAFETY: the client's side block starts after the 128-byte header, its
+    // doorbell first; the mapping is the full layout long.
+    let bell = unsafe { &*(seg.as_ptr().add(128) as *const uvia_shm::Doorbell) };
+    bell.arm(uvia_shm::doorbell::EVENTFD);
+    let full = raw::eventfd();
+    raw::fill(&full);
+    let s = raw::connect(dir.path(), d);
     assert!(
-        raw::try_request(dir.path(), d, &[good.as_raw_fd(), efd.as_raw_fd()]),
+        raw::request(&s, d, &[good.as_raw_fd(), full.as_raw_fd()]),
         "the well-formed request is accepted"
     );
+    // The server's send rang the bell and went on: it disconnects.
+    let mut b = [0u8; 256];
+    match s.recv(&mut b, Some(T)) {
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+        other => panic!("the server is stuck signalling the client's eventfd: {other:?}"),
+    }
     peer.join();
+    dir.assert_empty("after both sides are gone");
+}
+
+/// Client side: a server whose answer carries a pipe instead of its CQ's
+/// eventfd is refused.
+fn client_of_hostile_server_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let e = vi
+        .connect_request(&NetAddress::new("0", disc(d)), T)
+        .unwrap_err();
+    assert!(matches!(e, ConnectError::Protocol(_)), "{e}");
+    assert_eq!(vi.state(), ViState::Idle);
+}
+
+#[test]
+fn a_server_passing_a_pipe_for_an_eventfd_is_refused() {
+    if let Some(a) = peer_arg() {
+        return client_of_hostile_server_peer(&a);
+    }
+    use std::os::fd::AsRawFd;
+    let dir = SockDir::new("hostsrv");
+    let d = disc_base(17);
+    let sd = uvia_shm::SocketDir::at(dir.path().to_owned()).unwrap();
+    let name = uvia_shm::socket::hex_name("shm-0", &d.to_le_bytes());
+    let l = uvia_shm::Listener::bind(&sd.socket(&name)).unwrap();
+    let peer = Peer::spawn(
+        "a_server_passing_a_pipe_for_an_eventfd_is_refused",
+        &dir,
+        &d.to_string(),
+    );
+    let s = l.accept(Some(T)).unwrap().expect("the client connects");
+    let mut b = [0u8; 256];
+    let (n, _) = s.recv(&mut b, Some(T)).unwrap().unwrap();
+    b[5] = 2; // accept, with the client's own attributes
+    let (pipe_r, pipe_w) = raw::pipe();
+    s.send(&b[..n], &[pipe_w.as_raw_fd()]).unwrap();
+    peer.join();
+    drop((pipe_r, pipe_w, s, l));
     dir.assert_empty("after both sides are gone");
 }

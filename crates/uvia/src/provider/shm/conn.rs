@@ -17,7 +17,9 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use uvia_shm::cma::{LocalRange, RemoteRange};
-use uvia_shm::{ring_bytes, Consumer, Doorbell, Producer, Segment, Stream, RING_ALIGN};
+use uvia_shm::{
+    ring_bytes, Consumer, Doorbell, PeerEventfd, Producer, Segment, Stream, RING_ALIGN,
+};
 
 pub(crate) const SEG_MAGIC: u64 = u64::from_le_bytes(*b"UVIA-SHM");
 pub(crate) const VERSION: u8 = 1;
@@ -223,7 +225,7 @@ pub(crate) struct ShmConn {
     pub rx: Consumer,
     pub stream: Stream,
     pub peer_pid: i32,
-    peer_eventfds: Vec<OwnedFd>,
+    peer_eventfds: Vec<PeerEventfd>,
     /// Regions of ours the peer has been given: (handle, serial).
     announced: Vec<(u32, u32)>,
     /// The peer's regions we have mapped read-only: handle -> (serial, mapping).
@@ -277,7 +279,7 @@ impl ShmConn {
         side: usize,
         stream: Stream,
         peer_pid: i32,
-        peer_eventfds: Vec<OwnedFd>,
+        peer_eventfds: Vec<PeerEventfd>,
     ) -> ShmConn {
         let (r0, r1, _) = layout(RING_LINES);
         let (tx_off, rx_off) = if side == 0 { (r0, r1) } else { (r1, r0) };
@@ -336,7 +338,7 @@ impl ShmConn {
     #[cold]
     fn signal_peer_eventfds(&self) {
         for fd in &self.peer_eventfds {
-            crate::cq::write_eventfd(fd.as_raw_fd());
+            fd.signal();
         }
     }
 

@@ -27,7 +27,18 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uvia_shm::socket::hex_name;
-use uvia_shm::{Listener, Segment as ShmSegment, SocketDir, Stream};
+use uvia_shm::{Listener, PeerEventfd, Segment as ShmSegment, SocketDir, Stream};
+
+/// Most eventfds a side passes: its send and receive CQs'.
+const MAX_EVENTFDS: usize = 2;
+
+/// Keeps the peer's wake-up descriptors if each is an eventfd.
+fn check_eventfds(fds: impl ExactSizeIterator<Item = OwnedFd>) -> Option<Vec<PeerEventfd>> {
+    if fds.len() > MAX_EVENTFDS {
+        return None;
+    }
+    fds.map(|fd| PeerEventfd::check(fd).ok()).collect()
+}
 
 /// Longest wait for a connecting client's request, once it has connected.
 const HELLO_WAIT: Duration = Duration::from_secs(5);
@@ -153,6 +164,9 @@ impl NicOps for ShmNic {
             }
         }
         check_compatible(&attrs, &theirs)?;
+        let peer_fds = check_eventfds(peer_fds.into_iter()).ok_or(ConnectError::Protocol(
+            "the server's wake-up descriptors are not eventfds",
+        ))?;
         let (pid, _) = stream.peer_cred()?;
         let seg = Arc::new(seg);
         let mut t = ShmVi::new(ShmConn::new(seg.clone(), 0, stream, pid, peer_fds), seg);
@@ -200,10 +214,14 @@ impl NicOps for ShmNic {
             let Ok((pid, _uid)) = stream.peer_cred() else {
                 continue;
             };
-            // The segment is checked (sealed, of the layout's size, a known
-            // header) before the application hears of the request.
+            // The segment (sealed, of the layout's size, a known header)
+            // and the eventfds are checked before the application hears of
+            // the request.
             let mut fds = fds.into_iter();
             let Some(Ok(seg)) = fds.next().map(ShmConn::open_segment) else {
+                continue;
+            };
+            let Some(eventfds) = check_eventfds(fds) else {
                 continue;
             };
             return Ok(ConnRequest {
@@ -215,7 +233,7 @@ impl NicOps for ShmNic {
                 answer: Some(AnyAnswer::Shm(Answer {
                     stream,
                     seg,
-                    fds: fds.collect(),
+                    eventfds,
                     hello: h,
                 })),
             });
@@ -242,11 +260,11 @@ impl Drop for ShmNic {
 }
 
 /// What answering a request needs: the client's socket, the segment it
-/// passed (checked), its CQ eventfds and its request.
+/// passed and its CQ eventfds (both checked) and its request.
 pub(crate) struct Answer {
     stream: Stream,
     seg: ShmSegment,
-    fds: Vec<OwnedFd>,
+    eventfds: Vec<PeerEventfd>,
     hello: Hello,
 }
 
@@ -270,7 +288,7 @@ impl Answer {
         let ok = self.reply(hello::ACCEPT, &g.q.attrs, 0, private);
         self.stream.send(&ok.emit(), &cq_eventfds(vi))?;
         let seg = Arc::new(self.seg);
-        let conn = ShmConn::new(seg.clone(), 1, self.stream, req.peer_pid, self.fds);
+        let conn = ShmConn::new(seg.clone(), 1, self.stream, req.peer_pid, self.eventfds);
         vi.install(
             &mut g,
             Transport::Shm(ShmVi::new(conn, seg)),
