@@ -7,6 +7,9 @@
 //! process dies the kernel closes its end and [`Stream::peer_gone`] sees it.
 //! A socket file whose owner crashed is recognised (nobody accepts on it) and
 //! removed by whoever finds it.
+//!
+//! Every socket is non-blocking and every wait is a `poll` with a deadline: a
+//! peer that connects and says nothing, or stops reading, holds nobody up.
 
 use crate::cvt;
 use std::ffi::OsStr;
@@ -20,6 +23,10 @@ use std::time::{Duration, Instant};
 
 /// Most descriptors one message carries.
 pub const MAX_FDS: usize = 8;
+
+/// Most accepted connections a listener keeps waiting for their first
+/// message; past it the oldest is dropped.
+pub const MAX_PENDING: usize = 64;
 
 /// The private directory that holds the listening sockets of this user.
 #[derive(Debug, Clone)]
@@ -107,12 +114,9 @@ fn sockaddr(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
 }
 
 fn seqpacket() -> io::Result<OwnedFd> {
+    let ty = libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
     // SAFETY: plain socket creation.
-    let fd =
-        cvt(
-            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) }
-                as _,
-        )?;
+    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, ty, 0) } as _)?;
     // SAFETY: a fresh descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
@@ -152,6 +156,9 @@ pub struct Listener {
     fd: OwnedFd,
     path: PathBuf,
     ino: u64,
+    /// Accepted connections whose first message has not come yet, with the
+    /// time each is given up, oldest first.
+    pending: Vec<(Stream, Instant)>,
 }
 
 impl Listener {
@@ -205,6 +212,7 @@ impl Listener {
                     fd,
                     path: path.to_owned(),
                     ino,
+                    pending: Vec::new(),
                 });
             }
             let e = io::Error::last_os_error();
@@ -227,22 +235,130 @@ impl Listener {
 
     /// Accepts one connection; `Ok(None)` if none arrived within `timeout`.
     pub fn accept(&self, timeout: Option<Duration>) -> io::Result<Option<Stream>> {
-        if !wait_readable(self.fd.as_raw_fd(), timeout)? {
-            return Ok(None);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if !wait_readable(self.fd.as_raw_fd(), left)? {
+                return Ok(None);
+            }
+            if let Some(s) = self.try_accept()? {
+                return Ok(Some(s));
+            }
         }
+    }
+
+    /// One connection if one is waiting, without blocking.
+    fn try_accept(&self) -> io::Result<Option<Stream>> {
         // SAFETY: accepting on our listening socket; no address wanted.
-        let fd = cvt(unsafe {
+        let fd = unsafe {
             libc::accept4(
                 self.fd.as_raw_fd(),
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
             )
-        } as _)?;
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+                // The client gave up between its connect and our accept.
+                _ if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(None),
+                _ => Err(e),
+            };
+        }
         // SAFETY: a fresh descriptor we own.
         Ok(Some(Stream {
-            fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
         }))
+    }
+
+    /// The first message of whichever connection sends one first, with its
+    /// connection; `Ok(None)` if none came within `timeout` (`None`: no
+    /// limit). Connections are accepted as they arrive and all waited on
+    /// together, each for at most `patience`; one that closes, fails or
+    /// stays silent that long is dropped, and the others are kept for the
+    /// next call. The caller judges the message.
+    pub fn first_message(
+        &mut self,
+        buf: &mut [u8],
+        timeout: Option<Duration>,
+        patience: Duration,
+    ) -> io::Result<Option<(Stream, usize, Vec<OwnedFd>)>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut polls: Vec<libc::pollfd> = Vec::new();
+        let mut looked = false;
+        loop {
+            let now = Instant::now();
+            // What the last poll found, oldest connection first (`polls[0]`
+            // is the listener; `polls[i + 1]` is `pending[i]`).
+            let mut first = None;
+            for i in 0..polls.len().saturating_sub(1) {
+                if polls[i + 1].revents == 0 {
+                    continue;
+                }
+                match self.pending[i].0.recv(buf, Some(Duration::ZERO)) {
+                    Ok(Some((n, fds))) => {
+                        first = Some((i, n, fds));
+                        break;
+                    }
+                    Ok(None) => {}
+                    // Closed or failed: given up below.
+                    Err(_) => self.pending[i].1 = now,
+                }
+            }
+            let first = first.map(|(i, n, fds)| (self.pending.remove(i).0, n, fds));
+            self.pending.retain(|(_, until)| *until > now);
+            if first.is_some() {
+                return Ok(first);
+            }
+            while let Some(s) = self.try_accept()? {
+                if self.pending.len() == MAX_PENDING {
+                    self.pending.remove(0);
+                }
+                self.pending.push((s, now + patience));
+            }
+            let wake = self.pending.iter().map(|(_, until)| *until).min();
+            let until = match (deadline, wake) {
+                (Some(d), Some(w)) => Some(d.min(w)),
+                (d, w) => d.or(w),
+            };
+            // Past the deadline, one look without waiting still serves what
+            // has already arrived.
+            let expired = deadline.is_some_and(|d| d <= now);
+            if expired && looked {
+                return Ok(None);
+            }
+            looked = true;
+            polls.clear();
+            polls.push(libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            polls.extend(self.pending.iter().map(|(s, _)| libc::pollfd {
+                fd: s.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }));
+            let ms = match until {
+                _ if expired => 0,
+                None => -1,
+                Some(u) => u
+                    .saturating_duration_since(now)
+                    .as_millis()
+                    .clamp(1, i32::MAX as u128) as i32,
+            };
+            // SAFETY: `polls` is a live array of pollfds of the given length.
+            let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, ms) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+                polls.iter_mut().for_each(|p| p.revents = 0);
+            }
+        }
     }
 }
 
@@ -396,7 +512,8 @@ impl Stream {
         }
     }
 
-    /// Sends one message with up to [`MAX_FDS`] descriptors.
+    /// Sends one message with up to [`MAX_FDS`] descriptors. Never blocks:
+    /// a peer that does not read its end makes this a `WouldBlock` error.
     pub fn send(&self, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
         assert!(fds.len() <= MAX_FDS);
         let mut iov = libc::iovec {
@@ -429,7 +546,13 @@ impl Stream {
         }
         loop {
             // SAFETY: `msg` describes valid buffers for the call.
-            let n = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+            let n = unsafe {
+                libc::sendmsg(
+                    self.fd.as_raw_fd(),
+                    &msg,
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
             if n >= 0 {
                 return Ok(());
             }
@@ -462,9 +585,14 @@ impl Stream {
         msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
         msg.msg_controllen = size_of::<[u64; 8]>() as _;
         // SAFETY: `msg` describes valid buffers for the call.
-        let n = cvt(
-            unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) } as _,
-        )?;
+        let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+                _ => Err(e),
+            };
+        }
         let mut fds = Vec::new();
         // SAFETY: walking the control buffer the kernel filled, within msg_controllen.
         unsafe {
@@ -624,6 +752,42 @@ mod tests {
         );
         let l2 = Listener::bind(&path).unwrap();
         drop(l2);
+        std::fs::remove_dir_all(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn first_message_waits_on_every_connection_at_once() {
+        let dir = tmpdir("first");
+        let path = dir.socket("d");
+        let mut l = Listener::bind(&path).unwrap();
+        let t = Duration::from_secs(5);
+        let silent: Vec<_> = (0..3).map(|_| Stream::connect(&path, t).unwrap()).collect();
+        let closing = Stream::connect(&path, t).unwrap();
+        let talker = Stream::connect(&path, t).unwrap();
+        drop(closing);
+        talker.send(b"first", &[]).unwrap();
+        let mut buf = [0u8; 16];
+        let (s, n, _) = l.first_message(&mut buf, Some(t), t).unwrap().unwrap();
+        assert_eq!(&buf[..n], b"first");
+        assert_eq!(
+            l.pending.len(),
+            3,
+            "the silent ones wait, the closed one is gone"
+        );
+        // A silent one that speaks later is served from the pending set.
+        silent[1].send(b"second", &[]).unwrap();
+        let (_, n, _) = l.first_message(&mut buf, Some(t), t).unwrap().unwrap();
+        assert_eq!(&buf[..n], b"second");
+        // The others are still waited for, until their patience runs out.
+        let short = Some(Duration::from_millis(20));
+        assert!(l.first_message(&mut buf, short, t).unwrap().is_none());
+        assert_eq!(l.pending.len(), 2);
+        l.pending
+            .iter_mut()
+            .for_each(|(_, until)| *until = Instant::now());
+        assert!(l.first_message(&mut buf, short, t).unwrap().is_none());
+        assert!(l.pending.is_empty());
+        drop((s, silent, l));
         std::fs::remove_dir_all(dir.path()).unwrap();
     }
 }

@@ -1849,3 +1849,47 @@ fn a_server_passing_a_pipe_for_an_eventfd_is_refused() {
     drop((pipe_r, pipe_w, s, l));
     dir.assert_empty("after both sides are gone");
 }
+
+fn patient_server_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let buf = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+    post_recv(&vi, &buf, 0, 64);
+    accept(&nic, &vi, d);
+    assert_eq!(recv_ok(&vi), 5);
+    assert_eq!(&buf.as_slice()[..5], b"hello");
+    until_peer_leaves(&vi, &buf);
+}
+
+/// Clients that connect and then say nothing (or nonsense) do not hold up
+/// the listener: a good client that connects after them is accepted well
+/// within the time the listener grants each of them for its request (5 s).
+#[test]
+fn silent_connections_do_not_stall_the_listener() {
+    if let Some(a) = peer_arg() {
+        return patient_server_peer(&a);
+    }
+    let dir = SockDir::new("silent");
+    let d = disc_base(18);
+    let peer = Peer::spawn(
+        "silent_connections_do_not_stall_the_listener",
+        &dir,
+        &d.to_string(),
+    );
+    let silent: Vec<_> = (0..3).map(|_| raw::connect(dir.path(), d)).collect();
+    let noisy = raw::connect(dir.path(), d);
+    noisy.send(b"nonsense", &[]).unwrap();
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let mut buf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    vi.connect_request(&NetAddress::new("0", disc(d)), Duration::from_secs(3))
+        .expect("the good client is accepted while the silent ones wait");
+    send_bytes(&vi, &mut buf, 0, b"hello");
+    vi.disconnect();
+    peer.join();
+    drop(silent);
+    dir.assert_empty("after both sides are gone");
+}

@@ -22,6 +22,7 @@ use crate::provider::{Answer as AnyAnswer, NicOps, NicProvider, Opened, Transpor
 use crate::vi::{Vi, ViAttributes};
 use conn::hello::{self, Hello};
 use conn::ShmConn;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
@@ -40,7 +41,8 @@ fn check_eventfds(fds: impl ExactSizeIterator<Item = OwnedFd>) -> Option<Vec<Pee
     fds.map(|fd| PeerEventfd::check(fd).ok()).collect()
 }
 
-/// Longest wait for a connecting client's request, once it has connected.
+/// Longest wait for a connecting client's request, once it has connected;
+/// the clients that connected are waited on together.
 const HELLO_WAIT: Duration = Duration::from_secs(5);
 
 /// An shm Nic: its instance name (the address space of its discriminators)
@@ -184,27 +186,23 @@ impl NicOps for ShmNic {
         timeout: Option<Duration>,
     ) -> Result<ConnRequest, ConnectError> {
         let start = Instant::now();
-        let key = discriminator.as_bytes().to_vec();
         let mut ls = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
-        if !ls.contains_key(&key) {
-            let path = self.dir.socket(&socket_name(&self.instance, discriminator));
-            ls.insert(key.clone(), Listener::bind(&path)?);
-        }
-        let listener = &ls[&key];
+        let listener = match ls.entry(discriminator.as_bytes().to_vec()) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let path = self.dir.socket(&socket_name(&self.instance, discriminator));
+                e.insert(Listener::bind(&path)?)
+            }
+        };
         loop {
+            // Every connected client is waited on at once: one that says
+            // nothing holds a place for HELLO_WAIT, never the listener.
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-            let Some(stream) = listener.accept(left)? else {
+            let mut buf = [0u8; hello::LEN + 16];
+            let Some((stream, n, fds)) = listener.first_message(&mut buf, left, HELLO_WAIT)? else {
                 return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
             };
-            // A client that connects but says nothing valid is dropped; keep waiting.
-            let left = timeout
-                .map(|t| t.saturating_sub(start.elapsed()))
-                .unwrap_or(HELLO_WAIT)
-                .min(HELLO_WAIT);
-            let mut buf = [0u8; hello::LEN + 16];
-            let Ok(Some((n, fds))) = stream.recv(&mut buf, Some(left)) else {
-                continue;
-            };
+            // A client that says nothing valid is dropped; keep waiting.
             let Ok(h) = Hello::parse(&buf[..n]) else {
                 continue;
             };
