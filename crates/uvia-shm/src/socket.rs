@@ -35,22 +35,29 @@ pub struct SocketDir {
 }
 
 impl SocketDir {
-    /// `$UVIA_SOCKET_DIR`, else `$XDG_RUNTIME_DIR/uvia`, else `/tmp/uvia-<uid>`.
-    /// Created 0700 if missing; refused if another user owns it or others may
-    /// enter it.
+    /// `$UVIA_SOCKET_DIR`, else `$XDG_RUNTIME_DIR/uvia`, else
+    /// `/run/user/<uid>/uvia` when that runtime directory is ours, else
+    /// `/tmp/uvia-<uid>`. Created 0700 if missing; refused as
+    /// [`at`](Self::at) says.
     pub fn from_env() -> io::Result<SocketDir> {
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let run = PathBuf::from(format!("/run/user/{uid}"));
         let path = if let Some(p) = std::env::var_os("UVIA_SOCKET_DIR") {
             PathBuf::from(p)
         } else if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR") {
             Path::new(&p).join("uvia")
+        } else if check_private(&run, uid).is_ok() {
+            run.join("uvia")
         } else {
-            // SAFETY: getuid cannot fail.
-            PathBuf::from(format!("/tmp/uvia-{}", unsafe { libc::getuid() }))
+            PathBuf::from(format!("/tmp/uvia-{uid}"))
         };
         SocketDir::at(path)
     }
 
-    /// Uses (and creates) `path` with the same checks as [`from_env`](Self::from_env).
+    /// Uses (and creates) `path`. Refused unless it is a directory, not a
+    /// symbolic link, owned by this user and closed to everyone else (0700):
+    /// in a shared place such as `/tmp` another user may have made it first.
     pub fn at(path: PathBuf) -> io::Result<SocketDir> {
         match std::fs::DirBuilder::new()
             .mode(0o700)
@@ -66,18 +73,8 @@ impl SocketDir {
                 ))
             }
         }
-        let md = std::fs::metadata(&path)?;
         // SAFETY: getuid cannot fail.
-        let uid = unsafe { libc::getuid() };
-        if !md.is_dir() || md.uid() != uid || md.permissions().mode() & 0o077 != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "socket directory {} must be a directory owned by uid {uid} with mode 0700",
-                    path.display()
-                ),
-            ));
-        }
+        check_private(&path, unsafe { libc::getuid() })?;
         Ok(SocketDir { path })
     }
 
@@ -89,6 +86,36 @@ impl SocketDir {
     pub fn socket(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
+}
+
+/// Checks that `path` itself (not what a link names) is a directory owned
+/// by `uid` that no one else may enter.
+fn check_private(path: &Path, uid: u32) -> io::Result<()> {
+    let md = std::fs::symlink_metadata(path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("socket directory {}: {e}", path.display()),
+        )
+    })?;
+    let why = if md.file_type().is_symlink() {
+        "is a symbolic link".to_string()
+    } else if !md.is_dir() {
+        "is not a directory".to_string()
+    } else if md.uid() != uid {
+        format!("belongs to uid {}", md.uid())
+    } else if md.permissions().mode() & 0o077 != 0 {
+        format!("has mode {:o}", md.permissions().mode() & 0o777)
+    } else {
+        return Ok(());
+    };
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "socket directory {} {why}: it must be a directory of uid {uid} with mode 0700 \
+             (set UVIA_SOCKET_DIR or XDG_RUNTIME_DIR to use another)",
+            path.display()
+        ),
+    ))
 }
 
 fn sockaddr(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
@@ -789,5 +816,50 @@ mod tests {
         assert!(l.pending.is_empty());
         drop((s, silent, l));
         std::fs::remove_dir_all(dir.path()).unwrap();
+    }
+
+    /// Another user (or a link planted by one) cannot give us the directory
+    /// our sockets go in.
+    #[test]
+    fn a_squatted_socket_directory_is_refused() {
+        let base = std::env::temp_dir().join(format!("uvia-squat-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let ours = base.join("ours");
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&ours)
+            .unwrap();
+        assert!(SocketDir::at(ours.clone()).is_ok());
+
+        // A link in our place, even to a private directory of ours.
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&ours, &link).unwrap();
+        let e = SocketDir::at(link).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+
+        let open = base.join("open");
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&open)
+            .unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = SocketDir::at(open).unwrap_err();
+        assert!(e.to_string().contains("mode 755"), "{e}");
+
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            // Only root can make a directory another user's.
+            let theirs = base.join("theirs");
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&theirs)
+                .unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+            let e = SocketDir::at(theirs).unwrap_err();
+            assert!(e.to_string().contains("belongs to uid 65534"), "{e}");
+        }
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }
