@@ -10,7 +10,7 @@ use crate::guard::{self, lock};
 use crate::nosys;
 use crate::sys::*;
 use std::collections::VecDeque;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -154,6 +154,11 @@ impl Cq {
         }
     }
 
+    fn domain(&self) -> &Domain {
+        // SAFETY: a CQ keeps its domain open.
+        unsafe { &*self.domain }
+    }
+
     fn entry_size(&self) -> usize {
         match self.format {
             FI_CQ_FORMAT_MSG => std::mem::size_of::<fi_cq_msg_entry>(),
@@ -215,7 +220,7 @@ impl Cq {
                     tag: 0,
                     olen: 0,
                     err: error_code(st),
-                    prov_errno: st as c_int,
+                    prov_errno: (st & (status::ERROR_MASK | status::DONE)) as c_int,
                     err_data: std::ptr::null_mut(),
                     err_data_size: 0,
                 });
@@ -254,21 +259,52 @@ impl Cq {
         } else if !lock(&self.errors).is_empty() {
             Err(-(FI_EAVAIL as c_int))
         } else {
+            self.domain().driver.drive_from_read();
             Err(-FI_EAGAIN)
         }
     }
 }
 
-/// VIA's completion errors as libfabric error codes.
+/// VIA's completion errors as libfabric error codes (the entry's `err`);
+/// the status bits themselves are its `prov_errno`, which
+/// [`fi_cq_strerror`](strerror) turns into text.
 fn error_code(st: u32) -> c_int {
     use uvia::CompletionError as E;
-    match uvia::CompletionError::from_status(st) {
+    match E::from_status(st) {
         Some(E::Flushed) => FI_ECANCELED,
-        Some(E::Length) => FI_EMSGSIZE,
+        Some(E::Length) => FI_ETRUNC as c_int,
         Some(E::Protection | E::RdmaProtection) => FI_EACCES,
         Some(E::Transport) => FI_EIO,
         Some(E::RemoteDescriptor) => FI_EREMOTEIO,
         Some(E::Format | E::Partial) | None => FI_EIO,
+    }
+}
+
+/// The text of a completion's VIA status (a CQ error's `prov_errno`).
+fn status_text(st: u32) -> &'static CStr {
+    use uvia::CompletionError as E;
+    match E::from_status(st) {
+        Some(E::Format) => c"VIA format error: the descriptor is malformed",
+        Some(E::Protection) => {
+            c"VIA protection error: a segment's memory is not registered under the endpoint's domain"
+        }
+        Some(E::Length) => {
+            c"VIA length error: the message does not fit the receive buffers or exceeds the largest transfer"
+        }
+        Some(E::Partial) => c"VIA partial error: the data was only partly placed",
+        Some(E::Flushed) => {
+            c"VIA descriptor flushed: the endpoint left the connected state before the operation ran"
+        }
+        Some(E::Transport) => {
+            c"VIA transport error: the connection failed (peer gone, silent or unreachable)"
+        }
+        Some(E::RdmaProtection) => {
+            c"VIA RDMA protection error: the peer refused the remote address or key"
+        }
+        Some(E::RemoteDescriptor) => {
+            c"VIA remote descriptor error: the peer's receive failed"
+        }
+        None => c"VIA status without an error bit",
     }
 }
 
@@ -325,15 +361,18 @@ unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags:
     })
 }
 
+/// `fi_cq_strerror`: the text of a completion's VIA status, the
+/// `prov_errno` of its error entry.
 unsafe extern "C" fn strerror(
     _cq: *mut fid_cq,
     prov_errno: c_int,
-    err_data: *const c_void,
-    buf: *mut std::ffi::c_char,
+    _err_data: *const c_void,
+    buf: *mut c_char,
     len: usize,
-) -> *const std::ffi::c_char {
-    // SAFETY: forwarded.
-    unsafe { crate::eq::strerror(std::ptr::null_mut(), prov_errno, err_data, buf, len) }
+) -> *const c_char {
+    let s = status_text(prov_errno as u32);
+    // SAFETY: `buf` is NULL or holds `len` bytes.
+    unsafe { crate::eq::copy_text(s, buf, len) }
 }
 
 unsafe extern "C" fn close(p: *mut fid) -> c_int {
@@ -349,4 +388,41 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         unsafe { &*q.domain }.refs.fetch_sub(1, Ordering::AcqRel);
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_errors_map_to_libfabric_codes_and_text() {
+        let done = status::DONE;
+        assert_eq!(error_code(done | status::TRANSPORT_ERROR), FI_EIO);
+        assert_eq!(error_code(done | status::DESC_FLUSHED_ERROR), FI_ECANCELED);
+        assert_eq!(error_code(done | status::LENGTH_ERROR), FI_ETRUNC as c_int);
+        assert_eq!(error_code(done | status::PROTECTION_ERROR), FI_EACCES);
+        assert_eq!(error_code(done | status::RDMA_PROT_ERROR), FI_EACCES);
+        assert_eq!(error_code(done | status::REMOTE_DESC_ERROR), FI_EREMOTEIO);
+        // 0x41: what a failed connection's send completes with.
+        let text = status_text(0x41).to_str().unwrap();
+        assert!(text.starts_with("VIA transport error"), "{text}");
+        let mut buf = [0 as c_char; 16];
+        // SAFETY: a live buffer of its length.
+        let p = unsafe {
+            strerror(
+                std::ptr::null_mut(),
+                0x41,
+                std::ptr::null(),
+                buf.as_mut_ptr(),
+                16,
+            )
+        };
+        // SAFETY: the result is a NUL-terminated static string.
+        assert_eq!(unsafe { CStr::from_ptr(p) }, status_text(0x41));
+        // SAFETY: the copy is NUL-terminated within the buffer.
+        assert_eq!(
+            unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes(),
+            b"VIA transport e"
+        );
+    }
 }

@@ -273,6 +273,7 @@ impl Ep {
         if let Some(spin) = prov::settings().spin {
             vi.set_wait_spin(spin);
         }
+        d.driver.add(&vi);
         let _ = self.vi.set(vi);
         Ok(())
     }
@@ -447,6 +448,7 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         // SAFETY: the box made in `open`; nothing refers to it any more.
         let mut ep = unsafe { Box::from_raw(ep as *const Ep as *mut Ep) };
         if let Some(vi) = ep.vi.take() {
+            ep.domain().driver.remove(&vi);
             vi.disconnect();
             // Descriptors still queued complete flushed: free their Ops.
             while let Some(d) = vi.send_done_raw().or_else(|| vi.recv_done_raw()) {

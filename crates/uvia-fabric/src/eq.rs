@@ -320,7 +320,8 @@ unsafe extern "C" fn write(
     })
 }
 
-/// `fi_eq_strerror`: libfabric's own text for the error number.
+/// `fi_eq_strerror`: libfabric's own text for the error number (an EQ
+/// error's `prov_errno` is its libfabric error code).
 pub unsafe extern "C" fn strerror(
     _eq: *mut fid_eq,
     prov_errno: c_int,
@@ -328,17 +329,27 @@ pub unsafe extern "C" fn strerror(
     buf: *mut c_char,
     len: usize,
 ) -> *const c_char {
-    // SAFETY: fi_strerror returns a static string.
-    let s = unsafe { fi_strerror(prov_errno.abs()) };
+    // SAFETY: fi_strerror returns a static NUL-terminated string.
+    let s = unsafe { std::ffi::CStr::from_ptr(fi_strerror(prov_errno.abs())) };
+    // SAFETY: `buf` is NULL or holds `len` bytes.
+    unsafe { copy_text(s, buf, len) }
+}
+
+/// Copies `s` into the caller's `buf` of `len` bytes (cut to fit, NUL
+/// included) when one is given, and returns `s`, as the strerror calls do.
+///
+/// # Safety
+/// `buf` is NULL or valid for writes of `len` bytes; `s` outlives the caller's use.
+pub unsafe fn copy_text(s: &std::ffi::CStr, buf: *mut c_char, len: usize) -> *const c_char {
     if !buf.is_null() && len > 0 {
+        let n = s.to_bytes().len().min(len - 1);
         // SAFETY: `buf` holds `len` bytes; the copy leaves room for the NUL.
         unsafe {
-            let n = libc::strlen(s).min(len - 1);
-            std::ptr::copy_nonoverlapping(s, buf, n);
+            std::ptr::copy_nonoverlapping(s.as_ptr(), buf, n);
             *buf.add(n) = 0;
         }
     }
-    s
+    s.as_ptr()
 }
 
 unsafe extern "C" fn close(p: *mut fid) -> c_int {
