@@ -57,8 +57,8 @@ static FI_OPS: fi_ops = fi_ops {
 static EP_OPS: fi_ops_ep = fi_ops_ep {
     size: std::mem::size_of::<fi_ops_ep>(),
     cancel: Some(nosys::ep_cancel),
-    getopt: Some(nosys::ep_getopt),
-    setopt: Some(nosys::ep_setopt),
+    getopt: Some(pep::getopt),
+    setopt: Some(pep::setopt),
     tx_ctx: Some(nosys::ep_tx_ctx),
     rx_ctx: Some(nosys::ep_rx_ctx),
     rx_size_left: Some(nosys::ep_rx_size_left),

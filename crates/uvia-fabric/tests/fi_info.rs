@@ -226,3 +226,18 @@ fn fi_pingpong_msg_runs_on_shm() {
 fn fi_pingpong_msg_runs_on_udp() {
     pingpong("pp-udp", "uvia", "msg", "udp", &["1 ", "4k", "64k", "1m"]);
 }
+
+/// `fi_pingpong -e rdm` over `uvia;ofi_rxm` on shm: ofi_rxm connects on
+/// the first send (its connection data through the private data, the
+/// peer found by the request's address), sends small messages eagerly and
+/// large ones by rendezvous (an RDMA read from the receiver).
+#[test]
+fn fi_pingpong_rdm_runs_over_rxm_on_shm() {
+    pingpong(
+        "pp-rxm-shm",
+        "uvia;ofi_rxm",
+        "rdm",
+        "shm",
+        &["1 ", "4k", "64k", "1m"],
+    );
+}
