@@ -7,6 +7,7 @@
 
 use crate::domain::Domain;
 use crate::guard::{self, lock};
+use crate::inject::Bounce;
 use crate::nosys;
 use crate::sys::*;
 use std::collections::VecDeque;
@@ -29,35 +30,52 @@ pub struct Op {
     pub len: usize,
     /// The receive buffer, for `FI_CQ_FORMAT_DATA`.
     pub buf: *mut c_void,
+    /// The bounce buffers an injected operation's bytes sit in (NULL for
+    /// none) and its slot there, given back when it completes.
+    pub bounce: *const Bounce,
+    pub slot: u32,
+    /// Completes without an entry (`fi_inject*`); a failure still writes
+    /// an error entry.
+    pub silent: bool,
 }
 
 impl Op {
-    /// Boxes `desc` as an operation and gives up the box to the queue.
-    pub fn post(
-        desc: Descriptor,
-        context: *mut c_void,
-        flags: u64,
-        len: usize,
-        buf: *mut c_void,
-    ) -> NonNull<Descriptor> {
-        let op = Box::new(Op {
+    /// An operation that hands `context` back with `flags` when `desc`
+    /// completes.
+    pub fn new(desc: Descriptor, context: *mut c_void, flags: u64, len: usize) -> Op {
+        Op {
             desc,
             context,
             flags,
             len,
-            buf,
-        });
-        // The descriptor is the first field of the #[repr(C)] box.
-        NonNull::from(Box::leak(op)).cast()
+            buf: std::ptr::null_mut(),
+            bounce: std::ptr::null(),
+            slot: 0,
+            silent: false,
+        }
     }
 
-    /// Takes back the box of a descriptor `post` gave up.
+    /// Boxes the operation and gives up the box to the queue.
+    pub fn post(self) -> NonNull<Descriptor> {
+        // The descriptor is the first field of the #[repr(C)] box.
+        NonNull::from(Box::leak(Box::new(self))).cast()
+    }
+
+    /// Takes back the box of a descriptor `post` gave up, and gives back
+    /// its bounce slot (the descriptor is done with it).
     ///
     /// # Safety
-    /// `d` came from [`post`](Self::post) and the queue has handed it back.
+    /// `d` came from [`post`](Self::post) and the queue has handed it back
+    /// or refused it; the bounce buffers are still there (an endpoint
+    /// takes back all its descriptors before it frees them).
     pub unsafe fn take(d: NonNull<Descriptor>) -> Box<Op> {
         // SAFETY: per the contract.
-        unsafe { Box::from_raw(d.cast::<Op>().as_ptr()) }
+        let op = unsafe { Box::from_raw(d.cast::<Op>().as_ptr()) };
+        // SAFETY: per the contract.
+        if let Some(b) = unsafe { op.bounce.as_ref() } {
+            b.release(op.slot);
+        }
+        op
     }
 }
 
@@ -210,6 +228,9 @@ impl Cq {
             if st & status::OP_MASK == status::OP_REMOTE_RDMA_WRITE {
                 flags = (flags & !(FI_MSG | FI_RECV)) | FI_RMA | FI_REMOTE_WRITE;
             }
+            if op.silent && st & status::ERROR_MASK == 0 {
+                continue;
+            }
             if st & status::ERROR_MASK != 0 {
                 lock(&self.errors).push_back(fi_cq_err_entry {
                     op_context: op.context,
@@ -341,8 +362,12 @@ unsafe extern "C" fn sread(
             };
             // The core's wait spins, then sleeps on the CQ; the notice it
             // takes is the first entry.
+            // A silent operation's notice yields no entry: wait on.
             match q.cq.wait(Some(left)) {
-                Ok(c) => return q.read_entries(buf, count, Some(c)),
+                Ok(c) => match q.read_entries(buf, count, Some(c)) {
+                    Err(e) if e == -FI_EAGAIN => {}
+                    r => return r,
+                },
                 Err(uvia::WaitError::Timeout) => {}
                 Err(_) => return Err(-FI_EOVERFLOW),
             }

@@ -21,6 +21,7 @@ pub mod eq;
 pub mod fabric;
 pub mod guard;
 pub mod info;
+pub mod inject;
 pub mod medium;
 pub mod mr;
 mod nosys;
