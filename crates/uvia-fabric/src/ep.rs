@@ -2,14 +2,17 @@
 //! (its queues report to the bound CQs), connected with `fi_connect` or
 //! `fi_accept`, and the data calls that post descriptors on it.
 //!
-//! Connection events go to the bound EQ. `fi_connect` waits for the
-//! peer's answer inside the call (uvia's connect request blocks), so a
-//! program must not connect to a listener whose EQ only it reads, on the
-//! same thread; the answer is on the EQ when the call returns.
+//! Connection events go to the bound EQ. `fi_connect` returns at once: the
+//! core's connect request blocks until the peer answers, so a short-lived
+//! thread makes it and leaves the outcome for the EQ, whose next read
+//! queues `FI_CONNECTED` (with the accept data) or the error (with the
+//! reject data). So an endpoint may connect to a listener whose EQ the
+//! same thread reads, and two endpoints may connect to each other at once.
+//! The EQ then reports `FI_SHUTDOWN` when the VI fails.
 
 use crate::cq::{Cq, Op};
 use crate::domain::Domain;
-use crate::eq::{Eq, Event};
+use crate::eq::{Eq, Outcome, Tracked};
 use crate::guard;
 use crate::inject::{Bounce, INJECT_SIZE};
 use crate::medium;
@@ -21,11 +24,11 @@ use crate::sys::*;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use uvia::{
     ConnectError, Descriptor, MemHandle, PostError, Reliability, Segment, Vi, ViAttributes,
-    MAX_SEGMENTS,
+    ViState, MAX_SEGMENTS,
 };
 
 /// How long `fi_connect` waits for the peer's answer.
@@ -45,6 +48,8 @@ pub struct Ep {
     /// Bounce buffers for injected operations, made with the VI.
     bounce: OnceLock<Bounce>,
     peer: Mutex<Option<SocketAddrV4>>,
+    /// Its connection as the EQ tracks it, once connecting or accepted.
+    tracked: Mutex<Option<Arc<Mutex<Tracked>>>>,
 }
 
 static FI_OPS: fi_ops = fi_ops {
@@ -200,6 +205,7 @@ pub unsafe extern "C" fn open(
             vi: OnceLock::new(),
             bounce: OnceLock::new(),
             peer: Mutex::new(None),
+            tracked: Mutex::new(None),
         });
         domain.refs.fetch_add(1, Ordering::AcqRel);
         // SAFETY: checked non-NULL above.
@@ -285,33 +291,18 @@ impl Ep {
         Ok(())
     }
 
-    fn connected(&self, peer: Option<SocketAddrV4>) {
-        *crate::guard::lock(&self.peer) = peer;
-        let data = self.vi.get().map(Vi::peer_private_data).unwrap_or_default();
-        if let Some(eq) = self.eq() {
-            eq.push(Event::Cm {
-                event: FI_CONNECTED,
-                fid: self.fid_ptr(),
-                info: std::ptr::null_mut(),
-                data,
-            });
-        }
-    }
-
-    fn failed(&self, e: &ConnectError) {
-        let err = match e {
-            ConnectError::Rejected | ConnectError::NoListener { .. } => FI_ECONNREFUSED,
-            ConnectError::Timeout(_) => FI_ETIMEDOUT,
-            _ => FI_EIO,
-        };
-        if let Some(eq) = self.eq() {
-            eq.push(Event::Error {
-                fid: self.fid_ptr(),
-                context: self.fid.fid.context,
-                err,
-                data: Vec::new(),
-            });
-        }
+    /// Hands the connection's events to the bound EQ from now on; with
+    /// `connected`, FI_CONNECTED is queued now (an accept).
+    fn track(&self, eq: &Eq, vi: &Vi, connected: bool) -> Arc<Mutex<Tracked>> {
+        let t = Arc::new(Mutex::new(Tracked::new(
+            self.fid_ptr(),
+            self.fid.fid.context,
+            vi.clone(),
+            connected,
+        )));
+        *crate::guard::lock(&self.tracked) = Some(t.clone());
+        eq.track(t.clone());
+        t
     }
 
     /// Posts `op` on the send queue.
@@ -490,6 +481,9 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         let ep = unsafe { Ep::from_fid(p) }?;
         // SAFETY: the box made in `open`; nothing refers to it any more.
         let mut ep = unsafe { Box::from_raw(ep as *const Ep as *mut Ep) };
+        if let Some(eq) = ep.eq() {
+            eq.untrack(ep.fid_ptr());
+        }
         if let Some(vi) = ep.vi.take() {
             ep.domain().driver.remove(&vi);
             vi.disconnect();
@@ -560,19 +554,43 @@ unsafe extern "C" fn connect(
         if data.len() > uvia::MAX_PRIVATE_DATA {
             return Err(err::EINVAL);
         }
-        if ep.eq().is_none() {
-            return Err(-(FI_ENOEQ as c_int));
-        }
+        let eq = ep.eq().ok_or(-(FI_ENOEQ as c_int))?;
         let vi = ep.vi()?;
+        if vi.state() != ViState::Idle || crate::guard::lock(&ep.tracked).is_some() {
+            return Err(-(FI_EOPBADSTATE as c_int));
+        }
         let d = ep.domain();
         let remote = d.medium.remote(&d.nic, to);
-        match vi.connect_request_with(&remote, CONNECT_TIMEOUT, data) {
-            Ok(_) => ep.connected(Some(to)),
-            Err(ConnectError::InvalidState(_)) => return Err(-(FI_EOPBADSTATE as c_int)),
-            Err(e) => ep.failed(&e),
+        *crate::guard::lock(&ep.peer) = Some(to);
+        let t = ep.track(eq, vi, false);
+        let (vi, data) = (vi.clone(), data.to_vec());
+        let spawned = std::thread::Builder::new()
+            .name("uvia-fi-connect".into())
+            .spawn(move || {
+                let outcome = match vi.connect_request_with(&remote, CONNECT_TIMEOUT, &data) {
+                    Ok(_) => Outcome::Connected(vi.peer_private_data()),
+                    Err(e) => Outcome::Failed(connect_error(&e), vi.peer_private_data()),
+                };
+                let t = crate::guard::lock(&t);
+                *crate::guard::lock(&t.outcome) = Some(outcome);
+            });
+        if spawned.is_err() {
+            eq.untrack(ep.fid_ptr());
+            *crate::guard::lock(&ep.tracked) = None;
+            return Err(err::ENOMEM);
         }
         Ok(())
     })
+}
+
+/// A failed connect request as a libfabric error code.
+fn connect_error(e: &ConnectError) -> c_int {
+    match e {
+        ConnectError::Rejected | ConnectError::NoListener { .. } => FI_ECONNREFUSED,
+        ConnectError::Timeout(_) => FI_ETIMEDOUT,
+        ConnectError::InvalidState(_) => FI_EOPBADSTATE as c_int,
+        _ => FI_EIO,
+    }
 }
 
 unsafe extern "C" fn accept(p: *mut fid_ep, param: *const c_void, len: usize) -> c_int {
@@ -592,7 +610,16 @@ unsafe extern "C" fn accept(p: *mut fid_ep, param: *const c_void, len: usize) ->
         let mut request = crate::guard::lock(&req.request).take().ok_or(err::EINVAL)?;
         match request.accept_with(vi, data) {
             Ok(()) => {
-                ep.connected(request.peer_address().and_then(|a| a.parse().ok()));
+                *crate::guard::lock(&ep.peer) = request.peer_address().and_then(|a| a.parse().ok());
+                if let Some(eq) = ep.eq() {
+                    eq.push(crate::eq::Event::Cm {
+                        event: FI_CONNECTED,
+                        fid: ep.fid_ptr(),
+                        info: std::ptr::null_mut(),
+                        data: vi.peer_private_data(),
+                    });
+                    ep.track(eq, vi, true);
+                }
                 Ok(())
             }
             Err(_) => Err(-(FI_ECONNABORTED)),

@@ -241,3 +241,17 @@ fn fi_pingpong_rdm_runs_over_rxm_on_shm() {
         &["1 ", "4k", "64k", "1m"],
     );
 }
+
+/// `fi_pingpong -e rdm` over `uvia;ofi_rxm` on udp: both sides connect to
+/// each other at once (ofi_rxm keeps one connection by comparing names),
+/// which needs `fi_connect` to return before the peer answers.
+#[test]
+fn fi_pingpong_rdm_runs_over_rxm_on_udp() {
+    pingpong(
+        "pp-rxm-udp",
+        "uvia;ofi_rxm",
+        "rdm",
+        "udp",
+        &["1 ", "4k", "64k", "1m"],
+    );
+}
