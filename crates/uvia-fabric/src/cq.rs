@@ -7,10 +7,11 @@
 
 use crate::domain::Domain;
 use crate::guard::{self, lock};
+use crate::inject::Bounce;
 use crate::nosys;
 use crate::sys::*;
 use std::collections::VecDeque;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -29,35 +30,52 @@ pub struct Op {
     pub len: usize,
     /// The receive buffer, for `FI_CQ_FORMAT_DATA`.
     pub buf: *mut c_void,
+    /// The bounce buffers an injected operation's bytes sit in (NULL for
+    /// none) and its slot there, given back when it completes.
+    pub bounce: *const Bounce,
+    pub slot: u32,
+    /// Completes without an entry (`fi_inject*`); a failure still writes
+    /// an error entry.
+    pub silent: bool,
 }
 
 impl Op {
-    /// Boxes `desc` as an operation and gives up the box to the queue.
-    pub fn post(
-        desc: Descriptor,
-        context: *mut c_void,
-        flags: u64,
-        len: usize,
-        buf: *mut c_void,
-    ) -> NonNull<Descriptor> {
-        let op = Box::new(Op {
+    /// An operation that hands `context` back with `flags` when `desc`
+    /// completes.
+    pub fn new(desc: Descriptor, context: *mut c_void, flags: u64, len: usize) -> Op {
+        Op {
             desc,
             context,
             flags,
             len,
-            buf,
-        });
-        // The descriptor is the first field of the #[repr(C)] box.
-        NonNull::from(Box::leak(op)).cast()
+            buf: std::ptr::null_mut(),
+            bounce: std::ptr::null(),
+            slot: 0,
+            silent: false,
+        }
     }
 
-    /// Takes back the box of a descriptor `post` gave up.
+    /// Boxes the operation and gives up the box to the queue.
+    pub fn post(self) -> NonNull<Descriptor> {
+        // The descriptor is the first field of the #[repr(C)] box.
+        NonNull::from(Box::leak(Box::new(self))).cast()
+    }
+
+    /// Takes back the box of a descriptor `post` gave up, and gives back
+    /// its bounce slot (the descriptor is done with it).
     ///
     /// # Safety
-    /// `d` came from [`post`](Self::post) and the queue has handed it back.
+    /// `d` came from [`post`](Self::post) and the queue has handed it back
+    /// or refused it; the bounce buffers are still there (an endpoint
+    /// takes back all its descriptors before it frees them).
     pub unsafe fn take(d: NonNull<Descriptor>) -> Box<Op> {
         // SAFETY: per the contract.
-        unsafe { Box::from_raw(d.cast::<Op>().as_ptr()) }
+        let op = unsafe { Box::from_raw(d.cast::<Op>().as_ptr()) };
+        // SAFETY: per the contract.
+        if let Some(b) = unsafe { op.bounce.as_ref() } {
+            b.release(op.slot);
+        }
+        op
     }
 }
 
@@ -154,6 +172,11 @@ impl Cq {
         }
     }
 
+    fn domain(&self) -> &Domain {
+        // SAFETY: a CQ keeps its domain open.
+        unsafe { &*self.domain }
+    }
+
     fn entry_size(&self) -> usize {
         match self.format {
             FI_CQ_FORMAT_MSG => std::mem::size_of::<fi_cq_msg_entry>(),
@@ -205,6 +228,9 @@ impl Cq {
             if st & status::OP_MASK == status::OP_REMOTE_RDMA_WRITE {
                 flags = (flags & !(FI_MSG | FI_RECV)) | FI_RMA | FI_REMOTE_WRITE;
             }
+            if op.silent && st & status::ERROR_MASK == 0 {
+                continue;
+            }
             if st & status::ERROR_MASK != 0 {
                 lock(&self.errors).push_back(fi_cq_err_entry {
                     op_context: op.context,
@@ -215,7 +241,7 @@ impl Cq {
                     tag: 0,
                     olen: 0,
                     err: error_code(st),
-                    prov_errno: st as c_int,
+                    prov_errno: (st & (status::ERROR_MASK | status::DONE)) as c_int,
                     err_data: std::ptr::null_mut(),
                     err_data_size: 0,
                 });
@@ -254,21 +280,52 @@ impl Cq {
         } else if !lock(&self.errors).is_empty() {
             Err(-(FI_EAVAIL as c_int))
         } else {
+            self.domain().driver.drive_from_read();
             Err(-FI_EAGAIN)
         }
     }
 }
 
-/// VIA's completion errors as libfabric error codes.
+/// VIA's completion errors as libfabric error codes (the entry's `err`);
+/// the status bits themselves are its `prov_errno`, which
+/// [`fi_cq_strerror`](strerror) turns into text.
 fn error_code(st: u32) -> c_int {
     use uvia::CompletionError as E;
-    match uvia::CompletionError::from_status(st) {
+    match E::from_status(st) {
         Some(E::Flushed) => FI_ECANCELED,
-        Some(E::Length) => FI_EMSGSIZE,
+        Some(E::Length) => FI_ETRUNC as c_int,
         Some(E::Protection | E::RdmaProtection) => FI_EACCES,
         Some(E::Transport) => FI_EIO,
         Some(E::RemoteDescriptor) => FI_EREMOTEIO,
         Some(E::Format | E::Partial) | None => FI_EIO,
+    }
+}
+
+/// The text of a completion's VIA status (a CQ error's `prov_errno`).
+fn status_text(st: u32) -> &'static CStr {
+    use uvia::CompletionError as E;
+    match E::from_status(st) {
+        Some(E::Format) => c"VIA format error: the descriptor is malformed",
+        Some(E::Protection) => {
+            c"VIA protection error: a segment's memory is not registered under the endpoint's domain"
+        }
+        Some(E::Length) => {
+            c"VIA length error: the message does not fit the receive buffers or exceeds the largest transfer"
+        }
+        Some(E::Partial) => c"VIA partial error: the data was only partly placed",
+        Some(E::Flushed) => {
+            c"VIA descriptor flushed: the endpoint left the connected state before the operation ran"
+        }
+        Some(E::Transport) => {
+            c"VIA transport error: the connection failed (peer gone, silent or unreachable)"
+        }
+        Some(E::RdmaProtection) => {
+            c"VIA RDMA protection error: the peer refused the remote address or key"
+        }
+        Some(E::RemoteDescriptor) => {
+            c"VIA remote descriptor error: the peer's receive failed"
+        }
+        None => c"VIA status without an error bit",
     }
 }
 
@@ -305,8 +362,12 @@ unsafe extern "C" fn sread(
             };
             // The core's wait spins, then sleeps on the CQ; the notice it
             // takes is the first entry.
+            // A silent operation's notice yields no entry: wait on.
             match q.cq.wait(Some(left)) {
-                Ok(c) => return q.read_entries(buf, count, Some(c)),
+                Ok(c) => match q.read_entries(buf, count, Some(c)) {
+                    Err(e) if e == -FI_EAGAIN => {}
+                    r => return r,
+                },
                 Err(uvia::WaitError::Timeout) => {}
                 Err(_) => return Err(-FI_EOVERFLOW),
             }
@@ -325,15 +386,18 @@ unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags:
     })
 }
 
+/// `fi_cq_strerror`: the text of a completion's VIA status, the
+/// `prov_errno` of its error entry.
 unsafe extern "C" fn strerror(
     _cq: *mut fid_cq,
     prov_errno: c_int,
-    err_data: *const c_void,
-    buf: *mut std::ffi::c_char,
+    _err_data: *const c_void,
+    buf: *mut c_char,
     len: usize,
-) -> *const std::ffi::c_char {
-    // SAFETY: forwarded.
-    unsafe { crate::eq::strerror(std::ptr::null_mut(), prov_errno, err_data, buf, len) }
+) -> *const c_char {
+    let s = status_text(prov_errno as u32);
+    // SAFETY: `buf` is NULL or holds `len` bytes.
+    unsafe { crate::eq::copy_text(s, buf, len) }
 }
 
 unsafe extern "C" fn close(p: *mut fid) -> c_int {
@@ -349,4 +413,41 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         unsafe { &*q.domain }.refs.fetch_sub(1, Ordering::AcqRel);
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_errors_map_to_libfabric_codes_and_text() {
+        let done = status::DONE;
+        assert_eq!(error_code(done | status::TRANSPORT_ERROR), FI_EIO);
+        assert_eq!(error_code(done | status::DESC_FLUSHED_ERROR), FI_ECANCELED);
+        assert_eq!(error_code(done | status::LENGTH_ERROR), FI_ETRUNC as c_int);
+        assert_eq!(error_code(done | status::PROTECTION_ERROR), FI_EACCES);
+        assert_eq!(error_code(done | status::RDMA_PROT_ERROR), FI_EACCES);
+        assert_eq!(error_code(done | status::REMOTE_DESC_ERROR), FI_EREMOTEIO);
+        // 0x41: what a failed connection's send completes with.
+        let text = status_text(0x41).to_str().unwrap();
+        assert!(text.starts_with("VIA transport error"), "{text}");
+        let mut buf = [0 as c_char; 16];
+        // SAFETY: a live buffer of its length.
+        let p = unsafe {
+            strerror(
+                std::ptr::null_mut(),
+                0x41,
+                std::ptr::null(),
+                buf.as_mut_ptr(),
+                16,
+            )
+        };
+        // SAFETY: the result is a NUL-terminated static string.
+        assert_eq!(unsafe { CStr::from_ptr(p) }, status_text(0x41));
+        // SAFETY: the copy is NUL-terminated within the buffer.
+        assert_eq!(
+            unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes(),
+            b"VIA transport e"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! The domain object: one opened uvia Nic (the medium the domain is named
 //! after) and the protection tag its endpoints and registrations share.
 
+use crate::drive::Driver;
 use crate::fabric::Fabric;
 use crate::guard;
 use crate::medium::{self, Medium};
@@ -22,6 +23,9 @@ pub struct Domain {
     /// One tag for every VI and region of the domain: libfabric has no
     /// protection domains below the domain.
     pub ptag: Ptag,
+    /// Its endpoints' VIs, driven between the program's calls where the
+    /// Nic needs it.
+    pub driver: Driver,
     /// Objects opened on it and not yet closed; it closes only at zero.
     pub refs: AtomicUsize,
 }
@@ -91,6 +95,7 @@ pub unsafe extern "C" fn open(
             None => Nic::open_with(&medium.nic_name(src), &opts).map_err(|_| err::ENODEV)?,
         };
         let ptag = nic.create_ptag().map_err(|_| err::ENOMEM)?;
+        let driver = Driver::new(nic.attributes().needs_driving);
         let d = Box::new(Domain {
             fid: fid_domain {
                 fid: fid {
@@ -105,6 +110,7 @@ pub unsafe extern "C" fn open(
             medium,
             nic,
             ptag,
+            driver,
             refs: AtomicUsize::new(0),
         });
         f.refs.fetch_add(1, Ordering::AcqRel);
@@ -139,6 +145,7 @@ unsafe extern "C" fn close(d: *mut fid) -> c_int {
         }
         // SAFETY: the box made in `open`; nothing refers to it any more.
         let domain = unsafe { Box::from_raw(domain as *const Domain as *mut Domain) };
+        domain.driver.stop();
         // SAFETY: a domain keeps its fabric open (the count), so it is live.
         unsafe { &*domain.fabric }
             .refs

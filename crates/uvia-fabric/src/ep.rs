@@ -2,15 +2,19 @@
 //! (its queues report to the bound CQs), connected with `fi_connect` or
 //! `fi_accept`, and the data calls that post descriptors on it.
 //!
-//! Connection events go to the bound EQ. `fi_connect` waits for the
-//! peer's answer inside the call (uvia's connect request blocks), so a
-//! program must not connect to a listener whose EQ only it reads, on the
-//! same thread; the answer is on the EQ when the call returns.
+//! Connection events go to the bound EQ. `fi_connect` returns at once: the
+//! core's connect request blocks until the peer answers, so a short-lived
+//! thread makes it and leaves the outcome for the EQ, whose next read
+//! queues `FI_CONNECTED` (with the accept data) or the error (with the
+//! reject data). So an endpoint may connect to a listener whose EQ the
+//! same thread reads, and two endpoints may connect to each other at once.
+//! The EQ then reports `FI_SHUTDOWN` when the VI fails.
 
 use crate::cq::{Cq, Op};
 use crate::domain::Domain;
-use crate::eq::{Eq, Event};
+use crate::eq::{Eq, Outcome, Tracked};
 use crate::guard;
+use crate::inject::{Bounce, INJECT_SIZE};
 use crate::medium;
 use crate::mr;
 use crate::nosys;
@@ -20,11 +24,11 @@ use crate::sys::*;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use uvia::{
     ConnectError, Descriptor, MemHandle, PostError, Reliability, Segment, Vi, ViAttributes,
-    MAX_SEGMENTS,
+    ViState, MAX_SEGMENTS,
 };
 
 /// How long `fi_connect` waits for the peer's answer.
@@ -41,7 +45,11 @@ pub struct Ep {
     tx_cq: AtomicPtr<Cq>,
     rx_cq: AtomicPtr<Cq>,
     vi: OnceLock<Vi>,
+    /// Bounce buffers for injected operations, made with the VI.
+    bounce: OnceLock<Bounce>,
     peer: Mutex<Option<SocketAddrV4>>,
+    /// Its connection as the EQ tracks it, once connecting or accepted.
+    tracked: Mutex<Option<Arc<Mutex<Tracked>>>>,
 }
 
 static FI_OPS: fi_ops = fi_ops {
@@ -57,8 +65,8 @@ static FI_OPS: fi_ops = fi_ops {
 static EP_OPS: fi_ops_ep = fi_ops_ep {
     size: std::mem::size_of::<fi_ops_ep>(),
     cancel: Some(nosys::ep_cancel),
-    getopt: Some(nosys::ep_getopt),
-    setopt: Some(nosys::ep_setopt),
+    getopt: Some(pep::getopt),
+    setopt: Some(pep::setopt),
     tx_ctx: Some(nosys::ep_tx_ctx),
     rx_ctx: Some(nosys::ep_rx_ctx),
     rx_size_left: Some(nosys::ep_rx_size_left),
@@ -86,9 +94,9 @@ static MSG_OPS: fi_ops_msg = fi_ops_msg {
     send: Some(send),
     sendv: Some(sendv),
     sendmsg: Some(sendmsg),
-    inject: Some(nosys::msg_inject),
+    inject: Some(inject),
     senddata: Some(senddata),
-    injectdata: Some(nosys::msg_injectdata),
+    injectdata: Some(injectdata),
 };
 
 static RMA_OPS: fi_ops_rma = fi_ops_rma {
@@ -99,9 +107,9 @@ static RMA_OPS: fi_ops_rma = fi_ops_rma {
     write: Some(write),
     writev: Some(writev),
     writemsg: Some(writemsg),
-    inject: Some(nosys::rma_inject),
+    inject: Some(inject_write),
     writedata: Some(writedata),
-    injectdata: Some(nosys::rma_injectdata),
+    injectdata: Some(inject_writedata),
 };
 
 static TAGGED_OPS: fi_ops_tagged = fi_ops_tagged {
@@ -195,7 +203,9 @@ pub unsafe extern "C" fn open(
             tx_cq: AtomicPtr::new(std::ptr::null_mut()),
             rx_cq: AtomicPtr::new(std::ptr::null_mut()),
             vi: OnceLock::new(),
+            bounce: OnceLock::new(),
             peer: Mutex::new(None),
+            tracked: Mutex::new(None),
         });
         domain.refs.fetch_add(1, Ordering::AcqRel);
         // SAFETY: checked non-NULL above.
@@ -273,50 +283,32 @@ impl Ep {
         if let Some(spin) = prov::settings().spin {
             vi.set_wait_spin(spin);
         }
+        let bounce =
+            Bounce::new(&d.nic, d.ptag, vi.attributes().send_queue_depth).ok_or(err::ENOMEM)?;
+        let _ = self.bounce.set(bounce);
+        d.driver.add(&vi);
         let _ = self.vi.set(vi);
         Ok(())
     }
 
-    fn connected(&self, peer: Option<SocketAddrV4>) {
-        *crate::guard::lock(&self.peer) = peer;
-        let data = self.vi.get().map(Vi::peer_private_data).unwrap_or_default();
-        if let Some(eq) = self.eq() {
-            eq.push(Event::Cm {
-                event: FI_CONNECTED,
-                fid: self.fid_ptr(),
-                info: std::ptr::null_mut(),
-                data,
-            });
-        }
+    /// Hands the connection's events to the bound EQ from now on; with
+    /// `connected`, FI_CONNECTED is queued now (an accept).
+    fn track(&self, eq: &Eq, vi: &Vi, connected: bool) -> Arc<Mutex<Tracked>> {
+        let t = Arc::new(Mutex::new(Tracked::new(
+            self.fid_ptr(),
+            self.fid.fid.context,
+            vi.clone(),
+            connected,
+        )));
+        *crate::guard::lock(&self.tracked) = Some(t.clone());
+        eq.track(t.clone());
+        t
     }
 
-    fn failed(&self, e: &ConnectError) {
-        let err = match e {
-            ConnectError::Rejected | ConnectError::NoListener { .. } => FI_ECONNREFUSED,
-            ConnectError::Timeout(_) => FI_ETIMEDOUT,
-            _ => FI_EIO,
-        };
-        if let Some(eq) = self.eq() {
-            eq.push(Event::Error {
-                fid: self.fid_ptr(),
-                context: self.fid.fid.context,
-                err,
-                data: Vec::new(),
-            });
-        }
-    }
-
-    /// Posts `desc` on the send queue as an operation completing with
-    /// `flags`.
-    fn post_send(
-        &self,
-        desc: Descriptor,
-        context: *mut c_void,
-        flags: u64,
-        len: usize,
-    ) -> Result<isize, c_int> {
+    /// Posts `op` on the send queue.
+    fn post_send(&self, op: Op) -> Result<isize, c_int> {
         let vi = self.vi()?;
-        let d = Op::post(desc, context, flags, len, std::ptr::null_mut());
+        let d = op.post();
         // SAFETY: the Op box stays alive until the CQ read takes it back.
         match unsafe { vi.post_send_raw(d, false) } {
             Ok(()) => Ok(0),
@@ -328,6 +320,47 @@ impl Ep {
         }
     }
 
+    /// Posts a send or RDMA write of the bytes of `iov` from a bounce
+    /// buffer (`desc` with its local segment for the copy's) as `op`;
+    /// `silent`: no completion entry (`fi_inject*`).
+    ///
+    /// # Safety
+    /// `iov` holds `count` entries, each valid for reads of its length.
+    unsafe fn post_injected(
+        &self,
+        iov: *const iovec,
+        count: usize,
+        make: impl FnOnce(Segment) -> Descriptor,
+        context: *mut c_void,
+        flags: u64,
+        silent: bool,
+    ) -> Result<isize, c_int> {
+        if count > MAX_SEGMENTS || (count > 0 && iov.is_null()) {
+            return Err(err::EINVAL);
+        }
+        let mut parts: [&[u8]; MAX_SEGMENTS] = [&[]; MAX_SEGMENTS];
+        let mut total = 0;
+        for (i, part) in parts.iter_mut().enumerate().take(count) {
+            // SAFETY: per the contract.
+            let v = unsafe { &*iov.add(i) };
+            if v.iov_len > 0 {
+                // SAFETY: the caller's bytes, readable for their length.
+                *part = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
+            }
+            total += v.iov_len;
+        }
+        if total > INJECT_SIZE {
+            return Err(-FI_EMSGSIZE);
+        }
+        let bounce = self.bounce.get().ok_or(-(FI_EOPBADSTATE as c_int))?;
+        let (slot, seg) = bounce.fill(&parts[..count]).ok_or(-FI_EAGAIN)?;
+        let mut op = Op::new(make(seg), context, flags, total);
+        op.bounce = bounce;
+        op.slot = slot;
+        op.silent = silent;
+        self.post_send(op)
+    }
+
     fn post_recv(
         &self,
         desc: Descriptor,
@@ -335,7 +368,9 @@ impl Ep {
         buf: *mut c_void,
     ) -> Result<isize, c_int> {
         let vi = self.vi()?;
-        let d = Op::post(desc, context, FI_RECV | FI_MSG, 0, buf);
+        let mut op = Op::new(desc, context, FI_RECV | FI_MSG, 0);
+        op.buf = buf;
+        let d = op.post();
         // SAFETY: as in post_send.
         match unsafe { vi.post_recv_raw(d, false) } {
             Ok(()) => Ok(0),
@@ -446,7 +481,11 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         let ep = unsafe { Ep::from_fid(p) }?;
         // SAFETY: the box made in `open`; nothing refers to it any more.
         let mut ep = unsafe { Box::from_raw(ep as *const Ep as *mut Ep) };
+        if let Some(eq) = ep.eq() {
+            eq.untrack(ep.fid_ptr());
+        }
         if let Some(vi) = ep.vi.take() {
+            ep.domain().driver.remove(&vi);
             vi.disconnect();
             // Descriptors still queued complete flushed: free their Ops.
             while let Some(d) = vi.send_done_raw().or_else(|| vi.recv_done_raw()) {
@@ -515,19 +554,43 @@ unsafe extern "C" fn connect(
         if data.len() > uvia::MAX_PRIVATE_DATA {
             return Err(err::EINVAL);
         }
-        if ep.eq().is_none() {
-            return Err(-(FI_ENOEQ as c_int));
-        }
+        let eq = ep.eq().ok_or(-(FI_ENOEQ as c_int))?;
         let vi = ep.vi()?;
+        if vi.state() != ViState::Idle || crate::guard::lock(&ep.tracked).is_some() {
+            return Err(-(FI_EOPBADSTATE as c_int));
+        }
         let d = ep.domain();
         let remote = d.medium.remote(&d.nic, to);
-        match vi.connect_request_with(&remote, CONNECT_TIMEOUT, data) {
-            Ok(_) => ep.connected(Some(to)),
-            Err(ConnectError::InvalidState(_)) => return Err(-(FI_EOPBADSTATE as c_int)),
-            Err(e) => ep.failed(&e),
+        *crate::guard::lock(&ep.peer) = Some(to);
+        let t = ep.track(eq, vi, false);
+        let (vi, data) = (vi.clone(), data.to_vec());
+        let spawned = std::thread::Builder::new()
+            .name("uvia-fi-connect".into())
+            .spawn(move || {
+                let outcome = match vi.connect_request_with(&remote, CONNECT_TIMEOUT, &data) {
+                    Ok(_) => Outcome::Connected(vi.peer_private_data()),
+                    Err(e) => Outcome::Failed(connect_error(&e), vi.peer_private_data()),
+                };
+                let t = crate::guard::lock(&t);
+                *crate::guard::lock(&t.outcome) = Some(outcome);
+            });
+        if spawned.is_err() {
+            eq.untrack(ep.fid_ptr());
+            *crate::guard::lock(&ep.tracked) = None;
+            return Err(err::ENOMEM);
         }
         Ok(())
     })
+}
+
+/// A failed connect request as a libfabric error code.
+fn connect_error(e: &ConnectError) -> c_int {
+    match e {
+        ConnectError::Rejected | ConnectError::NoListener { .. } => FI_ECONNREFUSED,
+        ConnectError::Timeout(_) => FI_ETIMEDOUT,
+        ConnectError::InvalidState(_) => FI_EOPBADSTATE as c_int,
+        _ => FI_EIO,
+    }
 }
 
 unsafe extern "C" fn accept(p: *mut fid_ep, param: *const c_void, len: usize) -> c_int {
@@ -547,7 +610,16 @@ unsafe extern "C" fn accept(p: *mut fid_ep, param: *const c_void, len: usize) ->
         let mut request = crate::guard::lock(&req.request).take().ok_or(err::EINVAL)?;
         match request.accept_with(vi, data) {
             Ok(()) => {
-                ep.connected(request.peer_address().and_then(|a| a.parse().ok()));
+                *crate::guard::lock(&ep.peer) = request.peer_address().and_then(|a| a.parse().ok());
+                if let Some(eq) = ep.eq() {
+                    eq.push(crate::eq::Event::Cm {
+                        event: FI_CONNECTED,
+                        fid: ep.fid_ptr(),
+                        info: std::ptr::null_mut(),
+                        data: vi.peer_private_data(),
+                    });
+                    ep.track(eq, vi, true);
+                }
                 Ok(())
             }
             Err(_) => Err(-(FI_ECONNABORTED)),
@@ -592,12 +664,12 @@ unsafe extern "C" fn sendv(
         // SAFETY: libfabric passes the fid it was given; iov/desc `count`.
         let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
         let (segs, n, total) = unsafe { segments(iov, desc, count) }?;
-        ep.post_send(
+        ep.post_send(Op::new(
             Descriptor::send(&segs[..n]),
             context,
             FI_SEND | FI_MSG,
             total,
-        )
+        ))
     })
 }
 
@@ -617,7 +689,7 @@ unsafe extern "C" fn senddata(
         let mut d = desc;
         let (segs, n, total) = unsafe { segments(&v, &mut d, 1) }?;
         let desc = Descriptor::send(&segs[..n]).with_immediate(data as u32);
-        ep.post_send(desc, context, FI_SEND | FI_MSG, total)
+        ep.post_send(Op::new(desc, context, FI_SEND | FI_MSG, total))
     })
 }
 
@@ -626,15 +698,27 @@ unsafe extern "C" fn sendmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) ->
         // SAFETY: as in sendv; `msg` is the caller's.
         let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
         let m = unsafe { msg.as_ref() }.ok_or(err::EINVAL)?;
+        let imm = (flags & FI_REMOTE_CQ_DATA != 0).then_some(m.data as u32);
+        let with_data = |d: Descriptor| match imm {
+            Some(v) => d.with_immediate(v),
+            None => d,
+        };
         if flags & FI_INJECT != 0 {
-            return Err(err::ENOSYS);
+            // SAFETY: the caller's iovec list of `iov_count` entries.
+            return unsafe {
+                ep.post_injected(
+                    m.msg_iov,
+                    m.iov_count,
+                    |s| with_data(Descriptor::send(&[s])),
+                    m.context,
+                    FI_SEND | FI_MSG,
+                    false,
+                )
+            };
         }
         let (segs, n, total) = unsafe { segments(m.msg_iov, m.desc, m.iov_count) }?;
-        let mut desc = Descriptor::send(&segs[..n]);
-        if flags & FI_REMOTE_CQ_DATA != 0 {
-            desc = desc.with_immediate(m.data as u32);
-        }
-        ep.post_send(desc, m.context, FI_SEND | FI_MSG, total)
+        let desc = with_data(Descriptor::send(&segs[..n]));
+        ep.post_send(Op::new(desc, m.context, FI_SEND | FI_MSG, total))
     })
 }
 
@@ -718,7 +802,102 @@ unsafe fn rma(
     if let Some(d) = data {
         desc = desc.with_immediate(d as u32);
     }
-    ep.post_send(desc, context, flags, total)
+    ep.post_send(Op::new(desc, context, flags, total))
+}
+
+/// `fi_inject`/`fi_injectdata` (`data`): a send from a bounce buffer that
+/// completes without an entry.
+fn inject_send(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: Option<u64>,
+) -> Result<isize, c_int> {
+    // SAFETY: libfabric passes the fid it was given.
+    let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
+    let v = one(buf, len, std::ptr::null_mut());
+    let make = |s: Segment| {
+        let d = Descriptor::send(&[s]);
+        match data {
+            Some(v) => d.with_immediate(v as u32),
+            None => d,
+        }
+    };
+    // SAFETY: one entry on the stack naming the caller's `len` bytes.
+    unsafe { ep.post_injected(&v, 1, make, std::ptr::null_mut(), FI_SEND | FI_MSG, true) }
+}
+
+/// `fi_inject_write`/`fi_inject_writedata` (`data`): an RDMA write from a
+/// bounce buffer that completes without an entry.
+fn inject_rma(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    addr: u64,
+    key: u64,
+    data: Option<u64>,
+) -> Result<isize, c_int> {
+    // SAFETY: libfabric passes the fid it was given.
+    let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
+    let remote = Segment::remote(
+        addr,
+        MemHandle(u32::try_from(key).map_err(|_| err::EINVAL)?),
+    );
+    let v = one(buf, len, std::ptr::null_mut());
+    let make = |s: Segment| {
+        let d = Descriptor::rdma_write(remote, &[s]);
+        match data {
+            Some(v) => d.with_immediate(v as u32),
+            None => d,
+        }
+    };
+    // SAFETY: as in inject_send.
+    unsafe { ep.post_injected(&v, 1, make, std::ptr::null_mut(), FI_RMA | FI_WRITE, true) }
+}
+
+unsafe extern "C" fn inject(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _dest: fi_addr_t,
+) -> isize {
+    guard::call_ssize("inject", || inject_send(ep, buf, len, None))
+}
+
+unsafe extern "C" fn injectdata(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    _dest: fi_addr_t,
+) -> isize {
+    guard::call_ssize("injectdata", || inject_send(ep, buf, len, Some(data)))
+}
+
+unsafe extern "C" fn inject_write(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _dest: fi_addr_t,
+    addr: u64,
+    key: u64,
+) -> isize {
+    guard::call_ssize("inject_write", || inject_rma(ep, buf, len, addr, key, None))
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn inject_writedata(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    _dest: fi_addr_t,
+    addr: u64,
+    key: u64,
+) -> isize {
+    guard::call_ssize("inject_writedata", || {
+        inject_rma(ep, buf, len, addr, key, Some(data))
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -785,6 +964,31 @@ unsafe extern "C" fn writemsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u6
             .filter(|_| m.rma_iov_count == 1)
             .ok_or(err::EINVAL)?;
         let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(m.data);
+        if flags & FI_INJECT != 0 {
+            let e = unsafe { Ep::from_fid(ep as *mut fid) }?;
+            let remote = Segment::remote(
+                r.addr,
+                MemHandle(u32::try_from(r.key).map_err(|_| err::EINVAL)?),
+            );
+            let make = |s: Segment| {
+                let d = Descriptor::rdma_write(remote, &[s]);
+                match data {
+                    Some(v) => d.with_immediate(v as u32),
+                    None => d,
+                }
+            };
+            // SAFETY: the caller's iovec list of `iov_count` entries.
+            return unsafe {
+                e.post_injected(
+                    m.msg_iov,
+                    m.iov_count,
+                    make,
+                    m.context,
+                    FI_RMA | FI_WRITE,
+                    false,
+                )
+            };
+        }
         unsafe {
             rma(
                 ep,

@@ -40,6 +40,48 @@ pub enum Event {
 // to whichever thread reads the queue, as libfabric hands them.
 unsafe impl Send for Event {}
 
+/// How a connection request ended, as the connecting thread found it.
+pub enum Outcome {
+    /// Accepted, with the server's private data.
+    Connected(Vec<u8>),
+    /// Refused or failed: the libfabric error code and the reject's
+    /// private data (the error entry's `err_data`).
+    Failed(c_int, Vec<u8>),
+}
+
+/// An endpoint whose connection the queue reports on: the answer to its
+/// `fi_connect` when it comes (`FI_CONNECTED` or an error), then
+/// `FI_SHUTDOWN` once if its VI fails (the peer disconnected or died).
+pub struct Tracked {
+    fid: fid_t,
+    context: *mut c_void,
+    vi: uvia::Vi,
+    /// Set by the connecting thread; taken by an EQ read.
+    pub outcome: Mutex<Option<Outcome>>,
+    /// FI_CONNECTED was queued: the VI is watched for failure.
+    connected: bool,
+}
+
+// SAFETY: `fid` and `context` are only copied into events (the endpoint
+// untracks itself before it is freed); the VI and the outcome are shared
+// under their own locks.
+unsafe impl Send for Tracked {}
+unsafe impl Sync for Tracked {}
+
+impl Tracked {
+    /// An endpoint `fid` with `vi`; `connected` if its FI_CONNECTED is
+    /// already queued (an accept).
+    pub fn new(fid: fid_t, context: *mut c_void, vi: uvia::Vi, connected: bool) -> Tracked {
+        Tracked {
+            fid,
+            context,
+            vi,
+            outcome: Mutex::new(None),
+            connected,
+        }
+    }
+}
+
 /// An event queue. `#[repr(C)]` with libfabric's `fid_eq` first.
 #[repr(C)]
 pub struct Eq {
@@ -48,6 +90,8 @@ pub struct Eq {
     events: Mutex<VecDeque<Event>>,
     /// Passive endpoints bound here, polled for requests by each read.
     listeners: Mutex<Vec<usize>>,
+    /// Endpoints whose connection events come here.
+    tracked: Mutex<Vec<std::sync::Arc<Mutex<Tracked>>>>,
     /// The error event last read, whose data `fi_eq_readerr` points into.
     last_error: Mutex<Vec<u8>>,
     pub refs: AtomicUsize,
@@ -97,6 +141,7 @@ pub unsafe extern "C" fn open(
             fabric: f,
             events: Mutex::new(VecDeque::new()),
             listeners: Mutex::new(Vec::new()),
+            tracked: Mutex::new(Vec::new()),
             last_error: Mutex::new(Vec::new()),
             refs: AtomicUsize::new(0),
         });
@@ -135,9 +180,65 @@ impl Eq {
         }
     }
 
+    /// Reports on `t`'s connection from now on.
+    pub fn track(&self, t: std::sync::Arc<Mutex<Tracked>>) {
+        lock(&self.tracked).push(t);
+    }
+
+    /// Forgets endpoint `fid` (it closes): no more events for it, and
+    /// those queued and unread are dropped.
+    pub fn untrack(&self, fid: fid_t) {
+        lock(&self.tracked).retain(|t| lock(t).fid != fid);
+        lock(&self.events).retain(|e| match e {
+            Event::Cm { fid: f, .. } | Event::Error { fid: f, .. } => *f != fid,
+            Event::User { .. } => true,
+        });
+    }
+
+    /// Queues what the tracked endpoints' connections did since the last look.
+    fn watch(&self) {
+        lock(&self.tracked).retain(|t| {
+            let mut t = lock(t);
+            let outcome = lock(&t.outcome).take();
+            match outcome {
+                Some(Outcome::Connected(data)) => {
+                    self.push(Event::Cm {
+                        event: FI_CONNECTED,
+                        fid: t.fid,
+                        info: std::ptr::null_mut(),
+                        data,
+                    });
+                    t.connected = true;
+                    true
+                }
+                Some(Outcome::Failed(err, data)) => {
+                    self.push(Event::Error {
+                        fid: t.fid,
+                        context: t.context,
+                        err,
+                        data,
+                    });
+                    false
+                }
+                None if t.connected && t.vi.state() == uvia::ViState::Error => {
+                    self.push(Event::Cm {
+                        event: FI_SHUTDOWN,
+                        fid: t.fid,
+                        info: std::ptr::null_mut(),
+                        data: Vec::new(),
+                    });
+                    false
+                }
+                None => true,
+            }
+        });
+    }
+
     /// Takes in the requests that arrived at the bound listeners, waiting
-    /// up to `wait` on the first of them.
+    /// up to `wait` on the first of them, and what the tracked
+    /// connections did.
     fn progress(&self, wait: Duration) {
+        self.watch();
         let listeners = lock(&self.listeners).clone();
         for (i, p) in listeners.iter().enumerate() {
             // SAFETY: a passive endpoint removes itself before it is freed.
@@ -320,7 +421,8 @@ unsafe extern "C" fn write(
     })
 }
 
-/// `fi_eq_strerror`: libfabric's own text for the error number.
+/// `fi_eq_strerror`: libfabric's own text for the error number (an EQ
+/// error's `prov_errno` is its libfabric error code).
 pub unsafe extern "C" fn strerror(
     _eq: *mut fid_eq,
     prov_errno: c_int,
@@ -328,17 +430,27 @@ pub unsafe extern "C" fn strerror(
     buf: *mut c_char,
     len: usize,
 ) -> *const c_char {
-    // SAFETY: fi_strerror returns a static string.
-    let s = unsafe { fi_strerror(prov_errno.abs()) };
+    // SAFETY: fi_strerror returns a static NUL-terminated string.
+    let s = unsafe { std::ffi::CStr::from_ptr(fi_strerror(prov_errno.abs())) };
+    // SAFETY: `buf` is NULL or holds `len` bytes.
+    unsafe { copy_text(s, buf, len) }
+}
+
+/// Copies `s` into the caller's `buf` of `len` bytes (cut to fit, NUL
+/// included) when one is given, and returns `s`, as the strerror calls do.
+///
+/// # Safety
+/// `buf` is NULL or valid for writes of `len` bytes; `s` outlives the caller's use.
+pub unsafe fn copy_text(s: &std::ffi::CStr, buf: *mut c_char, len: usize) -> *const c_char {
     if !buf.is_null() && len > 0 {
+        let n = s.to_bytes().len().min(len - 1);
         // SAFETY: `buf` holds `len` bytes; the copy leaves room for the NUL.
         unsafe {
-            let n = libc::strlen(s).min(len - 1);
-            std::ptr::copy_nonoverlapping(s, buf, n);
+            std::ptr::copy_nonoverlapping(s.as_ptr(), buf, n);
             *buf.add(n) = 0;
         }
     }
-    s
+    s.as_ptr()
 }
 
 unsafe extern "C" fn close(p: *mut fid) -> c_int {

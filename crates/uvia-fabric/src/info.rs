@@ -340,7 +340,10 @@ fn fits(h: &Hints, medium: &Medium, a: &NicAttributes) -> bool {
         }
     }
     if let Some(tx) = h.tx {
-        if tx.size > depth || tx.iov_limit > a.max_segments_per_desc || tx.inject_size > 0 {
+        if tx.size > depth
+            || tx.iov_limit > a.max_segments_per_desc
+            || tx.inject_size > crate::inject::INJECT_SIZE
+        {
             return false;
         }
     }
@@ -376,8 +379,7 @@ fn build(
             hints.and_then(|h| h.tx).map(|t| t.comp_order),
             FI_ORDER_NONE,
         ),
-        // fi_inject is not offered yet (it needs registered bounce buffers).
-        inject_size: 0,
+        inject_size: crate::inject::INJECT_SIZE,
         size: asked(
             hints.and_then(|h| h.tx).map(|t| t.size),
             DEFAULT_QUEUE.min(depth),

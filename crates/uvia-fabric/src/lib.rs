@@ -8,17 +8,20 @@
 //! libfabric holds is the object; its ops tables are statics, every slot
 //! filled (`nosys` for what is not offered). Every function libfabric calls
 //! runs through `guard`, so a panic is `-FI_EOTHER`, never an abort.
-//! Progress is made inside the program's calls: no thread of its own.
+//! Progress is made inside the program's calls; a domain on a network
+//! medium adds a thread that runs its protocol timers (see `drive`).
 
 #![allow(clippy::missing_safety_doc)]
 
 pub mod cq;
 pub mod domain;
+pub mod drive;
 pub mod ep;
 pub mod eq;
 pub mod fabric;
 pub mod guard;
 pub mod info;
+pub mod inject;
 pub mod medium;
 pub mod mr;
 mod nosys;

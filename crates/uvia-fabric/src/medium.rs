@@ -174,6 +174,33 @@ pub fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
     }
 }
 
+/// Replaces an info's address (`src_addr`/`dest_addr` and its length)
+/// with `a` as a `sockaddr_in`, or with none. The memory is malloc'd:
+/// `fi_freeinfo` frees it.
+///
+/// # Safety
+/// `*addr` is NULL or malloc'd memory the info owns.
+pub unsafe fn set_addr(addr: &mut *mut std::ffi::c_void, len: &mut usize, a: Option<SocketAddrV4>) {
+    // SAFETY: per the contract; free(NULL) does nothing.
+    unsafe { libc::free(*addr) };
+    *addr = std::ptr::null_mut();
+    *len = 0;
+    if let Some(a) = a {
+        let sin = sockaddr_in(a);
+        let n = std::mem::size_of_val(&sin);
+        // SAFETY: a fresh allocation of `n` bytes, filled before use.
+        let p = unsafe { libc::malloc(n) };
+        if !p.is_null() {
+            // SAFETY: `p` holds `n` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(&sin as *const _ as *const u8, p as *mut u8, n)
+            };
+            *addr = p;
+            *len = n;
+        }
+    }
+}
+
 /// Reads a `struct sockaddr_in` of `len` bytes at `p`; `None` if it is
 /// not one.
 ///

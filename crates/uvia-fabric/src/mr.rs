@@ -55,7 +55,10 @@ unsafe extern "C" fn reg(
     guard::call("mr_reg", || {
         // SAFETY: libfabric passes the domain's fid.
         let domain = unsafe { Domain::from_fid(d as *mut fid_domain) }?;
-        if mr.is_null() || flags != 0 {
+        // FI_RMA_EVENT needs counters, which the provider has not; other
+        // flags are hints (ofi_rxm passes libfabric's internal "do not
+        // cache" bit, 1 << 60), ignored as libfabric's tcp provider does.
+        if mr.is_null() || flags & FI_RMA_EVENT != 0 {
             return Err(err::EINVAL);
         }
         let attrs = MemAttributes::new(domain.ptag)

@@ -22,6 +22,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 use uvia::{ConnRequest, Discriminator, Nic, NicOptions};
 
+/// The least wait of a listener's look for requests: enough for the core's
+/// connect wait to read the Nic's medium once.
+const LOOK: Duration = Duration::from_micros(20);
+
 /// A passive endpoint. `#[repr(C)]` with libfabric's `fid_pep` first.
 #[repr(C)]
 pub struct Pep {
@@ -59,8 +63,8 @@ static FI_OPS: fi_ops = fi_ops {
 static EP_OPS: fi_ops_ep = fi_ops_ep {
     size: std::mem::size_of::<fi_ops_ep>(),
     cancel: Some(nosys::ep_cancel),
-    getopt: Some(nosys::ep_getopt),
-    setopt: Some(nosys::ep_setopt),
+    getopt: Some(getopt),
+    setopt: Some(setopt),
     tx_ctx: Some(nosys::ep_tx_ctx),
     rx_ctx: Some(nosys::ep_rx_ctx),
     rx_size_left: Some(nosys::ep_rx_size_left),
@@ -202,7 +206,10 @@ impl Pep {
         if !self.listening.load(Ordering::Acquire) {
             return;
         }
-        let mut wait = wait;
+        // The core's connect wait with no time left takes a request already
+        // queued but reads nothing from a network medium: the first look
+        // waits a little, so that it reads the listener's socket.
+        let mut wait = wait.max(LOOK);
         while let Ok(req) = self.nic.connect_wait(&self.discriminator, Some(wait)) {
             wait = Duration::ZERO;
             let data = req.private_data().to_vec();
@@ -223,8 +230,27 @@ impl Pep {
                 drop(unsafe { Box::from_raw(handle) });
                 continue;
             }
+            // The requester's address as its dest_addr (ofi_rxm looks the
+            // peer up by it, with the port its private data names): on
+            // shm this host's loopback, on a network the request's source.
             // SAFETY: a fresh copy, ours until the event is read.
-            unsafe { (*info).handle = handle as fid_t };
+            let peer = match unsafe { &*handle }.peer() {
+                Some(a) => a,
+                None => SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+            };
+            unsafe {
+                (*info).handle = handle as fid_t;
+                medium::set_addr(
+                    &mut (*info).dest_addr,
+                    &mut (*info).dest_addrlen,
+                    Some(peer),
+                );
+                medium::set_addr(
+                    &mut (*info).src_addr,
+                    &mut (*info).src_addrlen,
+                    Some(self.addr),
+                );
+            }
             eq.push(Event::Cm {
                 event: FI_CONNREQ,
                 fid: &self.fid.fid as *const fid as fid_t,
@@ -322,6 +348,59 @@ unsafe extern "C" fn reject(
     })
 }
 
+/// `fi_getopt` on an endpoint or listener: `FI_OPT_CM_DATA_SIZE`, the
+/// most private data a connect, accept or reject carries (ofi_rxm checks
+/// that its connection data fits).
+pub unsafe extern "C" fn getopt(
+    _fid: fid_t,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut usize,
+) -> c_int {
+    guard::call("getopt", || {
+        if level as u32 != FI_OPT_ENDPOINT || name as u32 != FI_OPT_CM_DATA_SIZE {
+            return Err(-FI_ENOPROTOOPT);
+        }
+        // SAFETY: `len` is NULL or the caller's; `val` holds `*len` bytes.
+        let room = unsafe { len.as_mut() }.ok_or(err::EINVAL)?;
+        let have = *room;
+        *room = std::mem::size_of::<usize>();
+        if val.is_null() || have < std::mem::size_of::<usize>() {
+            return Err(-(FI_ETOOSMALL as c_int));
+        }
+        // SAFETY: room for a size_t, written unaligned as the caller's
+        // buffer may be.
+        unsafe { (val as *mut usize).write_unaligned(uvia::MAX_PRIVATE_DATA) };
+        Ok(())
+    })
+}
+
+/// `fi_setopt`: `FI_OPT_CM_DATA_SIZE` up to what a connection carries;
+/// no other option.
+pub unsafe extern "C" fn setopt(
+    _fid: fid_t,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: usize,
+) -> c_int {
+    guard::call("setopt", || {
+        if level as u32 != FI_OPT_ENDPOINT || name as u32 != FI_OPT_CM_DATA_SIZE {
+            return Err(-FI_ENOPROTOOPT);
+        }
+        if val.is_null() || len < std::mem::size_of::<usize>() {
+            return Err(err::EINVAL);
+        }
+        // SAFETY: a size_t's bytes, read unaligned.
+        let want = unsafe { (val as *const usize).read_unaligned() };
+        if want > uvia::MAX_PRIVATE_DATA {
+            return Err(err::EINVAL);
+        }
+        Ok(())
+    })
+}
+
 /// The private data of a CM call.
 ///
 /// # Safety
@@ -335,6 +414,14 @@ pub unsafe fn private<'a>(param: *const c_void, len: usize) -> &'a [u8] {
 }
 
 impl ConnReq {
+    /// The requester's address on a network medium.
+    pub fn peer(&self) -> Option<SocketAddrV4> {
+        lock(&self.request)
+            .as_ref()
+            .and_then(|r| r.peer_address())
+            .and_then(|a| a.parse().ok())
+    }
+
     /// The request behind a `handle`, as a box that frees it when dropped:
     /// answering a request ends it.
     ///

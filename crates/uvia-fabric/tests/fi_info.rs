@@ -164,21 +164,30 @@ fn a_panic_in_getinfo_is_an_error_not_an_abort() {
     assert!(err.contains("getinfo: internal error (panic)"), "{err}");
 }
 
-/// `fi_pingpong -e msg` on shm, server and client in two processes, with
-/// its data check, over a few sizes.
-#[test]
-fn fi_pingpong_msg_runs_on_shm() {
-    let dir = ProviderDir::new("pingpong");
-    // A control port of this run's own, so parallel runs do not meet.
-    let port = (20000 + std::process::id() % 20000).to_string();
+/// Runs `fi_pingpong` server and client in two processes over `provider`,
+/// endpoint type `ep` and `domain`, with its data check, over all its sizes
+/// up to `top` (20 iterations each), and checks that each of `sizes` ran.
+fn pingpong(test: &str, provider: &str, ep: &str, domain: &str, sizes: &[&str]) {
+    // One pair at a time: two pairs on a small machine starve each other's
+    // servers of the time to open their control sockets.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = ProviderDir::new(test);
+    // A control port of this run's and this test's own, so parallel runs
+    // do not meet.
+    let salt = test
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
+    let port = (20000 + std::process::id().wrapping_add(salt) % 20000).to_string();
     let run = |extra: &[&str]| {
         let mut c = Command::new("fi_pingpong");
         c.args([
-            "-p", "uvia", "-e", "msg", "-d", "shm", "-c", "-I", "20", "-S", "all",
+            "-p", provider, "-e", ep, "-d", domain, "-c", "-I", "20", "-S", "all",
         ])
         .args(extra)
         .env("FI_PROVIDER_PATH", &dir.0)
         .env_remove("FI_PROVIDER")
+        .env_remove("FI_UVIA_DOMAIN")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
         c.spawn()
@@ -195,11 +204,54 @@ fn fi_pingpong_msg_runs_on_shm() {
         "client: {client:?}\nserver: {server:?}"
     );
     assert!(server.status.success(), "server: {server:?}");
-    for size in ["1 ", "4k", "64k", "1m"] {
+    for size in sizes {
         assert!(
             out.lines()
                 .any(|l| l.starts_with(size) && l.contains("=20")),
             "{size}: {out}"
         );
     }
+}
+
+/// `fi_pingpong -e msg` on shm, sizes 1 B to 8 MiB.
+#[test]
+fn fi_pingpong_msg_runs_on_shm() {
+    pingpong("pp-shm", "uvia", "msg", "shm", &["1 ", "4k", "64k", "1m"]);
+}
+
+/// `fi_pingpong -e msg` on udp over loopback. The client reads its last
+/// message and then blocks on its control socket: the acknowledgement the
+/// server waits for comes from the domain's driver thread.
+#[test]
+fn fi_pingpong_msg_runs_on_udp() {
+    pingpong("pp-udp", "uvia", "msg", "udp", &["1 ", "4k", "64k", "1m"]);
+}
+
+/// `fi_pingpong -e rdm` over `uvia;ofi_rxm` on shm: ofi_rxm connects on
+/// the first send (its connection data through the private data, the
+/// peer found by the request's address), sends small messages eagerly and
+/// large ones by rendezvous (an RDMA read from the receiver).
+#[test]
+fn fi_pingpong_rdm_runs_over_rxm_on_shm() {
+    pingpong(
+        "pp-rxm-shm",
+        "uvia;ofi_rxm",
+        "rdm",
+        "shm",
+        &["1 ", "4k", "64k", "1m"],
+    );
+}
+
+/// `fi_pingpong -e rdm` over `uvia;ofi_rxm` on udp: both sides connect to
+/// each other at once (ofi_rxm keeps one connection by comparing names),
+/// which needs `fi_connect` to return before the peer answers.
+#[test]
+fn fi_pingpong_rdm_runs_over_rxm_on_udp() {
+    pingpong(
+        "pp-rxm-udp",
+        "uvia;ofi_rxm",
+        "rdm",
+        "udp",
+        &["1 ", "4k", "64k", "1m"],
+    );
 }
