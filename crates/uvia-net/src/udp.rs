@@ -109,7 +109,12 @@ pub enum UdpError {
     /// The socket could not be created.
     #[error("creating a UDP socket: {0}")]
     Socket(io::Error),
-    /// The address could not be bound (in use, not local, ...).
+    /// Another socket holds the address: a medium's port is its own, never
+    /// shared with another medium (the kernel would split datagrams
+    /// between them).
+    #[error("binding UDP to {addr}: the port is held by another socket (EADDRINUSE)")]
+    InUse { addr: SocketAddr },
+    /// The address could not be bound (not local, no permission, ...).
     #[error("binding UDP to {addr}: {source}")]
     Bind { addr: SocketAddr, source: io::Error },
     /// A socket option the medium needs was refused.
@@ -276,6 +281,8 @@ fn ip_of(a: Addr) -> SocketAddr {
 
 impl UdpMedium {
     /// Binds a UDP socket to `addr` (port 0 picks one; `local_addr` tells).
+    /// The port is the medium's own: if another socket holds it, this fails
+    /// with [`UdpError::InUse`], whatever that socket's options.
     pub fn bind(addr: SocketAddr, opts: UdpOptions) -> Result<UdpMedium, UdpError> {
         UdpMedium::open(addr, None, opts)
     }
@@ -333,18 +340,35 @@ impl UdpMedium {
             )?;
         }
         let gro = opts.gro && setsockopt_int(raw, libc::SOL_UDP, UDP_GRO, 1).is_ok();
-        // Per-peer connected sockets share the Nic's address (same user only).
-        opt(
-            "SO_REUSEPORT",
-            setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1),
-        )?;
+        let reuseport = |r| {
+            opt(
+                "SO_REUSEPORT",
+                setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, r),
+            )
+        };
+        // A connected socket joins the address of the medium it serves,
+        // which allows it (below).
+        if peer.is_some() {
+            reuseport(1)?;
+        }
         let (ss, len) = to_raw(&addr);
         // SAFETY: `ss` holds a socket address of `len` bytes.
         if unsafe { libc::bind(raw, &ss as *const _ as *const libc::sockaddr, len) } != 0 {
-            return Err(UdpError::Bind {
-                addr,
-                source: io::Error::last_os_error(),
+            let source = io::Error::last_os_error();
+            return Err(match source.raw_os_error() {
+                Some(libc::EADDRINUSE) => UdpError::InUse { addr },
+                _ => UdpError::Bind { addr, source },
             });
+        }
+        // The medium's own socket binds without SO_REUSEPORT, so its port
+        // is free (an ephemeral one too) and nobody else's; only then does
+        // it let sockets join, and only sockets that ask to (the connected
+        // ones above; another medium never does). Set before the bind, an
+        // ephemeral bind could land on a port another socket of the same
+        // user held, even in another process, and the kernel would split
+        // datagrams between them.
+        if peer.is_none() {
+            reuseport(1)?;
         }
         // SAFETY: sockaddr_storage is plain data.
         let mut got: libc::sockaddr_storage = unsafe { zeroed() };
@@ -817,6 +841,32 @@ mod tests {
             .err()
             .expect("port in use");
         assert!(e.to_string().contains(&taken.to_string()), "{e}");
+    }
+
+    #[test]
+    fn a_bound_port_is_the_mediums_own() {
+        let a = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
+        let held = a.local_ip();
+        let e = UdpMedium::bind(held, UdpOptions::default())
+            .err()
+            .expect("a second medium on a held port must fail, never share it");
+        assert!(matches!(e, UdpError::InUse { .. }), "{e:?}");
+        assert!(e.to_string().contains("EADDRINUSE"), "{e}");
+        // Nor can a plain socket join it.
+        assert!(std::net::UdpSocket::bind(held).is_err());
+        // Ephemeral ports never land on a held one.
+        let more: Vec<UdpMedium> = (0..64)
+            .map(|_| UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let mut ports: Vec<u16> = more.iter().map(|m| m.local_ip().port()).collect();
+        ports.push(held.port());
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 65, "every medium has a port of its own");
+        // The medium's own connected sockets still join it.
+        let peer = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
+        UdpMedium::connected(held, peer.local_ip(), UdpOptions::default()).unwrap();
     }
 
     #[test]

@@ -497,3 +497,38 @@ fn peer_to_peer_is_refused_clearly_on_shm() {
     assert!(matches!(r, Err(ConnectError::Unsupported(_))), "{r:?}");
     assert_eq!(vi.state(), ViState::Idle);
 }
+
+#[test]
+fn a_nic_port_is_its_own() {
+    let inst = udp_instance();
+    if peer_arg().is_some() {
+        // Holds its port while the test tries to open a second Nic there.
+        let e = end(&inst, ViAttributes::new);
+        accept(&e, 392);
+        until_peer_leaves(&e);
+        return;
+    }
+    let peer = Peer::spawn("a_nic_port_is_its_own", &inst, "x");
+    let e = end(&inst, ViAttributes::new);
+    connect(&e, 392);
+    // The peer's Nic holds its address: a second Nic there, from this
+    // process or any other, fails and names why.
+    let held = format!("udp:{}", peer_host(&inst));
+    let r = Nic::open(&held);
+    let err = r.err().expect("a Nic on a held port must not open");
+    assert!(err.to_string().contains("EADDRINUSE"), "{err}");
+    // So does a second Nic on this process's own address.
+    let err = Nic::open(&my_nic(&inst)).err().expect("held here too");
+    assert!(err.to_string().contains("EADDRINUSE"), "{err}");
+    // Nics on any port never share one.
+    let nics: Vec<Nic> = (0..32).map(|_| Nic::open("udp").unwrap()).collect();
+    let mut addrs: Vec<String> = nics
+        .iter()
+        .map(|n| n.attributes().address.clone())
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    assert_eq!(addrs.len(), nics.len());
+    e.vi.disconnect();
+    peer.join();
+}
