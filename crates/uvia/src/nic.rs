@@ -95,7 +95,7 @@ pub struct NicOptions {
     /// `None` reads the `UVIA_INJECT` environment variable.
     pub inject: Option<String>,
     /// Silence from a peer longer than this breaks its connections
-    /// (network Nics; default 5 s).
+    /// (network Nics; default 2 s).
     pub idle_timeout: Option<std::time::Duration>,
 }
 

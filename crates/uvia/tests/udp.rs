@@ -532,3 +532,89 @@ fn a_nic_port_is_its_own() {
     e.vi.disconnect();
     peer.join();
 }
+
+/// How a peer dies in [`a_dead_peer_fails_every_descriptor_of_a_busy_vi`].
+const DEATHS: [&str; 2] = ["killed", "stopped"];
+
+#[test]
+fn a_dead_peer_fails_every_descriptor_of_a_busy_vi() {
+    let test = "a_dead_peer_fails_every_descriptor_of_a_busy_vi";
+    if let Some(a) = peer_arg() {
+        // Answers one message, then waits inside the library (acknowledging,
+        // as a live process does) until killed or stopped.
+        let (li, d) = a.split_once(':').unwrap();
+        let level = levels()[li.parse::<usize>().unwrap()];
+        let e = end(&udp_instance(), |p| ViAttributes::new(p).reliability(level));
+        for _ in 0..2 {
+            e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 4096)])))
+                .unwrap();
+        }
+        accept(&e, d.parse().unwrap());
+        e.vi.recv_wait(Some(T)).unwrap();
+        send(&e, 0, 8);
+        let _ = e.vi.recv_wait(Some(Duration::from_secs(60)));
+        return;
+    }
+    let mut d = 400;
+    for (li, level) in levels().into_iter().enumerate() {
+        for death in DEATHS {
+            d += 1;
+            let inst = udp_instance();
+            let mut peer = Peer::spawn(test, &inst, &format!("{li}:{d}"));
+            let e = end(&inst, |p| ViAttributes::new(p).reliability(level));
+            for k in 0..4 {
+                e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(4096 * k, 64)])))
+                    .unwrap();
+            }
+            connect(&e, d);
+            assert_eq!(send(&e, 0, 8).result(), Ok(8));
+            let first = e.vi.recv_wait(Some(T)).unwrap();
+            assert_eq!(first.result(), Ok(8), "{level:?}: the peer's answer");
+            match death {
+                "killed" => peer.kill(),
+                _ => {
+                    let pid = peer.0.as_ref().unwrap().id() as i32;
+                    // SAFETY: signals a child process this test started.
+                    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+                    // Stopped, not merely signalled: it answers nothing more.
+                    let stat = format!("/proc/{pid}/stat");
+                    while !std::fs::read_to_string(&stat)
+                        .unwrap()
+                        .rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('T'))
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            }
+            // The application keeps posting and polling, never waiting
+            // on an empty queue: every receive still fails.
+            let t0 = Instant::now();
+            let (mut failed, mut sends) = (0, 0);
+            while failed < 3 && t0.elapsed() < T {
+                if e.vi.state() == ViState::Connected && sends < 10_000 {
+                    let s = Descriptor::send(&[e.buf.segment(0, 1000)]);
+                    if e.vi.post_send(Box::new(s)).is_ok() {
+                        sends += 1;
+                    }
+                }
+                while e.vi.send_done().is_some() {}
+                if let Some(r) = e.vi.recv_done() {
+                    assert!(
+                        r.error().is_some(),
+                        "{level:?} {death}: a receive from a dead peer"
+                    );
+                    failed += 1;
+                }
+            }
+            let took = t0.elapsed();
+            eprintln!("{level:?}, peer {death}: every descriptor failed after {took:?}");
+            assert_eq!(failed, 3, "{level:?} {death}: every receive failed");
+            assert_eq!(e.vi.state(), ViState::Error, "{level:?} {death}");
+            // Within the default idle timeout (2 s), and a margin for a busy
+            // machine: a bound the application can count on, not a speed.
+            assert!(took < Duration::from_secs(3), "{level:?} {death}: {took:?}");
+            peer.kill();
+        }
+    }
+}

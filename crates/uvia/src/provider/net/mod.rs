@@ -29,6 +29,11 @@ use uvia_proto::{Config, Conn, Event, Level, RnrPolicy};
 pub(super) const TX_BATCH: usize = 32;
 /// Pause before a message the receiver was not ready for goes again.
 const RNR_DELAY: Duration = Duration::from_micros(200);
+/// A peer silent this long is dead, unless `NicOptions::idle_timeout` says
+/// otherwise: every outstanding descriptor then completes with an error.
+/// Keep-alives go at a quarter of it, so a live but idle peer answers three
+/// times before it is given up.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A connection request waiting for a server's answer.
 pub(crate) type Incoming = uvia_proto::endpoint::Incoming<Addr>;
@@ -424,9 +429,7 @@ fn open_net(
         needs_driving: true,
         ..NicAttributes::common(name, provider, address)
     };
-    let idle = opts
-        .idle_timeout
-        .unwrap_or(std::time::Duration::from_secs(5));
+    let idle = opts.idle_timeout.unwrap_or(IDLE_TIMEOUT);
     let net = NetNic::new(medium, own, iface, idle);
     Ok((attrs, NicProvider::Net(net)))
 }
