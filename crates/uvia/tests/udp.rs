@@ -533,6 +533,69 @@ fn a_nic_port_is_its_own() {
     peer.join();
 }
 
+#[test]
+#[ignore = "issue 22: the second connection's frames reach the first one's connected socket \
+            (one 4-tuple), which nobody reads while the application waits to connect"]
+fn two_connections_between_the_same_two_nics() {
+    let inst = udp_instance();
+    if peer_arg().is_some() {
+        // One Nic, two VIs, each accepted while the other is connected
+        // and not polled; then each echoes one message.
+        let e = end(&inst, ViAttributes::new);
+        let vi2 = e
+            .nic
+            .create_vi(ViAttributes::new(e.ptag), None, None)
+            .unwrap();
+        for (k, vi) in [&e.vi, &vi2].into_iter().enumerate() {
+            vi.post_recv(Box::new(Descriptor::recv(&[e
+                .buf
+                .segment(4096 * (k + 1), 64)])))
+                .unwrap();
+        }
+        accept(&e, 393);
+        let mut req = e.nic.connect_wait(&disc(394), Some(T)).unwrap();
+        req.accept(&vi2).unwrap();
+        for (k, vi) in [&vi2, &e.vi].into_iter().enumerate() {
+            let r = vi.recv_wait(Some(T)).unwrap();
+            assert_eq!(r.result(), Ok(1), "message on connection {}", 2 - k);
+            vi.post_send(Box::new(Descriptor::send(&[e
+                .buf
+                .segment(4096 * (2 - k), 1)])))
+                .unwrap();
+            assert_eq!(vi.send_wait(Some(T)).unwrap().result(), Ok(1));
+        }
+        until_peer_leaves(&e);
+        return;
+    }
+    let peer = Peer::spawn("two_connections_between_the_same_two_nics", &inst, "x");
+    let mut e = end(&inst, ViAttributes::new);
+    let vi2 = e
+        .nic
+        .create_vi(ViAttributes::new(e.ptag), None, None)
+        .unwrap();
+    connect(&e, 393);
+    // The first connection is up and idle; the second goes to the same Nic.
+    vi2.connect_request(&NetAddress::new(&peer_host(&inst), disc(394)), T)
+        .expect("a second connection to the same Nic completes");
+    for (k, vi) in [&vi2, &e.vi].into_iter().enumerate() {
+        vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(8192 + k, 1)])))
+            .unwrap();
+        e.buf.as_mut_slice()[k] = 20 + k as u8;
+        vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(k, 1)])))
+            .unwrap();
+        assert_eq!(vi.send_wait(Some(T)).unwrap().result(), Ok(1));
+        assert_eq!(vi.recv_wait(Some(T)).unwrap().result(), Ok(1));
+        assert_eq!(
+            e.buf.as_slice()[8192 + k],
+            20 + k as u8,
+            "echoed on its own VI"
+        );
+    }
+    vi2.disconnect();
+    e.vi.disconnect();
+    peer.join();
+}
+
 /// How a peer dies in [`a_dead_peer_fails_every_descriptor_of_a_busy_vi`].
 const DEATHS: [&str; 2] = ["killed", "stopped"];
 
