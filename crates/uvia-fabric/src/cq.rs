@@ -11,7 +11,9 @@ use crate::inject::Bounce;
 use crate::nosys;
 use crate::sys::*;
 use std::collections::VecDeque;
+use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -37,6 +39,10 @@ pub struct Op {
     /// Completes without an entry (`fi_inject*`); a failure still writes
     /// an error entry.
     pub silent: bool,
+    /// The pool the operation sits in and its slot there, set by
+    /// [`OpPool::post`].
+    pool: *const OpPool,
+    index: u32,
 }
 
 impl Op {
@@ -52,30 +58,80 @@ impl Op {
             bounce: std::ptr::null(),
             slot: 0,
             silent: false,
+            pool: std::ptr::null(),
+            index: 0,
         }
     }
 
-    /// Boxes the operation and gives up the box to the queue.
-    pub fn post(self) -> NonNull<Descriptor> {
-        // The descriptor is the first field of the #[repr(C)] box.
-        NonNull::from(Box::leak(Box::new(self))).cast()
-    }
-
-    /// Takes back the box of a descriptor `post` gave up, and gives back
-    /// its bounce slot (the descriptor is done with it).
+    /// Takes back the operation of a descriptor [`OpPool::post`] gave up:
+    /// its slot in the pool and its bounce slot go back (the descriptor is
+    /// done with both).
     ///
     /// # Safety
-    /// `d` came from [`post`](Self::post) and the queue has handed it back
-    /// or refused it; the bounce buffers are still there (an endpoint
-    /// takes back all its descriptors before it frees them).
-    pub unsafe fn take(d: NonNull<Descriptor>) -> Box<Op> {
-        // SAFETY: per the contract.
-        let op = unsafe { Box::from_raw(d.cast::<Op>().as_ptr()) };
+    /// `d` came from [`OpPool::post`] and the queue has handed it back or
+    /// refused it; the pool and the bounce buffers are still there (an
+    /// endpoint takes back all its descriptors before it frees them).
+    pub unsafe fn take(d: NonNull<Descriptor>) -> Op {
+        // SAFETY: per the contract the slot holds an Op, the descriptor
+        // its first field; read out before the slot goes back.
+        let op = unsafe { d.cast::<Op>().as_ptr().read() };
         // SAFETY: per the contract.
         if let Some(b) = unsafe { op.bounce.as_ref() } {
             b.release(op.slot);
         }
+        // SAFETY: per the contract.
+        if let Some(p) = unsafe { op.pool.as_ref() } {
+            lock(&p.free).push(op.index);
+        }
         op
+    }
+}
+
+/// An endpoint's operations: a slot for each entry of its VI's two
+/// queues, made when it is enabled, so that a post allocates nothing (a
+/// boxed `Op`, 64-byte aligned like its descriptor, took malloc's slow
+/// aligned path on every message). A post that finds every slot in use
+/// finds its queue full as well.
+pub struct OpPool {
+    slots: Box<[UnsafeCell<MaybeUninit<Op>>]>,
+    free: Mutex<Vec<u32>>,
+}
+
+// SAFETY: a slot is touched only by whoever took its index off `free`: the
+// poster, then the queue, then the CQ read that takes it back and returns
+// the index; the free list is under its lock.
+unsafe impl Sync for OpPool {}
+// SAFETY: as for Sync; the pool owns its slots.
+unsafe impl Send for OpPool {}
+
+impl OpPool {
+    /// Room for `slots` operations in flight.
+    pub fn new(slots: u32) -> OpPool {
+        OpPool {
+            slots: (0..slots)
+                .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
+                .collect(),
+            free: Mutex::new((0..slots).rev().collect()),
+        }
+    }
+
+    /// Places `op` in a free slot and gives up the slot to the queue
+    /// (taken back with [`Op::take`]); hands `op` back when every slot is
+    /// in use.
+    pub fn post(&self, mut op: Op) -> Result<NonNull<Descriptor>, Op> {
+        let Some(i) = lock(&self.free).pop() else {
+            return Err(op);
+        };
+        op.pool = self;
+        op.index = i;
+        let slot = self.slots[i as usize].get();
+        // SAFETY: the index came off the free list, so the slot is ours
+        // alone; MaybeUninit<Op> has Op's layout, whose first field is the
+        // descriptor.
+        unsafe {
+            (*slot).write(op);
+            Ok(NonNull::new_unchecked(slot as *mut Descriptor))
+        }
     }
 }
 
