@@ -10,11 +10,14 @@ use crate::guard::{self, lock};
 use crate::inject::Bounce;
 use crate::nosys;
 use crate::sys::*;
+use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 use uvia::{status, Descriptor, Queue};
 
@@ -37,6 +40,10 @@ pub struct Op {
     /// Completes without an entry (`fi_inject*`); a failure still writes
     /// an error entry.
     pub silent: bool,
+    /// The pool the operation sits in and its slot there, set by
+    /// [`OpPool::post`].
+    pool: *const OpPool,
+    index: u32,
 }
 
 impl Op {
@@ -52,30 +59,83 @@ impl Op {
             bounce: std::ptr::null(),
             slot: 0,
             silent: false,
+            pool: std::ptr::null(),
+            index: 0,
         }
     }
 
-    /// Boxes the operation and gives up the box to the queue.
-    pub fn post(self) -> NonNull<Descriptor> {
-        // The descriptor is the first field of the #[repr(C)] box.
-        NonNull::from(Box::leak(Box::new(self))).cast()
-    }
-
-    /// Takes back the box of a descriptor `post` gave up, and gives back
-    /// its bounce slot (the descriptor is done with it).
+    /// Takes back the operation of a descriptor [`OpPool::post`] gave up:
+    /// its slot in the pool and its bounce slot go back (the descriptor is
+    /// done with both).
     ///
     /// # Safety
-    /// `d` came from [`post`](Self::post) and the queue has handed it back
-    /// or refused it; the bounce buffers are still there (an endpoint
-    /// takes back all its descriptors before it frees them).
-    pub unsafe fn take(d: NonNull<Descriptor>) -> Box<Op> {
-        // SAFETY: per the contract.
-        let op = unsafe { Box::from_raw(d.cast::<Op>().as_ptr()) };
+    /// `d` came from [`OpPool::post`] and the queue has handed it back or
+    /// refused it; the pool and the bounce buffers are still there (an
+    /// endpoint takes back all its descriptors before it frees them).
+    pub unsafe fn take(d: NonNull<Descriptor>) -> Op {
+        // SAFETY: per the contract the slot holds an Op, the descriptor
+        // its first field; read out before the slot goes back.
+        let op = unsafe { d.cast::<Op>().as_ptr().read() };
         // SAFETY: per the contract.
         if let Some(b) = unsafe { op.bounce.as_ref() } {
             b.release(op.slot);
         }
+        // SAFETY: per the contract.
+        if let Some(p) = unsafe { op.pool.as_ref() } {
+            lock(&p.free).push(op.index);
+        }
         op
+    }
+}
+
+/// An endpoint's operations: a slot for each entry of its VI's two
+/// queues, made when it is enabled, so that a post allocates nothing (a
+/// boxed `Op`, 64-byte aligned like its descriptor, took malloc's slow
+/// aligned path on every message). A post that finds every slot in use
+/// finds its queue full as well.
+pub struct OpPool {
+    slots: Box<[UnsafeCell<MaybeUninit<Op>>]>,
+    free: Mutex<Vec<u32>>,
+}
+
+// SAFETY: a slot is touched only by whoever took its index off `free`: the
+// poster, then the queue, then the CQ read that takes it back and returns
+// the index; the free list is under its lock.
+unsafe impl Sync for OpPool {}
+// SAFETY: as for Sync; the pool owns its slots.
+unsafe impl Send for OpPool {}
+
+impl OpPool {
+    /// Room for `slots` operations in flight.
+    pub fn new(slots: u32) -> OpPool {
+        OpPool {
+            slots: (0..slots)
+                .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
+                .collect(),
+            free: Mutex::new((0..slots).rev().collect()),
+        }
+    }
+
+    /// Places `op` in a free slot and gives up the slot to the queue
+    /// (taken back with [`Op::take`]); hands `op` back when every slot is
+    /// in use.
+    // The rejected operation comes back whole (its bounce slot is still
+    // taken); boxing it would put an allocation back on the path.
+    #[allow(clippy::result_large_err)]
+    pub fn post(&self, mut op: Op) -> Result<NonNull<Descriptor>, Op> {
+        let Some(i) = lock(&self.free).pop() else {
+            return Err(op);
+        };
+        op.pool = self;
+        op.index = i;
+        let slot = self.slots[i as usize].get();
+        // SAFETY: the index came off the free list, so the slot is ours
+        // alone; MaybeUninit<Op> has Op's layout, whose first field is the
+        // descriptor.
+        unsafe {
+            (*slot).write(op);
+            Ok(NonNull::new_unchecked(slot as *mut Descriptor))
+        }
     }
 }
 
@@ -88,14 +148,57 @@ pub struct Cq {
     format: fi_cq_format,
     /// Failed operations, read with `fi_cq_readerr`.
     errors: Mutex<VecDeque<fi_cq_err_entry>>,
+    /// The wait object asked for (`FI_WAIT_NONE`, `FI_WAIT_UNSPEC`, `FI_WAIT_FD`).
+    wait_obj: fi_wait_obj,
+    /// The fd `FI_GETWAIT` hands out, made by the first such call.
+    wait_fd: OnceLock<WaitFd>,
     pub refs: AtomicUsize,
+}
+
+/// What a program sleeps on for a CQ in its own event loop: an epoll set
+/// of the core CQ's eventfd and its network VIs' sockets (one fd whatever
+/// the medium; `fi_trywait` adds the sockets of VIs attached since).
+struct WaitFd {
+    epoll: OwnedFd,
+}
+
+impl WaitFd {
+    fn new(cq: &uvia::Cq) -> Result<WaitFd, c_int> {
+        // SAFETY: plain epoll creation; the descriptor is checked.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(-FI_EMFILE);
+        }
+        // SAFETY: a fresh descriptor we own.
+        let w = WaitFd {
+            epoll: unsafe { OwnedFd::from_raw_fd(fd) },
+        };
+        // Completions made by another thread (a network domain's driver)
+        // must wake the sleeper too.
+        cq.keep_signalled();
+        w.add(cq);
+        Ok(w)
+    }
+
+    /// Adds the CQ's wake-up descriptors not in the set yet.
+    fn add(&self, cq: &uvia::Cq) {
+        for fd in cq.wake_fds() {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: fd as u64,
+            };
+            // SAFETY: live descriptors; one already in the set fails with
+            // EEXIST, which is what we want.
+            unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        }
+    }
 }
 
 static FI_OPS: fi_ops = fi_ops {
     size: std::mem::size_of::<fi_ops>(),
     close: Some(close),
     bind: Some(nosys::bind),
-    control: Some(nosys::control),
+    control: Some(control),
     ops_open: Some(nosys::ops_open),
     tostr: Some(nosys::tostr),
     ops_set: Some(nosys::ops_set),
@@ -152,6 +255,8 @@ pub unsafe extern "C" fn open(
             cq: ucq,
             format,
             errors: Mutex::new(VecDeque::new()),
+            wait_obj: attr.wait_obj,
+            wait_fd: OnceLock::new(),
             refs: AtomicUsize::new(0),
         });
         domain.refs.fetch_add(1, Ordering::AcqRel);
@@ -373,6 +478,61 @@ unsafe extern "C" fn sread(
             }
         }
     })
+}
+
+/// `fi_control` on a CQ: `FI_GETWAIT` hands out the fd to sleep on (an
+/// epoll set, readable when the CQ may have work), `FI_GETWAITOBJ` what
+/// kind of wait object that is.
+unsafe extern "C" fn control(p: *mut fid, command: c_int, arg: *mut c_void) -> c_int {
+    guard::call("cq control", || {
+        // SAFETY: libfabric passes the fid it was given.
+        let q = unsafe { Cq::from_fid(p) }?;
+        if arg.is_null() {
+            return Err(err::EINVAL);
+        }
+        if q.wait_obj == FI_WAIT_NONE {
+            return Err(-(FI_ENODATA as c_int));
+        }
+        match command as u32 {
+            FI_GETWAIT => {
+                let w = match q.wait_fd.get() {
+                    Some(w) => w,
+                    None => {
+                        let w = WaitFd::new(&q.cq)?;
+                        q.wait_fd.get_or_init(|| w)
+                    }
+                };
+                // SAFETY: for an fd wait object the argument is an int.
+                unsafe { *(arg as *mut c_int) = w.epoll.as_raw_fd() };
+                Ok(())
+            }
+            FI_GETWAITOBJ => {
+                // SAFETY: the argument is an enum fi_wait_obj.
+                unsafe { *(arg as *mut fi_wait_obj) = FI_WAIT_FD };
+                Ok(())
+            }
+            _ => Err(err::ENOSYS),
+        }
+    })
+}
+
+impl Cq {
+    /// `fi_trywait` for this CQ: `Ok` when the program may sleep on its fd
+    /// (the peers are asked to signal it), `-FI_EAGAIN` when work is
+    /// already waiting (read the CQ first).
+    pub fn trywait(&self) -> Result<(), c_int> {
+        if !lock(&self.errors).is_empty() {
+            return Err(-FI_EAGAIN);
+        }
+        self.cq.drain_eventfd();
+        if let Some(w) = self.wait_fd.get() {
+            w.add(&self.cq);
+        }
+        if self.cq.arm() {
+            return Err(-FI_EAGAIN);
+        }
+        Ok(())
+    }
 }
 
 unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags: u64) -> isize {

@@ -10,7 +10,7 @@
 //! same thread reads, and two endpoints may connect to each other at once.
 //! The EQ then reports `FI_SHUTDOWN` when the VI fails.
 
-use crate::cq::{Cq, Op};
+use crate::cq::{Cq, Op, OpPool};
 use crate::domain::Domain;
 use crate::eq::{Eq, Outcome, Tracked};
 use crate::guard;
@@ -47,6 +47,8 @@ pub struct Ep {
     vi: OnceLock<Vi>,
     /// Bounce buffers for injected operations, made with the VI.
     bounce: OnceLock<Bounce>,
+    /// Room for the operations in flight on both queues, made with the VI.
+    ops: OnceLock<OpPool>,
     peer: Mutex<Option<SocketAddrV4>>,
     /// Its connection as the EQ tracks it, once connecting or accepted.
     tracked: Mutex<Option<Arc<Mutex<Tracked>>>>,
@@ -204,6 +206,7 @@ pub unsafe extern "C" fn open(
             rx_cq: AtomicPtr::new(std::ptr::null_mut()),
             vi: OnceLock::new(),
             bounce: OnceLock::new(),
+            ops: OnceLock::new(),
             peer: Mutex::new(None),
             tracked: Mutex::new(None),
         });
@@ -286,6 +289,10 @@ impl Ep {
         let bounce =
             Bounce::new(&d.nic, d.ptag, vi.attributes().send_queue_depth).ok_or(err::ENOMEM)?;
         let _ = self.bounce.set(bounce);
+        let va = vi.attributes();
+        let _ = self
+            .ops
+            .set(OpPool::new(va.send_queue_depth + va.recv_queue_depth));
         d.driver.add(&vi);
         let _ = self.vi.set(vi);
         Ok(())
@@ -305,16 +312,28 @@ impl Ep {
         t
     }
 
+    /// Places `op` in the endpoint's pool: its descriptor for the queue.
+    fn place(&self, op: Op) -> Result<std::ptr::NonNull<Descriptor>, c_int> {
+        let ops = self.ops.get().ok_or(-(FI_EOPBADSTATE as c_int))?;
+        ops.post(op).map_err(|op| {
+            // Never posted: its bounce slot, if any, goes back.
+            if let Some(b) = self.bounce.get().filter(|_| !op.bounce.is_null()) {
+                b.release(op.slot);
+            }
+            -FI_EAGAIN
+        })
+    }
+
     /// Posts `op` on the send queue.
     fn post_send(&self, op: Op) -> Result<isize, c_int> {
         let vi = self.vi()?;
-        let d = op.post();
-        // SAFETY: the Op box stays alive until the CQ read takes it back.
+        let d = self.place(op)?;
+        // SAFETY: the Op's slot stays taken until the CQ read takes it back.
         match unsafe { vi.post_send_raw(d, false) } {
             Ok(()) => Ok(0),
             Err(e) => {
                 // SAFETY: refused, so never queued: still ours.
-                drop(unsafe { Op::take(d) });
+                let _ = unsafe { Op::take(d) };
                 Err(post_error(&e))
             }
         }
@@ -370,13 +389,13 @@ impl Ep {
         let vi = self.vi()?;
         let mut op = Op::new(desc, context, FI_RECV | FI_MSG, 0);
         op.buf = buf;
-        let d = op.post();
+        let d = self.place(op)?;
         // SAFETY: as in post_send.
         match unsafe { vi.post_recv_raw(d, false) } {
             Ok(()) => Ok(0),
             Err(e) => {
                 // SAFETY: refused, so never queued: still ours.
-                drop(unsafe { Op::take(d) });
+                let _ = unsafe { Op::take(d) };
                 Err(post_error(&e))
             }
         }
@@ -490,7 +509,7 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
             // Descriptors still queued complete flushed: free their Ops.
             while let Some(d) = vi.send_done_raw().or_else(|| vi.recv_done_raw()) {
                 // SAFETY: every descriptor posted here is an Op.
-                drop(unsafe { Op::take(d) });
+                let _ = unsafe { Op::take(d) };
             }
             let _ = vi.destroy();
         }

@@ -34,7 +34,7 @@ static OPS: fi_ops_fabric = fi_ops_fabric {
     passive_ep: Some(crate::pep::open),
     eq_open: Some(crate::eq::open),
     wait_open: Some(nosys::wait_open),
-    trywait: Some(nosys::trywait),
+    trywait: Some(trywait),
     domain2: Some(nosys::domain2),
 };
 
@@ -99,6 +99,28 @@ unsafe extern "C" fn close(f: *mut fid) -> c_int {
         }
         // SAFETY: the box made in `open`; nothing refers to it any more.
         drop(unsafe { Box::from_raw(fabric as *const Fabric as *mut Fabric) });
+        Ok(())
+    })
+}
+
+/// `fi_trywait`: `FI_SUCCESS` when the program may sleep on every named
+/// object's fd, `-FI_EAGAIN` when one of them has work waiting. CQs only:
+/// an EQ has no wait fd yet.
+unsafe extern "C" fn trywait(_fabric: *mut fid_fabric, fids: *mut *mut fid, count: c_int) -> c_int {
+    guard::call("trywait", || {
+        if count < 0 || (count > 0 && fids.is_null()) {
+            return Err(err::EINVAL);
+        }
+        for i in 0..count as usize {
+            // SAFETY: the caller's array of `count` fids.
+            let f = unsafe { *fids.add(i) };
+            match unsafe { f.as_ref() }.map(|f| f.fclass as u32) {
+                // SAFETY: a CQ fid of ours, by its class.
+                Some(FI_CLASS_CQ) => unsafe { crate::cq::Cq::from_fid(f) }?.trywait()?,
+                Some(_) => return Err(err::ENOSYS),
+                None => return Err(err::EINVAL),
+            }
+        }
         Ok(())
     })
 }

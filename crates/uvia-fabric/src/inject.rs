@@ -13,9 +13,12 @@ use crate::guard::lock;
 use std::sync::Mutex;
 use uvia::{MemAttributes, MemoryRegion, Nic, Ptag, Segment};
 
-/// Largest injected message: a cache line, what small control messages
-/// (ofi_rxm's headers with a short payload) need; larger sends register.
-pub const INJECT_SIZE: usize = 64;
+/// Largest injected message: ofi_rxm's packet header (64 B) and a payload
+/// of up to 192 B. ofi_rxm injects a small message on the msg endpoint only
+/// when header and payload fit; otherwise it sends from a buffer of its own
+/// and must take the send's completion back: one more CQ entry and buffer
+/// per message. With 64 B, an 8 B rdm message missed by 8 B.
+pub const INJECT_SIZE: usize = 256;
 
 /// An endpoint's bounce buffers.
 pub struct Bounce {

@@ -22,10 +22,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 use uvia::{ConnRequest, Discriminator, Nic, NicOptions};
 
-/// The least wait of a listener's look for requests: enough for the core's
-/// connect wait to read the Nic's medium once.
-const LOOK: Duration = Duration::from_micros(20);
-
 /// A passive endpoint. `#[repr(C)]` with libfabric's `fid_pep` first.
 #[repr(C)]
 pub struct Pep {
@@ -206,10 +202,7 @@ impl Pep {
         if !self.listening.load(Ordering::Acquire) {
             return;
         }
-        // The core's connect wait with no time left takes a request already
-        // queued but reads nothing from a network medium: the first look
-        // waits a little, so that it reads the listener's socket.
-        let mut wait = wait.max(LOOK);
+        let mut wait = wait;
         while let Ok(req) = self.nic.connect_wait(&self.discriminator, Some(wait)) {
             wait = Duration::ZERO;
             let data = req.private_data().to_vec();

@@ -238,6 +238,31 @@ impl Cq {
         ready || !self.s.lock_notices().q.is_empty()
     }
 
+    /// Everything a program that sleeps on this CQ in its own event loop
+    /// must watch: the eventfd, then each attached network VI's socket
+    /// (frames wake the sleeper there, as in [`wait`](Self::wait)), each
+    /// descriptor once. Attaching VIs may add to the list.
+    pub fn wake_fds(&self) -> Vec<RawFd> {
+        let mut fds = vec![self.s.efd.as_raw_fd()];
+        for vi in self.s.members() {
+            if let Some(fd) = Vi::wake_fd(&vi) {
+                if !fds.contains(&fd) {
+                    fds.push(fd);
+                }
+            }
+        }
+        fds
+    }
+
+    /// Signals the eventfd on every notice from now on, as while a thread
+    /// waits in [`wait`](Self::wait): for a CQ that a program sleeps on in
+    /// its own event loop, where a completion made by another thread (a
+    /// network VI's timers, driven elsewhere) must wake it too. Each notice
+    /// then costs a write to the eventfd.
+    pub fn keep_signalled(&self) {
+        self.s.waiters.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Resets the eventfd's counter.
     pub fn drain_eventfd(&self) {
         let mut v = 0u64;
