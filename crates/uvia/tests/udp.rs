@@ -515,10 +515,10 @@ fn a_nic_port_is_its_own() {
     // process or any other, fails and names why.
     let held = format!("udp:{}", peer_host(&inst));
     let r = Nic::open(&held);
-    let err = r.err().expect("a Nic on a held port must not open");
+    let err = r.expect_err("a Nic on a held port must not open");
     assert!(err.to_string().contains("EADDRINUSE"), "{err}");
     // So does a second Nic on this process's own address.
-    let err = Nic::open(&my_nic(&inst)).err().expect("held here too");
+    let err = Nic::open(&my_nic(&inst)).expect_err("held here too");
     assert!(err.to_string().contains("EADDRINUSE"), "{err}");
     // Nics on any port never share one.
     let nics: Vec<Nic> = (0..32).map(|_| Nic::open("udp").unwrap()).collect();
