@@ -169,6 +169,12 @@ impl Drop for NsGuard {
 
 impl Drop for TestHosts {
     fn drop(&mut self) {
+        // The veth pair first, while we wait: deleting a link is done when
+        // the command returns, where a namespace's deletion leaves its
+        // devices (and any XDP program and socket on them) to the kernel's
+        // background cleanup, whose work then lands in whatever runs next.
+        let (a, va) = (&self.names[0], self.iface(Side::A));
+        let _ = ip(&["-n", a, "link", "del", &va]);
         for n in &self.names {
             if let Err(e) = ip(&["netns", "del", n]) {
                 eprintln!("uvia-net: removing test host {n}: {e}");
