@@ -119,7 +119,7 @@ impl Shared {
     /// meanwhile waits for the round, so no VI outlives its endpoint here.
     fn drive(&self) {
         for vi in lock(&self.vis).iter() {
-            vi.drive();
+            vi.try_drive();
         }
     }
 }

@@ -239,7 +239,7 @@ fn round(n: &Notifier) {
             for &h in lock(&nic.vis).values() {
                 // SAFETY: as above.
                 if let Some(v) = unsafe { handle::get::<ViH>(h as *const c_void) } {
-                    v.vi.drive();
+                    v.vi.try_drive();
                 }
             }
         }

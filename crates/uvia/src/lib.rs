@@ -15,6 +15,7 @@
 
 pub mod cm;
 mod copy;
+mod lock;
 pub mod cq;
 pub mod desc;
 pub mod error;

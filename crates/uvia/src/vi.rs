@@ -15,7 +15,7 @@ use crate::error::{ConnectError, PostError, Rejected, ViAttrError, WaitError};
 use crate::mem::{AccessError, Ptag};
 use crate::nic::{Nic, NicShared};
 use crate::provider::Transport;
-use spin::{Mutex, MutexGuard};
+use crate::lock::{Guard, SpinLock};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -340,7 +340,7 @@ pub(crate) struct ViShared {
     pub send_cq: Option<Arc<CqShared>>,
     pub recv_cq: Option<Arc<CqShared>>,
     state: AtomicU8,
-    pub inner: Mutex<ViInner>,
+    pub inner: SpinLock<ViInner>,
 }
 
 /// A virtual interface. Clones name the same VI; it is destroyed when the
@@ -382,7 +382,7 @@ impl Vi {
                 send_cq: send_cq.map(|c| c.s.clone()),
                 recv_cq: recv_cq.map(|c| c.s.clone()),
                 state: AtomicU8::new(ViState::Idle as u8),
-                inner: Mutex::new(ViInner {
+                inner: SpinLock::new(ViInner {
                     q: Queues {
                         attrs,
                         remote: None,
@@ -470,11 +470,9 @@ impl Vi {
         self.lock().q.spin = spin;
     }
 
-    /// The VI's state lock. A spin lock, not `std::sync::Mutex`: its release
-    /// is a plain store, where std's unlock is an exchange (a full barrier
-    /// that waits for the ring store just made to reach the other core).
+    /// The VI's state lock (see [`SpinLock`]: a plain store releases it).
     /// Nothing sleeps or makes a long call while holding it.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ViInner> {
+    pub(crate) fn lock(&self) -> Guard<'_, ViInner> {
         self.s.inner.lock()
     }
 
@@ -909,6 +907,19 @@ impl Vi {
         let ViInner { q, t } = &mut *g;
         t.progress(self, q);
         t.run_timers(self, q);
+    }
+
+    /// [`drive`](Self::drive) if no other thread holds the VI now; false
+    /// if one does (it is driving the VI itself). For a thread that drives
+    /// VIs in the background and must never wait on a polling one.
+    pub fn try_drive(&self) -> bool {
+        let Some(mut g) = self.s.inner.try_lock() else {
+            return false;
+        };
+        let ViInner { q, t } = &mut *g;
+        t.progress(self, q);
+        t.run_timers(self, q);
+        true
     }
 
     /// Completes what can complete without waiting (used by CQs).

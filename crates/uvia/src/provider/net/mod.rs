@@ -11,6 +11,7 @@ mod vi;
 pub(crate) use vi::{NetVi, Sleep};
 
 use crate::cm::{check_compatible, ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
+use crate::lock::SpinLock;
 use crate::error::{ConnectError, OpenError};
 use crate::nic::{Nic, NicAttributes, NicOptions, NicShared};
 use crate::provider::{Answer as AnyAnswer, NicOps, NicProvider, Opened, Transport, TransportOps};
@@ -60,9 +61,9 @@ pub(crate) struct NetNic {
     /// looked up in its neighbour table.
     iface: Option<String>,
     pub idle_timeout: Duration,
-    endpoint: spin::Mutex<Endpoint<Addr>>,
+    endpoint: SpinLock<Endpoint<Addr>>,
     /// Local connection id -> its VI.
-    vis: spin::Mutex<HashMap<u32, Weak<ViShared>>>,
+    vis: SpinLock<HashMap<u32, Weak<ViShared>>>,
     rx: std::sync::Mutex<RxState>,
     /// Frames of a VI's own medium that did not parse.
     pub malformed: AtomicU64,
@@ -71,7 +72,7 @@ pub(crate) struct NetNic {
     /// of their connected sockets, so either socket may get the other's
     /// frames (and a request for a new one). They wait here for the next
     /// look at the Nic's socket, which hands them on as it hands on its own.
-    strays: spin::Mutex<Vec<(Addr, Vec<u8>)>>,
+    strays: SpinLock<Vec<(Addr, Vec<u8>)>>,
     has_strays: std::sync::atomic::AtomicBool,
 }
 
@@ -108,8 +109,8 @@ impl NetNic {
             lends: caps.lends,
             iface,
             idle_timeout,
-            endpoint: spin::Mutex::new(endpoint),
-            vis: spin::Mutex::new(HashMap::new()),
+            endpoint: SpinLock::new(endpoint),
+            vis: SpinLock::new(HashMap::new()),
             rx: std::sync::Mutex::new(RxState {
                 // A medium that lends its frames needs no batch of its own.
                 batch: match caps.lends {
@@ -119,7 +120,7 @@ impl NetNic {
                 reply: vec![0; wire::MAX_REPLY_LEN],
             }),
             malformed: AtomicU64::new(0),
-            strays: spin::Mutex::new(Vec::new()),
+            strays: SpinLock::new(Vec::new()),
             has_strays: std::sync::atomic::AtomicBool::new(false),
             medium,
             own_medium,
