@@ -16,7 +16,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 use uvia::{status, Descriptor, Queue};
@@ -148,6 +148,8 @@ pub struct Cq {
     format: fi_cq_format,
     /// Failed operations, read with `fi_cq_readerr`.
     errors: Mutex<VecDeque<fi_cq_err_entry>>,
+    /// `errors` is not empty: read without its lock on every CQ read.
+    erred: AtomicBool,
     /// The wait object asked for (`FI_WAIT_NONE`, `FI_WAIT_UNSPEC`, `FI_WAIT_FD`).
     wait_obj: fi_wait_obj,
     /// The fd `FI_GETWAIT` hands out, made by the first such call.
@@ -255,6 +257,7 @@ pub unsafe extern "C" fn open(
             cq: ucq,
             format,
             errors: Mutex::new(VecDeque::new()),
+            erred: AtomicBool::new(false),
             wait_obj: attr.wait_obj,
             wait_fd: OnceLock::new(),
             refs: AtomicUsize::new(0),
@@ -301,7 +304,7 @@ impl Cq {
     ) -> Result<isize, c_int> {
         let mut n = 0;
         while n < count {
-            if !lock(&self.errors).is_empty() {
+            if self.erred.load(Ordering::Acquire) {
                 break;
             }
             let next = match first.take() {
@@ -337,7 +340,8 @@ impl Cq {
                 continue;
             }
             if st & status::ERROR_MASK != 0 {
-                lock(&self.errors).push_back(fi_cq_err_entry {
+                let mut errors = lock(&self.errors);
+                errors.push_back(fi_cq_err_entry {
                     op_context: op.context,
                     flags,
                     len,
@@ -350,6 +354,8 @@ impl Cq {
                     err_data: std::ptr::null_mut(),
                     err_data_size: 0,
                 });
+                self.erred.store(true, Ordering::Release);
+                drop(errors);
                 break;
             }
             // SAFETY: the caller's buffer holds `count` entries of the
@@ -382,7 +388,7 @@ impl Cq {
         }
         if n > 0 {
             Ok(n as isize)
-        } else if !lock(&self.errors).is_empty() {
+        } else if self.erred.load(Ordering::Acquire) {
             Err(-(FI_EAVAIL as c_int))
         } else {
             self.domain().driver.drive_from_read();
@@ -521,7 +527,7 @@ impl Cq {
     /// (the peers are asked to signal it), `-FI_EAGAIN` when work is
     /// already waiting (read the CQ first).
     pub fn trywait(&self) -> Result<(), c_int> {
-        if !lock(&self.errors).is_empty() {
+        if self.erred.load(Ordering::Acquire) {
             return Err(-FI_EAGAIN);
         }
         self.cq.drain_eventfd();
@@ -540,7 +546,10 @@ unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags:
         // SAFETY: as in read; `buf` is the caller's entry.
         let q = unsafe { Cq::from_fid(cq as *mut fid) }?;
         let out = unsafe { buf.as_mut() }.ok_or(err::EINVAL)?;
-        let e = lock(&q.errors).pop_front().ok_or(-FI_EAGAIN)?;
+        let mut errors = lock(&q.errors);
+        let e = errors.pop_front().ok_or(-FI_EAGAIN)?;
+        q.erred.store(!errors.is_empty(), Ordering::Release);
+        drop(errors);
         *out = e;
         Ok(1)
     })

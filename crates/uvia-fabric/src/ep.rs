@@ -834,6 +834,28 @@ fn inject_send(
 ) -> Result<isize, c_int> {
     // SAFETY: libfabric passes the fid it was given.
     let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
+    if len > INJECT_SIZE {
+        return Err(-FI_EMSGSIZE);
+    }
+    if len > 0 && buf.is_null() {
+        return Err(err::EINVAL);
+    }
+    // The transport copies the bytes into the message during the call
+    // where it can (shm: into the ring): no bounce buffer, no descriptor,
+    // nothing for a CQ read to take back.
+    let bytes: &[u8] = if len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's `len` bytes, readable during the call.
+        unsafe { std::slice::from_raw_parts(buf as *const u8, len) }
+    };
+    if ep
+        .vi()?
+        .send_copy(&[bytes], data.map(|v| v as u32))
+        .map_err(|e| post_error(&e))?
+    {
+        return Ok(0);
+    }
     let v = one(buf, len, std::ptr::null_mut());
     let make = |s: Segment| {
         let d = Descriptor::send(&[s]);

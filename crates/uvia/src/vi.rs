@@ -530,6 +530,33 @@ impl Vi {
         r
     }
 
+    /// Sends the bytes of `parts`, one after the other, as one message
+    /// (with immediate data if `imm`), copied before the call returns: no
+    /// descriptor, no completion, the caller's memory need not be
+    /// registered. It goes in order after every send posted before it. A
+    /// uvia extension for faces that promise a caller its buffer back at
+    /// once (libfabric's inject).
+    ///
+    /// `Ok(false)`: the transport cannot send it this way now (the
+    /// message is larger than its inline limit, sends are queued ahead,
+    /// the ring is full, or the reliability level needs an acknowledgement
+    /// per message); post a descriptor instead.
+    pub fn send_copy(&self, parts: &[&[u8]], imm: Option<u32>) -> Result<bool, PostError> {
+        uvia_trace::mark!(AppSend);
+        let mut g = self.lock();
+        let r = match self.state() {
+            ViState::Connected => {
+                let ViInner { q, t } = &mut *g;
+                Ok(t.send_copy(self, q, parts, imm))
+            }
+            ViState::Error => Err(PostError::ViError),
+            st => Err(PostError::NotConnected(st)),
+        };
+        drop(g);
+        uvia_trace::mark!(AppSendReturned);
+        r
+    }
+
     /// Posts a receive that lives in the caller's memory (the C API).
     ///
     /// # Safety

@@ -106,8 +106,8 @@ struct Pair {
 }
 
 #[derive(Serialize)]
-struct Headline {
-    name: String,
+pub(crate) struct Headline {
+    pub name: String,
     /// How the ratio is formed.
     ratio_is: String,
     unit: String,
@@ -117,7 +117,7 @@ struct Headline {
     ratio: Option<f64>,
     pass: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
+    pub error: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -248,8 +248,38 @@ fn cfg(label: &str) -> &'static Config {
         .expect("known configuration")
 }
 
+impl Headline {
+    /// A comparison that could not run, with the reason.
+    pub(crate) fn skipped(name: &str, ratio_is: &str, unit: &str, target: &str, why: String) -> Headline {
+        Headline {
+            name: name.into(),
+            ratio_is: ratio_is.into(),
+            unit: unit.into(),
+            target: target.into(),
+            pairs: Vec::new(),
+            ratio: None,
+            pass: None,
+            error: Some(why),
+        }
+    }
+}
+
+/// One measurement of the first size of `uvia <args>` in its own process.
+pub(crate) fn measure(args: &[&str], timeout: Duration) -> Result<crate::run::SizeResult> {
+    let a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let r = sub(&a, timeout)?;
+    Ok(first(&r)?.clone())
+}
+
+pub(crate) fn progress_style() -> ProgressStyle {
+    ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ")
+}
+
 /// Interleaves `pairs` rounds of contender and baseline; `ratio(c, b)`.
-fn interleave(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn interleave(
     pb: &ProgressBar,
     name: &str,
     ratio_is: &str,
@@ -315,13 +345,9 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
     };
     let scale = if quick { "0.05" } else { "1" };
     let timeout = Duration::from_secs(if quick { 60 } else { 300 });
-    let total = 1 + CONFIGS.len() as u64 * 2 + 9 * pairs as u64 + 3 + 1;
+    let total = 1 + CONFIGS.len() as u64 * 2 + (9 + 5) * pairs as u64 + 3 + 1;
     let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+    pb.set_style(progress_style());
     pb.enable_steady_tick(Duration::from_millis(200));
 
     // 1. Limits.
@@ -544,20 +570,15 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
         }
         Err(why) => {
             for (n, r, u, t) in xdp_names {
-                headline.push(Headline {
-                    name: n.into(),
-                    ratio_is: r.into(),
-                    unit: u.into(),
-                    target: t.into(),
-                    pairs: Vec::new(),
-                    ratio: None,
-                    pass: None,
-                    error: Some(format!("skipped: {why}")),
-                });
+                headline.push(Headline::skipped(n, r, u, t, format!("skipped: {why}")));
                 pb.inc(pairs as u64);
             }
         }
     }
+
+    // The libfabric provider under libfabric's own ping-pong, against
+    // libfabric's native providers and uvia's own tools.
+    headline.extend(crate::fabric::headlines(&pb, quick, pairs, timeout));
 
     // Blocked receiver: a paced ping-pong (one round trip per millisecond) in
     // blocking mode; the server spends nearly all its time waiting.
@@ -740,18 +761,8 @@ fn fmt_val(v: f64, unit: &str) -> String {
 }
 
 /// The printed summary and the markdown report; writes the plots.
-fn render(res: &BenchResult, out: &Path) -> (String, String) {
-    let mut text = String::new();
-    let mut md = String::new();
-    push(
-        &mut md,
-        format!("# uvia bench{}", if res.quick { " (quick)" } else { "" }),
-    );
-    push(&mut md, "");
-    push(&mut md, "Two processes pinned to cores 0 and 1; times from the TSC; one-way latency = round trip / 2. Ratios in the headline come from interleaved pairs (contender, baseline, contender, ...); the headline ratio is the median of the pair ratios.");
-    push(&mut md, "");
-
-    // Headline.
+/// The headline table's columns and rows.
+fn headline_rows(hs: &[Headline]) -> ([&'static str; 6], Vec<Vec<String>>) {
     let head = [
         "comparison",
         "ratio (median of pairs)",
@@ -760,8 +771,7 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
         "pair ratios",
         "contender / baseline (median)",
     ];
-    let rows: Vec<Vec<String>> = res
-        .headline
+    let rows: Vec<Vec<String>> = hs
         .iter()
         .map(|h| {
             let pr = h
@@ -792,6 +802,31 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
             vec![h.name.clone(), ratio, h.target.clone(), verdict(h), pr, cb]
         })
         .collect();
+    (head, rows)
+}
+
+/// The headline table as text, its first five columns.
+pub(crate) fn headline_text(hs: &[Headline]) -> String {
+    let (head, rows) = headline_rows(hs);
+    text_table(
+        &head[..5],
+        &rows.iter().map(|r| r[..5].to_vec()).collect::<Vec<_>>(),
+    )
+}
+
+fn render(res: &BenchResult, out: &Path) -> (String, String) {
+    let mut text = String::new();
+    let mut md = String::new();
+    push(
+        &mut md,
+        format!("# uvia bench{}", if res.quick { " (quick)" } else { "" }),
+    );
+    push(&mut md, "");
+    push(&mut md, "Two processes pinned to cores 0 and 1; times from the TSC; one-way latency = round trip / 2. Ratios in the headline come from interleaved pairs (contender, baseline, contender, ...); the headline ratio is the median of the pair ratios.");
+    push(&mut md, "");
+
+    // Headline.
+    let (head, rows) = headline_rows(&res.headline);
     let mut brows: Vec<Vec<String>> = Vec::new();
     for b in &res.blocked_receiver {
         let cpu = b.receiver_cpu.map(fmt_pct).unwrap_or_else(|| "-".into());

@@ -5,6 +5,7 @@ mod bench;
 mod clock;
 mod cpu;
 mod endpoint;
+mod fabric;
 #[path = "endpoint/kernel_tcp.rs"]
 mod kernel_tcp;
 #[path = "endpoint/kernel_udp.rs"]
@@ -53,6 +54,14 @@ enum Cmd {
     /// headline ratios measured in interleaved rounds (xdp against kernel UDP
     /// between two test hosts when root), and a report folder with plots.
     Bench(BenchArgs),
+    /// The libfabric provider under libfabric's own ping-pong
+    /// (fi_pingpong, from libfabric-bin): uvia on udp against libfabric's
+    /// tcp provider, uvia and uvia;ofi_rxm on shm against libfabric's shm
+    /// provider, and the provider against uvia's own pingpong and bw, in
+    /// interleaved pairs (also a section of `uvia bench`). Needs the
+    /// provider built beside this program (cargo build --release -p
+    /// uvia-fabric) or named by UVIA_FI_LIB.
+    Fabric(FabricArgs),
     /// Where the time of one message goes: a ping-pong traced by the
     /// library's checkpoints and the kernel's tracepoints (BPF), each stage's
     /// median time, grouped as the source documents grouped theirs, beside
@@ -152,6 +161,16 @@ struct BenchArgs {
     #[arg(long, value_name = "DIR", default_value = "report")]
     out: PathBuf,
     /// Interleaved pairs for each headline comparison.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pairs: usize,
+}
+
+#[derive(Args)]
+struct FabricArgs {
+    /// A short run: fewer iterations per measurement.
+    #[arg(long)]
+    quick: bool,
+    /// Interleaved pairs for each comparison.
     #[arg(long, value_name = "N", default_value_t = 5)]
     pairs: usize,
 }
@@ -511,6 +530,7 @@ fn main() {
         Cmd::Pingpong(a) => measure(&a, Kind::Pingpong, 64),
         Cmd::Bw(a) => measure(&a.run, Kind::Bw, a.window),
         Cmd::Bench(a) => bench::bench(a.quick, &a.out, a.pairs),
+        Cmd::Fabric(a) => fabric::run(a.quick, a.pairs),
         Cmd::Anatomy(a) => anatomy(&a),
         Cmd::ServePeer(p) => (|| -> Result<()> {
             let sizes = parse_list(&p.sizes)?;

@@ -130,6 +130,14 @@ pub(crate) trait TransportOps {
         owned: bool,
     ) -> Result<(), PostError>;
 
+    /// Sends `bytes` (the parts one after the other) as one message copied
+    /// during the call, with no descriptor and no completion, if the
+    /// transport can do so now with nothing queued ahead of it; `false`
+    /// leaves the caller to post a descriptor. The VI is connected.
+    fn send_copy(&mut self, _vi: &Vi, _q: &mut Queues, _bytes: &[&[u8]], _imm: Option<u32>) -> bool {
+        false
+    }
+
     /// A receive was just queued at the back of the receive queue.
     fn posted_recv(&mut self, _q: &mut Queues) {}
 
@@ -307,6 +315,11 @@ impl Transport {
         // SAFETY: forwarded from the caller.
         dispatch!(self, t => unsafe { t.post_send(vi, q, d, owned) },
             None => Err(PostError::NotConnected(vi.state())))
+    }
+
+    #[inline(always)]
+    pub fn send_copy(&mut self, vi: &Vi, q: &mut Queues, bytes: &[&[u8]], imm: Option<u32>) -> bool {
+        dispatch!(self, t => t.send_copy(vi, q, bytes, imm), None => false)
     }
 
     #[inline(always)]

@@ -146,6 +146,50 @@ impl ShmVi {
         Some(Ok(()))
     }
 
+    /// [`TransportOps::send_copy`]: the inline send of the fast path
+    /// above, from the caller's bytes and without a descriptor.
+    #[inline]
+    fn copy_inline(&mut self, q: &mut Queues, bytes: &[&[u8]], imm: Option<u32>) -> bool {
+        let len: usize = bytes.iter().map(|b| b.len()).sum();
+        if q.sq_sent != q.sq.len()
+            || q.attrs.reliability == Reliability::ReliableReception
+            || len > INLINE_MAX
+            || len as u64 > q.attrs.max_transfer_size as u64
+            || self.failed.is_some()
+        {
+            return false;
+        }
+        let id = q.next_id;
+        let conn = &mut self.conn;
+        let Some(p) = conn.tx.reserve(MSG_HEADER + len) else {
+            return false;
+        };
+        let hdr = MsgHeader {
+            kind: kind::SEND,
+            flags: imm.is_some() as u8 * flag::IMM,
+            imm: imm.unwrap_or(0),
+            len: len as u32,
+            id,
+            ..MsgHeader::default()
+        };
+        // SAFETY: `reserve` gave room for the header and `len` bytes; the
+        // parts are the caller's live slices.
+        unsafe {
+            hdr.write(p);
+            let mut at = p.add(MSG_HEADER);
+            for b in bytes {
+                crate::copy::copy(at, b.as_ptr(), b.len());
+                at = at.add(b.len());
+            }
+        }
+        uvia_trace::mark!(ProtoBuilt);
+        conn.tx.commit();
+        uvia_trace::mark!(MediumQueued);
+        conn.wake_peer();
+        q.next_id = id.wrapping_add(1);
+        true
+    }
+
     /// The receiving half of the common case: the next message is an inline
     /// send and the oldest receive is waiting for it. Completes and returns
     /// that receive; `None` leaves everything to the general path.
@@ -605,6 +649,10 @@ impl TransportOps for ShmVi {
 
     /// Moves everything forward that can move without waiting. Returns true
     /// if anything happened.
+    fn send_copy(&mut self, _vi: &Vi, q: &mut Queues, bytes: &[&[u8]], imm: Option<u32>) -> bool {
+        self.copy_inline(q, bytes, imm)
+    }
+
     fn progress(&mut self, vi: &Vi, q: &mut Queues) -> bool {
         if vi.state() == ViState::Error {
             return false;

@@ -1,0 +1,392 @@
+//! `uvia fabric` and the libfabric section of `uvia bench`: the libfabric
+//! provider measured by libfabric's own ping-pong (`fi_pingpong`, from
+//! Debian's `libfabric-bin`) against libfabric's native providers and
+//! against uvia's own tools, in interleaved pairs.
+//!
+//! `fi_pingpong` reports the mean time per transfer (one way) and the
+//! bytes per second of its ping-pong; the uvia side of the provider-cost
+//! and bandwidth comparisons is taken in the same form (mean one-way time,
+//! stream MB/s of `uvia bw`). Both `fi_pingpong` processes are pinned, the
+//! server to core 0 and the client to core 1, like `uvia pingpong`'s.
+
+use crate::bench::{interleave, Headline};
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::ProgressBar;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+/// The name cargo gives the provider library, next to this program.
+const BUILT_NAME: &str = "libuvia_fi.so";
+/// The name libfabric loads providers by (`*-fi.so`).
+const LOADED_NAME: &str = "libuvia-fi.so";
+
+/// One `fi_pingpong` size's figures.
+#[derive(Debug, Clone, Copy)]
+pub struct FiResult {
+    /// Mean one-way time per transfer, in nanoseconds.
+    pub mean_ns: f64,
+    /// Bytes moved per second, in MB/s (10^6).
+    pub mbytes_per_s: f64,
+}
+
+/// A folder holding the provider under the name libfabric loads, for
+/// `FI_PROVIDER_PATH`; removed when dropped.
+pub struct ProviderDir(PathBuf);
+
+impl ProviderDir {
+    /// Copies the provider built beside this program (`cargo build
+    /// --release -p uvia-fabric`), or the file `UVIA_FI_LIB` names.
+    pub fn new() -> Result<ProviderDir> {
+        let lib = match std::env::var_os("UVIA_FI_LIB") {
+            Some(p) => PathBuf::from(p),
+            None => std::env::current_exe()
+                .context("finding this program's folder")?
+                .with_file_name(BUILT_NAME),
+        };
+        if !lib.is_file() {
+            bail!(
+                "the libfabric provider {} is not built (cargo build --release -p uvia-fabric, \
+                 or name the library with UVIA_FI_LIB)",
+                lib.display()
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("uvia-fabric-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::copy(&lib, dir.join(LOADED_NAME))
+            .with_context(|| format!("copying {} to {}", lib.display(), dir.display()))?;
+        Ok(ProviderDir(dir))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ProviderDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `fi_pingpong` is installed (Debian's `libfabric-bin`).
+pub fn available() -> Result<()> {
+    match Command::new("fi_pingpong")
+        .arg("-h")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    {
+        Ok(_) => Ok(()),
+        Err(_) => bail!("fi_pingpong is not installed (apt-get install libfabric-bin)"),
+    }
+}
+
+/// A control port for the next run: this process's own range, so that
+/// two benches on one host do not meet, and a fresh port per run (a
+/// server's port lingers in TIME_WAIT).
+fn next_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 30000 + (std::process::id() % 500) as u16 * 40;
+    base + NEXT.fetch_add(1, Ordering::Relaxed) % 40
+}
+
+fn spawn(dir: &Path, core: usize, args: &[String]) -> Result<Child> {
+    let mut c = Command::new("fi_pingpong");
+    c.args(args)
+        .env("FI_PROVIDER_PATH", dir)
+        .env_remove("FI_PROVIDER")
+        .env_remove("FI_UVIA_DOMAIN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure only makes a system call (sched_setaffinity),
+    // safe between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut c, move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(core, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            Ok(())
+        });
+    }
+    c.spawn()
+        .context("starting fi_pingpong (apt-get install libfabric-bin)")
+}
+
+/// Waits for `child` until `deadline`, killing it after; its stdout and
+/// stderr, and whether it succeeded.
+fn finish(mut child: Child, deadline: Instant) -> (bool, String, String) {
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let (mut o, mut e) = (String::new(), String::new());
+        if let Some(s) = out.as_mut() {
+            let _ = s.read_to_string(&mut o);
+        }
+        if let Some(s) = err.as_mut() {
+            let _ = s.read_to_string(&mut e);
+        }
+        (o, e)
+    });
+    let ok = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st.success(),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break false;
+            }
+        }
+    };
+    let (o, e) = reader.join().unwrap_or_default();
+    (ok, o, e)
+}
+
+/// The figures of `fi_pingpong`'s result line for one size: `bytes #sent
+/// #ack total time MB/sec usec/xfer Mxfers/sec`.
+fn parse(out: &str) -> Result<FiResult> {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.split_whitespace().count() == 8 && !l.starts_with("bytes"))
+        .ok_or_else(|| anyhow!("no result line in fi_pingpong's output: {out:?}"))?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let num = |s: &str| -> Result<f64> {
+        s.parse::<f64>()
+            .with_context(|| format!("fi_pingpong's figure {s:?} in {line:?}"))
+    };
+    Ok(FiResult {
+        mbytes_per_s: num(f[5])?,
+        mean_ns: num(f[6])? * 1000.0,
+    })
+}
+
+/// One `fi_pingpong` run of `iters` transfers of `size` bytes: `provider`
+/// (`-p`), endpoint type `ep`, domain `domain` when given.
+pub fn pingpong(
+    dir: &ProviderDir,
+    provider: &str,
+    ep: &str,
+    domain: Option<&str>,
+    size: usize,
+    iters: usize,
+    timeout: Duration,
+) -> Result<FiResult> {
+    let port = next_port().to_string();
+    let mut common: Vec<String> = ["-p", provider, "-e", ep, "-I"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    common.push(iters.to_string());
+    common.push("-S".into());
+    common.push(size.to_string());
+    if let Some(d) = domain {
+        common.push("-d".into());
+        common.push(d.into());
+    }
+    let deadline = Instant::now() + timeout;
+    let mut server_args = common.clone();
+    server_args.extend(["-B".to_string(), port.clone()]);
+    let server = spawn(dir.path(), 0, &server_args)?;
+    let mut client_args = common;
+    client_args.extend(["-P".to_string(), port, "127.0.0.1".to_string()]);
+    // The server opens its control socket some time after it starts; the
+    // client does not retry, so it is started again while refused.
+    let mut tries = 0;
+    let client = loop {
+        std::thread::sleep(Duration::from_millis(if tries == 0 { 150 } else { 100 }));
+        let (ok, out, err) = finish(spawn(dir.path(), 1, &client_args)?, deadline);
+        tries += 1;
+        if ok || !err.contains("Connection refused") || tries >= 30 {
+            break (ok, out, err);
+        }
+    };
+    let (s_ok, _s_out, s_err) = finish(server, deadline);
+    let (c_ok, c_out, c_err) = client;
+    if !c_ok || !s_ok {
+        let why = |e: &str| e.lines().last().unwrap_or("no message").trim().to_string();
+        bail!(
+            "fi_pingpong -p '{provider}' -e {ep}{} failed: client: {}; server: {}",
+            domain.map(|d| format!(" -d {d}")).unwrap_or_default(),
+            if c_ok { "ok".into() } else { why(&c_err) },
+            if s_ok { "ok".into() } else { why(&s_err) },
+        );
+    }
+    parse(&c_out)
+}
+
+/// The libfabric provider's comparisons, each in `pairs` interleaved pairs.
+pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration) -> Vec<Headline> {
+    let names: [(&str, &str, &str, &str); 5] = [
+        (
+            "libfabric msg 8 B: uvia on udp vs libfabric tcp (loopback)",
+            "uvia mean / tcp mean",
+            "ns",
+            "<= 0.6x",
+        ),
+        (
+            "libfabric msg 8 B: uvia on shm vs libfabric shm (rdm)",
+            "uvia mean / shm mean",
+            "ns",
+            "<= 0.5x",
+        ),
+        (
+            "libfabric rdm 8 B: uvia;ofi_rxm on shm vs libfabric shm",
+            "uvia;ofi_rxm mean / shm mean",
+            "ns",
+            "<= 1.0x",
+        ),
+        (
+            "provider cost 8 B: fi_pingpong msg on shm vs uvia pingpong shm",
+            "fi_pingpong mean / uvia pingpong mean",
+            "ns",
+            "<= 1.2x",
+        ),
+        (
+            "libfabric msg 1 MiB on shm: fi_pingpong MB/s vs uvia bw MB/s",
+            "fi_pingpong MB/s / uvia bw MB/s",
+            "MB/s",
+            ">= 0.8x",
+        ),
+    ];
+    let dir = match available().and_then(|()| ProviderDir::new()) {
+        Ok(d) => d,
+        Err(why) => {
+            pb.inc(names.len() as u64 * pairs as u64);
+            return names
+                .iter()
+                .map(|&(n, r, u, t)| Headline::skipped(n, r, u, t, format!("skipped: {why:#}")))
+                .collect();
+        }
+    };
+    let iters = if quick { 20_000 } else { 100_000 };
+    let udp_iters = if quick { 5_000 } else { 20_000 };
+    let big_iters = if quick { 200 } else { 1_000 };
+    let fi = |p: &str, ep: &str, d: Option<&str>, size: usize, n: usize| {
+        pingpong(&dir, p, ep, d, size, n, timeout)
+    };
+    let mean = |r: Result<FiResult>| r.map(|r| r.mean_ns);
+    let at_most = |t: f64| move |r: f64| r <= t;
+    let by = |c: f64, b: f64| c / b;
+    let mut out = Vec::new();
+    let [udp_tcp, shm_shm, rxm_shm, cost, bw] = names;
+    let (n, r, u, t) = udp_tcp;
+    out.push(interleave(
+        pb,
+        n,
+        r,
+        u,
+        t,
+        pairs,
+        || mean(fi("uvia", "msg", Some("udp"), 8, udp_iters)),
+        || mean(fi("tcp", "msg", None, 8, udp_iters)),
+        by,
+        at_most(0.6),
+    ));
+    let (n, r, u, t) = shm_shm;
+    out.push(interleave(
+        pb,
+        n,
+        r,
+        u,
+        t,
+        pairs,
+        || mean(fi("uvia", "msg", Some("shm"), 8, iters)),
+        || mean(fi("shm", "rdm", None, 8, iters)),
+        by,
+        at_most(0.5),
+    ));
+    let (n, r, u, t) = rxm_shm;
+    out.push(interleave(
+        pb,
+        n,
+        r,
+        u,
+        t,
+        pairs,
+        || mean(fi("uvia;ofi_rxm", "rdm", Some("shm"), 8, iters)),
+        || mean(fi("shm", "rdm", None, 8, iters)),
+        by,
+        at_most(1.0),
+    ));
+    let (n, r, u, t) = cost;
+    let iters_s = iters.to_string();
+    out.push(interleave(
+        pb,
+        n,
+        r,
+        u,
+        t,
+        pairs,
+        || mean(fi("uvia", "msg", Some("shm"), 8, iters)),
+        || {
+            crate::bench::measure(
+                &["pingpong", "--provider", "shm", "--sizes", "8", "--iters", &iters_s],
+                timeout,
+            )
+            .map(|s| s.lat_ns.mean)
+        },
+        by,
+        at_most(1.2),
+    ));
+    let (n, r, u, t) = bw;
+    let bw_iters = (big_iters * 2).to_string();
+    out.push(interleave(
+        pb,
+        n,
+        r,
+        u,
+        t,
+        pairs,
+        || fi("uvia", "msg", Some("shm"), 1 << 20, big_iters).map(|r| r.mbytes_per_s),
+        || {
+            crate::bench::measure(
+                &["bw", "--provider", "shm", "--sizes", "1M", "--iters", &bw_iters],
+                timeout,
+            )
+            .map(|s| s.mbytes_per_s)
+        },
+        by,
+        |r| r >= 0.8,
+    ));
+    out
+}
+
+/// `uvia fabric`: the comparisons above on their own, printed as a table.
+pub fn run(quick: bool, pairs: usize) -> Result<()> {
+    if pairs == 0 {
+        bail!("--pairs must be at least 1");
+    }
+    let pb = ProgressBar::new(5 * pairs as u64);
+    pb.set_style(crate::bench::progress_style());
+    pb.enable_steady_tick(Duration::from_millis(200));
+    let timeout = Duration::from_secs(if quick { 60 } else { 300 });
+    let hs = headlines(&pb, quick, pairs, timeout);
+    pb.finish_and_clear();
+    print!("{}", crate::bench::headline_text(&hs));
+    for h in &hs {
+        if let Some(e) = &h.error {
+            println!("failed: {}: {e}", h.name);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_fi_pingpongs_result_line() {
+        let out = "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n\
+                   8       20k     =20k     312k        0.21s      1.55       5.16       0.19\n";
+        let r = parse(out).unwrap();
+        assert_eq!(r.mbytes_per_s, 1.55);
+        assert!((r.mean_ns - 5160.0).abs() < 1e-6);
+        assert!(parse("bytes #sent\n").is_err());
+    }
+}
