@@ -960,6 +960,40 @@ static void t_eq_wait_fd(void)
     side_close(&s);
 }
 
+/* A CQ's fd (FI_GETWAIT on a CQ with a wait object): quiet after
+ * fi_trywait says the program may sleep, readable once a peer's message
+ * arrives, and the read then finds the receive. */
+static void t_cq_wait_fd(void)
+{
+    struct side server, client;
+    pair_open(&server, &client);
+    struct region r, l;
+    region_reg(&server, &r, 4096, FI_RECV);
+    region_reg(&client, &l, 4096, FI_SEND);
+    int fd = -1;
+    REQUIRE_RET(fi_control(&server.cq->fid, FI_GETWAIT, &fd), 0);
+    REQUIRE(fd >= 0);
+    int ctx;
+    REQUIRE_RET(fi_recv(server.ep, r.buf, 4096, r.desc, 0, &ctx), 0);
+    struct fid *fids[1] = {&server.cq->fid};
+    CHECK_RET(fi_trywait(server.fabric, fids, 1), 0);
+    CHECK(!readable(fd, 0));
+    fill(l.buf, 100, 9);
+    REQUIRE_RET(fi_send(client.ep, l.buf, 100, l.desc, 0, NULL), 0);
+    CHECKF(readable(fd, 5000), "the fd stayed quiet for 5 s with a message on its way");
+    struct fi_cq_data_entry e;
+    if (CQ_EXPECT(server.cq, &e, 1000) == 0) {
+        CHECK(e.op_context == &ctx);
+        CHECK_EQ(e.len, 100);
+        CHECK_PATTERN(r.buf, 100, 9);
+    }
+    CQ_EXPECT(client.cq, &e, 10000);
+    region_close(&r);
+    region_close(&l);
+    side_close(&client);
+    side_close(&server);
+}
+
 static const size_t pp_sizes[] = {8, 4096, 65536, 1 << 20};
 enum { PP_ROUNDS = 10, PP_MAX = 1 << 20 };
 
@@ -1192,6 +1226,7 @@ static const struct test tests[] = {
     {"wait", "cq_sread_timeout", t_cq_sread_timeout, 0},
     {"wait", "eq_sread", t_eq_sread, 0},
     {"wait", "eq_wait_fd", t_eq_wait_fd, 0},
+    {"wait", "cq_wait_fd", t_cq_wait_fd, 0},
     {"wait", "pingpong_sread", t_pingpong_sread, 25},
     {"fail", "peer_killed_mid_transfer", t_peer_killed, 25},
     {NULL, NULL, NULL, 0},
