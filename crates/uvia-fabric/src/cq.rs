@@ -444,6 +444,9 @@ unsafe extern "C" fn read(cq: *mut fid_cq, buf: *mut c_void, count: usize) -> is
     guard::call_ssize("cq_read", || {
         // SAFETY: libfabric calls through the fid it was given.
         let q = unsafe { Cq::from_fid(cq as *mut fid) }?;
+        if buf.is_null() && count > 0 {
+            return Err(err::EINVAL);
+        }
         q.read_entries(buf, count, None)
     })
 }
@@ -458,6 +461,14 @@ unsafe extern "C" fn sread(
     guard::call_ssize("cq_sread", || {
         // SAFETY: as in read.
         let q = unsafe { Cq::from_fid(cq as *mut fid) }?;
+        if buf.is_null() && count > 0 {
+            return Err(err::EINVAL);
+        }
+        // No room for an entry: waiting would take a notice and have
+        // nowhere to put it, losing the completion. Look once, as a read.
+        if count == 0 {
+            return q.read_entries(buf, 0, None);
+        }
         let deadline = (timeout_ms >= 0)
             .then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms as u64));
         loop {

@@ -363,6 +363,9 @@ impl Ep {
             // SAFETY: per the contract.
             let v = unsafe { &*iov.add(i) };
             if v.iov_len > 0 {
+                if v.iov_base.is_null() {
+                    return Err(err::EINVAL);
+                }
                 // SAFETY: the caller's bytes, readable for their length.
                 *part = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
             }
@@ -425,20 +428,27 @@ unsafe fn segments(
         return Err(err::EINVAL);
     }
     let mut segs = [Segment::default(); MAX_SEGMENTS];
+    let mut n = 0;
     let mut total = 0;
-    for (i, seg) in segs.iter_mut().enumerate().take(count) {
+    for i in 0..count {
         // SAFETY: per the contract.
         let v = unsafe { &*iov.add(i) };
+        // An empty entry names no memory (its buffer and descriptor may be
+        // NULL, as for a zero-byte message): it takes no segment.
+        if v.iov_len == 0 {
+            continue;
+        }
         let d = if desc.is_null() {
             std::ptr::null_mut()
         } else {
             unsafe { *desc.add(i) }
         };
         let len = u32::try_from(v.iov_len).map_err(|_| -FI_EMSGSIZE)?;
-        *seg = Segment::local(v.iov_base as *const u8, mr::handle(d), len);
+        segs[n] = Segment::local(v.iov_base as *const u8, mr::handle(d), len);
+        n += 1;
         total += v.iov_len;
     }
-    Ok((segs, count, total))
+    Ok((segs, n, total))
 }
 
 fn one(buf: *const c_void, len: usize, desc: *mut c_void) -> iovec {

@@ -4,6 +4,11 @@
 //! Progress happens here: a read asks each passive endpoint bound to the
 //! queue for requests that arrived (uvia's connect wait with no wait), so
 //! a program that reads its EQ accepts connections without a thread.
+//!
+//! An EQ opened with `FI_WAIT_FD` hands out an eventfd (`FI_GETWAIT`),
+//! readable while events are queued. The first such call starts a thread
+//! that makes the reads' progress between the program's calls, so that a
+//! request or a failed connection wakes a program asleep in `poll()`.
 
 use crate::fabric::Fabric;
 use crate::guard::{self, lock};
@@ -12,8 +17,10 @@ use crate::pep::Pep;
 use crate::sys::*;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, TryLockError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// One queued event.
@@ -94,14 +101,56 @@ pub struct Eq {
     tracked: Mutex<Vec<std::sync::Arc<Mutex<Tracked>>>>,
     /// The error event last read, whose data `fi_eq_readerr` points into.
     last_error: Mutex<Vec<u8>>,
+    /// Held by whoever takes events in (a read, or the wait fd's thread);
+    /// a listener leaves only between two such turns.
+    progressing: Mutex<()>,
+    /// The wait object asked for (`FI_WAIT_NONE`, `FI_WAIT_UNSPEC`, `FI_WAIT_FD`).
+    wait_obj: fi_wait_obj,
+    /// The fd `FI_GETWAIT` hands out and its thread, made by the first such call.
+    wait_fd: OnceLock<WaitFd>,
     pub refs: AtomicUsize,
+}
+
+/// What a program sleeps on for an EQ: an eventfd whose count is non-zero
+/// exactly while events are queued (written on every push and drained when
+/// a read empties the queue, both under the queue's lock), and the thread
+/// that takes events in while the program sleeps.
+struct WaitFd {
+    fd: OwnedFd,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl WaitFd {
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: an eventfd we own; a write of 8 bytes. It fails only when
+        // the count would overflow, and it is non-zero then anyway.
+        unsafe { libc::write(self.fd.as_raw_fd(), &one as *const u64 as *const c_void, 8) };
+    }
+
+    fn drain(&self) {
+        let mut n: u64 = 0;
+        // SAFETY: a non-blocking eventfd we own; a read of 8 bytes resets it
+        // (or fails with EAGAIN when it is zero already).
+        unsafe { libc::read(self.fd.as_raw_fd(), &mut n as *mut u64 as *mut c_void, 8) };
+    }
+
+    /// Stops the thread and waits for it to end.
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = lock(&self.thread).take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
 }
 
 static FI_OPS: fi_ops = fi_ops {
     size: std::mem::size_of::<fi_ops>(),
     close: Some(close),
     bind: Some(nosys::bind),
-    control: Some(nosys::control),
+    control: Some(control),
     ops_open: Some(nosys::ops_open),
     tostr: Some(nosys::tostr),
     ops_set: Some(nosys::ops_set),
@@ -119,15 +168,20 @@ static OPS: fi_ops_eq = fi_ops_eq {
 /// `fi_eq_open`.
 pub unsafe extern "C" fn open(
     fabric: *mut fid_fabric,
-    _attr: *mut fi_eq_attr,
+    attr: *mut fi_eq_attr,
     eq: *mut *mut fid_eq,
     context: *mut c_void,
 ) -> c_int {
     guard::call("eq_open", || {
-        // SAFETY: libfabric passes the fabric it was given.
+        // SAFETY: libfabric passes the fabric it was given and an attribute struct.
         let f = unsafe { Fabric::from_fid(fabric) }?;
+        let attr = unsafe { attr.as_ref() }.ok_or(err::EINVAL)?;
         if eq.is_null() {
             return Err(err::EINVAL);
+        }
+        match attr.wait_obj {
+            FI_WAIT_NONE | FI_WAIT_UNSPEC | FI_WAIT_FD => {}
+            _ => return Err(err::ENOSYS),
         }
         let q = Box::new(Eq {
             fid: fid_eq {
@@ -143,6 +197,9 @@ pub unsafe extern "C" fn open(
             listeners: Mutex::new(Vec::new()),
             tracked: Mutex::new(Vec::new()),
             last_error: Mutex::new(Vec::new()),
+            progressing: Mutex::new(()),
+            wait_obj: attr.wait_obj,
+            wait_fd: OnceLock::new(),
             refs: AtomicUsize::new(0),
         });
         f.refs.fetch_add(1, Ordering::AcqRel);
@@ -164,7 +221,19 @@ impl Eq {
     }
 
     pub fn push(&self, e: Event) {
-        lock(&self.events).push_back(e);
+        let mut q = lock(&self.events);
+        q.push_back(e);
+        if let Some(w) = self.wait_fd.get() {
+            w.signal();
+        }
+    }
+
+    /// After events left the queue `q`: the wait fd goes quiet when it is
+    /// empty.
+    fn taken(&self, q: &VecDeque<Event>) {
+        if let (true, Some(w)) = (q.is_empty(), self.wait_fd.get()) {
+            w.drain();
+        }
     }
 
     pub fn add_listener(&self, pep: &Pep) {
@@ -173,6 +242,8 @@ impl Eq {
     }
 
     pub fn remove_listener(&self, pep: &Pep) {
+        // Not while another thread's progress may be asking it for requests.
+        let _turn = lock(&self.progressing);
         let mut l = lock(&self.listeners);
         if let Some(i) = l.iter().position(|p| *p == pep as *const Pep as usize) {
             l.remove(i);
@@ -189,10 +260,12 @@ impl Eq {
     /// those queued and unread are dropped.
     pub fn untrack(&self, fid: fid_t) {
         lock(&self.tracked).retain(|t| lock(t).fid != fid);
-        lock(&self.events).retain(|e| match e {
+        let mut q = lock(&self.events);
+        q.retain(|e| match e {
             Event::Cm { fid: f, .. } | Event::Error { fid: f, .. } => *f != fid,
             Event::User { .. } => true,
         });
+        self.taken(&q);
     }
 
     /// Queues what the tracked endpoints' connections did since the last look.
@@ -238,6 +311,17 @@ impl Eq {
     /// up to `wait` on the first of them, and what the tracked
     /// connections did.
     fn progress(&self, wait: Duration) {
+        // One thread at a time takes events in; another finds them queued.
+        let _turn = match self.progressing.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                if !wait.is_zero() {
+                    std::thread::sleep(wait.min(Duration::from_millis(1)));
+                }
+                return;
+            }
+        };
         self.watch();
         let listeners = lock(&self.listeners).clone();
         for (i, p) in listeners.iter().enumerate() {
@@ -307,9 +391,104 @@ impl Eq {
         };
         if flags & FI_PEEK == 0 {
             q.pop_front();
+            self.taken(&q);
         }
         Ok(n as isize)
     }
+
+    /// The wait fd, made (with its thread) on the first call.
+    fn wait_fd(&self) -> Result<&WaitFd, c_int> {
+        if let Some(w) = self.wait_fd.get() {
+            return Ok(w);
+        }
+        // SAFETY: plain eventfd creation; the descriptor is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(-FI_EMFILE);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let w = WaitFd {
+            // SAFETY: a fresh descriptor we own.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            stop: stop.clone(),
+            thread: Mutex::new(None),
+        };
+        // Events queued before the fd existed count too.
+        let q = lock(&self.events);
+        if !q.is_empty() {
+            w.signal();
+        }
+        let w = match self.wait_fd.set(w) {
+            Ok(()) => self.wait_fd.get().ok_or(err::EOTHER)?,
+            // Another thread made one first: ours closes.
+            Err(_) => return self.wait_fd.get().ok_or(err::EOTHER),
+        };
+        drop(q);
+        let at = self as *const Eq as usize;
+        let thread = std::thread::Builder::new()
+            .name("uvia-fi-eq".into())
+            .spawn(move || {
+                // SAFETY: close stops and joins this thread before it frees
+                // the queue.
+                let q = unsafe { &*(at as *const Eq) };
+                while !stop.load(Ordering::Acquire) {
+                    if lock(&q.listeners).is_empty() {
+                        q.progress(Duration::ZERO);
+                        std::thread::park_timeout(Duration::from_millis(5));
+                    } else {
+                        // Sleeps in the listeners' wait for a request.
+                        q.progress(Duration::from_millis(10));
+                    }
+                }
+            })
+            .map_err(|_| err::ENOMEM)?;
+        *lock(&w.thread) = Some(thread);
+        Ok(w)
+    }
+
+    /// `fi_trywait` for this EQ: `Ok` when the program may sleep on its
+    /// fd, `-FI_EAGAIN` when an event is queued (read it first).
+    pub fn trywait(&self) -> Result<(), c_int> {
+        if self.wait_fd.get().is_none() {
+            return Err(err::EINVAL);
+        }
+        self.progress(Duration::ZERO);
+        if lock(&self.events).is_empty() {
+            Ok(())
+        } else {
+            Err(-FI_EAGAIN)
+        }
+    }
+}
+
+/// `fi_control` on an EQ: `FI_GETWAIT` hands out the fd to sleep on (an
+/// eventfd, readable while events are queued), `FI_GETWAITOBJ` what kind
+/// of wait object that is.
+unsafe extern "C" fn control(p: *mut fid, command: c_int, arg: *mut c_void) -> c_int {
+    guard::call("eq control", || {
+        // SAFETY: libfabric passes the fid it was given.
+        let q = unsafe { Eq::from_fid(p) }?;
+        if arg.is_null() {
+            return Err(err::EINVAL);
+        }
+        if q.wait_obj == FI_WAIT_NONE {
+            return Err(-(FI_ENODATA as c_int));
+        }
+        match command as u32 {
+            FI_GETWAIT => {
+                let w = q.wait_fd()?;
+                // SAFETY: for an fd wait object the argument is an int.
+                unsafe { *(arg as *mut c_int) = w.fd.as_raw_fd() };
+                Ok(())
+            }
+            FI_GETWAITOBJ => {
+                // SAFETY: the argument is an enum fi_wait_obj.
+                unsafe { *(arg as *mut fi_wait_obj) = FI_WAIT_FD };
+                Ok(())
+            }
+            _ => Err(err::ENOSYS),
+        }
+    })
 }
 
 unsafe extern "C" fn read(
@@ -396,6 +575,7 @@ unsafe extern "C" fn readerr(eq: *mut fid_eq, buf: *mut fi_eq_err_entry, flags: 
         };
         if flags & FI_PEEK == 0 {
             events.pop_front();
+            q.taken(&events);
         }
         Ok(std::mem::size_of::<fi_eq_err_entry>() as isize)
     })
@@ -460,7 +640,11 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         if q.refs.load(Ordering::Acquire) != 0 {
             return Err(err::EBUSY);
         }
-        // SAFETY: the box made in `open`; nothing refers to it any more.
+        if let Some(w) = q.wait_fd.get() {
+            w.stop();
+        }
+        // SAFETY: the box made in `open`; nothing refers to it any more
+        // (its thread has ended).
         let q = unsafe { Box::from_raw(q as *const Eq as *mut Eq) };
         // SAFETY: an EQ keeps its fabric open.
         unsafe { &*q.fabric }.refs.fetch_sub(1, Ordering::AcqRel);

@@ -104,8 +104,8 @@ unsafe extern "C" fn close(f: *mut fid) -> c_int {
 }
 
 /// `fi_trywait`: `FI_SUCCESS` when the program may sleep on every named
-/// object's fd, `-FI_EAGAIN` when one of them has work waiting. CQs only:
-/// an EQ has no wait fd yet.
+/// object's fd, `-FI_EAGAIN` when one of them has work waiting (CQs and
+/// EQs).
 unsafe extern "C" fn trywait(_fabric: *mut fid_fabric, fids: *mut *mut fid, count: c_int) -> c_int {
     guard::call("trywait", || {
         if count < 0 || (count > 0 && fids.is_null()) {
@@ -117,6 +117,8 @@ unsafe extern "C" fn trywait(_fabric: *mut fid_fabric, fids: *mut *mut fid, coun
             match unsafe { f.as_ref() }.map(|f| f.fclass as u32) {
                 // SAFETY: a CQ fid of ours, by its class.
                 Some(FI_CLASS_CQ) => unsafe { crate::cq::Cq::from_fid(f) }?.trywait()?,
+                // SAFETY: an EQ fid of ours, by its class.
+                Some(FI_CLASS_EQ) => unsafe { crate::eq::Eq::from_fid(f) }?.trywait()?,
                 Some(_) => return Err(err::ENOSYS),
                 None => return Err(err::EINVAL),
             }

@@ -36,6 +36,13 @@ pub static OPS: fi_ops_mr = fi_ops_mr {
     regattr: Some(regattr),
 };
 
+/// The access bits fi_mr(3) defines. Only the remote ones change what the
+/// region allows (uvia's RDMA enable bits); the local ones and
+/// `FI_COLLECTIVE` are accepted as the hints they are. Any other bit is a
+/// mistake of the caller's.
+const ACCESS: u64 =
+    FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_COLLECTIVE;
+
 /// The uvia handle a descriptor from `fi_mr_desc` stands for.
 pub fn handle(desc: *mut c_void) -> MemHandle {
     MemHandle(desc as usize as u32)
@@ -58,7 +65,12 @@ unsafe extern "C" fn reg(
         // FI_RMA_EVENT needs counters, which the provider has not; other
         // flags are hints (ofi_rxm passes libfabric's internal "do not
         // cache" bit, 1 << 60), ignored as libfabric's tcp provider does.
-        if mr.is_null() || flags & FI_RMA_EVENT != 0 {
+        if mr.is_null() || flags & FI_RMA_EVENT != 0 || access & !ACCESS != 0 {
+            return Err(err::EINVAL);
+        }
+        // A region names memory: NULL never is (zero length is refused by
+        // the core).
+        if buf.is_null() {
             return Err(err::EINVAL);
         }
         let attrs = MemAttributes::new(domain.ptag)

@@ -2,27 +2,12 @@
 //! `FI_PROVIDER_PATH`, listed by `fi_info` (from libfabric-bin), alone and
 //! with `ofi_rxm` layered on top.
 
-use std::path::PathBuf;
+mod common;
+
+use common::ProviderDir;
 use std::process::{Command, Output};
 
-/// A temporary provider folder holding this build's library under the name
-/// libfabric loads.
-struct ProviderDir(PathBuf);
-
 impl ProviderDir {
-    fn new(test: &str) -> ProviderDir {
-        // The test binary is target/<profile>/deps/<name>; the library cargo
-        // built with it is beside it (and copied up a folder only when built
-        // anew, so the copy there may be missing).
-        let exe = std::env::current_exe().unwrap();
-        let lib = exe.parent().unwrap().join("libuvia_fi.so");
-        assert!(lib.exists(), "{} not built", lib.display());
-        let dir = std::env::temp_dir().join(format!("uvia-fi-{test}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(&lib, dir.join("libuvia-fi.so")).unwrap();
-        ProviderDir(dir)
-    }
-
     fn fi_info(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut c = Command::new("fi_info");
         c.args(args)
@@ -32,12 +17,6 @@ impl ProviderDir {
             c.env(k, v);
         }
         c.output().expect("fi_info (apt-get install libfabric-bin)")
-    }
-}
-
-impl Drop for ProviderDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

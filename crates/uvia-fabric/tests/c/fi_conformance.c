@@ -1,0 +1,1328 @@
+/*
+ * The uvia libfabric provider's conformance suite, written against
+ * libfabric's own headers (rdma/fabric.h and friends) only: what a program
+ * sees of the provider, domain by domain (shm, udp; loopback only).
+ *
+ *     fi_conformance [-v] [-l] [-t PATTERN] DOMAIN
+ *
+ * prints `ok   area/name` or `FAIL area/name` per test, the failed checks
+ * under it, and a summary line; it exits non-zero if anything failed.
+ * FI_PROVIDER_PATH must name a folder holding libuvia-fi.so.
+ *
+ * Where libfabric leaves a choice to the provider, the test pins down the
+ * provider's choice and says so in a comment ("uvia:").
+ */
+#include "harness.h"
+
+#include <errno.h>
+#include <fnmatch.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_tagged.h>
+
+/* What a server hands its client in the accept's private data: where its
+ * region is. */
+struct remote {
+    uint64_t addr;
+    uint64_t key;
+    uint64_t len;
+};
+
+/* ---- Two-sided tests: the test process listens, its peer connects --------- */
+
+/* Listens and tells the peer where. */
+static void serve(struct side *s, struct peer *p, enum fi_wait_obj eq_wait)
+{
+    struct sockaddr_in a;
+    side_open(s, eq_wait);
+    side_listen(s, &a);
+    REQUIRE(chan_send(&p->c, &a, sizeof a) == 0);
+}
+
+/* The peer's side of serve(): the listener's address. */
+static void listener_address(struct chan *c, struct sockaddr_in *a)
+{
+    if (CHAN_EXPECT(c, 10000, a, sizeof *a) != 0)
+        h_finish();
+}
+
+/* A one-byte step between the two processes. */
+static void step_send(struct chan *c)
+{
+    CHECK(chan_send(c, "s", 1) == 0);
+}
+
+static void step_wait(struct chan *c)
+{
+    char b;
+    if (CHAN_EXPECT(c, 15000, &b, 1) != 0)
+        h_finish();
+}
+
+/* step_wait() for the target of RDMA: the domains make progress in the
+ * program's calls (FI_PROGRESS_MANUAL; uvia: on shm the target's side of
+ * an RDMA read or write runs in its CQ reads), so the target keeps reading
+ * its CQ, where nothing may appear, while it waits. */
+static void step_wait_reading(struct chan *c, struct fid_cq *cq)
+{
+    char b;
+    for (long long end = now_ms() + 15000; now_ms() < end;) {
+        struct fi_cq_data_entry e;
+        struct fi_cq_err_entry err;
+        ssize_t n = cq_take(cq, &e, &err, 1);
+        CHECKF(n == -FI_EAGAIN, "an unexpected completion (%s, err %s) at the target",
+               ret_name(n), ret_name(-err.err));
+        if (chan_recv(c, 0, &b, 1) == 1)
+            return;
+    }
+    h_fail(__FILE__, __LINE__, "no word from the other side within 15 s");
+    h_finish();
+}
+
+/* Connects a client to a listener in this one process (fi_connect returns
+ * at once, so one thread can answer its own request). */
+static void pair_open(struct side *server, struct side *client)
+{
+    struct sockaddr_in a;
+    side_open(server, FI_WAIT_UNSPEC);
+    side_listen(server, &a);
+    side_open(client, FI_WAIT_UNSPEC);
+    side_domain(client, client->info);
+    side_endpoint(client);
+    REQUIRE_RET(fi_connect(client->ep, &a, NULL, 0), 0);
+    struct fi_info *req = take_request(server, NULL, 0);
+    side_accept(server, req, NULL, 0, NULL);
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    if (EQ_EXPECT(client->eq, FI_CONNECTED, buf, sizeof buf, 10000) < 0)
+        h_finish();
+}
+
+/* ---- cm: connection events and private data -------------------------------- */
+
+static const char request_data[] = "a request from the client";
+static const char accept_data[] = "accepted, with the server's words";
+static const char reject_data[] = "refused: come back later";
+
+static void accept_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    char got[64];
+    size_t n = side_connect(&s, &a, request_data, sizeof request_data, got, sizeof got);
+    /* The accept's private data comes with FI_CONNECTED. */
+    CHECK_EQ(n, sizeof accept_data);
+    CHECK(n == sizeof accept_data && memcmp(got, accept_data, n) == 0);
+    struct sockaddr_in peer;
+    size_t len = sizeof peer;
+    CHECK_RET(fi_getpeer(s.ep, &peer, &len), 0);
+    CHECK(peer.sin_port == a.sin_port);
+    step_send(c);
+    step_wait(c);
+    side_close(&s);
+}
+
+/* FI_CONNREQ carries the requester's private data and an info whose handle
+ * is the request; fi_accept with data gives FI_CONNECTED on both sides,
+ * the accept's data on the connecting side. */
+static void t_accept_with_data(void)
+{
+    struct peer p;
+    peer_start(&p, accept_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, request_data, sizeof request_data);
+    /* The request's info names the requester (a loopback address). */
+    CHECK(req->dest_addr != NULL && req->dest_addrlen == sizeof(struct sockaddr_in));
+    if (req->dest_addr)
+        CHECK_EQ(ntohl(((struct sockaddr_in *)req->dest_addr)->sin_addr.s_addr), INADDR_LOOPBACK);
+    side_accept(&s, req, accept_data, sizeof accept_data, NULL);
+    step_wait(&p.c);
+    step_send(&p.c);
+    peer_end(&p, 10000);
+    side_close(&s);
+}
+
+static void reject_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    side_domain(&s, s.info);
+    side_endpoint(&s);
+    REQUIRE_RET(fi_connect(s.ep, &a, request_data, sizeof request_data), 0);
+    /* The refusal is an error entry: fi_eq_read says -FI_EAVAIL, and
+     * fi_eq_readerr hands over the reject's data as err_data. */
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    uint32_t ev = 0;
+    ssize_t n = -FI_EAGAIN;
+    for (long long end = now_ms() + 10000; n == -FI_EAGAIN && now_ms() < end;)
+        n = fi_eq_sread(s.eq, &ev, buf, sizeof buf, 100, 0);
+    CHECK_RET(n, -FI_EAVAIL);
+    struct fi_eq_err_entry e;
+    memset(&e, 0, sizeof e);
+    CHECK_RET(fi_eq_readerr(s.eq, &e, 0), sizeof e);
+    CHECK(e.fid == &s.ep->fid);
+    CHECK_EQ(e.err, FI_ECONNREFUSED);
+    CHECK_EQ(e.err_data_size, sizeof reject_data);
+    CHECK(e.err_data != NULL && e.err_data_size == sizeof reject_data &&
+          memcmp(e.err_data, reject_data, sizeof reject_data) == 0);
+    char text[128] = "";
+    fi_eq_strerror(s.eq, e.prov_errno, e.err_data, text, sizeof text);
+    CHECK(text[0] != 0);
+    /* Nothing more: the error was the answer. */
+    CHECK_RET(fi_eq_read(s.eq, &ev, buf, sizeof buf, 0), -FI_EAGAIN);
+    /* An endpoint that was refused cannot post. */
+    CHECK_RET(fi_send(s.ep, buf, 1, NULL, 0, NULL), -FI_EOPBADSTATE);
+    step_send(c);
+    side_close(&s);
+}
+
+/* fi_reject with data: the connecting side gets an error entry,
+ * FI_ECONNREFUSED, with the reject's data. */
+static void t_reject_with_data(void)
+{
+    struct peer p;
+    peer_start(&p, reject_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, request_data, sizeof request_data);
+    CHECK_RET(fi_reject(s.pep, req->handle, reject_data, sizeof reject_data), 0);
+    fi_freeinfo(req);
+    step_wait(&p.c);
+    peer_end(&p, 10000);
+    /* The listener carries on: nothing else is queued. */
+    uint32_t ev;
+    uint8_t buf[128];
+    CHECK_RET(fi_eq_read(s.eq, &ev, buf, sizeof buf, 0), -FI_EAGAIN);
+    side_close(&s);
+}
+
+/* uvia: up to 64 bytes of private data each way (FI_OPT_CM_DATA_SIZE). */
+static void t_private_data_limits(void)
+{
+    struct side s;
+    side_open(&s, FI_WAIT_UNSPEC);
+    side_domain(&s, s.info);
+    side_endpoint(&s);
+    size_t size = 0, len = sizeof size;
+    CHECK_RET(fi_getopt(&s.ep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &size, &len), 0);
+    CHECK_EQ(size, 64);
+    char data[65] = {0};
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(9),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    CHECK_RET(fi_connect(s.ep, &to, data, sizeof data), -FI_EINVAL);
+    size = 65;
+    CHECK_RET(fi_setopt(&s.ep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &size, sizeof size),
+              -FI_EINVAL);
+    /* An endpoint opened without a request has nothing to accept. */
+    CHECK_RET(fi_accept(s.ep, NULL, 0), -FI_EINVAL);
+    side_close(&s);
+}
+
+/* ---- rma: RDMA write with remote CQ data, RDMA read ------------------------ */
+
+enum { RMA_LEN = 65536, READ_LEN = 100000 };
+static const uint64_t IMM = 0x5eed1234;
+
+static struct region g_target, g_small;
+static int recv_ctx[2];
+
+static void post_two_receives(struct side *s)
+{
+    for (int i = 0; i < 2; i++)
+        REQUIRE_RET(fi_recv(s->ep, g_small.buf + 64 * i, 64, g_small.desc, 0, &recv_ctx[i]), 0);
+}
+
+static void writedata_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    struct remote r;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    REQUIRE(side_connect(&s, &a, NULL, 0, &r, sizeof r) == sizeof r);
+    CHECK_EQ(r.len, RMA_LEN);
+    struct region l;
+    region_reg(&s, &l, RMA_LEN, FI_WRITE | FI_SEND);
+    fill(l.buf, RMA_LEN, 1);
+    int ctx;
+    struct fi_cq_data_entry e;
+    REQUIRE_RET(fi_writedata(s.ep, l.buf, RMA_LEN, l.desc, IMM, 0, r.addr, r.key, &ctx), 0);
+    if (CQ_EXPECT(s.cq, &e, 10000) == 0) {
+        CHECK(e.op_context == &ctx);
+        CHECK_EQ(e.flags, FI_RMA | FI_WRITE);
+    }
+    step_wait(c);
+    /* A write without data, then a message: the write consumes no receive. */
+    fill(l.buf, 4096, 2);
+    REQUIRE_RET(fi_write(s.ep, l.buf, 4096, l.desc, 0, r.addr + 8192, r.key, &ctx), 0);
+    if (CQ_EXPECT(s.cq, &e, 10000) == 0)
+        CHECK_EQ(e.flags, FI_RMA | FI_WRITE);
+    memcpy(l.buf, "after the write", 16);
+    REQUIRE_RET(fi_send(s.ep, l.buf, 16, l.desc, 0, &ctx), 0);
+    if (CQ_EXPECT(s.cq, &e, 10000) == 0)
+        CHECK_EQ(e.flags, FI_SEND | FI_MSG);
+    step_wait(c);
+    region_close(&l);
+    side_close(&s);
+}
+
+/* fi_writedata: the bytes land in the target's region, and the target's CQ
+ * reports FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA with the data. uvia: as in
+ * VIA, a write with immediate data consumes a posted receive, and the
+ * entry is that receive's (its context; no bytes land in its buffer; len is
+ * the write's). A write without data consumes none and writes no entry. */
+static void t_writedata(void)
+{
+    struct peer p;
+    peer_start(&p, writedata_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, NULL, 0);
+    side_domain(&s, req);
+    region_reg(&s, &g_target, RMA_LEN, FI_REMOTE_WRITE | FI_REMOTE_READ);
+    region_reg(&s, &g_small, 128, FI_RECV);
+    memset(g_small.buf, 0xee, 128);
+    side_endpoint(&s);
+    post_two_receives(&s);
+    struct remote r = {(uint64_t)(uintptr_t)g_target.buf, g_target.key, RMA_LEN};
+    REQUIRE_RET(fi_accept(s.ep, &r, sizeof r), 0);
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    if (EQ_EXPECT(s.eq, FI_CONNECTED, buf, sizeof buf, 10000) < 0)
+        h_finish();
+
+    struct fi_cq_data_entry e;
+    if (CQ_EXPECT(s.cq, &e, 10000) == 0) {
+        CHECK(e.op_context == &recv_ctx[0]);
+        CHECKF((e.flags & (FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA | FI_RMA)) ==
+                   (FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA | FI_RMA),
+               "flags 0x%llx", (unsigned long long)e.flags);
+        CHECK((e.flags & FI_RECV) == 0);
+        CHECK_EQ(e.data, IMM);
+        CHECK_EQ(e.len, RMA_LEN);
+        h_note("writedata's entry: flags 0x%llx len %zu", (unsigned long long)e.flags, e.len);
+    }
+    CHECK_PATTERN(g_target.buf, RMA_LEN, 1);
+    /* The receive's own buffer is untouched. */
+    CHECK(g_small.buf[0] == 0xee && g_small.buf[63] == 0xee);
+    step_send(&p.c);
+
+    /* The message takes the second receive: the plain write took none. */
+    if (CQ_EXPECT(s.cq, &e, 10000) == 0) {
+        CHECK(e.op_context == &recv_ctx[1]);
+        CHECK_EQ(e.flags, FI_RECV | FI_MSG);
+        CHECK_EQ(e.len, 16);
+        CHECK(memcmp(g_small.buf + 64, "after the write", 16) == 0);
+    }
+    CHECK_PATTERN(g_target.buf + 8192, 4096, 2);
+    CHECK_PATTERN(g_target.buf, 8192, 1);
+    step_send(&p.c);
+    peer_end(&p, 10000);
+    struct fi_cq_err_entry err;
+    /* Nothing else: the peer's leaving may flush nothing here. */
+    ssize_t n = cq_take(s.cq, &e, &err, 0);
+    CHECK(n == -FI_EAGAIN || (n == -FI_EAVAIL && err.err == FI_ECANCELED));
+    CHECK_RET(fi_close(&s.ep->fid), 0);
+    s.ep = NULL;
+    region_close(&g_target);
+    region_close(&g_small);
+    side_close(&s);
+}
+
+static void read_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    struct remote r;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    REQUIRE(side_connect(&s, &a, NULL, 0, &r, sizeof r) == sizeof r);
+    CHECK_EQ(r.len, READ_LEN);
+    struct region l;
+    region_reg(&s, &l, READ_LEN, FI_READ);
+    int ctx;
+    struct fi_cq_data_entry e;
+    REQUIRE_RET(fi_read(s.ep, l.buf, READ_LEN, l.desc, 0, r.addr, r.key, &ctx), 0);
+    if (CQ_EXPECT(s.cq, &e, 10000) == 0) {
+        CHECK(e.op_context == &ctx);
+        CHECK_EQ(e.flags, FI_RMA | FI_READ);
+    }
+    CHECK_PATTERN(l.buf, READ_LEN, 3);
+    /* From the middle of the region, into the middle of ours. */
+    memset(l.buf, 0, READ_LEN);
+    REQUIRE_RET(fi_read(s.ep, l.buf + 100, 1000, l.desc, 0, r.addr + 5000, r.key, &ctx), 0);
+    if (CQ_EXPECT(s.cq, &e, 10000) == 0)
+        for (size_t i = 0; i < 1000; i++)
+            if (l.buf[100 + i] != pattern(3, 5000 + i)) {
+                CHECKF(0, "byte %zu of the middle read", i);
+                break;
+            }
+    CHECK(l.buf[99] == 0 && l.buf[1100] == 0);
+    /* Past the region's end: the target refuses, a CQ error here. */
+    REQUIRE_RET(fi_read(s.ep, l.buf, 1000, l.desc, 0, r.addr + READ_LEN - 10, r.key, &ctx), 0);
+    struct fi_cq_err_entry err;
+    CHECK_RET(cq_take(s.cq, &e, &err, 10000), -FI_EAVAIL);
+    CHECK_EQ(err.err, FI_EACCES);
+    CHECK(err.op_context == &ctx);
+    step_send(c);
+    region_close(&l);
+    side_close(&s);
+}
+
+/* fi_read of a region registered with FI_REMOTE_READ, whole and in part,
+ * checked byte by byte; a read past its end completes with FI_EACCES. */
+static void t_read(void)
+{
+    struct peer p;
+    peer_start(&p, read_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, NULL, 0);
+    side_domain(&s, req);
+    region_reg(&s, &g_target, READ_LEN, FI_REMOTE_READ);
+    fill(g_target.buf, READ_LEN, 3);
+    side_endpoint(&s);
+    struct remote r = {(uint64_t)(uintptr_t)g_target.buf, g_target.key, READ_LEN};
+    REQUIRE_RET(fi_accept(s.ep, &r, sizeof r), 0);
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    if (EQ_EXPECT(s.eq, FI_CONNECTED, buf, sizeof buf, 10000) < 0)
+        h_finish();
+    step_wait_reading(&p.c, s.cq);
+    /* Reads leave the target's bytes as they were. */
+    CHECK_PATTERN(g_target.buf, READ_LEN, 3);
+    peer_end(&p, 10000);
+    CHECK_RET(fi_close(&s.ep->fid), 0);
+    s.ep = NULL;
+    region_close(&g_target);
+    side_close(&s);
+}
+
+/* Which RDMA operation the no-permission test tries. */
+static int g_try_read;
+
+static void no_permission_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    struct remote r;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    REQUIRE(side_connect(&s, &a, NULL, 0, &r, sizeof r) == sizeof r);
+    struct region l;
+    region_reg(&s, &l, 4096, FI_READ | FI_WRITE);
+    fill(l.buf, 4096, 4);
+    int ctx;
+    if (g_try_read)
+        REQUIRE_RET(fi_read(s.ep, l.buf, 4096, l.desc, 0, r.addr, r.key, &ctx), 0);
+    else
+        REQUIRE_RET(fi_write(s.ep, l.buf, 4096, l.desc, 0, r.addr, r.key, &ctx), 0);
+    struct fi_cq_data_entry e;
+    struct fi_cq_err_entry err;
+    CHECK_RET(cq_take(s.cq, &e, &err, 10000), -FI_EAVAIL);
+    CHECK_EQ(err.err, FI_EACCES);
+    CHECK(err.op_context == &ctx);
+    CHECK(err.flags & (g_try_read ? FI_READ : FI_WRITE));
+    char text[256] = "";
+    fi_cq_strerror(s.cq, err.prov_errno, err.err_data, text, sizeof text);
+    CHECKF(strstr(text, "RDMA protection") != NULL, "strerror: %s", text);
+    /* A read that was refused brings no bytes. */
+    if (g_try_read)
+        CHECK_PATTERN(l.buf, 4096, 4);
+    step_send(c);
+    region_close(&l);
+    side_close(&s);
+}
+
+/* An RDMA write (or read) of a region registered without FI_REMOTE_WRITE
+ * (FI_REMOTE_READ) fails with a CQ error, FI_EACCES, and the target's bytes
+ * stay as they were. uvia: the error breaks the connection, as in VIA. */
+static void no_permission(int try_read)
+{
+    g_try_read = try_read;
+    struct peer p;
+    peer_start(&p, no_permission_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, NULL, 0);
+    side_domain(&s, req);
+    region_reg(&s, &g_target, 4096, try_read ? FI_REMOTE_WRITE : FI_REMOTE_READ);
+    memset(g_target.buf, 0xa5, 4096);
+    side_endpoint(&s);
+    struct remote r = {(uint64_t)(uintptr_t)g_target.buf, g_target.key, 4096};
+    REQUIRE_RET(fi_accept(s.ep, &r, sizeof r), 0);
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    if (EQ_EXPECT(s.eq, FI_CONNECTED, buf, sizeof buf, 10000) < 0)
+        h_finish();
+    step_wait_reading(&p.c, s.cq);
+    int same = 1;
+    for (size_t i = 0; i < 4096; i++)
+        same &= g_target.buf[i] == 0xa5;
+    CHECKF(same, "the target's bytes changed");
+    peer_end(&p, 10000);
+    CHECK_RET(fi_close(&s.ep->fid), 0);
+    s.ep = NULL;
+    region_close(&g_target);
+    side_close(&s);
+}
+
+static void t_write_without_permission(void)
+{
+    no_permission(0);
+}
+
+static void t_read_without_permission(void)
+{
+    no_permission(1);
+}
+
+/* ---- mr: registration ------------------------------------------------------- */
+
+static void domain_only(struct side *s)
+{
+    side_open(s, FI_WAIT_UNSPEC);
+    side_domain(s, s->info);
+}
+
+/* Access flags: the six of fi_mr(3) register; any other bit is -FI_EINVAL;
+ * FI_RMA_EVENT (which needs counters) is -FI_EINVAL. */
+static void t_access_flags(void)
+{
+    struct side s;
+    domain_only(&s);
+    static uint8_t buf[8192];
+    const uint64_t ok[] = {0, FI_SEND, FI_RECV, FI_READ, FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE,
+                           FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        struct fid_mr *mr = NULL;
+        CHECK_RET(fi_mr_reg(s.domain, buf, sizeof buf, ok[i], 0, 0, 0, &mr, NULL), 0);
+        if (mr)
+            CHECK_RET(fi_close(&mr->fid), 0);
+    }
+    const uint64_t bad[] = {FI_TAGGED, FI_ATOMIC, 1ULL << 50, 1ULL << 63, FI_MSG | FI_SEND};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct fid_mr *mr = NULL;
+        CHECKF(fi_mr_reg(s.domain, buf, sizeof buf, bad[i], 0, 0, 0, &mr, NULL) == -FI_EINVAL,
+               "access 0x%llx registered", (unsigned long long)bad[i]);
+        if (mr)
+            fi_close(&mr->fid);
+    }
+    struct fid_mr *mr = NULL;
+    CHECK_RET(fi_mr_reg(s.domain, buf, sizeof buf, FI_REMOTE_WRITE, 0, 0, FI_RMA_EVENT, &mr, NULL),
+              -FI_EINVAL);
+    side_close(&s);
+}
+
+/* uvia: a region has at least one byte, at an address that is not NULL;
+ * one segment per region (mr_iov_limit 1). */
+static void t_empty_and_null(void)
+{
+    struct side s;
+    domain_only(&s);
+    static uint8_t buf[4096];
+    struct fid_mr *mr = NULL;
+    CHECK_RET(fi_mr_reg(s.domain, buf, 0, FI_SEND, 0, 0, 0, &mr, NULL), -FI_EINVAL);
+    CHECK_RET(fi_mr_reg(s.domain, NULL, 4096, FI_SEND, 0, 0, 0, &mr, NULL), -FI_EINVAL);
+    CHECK_RET(fi_mr_reg(s.domain, NULL, 0, FI_SEND, 0, 0, 0, &mr, NULL), -FI_EINVAL);
+    CHECK_RET(fi_mr_reg(s.domain, buf, sizeof buf, FI_SEND, 0, 0, 0, NULL, NULL), -FI_EINVAL);
+    CHECK(mr == NULL);
+    struct iovec two[2] = {{buf, 100}, {buf + 200, 100}};
+    CHECK_RET(fi_mr_regv(s.domain, two, 2, FI_SEND, 0, 0, 0, &mr, NULL), -FI_EINVAL);
+    CHECK_RET(fi_mr_regv(s.domain, NULL, 1, FI_SEND, 0, 0, 0, &mr, NULL), -FI_EINVAL);
+    CHECK_RET(fi_mr_regattr(s.domain, NULL, 0, &mr), -FI_EINVAL);
+    /* One segment through each entry. */
+    CHECK_RET(fi_mr_regv(s.domain, two, 1, FI_SEND, 0, 0, 0, &mr, NULL), 0);
+    if (mr)
+        CHECK_RET(fi_close(&mr->fid), 0);
+    mr = NULL;
+    struct fi_mr_attr attr = {.mr_iov = two, .iov_count = 1, .access = FI_RECV};
+    CHECK_RET(fi_mr_regattr(s.domain, &attr, 0, &mr), 0);
+    if (mr)
+        CHECK_RET(fi_close(&mr->fid), 0);
+    side_close(&s);
+}
+
+/* uvia: FI_MR_PROV_KEY, so a requested key is ignored (fi_mr(3)): two
+ * regions asking for one key both register, with keys of their own, and
+ * every key fits mr_key_size (4 bytes), however large the request. */
+static void t_requested_keys(void)
+{
+    struct side s;
+    domain_only(&s);
+    CHECK(s.info->domain_attr->mr_mode & FI_MR_PROV_KEY);
+    CHECK_EQ(s.info->domain_attr->mr_key_size, 4);
+    static uint8_t buf[3][4096];
+    const uint64_t asked[3] = {42, 42, UINT64_MAX};
+    struct fid_mr *mr[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
+        CHECK_RET(fi_mr_reg(s.domain, buf[i], 4096, FI_REMOTE_WRITE, 0, asked[i], 0, &mr[i], NULL), 0);
+        if (mr[i])
+            CHECKF(fi_mr_key(mr[i]) <= UINT32_MAX, "key 0x%llx",
+                   (unsigned long long)fi_mr_key(mr[i]));
+    }
+    if (mr[0] && mr[1])
+        CHECK(fi_mr_key(mr[0]) != fi_mr_key(mr[1]));
+    /* The same memory twice: two regions, two keys. */
+    struct fid_mr *again = NULL;
+    CHECK_RET(fi_mr_reg(s.domain, buf[0], 4096, FI_REMOTE_READ, 0, 0, 0, &again, NULL), 0);
+    if (again && mr[0])
+        CHECK(fi_mr_key(again) != fi_mr_key(mr[0]));
+    if (again)
+        CHECK_RET(fi_close(&again->fid), 0);
+    /* A domain with a region open stays open. */
+    CHECK_RET(fi_close(&s.domain->fid), -FI_EBUSY);
+    for (int i = 0; i < 3; i++)
+        if (mr[i])
+            CHECK_RET(fi_close(&mr[i]->fid), 0);
+    side_close(&s);
+}
+
+/* A send whose descriptor names a closed region is refused at the call
+ * (uvia: -FI_EINVAL, nothing queued, the connection carries on); a remote
+ * key wider than mr_key_size is -FI_EINVAL. */
+static void t_closed_region_and_wide_key(void)
+{
+    struct side server, client;
+    pair_open(&server, &client);
+    struct region r, l;
+    region_reg(&server, &r, 4096, FI_RECV | FI_REMOTE_WRITE);
+    region_reg(&client, &l, 4096, FI_SEND | FI_WRITE);
+    struct fid_mr *closed = NULL;
+    REQUIRE_RET(fi_mr_reg(client.domain, l.buf, 4096, FI_SEND, 0, 0, 0, &closed, NULL), 0);
+    void *stale = fi_mr_desc(closed);
+    CHECK_RET(fi_close(&closed->fid), 0);
+    CHECK_RET(fi_send(client.ep, l.buf, 64, stale, 0, NULL), -FI_EINVAL);
+    struct fi_cq_data_entry e;
+    CHECK_RET(fi_cq_read(client.cq, &e, 1), -FI_EAGAIN);
+    /* Keys: 4 bytes. */
+    uint64_t wide = (1ULL << 32) | r.key;
+    CHECK_RET(fi_write(client.ep, l.buf, 64, l.desc, 0, (uintptr_t)r.buf, wide, NULL), -FI_EINVAL);
+    CHECK_RET(fi_read(client.ep, l.buf, 64, l.desc, 0, (uintptr_t)r.buf, wide, NULL), -FI_EINVAL);
+    CHECK_RET(fi_inject_write(client.ep, l.buf, 8, 0, (uintptr_t)r.buf, wide), -FI_EINVAL);
+    /* The connection is intact. */
+    int ctx;
+    REQUIRE_RET(fi_recv(server.ep, r.buf, 4096, r.desc, 0, &ctx), 0);
+    memcpy(l.buf, "still here", 11);
+    REQUIRE_RET(fi_send(client.ep, l.buf, 11, l.desc, 0, NULL), 0);
+    if (CQ_EXPECT(server.cq, &e, 10000) == 0) {
+        CHECK(e.op_context == &ctx);
+        CHECK(memcmp(r.buf, "still here", 11) == 0);
+    }
+    CQ_EXPECT(client.cq, &e, 10000);
+    region_close(&r);
+    region_close(&l);
+    side_close(&client);
+    side_close(&server);
+}
+
+/* ---- call: bad calls return negative codes --------------------------------- */
+
+/* Posting before the endpoint is enabled, and before it is connected. */
+static void t_not_enabled_or_connected(void)
+{
+    struct side s;
+    domain_only(&s);
+    struct region r;
+    region_reg(&s, &r, 4096, FI_SEND | FI_RECV | FI_READ | FI_WRITE);
+    REQUIRE_RET(fi_endpoint(s.domain, s.info, &s.ep, NULL), 0);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(9),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    /* Not enabled. */
+    CHECK_RET(fi_send(s.ep, r.buf, 8, r.desc, 0, NULL), -FI_EOPBADSTATE);
+    CHECK_RET(fi_recv(s.ep, r.buf, 8, r.desc, 0, NULL), -FI_EOPBADSTATE);
+    CHECK_RET(fi_inject(s.ep, r.buf, 8, 0), -FI_EOPBADSTATE);
+    CHECK_RET(fi_write(s.ep, r.buf, 8, r.desc, 0, 0, 0, NULL), -FI_EOPBADSTATE);
+    CHECK_RET(fi_connect(s.ep, &to, NULL, 0), -FI_ENOEQ);
+    REQUIRE_RET(fi_ep_bind(s.ep, &s.eq->fid, 0), 0);
+    CHECK_RET(fi_connect(s.ep, &to, NULL, 0), -FI_EOPBADSTATE);
+    /* A CQ for neither queue, or for selective completion: refused. */
+    CHECK_RET(fi_ep_bind(s.ep, &s.cq->fid, 0), -FI_EINVAL);
+    REQUIRE_RET(fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV), 0);
+    REQUIRE_RET(fi_enable(s.ep), 0);
+    /* Enabled, not connected: receives may wait for a connection (as VIA
+     * allows), everything else is refused. */
+    CHECK_RET(fi_send(s.ep, r.buf, 8, r.desc, 0, NULL), -FI_EOPBADSTATE);
+    CHECK_RET(fi_inject(s.ep, r.buf, 8, 0), -FI_EOPBADSTATE);
+    CHECK_RET(fi_senddata(s.ep, r.buf, 8, r.desc, 1, 0, NULL), -FI_EOPBADSTATE);
+    CHECK_RET(fi_write(s.ep, r.buf, 8, r.desc, 0, (uintptr_t)r.buf, r.key, NULL), -FI_EOPBADSTATE);
+    CHECK_RET(fi_read(s.ep, r.buf, 8, r.desc, 0, (uintptr_t)r.buf, r.key, NULL), -FI_EOPBADSTATE);
+    CHECK_RET(fi_recv(s.ep, r.buf, 8, r.desc, 0, NULL), 0);
+    struct sockaddr_in peer;
+    size_t len = sizeof peer;
+    CHECK_RET(fi_getpeer(s.ep, &peer, &len), -FI_ENOTCONN);
+    /* Binding after enable is too late. */
+    CHECK_RET(fi_ep_bind(s.ep, &s.eq->fid, 0), -FI_EOPBADSTATE);
+
+    /* uvia: an object with others open on it refuses to close, -FI_EBUSY. */
+    CHECK_RET(fi_close(&s.domain->fid), -FI_EBUSY);
+    CHECK_RET(fi_close(&s.cq->fid), -FI_EBUSY);
+    CHECK_RET(fi_close(&s.eq->fid), -FI_EBUSY);
+    CHECK_RET(fi_close(&s.fabric->fid), -FI_EBUSY);
+    /* The endpoint closes with a receive posted (it is flushed). */
+    CHECK_RET(fi_close(&s.ep->fid), 0);
+    s.ep = NULL;
+    CHECK_RET(fi_close(&s.domain->fid), -FI_EBUSY);
+    region_close(&r);
+    side_close(&s);
+}
+
+/* NULL where a buffer must be. uvia: a zero-byte message needs no buffer;
+ * a NULL buffer with bytes is -FI_EINVAL (no region holds it). */
+static void t_null_buffers(void)
+{
+    struct side server, client;
+    pair_open(&server, &client);
+    struct region r, l;
+    region_reg(&server, &r, 4096, FI_RECV);
+    region_reg(&client, &l, 4096, FI_SEND);
+    CHECK_RET(fi_send(client.ep, NULL, 16, l.desc, 0, NULL), -FI_EINVAL);
+    CHECK_RET(fi_send(client.ep, NULL, 16, NULL, 0, NULL), -FI_EINVAL);
+    CHECK_RET(fi_recv(server.ep, NULL, 16, r.desc, 0, NULL), -FI_EINVAL);
+    CHECK_RET(fi_inject(client.ep, NULL, 16, 0), -FI_EINVAL);
+    CHECK_RET(fi_sendv(client.ep, NULL, NULL, 1, 0, NULL), -FI_EINVAL);
+    CHECK_RET(fi_recvv(server.ep, NULL, NULL, 1, 0, NULL), -FI_EINVAL);
+    CHECK_RET(fi_sendmsg(client.ep, NULL, 0), -FI_EINVAL);
+    CHECK_RET(fi_recvmsg(server.ep, NULL, 0), -FI_EINVAL);
+    CHECK_RET(fi_writemsg(client.ep, NULL, 0), -FI_EINVAL);
+    CHECK_RET(fi_readmsg(client.ep, NULL, 0), -FI_EINVAL);
+    CHECK_RET(fi_connect(client.ep, NULL, NULL, 0), -FI_EINVAL);
+    size_t len = 0;
+    CHECK_RET(fi_getname(&client.ep->fid, NULL, &len), -FI_ETOOSMALL);
+    CHECK_EQ(len, sizeof(struct sockaddr_in));
+    CHECK_RET(fi_getname(&client.ep->fid, NULL, NULL), -FI_EINVAL);
+    CHECK_RET(fi_cq_readerr(client.cq, NULL, 0), -FI_EINVAL);
+    CHECK_RET(fi_eq_readerr(client.eq, NULL, 0), -FI_EINVAL);
+
+    /* A zero-byte message, no buffer on either side. */
+    int rctx, sctx;
+    REQUIRE_RET(fi_recv(server.ep, NULL, 0, NULL, 0, &rctx), 0);
+    REQUIRE_RET(fi_send(client.ep, NULL, 0, NULL, 0, &sctx), 0);
+    struct fi_cq_data_entry e;
+    if (CQ_EXPECT(server.cq, &e, 10000) == 0) {
+        CHECK(e.op_context == &rctx);
+        CHECK_EQ(e.len, 0);
+    }
+    if (CQ_EXPECT(client.cq, &e, 10000) == 0)
+        CHECK(e.op_context == &sctx);
+    region_close(&r);
+    region_close(&l);
+    side_close(&client);
+    side_close(&server);
+}
+
+/* A message above max_msg_size, an inject above inject_size, a length that
+ * does not fit 32 bits: -FI_EMSGSIZE, nothing queued. */
+static void t_sizes_above_limits(void)
+{
+    struct side server, client;
+    pair_open(&server, &client);
+    size_t max = client.info->ep_attr->max_msg_size;
+    size_t inject = client.info->tx_attr->inject_size;
+    REQUIRE(max > 0 && max < ((size_t)1 << 32));
+    /* Address space only: the call must refuse before touching a byte. */
+    size_t span = max + 4096;
+    uint8_t *big = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                        -1, 0);
+    REQUIRE(big != MAP_FAILED);
+    struct fid_mr *mr = NULL;
+    REQUIRE_RET(fi_mr_reg(client.domain, big, span, FI_SEND | FI_WRITE, 0, 0, 0, &mr, NULL), 0);
+    void *desc = fi_mr_desc(mr);
+    CHECK_RET(fi_send(client.ep, big, max + 1, desc, 0, NULL), -FI_EMSGSIZE);
+    CHECK_RET(fi_write(client.ep, big, max + 1, desc, 0, 0, 0, NULL), -FI_EMSGSIZE);
+    CHECK_RET(fi_inject(client.ep, big, inject + 1, 0), -FI_EMSGSIZE);
+    CHECK_RET(fi_inject_write(client.ep, big, inject + 1, 0, 0, 0), -FI_EMSGSIZE);
+    CHECK_RET(fi_send(client.ep, big, ((size_t)1 << 32) + 8, desc, 0, NULL), -FI_EMSGSIZE);
+    struct fi_cq_data_entry e;
+    CHECK_RET(fi_cq_read(client.cq, &e, 1), -FI_EAGAIN);
+    CHECK_RET(fi_close(&mr->fid), 0);
+    munmap(big, span);
+    side_close(&client);
+    side_close(&server);
+}
+
+/* fi_cq_read with count 0 reads nothing (uvia: -FI_EAGAIN) and loses
+ * nothing; NULL entries with a count are -FI_EINVAL, never a crash. */
+static void t_cq_read_count_zero(void)
+{
+    struct side server, client;
+    pair_open(&server, &client);
+    struct region r, l;
+    region_reg(&server, &r, 4096, FI_RECV);
+    region_reg(&client, &l, 4096, FI_SEND);
+    int ctx;
+    struct fi_cq_data_entry e;
+    REQUIRE_RET(fi_recv(server.ep, r.buf, 4096, r.desc, 0, &ctx), 0);
+    REQUIRE_RET(fi_send(client.ep, l.buf, 32, l.desc, 0, NULL), 0);
+    CQ_EXPECT(client.cq, &e, 10000);
+    /* Give the message time to arrive, reading nothing. */
+    for (long long end = now_ms() + 300; now_ms() < end;) {
+        CHECK_RET(fi_cq_read(server.cq, &e, 0), -FI_EAGAIN);
+        CHECK_RET(fi_cq_read(server.cq, NULL, 0), -FI_EAGAIN);
+        sleep_ms(10);
+    }
+    CHECK_RET(fi_cq_sread(server.cq, &e, 0, NULL, 50), -FI_EAGAIN);
+    CHECK_RET(fi_cq_read(server.cq, NULL, 1), -FI_EINVAL);
+    CHECK_RET(fi_cq_sread(server.cq, NULL, 1, NULL, 50), -FI_EINVAL);
+    /* The receive is still there. */
+    if (CQ_EXPECT(server.cq, &e, 10000) == 0) {
+        CHECK(e.op_context == &ctx);
+        CHECK_EQ(e.len, 32);
+    }
+    region_close(&r);
+    region_close(&l);
+    side_close(&client);
+    side_close(&server);
+}
+
+/* What the provider does not do is -FI_ENOSYS (or, for attributes it does
+ * not offer, refused at open). */
+static void t_unsupported(void)
+{
+    struct side s;
+    domain_only(&s);
+    side_endpoint(&s);
+    static uint8_t buf[64];
+    struct fi_av_attr ava = {.type = FI_AV_MAP};
+    struct fid_av *av = NULL;
+    CHECK_RET(fi_av_open(s.domain, &ava, &av, NULL), -FI_ENOSYS);
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
+    struct fid_cntr *cntr = NULL;
+    CHECK_RET(fi_cntr_open(s.domain, &ca, &cntr, NULL), -FI_ENOSYS);
+    struct fi_poll_attr pa = {0};
+    struct fid_poll *pollset = NULL;
+    CHECK_RET(fi_poll_open(s.domain, &pa, &pollset), -FI_ENOSYS);
+    struct fi_wait_attr wa = {.wait_obj = FI_WAIT_FD};
+    struct fid_wait *waitset = NULL;
+    CHECK_RET(fi_wait_open(s.fabric, &wa, &waitset), -FI_ENOSYS);
+    struct fid_ep *sep = NULL;
+    CHECK_RET(fi_scalable_ep(s.domain, s.info, &sep, NULL), -FI_ENOSYS);
+    struct fid_ep *srx = NULL;
+    CHECK_RET(fi_srx_context(s.domain, s.info->rx_attr, &srx, NULL), -FI_ENOSYS);
+    CHECK_RET(fi_tsend(s.ep, buf, 8, NULL, 0, 7, NULL), -FI_ENOSYS);
+    CHECK_RET(fi_trecv(s.ep, buf, 8, NULL, 0, 7, 0, NULL), -FI_ENOSYS);
+    CHECK_RET(fi_tinject(s.ep, buf, 8, 0, 7), -FI_ENOSYS);
+    CHECK_RET(fi_atomic(s.ep, buf, 1, NULL, 0, 0, 0, FI_UINT64, FI_SUM, NULL), -FI_ENOSYS);
+    CHECK_RET(fi_cancel(&s.ep->fid, NULL), -FI_ENOSYS);
+    CHECK_RET(fi_setname(&s.ep->fid, buf, 16), -FI_ENOSYS);
+    CHECK_RET(fi_cq_signal(s.cq), -FI_ENOSYS);
+    fi_addr_t from;
+    struct fi_cq_data_entry e;
+    CHECK_RET(fi_cq_readfrom(s.cq, &e, 1, &from), -FI_ENOSYS);
+    /* Attributes it does not offer, at open. */
+    struct fid_cq *cq = NULL;
+    struct fi_cq_attr tagged = {.size = 16, .format = FI_CQ_FORMAT_TAGGED};
+    CHECK_RET(fi_cq_open(s.domain, &tagged, &cq, NULL), -FI_ENOSYS);
+    struct fi_cq_attr cond = {.size = 16, .format = FI_CQ_FORMAT_DATA,
+                              .wait_obj = FI_WAIT_MUTEX_COND};
+    CHECK_RET(fi_cq_open(s.domain, &cond, &cq, NULL), -FI_ENOSYS);
+    struct fid_eq *eq = NULL;
+    struct fi_eq_attr eqa = {.size = 16, .wait_obj = FI_WAIT_MUTEX_COND};
+    CHECK_RET(fi_eq_open(s.fabric, &eqa, &eq, NULL), -FI_ENOSYS);
+    /* A CQ without a wait object has no fd to hand out. */
+    struct fi_cq_attr none = {.size = 16, .format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
+    REQUIRE_RET(fi_cq_open(s.domain, &none, &cq, NULL), 0);
+    int fd = -1;
+    CHECK(fi_control(&cq->fid, FI_GETWAIT, &fd) < 0);
+    CHECK_RET(fi_close(&cq->fid), 0);
+    side_close(&s);
+}
+
+/* ---- wait: blocking reads and wait objects ------------------------------- */
+
+/* fi_cq_sread with nothing to read returns -FI_EAGAIN once its timeout
+ * has passed (not before); timeout 0 looks once. */
+static void t_cq_sread_timeout(void)
+{
+    struct side s;
+    domain_only(&s);
+    side_endpoint(&s);
+    struct fi_cq_data_entry e;
+    long long t0 = now_ms();
+    CHECK_RET(fi_cq_sread(s.cq, &e, 1, NULL, 300), -FI_EAGAIN);
+    long long took = now_ms() - t0;
+    CHECKF(took >= 290 && took < 5000, "fi_cq_sread(300 ms) returned after %lld ms", took);
+    CHECK_RET(fi_cq_sread(s.cq, &e, 1, NULL, 0), -FI_EAGAIN);
+    side_close(&s);
+}
+
+/* fi_eq_sread: -FI_EAGAIN after its timeout; an event written with
+ * fi_eq_write comes back as written. */
+static void t_eq_sread(void)
+{
+    struct side s;
+    side_open(&s, FI_WAIT_UNSPEC);
+    uint32_t ev = 0;
+    uint8_t buf[64];
+    long long t0 = now_ms();
+    CHECK_RET(fi_eq_sread(s.eq, &ev, buf, sizeof buf, 300, 0), -FI_EAGAIN);
+    long long took = now_ms() - t0;
+    CHECKF(took >= 290 && took < 5000, "fi_eq_sread(300 ms) returned after %lld ms", took);
+    struct fi_eq_entry w = {.fid = &s.eq->fid, .context = buf, .data = 77};
+    CHECK_RET(fi_eq_write(s.eq, FI_NOTIFY, &w, sizeof w, 0), sizeof w);
+    struct fi_eq_entry got;
+    memset(&got, 0, sizeof got);
+    CHECK_RET(fi_eq_sread(s.eq, &ev, &got, sizeof got, 5000, 0), sizeof got);
+    CHECK_EQ(ev, FI_NOTIFY);
+    CHECK(got.context == buf);
+    CHECK_EQ(got.data, 77);
+    /* A buffer too small for the event leaves it queued. */
+    CHECK_RET(fi_eq_write(s.eq, FI_NOTIFY, &w, sizeof w, 0), sizeof w);
+    CHECK_RET(fi_eq_read(s.eq, &ev, buf, 4, 0), -FI_ETOOSMALL);
+    CHECK_RET(fi_eq_read(s.eq, &ev, &got, sizeof got, FI_PEEK), sizeof got);
+    CHECK_RET(fi_eq_read(s.eq, &ev, &got, sizeof got, 0), sizeof got);
+    CHECK_RET(fi_eq_read(s.eq, &ev, &got, sizeof got, 0), -FI_EAGAIN);
+    side_close(&s);
+}
+
+static int readable(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r;
+    while ((r = poll(&p, 1, ms)) < 0 && errno == EINTR)
+        ;
+    return r > 0 && (p.revents & POLLIN);
+}
+
+static void wait_fd_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    side_connect(&s, &a, request_data, sizeof request_data, NULL, 0);
+    step_wait(c);
+    side_close(&s);
+}
+
+/* An EQ opened with FI_WAIT_FD hands out an fd (fi_control FI_GETWAIT)
+ * that poll() reports readable while an event is queued, whether the
+ * program wrote it or a peer's request brought it (no EQ read needed);
+ * fi_trywait says whether the program may sleep on it. */
+static void t_eq_wait_fd(void)
+{
+    struct peer p;
+    peer_start(&p, wait_fd_peer);
+    struct side s;
+    side_open(&s, FI_WAIT_FD);
+    enum fi_wait_obj kind = FI_WAIT_NONE;
+    CHECK_RET(fi_control(&s.eq->fid, FI_GETWAITOBJ, &kind), 0);
+    CHECK_EQ(kind, FI_WAIT_FD);
+    int fd = -1;
+    REQUIRE_RET(fi_control(&s.eq->fid, FI_GETWAIT, &fd), 0);
+    REQUIRE(fd >= 0);
+    struct fid *fids[1] = {&s.eq->fid};
+    CHECK_RET(fi_trywait(s.fabric, fids, 1), 0);
+    CHECK(!readable(fd, 0));
+
+    struct fi_eq_entry w = {.fid = &s.eq->fid, .data = 5};
+    CHECK_RET(fi_eq_write(s.eq, FI_NOTIFY, &w, sizeof w, 0), sizeof w);
+    CHECK(readable(fd, 0));
+    CHECK_RET(fi_trywait(s.fabric, fids, 1), -FI_EAGAIN);
+    uint32_t ev;
+    struct fi_eq_entry got;
+    CHECK_RET(fi_eq_read(s.eq, &ev, &got, sizeof got, 0), sizeof got);
+    CHECK(!readable(fd, 0));
+    CHECK_RET(fi_trywait(s.fabric, fids, 1), 0);
+
+    /* A request wakes the fd by itself. */
+    struct sockaddr_in a;
+    side_listen(&s, &a);
+    REQUIRE(chan_send(&p.c, &a, sizeof a) == 0);
+    CHECK_RET(fi_trywait(s.fabric, fids, 1), 0);
+    CHECKF(readable(fd, 10000), "the fd stayed quiet for 10 s with a request on its way");
+    struct fi_info *req = take_request(&s, request_data, sizeof request_data);
+    /* FI_CONNECTED, queued by the accept, makes it readable again. */
+    side_domain(&s, req);
+    side_endpoint(&s);
+    REQUIRE_RET(fi_accept(s.ep, NULL, 0), 0);
+    CHECK(readable(fd, 1000));
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    EQ_EXPECT(s.eq, FI_CONNECTED, buf, sizeof buf, 1000);
+    CHECK(!readable(fd, 0));
+    step_send(&p.c);
+    peer_end(&p, 10000);
+    side_close(&s);
+
+    /* An EQ without a wait object has no fd. */
+    side_open(&s, FI_WAIT_NONE);
+    fd = -1;
+    CHECK(fi_control(&s.eq->fid, FI_GETWAIT, &fd) < 0);
+    side_close(&s);
+}
+
+/* A CQ's fd (FI_GETWAIT on a CQ with a wait object): quiet after
+ * fi_trywait says the program may sleep, readable once a peer's message
+ * arrives, and the read then finds the receive. */
+static void t_cq_wait_fd(void)
+{
+    struct side server, client;
+    pair_open(&server, &client);
+    struct region r, l;
+    region_reg(&server, &r, 4096, FI_RECV);
+    region_reg(&client, &l, 4096, FI_SEND);
+    int fd = -1;
+    REQUIRE_RET(fi_control(&server.cq->fid, FI_GETWAIT, &fd), 0);
+    REQUIRE(fd >= 0);
+    int ctx;
+    REQUIRE_RET(fi_recv(server.ep, r.buf, 4096, r.desc, 0, &ctx), 0);
+    struct fid *fids[1] = {&server.cq->fid};
+    CHECK_RET(fi_trywait(server.fabric, fids, 1), 0);
+    CHECK(!readable(fd, 0));
+    fill(l.buf, 100, 9);
+    REQUIRE_RET(fi_send(client.ep, l.buf, 100, l.desc, 0, NULL), 0);
+    CHECKF(readable(fd, 5000), "the fd stayed quiet for 5 s with a message on its way");
+    struct fi_cq_data_entry e;
+    if (CQ_EXPECT(server.cq, &e, 1000) == 0) {
+        CHECK(e.op_context == &ctx);
+        CHECK_EQ(e.len, 100);
+        CHECK_PATTERN(r.buf, 100, 9);
+    }
+    CQ_EXPECT(client.cq, &e, 10000);
+    region_close(&r);
+    region_close(&l);
+    side_close(&client);
+    side_close(&server);
+}
+
+static const size_t pp_sizes[] = {8, 4096, 65536, 1 << 20};
+enum { PP_ROUNDS = 10, PP_MAX = 1 << 20 };
+
+/* Takes completions with fi_cq_sread until the receive (and, with
+ * want_send, the send) has completed; the receive's entry in *rx. */
+static void sread_both(struct fid_cq *cq, int want_send, struct fi_cq_data_entry *rx)
+{
+    int got_recv = 0, got_send = !want_send;
+    while (!got_recv || !got_send) {
+        struct fi_cq_data_entry e;
+        ssize_t n = fi_cq_sread(cq, &e, 1, NULL, 10000);
+        if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry err = {0};
+            fi_cq_readerr(cq, &err, 0);
+            h_fail(__FILE__, __LINE__, "completion error %s", ret_name(-err.err));
+            h_finish();
+        }
+        if (n != 1) {
+            h_fail(__FILE__, __LINE__, "fi_cq_sread: %s", ret_name(n));
+            h_finish();
+        }
+        if (e.flags & FI_RECV) {
+            got_recv = 1;
+            *rx = e;
+        } else {
+            got_send = 1;
+        }
+    }
+}
+
+static void pingpong_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    side_connect(&s, &a, NULL, 0, NULL, 0);
+    struct region tx, rx;
+    region_reg(&s, &tx, PP_MAX, FI_SEND);
+    region_reg(&s, &rx, PP_MAX, FI_RECV);
+    unsigned seed = 0;
+    for (size_t k = 0; k < sizeof pp_sizes / sizeof pp_sizes[0]; k++)
+        for (int i = 0; i < PP_ROUNDS; i++, seed++) {
+            size_t n = pp_sizes[k];
+            REQUIRE_RET(fi_recv(s.ep, rx.buf, PP_MAX, rx.desc, 0, NULL), 0);
+            fill(tx.buf, n, seed);
+            REQUIRE_RET(fi_send(s.ep, tx.buf, n, tx.desc, 0, NULL), 0);
+            struct fi_cq_data_entry e;
+            sread_both(s.cq, 1, &e);
+            CHECK_EQ(e.len, n);
+            /* The echo comes back with every byte one more. */
+            for (size_t j = 0; j < n; j++)
+                if (rx.buf[j] != (uint8_t)(pattern(seed, j) + 1)) {
+                    CHECKF(0, "size %zu round %d: byte %zu", n, i, j);
+                    break;
+                }
+        }
+    step_wait(c);
+    region_close(&tx);
+    region_close(&rx);
+    side_close(&s);
+}
+
+/* A ping-pong where both sides block in fi_cq_sread for every completion,
+ * 8 B to 1 MiB, every byte checked both ways. */
+static void t_pingpong_sread(void)
+{
+    struct peer p;
+    peer_start(&p, pingpong_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, NULL, 0);
+    side_domain(&s, req);
+    region_reg(&s, &g_target, PP_MAX, FI_RECV | FI_SEND);
+    side_endpoint(&s);
+    REQUIRE_RET(fi_recv(s.ep, g_target.buf, PP_MAX, g_target.desc, 0, NULL), 0);
+    REQUIRE_RET(fi_accept(s.ep, NULL, 0), 0);
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    if (EQ_EXPECT(s.eq, FI_CONNECTED, buf, sizeof buf, 10000) < 0)
+        h_finish();
+    unsigned seed = 0;
+    for (size_t k = 0; k < sizeof pp_sizes / sizeof pp_sizes[0]; k++)
+        for (int i = 0; i < PP_ROUNDS; i++, seed++) {
+            size_t n = pp_sizes[k];
+            struct fi_cq_data_entry e;
+            sread_both(s.cq, 0, &e);
+            CHECK_EQ(e.len, n);
+            for (size_t j = 0; j < n; j++) {
+                if (g_target.buf[j] != pattern(seed, j)) {
+                    CHECKF(0, "size %zu round %d: byte %zu", n, i, j);
+                    break;
+                }
+                g_target.buf[j]++;
+            }
+            /* The next ping may come as soon as the pong leaves. */
+            REQUIRE_RET(fi_send(s.ep, g_target.buf, n, g_target.desc, 0, NULL), 0);
+            struct fi_cq_data_entry done;
+            REQUIRE(fi_cq_sread(s.cq, &done, 1, NULL, 10000) == 1);
+            CHECK(done.flags & FI_SEND);
+            REQUIRE_RET(fi_recv(s.ep, g_target.buf, PP_MAX, g_target.desc, 0, NULL), 0);
+        }
+    step_send(&p.c);
+    peer_end(&p, 15000);
+    CHECK_RET(fi_close(&s.ep->fid), 0);
+    s.ep = NULL;
+    region_close(&g_target);
+    side_close(&s);
+}
+
+/* ---- fail: a peer that dies --------------------------------------------- */
+
+enum { STREAM_LEN = 256 * 1024, STREAM_DEPTH = 8 };
+
+static void killed_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    side_connect(&s, &a, NULL, 0, NULL, 0);
+    struct region rx;
+    region_reg(&s, &rx, STREAM_LEN * STREAM_DEPTH, FI_RECV);
+    for (int i = 0; i < STREAM_DEPTH; i++)
+        REQUIRE_RET(fi_recv(s.ep, rx.buf + (size_t)i * STREAM_LEN, STREAM_LEN, rx.desc, 0,
+                            rx.buf + (size_t)i * STREAM_LEN), 0);
+    /* Receive until killed, telling the test once messages flow. */
+    for (int got = 0;; got++) {
+        struct fi_cq_data_entry e;
+        if (CQ_EXPECT(s.cq, &e, 15000) != 0)
+            h_finish();
+        if (got == 20)
+            step_send(c);
+        REQUIRE_RET(fi_recv(s.ep, e.op_context, STREAM_LEN, rx.desc, 0, e.op_context), 0);
+    }
+}
+
+/* A peer killed (SIGKILL) while this side streams to it: within a bounded
+ * time the CQ reports errors for what was outstanding or the EQ reports
+ * FI_SHUTDOWN, and nothing hangs (the endpoint and the domain close). */
+static void t_peer_killed(void)
+{
+    struct peer p;
+    peer_start(&p, killed_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, NULL, 0);
+    side_domain(&s, req);
+    region_reg(&s, &g_target, STREAM_LEN, FI_SEND);
+    side_endpoint(&s);
+    REQUIRE_RET(fi_accept(s.ep, NULL, 0), 0);
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    if (EQ_EXPECT(s.eq, FI_CONNECTED, buf, sizeof buf, 10000) < 0)
+        h_finish();
+    int outstanding = 0, sent = 0, errors = 0, shutdown = 0, post_failed = 0, killed = 0;
+    long long killed_at = 0, deadline = now_ms() + 15000;
+    while (now_ms() < deadline) {
+        while (!post_failed && outstanding < STREAM_DEPTH) {
+            ssize_t r = fi_send(s.ep, g_target.buf, STREAM_LEN, g_target.desc, 0, NULL);
+            if (r == -FI_EAGAIN)
+                break;
+            if (r != 0) {
+                /* uvia: a failed connection refuses posts. */
+                CHECKF(killed, "fi_send failed before the peer was killed: %s", ret_name(r));
+                post_failed = 1;
+                break;
+            }
+            outstanding++;
+        }
+        struct fi_cq_data_entry e;
+        struct fi_cq_err_entry err;
+        ssize_t n = cq_take(s.cq, &e, &err, 5);
+        if (n == 1) {
+            outstanding--;
+            sent++;
+        } else if (n == -FI_EAVAIL) {
+            CHECKF(killed, "a completion error before the peer was killed: %s", ret_name(-err.err));
+            outstanding--;
+            errors++;
+        }
+        uint32_t ev;
+        ssize_t k = fi_eq_read(s.eq, &ev, buf, sizeof buf, 0);
+        if (k >= 0 && ev == FI_SHUTDOWN) {
+            CHECK(((struct fi_eq_cm_entry *)buf)->fid == &s.ep->fid);
+            shutdown = 1;
+        }
+        if (!killed && sent > 0) {
+            char b;
+            if (chan_recv(&p.c, 0, &b, 1) == 1) {
+                peer_kill(&p);
+                killed = 1;
+                killed_at = now_ms();
+                h_note("killed the peer after %d messages", sent);
+            }
+        }
+        /* Done when the failure is known and everything posted is back. */
+        if (killed && (errors > 0 || shutdown) && outstanding == 0)
+            break;
+    }
+    CHECKF(killed, "the peer never reported messages flowing (%d sent)", sent);
+    CHECKF(errors > 0 || shutdown, "no CQ error and no FI_SHUTDOWN within %lld ms of the kill",
+           now_ms() - killed_at);
+    CHECKF(outstanding == 0, "%d sends never completed", outstanding);
+    h_note("after the kill: %d errors, shutdown %d, posts refused %d, %lld ms", errors, shutdown,
+           post_failed, now_ms() - killed_at);
+    CHECK_RET(fi_close(&s.ep->fid), 0);
+    s.ep = NULL;
+    region_close(&g_target);
+    side_close(&s);
+}
+
+/* ---- The runner ---------------------------------------------------------- */
+
+static const struct test tests[] = {
+    {"cm", "accept_with_private_data", t_accept_with_data, 0},
+    {"cm", "reject_with_private_data", t_reject_with_data, 0},
+    {"cm", "private_data_limits", t_private_data_limits, 0},
+    {"rma", "writedata_consumes_a_receive", t_writedata, 0},
+    {"rma", "read", t_read, 0},
+    {"rma", "write_without_remote_write", t_write_without_permission, 0},
+    {"rma", "read_without_remote_read", t_read_without_permission, 0},
+    {"mr", "access_flags", t_access_flags, 0},
+    {"mr", "empty_and_null", t_empty_and_null, 0},
+    {"mr", "requested_keys", t_requested_keys, 0},
+    {"mr", "closed_region_and_wide_key", t_closed_region_and_wide_key, 0},
+    {"call", "not_enabled_or_connected", t_not_enabled_or_connected, 0},
+    {"call", "null_buffers", t_null_buffers, 0},
+    {"call", "sizes_above_limits", t_sizes_above_limits, 0},
+    {"call", "cq_read_count_zero", t_cq_read_count_zero, 0},
+    {"call", "unsupported", t_unsupported, 0},
+    {"wait", "cq_sread_timeout", t_cq_sread_timeout, 0},
+    {"wait", "eq_sread", t_eq_sread, 0},
+    {"wait", "eq_wait_fd", t_eq_wait_fd, 0},
+    {"wait", "cq_wait_fd", t_cq_wait_fd, 0},
+    {"wait", "pingpong_sread", t_pingpong_sread, 25},
+    {"fail", "peer_killed_mid_transfer", t_peer_killed, 25},
+    {NULL, NULL, NULL, 0},
+};
+
+/* Runs one test in a process (and process group) of its own; 1 if it passed. */
+static int run(const struct test *t)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s/%s", t->area, t->name);
+    fflush(stdout);
+    fflush(stderr);
+    long long t0 = now_ms();
+    pid_t pid = fork();
+    if (pid < 0) {
+        printf("FAIL %s: fork: %s\n", name, strerror(errno));
+        return 0;
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        g_test = t;
+        alarm(t->limit ? t->limit : 20);
+        t->fn();
+        h_finish();
+    }
+    setpgid(pid, pid);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    /* Whatever the test left running goes with its group. */
+    kill(-pid, SIGKILL);
+    long long took = now_ms() - t0;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        printf("ok   %s (%lld ms)\n", name, took);
+        return 1;
+    }
+    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
+        printf("FAIL %s: still running after %u s (watchdog)\n", name, t->limit ? t->limit : 20);
+    else if (WIFSIGNALED(st))
+        printf("FAIL %s: died of signal %d (%s)\n", name, WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else
+        printf("FAIL %s: %d failed checks (%lld ms)\n", name, WEXITSTATUS(st), took);
+    return 0;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: fi_conformance [-v] [-l] [-t PATTERN] DOMAIN\n"
+                    "  DOMAIN   the uvia domain to test: shm or udp\n"
+                    "  -t       run the tests whose area/name matches the glob PATTERN\n"
+                    "  -l       list the tests\n"
+                    "  -v       say more about each test\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    const char *pattern_arg = NULL;
+    int list = 0, opt;
+    while ((opt = getopt(argc, argv, "vlt:")) != -1) {
+        switch (opt) {
+        case 'v':
+            g_verbose = 1;
+            break;
+        case 'l':
+            list = 1;
+            break;
+        case 't':
+            pattern_arg = optarg;
+            break;
+        default:
+            usage();
+        }
+    }
+    if (optind + 1 != argc && !list)
+        usage();
+    g_domain = optind < argc ? argv[optind] : "shm";
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    /* A peer that exits early must not kill the writer of a pipe. */
+    signal(SIGPIPE, SIG_IGN);
+    int passed = 0, failed = 0;
+    for (const struct test *t = tests; t->name; t++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s/%s", t->area, t->name);
+        if (pattern_arg && fnmatch(pattern_arg, name, 0) != 0 && !strstr(name, pattern_arg))
+            continue;
+        if (list) {
+            printf("%s\n", name);
+            continue;
+        }
+        if (run(t))
+            passed++;
+        else
+            failed++;
+    }
+    if (!list)
+        printf("fi conformance %s: %d passed, %d failed\n", g_domain, passed, failed);
+    return failed ? 1 : 0;
+}
