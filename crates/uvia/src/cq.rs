@@ -8,11 +8,12 @@
 //! readable when a notice may be waiting.
 
 use crate::error::{CqError, WaitError};
+use crate::lock::{Guard, SpinLock};
 use crate::nic::{Nic, NicShared};
 use crate::vi::{Queue, Vi, ViShared};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,15 @@ pub(crate) struct CqShared {
     pub nic: Arc<NicShared>,
     pub efd: OwnedFd,
     notices: Mutex<Notices>,
-    members: Mutex<Vec<Weak<ViShared>>>,
+    /// Notices waiting, plus one once overflowed: what a poll reads,
+    /// without the lock, to learn that there is nothing to pop. Written
+    /// under the notices' lock, sequentially consistent against
+    /// `waiters` (a waiter adds itself, then looks; a notifier publishes,
+    /// then looks for waiters).
+    queued: AtomicUsize,
+    /// The attached VIs. Walked on every empty poll, changed only when a
+    /// VI attaches: a spin lock, released by a plain store.
+    members: SpinLock<Vec<Weak<ViShared>>>,
     waiters: AtomicU32,
 }
 
@@ -59,8 +68,14 @@ impl CqShared {
         self.notices.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_members(&self) -> MutexGuard<'_, Vec<Weak<ViShared>>> {
-        self.members.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_members(&self) -> Guard<'_, Vec<Weak<ViShared>>> {
+        self.members.lock()
+    }
+
+    /// Mirrors the notices' count into `queued` (under their lock).
+    fn publish(&self, n: &Notices) {
+        self.queued
+            .store(n.q.len() + n.overflowed as usize, Ordering::SeqCst);
     }
 
     pub(crate) fn attach(&self, vi: &Arc<ViShared>) {
@@ -79,6 +94,7 @@ impl CqShared {
         } else {
             n.q.push_back((Arc::downgrade(vi), q));
         }
+        self.publish(&n);
         drop(n);
         if self.waiters.load(Ordering::Acquire) > 0 {
             write_eventfd(self.efd.as_raw_fd());
@@ -127,26 +143,33 @@ impl Cq {
                     cap: entries,
                     overflowed: false,
                 }),
-                members: Mutex::new(Vec::new()),
+                queued: AtomicUsize::new(0),
+                members: SpinLock::new(Vec::new()),
                 waiters: AtomicU32::new(0),
             }),
         })
     }
 
     fn pop(&self) -> Result<Option<CqCompletion>, WaitError> {
+        if self.s.queued.load(Ordering::SeqCst) == 0 {
+            return Ok(None);
+        }
         let mut n = self.s.lock_notices();
         if n.overflowed {
             return Err(WaitError::CqOverflow(n.cap));
         }
+        let mut found = None;
         while let Some((w, queue)) = n.q.pop_front() {
             if let Some(s) = w.upgrade() {
-                return Ok(Some(CqCompletion {
+                found = Some(CqCompletion {
                     vi: Vi { s },
                     queue,
-                }));
+                });
+                break;
             }
         }
-        Ok(None)
+        self.s.publish(&n);
+        Ok(found)
     }
 
     /// The oldest notice, if any (VipCQDone). Drives progress on the
