@@ -29,6 +29,13 @@ pub(crate) const RING_LINES: usize = 1024;
 /// Measured crossover: from 1 KiB up the single copy out of a shared
 /// mapping beats two copies through the ring (docs/DESIGN.md).
 pub(crate) const INLINE_MAX: usize = 512;
+/// Largest payload sent inline when the peer cannot map its memory
+/// (memory the caller registered, not a region the Nic allocated): by
+/// reference that would be a cross-memory-attach system call per message,
+/// about 1.5 us here even at 4 KiB, where two copies through the ring take
+/// a fraction of that. A quarter of the ring, so a stream keeps several in
+/// flight.
+pub(crate) const INLINE_MAX_UNMAPPED: usize = 16 << 10;
 /// Largest region shared with the peer by mapping (larger ones are copied
 /// by cross-memory attach). Peer regions are mapped lazily, so this bounds
 /// the address space a peer can make this side reserve per region.

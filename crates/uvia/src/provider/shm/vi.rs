@@ -7,7 +7,10 @@
 //! consumption of this side's messages.
 
 use super::conn::{block_in, write_range};
-use super::conn::{flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, MSG_HEADER, RANGE_BYTES};
+use super::conn::{
+    flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, INLINE_MAX_UNMAPPED, MSG_HEADER,
+    RANGE_BYTES,
+};
 use crate::desc::{control, status, Descriptor, Op, Segment, MAX_SEGMENTS};
 use crate::error::PostError;
 use crate::nic::NicShared;
@@ -264,7 +267,12 @@ impl ShmVi {
         let reliability = q.attrs.reliability;
         let conn = &mut self.conn;
         let e = &mut q.sq[i];
-        let by_ref = e.op == Op::RdmaRead || e.total as usize > INLINE_MAX;
+        // The peer reads a large payload straight from a mapping of the
+        // region when it can map it; otherwise it is copied through the
+        // ring up to a larger size than a system call per message would pay.
+        let mappable = e.src[..e.nranges as usize].iter().all(|s| s.fd >= 0);
+        let inline_max = if mappable { INLINE_MAX } else { INLINE_MAX_UNMAPPED };
+        let by_ref = e.op == Op::RdmaRead || e.total as usize > inline_max;
         if !by_ref && !e.still_registered(&vi.s.nic.regions) {
             // Deregistered while the send waited for ring space.
             vi.complete_send(e, status::PROTECTION_ERROR);
