@@ -1,8 +1,8 @@
-//! Completion queues: a uvia CQ of the domain's Nic that both queues of
-//! each bound endpoint report to. A read takes a notice, takes the
-//! completed descriptor off the named queue (the done call, which also
-//! drives the provider's progress) and writes the entry in the format the
-//! program asked for. Every posted operation is an [`Op`]: the descriptor
+//! Completion queues: a direct uvia CQ of the domain's Nic (one that keeps
+//! no notices) that both queues of each bound endpoint report to. A read
+//! takes completed descriptors straight off the endpoints' queues (the VI's
+//! done call, which also drives the provider's progress) and writes the
+//! entries in the format the program asked for. Every posted operation is an [`Op`]: the descriptor
 //! and what the completion must hand back.
 
 use crate::domain::Domain;
@@ -19,7 +19,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
-use uvia::{status, Descriptor, Queue};
+use uvia::{status, Descriptor};
 
 /// One posted operation: the descriptor first, so the descriptor a done
 /// call hands back is the operation.
@@ -243,7 +243,7 @@ pub unsafe extern "C" fn open(
         let max = domain.nic.attributes().max_cq_entries;
         // Room for both queues of many endpoints: notices are small.
         let entries = attr.size.max(1024).min(max);
-        let ucq = domain.nic.create_cq(entries).map_err(|_| err::ENOMEM)?;
+        let ucq = domain.nic.create_direct_cq(entries).map_err(|_| err::ENOMEM)?;
         let q = Box::new(Cq {
             fid: fid_cq {
                 fid: fid {
@@ -307,16 +307,12 @@ impl Cq {
             if self.erred.load(Ordering::Acquire) {
                 break;
             }
-            let next = match first.take() {
-                Some(c) => Some(c),
-                None => self.cq.done().map_err(|_| -FI_EOVERFLOW)?,
-            };
-            let Some(c) = next else {
-                break;
-            };
-            let d = match c.queue {
-                Queue::Send => c.vi.send_done_raw(),
-                Queue::Recv => c.vi.recv_done_raw(),
+            let d = match first.take() {
+                Some(c) => c.vi.done_raw(c.queue),
+                None => match self.cq.take_raw().map_err(|_| -FI_EOVERFLOW)? {
+                    Some((_, _, d)) => Some(d),
+                    None => break,
+                },
             };
             let Some(d) = d else { continue };
             // SAFETY: every descriptor the provider posts is an Op.

@@ -6,11 +6,20 @@
 //! VIPL. Polling a CQ drives progress on every VI attached to it. For event
 //! loops the CQ has an eventfd: [`Cq::arm`] asks for a wake-up, the fd becomes
 //! readable when a notice may be waiting.
+//!
+//! A direct CQ ([`Nic::create_direct_cq`]) keeps no notices: a poll looks
+//! at the head of each attached queue in turn, starting one VI further
+//! each time, and [`Cq::take_raw`] takes the completed descriptor in the
+//! same call, through the VI's own done path (on shm, the few-instruction
+//! receive). Completions of different VIs then come in no set order; each
+//! queue's stay in order.
 
 use crate::error::{CqError, WaitError};
 use crate::lock::{Guard, SpinLock};
 use crate::nic::{Nic, NicShared};
+use crate::desc::Descriptor;
 use crate::vi::{Queue, Vi, ViShared};
+use std::ptr::NonNull;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -37,6 +46,10 @@ pub(crate) struct CqShared {
     /// VI attaches: a spin lock, released by a plain store.
     members: SpinLock<Vec<Weak<ViShared>>>,
     waiters: AtomicU32,
+    /// Keeps no notices: polls walk the members' queues.
+    direct: bool,
+    /// Where a direct CQ's next walk starts.
+    next: AtomicUsize,
 }
 
 /// A completion notice: `queue` of `vi` has a completed descriptor at its head.
@@ -88,6 +101,12 @@ impl CqShared {
 
     /// Called by a VI (under its lock) when a descriptor of `q` completes.
     pub(crate) fn notify(&self, vi: &Arc<ViShared>, q: Queue) {
+        if self.direct {
+            if self.waiters.load(Ordering::SeqCst) > 0 {
+                write_eventfd(self.efd.as_raw_fd());
+            }
+            return;
+        }
         let mut n = self.lock_notices();
         if n.q.len() >= n.cap {
             n.overflowed = true;
@@ -117,7 +136,7 @@ pub(crate) fn write_eventfd(fd: RawFd) {
 }
 
 impl Cq {
-    pub(crate) fn create(nic: &Nic, entries: usize) -> Result<Cq, CqError> {
+    pub(crate) fn create(nic: &Nic, entries: usize, direct: bool) -> Result<Cq, CqError> {
         let max = nic.attributes().max_cq_entries;
         if entries == 0 || entries > max {
             return Err(CqError::Size {
@@ -146,6 +165,8 @@ impl Cq {
                 queued: AtomicUsize::new(0),
                 members: SpinLock::new(Vec::new()),
                 waiters: AtomicU32::new(0),
+                direct,
+                next: AtomicUsize::new(0),
             }),
         })
     }
@@ -172,9 +193,70 @@ impl Cq {
         Ok(found)
     }
 
+    /// The queues of `vi` that report to this CQ.
+    fn queues_of(&self, vi: &ViShared) -> [Option<Queue>; 2] {
+        let mine = |c: &Option<Arc<CqShared>>| c.as_ref().is_some_and(|c| std::ptr::eq(&**c, &*self.s));
+        [
+            mine(&vi.recv_cq).then_some(Queue::Recv),
+            mine(&vi.send_cq).then_some(Queue::Send),
+        ]
+    }
+
+    /// A direct CQ's walk: each attached queue once, starting one VI
+    /// further than the last walk, until `f` returns something.
+    fn walk<R>(&self, mut f: impl FnMut(&Vi, Queue) -> Option<R>) -> Option<R> {
+        let m = self.s.lock_members();
+        let n = m.len();
+        if n == 0 {
+            return None;
+        }
+        let start = if n == 1 {
+            0
+        } else {
+            self.s.next.fetch_add(1, Ordering::Relaxed) % n
+        };
+        for k in 0..n {
+            let Some(s) = m[(start + k) % n].upgrade() else {
+                continue;
+            };
+            let vi = Vi { s };
+            for q in self.queues_of(&vi.s).into_iter().flatten() {
+                if let Some(r) = f(&vi, q) {
+                    return Some(r);
+                }
+            }
+        }
+        None
+    }
+
+    /// Takes a completed descriptor posted raw ([`Vi::post_send_raw`],
+    /// [`Vi::post_recv_raw`]) off any queue reporting here, with its VI
+    /// and queue: on a direct CQ in one call per queue, on another the
+    /// oldest notice's descriptor. Drives progress when nothing is done.
+    pub fn take_raw(&self) -> Result<Option<(Vi, Queue, NonNull<Descriptor>)>, WaitError> {
+        if self.s.direct {
+            return Ok(self.walk(|vi, q| vi.done_raw(q).map(|d| (vi.clone(), q, d))));
+        }
+        while let Some(c) = self.done()? {
+            if let Some(d) = c.vi.done_raw(c.queue) {
+                return Ok(Some((c.vi, c.queue, d)));
+            }
+        }
+        Ok(None)
+    }
+
     /// The oldest notice, if any (VipCQDone). Drives progress on the
-    /// attached VIs when none is waiting.
+    /// attached VIs when none is waiting. On a direct CQ, the first queue
+    /// found with a completed descriptor at its head.
     pub fn done(&self) -> Result<Option<CqCompletion>, WaitError> {
+        if self.s.direct {
+            return Ok(self.walk(|vi, q| {
+                vi.head_done(q).then(|| CqCompletion {
+                    vi: vi.clone(),
+                    queue: q,
+                })
+            }));
+        }
         if let Some(c) = self.pop()? {
             return Ok(Some(c));
         }
@@ -257,6 +339,9 @@ impl Cq {
         let mut ready = false;
         for vi in self.s.members() {
             ready |= Vi::arm_eventfd(vi);
+        }
+        if self.s.direct {
+            return ready || self.walk(|vi, q| vi.head_done(q).then_some(())).is_some();
         }
         ready || !self.s.lock_notices().q.is_empty()
     }
@@ -380,6 +465,60 @@ mod tests {
             b1.vi.recv_wait(Some(Duration::from_millis(1))).unwrap_err(),
             WaitError::BoundToCq
         );
+        drop((a1, a2));
+    }
+
+    /// Posts a receive raw (the way a face posts descriptors it owns).
+    fn post_raw(vi: &Vi, seg: Segment) -> std::ptr::NonNull<Descriptor> {
+        let d = std::ptr::NonNull::from(Box::leak(Box::new(Descriptor::recv(&[seg]))));
+        // SAFETY: a live descriptor, ours until taken back below.
+        unsafe { vi.post_recv_raw(d, false) }.unwrap();
+        d
+    }
+
+    #[test]
+    fn a_direct_cq_hands_over_each_vis_completions_without_notices() {
+        let nic = Nic::open("shm").unwrap();
+        let cq = nic.create_direct_cq(4).unwrap();
+        let (a1, b1) = connected_pair_with(&nic, Some(&cq));
+        let (a2, b2) = connected_pair_with(&nic, Some(&cq));
+        let (r1, r2) = (b1.recv_buf(), b2.recv_buf());
+        let d1 = post_raw(&b1.vi, r1.segment(0, 64));
+        let d2 = post_raw(&b2.vi, r2.segment(0, 64));
+        let d3 = post_raw(&b1.vi, r1.segment(64, 64));
+        assert!(cq.take_raw().unwrap().is_none(), "nothing arrived yet");
+        // More messages than the CQ has entries for: a direct CQ keeps no
+        // notices, so it cannot overflow.
+        for _ in 0..3 {
+            a2.send(b"second vi");
+        }
+        a1.send(b"first vi");
+        a1.send(b"again");
+        let mut got = Vec::new();
+        let start = std::time::Instant::now();
+        while got.len() < 3 && start.elapsed() < Duration::from_secs(5) {
+            if let Some((vi, q, d)) = cq.take_raw().unwrap() {
+                assert_eq!(q, Queue::Recv);
+                // SAFETY: one of the descriptors posted above, handed back.
+                let len = unsafe { d.as_ref() }.result().unwrap();
+                got.push((vi.id(), d, len));
+            }
+        }
+        assert_eq!(got.len(), 3, "{got:?}");
+        let of = |d| got.iter().find(|g| g.1 == d).map(|g| (g.0, g.2));
+        assert_eq!(of(d1), Some((b1.vi.id(), 8)));
+        assert_eq!(of(d3), Some((b1.vi.id(), 5)), "each VI's queue stays in order");
+        assert_eq!(of(d2), Some((b2.vi.id(), 9)));
+        assert_eq!(cq.len(), 0);
+        // A blocking wait names the queue; the VI's done call takes it.
+        let d4 = post_raw(&b2.vi, r2.segment(64, 64));
+        let c = cq.wait(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!((c.vi.id(), c.queue), (b2.vi.id(), Queue::Recv));
+        assert_eq!(c.vi.done_raw(Queue::Recv), Some(d4));
+        for d in [d1, d2, d3, d4] {
+            // SAFETY: each came from Box::leak above and is back with us.
+            drop(unsafe { Box::from_raw(d.as_ptr()) });
+        }
         drop((a1, a2));
     }
 

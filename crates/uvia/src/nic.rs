@@ -285,7 +285,15 @@ impl Nic {
 
     /// Creates a completion queue with room for `entries` notices.
     pub fn create_cq(&self, entries: usize) -> Result<Cq, crate::CqError> {
-        Cq::create(self, entries)
+        Cq::create(self, entries, false)
+    }
+
+    /// Creates a completion queue that keeps no notices: [`Cq::take_raw`]
+    /// and [`Cq::done`] look at the head of each attached VI queue in turn
+    /// instead (see [`Cq`]). For faces that take descriptors straight off
+    /// the CQ and need no order across VIs (libfabric's CQs).
+    pub fn create_direct_cq(&self, entries: usize) -> Result<Cq, crate::CqError> {
+        Cq::create(self, entries, true)
     }
 }
 

@@ -713,6 +713,31 @@ impl Vi {
         self.done_inner(Queue::Recv, false)
     }
 
+    /// [`send_done_raw`](Self::send_done_raw) or
+    /// [`recv_done_raw`](Self::recv_done_raw) by queue.
+    pub fn done_raw(&self, queue: Queue) -> Option<NonNull<Descriptor>> {
+        self.done_inner(queue, false)
+    }
+
+    /// True if the head of `queue` has completed, after moving forward
+    /// what can move; takes nothing off the queue.
+    pub(crate) fn head_done(&self, queue: Queue) -> bool {
+        let mut g = self.lock();
+        let ViInner { q, t } = &mut *g;
+        let done = |q: &Queues| {
+            match queue {
+                Queue::Send => q.sq.front(),
+                Queue::Recv => q.rq.front(),
+            }
+            .is_some_and(|e| e.state == EntryState::Done)
+        };
+        if done(q) {
+            return true;
+        }
+        t.progress(self, q);
+        done(q)
+    }
+
     /// Waits for the oldest send to complete (VipSendWait): spins for the
     /// wait-spin time, then sleeps. `None` waits forever.
     pub fn send_wait(&self, timeout: Option<Duration>) -> Result<Box<Descriptor>, WaitError> {
