@@ -65,17 +65,27 @@ impl Op {
     }
 
     /// Takes back the operation of a descriptor [`OpPool::post`] gave up:
-    /// its slot in the pool and its bounce slot go back (the descriptor is
-    /// done with both).
+    /// what its completion entry needs, read in place; its slot in the
+    /// pool and its bounce slot go back (the descriptor is done with both).
     ///
     /// # Safety
     /// `d` came from [`OpPool::post`] and the queue has handed it back or
     /// refused it; the pool and the bounce buffers are still there (an
     /// endpoint takes back all its descriptors before it frees them).
-    pub unsafe fn take(d: NonNull<Descriptor>) -> Op {
-        // SAFETY: per the contract the slot holds an Op, the descriptor
-        // its first field; read out before the slot goes back.
-        let op = unsafe { d.cast::<Op>().as_ptr().read() };
+    pub unsafe fn take(d: NonNull<Descriptor>) -> Taken {
+        // SAFETY: per the contract the slot holds an Op, the descriptor its
+        // first field, ours until its index goes back below.
+        let op = unsafe { &*d.cast::<Op>().as_ptr() };
+        let t = Taken {
+            context: op.context,
+            flags: op.flags,
+            len: op.len,
+            buf: op.buf,
+            silent: op.silent,
+            status: op.desc.cs.status,
+            length: op.desc.cs.length,
+            immediate: op.desc.cs.immediate_data,
+        };
         // SAFETY: per the contract.
         if let Some(b) = unsafe { op.bounce.as_ref() } {
             b.release(op.slot);
@@ -84,8 +94,21 @@ impl Op {
         if let Some(p) = unsafe { op.pool.as_ref() } {
             lock(&p.free).push(op.index);
         }
-        op
+        t
     }
+}
+
+/// What a completion entry needs of an operation taken back.
+pub struct Taken {
+    pub context: *mut c_void,
+    pub flags: u64,
+    pub len: usize,
+    pub buf: *mut c_void,
+    pub silent: bool,
+    /// The descriptor's status, length and immediate data.
+    pub status: u32,
+    pub length: u32,
+    pub immediate: u32,
 }
 
 /// An endpoint's operations: a slot for each entry of its VI's two
@@ -109,10 +132,40 @@ impl OpPool {
     /// Room for `slots` operations in flight.
     pub fn new(slots: u32) -> OpPool {
         OpPool {
+            // Written once here, so that `post_with` may fill a slot in
+            // place.
             slots: (0..slots)
-                .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
+                .map(|_| {
+                    UnsafeCell::new(MaybeUninit::new(Op::new(
+                        Descriptor::default(),
+                        std::ptr::null_mut(),
+                        0,
+                        0,
+                    )))
+                })
                 .collect(),
             free: Mutex::new((0..slots).rev().collect()),
+        }
+    }
+
+    /// Fills a free slot in place with `fill` and gives up the slot to the
+    /// queue (taken back with [`Op::take`]): the receive path's post, which
+    /// writes the few fields a one-buffer receive needs instead of moving a
+    /// whole operation (a 128-byte descriptor) through three copies. `fill`
+    /// gets a slot that held an earlier operation (or a blank one) and must
+    /// set every field the completion reads. `None` when every slot is in use.
+    pub fn post_with(&self, fill: impl FnOnce(&mut Op)) -> Option<NonNull<Descriptor>> {
+        let i = lock(&self.free).pop()?;
+        let slot = self.slots[i as usize].get();
+        // SAFETY: the index came off the free list, so the slot is ours
+        // alone; every slot was written once when the pool was made
+        // (`new`), so it holds an initialised Op.
+        unsafe {
+            let op = (*slot).assume_init_mut();
+            fill(op);
+            op.pool = self;
+            op.index = i;
+            Some(NonNull::new_unchecked(slot as *mut Descriptor))
         }
     }
 
@@ -317,9 +370,9 @@ impl Cq {
             let Some(d) = d else { continue };
             // SAFETY: every descriptor the provider posts is an Op.
             let op = unsafe { Op::take(d) };
-            let st = op.desc.cs.status;
+            let st = op.status;
             let len = if op.flags & FI_RECV != 0 {
-                op.desc.cs.length as usize
+                op.length as usize
             } else {
                 op.len
             };
@@ -327,7 +380,7 @@ impl Cq {
             let mut data = 0;
             if st & status::IMMEDIATE != 0 {
                 flags |= FI_REMOTE_CQ_DATA;
-                data = op.desc.cs.immediate_data as u64;
+                data = op.immediate as u64;
             }
             if st & status::OP_MASK == status::OP_REMOTE_RDMA_WRITE {
                 flags = (flags & !(FI_MSG | FI_RECV)) | FI_RMA | FI_REMOTE_WRITE;

@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use uvia::{
-    ConnectError, Descriptor, MemHandle, PostError, Reliability, Segment, Vi, ViAttributes,
-    ViState, MAX_SEGMENTS,
+    control, ConnectError, ControlSegment, Descriptor, MemHandle, PostError, Reliability, Segment,
+    Vi, ViAttributes, ViState, MAX_SEGMENTS,
 };
 
 /// How long `fi_connect` waits for the peer's answer.
@@ -405,6 +405,47 @@ impl Ep {
     }
 }
 
+impl Ep {
+    /// Posts a receive into one buffer (`fi_recv`), its operation written
+    /// in place in the pool (see [`OpPool::post_with`]).
+    fn post_recv_one(
+        &self,
+        buf: *mut c_void,
+        len: u32,
+        handle: MemHandle,
+        context: *mut c_void,
+    ) -> Result<isize, c_int> {
+        let vi = self.vi()?;
+        let ops = self.ops.get().ok_or(-(FI_EOPBADSTATE as c_int))?;
+        let d = ops
+            .post_with(|op| {
+                op.desc.cs = ControlSegment {
+                    seg_count: (len > 0) as u16,
+                    control: control::OP_SENDRECV,
+                    ..ControlSegment::default()
+                };
+                op.desc.ds[0] = Segment::local(buf as *const u8, handle, len);
+                op.context = context;
+                op.flags = FI_RECV | FI_MSG;
+                op.len = 0;
+                op.buf = buf;
+                op.bounce = std::ptr::null();
+                op.slot = 0;
+                op.silent = false;
+            })
+            .ok_or(-FI_EAGAIN)?;
+        // SAFETY: as in post_send.
+        match unsafe { vi.post_recv_raw(d, false) } {
+            Ok(()) => Ok(0),
+            Err(e) => {
+                // SAFETY: refused, so never queued: still ours.
+                let _ = unsafe { Op::take(d) };
+                Err(post_error(&e))
+            }
+        }
+    }
+}
+
 fn post_error(e: &PostError) -> c_int {
     match e {
         PostError::QueueFull(..) => -FI_EAGAIN,
@@ -759,10 +800,16 @@ unsafe extern "C" fn recv(
     src: fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    let v = one(buf, len, desc);
-    let mut d = desc;
-    // SAFETY: one entry each, on the stack.
-    unsafe { recvv(ep, &v, &mut d, 1, src, context) }
+    let _ = src;
+    guard::call_ssize("recv", || {
+        // SAFETY: as in sendv.
+        let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
+        let len = u32::try_from(len).map_err(|_| -FI_EMSGSIZE)?;
+        if len > 0 && buf.is_null() {
+            return Err(err::EINVAL);
+        }
+        ep.post_recv_one(buf, len, mr::handle(desc), context)
+    })
 }
 
 unsafe extern "C" fn recvv(

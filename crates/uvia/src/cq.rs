@@ -204,7 +204,7 @@ impl Cq {
 
     /// A direct CQ's walk: each attached queue once, starting one VI
     /// further than the last walk, until `f` returns something.
-    fn walk<R>(&self, mut f: impl FnMut(&Vi, Queue) -> Option<R>) -> Option<R> {
+    fn walk<R>(&self, mut f: impl FnMut(&Vi, Queue) -> Option<R>) -> Option<(Vi, R)> {
         let m = self.s.lock_members();
         let n = m.len();
         if n == 0 {
@@ -222,7 +222,7 @@ impl Cq {
             let vi = Vi { s };
             for q in self.queues_of(&vi.s).into_iter().flatten() {
                 if let Some(r) = f(&vi, q) {
-                    return Some(r);
+                    return Some((vi, r));
                 }
             }
         }
@@ -235,7 +235,9 @@ impl Cq {
     /// oldest notice's descriptor. Drives progress when nothing is done.
     pub fn take_raw(&self) -> Result<Option<(Vi, Queue, NonNull<Descriptor>)>, WaitError> {
         if self.s.direct {
-            return Ok(self.walk(|vi, q| vi.done_raw(q).map(|d| (vi.clone(), q, d))));
+            return Ok(self
+                .walk(|vi, q| vi.done_raw(q).map(|d| (q, d)))
+                .map(|(vi, (q, d))| (vi, q, d)));
         }
         while let Some(c) = self.done()? {
             if let Some(d) = c.vi.done_raw(c.queue) {
@@ -250,12 +252,9 @@ impl Cq {
     /// found with a completed descriptor at its head.
     pub fn done(&self) -> Result<Option<CqCompletion>, WaitError> {
         if self.s.direct {
-            return Ok(self.walk(|vi, q| {
-                vi.head_done(q).then(|| CqCompletion {
-                    vi: vi.clone(),
-                    queue: q,
-                })
-            }));
+            return Ok(self
+                .walk(|vi, q| vi.head_done(q).then_some(q))
+                .map(|(vi, queue)| CqCompletion { vi, queue }));
         }
         if let Some(c) = self.pop()? {
             return Ok(Some(c));
