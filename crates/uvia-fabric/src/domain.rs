@@ -95,7 +95,7 @@ pub unsafe extern "C" fn open(
             None => Nic::open_with(&medium.nic_name(src), &opts).map_err(|_| err::ENODEV)?,
         };
         let ptag = nic.create_ptag().map_err(|_| err::ENOMEM)?;
-        let driver = Driver::new(nic.attributes().needs_driving);
+        let driver = Driver::new(nic.attributes().needs_driving, prov::settings().drive_thread);
         let d = Box::new(Domain {
             fid: fid_domain {
                 fid: fid {

@@ -47,9 +47,11 @@ struct Shared {
 }
 
 impl Driver {
-    /// A driver for a domain's VIs; with `thread`, one that runs on its own
-    /// until [`stop`](Self::stop).
-    pub fn new(thread: bool) -> Driver {
+    /// A driver for a domain's VIs: `driven`, CQ reads run their timers;
+    /// with `thread` too, a thread that drives them until
+    /// [`stop`](Self::stop).
+    pub fn new(driven: bool, thread: bool) -> Driver {
+        let thread = driven && thread;
         let shared = Arc::new(Shared {
             vis: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
@@ -69,7 +71,7 @@ impl Driver {
             shared,
             // A thread that could not start leaves the CQ reads to drive.
             thread: Mutex::new(handle.and_then(Result::ok)),
-            driven: thread,
+            driven,
             last: AtomicU64::new(0),
             epoch: Instant::now(),
         }

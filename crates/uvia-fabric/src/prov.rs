@@ -67,7 +67,7 @@ unsafe extern "C" fn cleanup() {
 }
 
 /// The parameters: name (libfabric makes it `FI_UVIA_<NAME>`), type, help.
-const PARAMS: [(&CStr, fi_param_type, &CStr); 4] = [
+const PARAMS: [(&CStr, fi_param_type, &CStr); 5] = [
     (
         c"domain",
         FI_PARAM_STRING,
@@ -88,6 +88,11 @@ const PARAMS: [(&CStr, fi_param_type, &CStr); 4] = [
         FI_PARAM_INT,
         c"Microseconds a blocking read spins before it sleeps (default: 20)",
     ),
+    (
+        c"drive_thread",
+        FI_PARAM_BOOL,
+        c"A thread per network domain runs the protocol's timers (acknowledgements, retransmissions, keep-alives) between the program's calls, as a NIC would (default: 1; 0: only the program's CQ and EQ reads run them, and a peer waiting for an acknowledgement from a program that stopped calling times out)",
+    ),
 ];
 
 fn define_params() {
@@ -106,6 +111,8 @@ pub struct Settings {
     pub reliability: Option<Reliability>,
     pub inject: Option<String>,
     pub spin: Option<Duration>,
+    /// Network domains keep a driver thread (`FI_UVIA_DRIVE_THREAD`).
+    pub drive_thread: bool,
 }
 
 /// The settings, read once.
@@ -117,10 +124,17 @@ pub fn settings() -> &'static Settings {
             "unreliable" => Some(Reliability::Unreliable),
             "delivery" => Some(Reliability::ReliableDelivery),
             "reception" => Some(Reliability::ReliableReception),
-            _ => None,
+            other => {
+                eprintln!(
+                    "libfabric:uvia: FI_UVIA_RELIABILITY={other:?} is not unreliable, \
+                     delivery or reception; using delivery"
+                );
+                None
+            }
         }),
         inject: param_str(c"inject"),
         spin: param_int(c"spin_us").map(|us| Duration::from_micros(us.max(0) as u64)),
+        drive_thread: param_int(c"drive_thread").is_none_or(|on| on != 0),
     })
 }
 

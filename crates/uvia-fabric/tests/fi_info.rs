@@ -126,6 +126,7 @@ fn fi_info_e_lists_the_parameters() {
         "FI_UVIA_RELIABILITY",
         "FI_UVIA_INJECT",
         "FI_UVIA_SPIN_US",
+        "FI_UVIA_DRIVE_THREAD",
     ] {
         assert!(out.contains(p), "{p} missing");
     }
