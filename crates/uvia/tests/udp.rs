@@ -534,8 +534,8 @@ fn a_nic_port_is_its_own() {
 }
 
 #[test]
-#[ignore = "issue 22: the second connection's frames reach the first one's connected socket \
-            (one 4-tuple), which nobody reads while the application waits to connect"]
+#[ignore = "issue 22: connects now; the echo then waits for the delayed ack of a VI \
+            the program no longer polls"]
 fn two_connections_between_the_same_two_nics() {
     let inst = udp_instance();
     if peer_arg().is_some() {
