@@ -534,8 +534,6 @@ fn a_nic_port_is_its_own() {
 }
 
 #[test]
-#[ignore = "issue 22: connects now; the echo then waits for the delayed ack of a VI \
-            the program no longer polls"]
 fn two_connections_between_the_same_two_nics() {
     let inst = udp_instance();
     if peer_arg().is_some() {

@@ -28,6 +28,9 @@ use uvia_proto::{Config, Conn, Event, Level, RnrPolicy};
 
 /// Most frames gathered before one call to the medium.
 pub(super) const TX_BATCH: usize = 32;
+/// Least time between two sweeps of a Nic's VIs for due timers
+/// ([`NetNic::sweep`]): a VI nobody polls acknowledges within about this.
+const SWEEP_EVERY: Duration = Duration::from_millis(1);
 /// Pause before a message the receiver was not ready for goes again.
 const RNR_DELAY: Duration = Duration::from_micros(200);
 /// A peer silent this long is dead, unless `NicOptions::idle_timeout` says
@@ -66,6 +69,8 @@ pub(crate) struct NetNic {
     /// Local connection id -> its VI.
     vis: SpinLock<HashMap<u32, Weak<ViShared>>>,
     rx: std::sync::Mutex<RxState>,
+    /// When a polling VI next serves the others whose timers are due.
+    sweep_at: SpinLock<Instant>,
     /// Frames of a VI's own medium that did not parse, or named another
     /// connection.
     pub malformed: AtomicU64,
@@ -116,6 +121,7 @@ impl NetNic {
                 reply: vec![0; wire::MAX_REPLY_LEN],
             }),
             malformed: AtomicU64::new(0),
+            sweep_at: SpinLock::new(Instant::now()),
             medium,
             own_medium,
         }
@@ -233,6 +239,46 @@ impl NetNic {
             })
         };
         n.is_ok_and(|n| n > 0)
+    }
+
+    /// Serves the Nic's other VIs whose protocol timers are due, if
+    /// nobody holds them now: they read their media, acknowledge, send
+    /// again and keep alive as if polled. A VI's frames reach it only
+    /// through its own polls when it has a medium of its own, so without
+    /// this a VI its program has stopped polling for a while (waiting on
+    /// another) would leave its peer waiting for an acknowledgement — a
+    /// peer that may be waiting for that before it answers the VI being
+    /// waited on. Called with a polling VI's timers, at most every
+    /// [`SWEEP_EVERY`]; `me` is the caller's connection, already in hand.
+    pub(super) fn sweep(&self, now: Instant, me: u32) {
+        {
+            let mut at = self.sweep_at.lock();
+            if now < *at {
+                return;
+            }
+            *at = now + SWEEP_EVERY;
+        }
+        let others: Vec<Arc<ViShared>> = self
+            .vis
+            .lock()
+            .iter()
+            .filter(|(&id, _)| id != me)
+            .filter_map(|(_, w)| w.upgrade())
+            .collect();
+        for s in others {
+            // A VI in someone's hands is served by them.
+            let Some(mut g) = s.inner.try_lock() else {
+                continue;
+            };
+            let vi = Vi { s: s.clone() };
+            let ViInner { q, t } = &mut *g;
+            if let Transport::Net(t) = t {
+                if t.conn.poll_timeout().is_some_and(|d| d <= now) {
+                    t.progress(&vi, q);
+                    t.run_timers(&vi, q);
+                }
+            }
+        }
     }
 
     /// Hands one arrived frame to what the endpoint says it is for.

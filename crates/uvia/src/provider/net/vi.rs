@@ -628,9 +628,12 @@ impl TransportOps for NetVi {
         // second clock read would sit on the message's path.
         let now = arrived.unwrap_or_else(Instant::now);
         let mut moved = got;
-        if timers && self.conn.poll_timeout().is_some_and(|t| t <= now) {
-            self.conn.handle_timeout(now);
-            moved = true;
+        if timers {
+            if self.conn.poll_timeout().is_some_and(|t| t <= now) {
+                self.conn.handle_timeout(now);
+                moved = true;
+            }
+            nic.sweep(now, self.id);
         }
         moved |= self.output(vi, q, now);
         moved
@@ -645,6 +648,9 @@ impl TransportOps for NetVi {
             self.conn.handle_timeout(now);
         }
         self.output(vi, q, now);
+        if let Some(nic) = NetNic::of(&vi.s.nic) {
+            nic.sweep(now, self.id);
+        }
     }
 
     /// Posts a send-queue descriptor and sends what can go now.
