@@ -63,7 +63,11 @@ fn conformance(domain: &str) {
     let listed = Command::new(exe).args(["-l", domain]).output().unwrap();
     let tests = String::from_utf8_lossy(&listed.stdout).lines().count();
     assert!(tests > 0);
-    assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), tests, "{out}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("ok ")).count(),
+        tests,
+        "{out}"
+    );
 }
 
 #[test]
