@@ -4,9 +4,10 @@
 //! folder, once; `UVIA_LIBFABRIC2=<folder of libfabric.so.1>` names
 //! another). The 1.x programs (`fi_info`, `fi_pingpong`, the C suite) run
 //! with that library first on `LD_LIBRARY_PATH`; the suite asks for a 2.x
-//! interface version, as a program built against 2.x headers does. Skipped
-//! with a reason where no 2.x library can be had (no python3 venv, no
-//! network).
+//! interface version, as a program built against 2.x headers does; and
+//! MPICH itself (its ch4:ofi netmod asks for 2.5) runs an MPI ping-pong
+//! over `uvia;ofi_rxm`. Skipped with a reason where no 2.x library can be
+//! had (no python3 venv, no network).
 
 mod common;
 
@@ -20,11 +21,13 @@ use std::sync::OnceLock;
 /// The newest interface the provider claims (`prov::FI_VERSION_IMPLEMENTED`).
 const CLAIMED: (u32, u32) = (2, 5);
 
-/// A libfabric 2.x library: the folder holding its `libfabric.so.1`, and
-/// its version.
+/// A libfabric 2.x library: the folder holding its `libfabric.so.1`, its
+/// version, and the MPICH around it (`None` for one `UVIA_LIBFABRIC2`
+/// names).
 struct Library {
     dir: PathBuf,
     version: (u32, u32),
+    mpich: Option<PathBuf>,
 }
 
 impl Library {
@@ -114,13 +117,13 @@ fn library() -> Result<&'static Library, String> {
     static FOUND: OnceLock<Result<Library, String>> = OnceLock::new();
     FOUND
         .get_or_init(|| {
-            let dir = match std::env::var_os("UVIA_LIBFABRIC2") {
-                Some(d) => PathBuf::from(d),
+            let (dir, mpich) = match std::env::var_os("UVIA_LIBFABRIC2") {
+                Some(d) => (PathBuf::from(d), None),
                 None => {
                     let venv = mpich_wheel()?;
                     let lib = find(&venv, "libfabric.so.1")
                         .ok_or("the mpich wheel has no libfabric.so.1")?;
-                    lib.parent().unwrap_or(&venv).to_path_buf()
+                    (lib.parent().unwrap_or(&venv).to_path_buf(), Some(venv))
                 }
             };
             let version = version(&dir)?;
@@ -130,15 +133,19 @@ fn library() -> Result<&'static Library, String> {
                     version.0, version.1
                 ));
             }
-            Ok(Library { dir, version })
+            Ok(Library {
+                dir,
+                version,
+                mpich,
+            })
         })
         .as_ref()
         .map_err(Clone::clone)
 }
 
 /// Runs `body` with the 2.x library, or says why it is skipped. One test
-/// at a time: the suite's `wait/cq_wait_fd` expects a quiet udp socket,
-/// which a ping-pong beside it on a two-core machine can delay.
+/// at a time: each runs two processes at once, and the machine may have
+/// two cores.
 fn with_library(body: impl FnOnce(&Library)) {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
@@ -197,5 +204,53 @@ fn fi_pingpong_runs_under_libfabric2() {
         let sizes = ["1 ", "4k", "64k", "1m"];
         pingpong("lf2-msg", "uvia", "msg", "shm", &sizes, &lib.env());
         pingpong("lf2-rdm", "uvia;ofi_rxm", "rdm", "udp", &sizes, &lib.env());
+    });
+}
+
+/// MPICH's own ping-pong (`tests/c/mpi_pingpong.c`, built with the wheel's
+/// mpicc) between two ranks, its ch4:ofi netmod over `uvia;ofi_rxm`, on
+/// shm and udp.
+#[test]
+fn mpich_runs_over_the_provider() {
+    with_library(|lib| {
+        let Some(venv) = &lib.mpich else {
+            println!("skipped: UVIA_LIBFABRIC2 names a library without MPICH");
+            return;
+        };
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_pingpong.c");
+        let exe = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("mpi_pingpong-{}", std::process::id()));
+        let o = Command::new(venv.join("bin/mpicc"))
+            .args(["-Wall", "-Wextra", "-Werror"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .expect("the wheel's mpicc");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let dir = ProviderDir::new("lf2-mpich");
+        for domain in ["shm", "udp"] {
+            // The wheel's MPICH picks UCX unless told; NOLOCAL keeps its
+            // shared-memory path out of the way between ranks of one host.
+            let o = Command::new("timeout")
+                .arg("60")
+                .arg(venv.join("bin/mpiexec"))
+                .args(["-n", "2"])
+                .arg(&exe)
+                .env("MPIR_CVAR_CH4_NETMOD", "ofi")
+                .env("MPIR_CVAR_NOLOCAL", "1")
+                .env("FI_PROVIDER", "uvia;ofi_rxm")
+                .env("FI_PROVIDER_PATH", &dir.0)
+                .env("FI_UVIA_DOMAIN", domain)
+                .output()
+                .expect("timeout (coreutils)");
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                o.status.success() && out.contains("mpi pingpong: ok"),
+                "{domain}: {out}\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        let _ = std::fs::remove_file(&exe);
     });
 }
