@@ -32,6 +32,9 @@ command -v pkg-config >/dev/null 2>&1 || need_pkgs+=(pkg-config)
 [ -f /usr/include/rdma/providers/fi_prov.h ] || need_pkgs+=(libfabric-dev)
 command -v fi_info >/dev/null 2>&1 || need_pkgs+=(libfabric-bin)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_pkgs+=(libclang-dev)
+# Its libfabric 2.x tests pip-install the MPICH wheel (which bundles
+# libfabric 2.x) into a virtual environment of their own.
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
 if [ "${#need_pkgs[@]}" -gt 0 ] && [ "$(id -u)" -eq 0 ]; then
     echo "uvia: installing ${need_pkgs[*]} for the C API's programs and the libfabric provider" >&2
     apt-get update -qq

@@ -73,7 +73,7 @@ pub unsafe extern "C" fn open(
         // SAFETY: the info's attribute pointers are NULL or valid.
         let attr = unsafe { info.domain_attr.as_ref() }.ok_or(err::EINVAL)?;
         let medium = if attr.name.is_null() {
-            Medium::listed(prov::settings().domain.as_deref())[0].clone()
+            Medium::listed(prov::settings().domain.as_deref(), None)[0].clone()
         } else {
             // SAFETY: a NUL-terminated name.
             let name = unsafe { CStr::from_ptr(attr.name) };
@@ -92,10 +92,15 @@ pub unsafe extern "C" fn open(
         // SAFETY: a handle this provider put in the info, or none.
         let nic = match unsafe { ConnReq::peek(info.handle) } {
             Some(req) => req.nic.clone(),
-            None => Nic::open_with(&medium.nic_name(src), &opts).map_err(|_| err::ENODEV)?,
+            None => medium
+                .open_nic(&medium.nic_name(src), &opts)
+                .map_err(|_| err::ENODEV)?,
         };
         let ptag = nic.create_ptag().map_err(|_| err::ENOMEM)?;
-        let driver = Driver::new(nic.attributes().needs_driving, prov::settings().drive_thread);
+        let driver = Driver::new(
+            nic.attributes().needs_driving,
+            prov::settings().drive_thread,
+        );
         let d = Box::new(Domain {
             fid: fid_domain {
                 fid: fid {

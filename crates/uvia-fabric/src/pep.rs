@@ -113,7 +113,7 @@ pub unsafe extern "C" fn open(
         let medium = match unsafe { info.domain_attr.as_ref() }.filter(|d| !d.name.is_null()) {
             Some(d) => Medium::parse(&unsafe { CStr::from_ptr(d.name) }.to_string_lossy())
                 .ok_or(err::ENODEV)?,
-            None => Medium::listed(prov::settings().domain.as_deref())[0].clone(),
+            None => Medium::listed(prov::settings().domain.as_deref(), None)[0].clone(),
         };
         // SAFETY: valid for its stated length.
         let src = unsafe { medium::read_sockaddr_in(info.src_addr, info.src_addrlen) }
@@ -157,7 +157,9 @@ fn listen_nic(medium: &Medium, src: SocketAddrV4) -> Result<(Nic, SocketAddrV4),
         inject: prov::settings().inject.clone(),
         ..NicOptions::default()
     };
-    let nic = Nic::open_with(&medium.listen_nic_name(src), &opts).map_err(|_| -(FI_EADDRINUSE))?;
+    let nic = medium
+        .open_nic(&medium.listen_nic_name(src), &opts)
+        .map_err(|_| -(FI_EADDRINUSE))?;
     let mut addr = src;
     if medium.host_local() {
         addr.set_ip(Ipv4Addr::LOCALHOST);
@@ -412,7 +414,7 @@ impl ConnReq {
         lock(&self.request)
             .as_ref()
             .and_then(|r| r.peer_address())
-            .and_then(|a| a.parse().ok())
+            .and_then(|a| self.medium.peer(&a))
     }
 
     /// The request behind a `handle`, as a box that frees it when dropped:

@@ -18,8 +18,18 @@ use uvia::Reliability;
 pub const NAME: &CStr = c"uvia";
 
 /// The newest libfabric interface whose calls the provider implements; a
-/// program asking for a newer one skips it.
-pub const FI_VERSION_IMPLEMENTED: u32 = version(1, 17);
+/// program asking for a newer one skips it (libfabric 2.x programs ask for
+/// their headers' version).
+///
+/// The provider is built against 1.17's headers and runs under 1.17 to
+/// 2.5 alike: 2.x kept every ops table it fills as it was (what 2.x added
+/// to them is behind `FI_CHECK_OP` sizes, or in the AV, which it has not);
+/// its `fi_dupinfo` (1.x's, `fi_dupinfo@FABRIC_1.3`) returns a 2.x
+/// `fi_info` whose new domain fields are zero (no auth keys, groups or
+/// counters: what the provider has); hints and the structs 2.x grew at
+/// their ends (`fi_domain_attr`, `fi_mr_attr`, `fi_cq_err_entry`) are read
+/// and written as far as 1.17 has them.
+pub const FI_VERSION_IMPLEMENTED: u32 = version(2, 5);
 
 /// The provider's own version: the crate's major and minor.
 pub const VERSION: u32 = version(0, 1);

@@ -6,72 +6,14 @@
 
 mod common;
 
-use common::ProviderDir;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Mutex, OnceLock};
-
-/// The suite, compiled once per test run.
-fn suite() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-        let exe = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("fi_conformance-{}", std::process::id()));
-        let o = Command::new("cc")
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
-            .arg(src.join("fi_conformance.c"))
-            .arg(src.join("harness.c"))
-            .arg("-o")
-            .arg(&exe)
-            .arg("-lfabric")
-            .output()
-            .expect("cc (apt-get install gcc libc6-dev)");
-        assert!(
-            o.status.success(),
-            "the suite does not compile (libfabric-dev installed?):\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        exe
-    })
-}
-
-/// Runs the suite over `domain` and fails with its report unless every
-/// test passed.
-fn conformance(domain: &str) {
-    // One domain at a time: each suite runs two processes at once, and the
-    // machine may have two cores.
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-    let exe = suite();
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = ProviderDir::new(&format!("conformance-{domain}"));
-    let o = Command::new(exe)
-        .arg(domain)
-        .env("FI_PROVIDER_PATH", &dir.0)
-        .env_remove("FI_PROVIDER")
-        .env_remove("FI_UVIA_DOMAIN")
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
-    let summary = format!("fi conformance {domain}: ");
-    assert!(
-        o.status.success() && out.contains(&summary) && out.contains(" 0 failed"),
-        "{out}\n{err}"
-    );
-    // Every test ran (the list is the suite's own).
-    let listed = Command::new(exe).args(["-l", domain]).output().unwrap();
-    let tests = String::from_utf8_lossy(&listed.stdout).lines().count();
-    assert!(tests > 0);
-    assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), tests, "{out}");
-}
+use common::suite::conformance;
 
 #[test]
 fn the_c_suite_passes_on_shm() {
-    conformance("shm");
+    conformance("shm", &[]);
 }
 
 #[test]
 fn the_c_suite_passes_on_udp() {
-    conformance("udp");
+    conformance("udp", &[]);
 }

@@ -5,6 +5,7 @@
 //! A medium is a small trait with a capabilities struct ([`Medium`],
 //! [`Caps`]); wrappers (the fault injector) hold an `inner` medium.
 
+pub mod iface;
 pub mod inject;
 pub mod neigh;
 pub mod netns;

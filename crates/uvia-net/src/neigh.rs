@@ -45,6 +45,31 @@ pub fn parse_arp(table: &str, ip: Ipv4Addr, device: Option<&str>) -> Option<MacA
     })
 }
 
+/// The IPv4 address of the complete entry for `mac` in an ARP table as
+/// `/proc/net/arp` prints it (on `device` when given): the reverse of
+/// [`parse_arp`].
+pub fn parse_arp_ip(table: &str, mac: MacAddr, device: Option<&str>) -> Option<Ipv4Addr> {
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [addr, _hw_type, flags, hw, _mask, dev] = f[..] else {
+            return None;
+        };
+        let complete = u32::from_str_radix(flags.trim_start_matches("0x"), 16).ok()? & 0x2 != 0;
+        let here = device.is_none_or(|d| d == dev);
+        (complete && here && hw.parse::<MacAddr>().ok()? == mac)
+            .then(|| addr.parse().ok())
+            .flatten()
+    })
+}
+
+/// The IPv4 address the neighbour table holds for `mac` (on `device` when
+/// given), if any. A host that asked for this host's MAC address left its
+/// own in the table as it asked, so a peer that reached us is usually there.
+pub fn ipv4_of(mac: MacAddr, device: Option<&str>) -> Option<Ipv4Addr> {
+    let table = std::fs::read_to_string("/proc/thread-self/net/arp").ok()?;
+    parse_arp_ip(&table, mac, device)
+}
+
 fn lookup(ip: Ipv4Addr, device: Option<&str>) -> io::Result<Option<MacAddr>> {
     // The calling thread's namespace (a test thread may have entered one).
     let table = std::fs::read_to_string("/proc/thread-self/net/arp")?;
@@ -112,6 +137,29 @@ IP address       HW type     Flags       HW address            Mask     Device
         assert_eq!(parse_arp(TABLE, ip("10.199.3.9"), None), None, "incomplete");
         assert_eq!(parse_arp(TABLE, ip("10.199.9.9"), None), None);
         assert_eq!(parse_arp("", ip("10.199.3.2"), None), None);
+    }
+
+    #[test]
+    fn complete_entries_are_found_by_mac_address() {
+        let mac = |s: &str| s.parse::<MacAddr>().unwrap();
+        let ip = |s: &str| Some(s.parse::<Ipv4Addr>().unwrap());
+        assert_eq!(
+            parse_arp_ip(TABLE, mac("02:aa:bb:cc:dd:02"), None),
+            ip("10.199.4.2")
+        );
+        assert_eq!(
+            parse_arp_ip(TABLE, mac("02:aa:bb:cc:dd:01"), Some("va1")),
+            ip("10.199.3.2")
+        );
+        assert_eq!(
+            parse_arp_ip(TABLE, mac("02:aa:bb:cc:dd:01"), Some("eth0")),
+            None
+        );
+        assert_eq!(
+            parse_arp_ip(TABLE, mac("00:00:00:00:00:00"), None),
+            None,
+            "incomplete"
+        );
     }
 
     #[test]

@@ -191,7 +191,7 @@ fn to_raw(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     (ss, len as libc::socklen_t)
 }
 
-fn from_raw(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+pub(crate) fn from_raw(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match ss.ss_family as libc::c_int {
         libc::AF_INET => {
             // SAFETY: the family says the storage holds a sockaddr_in.
@@ -217,43 +217,17 @@ fn from_raw(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
 }
 
 /// The MTU of the interface that holds `ip`, from the kernel's interface
-/// list and `/sys/class/net/<name>/mtu`.
+/// list ([`crate::iface`]) and `/sys/class/net/<name>/mtu`.
 fn interface_mtu(ip: IpAddr) -> Option<usize> {
     if ip.is_loopback() {
         return std::fs::read_to_string("/sys/class/net/lo/mtu")
             .ok()
             .and_then(|s| s.trim().parse().ok());
     }
-    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `ifap` with a list we free below.
-    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
-        return None;
-    }
-    let mut name = None;
-    let mut p = ifap;
-    while !p.is_null() {
-        // SAFETY: `p` is a node of the list getifaddrs returned.
-        let ifa = unsafe { &*p };
-        if !ifa.ifa_addr.is_null() {
-            // SAFETY: ifa_addr points to a sockaddr of at most storage size.
-            let ss = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_storage) };
-            let family = ss.ss_family as libc::c_int;
-            if family == libc::AF_INET || family == libc::AF_INET6 {
-                if let Some(a) = from_raw(ss) {
-                    if a.ip() == ip {
-                        // SAFETY: ifa_name is a NUL-terminated string.
-                        let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-                        name = Some(n.to_string_lossy().into_owned());
-                        break;
-                    }
-                }
-            }
-        }
-        p = ifa.ifa_next;
-    }
-    // SAFETY: the list came from getifaddrs.
-    unsafe { libc::freeifaddrs(ifap) };
-    let name = name?;
+    let name = crate::iface::addresses()
+        .into_iter()
+        .find(|a| a.ip == ip)?
+        .name;
     std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
         .ok()
         .and_then(|s| s.trim().parse().ok())

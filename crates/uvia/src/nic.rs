@@ -106,6 +106,19 @@ pub struct Nic {
     pub(crate) s: Arc<NicShared>,
 }
 
+/// A reference to a Nic that does not keep it open ([`Nic::downgrade`]):
+/// for a table of the Nics a process has open, where a medium allows one
+/// Nic per interface.
+#[derive(Clone, Debug)]
+pub struct WeakNic(std::sync::Weak<NicShared>);
+
+impl WeakNic {
+    /// The Nic, if it is still open.
+    pub fn upgrade(&self) -> Option<Nic> {
+        self.0.upgrade().map(|s| Nic { s })
+    }
+}
+
 impl std::fmt::Debug for Nic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Nic")
@@ -115,6 +128,11 @@ impl std::fmt::Debug for Nic {
 }
 
 impl Nic {
+    /// A reference that does not keep the Nic open.
+    pub fn downgrade(&self) -> WeakNic {
+        WeakNic(Arc::downgrade(&self.s))
+    }
+
     /// Opens a provider by name: `shm` (instance `0`) or `shm:<instance>`
     /// (instances are separate address spaces for discriminators on one
     /// host); `udp` (127.0.0.1, any port) or `udp:<ip>[:<port>]`, IPv6 in

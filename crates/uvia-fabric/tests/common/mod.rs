@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+pub mod pingpong;
+pub mod suite;
+
 /// A temporary provider folder holding this build's library under the name
 /// libfabric loads (`FI_PROVIDER_PATH` names it).
 pub struct ProviderDir(pub PathBuf);

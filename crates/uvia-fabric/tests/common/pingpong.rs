@@ -1,0 +1,67 @@
+//! `fi_pingpong` (from libfabric-bin) between two processes of this host.
+#![allow(dead_code)]
+
+use super::ProviderDir;
+use std::process::{Command, Output};
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Runs `fi_pingpong` server and client in two processes over `provider`,
+/// endpoint type `ep` and `domain`, with its data check, over all its sizes
+/// (20 iterations each), with `env` added to their environment, and checks
+/// that each of `sizes` ran.
+pub fn pingpong(
+    test: &str,
+    provider: &str,
+    ep: &str,
+    domain: &str,
+    sizes: &[&str],
+    env: &[(&str, &str)],
+) {
+    // One pair at a time: two pairs on a small machine starve each other's
+    // servers of the time to open their control sockets.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = ProviderDir::new(test);
+    // A control port of this run's and this test's own, so parallel runs
+    // do not meet.
+    let salt = test
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
+    let port = (20000 + std::process::id().wrapping_add(salt) % 20000).to_string();
+    let run = |extra: &[&str]| {
+        let mut c = Command::new("fi_pingpong");
+        c.args([
+            "-p", provider, "-e", ep, "-d", domain, "-c", "-I", "20", "-S", "all",
+        ])
+        .args(extra)
+        .env("FI_PROVIDER_PATH", &dir.0)
+        .env_remove("FI_PROVIDER")
+        .env_remove("FI_UVIA_DOMAIN")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        c.spawn()
+            .expect("fi_pingpong (apt-get install libfabric-bin)")
+    };
+    let server = run(&["-B", &port]);
+    // The client retries nothing: give the server its control socket first.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let client = run(&["-P", &port, "127.0.0.1"]).wait_with_output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    let out = text(&client);
+    assert!(
+        client.status.success(),
+        "client: {client:?}\nserver: {server:?}"
+    );
+    assert!(server.status.success(), "server: {server:?}");
+    for size in sizes {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(size) && l.contains("=20")),
+            "{size}: {out}"
+        );
+    }
+}
