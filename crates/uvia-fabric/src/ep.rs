@@ -677,10 +677,13 @@ unsafe extern "C" fn accept(p: *mut fid_ep, param: *const c_void, len: usize) ->
         let req = unsafe { ConnReq::take(handle) }?;
         // The request is answered (or dropped) here: forget the handle.
         unsafe { (*ep.info).handle = std::ptr::null_mut() };
+        // The peer's address as libfabric names it (on xdp the request
+        // names a MAC address, found in the neighbour table).
+        let peer = req.peer();
         let mut request = crate::guard::lock(&req.request).take().ok_or(err::EINVAL)?;
         match request.accept_with(vi, data) {
             Ok(()) => {
-                *crate::guard::lock(&ep.peer) = request.peer_address().and_then(|a| a.parse().ok());
+                *crate::guard::lock(&ep.peer) = peer;
                 if let Some(eq) = ep.eq() {
                     eq.push(crate::eq::Event::Cm {
                         event: FI_CONNECTED,
