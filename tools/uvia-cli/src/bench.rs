@@ -805,13 +805,10 @@ fn headline_rows(hs: &[Headline]) -> ([&'static str; 6], Vec<Vec<String>>) {
     (head, rows)
 }
 
-/// The headline table as text, its first five columns.
+/// The headline table as text, with the medians of both sides.
 pub(crate) fn headline_text(hs: &[Headline]) -> String {
     let (head, rows) = headline_rows(hs);
-    text_table(
-        &head[..5],
-        &rows.iter().map(|r| r[..5].to_vec()).collect::<Vec<_>>(),
-    )
+    text_table(&head, &rows)
 }
 
 fn render(res: &BenchResult, out: &Path) -> (String, String) {
