@@ -296,7 +296,10 @@ pub unsafe extern "C" fn open(
         let max = domain.nic.attributes().max_cq_entries;
         // Room for both queues of many endpoints: notices are small.
         let entries = attr.size.max(1024).min(max);
-        let ucq = domain.nic.create_direct_cq(entries).map_err(|_| err::ENOMEM)?;
+        let ucq = domain
+            .nic
+            .create_direct_cq(entries)
+            .map_err(|_| err::ENOMEM)?;
         let q = Box::new(Cq {
             fid: fid_cq {
                 fid: fid {

@@ -14,14 +14,14 @@
 //! receive). Completions of different VIs then come in no set order; each
 //! queue's stay in order.
 
+use crate::desc::Descriptor;
 use crate::error::{CqError, WaitError};
 use crate::lock::{Guard, SpinLock};
 use crate::nic::{Nic, NicShared};
-use crate::desc::Descriptor;
 use crate::vi::{Queue, Vi, ViShared};
-use std::ptr::NonNull;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -195,7 +195,8 @@ impl Cq {
 
     /// The queues of `vi` that report to this CQ.
     fn queues_of(&self, vi: &ViShared) -> [Option<Queue>; 2] {
-        let mine = |c: &Option<Arc<CqShared>>| c.as_ref().is_some_and(|c| std::ptr::eq(&**c, &*self.s));
+        let mine =
+            |c: &Option<Arc<CqShared>>| c.as_ref().is_some_and(|c| std::ptr::eq(&**c, &*self.s));
         [
             mine(&vi.recv_cq).then_some(Queue::Recv),
             mine(&vi.send_cq).then_some(Queue::Send),
@@ -506,7 +507,11 @@ mod tests {
         assert_eq!(got.len(), 3, "{got:?}");
         let of = |d| got.iter().find(|g| g.1 == d).map(|g| (g.0, g.2));
         assert_eq!(of(d1), Some((b1.vi.id(), 8)));
-        assert_eq!(of(d3), Some((b1.vi.id(), 5)), "each VI's queue stays in order");
+        assert_eq!(
+            of(d3),
+            Some((b1.vi.id(), 5)),
+            "each VI's queue stays in order"
+        );
         assert_eq!(of(d2), Some((b2.vi.id(), 9)));
         assert_eq!(cq.len(), 0);
         // A blocking wait names the queue; the VI's done call takes it.

@@ -15,10 +15,10 @@
 
 pub mod cm;
 mod copy;
-mod lock;
 pub mod cq;
 pub mod desc;
 pub mod error;
+mod lock;
 pub mod mem;
 pub mod nic;
 mod provider;

@@ -250,7 +250,13 @@ fn cfg(label: &str) -> &'static Config {
 
 impl Headline {
     /// A comparison that could not run, with the reason.
-    pub(crate) fn skipped(name: &str, ratio_is: &str, unit: &str, target: &str, why: String) -> Headline {
+    pub(crate) fn skipped(
+        name: &str,
+        ratio_is: &str,
+        unit: &str,
+        target: &str,
+        why: String,
+    ) -> Headline {
         Headline {
             name: name.into(),
             ratio_is: ratio_is.into(),

@@ -325,7 +325,15 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
         || mean(fi("uvia", "msg", Some("shm"), 8, iters)),
         || {
             crate::bench::measure(
-                &["pingpong", "--provider", "shm", "--sizes", "8", "--iters", &iters_s],
+                &[
+                    "pingpong",
+                    "--provider",
+                    "shm",
+                    "--sizes",
+                    "8",
+                    "--iters",
+                    &iters_s,
+                ],
                 timeout,
             )
             .map(|s| s.lat_ns.mean)
@@ -345,7 +353,15 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
         || fi("uvia", "msg", Some("shm"), 1 << 20, big_iters).map(|r| r.mbytes_per_s),
         || {
             crate::bench::measure(
-                &["bw", "--provider", "shm", "--sizes", "1M", "--iters", &bw_iters],
+                &[
+                    "bw",
+                    "--provider",
+                    "shm",
+                    "--sizes",
+                    "1M",
+                    "--iters",
+                    &bw_iters,
+                ],
                 timeout,
             )
             .map(|s| s.mbytes_per_s)
@@ -382,7 +398,8 @@ mod tests {
 
     #[test]
     fn parses_fi_pingpongs_result_line() {
-        let out = "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n\
+        let out =
+            "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n\
                    8       20k     =20k     312k        0.21s      1.55       5.16       0.19\n";
         let r = parse(out).unwrap();
         assert_eq!(r.mbytes_per_s, 1.55);

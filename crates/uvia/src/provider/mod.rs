@@ -134,7 +134,13 @@ pub(crate) trait TransportOps {
     /// during the call, with no descriptor and no completion, if the
     /// transport can do so now with nothing queued ahead of it; `false`
     /// leaves the caller to post a descriptor. The VI is connected.
-    fn send_copy(&mut self, _vi: &Vi, _q: &mut Queues, _bytes: &[&[u8]], _imm: Option<u32>) -> bool {
+    fn send_copy(
+        &mut self,
+        _vi: &Vi,
+        _q: &mut Queues,
+        _bytes: &[&[u8]],
+        _imm: Option<u32>,
+    ) -> bool {
         false
     }
 
@@ -318,7 +324,13 @@ impl Transport {
     }
 
     #[inline(always)]
-    pub fn send_copy(&mut self, vi: &Vi, q: &mut Queues, bytes: &[&[u8]], imm: Option<u32>) -> bool {
+    pub fn send_copy(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        bytes: &[&[u8]],
+        imm: Option<u32>,
+    ) -> bool {
         dispatch!(self, t => t.send_copy(vi, q, bytes, imm), None => false)
     }
 

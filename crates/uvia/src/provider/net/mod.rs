@@ -11,8 +11,8 @@ mod vi;
 pub(crate) use vi::{NetVi, Sleep};
 
 use crate::cm::{check_compatible, ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
-use crate::lock::SpinLock;
 use crate::error::{ConnectError, OpenError};
+use crate::lock::SpinLock;
 use crate::nic::{Nic, NicAttributes, NicOptions, NicShared};
 use crate::provider::{Answer as AnyAnswer, NicOps, NicProvider, Opened, Transport, TransportOps};
 use crate::vi::{Queues, Reliability, Vi, ViAttributes, ViInner, ViShared, ViState};

@@ -271,7 +271,11 @@ impl ShmVi {
         // region when it can map it; otherwise it is copied through the
         // ring up to a larger size than a system call per message would pay.
         let mappable = e.src[..e.nranges as usize].iter().all(|s| s.fd >= 0);
-        let inline_max = if mappable { INLINE_MAX } else { INLINE_MAX_UNMAPPED };
+        let inline_max = if mappable {
+            INLINE_MAX
+        } else {
+            INLINE_MAX_UNMAPPED
+        };
         let by_ref = e.op == Op::RdmaRead || e.total as usize > inline_max;
         if !by_ref && !e.still_registered(&vi.s.nic.regions) {
             // Deregistered while the send waited for ring space.
