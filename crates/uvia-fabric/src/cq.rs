@@ -556,33 +556,48 @@ unsafe extern "C" fn control(p: *mut fid, command: c_int, arg: *mut c_void) -> c
     guard::call("cq control", || {
         // SAFETY: libfabric passes the fid it was given.
         let q = unsafe { Cq::from_fid(p) }?;
-        if arg.is_null() {
-            return Err(err::EINVAL);
-        }
-        if q.wait_obj == FI_WAIT_NONE {
-            return Err(-(FI_ENODATA as c_int));
-        }
-        match command as u32 {
-            FI_GETWAIT => {
-                let w = match q.wait_fd.get() {
-                    Some(w) => w,
-                    None => {
-                        let w = WaitFd::new(&q.cq)?;
-                        q.wait_fd.get_or_init(|| w)
-                    }
-                };
-                // SAFETY: for an fd wait object the argument is an int.
-                unsafe { *(arg as *mut c_int) = w.epoll.as_raw_fd() };
-                Ok(())
-            }
-            FI_GETWAITOBJ => {
-                // SAFETY: the argument is an enum fi_wait_obj.
-                unsafe { *(arg as *mut fi_wait_obj) = FI_WAIT_FD };
-                Ok(())
-            }
-            _ => Err(err::ENOSYS),
-        }
+        wait_control(q.wait_obj, command, arg, || {
+            let w = match q.wait_fd.get() {
+                Some(w) => w,
+                None => {
+                    let w = WaitFd::new(&q.cq)?;
+                    q.wait_fd.get_or_init(|| w)
+                }
+            };
+            Ok(w.epoll.as_raw_fd())
+        })
     })
+}
+
+/// `fi_control`'s wait-object commands, for CQs and EQs alike:
+/// `FI_GETWAIT` writes the fd `fd` gives (an int), `FI_GETWAITOBJ` the kind
+/// (`FI_WAIT_FD`); a queue opened with `FI_WAIT_NONE` has neither.
+pub fn wait_control(
+    wait_obj: fi_wait_obj,
+    command: c_int,
+    arg: *mut c_void,
+    fd: impl FnOnce() -> Result<c_int, c_int>,
+) -> Result<(), c_int> {
+    if arg.is_null() {
+        return Err(err::EINVAL);
+    }
+    if wait_obj == FI_WAIT_NONE {
+        return Err(-(FI_ENODATA as c_int));
+    }
+    match command as u32 {
+        FI_GETWAIT => {
+            let fd = fd()?;
+            // SAFETY: for an fd wait object the argument is an int.
+            unsafe { *(arg as *mut c_int) = fd };
+            Ok(())
+        }
+        FI_GETWAITOBJ => {
+            // SAFETY: the argument is an enum fi_wait_obj.
+            unsafe { *(arg as *mut fi_wait_obj) = FI_WAIT_FD };
+            Ok(())
+        }
+        _ => Err(err::ENOSYS),
+    }
 }
 
 impl Cq {

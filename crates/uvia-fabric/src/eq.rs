@@ -468,26 +468,7 @@ unsafe extern "C" fn control(p: *mut fid, command: c_int, arg: *mut c_void) -> c
     guard::call("eq control", || {
         // SAFETY: libfabric passes the fid it was given.
         let q = unsafe { Eq::from_fid(p) }?;
-        if arg.is_null() {
-            return Err(err::EINVAL);
-        }
-        if q.wait_obj == FI_WAIT_NONE {
-            return Err(-(FI_ENODATA as c_int));
-        }
-        match command as u32 {
-            FI_GETWAIT => {
-                let w = q.wait_fd()?;
-                // SAFETY: for an fd wait object the argument is an int.
-                unsafe { *(arg as *mut c_int) = w.fd.as_raw_fd() };
-                Ok(())
-            }
-            FI_GETWAITOBJ => {
-                // SAFETY: the argument is an enum fi_wait_obj.
-                unsafe { *(arg as *mut fi_wait_obj) = FI_WAIT_FD };
-                Ok(())
-            }
-            _ => Err(err::ENOSYS),
-        }
+        crate::cq::wait_control(q.wait_obj, command, arg, || Ok(q.wait_fd()?.fd.as_raw_fd()))
     })
 }
 
