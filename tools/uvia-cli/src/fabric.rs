@@ -270,62 +270,30 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
         pingpong(&dir, p, ep, d, size, n, timeout)
     };
     let mean = |r: Result<FiResult>| r.map(|r| r.mean_ns);
-    let at_most = |t: f64| move |r: f64| r <= t;
-    let by = |c: f64, b: f64| c / b;
-    let mut out = Vec::new();
-    let [udp_tcp, shm_shm, rxm_shm, cost, bw] = names;
-    let (n, r, u, t) = udp_tcp;
-    out.push(interleave(
-        pb,
-        n,
-        r,
-        u,
-        t,
-        pairs,
-        || mean(fi("uvia", "msg", Some("udp"), 8, udp_iters)),
-        || mean(fi("tcp", "msg", None, 8, udp_iters)),
-        by,
-        at_most(0.6),
-    ));
-    let (n, r, u, t) = shm_shm;
-    out.push(interleave(
-        pb,
-        n,
-        r,
-        u,
-        t,
-        pairs,
-        || mean(fi("uvia", "msg", Some("shm"), 8, iters)),
-        || mean(fi("shm", "rdm", None, 8, iters)),
-        by,
-        at_most(0.5),
-    ));
-    let (n, r, u, t) = rxm_shm;
-    out.push(interleave(
-        pb,
-        n,
-        r,
-        u,
-        t,
-        pairs,
-        || mean(fi("uvia;ofi_rxm", "rdm", Some("shm"), 8, iters)),
-        || mean(fi("shm", "rdm", None, 8, iters)),
-        by,
-        at_most(1.0),
-    ));
-    let (n, r, u, t) = cost;
-    let iters_s = iters.to_string();
-    out.push(interleave(
-        pb,
-        n,
-        r,
-        u,
-        t,
-        pairs,
-        || mean(fi("uvia", "msg", Some("shm"), 8, iters)),
-        || {
-            crate::bench::measure(
-                &[
+    let uvia = |args: &[&str]| crate::bench::measure(args, timeout);
+    let (iters_s, bw_iters) = (iters.to_string(), (big_iters * 2).to_string());
+    type Side<'a> = Box<dyn FnMut() -> Result<f64> + 'a>;
+    // Each comparison: contender, baseline, and whether a ratio meets it.
+    let runs: [(Side, Side, Box<dyn Fn(f64) -> bool>); 5] = [
+        (
+            Box::new(|| mean(fi("uvia", "msg", Some("udp"), 8, udp_iters))),
+            Box::new(|| mean(fi("tcp", "msg", None, 8, udp_iters))),
+            Box::new(|r| r <= 0.6),
+        ),
+        (
+            Box::new(|| mean(fi("uvia", "msg", Some("shm"), 8, iters))),
+            Box::new(|| mean(fi("shm", "rdm", None, 8, iters))),
+            Box::new(|r| r <= 0.5),
+        ),
+        (
+            Box::new(|| mean(fi("uvia;ofi_rxm", "rdm", Some("shm"), 8, iters))),
+            Box::new(|| mean(fi("shm", "rdm", None, 8, iters))),
+            Box::new(|r| r <= 1.0),
+        ),
+        (
+            Box::new(|| mean(fi("uvia", "msg", Some("shm"), 8, iters))),
+            Box::new(|| {
+                let a = [
                     "pingpong",
                     "--provider",
                     "shm",
@@ -333,27 +301,15 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
                     "8",
                     "--iters",
                     &iters_s,
-                ],
-                timeout,
-            )
-            .map(|s| s.lat_ns.mean)
-        },
-        by,
-        at_most(1.2),
-    ));
-    let (n, r, u, t) = bw;
-    let bw_iters = (big_iters * 2).to_string();
-    out.push(interleave(
-        pb,
-        n,
-        r,
-        u,
-        t,
-        pairs,
-        || fi("uvia", "msg", Some("shm"), 1 << 20, big_iters).map(|r| r.mbytes_per_s),
-        || {
-            crate::bench::measure(
-                &[
+                ];
+                uvia(&a).map(|s| s.lat_ns.mean)
+            }),
+            Box::new(|r| r <= 1.2),
+        ),
+        (
+            Box::new(|| fi("uvia", "msg", Some("shm"), 1 << 20, big_iters).map(|r| r.mbytes_per_s)),
+            Box::new(|| {
+                let a = [
                     "bw",
                     "--provider",
                     "shm",
@@ -361,15 +317,30 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
                     "1M",
                     "--iters",
                     &bw_iters,
-                ],
-                timeout,
+                ];
+                uvia(&a).map(|s| s.mbytes_per_s)
+            }),
+            Box::new(|r| r >= 0.8),
+        ),
+    ];
+    names
+        .into_iter()
+        .zip(runs)
+        .map(|((n, r, u, t), (contender, baseline, pass))| {
+            interleave(
+                pb,
+                n,
+                r,
+                u,
+                t,
+                pairs,
+                contender,
+                baseline,
+                |c, b| c / b,
+                pass,
             )
-            .map(|s| s.mbytes_per_s)
-        },
-        by,
-        |r| r >= 0.8,
-    ));
-    out
+        })
+        .collect()
 }
 
 /// `uvia fabric`: the comparisons above on their own, printed as a table.
