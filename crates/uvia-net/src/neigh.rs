@@ -32,16 +32,24 @@ pub enum NeighError {
 /// The MAC address of `ip` in a neighbour table's text (the format of
 /// `/proc/net/arp`): complete entries only, on `device` if given.
 pub fn parse_arp(table: &str, ip: Ipv4Addr, device: Option<&str>) -> Option<MacAddr> {
-    table.lines().skip(1).find_map(|line| {
+    arp_entries(table, device).find_map(|(addr, hw)| (addr == ip).then_some(hw))
+}
+
+/// The complete entries of a neighbour table's text (`/proc/net/arp`), on
+/// `device` if given, as (IPv4 address, MAC address).
+fn arp_entries<'a>(
+    table: &'a str,
+    device: Option<&'a str>,
+) -> impl Iterator<Item = (Ipv4Addr, MacAddr)> + 'a {
+    table.lines().skip(1).filter_map(move |line| {
         let f: Vec<&str> = line.split_whitespace().collect();
         let [addr, _hw_type, flags, hw, _mask, dev] = f[..] else {
             return None;
         };
         let complete = u32::from_str_radix(flags.trim_start_matches("0x"), 16).ok()? & 0x2 != 0;
         let here = device.is_none_or(|d| d == dev);
-        (complete && here && addr.parse::<Ipv4Addr>().ok()? == ip)
-            .then(|| hw.parse().ok())
-            .flatten()
+        (complete && here).then_some(())?;
+        Some((addr.parse().ok()?, hw.parse().ok()?))
     })
 }
 
@@ -49,17 +57,7 @@ pub fn parse_arp(table: &str, ip: Ipv4Addr, device: Option<&str>) -> Option<MacA
 /// `/proc/net/arp` prints it (on `device` when given): the reverse of
 /// [`parse_arp`].
 pub fn parse_arp_ip(table: &str, mac: MacAddr, device: Option<&str>) -> Option<Ipv4Addr> {
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let [addr, _hw_type, flags, hw, _mask, dev] = f[..] else {
-            return None;
-        };
-        let complete = u32::from_str_radix(flags.trim_start_matches("0x"), 16).ok()? & 0x2 != 0;
-        let here = device.is_none_or(|d| d == dev);
-        (complete && here && hw.parse::<MacAddr>().ok()? == mac)
-            .then(|| addr.parse().ok())
-            .flatten()
-    })
+    arp_entries(table, device).find_map(|(addr, hw)| (hw == mac).then_some(addr))
 }
 
 /// The IPv4 address the neighbour table holds for `mac` (on `device` when
