@@ -2,6 +2,23 @@
 //! shape, and clear errors for bad input. Asserts behaviour, never timings.
 
 use std::process::Command;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Kernel tracing records every CPU's network events, not only the traced
+/// processes': another test's traffic running beside a traced one fills the
+/// tracer's buffers and hides the traced messages. Tests that make traffic
+/// share this lock; traced ones take it alone.
+static TRAFFIC: RwLock<()> = RwLock::new(());
+
+/// Held while a test makes traffic.
+fn traffic() -> RwLockReadGuard<'static, ()> {
+    TRAFFIC.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Held while a test traces the kernel: no other test's traffic meanwhile.
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    TRAFFIC.write().unwrap_or_else(|e| e.into_inner())
+}
 
 fn uvia() -> Command {
     Command::new(env!("CARGO_BIN_EXE_uvia"))
@@ -52,6 +69,7 @@ fn check_run_json(
 }
 
 fn pingpong(provider: &str, extra: &[&str], mode: &str) {
+    let _traffic = traffic();
     let json = tmp(&format!("pp-{provider}-{mode}.json"));
     let out = uvia()
         .args([
@@ -89,6 +107,7 @@ fn pingpong_kernel_tcp() {
 #[test]
 fn pingpong_kernel_udp_blocking_large() {
     // 100 KiB messages are split into several datagrams and put back together.
+    let _traffic = traffic();
     let json = tmp("pp-udp-large.json");
     let out = uvia()
         .args([
@@ -121,6 +140,7 @@ fn pingpong_kernel_udp_blocking_large() {
 
 #[test]
 fn bw_kernel_providers() {
+    let _traffic = traffic();
     for provider in ["kernel-udp", "kernel-tcp"] {
         let json = tmp(&format!("bw-{provider}.json"));
         let out = uvia()
@@ -188,6 +208,7 @@ fn bad_input_is_a_clear_error() {
 
 #[test]
 fn limit_json_shape() {
+    let _traffic = traffic();
     let json = tmp("limit.json");
     let out = uvia()
         .args(["limit", "--quick", "--json"])
@@ -237,6 +258,7 @@ fn limit_json_shape() {
 
 #[test]
 fn server_death_is_a_clear_error_not_a_hang() {
+    let _traffic = traffic();
     for provider in ["kernel-udp", "kernel-tcp"] {
         let start = std::time::Instant::now();
         let out = uvia()
@@ -299,6 +321,7 @@ fn anatomy(provider: &str, must_see: &[&str]) {
         eprintln!("skipped: kernel tracing needs root");
         return;
     }
+    let _alone = alone();
     let json = tmp(&format!("anatomy-{provider}.json"));
     let out = run_traced(|| {
         let mut c = Command::new(&bin);
@@ -387,6 +410,7 @@ fn only_the_chosen_slices_of_a_traced_ping_pong_record() {
         );
         return;
     };
+    let _traffic = traffic();
     let dir = tmp("slices");
     std::fs::create_dir_all(&dir).unwrap();
     let run = |slices: &str| {
@@ -517,6 +541,7 @@ fn traced_anatomy(
 ) -> Option<(String, serde_json::Value, std::path::PathBuf)> {
     let bin = traced_bin()?;
     let json = tmp(&format!("{name}.json"));
+    let _alone = alone();
     let dir = tmp(&format!("{name}-plots"));
     let out = run_traced(|| {
         let mut c = Command::new(&bin);
