@@ -35,6 +35,13 @@ ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_pkgs+=(libclang-dev
 # Its libfabric 2.x tests pip-install the MPICH wheel (which bundles
 # libfabric 2.x) into a virtual environment of their own.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
+# MPI over the provider: Open MPI (its ofi MTL) with ready-made MPI programs
+# (mpi4py for Debian's python3, NetPIPE), and unshare for the test hosts'
+# launcher agent.
+command -v mpicc >/dev/null 2>&1 || need_pkgs+=(openmpi-bin libopenmpi-dev)
+/usr/bin/python3 -c 'import mpi4py' >/dev/null 2>&1 || need_pkgs+=(python3-mpi4py)
+command -v NPopenmpi >/dev/null 2>&1 || need_pkgs+=(netpipe-openmpi)
+command -v unshare >/dev/null 2>&1 || need_pkgs+=(util-linux)
 if [ "${#need_pkgs[@]}" -gt 0 ] && [ "$(id -u)" -eq 0 ]; then
     echo "uvia: installing ${need_pkgs[*]} for the C API's programs and the libfabric provider" >&2
     apt-get update -qq

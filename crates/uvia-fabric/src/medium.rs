@@ -55,27 +55,33 @@ impl Medium {
     }
 
     /// The media a getinfo lists: shm, udp, and `udp:<interface>` for
-    /// each interface that is up with an IPv4 address, loopback aside; the
-    /// one `FI_UVIA_DOMAIN` names first (`first`) and the one the caller's
-    /// hints name (`asked`) added if missing. An xdp domain is listed only
-    /// when named so (its Nic needs root and attaches a program to the
-    /// interface, so it is not probed unasked).
-    pub fn listed(first: Option<&str>, asked: Option<&str>) -> Vec<Medium> {
-        let mut media = vec![Medium::Shm, Medium::Udp(None)];
-        for a in uvia_net::iface::addresses() {
-            let m = Medium::Udp(Some(a.name));
-            if a.ip.is_ipv4() && a.up && !a.loopback && !media.contains(&m) {
-                media.push(m);
+    /// each interface that is up with an IPv4 address, loopback aside; or,
+    /// when `FI_UVIA_DOMAIN` names one (`chosen`), that one alone; the one
+    /// the caller's hints name (`asked`) added if missing. An xdp domain is
+    /// listed only when named so (its Nic needs root and attaches a program
+    /// to the interface, so it is not probed unasked).
+    ///
+    /// A chosen medium is listed alone, not merely first: Open MPI gives
+    /// each local rank its own entry of the list ("one NIC per rank"), and
+    /// ranks on different media cannot reach each other.
+    pub fn listed(chosen: Option<&str>, asked: Option<&str>) -> Vec<Medium> {
+        let mut media = match chosen.and_then(Medium::parse) {
+            Some(m) => vec![m],
+            None => {
+                let mut media = vec![Medium::Shm, Medium::Udp(None)];
+                for a in uvia_net::iface::addresses() {
+                    let m = Medium::Udp(Some(a.name));
+                    if a.ip.is_ipv4() && a.up && !a.loopback && !media.contains(&m) {
+                        media.push(m);
+                    }
+                }
+                media
             }
-        }
+        };
         if let Some(m) = asked.and_then(Medium::parse) {
             if !media.contains(&m) {
                 media.push(m);
             }
-        }
-        if let Some(m) = first.and_then(Medium::parse) {
-            media.retain(|x| *x != m);
-            media.insert(0, m);
         }
         media
     }
@@ -325,10 +331,7 @@ mod tests {
         assert_eq!(Medium::parse("udp:"), None);
         assert_eq!(Medium::parse("udp:10.0.0.1:5"), None);
         assert_eq!(Medium::parse("tcp"), None);
-        assert_eq!(
-            Medium::listed(Some("udp"), None)[..2],
-            [Medium::Udp(None), Medium::Shm]
-        );
+        assert_eq!(Medium::listed(Some("udp"), None), [Medium::Udp(None)]);
         assert_eq!(
             Medium::listed(Some("bogus"), None)[..2],
             [Medium::Shm, Medium::Udp(None)]
@@ -336,7 +339,11 @@ mod tests {
         let xdp = Medium::Xdp("eth9".into());
         assert!(!Medium::listed(None, None).contains(&xdp));
         assert_eq!(Medium::listed(None, Some("xdp:eth9")).last(), Some(&xdp));
-        assert_eq!(Medium::listed(Some("xdp:eth9"), None)[0], xdp);
+        assert_eq!(Medium::listed(Some("xdp:eth9"), None), [xdp.clone()]);
+        assert_eq!(
+            Medium::listed(Some("shm"), Some("xdp:eth9")),
+            [Medium::Shm, xdp]
+        );
     }
 
     #[test]

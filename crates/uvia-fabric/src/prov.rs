@@ -81,7 +81,7 @@ const PARAMS: [(&CStr, fi_param_type, &CStr); 5] = [
     (
         c"domain",
         FI_PARAM_STRING,
-        c"Domain listed first, which a program that takes the first one gets: shm, udp or xdp:<interface> (default: shm)",
+        c"The one domain listed (unless the hints name another): shm, udp, udp:<interface> or xdp:<interface> (default: every domain, shm first)",
     ),
     (
         c"reliability",
@@ -116,7 +116,7 @@ fn define_params() {
 /// What the parameters say.
 #[derive(Clone, Debug, Default)]
 pub struct Settings {
-    /// The medium listed first (`FI_UVIA_DOMAIN`).
+    /// The one medium listed (`FI_UVIA_DOMAIN`).
     pub domain: Option<String>,
     pub reliability: Option<Reliability>,
     pub inject: Option<String>,

@@ -5,12 +5,14 @@
 //! another). The 1.x programs (`fi_info`, `fi_pingpong`, the C suite) run
 //! with that library first on `LD_LIBRARY_PATH`; the suite asks for a 2.x
 //! interface version, as a program built against 2.x headers does; and
-//! MPICH itself (its ch4:ofi netmod asks for 2.5) runs an MPI ping-pong
-//! over `uvia;ofi_rxm`. Skipped with a reason where no 2.x library can be
+//! MPICH itself (its ch4:ofi netmod asks for 2.5) runs the project's MPI
+//! test program over `uvia;ofi_rxm`, on this host and across two test
+//! hosts under its own launcher. Skipped with a reason where no 2.x library can be
 //! had (no python3 venv, no network).
 
 mod common;
 
+use common::mpi::{build_suite, Flavour, Mpi};
 use common::pingpong::pingpong;
 use common::suite::conformance;
 use common::ProviderDir;
@@ -207,50 +209,41 @@ fn fi_pingpong_runs_under_libfabric2() {
     });
 }
 
-/// MPICH's own ping-pong (`tests/c/mpi_pingpong.c`, built with the wheel's
-/// mpicc) between two ranks, its ch4:ofi netmod over `uvia;ofi_rxm`, on
-/// shm and udp.
+/// The MPICH wheel's `mpiexec` and the MPI test program built with its
+/// `mpicc`, or why not.
+fn mpich(lib: &Library) -> Result<Mpi, String> {
+    let venv = lib
+        .mpich
+        .as_ref()
+        .ok_or("UVIA_LIBFABRIC2 names a library without MPICH")?;
+    Ok(Mpi {
+        launcher: venv.join("bin/mpiexec"),
+        suite: build_suite(&venv.join("bin/mpicc"), "mpi_suite-mpich")?,
+        flavour: Flavour::Mpich,
+    })
+}
+
+/// MPICH (ch4:ofi, its shared-memory path off) runs the project's MPI
+/// test program over `uvia;ofi_rxm` on shm and udp, 2 and 4 ranks.
 #[test]
-fn mpich_runs_over_the_provider() {
-    with_library(|lib| {
-        let Some(venv) = &lib.mpich else {
-            println!("skipped: UVIA_LIBFABRIC2 names a library without MPICH");
-            return;
-        };
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_pingpong.c");
-        let exe = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("mpi_pingpong-{}", std::process::id()));
-        let o = Command::new(venv.join("bin/mpicc"))
-            .args(["-Wall", "-Wextra", "-Werror"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&exe)
-            .output()
-            .expect("the wheel's mpicc");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let dir = ProviderDir::new("lf2-mpich");
-        for domain in ["shm", "udp"] {
-            // The wheel's MPICH picks UCX unless told; NOLOCAL keeps its
-            // shared-memory path out of the way between ranks of one host.
-            let o = Command::new("timeout")
-                .arg("60")
-                .arg(venv.join("bin/mpiexec"))
-                .args(["-n", "2"])
-                .arg(&exe)
-                .env("MPIR_CVAR_CH4_NETMOD", "ofi")
-                .env("MPIR_CVAR_NOLOCAL", "1")
-                .env("FI_PROVIDER", "uvia;ofi_rxm")
-                .env("FI_PROVIDER_PATH", &dir.0)
-                .env("FI_UVIA_DOMAIN", domain)
-                .output()
-                .expect("timeout (coreutils)");
-            let out = String::from_utf8_lossy(&o.stdout);
-            assert!(
-                o.status.success() && out.contains("mpi pingpong: ok"),
-                "{domain}: {out}\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            );
+fn mpich_runs_the_suite_over_the_provider() {
+    with_library(|lib| match mpich(lib) {
+        Ok(mpi) => {
+            for domain in ["shm", "udp"] {
+                mpi.run_here(&format!("lf2{domain}"), domain, 2, &[]);
+                mpi.run_here(&format!("lf2{domain}4"), domain, 4, &[]);
+            }
         }
-        let _ = std::fs::remove_file(&exe);
+        Err(why) => println!("skipped: {why}"),
+    });
+}
+
+/// MPICH's hydra starts two ranks on each of two test hosts through
+/// `scripts/netns-agent`, over udp across the veth pair.
+#[test]
+fn mpich_runs_the_suite_across_two_test_hosts() {
+    with_library(|lib| match mpich(lib) {
+        Ok(mpi) => mpi.run_across_hosts("lf2hosts", "udp", 2),
+        Err(why) => println!("skipped: {why}"),
     });
 }

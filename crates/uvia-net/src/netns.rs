@@ -33,7 +33,12 @@ pub enum NetnsError {
 pub struct TestHosts {
     names: [String; 2],
     net: u8,
+    /// Both ends of the pair have the same name ([`ALIKE`]).
+    alike: bool,
 }
+
+/// The interface name of both hosts made by [`TestHosts::create_alike`].
+pub const ALIKE: &str = "uvia0";
 
 fn ip(args: &[&str]) -> Result<(), NetnsError> {
     let out = Command::new("ip").args(args).output()?;
@@ -67,6 +72,18 @@ impl TestHosts {
     /// Makes the two hosts. `tag` (shortened, letters and digits kept)
     /// and this process's id name them, so concurrent runs do not collide.
     pub fn create(tag: &str) -> Result<TestHosts, NetnsError> {
+        TestHosts::make(tag, false)
+    }
+
+    /// Makes two hosts whose ends of the pair are both named [`ALIKE`], as
+    /// cluster nodes whose interfaces are named alike: a job that gives
+    /// every host one interface name (an MPI job's
+    /// `FI_UVIA_DOMAIN=udp:uvia0`) finds each host's own end.
+    pub fn create_alike(tag: &str) -> Result<TestHosts, NetnsError> {
+        TestHosts::make(tag, true)
+    }
+
+    fn make(tag: &str, alike: bool) -> Result<TestHosts, NetnsError> {
         TestHosts::available().map_err(NetnsError::Unavailable)?;
         let clean: String = tag
             .chars()
@@ -80,6 +97,7 @@ impl TestHosts {
             names: [format!("uvia-{id}-a"), format!("uvia-{id}-b")],
             // A /24 per run from the pid, inside 10.0.0.0/8 of the namespaces only.
             net: ((pid ^ seq.wrapping_mul(97)) % 250) as u8 + 1,
+            alike,
         };
         hosts.build()?;
         Ok(hosts)
@@ -111,6 +129,9 @@ impl TestHosts {
 
     /// The host's end of the veth pair.
     pub fn iface(&self, side: Side) -> String {
+        if self.alike {
+            return ALIKE.into();
+        }
         let a = &self.names[0];
         let tail = &a[5..a.len() - 2];
         let short = &tail[tail.len().saturating_sub(9)..];
@@ -197,6 +218,27 @@ mod tests {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn alike_hosts_name_both_ends_the_same() {
+        if let Err(why) = TestHosts::available() {
+            println!("skipped: {why}");
+            return;
+        }
+        let hosts = TestHosts::create_alike("alike").unwrap();
+        for side in [Side::A, Side::B] {
+            assert_eq!(hosts.iface(side), ALIKE);
+            let o = Command::new("ip")
+                .args(["-n", hosts.name(side), "-4", "-o", "addr", "show", ALIKE])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                text.contains(&format!("inet {}/24", hosts.ipv4(side))),
+                "{text}"
+            );
+        }
     }
 
     #[test]

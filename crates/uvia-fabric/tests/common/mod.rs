@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+pub mod mpi;
 pub mod pingpong;
 pub mod suite;
 
