@@ -105,7 +105,7 @@ struct Pair {
     ratio: f64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 pub(crate) struct Headline {
     pub name: String,
     /// How the ratio is formed.
@@ -146,10 +146,16 @@ struct BenchResult {
     anatomy: Option<Compare>,
     #[serde(skip_serializing_if = "Option::is_none")]
     anatomy_skipped: Option<String>,
+    /// `uvia mpi`: source document 001's study with real MPIs, or why
+    /// there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mpi: Option<crate::mpi::Study>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mpi_skipped: Option<String>,
 }
 
 /// Runs `uvia <args> --json FILE` as a child process under a time limit.
-fn sub(args: &[String], timeout: Duration) -> Result<RunResult> {
+pub(crate) fn sub(args: &[String], timeout: Duration) -> Result<RunResult> {
     let text = sub_json(&crate::self_exe()?, args, timeout)?;
     serde_json::from_str::<RunResult>(&text).context("parsing the measurement's JSON")
 }
@@ -268,6 +274,44 @@ impl Headline {
             error: Some(why),
         }
     }
+
+    /// A comparison from measured (contender, baseline) pairs, or the
+    /// reason there are none; `ratio(c, b)` per pair, `pass` on their
+    /// median.
+    pub(crate) fn from_pairs(
+        name: &str,
+        ratio_is: &str,
+        unit: &str,
+        target: &str,
+        pairs: std::result::Result<Vec<(f64, f64)>, String>,
+        ratio: impl Fn(f64, f64) -> f64,
+        pass: impl Fn(f64) -> bool,
+    ) -> Headline {
+        let pairs = match pairs {
+            Ok(p) if !p.is_empty() => p,
+            Ok(_) => return Headline::skipped(name, ratio_is, unit, target, "no pairs".into()),
+            Err(why) => return Headline::skipped(name, ratio_is, unit, target, why),
+        };
+        let pairs: Vec<Pair> = pairs
+            .into_iter()
+            .map(|(c, b)| Pair {
+                contender: c,
+                baseline: b,
+                ratio: ratio(c, b),
+            })
+            .collect();
+        let r = median(&pairs.iter().map(|p| p.ratio).collect::<Vec<_>>());
+        Headline {
+            name: name.into(),
+            ratio_is: ratio_is.into(),
+            unit: unit.into(),
+            target: target.into(),
+            pairs,
+            ratio: Some(r),
+            pass: Some(pass(r)),
+            error: None,
+        }
+    }
 }
 
 /// One measurement of the first size of `uvia <args>` in its own process.
@@ -297,45 +341,32 @@ pub(crate) fn interleave(
     ratio: impl Fn(f64, f64) -> f64,
     pass: impl Fn(f64) -> bool,
 ) -> Headline {
-    let mut h = Headline {
-        name: name.into(),
-        ratio_is: ratio_is.into(),
-        unit: unit.into(),
-        target: target.into(),
-        pairs: Vec::new(),
-        ratio: None,
-        pass: None,
-        error: None,
-    };
+    let mut measured = Vec::new();
+    let mut error = None;
     for i in 0..pairs {
         pb.set_message(format!("headline: {name} (pair {}/{pairs})", i + 1));
         let c = match contender() {
             Ok(v) => v,
             Err(e) => {
-                h.error = Some(format!("contender: {e:#}"));
+                error = Some(format!("contender: {e:#}"));
                 break;
             }
         };
         let b = match baseline() {
             Ok(v) => v,
             Err(e) => {
-                h.error = Some(format!("baseline: {e:#}"));
+                error = Some(format!("baseline: {e:#}"));
                 break;
             }
         };
-        h.pairs.push(Pair {
-            contender: c,
-            baseline: b,
-            ratio: ratio(c, b),
-        });
+        measured.push((c, b));
         pb.inc(1);
     }
-    if !h.pairs.is_empty() && h.error.is_none() {
-        let r = median(&h.pairs.iter().map(|p| p.ratio).collect::<Vec<_>>());
-        h.ratio = Some(r);
-        h.pass = Some(pass(r));
-    }
-    h
+    let measured = match error {
+        Some(e) => Err(e),
+        None => Ok(measured),
+    };
+    Headline::from_pairs(name, ratio_is, unit, target, measured, ratio, pass)
 }
 
 pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
@@ -351,7 +382,13 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
     };
     let scale = if quick { "0.05" } else { "1" };
     let timeout = Duration::from_secs(if quick { 60 } else { 300 });
-    let total = 1 + CONFIGS.len() as u64 * 2 + (9 + 5) * pairs as u64 + 3 + 1;
+    let mpi_rounds = crate::mpi::rounds(pairs);
+    let total = 1
+        + CONFIGS.len() as u64 * 2
+        + (9 + 5) * pairs as u64
+        + (mpi_rounds * crate::mpi::variants().len()) as u64
+        + 3
+        + 1;
     let pb = ProgressBar::new(total);
     pb.set_style(progress_style());
     pb.enable_steady_tick(Duration::from_millis(200));
@@ -586,6 +623,22 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
     // libfabric's native providers and uvia's own tools.
     headline.extend(crate::fabric::headlines(&pb, quick, pairs, timeout));
 
+    // MPI over uvia: source document 001's study with real MPIs.
+    let mpich = std::env::var_os("UVIA_MPICH").map(PathBuf::from);
+    let (mpi, mpi_skipped) = match crate::mpi::run_study(&pb, quick, mpi_rounds, mpich.as_deref()) {
+        Ok(study) => {
+            headline.extend(study.headline.iter().cloned());
+            if let Err(e) = crate::mpi::plots(&study, out) {
+                pb.println(format!("mpi: plots: {e:#}"));
+            }
+            (Some(study), None)
+        }
+        Err(why) => {
+            pb.inc((mpi_rounds * crate::mpi::variants().len()) as u64);
+            (None, Some(format!("{why:#}")))
+        }
+    };
+
     // Blocked receiver: a paced ping-pong (one round trip per millisecond) in
     // blocking mode; the server spends nearly all its time waiting.
     let mut blocked = Vec::new();
@@ -654,6 +707,8 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
         runs,
         anatomy,
         anatomy_skipped,
+        mpi,
+        mpi_skipped,
     };
     let json = serde_json::to_string_pretty(&res)? + "\n";
     std::fs::write(out.join("results.json"), json)
@@ -1092,6 +1147,25 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
     }
 
     // Where the time goes.
+    push(&mut md, "## MPI over uvia (source document 001, section 5)");
+    push(&mut md, "");
+    match (&res.mpi, &res.mpi_skipped) {
+        (Some(study), _) => {
+            push(&mut md, crate::mpi::ABOUT);
+            push(&mut md, "");
+            md += &crate::mpi::tables(study).1;
+            push(&mut md, "");
+            push(&mut md, "![MPI one-way latency by size](mpi-latency.svg)");
+            push(&mut md, "");
+            push(
+                &mut md,
+                "![MPI variants against native uvia](mpi-vs-native.svg)",
+            );
+        }
+        (None, Some(why)) => push(&mut md, format!("Not measured: {why}")),
+        (None, None) => {}
+    }
+    push(&mut md, "");
     push(&mut md, "## Where the time goes: anatomy by category");
     push(&mut md, "");
     push(&mut text, "");

@@ -11,6 +11,7 @@ mod kernel_tcp;
 #[path = "endpoint/kernel_udp.rs"]
 mod kernel_udp;
 mod limit;
+mod mpi;
 mod pin;
 mod report;
 mod run;
@@ -62,6 +63,16 @@ enum Cmd {
     /// provider built beside this program (cargo build --release -p
     /// uvia-fabric) or named by UVIA_FI_LIB.
     Fabric(FabricArgs),
+    /// MPI over uvia, source document 001's study redone with real MPIs:
+    /// Open MPI (and MPICH with --mpich) over uvia;ofi_rxm on udp and shm
+    /// against native uvia, against software acknowledgements over
+    /// datagrams (udp;ofi_rxd), eager copies against rendezvous, polling
+    /// against blocking, and beside them Open MPI over tcp;ofi_rxm and its
+    /// own TCP and shared-memory paths; one-way latency by size, 1 B to
+    /// 1 MiB, in interleaved rounds (also a section of `uvia bench`). Needs
+    /// Open MPI (openmpi-bin, libopenmpi-dev) and the provider built beside
+    /// this program.
+    Mpi(MpiArgs),
     /// Where the time of one message goes: a ping-pong traced by the
     /// library's checkpoints and the kernel's tracepoints (BPF), each stage's
     /// median time, grouped as the source documents grouped theirs, beside
@@ -173,6 +184,26 @@ struct FabricArgs {
     /// Interleaved pairs for each comparison.
     #[arg(long, value_name = "N", default_value_t = 5)]
     pairs: usize,
+}
+
+#[derive(Args)]
+struct MpiArgs {
+    /// A short run: three sizes (8 B, 64 KiB, 1 MiB), fewer round trips.
+    #[arg(long)]
+    quick: bool,
+    /// Interleaved rounds of every variant.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pairs: usize,
+    /// A folder holding MPICH built with ch4:ofi (bin/mpiexec, bin/mpicc),
+    /// e.g. a Python virtual environment with `pip install mpich`.
+    #[arg(long, value_name = "FOLDER")]
+    mpich: Option<PathBuf>,
+    /// Write the study as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write its plots (SVG) into DIR.
+    #[arg(long, value_name = "DIR")]
+    plot_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -531,6 +562,13 @@ fn main() {
         Cmd::Bw(a) => measure(&a.run, Kind::Bw, a.window),
         Cmd::Bench(a) => bench::bench(a.quick, &a.out, a.pairs),
         Cmd::Fabric(a) => fabric::run(a.quick, a.pairs),
+        Cmd::Mpi(a) => mpi::run(
+            a.quick,
+            a.pairs,
+            a.mpich.as_deref(),
+            a.json.as_deref(),
+            a.plot_dir.as_deref(),
+        ),
         Cmd::Anatomy(a) => anatomy(&a),
         Cmd::ServePeer(p) => (|| -> Result<()> {
             let sizes = parse_list(&p.sizes)?;

@@ -736,3 +736,64 @@ fn anatomy_stream_of_kernel_udp_names_its_bottleneck() {
 fn anatomy_stream_of_shared_memory_follows_a_draining_receiver() {
     stream("shm");
 }
+
+/// `uvia mpi --quick`: every Open MPI variant runs (where Open MPI is
+/// installed) and its JSON names each variant, size and headline; MPICH,
+/// not named, is listed as not measured with the reason.
+#[test]
+fn mpi_study_measures_every_open_mpi_variant_or_says_why() {
+    let out = uvia().args(["mpi", "--pairs", "0"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--pairs must be at least 1"));
+    let has_open_mpi = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("Open MPI"));
+    if !has_open_mpi {
+        eprintln!("skipped: no Open MPI (apt-get install openmpi-bin libopenmpi-dev)");
+        return;
+    }
+    let _traffic = traffic();
+    let json = tmp("mpi.json");
+    let out = uvia()
+        .args(["mpi", "--quick", "--pairs", "1", "--json"])
+        .arg(&json)
+        .env_remove("UVIA_MPICH")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(v["sizes"], serde_json::json!([8, 65536, 1048576]));
+    for c in v["curves"].as_array().unwrap() {
+        let key = c["key"].as_str().unwrap();
+        if key.starts_with("mpich") {
+            assert!(
+                c["error"].as_str().unwrap().contains("no MPICH named"),
+                "{c}"
+            );
+            continue;
+        }
+        assert!(c.get("error").is_none(), "{key}: {c}");
+        for p in c["p50_ns"].as_array().unwrap() {
+            assert!(p.as_f64().is_some_and(|x| x > 0.0), "{key}: {c}");
+        }
+    }
+    let heads = v["headline"].as_array().unwrap();
+    assert_eq!(heads.len(), 4);
+    assert!(
+        heads[0]["ratio"].as_f64().is_some_and(|r| r > 0.0),
+        "{}",
+        heads[0]
+    );
+    assert!(
+        text.contains("no ack: software acks over datagrams"),
+        "{text}"
+    );
+}
