@@ -307,6 +307,10 @@ impl<M: Medium> Medium for Inject<M> {
         Ok(batch.len())
     }
 
+    fn connect(&self, to: Addr) -> io::Result<()> {
+        self.inner.connect(to)
+    }
+
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
         let next = self.lock().held.iter().map(|h| h.due).min();
         let t = match next {

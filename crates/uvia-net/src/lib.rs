@@ -142,6 +142,13 @@ pub trait Medium: Send + Sync {
         let _ = (to, max, build);
         Err(io::ErrorKind::Unsupported.into())
     }
+    /// Takes frames from `to` only, and sends to it the cheapest way, from
+    /// now on: a medium made for one connection, once its peer is known.
+    /// Media that cannot (or need not) say `Unsupported`.
+    fn connect(&self, to: Addr) -> io::Result<()> {
+        let _ = to;
+        Err(io::ErrorKind::Unsupported.into())
+    }
     /// Sleeps until a frame may be ready or `timeout` passes (`None`: no
     /// limit). Spurious wake-ups are allowed.
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()>;
@@ -175,6 +182,9 @@ impl<M: Medium + ?Sized> Medium for Box<M> {
         build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
     ) -> io::Result<usize> {
         (**self).send_built(to, max, build)
+    }
+    fn connect(&self, to: Addr) -> io::Result<()> {
+        (**self).connect(to)
     }
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
         (**self).wait(timeout)

@@ -1,6 +1,7 @@
-//! Kernel UDP as a frame medium: one unconnected socket per Nic (IPv4 or
-//! IPv6), batched with `sendmmsg`/`recvmmsg`, with UDP segmentation offload
-//! on send and receive offload on receive where the kernel has them.
+//! Kernel UDP as a frame medium: one socket on a port of its own (IPv4 or
+//! IPv6), unconnected, or connected to one peer once [`Medium::connect`]
+//! names it; batched with `sendmmsg`/`recvmmsg`, with UDP segmentation
+//! offload on send and receive offload on receive where the kernel has them.
 //!
 //! The socket is blocking, so a send waits while the kernel's send buffer is
 //! full (back-pressure, not loss); receives pass `MSG_DONTWAIT`, so a poll
@@ -13,6 +14,7 @@ use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 // From linux/udp.h (not in every libc target's constants).
@@ -129,8 +131,8 @@ pub enum UdpError {
 pub struct UdpMedium {
     fd: OwnedFd,
     local: SocketAddr,
-    /// The peer of a connected socket.
-    peer: Option<SocketAddr>,
+    /// The peer of a connected socket: set once, by [`Medium::connect`].
+    peer: OnceLock<SocketAddr>,
     caps: Caps,
     /// Cleared when the kernel refuses a segmented send.
     gso: AtomicBool,
@@ -256,29 +258,10 @@ fn ip_of(a: Addr) -> SocketAddr {
 impl UdpMedium {
     /// Binds a UDP socket to `addr` (port 0 picks one; `local_addr` tells).
     /// The port is the medium's own: if another socket holds it, this fails
-    /// with [`UdpError::InUse`], whatever that socket's options.
+    /// with [`UdpError::InUse`], whatever that socket's options. No socket
+    /// sets `SO_REUSEPORT`, so nobody can join it either (the kernel would
+    /// split datagrams between the sockets sharing a port).
     pub fn bind(addr: SocketAddr, opts: UdpOptions) -> Result<UdpMedium, UdpError> {
-        UdpMedium::open(addr, None, opts)
-    }
-
-    /// A socket of its own for one peer: bound to the same local address
-    /// as the Nic's socket (which must have been bound by [`bind`](Self::bind),
-    /// which allows it) and connected to `peer`. The kernel hands this
-    /// socket every datagram from `peer`, and sends on it skip the route
-    /// lookup of an unconnected socket.
-    pub fn connected(
-        local: SocketAddr,
-        peer: SocketAddr,
-        opts: UdpOptions,
-    ) -> Result<UdpMedium, UdpError> {
-        UdpMedium::open(local, Some(peer), opts)
-    }
-
-    fn open(
-        addr: SocketAddr,
-        peer: Option<SocketAddr>,
-        opts: UdpOptions,
-    ) -> Result<UdpMedium, UdpError> {
         let family = if addr.is_ipv4() {
             libc::AF_INET
         } else {
@@ -314,17 +297,6 @@ impl UdpMedium {
             )?;
         }
         let gro = opts.gro && setsockopt_int(raw, libc::SOL_UDP, UDP_GRO, 1).is_ok();
-        let reuseport = |r| {
-            opt(
-                "SO_REUSEPORT",
-                setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, r),
-            )
-        };
-        // A connected socket joins the address of the medium it serves,
-        // which allows it (below).
-        if peer.is_some() {
-            reuseport(1)?;
-        }
         let (ss, len) = to_raw(&addr);
         // SAFETY: `ss` holds a socket address of `len` bytes.
         if unsafe { libc::bind(raw, &ss as *const _ as *const libc::sockaddr, len) } != 0 {
@@ -334,32 +306,12 @@ impl UdpMedium {
                 _ => UdpError::Bind { addr, source },
             });
         }
-        // The medium's own socket binds without SO_REUSEPORT, so its port
-        // is free (an ephemeral one too) and nobody else's; only then does
-        // it let sockets join, and only sockets that ask to (the connected
-        // ones above; another medium never does). Set before the bind, an
-        // ephemeral bind could land on a port another socket of the same
-        // user held, even in another process, and the kernel would split
-        // datagrams between them.
-        if peer.is_none() {
-            reuseport(1)?;
-        }
         // SAFETY: sockaddr_storage is plain data.
         let mut got: libc::sockaddr_storage = unsafe { zeroed() };
         let mut glen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         // SAFETY: `got` has room for any address.
         unsafe { libc::getsockname(raw, &mut got as *mut _ as *mut libc::sockaddr, &mut glen) };
         let local = from_raw(&got).unwrap_or(addr);
-        if let Some(p) = peer {
-            let (ps, plen) = to_raw(&p);
-            // SAFETY: `ps` holds a socket address of `plen` bytes.
-            if unsafe { libc::connect(raw, &ps as *const _ as *const libc::sockaddr, plen) } != 0 {
-                return Err(UdpError::Bind {
-                    addr: p,
-                    source: io::Error::last_os_error(),
-                });
-            }
-        }
         let max_frame = opts
             .max_frame
             .unwrap_or_else(|| default_max_frame(addr.ip()))
@@ -367,7 +319,7 @@ impl UdpMedium {
         Ok(UdpMedium {
             fd,
             local,
-            peer,
+            peer: OnceLock::new(),
             caps: Caps {
                 name: "udp",
                 max_frame,
@@ -402,7 +354,7 @@ impl UdpMedium {
         let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         // A connected socket only takes its peer's datagrams: the kernel
         // need not copy the source address out.
-        let (name, name_len) = match self.peer {
+        let (name, name_len) = match self.peer.get() {
             Some(_) => (std::ptr::null_mut(), std::ptr::null_mut()),
             None => (&mut ss as *mut _ as *mut libc::sockaddr, &mut len as *mut _),
         };
@@ -431,7 +383,7 @@ impl UdpMedium {
         // Two datagrams in two looks: they are queueing, take batches.
         batch.streak += 1;
         batch.wide = batch.streak >= 2;
-        let Some(from) = self.peer.or_else(|| from_raw(&ss)) else {
+        let Some(from) = self.peer.get().copied().or_else(|| from_raw(&ss)) else {
             return Ok(0);
         };
         batch.frames.push((Addr::Ip(from), 0, r as usize));
@@ -446,7 +398,7 @@ impl UdpMedium {
     fn send_one(&self, f: &OutFrame<'_>) -> io::Result<()> {
         let to = ip_of(f.to);
         let (ss, len) = to_raw(&to);
-        let connected = self.peer == Some(to);
+        let connected = self.peer.get() == Some(&to);
         loop {
             uvia_trace::mark!(SyscallEnter);
             // SAFETY: `f.bytes` is a live slice; `ss` holds an address of
@@ -713,6 +665,32 @@ impl Medium for UdpMedium {
         Ok(batch.frames.len())
     }
 
+    /// Connects the socket to `to`: from now on the kernel hands it only
+    /// `to`'s datagrams, a receive need not copy the source address out,
+    /// and a send to `to` skips the route lookup of an unconnected socket.
+    /// Once only: a second call fails with `AlreadyExists`.
+    fn connect(&self, to: Addr) -> io::Result<()> {
+        let Addr::Ip(to) = to else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the udp medium connects to IP addresses, not {to}"),
+            ));
+        };
+        if self.peer.get().is_some() {
+            return Err(io::ErrorKind::AlreadyExists.into());
+        }
+        let (ss, len) = to_raw(&to);
+        // SAFETY: `ss` holds a socket address of `len` bytes.
+        if unsafe { libc::connect(self.fd.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) }
+            != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        self.peer
+            .set(to)
+            .map_err(|_| io::Error::from(io::ErrorKind::AlreadyExists))
+    }
+
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
         crate::wait_readable(self.fd.as_raw_fd(), timeout)
     }
@@ -838,9 +816,6 @@ mod tests {
         ports.sort_unstable();
         ports.dedup();
         assert_eq!(ports.len(), 65, "every medium has a port of its own");
-        // The medium's own connected sockets still join it.
-        let peer = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
-        UdpMedium::connected(held, peer.local_ip(), UdpOptions::default()).unwrap();
     }
 
     #[test]
@@ -860,27 +835,42 @@ mod tests {
     }
 
     #[test]
-    fn a_connected_sibling_gets_its_peers_datagrams() {
-        let nic = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
-        let peer = UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
-        let stranger =
-            UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default()).unwrap();
-        let (local, p) = (nic.local_ip(), peer.local_ip());
-        let own = UdpMedium::connected(local, p, UdpOptions::default()).unwrap();
-        peer.send(&[OutFrame {
-            to: nic.local_addr(),
-            bytes: b"to the sibling",
-        }])
-        .unwrap();
+    fn a_connected_medium_takes_its_peers_datagrams_only() {
+        let any = || UdpMedium::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default());
+        let (own, peer, stranger) = (any().unwrap(), any().unwrap(), any().unwrap());
+        own.connect(peer.local_addr()).unwrap();
+        assert_eq!(
+            own.connect(stranger.local_addr()).unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists,
+            "connected once"
+        );
         stranger
             .send(&[OutFrame {
-                to: nic.local_addr(),
-                bytes: b"to the nic",
+                to: own.local_addr(),
+                bytes: b"from a stranger",
             }])
             .unwrap();
-        assert_eq!(collect(&own, 1), vec![b"to the sibling".to_vec()]);
-        assert_eq!(collect(&nic, 1), vec![b"to the nic".to_vec()]);
-        // And it sends from the shared address.
+        peer.send(&[OutFrame {
+            to: own.local_addr(),
+            bytes: b"from the peer",
+        }])
+        .unwrap();
+        // The stranger's datagram was sent first and never arrives.
+        assert_eq!(collect(&own, 1), vec![b"from the peer".to_vec()]);
+        // The source of what it takes is its peer's address.
+        let mut b = RecvBatch::new(4, 2048);
+        peer.send(&[OutFrame {
+            to: own.local_addr(),
+            bytes: b"again",
+        }])
+        .unwrap();
+        let start = Instant::now();
+        while b.is_empty() && start.elapsed() < Duration::from_secs(5) {
+            own.wait(Some(Duration::from_millis(20))).unwrap();
+            own.recv(&mut b).unwrap();
+        }
+        assert_eq!(b.frame(0), (peer.local_addr(), &b"again"[..]));
+        // And it sends from its own port.
         own.send(&[OutFrame {
             to: peer.local_addr(),
             bytes: b"back",
@@ -892,7 +882,7 @@ mod tests {
             peer.wait(Some(Duration::from_millis(20))).unwrap();
             peer.recv(&mut b).unwrap();
         }
-        assert_eq!(b.frame(0), (nic.local_addr(), &b"back"[..]));
+        assert_eq!(b.frame(0), (own.local_addr(), &b"back"[..]));
     }
 
     #[test]

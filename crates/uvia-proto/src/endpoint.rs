@@ -8,6 +8,14 @@
 //! connection's [`Conn::handle_frame`](crate::Conn::handle_frame), a request
 //! now waiting on a listener, or a reply already built to send. It owns no
 //! socket, no clock and no lock; the address type `A` is the medium's.
+//!
+//!
+//! Requests come from a peer's Nic, but a connection may send from an
+//! address of its own (a UDP socket per connection, on a port of its own):
+//! until [`Endpoint::joined`] names the address the peer's connection sends
+//! from, frames naming a connection are taken from any address of its
+//! peer's host ([`Endpoint::with_hosts`] says which are), then from that
+//! one only.
 
 use crate::conn::Conn;
 use crate::wire::{self, ConnAttrs, PrivateData, RejectReason, Repr};
@@ -108,9 +116,23 @@ pub enum RendezvousError {
 /// A live connection.
 #[derive(Clone, Copy, Debug)]
 struct Link<A> {
+    /// The peer's Nic: where its requests come from.
     peer: A,
     /// The peer's connection id, once [`Endpoint::established`] named it.
     peer_id: Option<u32>,
+    /// Where the peer's connection sends from, once [`Endpoint::joined`]
+    /// named it; until then, any address of the peer's host.
+    from: Option<A>,
+}
+
+impl<A: Eq> Link<A> {
+    /// True if a frame from `addr` may be the peer connection's.
+    fn takes(&self, addr: &A, same_host: fn(&A, &A) -> bool) -> bool {
+        match &self.from {
+            Some(f) => f == addr,
+            None => same_host(&self.peer, addr),
+        }
+    }
 }
 
 /// A request a listener holds: waiting in its queue, or taken and not yet
@@ -149,6 +171,8 @@ pub struct Endpoint<A> {
     /// (peer address, peer's connection id) -> local id, so a repeated
     /// request reaches the connection it made.
     established: HashMap<(A, u32), u32>,
+    /// True if two addresses name one host (see [`Endpoint::with_hosts`]).
+    same_host: fn(&A, &A) -> bool,
     listeners: HashMap<Box<[u8]>, Listener<A>>,
     /// Requests listeners hold, by (client address, client's id): a
     /// repetition is found here at once.
@@ -170,6 +194,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
             cfg,
             conns: HashMap::new(),
             established: HashMap::new(),
+            same_host: |a, b| a == b,
             listeners: HashMap::new(),
             held: HashMap::new(),
             rejected: HashMap::new(),
@@ -177,6 +202,15 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
             peers: HashMap::new(),
             stats: EndpointStats::default(),
         }
+    }
+
+    /// Says which addresses name one host: those of a medium whose
+    /// connections answer from addresses of their own (another UDP port of
+    /// the same IP address). Without it, every address is a host of its
+    /// own.
+    pub fn with_hosts(mut self, same_host: fn(&A, &A) -> bool) -> Endpoint<A> {
+        self.same_host = same_host;
+        self
     }
 
     pub fn config(&self) -> &EndpointConfig {
@@ -214,6 +248,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
             Link {
                 peer,
                 peer_id: None,
+                from: None,
             },
         ) {
             self.forget_link(id, old);
@@ -238,6 +273,23 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
         // Answered: its repetitions go to the connection from now on.
         self.release(peer, peer_id);
         true
+    }
+
+    /// Records that the peer's side of live connection `id` sends from
+    /// `from` (an address of its own, or its Nic's): frames naming `id` are
+    /// taken from there only from now on. Call when a frame of the peer's
+    /// connection (not a request) has connected it, with that frame's
+    /// source. Returns false, recording nothing, if `id` is not live, or
+    /// `from` is not an address of its peer's host.
+    pub fn joined(&mut self, id: u32, from: A) -> bool {
+        let same_host = self.same_host;
+        match self.conns.get_mut(&id) {
+            Some(link) if link.takes(&from, same_host) => {
+                link.from = Some(from);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Ends connection `id`: frames naming it are dropped from now on (a
@@ -406,7 +458,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
         };
         if dst != 0 {
             return match self.conns.get(&dst) {
-                Some(link) if link.peer == from => {
+                Some(link) if link.takes(&from, self.same_host) => {
                     Some(EndpointEvent::Frame { id: dst, src, repr })
                 }
                 Some(_) => {
@@ -896,6 +948,41 @@ mod tests {
             b.feed(CLIENT, &request(1, b"srv", b"")),
             Seen::Request(b"srv".to_vec())
         );
+    }
+
+    #[test]
+    fn until_joined_a_connection_takes_frames_from_any_address_of_its_peers_host() {
+        // Addresses 0xHP: host H, port P; port 0 is the Nic's.
+        let hosts = |a: &u8, b: &u8| a >> 4 == b >> 4;
+        let mut b = Bench::new(EndpointConfig::default());
+        b.ep = Endpoint::new(EndpointConfig::default()).with_hosts(hosts);
+        // A client asked the Nic at 0x10; the server's connection answers
+        // from 0x11.
+        b.ep.register(5, 0x10);
+        assert!(b.ep.established(0x10, 9, 5));
+        assert_eq!(b.feed(0x11, &data(5, 9)), Seen::Frame { id: 5, src: 9 });
+        assert_eq!(b.feed(0x20, &data(5, 9)), Seen::Dropped, "another host");
+        assert!(!b.ep.joined(5, 0x21), "another host");
+        assert!(!b.ep.joined(6, 0x11), "no such connection");
+        assert!(b.ep.joined(5, 0x11));
+        // Joined: from that address only.
+        assert_eq!(b.feed(0x11, &data(5, 9)), Seen::Frame { id: 5, src: 9 });
+        assert_eq!(b.feed(0x10, &data(5, 9)), Seen::Dropped, "joined elsewhere");
+        assert_eq!(b.feed(0x12, &data(5, 9)), Seen::Dropped, "joined elsewhere");
+        // The peer's repeated request still comes from its Nic, and reaches it.
+        assert_eq!(
+            b.feed(0x10, &request(9, b"d", b"")),
+            Seen::Frame { id: 5, src: 9 }
+        );
+        assert_eq!(b.ep.stats().stray, 3);
+
+        // Without hosts, every address is a host of its own.
+        let mut b = Bench::new(EndpointConfig::default());
+        b.ep.register(5, 0x10);
+        assert_eq!(b.feed(0x11, &data(5, 9)), Seen::Dropped);
+        assert!(!b.ep.joined(5, 0x11));
+        assert!(b.ep.joined(5, 0x10));
+        assert_eq!(b.feed(0x10, &data(5, 9)), Seen::Frame { id: 5, src: 9 });
     }
 
     #[test]

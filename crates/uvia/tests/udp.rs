@@ -534,8 +534,6 @@ fn a_nic_port_is_its_own() {
 }
 
 #[test]
-#[ignore = "issue 22: the second connection's frames reach the first one's connected socket \
-            (one 4-tuple), which nobody reads while the application waits to connect"]
 fn two_connections_between_the_same_two_nics() {
     let inst = udp_instance();
     if peer_arg().is_some() {

@@ -28,6 +28,9 @@ use uvia_proto::{Config, Conn, Event, Level, RnrPolicy};
 
 /// Most frames gathered before one call to the medium.
 pub(super) const TX_BATCH: usize = 32;
+/// Least time between two sweeps of a Nic's VIs for due timers
+/// ([`NetNic::sweep`]): a VI nobody polls acknowledges within about this.
+const SWEEP_EVERY: Duration = Duration::from_millis(1);
 /// Pause before a message the receiver was not ready for goes again.
 const RNR_DELAY: Duration = Duration::from_micros(200);
 /// A peer silent this long is dead, unless `NicOptions::idle_timeout` says
@@ -39,16 +42,17 @@ pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A connection request waiting for a server's answer.
 pub(crate) type Incoming = uvia_proto::endpoint::Incoming<Addr>;
 
-/// Makes a per-peer medium.
-pub(crate) type OwnMediumFactory = Box<dyn Fn(Addr) -> Option<Box<dyn Medium>> + Send + Sync>;
+/// Makes a medium for one connection: on an address of its own, taking
+/// frames from anyone until [`Medium::connect`] names its peer.
+pub(crate) type OwnMediumFactory = Box<dyn Fn() -> Option<Box<dyn Medium>> + Send + Sync>;
 
 /// The network half of a Nic: its medium, the protocol engine's endpoint
 /// (which connection a frame is for, listeners, refusals, rendezvous) and
 /// the VI behind each connection.
 pub(crate) struct NetNic {
     pub medium: Box<dyn Medium>,
-    /// Makes a VI a medium of its own for one peer (a connected UDP
-    /// socket on the Nic's address), when the medium allows it.
+    /// Makes a connection a medium of its own (a UDP socket on a port of
+    /// its own), when the medium allows it.
     pub own_medium: Option<OwnMediumFactory>,
     pub max_frame: usize,
     /// The medium delivers frames intact or not at all: checksums are not
@@ -65,15 +69,11 @@ pub(crate) struct NetNic {
     /// Local connection id -> its VI.
     vis: SpinLock<HashMap<u32, Weak<ViShared>>>,
     rx: std::sync::Mutex<RxState>,
-    /// Frames of a VI's own medium that did not parse.
+    /// When a polling VI next serves the others whose timers are due.
+    sweep_at: SpinLock<Instant>,
+    /// Frames of a VI's own medium that did not parse, or named another
+    /// connection.
     pub malformed: AtomicU64,
-    /// Frames a VI's own medium received for another connection, or a
-    /// connection request: two connections to one peer share the 4-tuple
-    /// of their connected sockets, so either socket may get the other's
-    /// frames (and a request for a new one). They wait here for the next
-    /// look at the Nic's socket, which hands them on as it hands on its own.
-    strays: SpinLock<Vec<(Addr, Vec<u8>)>>,
-    has_strays: std::sync::atomic::AtomicBool,
 }
 
 struct RxState {
@@ -102,7 +102,8 @@ impl NetNic {
             intact: caps.intact,
             id_seed: seed | 1,
             ..EndpointConfig::default()
-        });
+        })
+        .with_hosts(same_host);
         NetNic {
             max_frame: caps.max_frame,
             intact: caps.intact,
@@ -120,8 +121,7 @@ impl NetNic {
                 reply: vec![0; wire::MAX_REPLY_LEN],
             }),
             malformed: AtomicU64::new(0),
-            strays: SpinLock::new(Vec::new()),
-            has_strays: std::sync::atomic::AtomicBool::new(false),
+            sweep_at: SpinLock::new(Instant::now()),
             medium,
             own_medium,
         }
@@ -178,6 +178,35 @@ impl NetNic {
         self.endpoint.lock().established(peer, peer_id, id);
     }
 
+    /// The peer's side of connection `id` sends from `from`.
+    pub(super) fn joined(&self, id: u32, from: Addr) {
+        self.endpoint.lock().joined(id, from);
+    }
+
+    /// What the endpoint makes of a frame a connecting VI's own medium
+    /// received from `from`: the frame for connection `id`, or nothing
+    /// (another connection's, another host's, or not a frame).
+    pub(super) fn handshake_frame<'a>(
+        &self,
+        now: Instant,
+        id: u32,
+        from: Addr,
+        bytes: &'a [u8],
+    ) -> Option<(u32, Repr<'a>)> {
+        // Nothing but frames naming the connection: a request sent to a
+        // connection's address is no request to the Nic's listeners.
+        let dst = self.parse(bytes).ok()?.0;
+        if dst != id {
+            self.malformed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        // No reply to write: a frame for a live connection needs none.
+        match self.endpoint.lock().handle(now, from, bytes, &mut []) {
+            Some(EndpointEvent::Frame { id: got, src, repr }) if got == id => Some((src, repr)),
+            _ => None,
+        }
+    }
+
     pub fn unregister(&self, id: u32) {
         self.endpoint.lock().unregister(id);
         self.vis.lock().remove(&id);
@@ -192,14 +221,6 @@ impl NetNic {
             return false;
         };
         let RxState { batch, reply } = &mut *rx;
-        if self.has_strays.load(Ordering::Relaxed) && self.has_strays.swap(false, Ordering::Acquire)
-        {
-            let strays = std::mem::take(&mut *self.strays.lock());
-            let now = Instant::now();
-            for (from, bytes) in &strays {
-                self.dispatch(*from, bytes, &mut me, now, reply);
-            }
-        }
         // The clock is read only when something arrived.
         let mut now = None;
         let mut on_frame = |from: Addr, bytes: &[u8]| {
@@ -218,6 +239,46 @@ impl NetNic {
             })
         };
         n.is_ok_and(|n| n > 0)
+    }
+
+    /// Serves the Nic's other VIs whose protocol timers are due, if
+    /// nobody holds them now: they read their media, acknowledge, send
+    /// again and keep alive as if polled. A VI's frames reach it only
+    /// through its own polls when it has a medium of its own, so without
+    /// this a VI its program has stopped polling for a while (waiting on
+    /// another) would leave its peer waiting for an acknowledgement — a
+    /// peer that may be waiting for that before it answers the VI being
+    /// waited on. Called with a polling VI's timers, at most every
+    /// [`SWEEP_EVERY`]; `me` is the caller's connection, already in hand.
+    pub(super) fn sweep(&self, now: Instant, me: u32) {
+        {
+            let mut at = self.sweep_at.lock();
+            if now < *at {
+                return;
+            }
+            *at = now + SWEEP_EVERY;
+        }
+        let others: Vec<Arc<ViShared>> = self
+            .vis
+            .lock()
+            .iter()
+            .filter(|(&id, _)| id != me)
+            .filter_map(|(_, w)| w.upgrade())
+            .collect();
+        for s in others {
+            // A VI in someone's hands is served by them.
+            let Some(mut g) = s.inner.try_lock() else {
+                continue;
+            };
+            let vi = Vi { s: s.clone() };
+            let ViInner { q, t } = &mut *g;
+            if let Transport::Net(t) = t {
+                if t.conn.poll_timeout().is_some_and(|d| d <= now) {
+                    t.progress(&vi, q);
+                    t.run_timers(&vi, q);
+                }
+            }
+        }
     }
 
     /// Hands one arrived frame to what the endpoint says it is for.
@@ -279,13 +340,6 @@ impl NetNic {
         }
     }
 
-    /// Keeps a frame a VI's own medium received for another connection,
-    /// for the next look at the Nic's medium.
-    pub(super) fn stray(&self, from: Addr, bytes: &[u8]) {
-        self.strays.lock().push((from, bytes.to_vec()));
-        self.has_strays.store(true, Ordering::Release);
-    }
-
     /// The network half of `nic`, if it is a network Nic (every network
     /// VI's Nic is).
     #[inline]
@@ -294,6 +348,23 @@ impl NetNic {
             NicProvider::Net(n) => Some(n),
             _ => None,
         }
+    }
+}
+
+impl NetNic {
+    /// A medium for one connection, if the Nic's allows one.
+    pub(super) fn own_socket(&self) -> Option<Arc<dyn Medium>> {
+        self.own_medium.as_ref()?().map(Arc::from)
+    }
+}
+
+/// True if two medium addresses are one host's: IP addresses with any
+/// ports (a connection answers from a socket of its own), or one MAC
+/// address.
+fn same_host(a: &Addr, b: &Addr) -> bool {
+    match (a, b) {
+        (Addr::Ip(a), Addr::Ip(b)) => a.ip() == b.ip(),
+        _ => a == b,
     }
 }
 
@@ -355,14 +426,13 @@ pub(crate) fn open_udp(name: &str, opts: &NicOptions) -> Result<Opened, OpenErro
     let fault = fault_spec(opts)?;
     let local = udp.local_ip();
     let medium = with_faults(udp, &fault);
-    // Each connection gets a socket of its own, connected to its peer
-    // (faults injected there too, each from its own seed).
+    // Each connection gets a socket of its own, on a port of its own of the
+    // Nic's IP address, connected to its peer's once the handshake has
+    // named it (faults injected there too, each from its own seed).
     let next_seed = std::sync::atomic::AtomicU64::new(1);
-    let own: OwnMediumFactory = Box::new(move |peer| {
-        let uvia_net::Addr::Ip(p) = peer else {
-            return None;
-        };
-        let m = uvia_net::udp::UdpMedium::connected(local, p, udp_options()).ok()?;
+    let own: OwnMediumFactory = Box::new(move || {
+        let any_port = SocketAddr::new(local.ip(), 0);
+        let m = uvia_net::udp::UdpMedium::bind(any_port, udp_options()).ok()?;
         let mut f = fault.clone();
         if let Some(f) = &mut f {
             f.seed = f
@@ -475,6 +545,9 @@ impl NetNic {
         private: &PrivateData,
     ) -> Result<RemoteViAttributes, ConnectError> {
         let nic = self;
+        // One medium of its own for every try: the connection's frames go
+        // from there once the peer has answered.
+        let own = nic.own_socket();
         let mut last_no_listener = false;
         loop {
             {
@@ -496,6 +569,7 @@ impl NetNic {
                 .with_private(*private);
                 let ViInner { q, t } = &mut *g;
                 let mut n = NetVi::new(conn, to, id, nic.max_frame);
+                n.set_own(own.clone());
                 n.adopt_recvs(q);
                 *t = Transport::Net(n);
             }
@@ -529,7 +603,6 @@ impl NetNic {
                         return Err(ConnectError::Protocol("accept without attributes"));
                     };
                     let remote = remote_attrs(&p);
-                    t.own_medium(self);
                     q.remote = Some(remote.clone());
                     vi.set_state(ViState::Connected);
                     return Ok(remote);
@@ -601,7 +674,9 @@ impl Answer {
         let conn = Conn::accept(now, cfg, id, initial_psn(id), req.peer_id, req.attrs)
             .with_private(private);
         let mut t = NetVi::new(conn, req.from, id, nic.max_frame);
-        t.own_medium(nic);
+        // The accept goes from the connection's own medium, which tells the
+        // client its address; the client's connection answers from its own.
+        t.set_own(nic.own_socket());
         t.adopt_recvs(&mut g.q);
         nic.established(req.from, req.peer_id, id);
         vi.install(&mut g, Transport::Net(t), theirs);

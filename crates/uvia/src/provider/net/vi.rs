@@ -51,10 +51,20 @@ pub(crate) struct NetVi {
     deferred: u32,
     /// Polls since the timers were last looked at.
     idle: u32,
-    /// The VI's own medium for its peer, when the Nic's allows one: frames
-    /// of this connection come and go there, with no table lookup.
+    /// The connection's own medium, when the Nic's allows one (a UDP
+    /// socket on a port of its own): every frame of the connection comes
+    /// and goes there, so two connections between the same two Nics are
+    /// two pairs of addresses, and no frame needs a table lookup.
     own: Option<Arc<dyn Medium>>,
     own_batch: Option<RecvBatch>,
+    /// `peer` is the address the peer's connection sends from, learned
+    /// from its first frame that is not a request (a client's from the
+    /// server's accept, a server's from the client's confirm); until then
+    /// it is the peer's Nic, and arriving frames go through the Nic's
+    /// endpoint, which takes them from any address of the peer's host.
+    /// Joined, the own medium is connected to the peer and takes only its
+    /// frames.
+    joined: bool,
 }
 
 /// What a sleeping waiter of a network VI waits on: a frame on its own
@@ -87,7 +97,37 @@ impl NetVi {
             idle: 0,
             own: None,
             own_batch: None,
+            joined: false,
         })
+    }
+
+    /// Gives the connection a medium of its own (`None`: it uses the
+    /// Nic's).
+    pub(super) fn set_own(&mut self, own: Option<Arc<dyn Medium>>) {
+        if let Some(m) = &own {
+            let slots = m.caps().max_batch.clamp(1, 16);
+            self.own_batch = Some(RecvBatch::new(slots, 65_536));
+        }
+        self.own = own;
+    }
+
+    /// The peer's connection has sent from `from`: its frames come from
+    /// there from now on, and the own medium takes only those.
+    #[cold]
+    fn join(&mut self, vi: &Vi, from: Addr) {
+        let Some(nic) = NetNic::of(&vi.s.nic) else {
+            return;
+        };
+        self.joined = true;
+        self.peer = from;
+        if let Some(m) = &self.own {
+            // If it cannot connect, it still takes the peer's frames among
+            // others; the endpoint's check is then all there is.
+            if m.connect(from).is_err() {
+                self.joined = false;
+            }
+        }
+        nic.joined(self.id, from);
     }
 
     /// Hands a frame to this VI's engine.
@@ -100,13 +140,18 @@ impl NetVi {
         repr: &Repr<'_>,
         now: Instant,
     ) {
-        if from != self.peer {
-            return;
-        }
+        // Frames come from the own medium once it is connected to the
+        // peer (the kernel checked the source), or through the endpoint,
+        // which checked it.
         let mut mem = ViMem::new(vi, q);
         uvia_trace::mark!(ProtoIn);
         self.conn.handle_frame(now, src, repr, &mut mem);
         uvia_trace::mark!(ProtoPlaced);
+        // A request comes from the peer's Nic, not from its connection.
+        let request = matches!(repr, Repr::ConnRequest { .. } | Repr::PeerRequest { .. });
+        if !self.joined && self.conn.is_connected() && !request {
+            self.join(vi, from);
+        }
         self.events(vi, q);
     }
 
@@ -124,10 +169,15 @@ impl NetVi {
             // (The VI's own medium is moved out for the call, not cloned:
             // no reference count touched per send.)
             let own = self.own.take();
+            // Requests go from the Nic's medium: the peer knows the Nic by
+            // them, and finds a repetition by its source. Everything after
+            // goes from the connection's own, which tells the peer its
+            // address.
+            let from_own = self.joined || self.conn.is_connected();
             let k = match &own {
-                Some(own) => self.send_copied(&**own, now, &mut mem),
-                None if nic.lends => self.send_built(&*nic.medium, now, &mut mem),
-                None => self.send_copied(&*nic.medium, now, &mut mem),
+                Some(own) if from_own => self.send_copied(&**own, now, &mut mem),
+                _ if nic.lends => self.send_built(&*nic.medium, now, &mut mem),
+                _ => self.send_copied(&*nic.medium, now, &mut mem),
             };
             self.own = own;
             if k > 0 {
@@ -209,31 +259,28 @@ impl NetVi {
             at = Some(now);
             for i in 0..n {
                 let (from, bytes) = batch.frame(i);
-                let Ok((dst, src, repr)) = nic.parse(bytes) else {
-                    nic.malformed.fetch_add(1, Ordering::Relaxed);
+                if !self.joined {
+                    // Connecting, and taking frames from anyone: the
+                    // endpoint says which are the peer's.
+                    if let Some((src, repr)) = nic.handshake_frame(now, self.id, from, bytes) {
+                        self.input(vi, q, from, src, &repr, now);
+                    }
                     continue;
-                };
-                if dst == self.id {
-                    self.input(vi, q, from, src, &repr, now);
-                } else {
-                    nic.stray(from, bytes);
+                }
+                match nic.parse(bytes) {
+                    Ok((dst, src, repr)) if dst == self.id => {
+                        self.input(vi, q, from, src, &repr, now)
+                    }
+                    // Only the peer's connection sends here, and only its
+                    // own frames: a late frame of an earlier connection.
+                    _ => {
+                        nic.malformed.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }
         self.own_batch = Some(batch);
         at
-    }
-
-    /// Gives an established connection a medium of its own, if the Nic can.
-    pub(super) fn own_medium(&mut self, nic: &NetNic) {
-        let Some(make) = &nic.own_medium else {
-            return;
-        };
-        if let Some(m) = make(self.peer) {
-            let slots = m.caps().max_batch.clamp(1, 16);
-            self.own_batch = Some(RecvBatch::new(slots, 65_536));
-            self.own = Some(Arc::from(m));
-        }
     }
 
     /// Hands the engine every receive descriptor posted before it existed.
@@ -552,15 +599,21 @@ impl TransportOps for NetVi {
             return false;
         };
         let mut arrived = None;
-        let got = match self.own.is_some() {
-            true => {
+        let got = match (self.own.is_some(), self.joined) {
+            (true, true) => {
                 arrived = self.poll_own(vi, q, nic);
-                // Stray frames (repeated handshakes, other VIs) reach the
-                // Nic's socket: look there now and then.
+                // Other VIs' frames and requests reach the Nic's socket:
+                // look there now and then.
                 let every = self.idle.wrapping_add(1).is_multiple_of(TIMER_EVERY);
                 arrived.is_some() | (every && nic.poll(Some((vi, &mut *q, &mut *self))))
             }
-            false => nic.poll(Some((vi, &mut *q, &mut *self))),
+            // Connecting: the answer comes to the own medium, a peer-to-peer
+            // side's request to the Nic's.
+            (true, false) => {
+                arrived = self.poll_own(vi, q, nic);
+                arrived.is_some() | nic.poll(Some((vi, &mut *q, &mut *self)))
+            }
+            (false, _) => nic.poll(Some((vi, &mut *q, &mut *self))),
         };
         // The timers are looked at every few polls, arrivals or not: they
         // are tens of microseconds apart at the least, and a look (a clock
@@ -575,9 +628,12 @@ impl TransportOps for NetVi {
         // second clock read would sit on the message's path.
         let now = arrived.unwrap_or_else(Instant::now);
         let mut moved = got;
-        if timers && self.conn.poll_timeout().is_some_and(|t| t <= now) {
-            self.conn.handle_timeout(now);
-            moved = true;
+        if timers {
+            if self.conn.poll_timeout().is_some_and(|t| t <= now) {
+                self.conn.handle_timeout(now);
+                moved = true;
+            }
+            nic.sweep(now, self.id);
         }
         moved |= self.output(vi, q, now);
         moved
@@ -592,6 +648,9 @@ impl TransportOps for NetVi {
             self.conn.handle_timeout(now);
         }
         self.output(vi, q, now);
+        if let Some(nic) = NetNic::of(&vi.s.nic) {
+            nic.sweep(now, self.id);
+        }
     }
 
     /// Posts a send-queue descriptor and sends what can go now.
