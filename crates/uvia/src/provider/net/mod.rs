@@ -668,17 +668,29 @@ impl Answer {
             nic.reject(req, RejectReason::Mismatch, &PrivateData::EMPTY);
             return Err(e);
         }
-        let id = nic.register(&vi.s, req.from);
+        // The connection lives on the VI's own Nic, which runs its
+        // handshake and reads its frames. That may be another Nic of the
+        // host than the listener's (libfabric's domain and passive
+        // endpoint each open one): the listener then keeps the request
+        // held, so its repetitions are taken for what they are until the
+        // client hears the accept (and forgotten once stale), while the
+        // accept and everything after go between the connections' own
+        // addresses.
+        let Some(home) = NetNic::of(&vi.s.nic) else {
+            nic.reject(req, RejectReason::Mismatch, &PrivateData::EMPTY);
+            return Err(ConnectError::Protocol("a VI of another provider"));
+        };
+        let id = home.register(&vi.s, req.from);
         let now = Instant::now();
-        let cfg = nic.config(&g.q.attrs);
+        let cfg = home.config(&g.q.attrs);
         let conn = Conn::accept(now, cfg, id, initial_psn(id), req.peer_id, req.attrs)
             .with_private(private);
-        let mut t = NetVi::new(conn, req.from, id, nic.max_frame);
+        let mut t = NetVi::new(conn, req.from, id, home.max_frame);
         // The accept goes from the connection's own medium, which tells the
         // client its address; the client's connection answers from its own.
-        t.set_own(nic.own_socket());
+        t.set_own(home.own_socket());
         t.adopt_recvs(&mut g.q);
-        nic.established(req.from, req.peer_id, id);
+        home.established(req.from, req.peer_id, id);
         vi.install(&mut g, Transport::Net(t), theirs);
         let ViInner { q, t } = &mut *g;
         if let Transport::Net(t) = t {
