@@ -681,8 +681,13 @@ impl Medium for UdpMedium {
         }
         let (ss, len) = to_raw(&to);
         // SAFETY: `ss` holds a socket address of `len` bytes.
-        if unsafe { libc::connect(self.fd.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) }
-            != 0
+        if unsafe {
+            libc::connect(
+                self.fd.as_raw_fd(),
+                &ss as *const _ as *const libc::sockaddr,
+                len,
+            )
+        } != 0
         {
             return Err(io::Error::last_os_error());
         }

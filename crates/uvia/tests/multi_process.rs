@@ -1451,6 +1451,83 @@ fn killed_client_while_server_waits() {
     dir.assert_empty("after both sides are gone");
 }
 
+/// A stopped (not killed) client: its socket stays open, so only its
+/// state says it will not answer. Every outstanding descriptor of the
+/// server fails within a second, at reliable reception (whose sends wait
+/// for the peer to take them).
+/// As [`waiting_client_peer`], at reliable reception.
+fn reliable_waiting_client_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let attrs = ViAttributes::new(ptag).reliability(Reliability::ReliableReception);
+    let vi = nic.create_vi(attrs, None, None).unwrap();
+    let mut sbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+    connect(&vi, d);
+    send_bytes(&vi, &mut sbuf, 0, b"hello");
+    post_recv(&vi, &sbuf, 0, 64);
+    loop {
+        let _ = vi.recv_wait(Some(T));
+    }
+}
+
+#[test]
+fn stopped_client_fails_the_servers_descriptors_within_a_second() {
+    if let Some(a) = peer_arg() {
+        return reliable_waiting_client_peer(&a);
+    }
+    let dir = SockDir::new("stopcli");
+    let d = disc_base(19);
+    let nic = open_nic(&dir);
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic
+        .create_vi(
+            ViAttributes::new(ptag).reliability(Reliability::ReliableReception),
+            None,
+            None,
+        )
+        .unwrap();
+    let rbuf = nic
+        .alloc_region(2 * 4096, MemAttributes::new(ptag))
+        .unwrap();
+    let sbuf = nic.alloc_region(MIB, MemAttributes::new(ptag)).unwrap();
+    for k in 0..2 {
+        post_recv(&vi, &rbuf, k * 4096, 4096);
+    }
+    let mut peer = Peer::spawn(
+        "stopped_client_fails_the_servers_descriptors_within_a_second",
+        &dir,
+        &d.to_string(),
+    );
+    accept(&nic, &vi, d);
+    assert_eq!(recv_ok(&vi), 5);
+    // SAFETY: kill(2) on the peer process this test spawned.
+    assert_eq!(
+        unsafe { libc::kill(peer.pid() as i32, libc::SIGSTOP) },
+        0,
+        "stopping the peer"
+    );
+    let stopped = std::time::Instant::now();
+    vi.post_send(Box::new(Descriptor::send(&[sbuf.segment(0, 200_000)])))
+        .unwrap();
+    let s = vi.send_wait(Some(T)).expect("the send completes");
+    let took = stopped.elapsed();
+    assert!(s.error().is_some(), "the send fails: {:?}", s.result());
+    let r = vi.recv_wait(Some(T)).expect("the receive completes");
+    assert!(r.error().is_some(), "the receive fails: {:?}", r.result());
+    assert!(
+        took < Duration::from_millis(1000),
+        "failed after {took:?}, not within a second"
+    );
+    assert_eq!(vi.state(), ViState::Error);
+    // SAFETY: as above; a stopped process is killed all the same.
+    unsafe { libc::kill(peer.pid() as i32, libc::SIGCONT) };
+    peer.kill();
+    nic.stop_listening(&disc(d));
+    drop((vi, nic));
+    dir.assert_empty("after both sides are gone");
+}
+
 // ---------------------------------------------------------------------------
 // 10. Disconnect.
 // ---------------------------------------------------------------------------

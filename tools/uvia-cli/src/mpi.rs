@@ -309,6 +309,7 @@ fn parse(out: &str) -> Result<Figures> {
         if f.len() != 10 || f[2] != "iters" || f[4] != "p50" || f[6] != "p99" {
             bail!("a bad line from the MPI ping-pong: {line:?}");
         }
+        num(3)?;
         v.push((num(1)? as usize, num(5)?, num(7)?));
     }
     Ok(v)

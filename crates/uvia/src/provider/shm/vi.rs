@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use uvia_shm::cma::{self, LocalRange, RemoteRange};
 use uvia_shm::{doorbell, Segment as ShmSegment};
 
@@ -39,6 +39,63 @@ pub(crate) struct ShmVi {
     failed: Option<u32>,
     /// The server's listening socket, on the client side of a connection.
     pub(super) server_socket: Option<PathBuf>,
+    /// Whether the peer process is stopped, and since when.
+    stopped: StopWatch,
+}
+
+/// How long a peer may stay stopped (SIGSTOP, a shell's ^Z) before its
+/// connection fails. A stopped process keeps its socket open, so only its
+/// state shows it: shm has no protocol timer that a silent peer would run
+/// out, and a peer that is alive but does not call (computing) is not
+/// silent in this sense and is never failed.
+pub(crate) const STOPPED_LIMIT: Duration = Duration::from_millis(500);
+
+/// Watches the peer process's state in `/proc/<pid>/stat`, kept open and
+/// read again from the start at each look (one system call).
+struct StopWatch {
+    pid: i32,
+    stat: Option<std::fs::File>,
+    since: Option<Instant>,
+}
+
+impl StopWatch {
+    fn new(pid: i32) -> StopWatch {
+        StopWatch {
+            pid,
+            stat: None,
+            since: None,
+        }
+    }
+
+    /// True once the peer has been stopped for [`STOPPED_LIMIT`].
+    fn stopped_too_long(&mut self) -> bool {
+        if self.pid <= 0 {
+            return false;
+        }
+        if self.stat.is_none() {
+            self.stat = std::fs::File::open(format!("/proc/{}/stat", self.pid)).ok();
+        }
+        let Some(f) = &self.stat else {
+            return false;
+        };
+        let mut buf = [0u8; 512];
+        let n = std::os::unix::fs::FileExt::read_at(f, &mut buf, 0).unwrap_or(0);
+        // "pid (comm) S ...": the state follows the last ')'; the name may
+        // hold any character. 'T' is a stop by signal; a debugger's stop
+        // ('t') is left alone.
+        let text = &buf[..n];
+        let stopped = text
+            .iter()
+            .rposition(|&b| b == b')')
+            .and_then(|i| text.get(i + 2))
+            .is_some_and(|&c| c == b'T');
+        if !stopped {
+            self.since = None;
+            return false;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        since.elapsed() >= STOPPED_LIMIT
+    }
 }
 
 /// What a sleeping waiter of a shm VI waits on: its side's doorbell.
@@ -56,6 +113,7 @@ impl Sleep {
 
 impl ShmVi {
     pub(super) fn new(conn: ShmConn, seg: Arc<ShmSegment>) -> ShmVi {
+        let conn_pid = conn.peer_pid;
         ShmVi {
             conn,
             seg,
@@ -63,6 +121,7 @@ impl ShmVi {
             idle: 0,
             failed: None,
             server_socket: None,
+            stopped: StopWatch::new(conn_pid),
         }
     }
 
@@ -743,6 +802,12 @@ impl TransportOps for ShmVi {
             }
             // Messages the peer published before leaving are still delivered.
             self.serve_incoming(vi, q);
+            self.fail(vi, q, status::TRANSPORT_ERROR);
+            return true;
+        }
+        if self.stopped.stopped_too_long() {
+            self.serve_incoming(vi, q);
+            self.conn.close();
             self.fail(vi, q, status::TRANSPORT_ERROR);
             return true;
         }
