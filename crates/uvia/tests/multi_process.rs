@@ -1387,11 +1387,20 @@ fn killed_server_mid_stream() {
 }
 
 /// Client that says hello, then posts a receive and waits until killed.
+/// `arg` is the discriminator, and `:reception` for reliable reception.
 fn waiting_client_peer(arg: &str) {
-    let d: u64 = arg.parse().unwrap();
+    let (d, reception) = match arg.split_once(':') {
+        Some((d, _)) => (d, true),
+        None => (arg, false),
+    };
+    let d: u64 = d.parse().unwrap();
     let nic = open_peer_nic();
     let ptag = nic.create_ptag().unwrap();
-    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let mut attrs = ViAttributes::new(ptag);
+    if reception {
+        attrs = attrs.reliability(Reliability::ReliableReception);
+    }
+    let vi = nic.create_vi(attrs, None, None).unwrap();
     let mut sbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
     connect(&vi, d);
     send_bytes(&vi, &mut sbuf, 0, b"hello");
@@ -1455,26 +1464,10 @@ fn killed_client_while_server_waits() {
 /// state says it will not answer. Every outstanding descriptor of the
 /// server fails within a second, at reliable reception (whose sends wait
 /// for the peer to take them).
-/// As [`waiting_client_peer`], at reliable reception.
-fn reliable_waiting_client_peer(arg: &str) {
-    let d: u64 = arg.parse().unwrap();
-    let nic = open_peer_nic();
-    let ptag = nic.create_ptag().unwrap();
-    let attrs = ViAttributes::new(ptag).reliability(Reliability::ReliableReception);
-    let vi = nic.create_vi(attrs, None, None).unwrap();
-    let mut sbuf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
-    connect(&vi, d);
-    send_bytes(&vi, &mut sbuf, 0, b"hello");
-    post_recv(&vi, &sbuf, 0, 64);
-    loop {
-        let _ = vi.recv_wait(Some(T));
-    }
-}
-
 #[test]
 fn stopped_client_fails_the_servers_descriptors_within_a_second() {
     if let Some(a) = peer_arg() {
-        return reliable_waiting_client_peer(&a);
+        return waiting_client_peer(&a);
     }
     let dir = SockDir::new("stopcli");
     let d = disc_base(19);
@@ -1497,7 +1490,7 @@ fn stopped_client_fails_the_servers_descriptors_within_a_second() {
     let mut peer = Peer::spawn(
         "stopped_client_fails_the_servers_descriptors_within_a_second",
         &dir,
-        &d.to_string(),
+        &format!("{d}:reception"),
     );
     accept(&nic, &vi, d);
     assert_eq!(recv_ok(&vi), 5);
