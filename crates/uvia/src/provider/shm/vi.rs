@@ -50,31 +50,24 @@ pub(crate) struct ShmVi {
 /// silent in this sense and is never failed.
 pub(crate) const STOPPED_LIMIT: Duration = Duration::from_millis(500);
 
-/// Watches the peer process's state in `/proc/<pid>/stat`, kept open and
-/// read again from the start at each look (one system call).
+/// Watches the peer process's state in `/proc/<pid>/stat`, opened when the
+/// connection is made (the poll path allocates nothing) and read again from
+/// the start at each look (one system call).
 struct StopWatch {
-    pid: i32,
     stat: Option<std::fs::File>,
     since: Option<Instant>,
 }
 
 impl StopWatch {
     fn new(pid: i32) -> StopWatch {
-        StopWatch {
-            pid,
-            stat: None,
-            since: None,
-        }
+        let stat = (pid > 0)
+            .then(|| std::fs::File::open(format!("/proc/{pid}/stat")).ok())
+            .flatten();
+        StopWatch { stat, since: None }
     }
 
     /// True once the peer has been stopped for [`STOPPED_LIMIT`].
     fn stopped_too_long(&mut self) -> bool {
-        if self.pid <= 0 {
-            return false;
-        }
-        if self.stat.is_none() {
-            self.stat = std::fs::File::open(format!("/proc/{}/stat", self.pid)).ok();
-        }
         let Some(f) = &self.stat else {
             return false;
         };
