@@ -45,6 +45,10 @@ pub struct EndpointConfig {
     /// How many refusals are remembered, so a repetition of a refused
     /// request gets the same answer without asking anyone.
     pub max_rejects: usize,
+    /// Most refusals sent per second; requests refused beyond it get no
+    /// answer (their clients ask again, and give up at their own timeout).
+    /// A flood of requests then costs no reply each.
+    pub refusals_per_second: u32,
 }
 
 impl Default for EndpointConfig {
@@ -55,6 +59,7 @@ impl Default for EndpointConfig {
             max_pending: 64,
             pending_timeout: Duration::from_secs(1),
             max_rejects: 64,
+            refusals_per_second: 2_000,
         }
     }
 }
@@ -103,6 +108,8 @@ pub struct EndpointStats {
     pub refused: u64,
     /// Requests refused because their listener held [`EndpointConfig::max_pending`].
     pub busy: u64,
+    /// Refusals not sent: over [`EndpointConfig::refusals_per_second`].
+    pub unanswered: u64,
 }
 
 /// Why [`Endpoint::peer_connect`] refused.
@@ -151,6 +158,24 @@ struct Listener<A> {
     queue: VecDeque<Incoming<A>>,
     /// Requests of this listener in [`Endpoint::held`].
     held: usize,
+    /// When a full listener may next look for stale requests: a pass over
+    /// what it holds, at most every [`EXPIRE_EVERY`] of the pending
+    /// timeout, so a flood of new requests costs one look each, not a pass.
+    expire_at: Option<Instant>,
+}
+
+/// A full listener looks for stale requests at most this many times per
+/// [`EndpointConfig::pending_timeout`].
+const EXPIRE_EVERY: u32 = 8;
+
+/// The window [`EndpointConfig::refusals_per_second`] is counted over.
+const REFUSAL_WINDOW: Duration = Duration::from_millis(100);
+
+/// Refusals sent in the current [`REFUSAL_WINDOW`].
+#[derive(Clone, Copy, Debug, Default)]
+struct RefusalBudget {
+    since: Option<Instant>,
+    sent: u32,
 }
 
 /// A refusal remembered.
@@ -183,6 +208,7 @@ pub struct Endpoint<A> {
     /// Peer-to-peer connections being made: the discriminator our
     /// connection waits on -> (the peer's address, our connection id).
     peers: HashMap<Box<[u8]>, (A, u32)>,
+    refusals: RefusalBudget,
     stats: EndpointStats,
 }
 
@@ -200,6 +226,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
             rejected: HashMap::new(),
             rejected_order: VecDeque::new(),
             peers: HashMap::new(),
+            refusals: RefusalBudget::default(),
             stats: EndpointStats::default(),
         }
     }
@@ -321,6 +348,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
             let l = Listener {
                 queue: VecDeque::new(),
                 held: 0,
+                expire_at: None,
             };
             self.listeners.insert(d.into(), l);
         }
@@ -531,7 +559,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
     ) -> Option<EndpointEvent<'a, A>> {
         let key = (from, peer_id);
         if let Some(refusal) = self.rejected.get(&key) {
-            return self.refuse(from, peer_id, *refusal, reply);
+            return self.refuse(now, from, peer_id, *refusal, reply);
         }
         if let Some(h) = self.held.get_mut(&key) {
             // A repetition of a request held: the client still asks.
@@ -545,13 +573,14 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
         let Some(l) = self.listeners.get_mut(discriminator) else {
             // Not remembered: a client asks again when nobody listens yet,
             // and the listener may have come by then.
-            return self.refuse(from, peer_id, no_listener, reply);
+            return self.refuse(now, from, peer_id, no_listener, reply);
         };
-        if l.held >= self.cfg.max_pending {
+        if l.held >= self.cfg.max_pending && l.expire_at.is_none_or(|at| now >= at) {
+            l.expire_at = Some(now + self.cfg.pending_timeout / EXPIRE_EVERY);
             self.expire(now, discriminator);
         }
         let Some(l) = self.listeners.get_mut(discriminator) else {
-            return self.refuse(from, peer_id, no_listener, reply);
+            return self.refuse(now, from, peer_id, no_listener, reply);
         };
         if l.held >= self.cfg.max_pending {
             self.stats.busy += 1;
@@ -559,7 +588,7 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
                 reason: RejectReason::Busy,
                 private: PrivateData::EMPTY,
             };
-            return self.refuse(from, peer_id, busy, reply);
+            return self.refuse(now, from, peer_id, busy, reply);
         }
         l.held += 1;
         l.queue.push_back(Incoming {
@@ -602,15 +631,34 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
         }
     }
 
-    /// Answers a request with a reject built into `reply`.
+    /// Answers a request with a reject built into `reply`, within the
+    /// budget of [`EndpointConfig::refusals_per_second`].
     fn refuse<'a>(
         &mut self,
+        now: Instant,
         to: A,
         peer_id: u32,
         refusal: Refusal,
         reply: &mut [u8],
     ) -> Option<EndpointEvent<'a, A>> {
         self.stats.refused += 1;
+        let b = &mut self.refusals;
+        if b.since
+            .is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_WINDOW)
+        {
+            *b = RefusalBudget {
+                since: Some(now),
+                sent: 0,
+            };
+        }
+        let budget = (self.cfg.refusals_per_second as u64 * REFUSAL_WINDOW.as_millis() as u64
+            / 1000)
+            .max(1) as u32;
+        if b.sent >= budget {
+            self.stats.unanswered += 1;
+            return None;
+        }
+        b.sent += 1;
         match reject_into(reply, peer_id, &refusal) {
             0 => None,
             len => Some(EndpointEvent::Transmit { to, len }),
@@ -931,6 +979,28 @@ mod tests {
             b.feed(CLIENT, &request(4, b"srv", b"")),
             Seen::Request(b"srv".to_vec())
         );
+    }
+
+    #[test]
+    fn refusals_beyond_the_budget_go_unanswered_until_the_next_window() {
+        let cfg = EndpointConfig {
+            refusals_per_second: 30,
+            ..EndpointConfig::default()
+        };
+        let mut b = Bench::new(cfg);
+        // 30 a second: 3 in each 100 ms window.
+        for id in 1..=3 {
+            let want = reject(CLIENT, id, RejectReason::NoListener, b"");
+            assert_eq!(b.feed(CLIENT, &request(id, b"none", b"")), want);
+        }
+        for id in 4..=50 {
+            assert_eq!(b.feed(CLIENT, &request(id, b"none", b"")), Seen::Dropped);
+        }
+        assert_eq!(b.ep.stats().refused, 50);
+        assert_eq!(b.ep.stats().unanswered, 47);
+        b.now += REFUSAL_WINDOW;
+        let want = reject(CLIENT, 51, RejectReason::NoListener, b"");
+        assert_eq!(b.feed(CLIENT, &request(51, b"none", b"")), want);
     }
 
     #[test]

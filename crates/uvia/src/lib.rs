@@ -35,5 +35,5 @@ pub use error::{
     WaitError,
 };
 pub use mem::{AccessError, MemAttributes, Ptag, RegionInfo};
-pub use nic::{MemoryRegion, Nic, NicAttributes, NicOptions, WeakNic};
+pub use nic::{MemoryRegion, Nic, NicAttributes, NicOptions, WeakNic, DEFAULT_IDLE_TIMEOUT};
 pub use vi::{Queue, Reliability, Vi, ViAttributes, ViState, DEFAULT_WAIT_SPIN};

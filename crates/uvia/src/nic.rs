@@ -74,6 +74,13 @@ impl NicAttributes {
     }
 }
 
+/// A network peer silent this long is dead, unless
+/// [`NicOptions::idle_timeout`] says otherwise: every outstanding descriptor
+/// of its connections then completes with an error. Keep-alives go at a
+/// quarter of it, so a live but idle peer answers three times before it is
+/// given up.
+pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 static NIC_SERIAL: AtomicU32 = AtomicU32::new(1);
 
 pub(crate) struct NicShared {
@@ -95,7 +102,7 @@ pub struct NicOptions {
     /// `None` reads the `UVIA_INJECT` environment variable.
     pub inject: Option<String>,
     /// Silence from a peer longer than this breaks its connections
-    /// (network Nics; default 2 s).
+    /// (network Nics; default [`DEFAULT_IDLE_TIMEOUT`]).
     pub idle_timeout: Option<std::time::Duration>,
 }
 

@@ -19,6 +19,7 @@ mod size;
 #[path = "endpoint/sys.rs"]
 mod sock;
 mod stats;
+mod torture;
 mod tracefile;
 
 use anyhow::{bail, Context, Result};
@@ -26,6 +27,7 @@ use clap::{Args, Parser, Subcommand};
 use endpoint::Mode;
 use run::{Kind, Level, Plan, Provider};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// uvia benchmark tool: physical limits of this host, one-way latency and
 /// bandwidth of uvia's providers (shm, udp) side by side with kernel UDP and TCP.
@@ -79,9 +81,23 @@ enum Cmd {
     /// the untraced one-way latency. Needs root and a build with the `trace`
     /// feature.
     Anatomy(AnatomyArgs),
+    /// uvia under faults, deaths and floods, counted: numbered, patterned
+    /// messages through injected loss (1%, 5%, 20%) with duplication,
+    /// reordering and corruption on udp and xdp at both reliable levels
+    /// (lost, duplicated, reordered and corrupted must all be 0); a peer
+    /// killed or stopped mid-transfer on shm, udp and xdp at every level
+    /// (every outstanding descriptor fails within 1 s on shm, the idle
+    /// timeout on the network); a good client's echo rate under a flood of
+    /// 200,000 connection requests a second (at least half its rate alone,
+    /// the server's memory bounded). xdp runs between two test hosts (root).
+    /// Exits 1 if anything falls short.
+    Torture(TortureArgs),
     /// (internal) The server half of a measurement, started by the client.
     #[command(hide = true)]
     ServePeer(PeerArgs),
+    /// (internal) The peer of a torture cell, started by `uvia torture`.
+    #[command(hide = true)]
+    TorturePeer(torture::PeerArgs),
 }
 
 #[derive(Args)]
@@ -204,6 +220,27 @@ struct MpiArgs {
     /// Write its plots (SVG) into DIR.
     #[arg(long, value_name = "DIR")]
     plot_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct TortureArgs {
+    /// A short run (under a minute): 2,000 messages per grid cell, one
+    /// flood round of half-second runs.
+    #[arg(long)]
+    quick: bool,
+    /// Messages per grid cell (default 100,000; --quick 2,000).
+    #[arg(long, value_name = "N")]
+    messages: Option<u64>,
+    /// Only these parts (comma-separated; default all).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "PARTS")]
+    only: Vec<torture::Part>,
+    /// Rounds of flood runs (alone, beside a flood to an unread socket,
+    /// with the flood on the server's listener), interleaved.
+    #[arg(long, value_name = "N")]
+    pairs: Option<usize>,
+    /// Write the findings as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -534,6 +571,28 @@ fn anatomy_compare(a: &AnatomyArgs, size: usize, dir: &std::path::Path) -> Resul
     write_json(&a.json, &c)
 }
 
+fn torture(a: &TortureArgs) -> Result<()> {
+    let parts = if a.only.is_empty() {
+        vec![
+            torture::Part::Grid,
+            torture::Part::Deaths,
+            torture::Part::Flood,
+        ]
+    } else {
+        a.only.clone()
+    };
+    let messages = a.messages.unwrap_or(if a.quick { 2_000 } else { 100_000 });
+    let pairs = a.pairs.unwrap_or(if a.quick { 1 } else { 3 });
+    let measure = Duration::from_millis(if a.quick { 500 } else { 2_000 });
+    let t = torture::run(&parts, messages, pairs, measure)?;
+    print!("{}", torture::table(&t));
+    write_json(&a.json, &t)?;
+    if !t.failures.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
 fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
     let mut plan = plan_from(a, kind, window)?;
     if a.inject.is_some() && !matches!(a.provider, Provider::Udp | Provider::Xdp) {
@@ -570,6 +629,8 @@ fn main() {
             a.plot_dir.as_deref(),
         ),
         Cmd::Anatomy(a) => anatomy(&a),
+        Cmd::Torture(a) => torture(&a),
+        Cmd::TorturePeer(p) => torture::peer(&p),
         Cmd::ServePeer(p) => (|| -> Result<()> {
             let sizes = parse_list(&p.sizes)?;
             let iters = parse_list(&p.iters)?;

@@ -125,7 +125,7 @@ impl Level {
         }
     }
 
-    fn reliability(self) -> uvia::Reliability {
+    pub(crate) fn reliability(self) -> uvia::Reliability {
         match self {
             Level::Unreliable => uvia::Reliability::Unreliable,
             Level::Delivery => uvia::Reliability::ReliableDelivery,
@@ -390,7 +390,7 @@ fn server_args(plan: &Plan) -> Vec<String> {
 
 // ---------------------------------------------------------------- client side
 
-enum Line {
+pub(crate) enum Line {
     Text(String),
     Eof,
 }
@@ -418,7 +418,7 @@ const STATE_DONE: u8 = 2;
 
 /// Waits for a line starting with one of the expected words (skipping others);
 /// turns `ERROR ...` and end of file into errors.
-fn wait_line(
+pub(crate) fn wait_line(
     rx: &mpsc::Receiver<Line>,
     want: &str,
     timeout: Duration,
@@ -444,6 +444,81 @@ fn wait_line(
             }
         }
     }
+}
+
+/// A child of this program started by [`spawn_server`]: killed when
+/// dropped unless it has exited, its stdout's lines in `rx`.
+pub(crate) struct Server {
+    pub rx: mpsc::Receiver<Line>,
+    pub pid: u32,
+    /// The last `ERROR ...` line it printed.
+    pub last_error: Arc<Mutex<Option<String>>>,
+    _guard: ChildGuard,
+}
+
+/// Starts this program with `args` (on test host `netns` if given), its
+/// stdout read line by line into [`Server::rx`]; `on_eof` runs on the
+/// reading thread when the stdout ends (the child exited), given its last
+/// error line.
+pub(crate) fn spawn_server(
+    args: &[String],
+    netns: Option<&str>,
+    on_eof: impl FnOnce(Option<String>) + Send + 'static,
+) -> Result<Server> {
+    let exe = crate::self_exe()?;
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns])
+                .arg(std::fs::read_link(&exe).unwrap_or(exe));
+            c
+        }
+        None => Command::new(exe),
+    };
+    let mut child = cmd
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting the server process")?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no stdout from the server process"))?;
+    let stdin = child.stdin.take();
+    let pid = child.id();
+    let last_error = Arc::new(Mutex::new(None::<String>));
+    let (tx, rx) = mpsc::channel();
+    let seen = last_error.clone();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        loop {
+            let mut l = String::new();
+            match r.read_line(&mut l) {
+                Ok(n) if n > 0 => {
+                    let l = l.trim_end().to_string();
+                    if let Some(m) = l.strip_prefix("ERROR ") {
+                        *seen.lock().unwrap() = Some(m.to_string());
+                    }
+                    let _ = tx.send(Line::Text(l));
+                }
+                _ => break,
+            }
+        }
+        let _ = tx.send(Line::Eof);
+        let why = seen.lock().unwrap().clone();
+        on_eof(why);
+    });
+    Ok(Server {
+        rx,
+        pid,
+        last_error,
+        _guard: ChildGuard {
+            child,
+            _stdin: stdin,
+        },
+    })
 }
 
 /// Runs one measurement (client half), spawning the server.
@@ -475,71 +550,23 @@ pub fn run_sliced(
     if plan.iters.contains(&0) {
         bail!("iterations must be at least 1");
     }
-    let exe = crate::self_exe()?;
-    let mut cmd = match &plan.server_netns {
-        // The server runs on the other test host.
-        Some((ns, _, _)) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns])
-                .arg(std::fs::read_link(&exe).unwrap_or(exe));
-            c
-        }
-        None => Command::new(exe),
-    };
-    let mut child = cmd
-        .args(server_args(plan))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting the server process")?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| anyhow!("no stdout from the server process"))?;
-    let stdin = child.stdin.take();
-    let server_pid = child.id();
-    let _guard = ChildGuard {
-        child,
-        _stdin: stdin,
-    };
+    let netns = plan.server_netns.as_ref().map(|(ns, _, _)| ns.as_str());
     let state = Arc::new(AtomicU8::new(STATE_SETUP));
-    let last_error = Arc::new(Mutex::new(None::<String>));
-    let (tx, rx) = mpsc::channel();
-    {
-        let state = state.clone();
-        let last_error = last_error.clone();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            loop {
-                let mut l = String::new();
-                match r.read_line(&mut l) {
-                    Ok(n) if n > 0 => {
-                        let l = l.trim_end().to_string();
-                        if let Some(m) = l.strip_prefix("ERROR ") {
-                            *last_error.lock().unwrap() = Some(m.to_string());
-                        }
-                        let _ = tx.send(Line::Text(l));
-                    }
-                    _ => break,
-                }
-            }
-            let _ = tx.send(Line::Eof);
-            // The server is gone. If the measurement is still running, a
-            // receive may never complete: give it a moment, then give up.
-            std::thread::sleep(Duration::from_secs(3));
-            if state.load(Ordering::SeqCst) == STATE_MEASURING {
-                let why = last_error
-                    .lock()
-                    .unwrap()
-                    .clone()
-                    .unwrap_or_else(|| "it exited or was killed".into());
-                eprintln!("uvia: error: the server process stopped in the middle of the measurement: {why}");
-                std::process::exit(1);
-            }
-        });
-    }
-    let info = wait_line(&rx, "READY", Duration::from_secs(30), "READY line")?;
+    let watched = state.clone();
+    let server = spawn_server(&server_args(plan), netns, move |why| {
+        // The server is gone. If the measurement is still running, a
+        // receive may never complete: give it a moment, then give up.
+        std::thread::sleep(Duration::from_secs(3));
+        if watched.load(Ordering::SeqCst) == STATE_MEASURING {
+            let why = why.unwrap_or_else(|| "it exited or was killed".into());
+            eprintln!(
+                "uvia: error: the server process stopped in the middle of the measurement: {why}"
+            );
+            std::process::exit(1);
+        }
+    })?;
+    let (rx, last_error, server_pid) = (&server.rx, &server.last_error, server.pid);
+    let info = wait_line(rx, "READY", Duration::from_secs(30), "READY line")?;
     ready(server_pid)?;
     pin::pin_or_warn(plan.client_cpu, "client");
     let cfg = config(plan);
@@ -585,7 +612,7 @@ pub fn run_sliced(
             return Err(e);
         }
     };
-    let report = wait_line(&rx, "RESULT", Duration::from_secs(30), "RESULT line")?;
+    let report = wait_line(rx, "RESULT", Duration::from_secs(30), "RESULT line")?;
     let report: ServerReport =
         serde_json::from_str(&report).context("reading the server's RESULT line")?;
     for (r, c) in results.iter_mut().zip(report.cpu) {

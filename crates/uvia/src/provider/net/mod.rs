@@ -33,11 +33,7 @@ pub(super) const TX_BATCH: usize = 32;
 const SWEEP_EVERY: Duration = Duration::from_millis(1);
 /// Pause before a message the receiver was not ready for goes again.
 const RNR_DELAY: Duration = Duration::from_micros(200);
-/// A peer silent this long is dead, unless `NicOptions::idle_timeout` says
-/// otherwise: every outstanding descriptor then completes with an error.
-/// Keep-alives go at a quarter of it, so a live but idle peer answers three
-/// times before it is given up.
-pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+use crate::nic::DEFAULT_IDLE_TIMEOUT as IDLE_TIMEOUT;
 
 /// A connection request waiting for a server's answer.
 pub(crate) type Incoming = uvia_proto::endpoint::Incoming<Addr>;

@@ -29,6 +29,11 @@ use uvia_proto::{Conn, Event, Memory, Outcome, SendKind, SendOp};
 const COALESCE: Duration = Duration::from_micros(5);
 /// Empty polls between two looks at a network VI's timers.
 const TIMER_EVERY: u32 = 16;
+/// Least time between two looks at the Nic's own medium by a VI whose
+/// frames all reach a medium of its own: only requests and other VIs'
+/// handshakes arrive there, and a flood of requests then costs a busy VI
+/// at most one batch per look (the rest wait, or the kernel drops them).
+const NIC_LOOK_EVERY: Duration = Duration::from_millis(1);
 /// Longest sleep of a network VI's waiter: the engine's timers (delayed
 /// acks, retransmissions, keep-alives) run in its progress.
 const NAP: Duration = Duration::from_millis(1);
@@ -51,6 +56,8 @@ pub(crate) struct NetVi {
     deferred: u32,
     /// Polls since the timers were last looked at.
     idle: u32,
+    /// When a VI with a medium of its own next looks at the Nic's.
+    nic_look_at: Option<Instant>,
     /// The connection's own medium, when the Nic's allows one (a UDP
     /// socket on a port of its own): every frame of the connection comes
     /// and goes there, so two connections between the same two Nics are
@@ -95,6 +102,7 @@ impl NetVi {
             answering: false,
             deferred: 0,
             idle: 0,
+            nic_look_at: None,
             own: None,
             own_batch: None,
             joined: false,
@@ -601,11 +609,10 @@ impl TransportOps for NetVi {
         let mut arrived = None;
         let got = match (self.own.is_some(), self.joined) {
             (true, true) => {
+                // Requests and other VIs' handshakes reach the Nic's
+                // medium: looked at with the timers, below.
                 arrived = self.poll_own(vi, q, nic);
-                // Other VIs' frames and requests reach the Nic's socket:
-                // look there now and then.
-                let every = self.idle.wrapping_add(1).is_multiple_of(TIMER_EVERY);
-                arrived.is_some() | (every && nic.poll(Some((vi, &mut *q, &mut *self))))
+                arrived.is_some()
             }
             // Connecting: the answer comes to the own medium, a peer-to-peer
             // side's request to the Nic's.
@@ -628,6 +635,11 @@ impl TransportOps for NetVi {
         // second clock read would sit on the message's path.
         let now = arrived.unwrap_or_else(Instant::now);
         let mut moved = got;
+        if timers && self.own.is_some() && self.joined && self.nic_look_at.is_none_or(|t| now >= t)
+        {
+            self.nic_look_at = Some(now + NIC_LOOK_EVERY);
+            moved |= nic.poll(Some((vi, &mut *q, &mut *self)));
+        }
         if timers {
             if self.conn.poll_timeout().is_some_and(|t| t <= now) {
                 self.conn.handle_timeout(now);
