@@ -656,7 +656,9 @@ unsafe extern "C" fn connect(
 /// A failed connect request as a libfabric error code.
 fn connect_error(e: &ConnectError) -> c_int {
     match e {
-        ConnectError::Rejected | ConnectError::NoListener { .. } => FI_ECONNREFUSED,
+        ConnectError::Rejected | ConnectError::WrongJob | ConnectError::NoListener { .. } => {
+            FI_ECONNREFUSED
+        }
         ConnectError::Timeout(_) => FI_ETIMEDOUT,
         ConnectError::InvalidState(_) => FI_EOPBADSTATE as c_int,
         _ => FI_EIO,

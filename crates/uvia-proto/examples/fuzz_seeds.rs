@@ -18,6 +18,7 @@ fn main() -> std::io::Result<()> {
         max_transfer: 1 << 20,
         initial_psn: 100,
         intact: false,
+        job: 0,
     };
     let data = |op, flags, payload: &'static [u8]| Repr::Data {
         header: DataHeader {

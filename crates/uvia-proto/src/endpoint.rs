@@ -49,6 +49,12 @@ pub struct EndpointConfig {
     /// answer (their clients ask again, and give up at their own timeout).
     /// A flood of requests then costs no reply each.
     pub refusals_per_second: u32,
+    /// The job key listeners require (0: none): a request that carries
+    /// another key, or none, is refused with [`RejectReason::WrongJob`].
+    /// Keeps jobs that share hosts and discriminators apart; the key goes
+    /// on the wire as it is, so it is no defence against a peer that can
+    /// read the traffic.
+    pub job: u64,
 }
 
 impl Default for EndpointConfig {
@@ -60,6 +66,7 @@ impl Default for EndpointConfig {
             pending_timeout: Duration::from_secs(1),
             max_rejects: 64,
             refusals_per_second: 2_000,
+            job: 0,
         }
     }
 }
@@ -110,6 +117,8 @@ pub struct EndpointStats {
     pub busy: u64,
     /// Refusals not sent: over [`EndpointConfig::refusals_per_second`].
     pub unanswered: u64,
+    /// Requests refused for their job key ([`EndpointConfig::job`]).
+    pub wrong_job: u64,
 }
 
 /// Why [`Endpoint::peer_connect`] refused.
@@ -575,6 +584,14 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
             // and the listener may have come by then.
             return self.refuse(now, from, peer_id, no_listener, reply);
         };
+        if self.cfg.job != 0 && attrs.job != self.cfg.job {
+            self.stats.wrong_job += 1;
+            let wrong = Refusal {
+                reason: RejectReason::WrongJob,
+                private: PrivateData::EMPTY,
+            };
+            return self.refuse(now, from, peer_id, wrong, reply);
+        }
         if l.held >= self.cfg.max_pending && l.expire_at.is_none_or(|at| now >= at) {
             l.expire_at = Some(now + self.cfg.pending_timeout / EXPIRE_EVERY);
             self.expire(now, discriminator);
@@ -695,6 +712,7 @@ mod tests {
             max_transfer: 1 << 20,
             initial_psn: 100,
             intact: false,
+            job: 0,
         }
     }
 
@@ -977,6 +995,38 @@ mod tests {
         b.ep.reject(&inc, RejectReason::Refused, &PrivateData::EMPTY, &mut buf);
         assert_eq!(
             b.feed(CLIENT, &request(4, b"srv", b"")),
+            Seen::Request(b"srv".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_listener_with_a_job_key_refuses_requests_without_it() {
+        let key = 0x5eed_0000_0000_0001;
+        let mut b = Bench::new(EndpointConfig {
+            job: key,
+            ..EndpointConfig::default()
+        });
+        b.ep.listen(b"srv");
+        let with = |job| {
+            let r = Repr::ConnRequest {
+                attrs: ConnAttrs { job, ..attrs() },
+                discriminator: b"srv",
+                private: b"",
+            };
+            bytes(&r, 0, 1)
+        };
+        let wrong = reject(CLIENT, 1, RejectReason::WrongJob, b"");
+        assert_eq!(b.feed(CLIENT, &request(1, b"srv", b"")), wrong, "no key");
+        assert_eq!(b.feed(CLIENT, &with(key + 1)), wrong, "another key");
+        assert_eq!(b.ep.stats().wrong_job, 2);
+        assert_eq!(b.feed(CLIENT, &with(key)), Seen::Request(b"srv".to_vec()));
+        let inc = b.ep.take_request(b"srv").expect("the request with the key");
+        assert_eq!(inc.attrs.job, key);
+        // A listener without a key takes any request.
+        let mut open = Bench::new(EndpointConfig::default());
+        open.ep.listen(b"srv");
+        assert_eq!(
+            open.feed(CLIENT, &with(key)),
             Seen::Request(b"srv".to_vec())
         );
     }

@@ -408,6 +408,9 @@ pub mod ack_flags {
 pub mod attr_flags {
     /// The announcing side's medium delivers frames intact or not at all.
     pub const INTACT: u8 = 1;
+    /// A request carries a job key: 8 bytes after its fixed part, before
+    /// its private data.
+    pub const JOB: u8 = 2;
 }
 
 /// The attributes a side announces in a request or an accept.
@@ -427,6 +430,9 @@ pub struct ConnAttrs {
     /// frames out (as zero), and this side parses them with
     /// [`parse_intact`].
     pub intact: bool,
+    /// A request's job key (0: none), which a listener given a key
+    /// compares with its own; never sent in an accept.
+    pub job: u64,
 }
 
 impl ConnAttrs {
@@ -440,8 +446,9 @@ impl ConnAttrs {
             return Err(WireError::Malformed("rdma flags"));
         }
         // (Byte 2 is a request's discriminator length.)
+        // (The job flag is the request parser's: it reads the key.)
         let flags = b[at + 3];
-        if flags & !attr_flags::INTACT != 0 {
+        if flags & !(attr_flags::INTACT | attr_flags::JOB) != 0 {
             return Err(WireError::Malformed("attribute flags"));
         }
         Ok(ConnAttrs {
@@ -452,14 +459,30 @@ impl ConnAttrs {
             max_transfer: be32(b, at + 8),
             initial_psn: be32(b, at + 12),
             intact: flags & attr_flags::INTACT != 0,
+            job: 0,
         })
+    }
+
+    /// True if the attributes at `at` say a job key follows.
+    fn has_job(b: &[u8], at: usize) -> bool {
+        b[at + 3] & attr_flags::JOB != 0
+    }
+
+    /// Bytes the job key adds to a request.
+    fn job_len(&self) -> usize {
+        if self.job != 0 {
+            8
+        } else {
+            0
+        }
     }
 
     fn emit(&self, b: &mut [u8], at: usize) {
         b[at] = self.reliability;
         b[at + 1] = self.rdma_write as u8 | (self.rdma_read as u8) << 1;
         b[at + 2] = 0;
-        b[at + 3] = if self.intact { attr_flags::INTACT } else { 0 };
+        b[at + 3] = if self.intact { attr_flags::INTACT } else { 0 }
+            | if self.job != 0 { attr_flags::JOB } else { 0 };
         put32(b, at + 4, self.max_frame);
         put32(b, at + 8, self.max_transfer);
         put32(b, at + 12, self.initial_psn);
@@ -478,6 +501,8 @@ pub enum RejectReason {
     Mismatch = 3,
     /// The listener has as many requests waiting as it holds: ask again later.
     Busy = 4,
+    /// The listener was given a job key and the request had another, or none.
+    WrongJob = 5,
 }
 
 impl RejectReason {
@@ -487,6 +512,7 @@ impl RejectReason {
             2 => RejectReason::NoListener,
             3 => RejectReason::Mismatch,
             4 => RejectReason::Busy,
+            5 => RejectReason::WrongJob,
             _ => return None,
         })
     }
@@ -691,7 +717,11 @@ pub(crate) fn cut_discriminator(d: &[u8]) -> &[u8] {
 /// A handshake frame's private data: after its kind's fixed part, a length
 /// byte and exactly that many bytes; none if the frame ends at its fixed part.
 fn parse_private(b: &[u8], kind: Kind) -> Result<&[u8], WireError> {
-    let fixed = kind.fixed_len();
+    parse_private_at(b, kind.fixed_len())
+}
+
+/// The private data of a frame whose fixed part (and job key) ends at `fixed`.
+fn parse_private_at(b: &[u8], fixed: usize) -> Result<&[u8], WireError> {
     let Some(&n) = b.get(fixed) else {
         return Ok(&[]);
     };
@@ -715,11 +745,15 @@ fn private_len(private: &[u8]) -> usize {
 /// than [`MAX_PRIVATE`] is cut, as a discriminator is (and
 /// [`buffer_len`](Repr::buffer_len) counts it cut).
 fn emit_private(b: &mut [u8], kind: Kind, private: &[u8]) {
+    emit_private_at(b, kind.fixed_len(), private)
+}
+
+/// [`emit_private`] after a fixed part (and job key) ending at `at`.
+fn emit_private_at(b: &mut [u8], at: usize, private: &[u8]) {
     if private.is_empty() {
         return;
     }
     let n = private.len().min(MAX_PRIVATE);
-    let at = kind.fixed_len();
     b[at] = n as u8;
     b[at + 1..at + 1 + n].copy_from_slice(&private[..n]);
 }
@@ -844,14 +878,29 @@ impl<'a> Repr<'a> {
                 }
                 let at = HEADER_LEN + 16;
                 let discriminator = &b[at..at + n];
-                let private = parse_private(b, kind)?;
+                let mut attrs = attrs;
+                let mut fixed = kind.fixed_len();
+                if ConnAttrs::has_job(b, HEADER_LEN) {
+                    attrs.job = b
+                        .get(fixed..fixed + 8)
+                        .map(|k| u64::from_be_bytes(k.try_into().unwrap_or_default()))
+                        .filter(|&k| k != 0)
+                        .ok_or(WireError::Malformed("job key"))?;
+                    fixed += 8;
+                }
+                let private = parse_private_at(b, fixed)?;
                 let peer_to_peer = kind == Kind::PeerRequest;
                 Repr::request(peer_to_peer, attrs, discriminator, private)
             }
-            Kind::ConnAccept => Repr::ConnAccept {
-                attrs: ConnAttrs::parse(b, HEADER_LEN)?,
-                private: parse_private(b, kind)?,
-            },
+            Kind::ConnAccept => {
+                if ConnAttrs::has_job(b, HEADER_LEN) {
+                    return Err(WireError::Malformed("job key in an accept"));
+                }
+                Repr::ConnAccept {
+                    attrs: ConnAttrs::parse(b, HEADER_LEN)?,
+                    private: parse_private(b, kind)?,
+                }
+            }
             Kind::ConnReject => Repr::ConnReject {
                 reason: RejectReason::from_u8(b[HEADER_LEN])
                     .ok_or(WireError::Malformed("reject reason"))?,
@@ -908,8 +957,8 @@ impl<'a> Repr<'a> {
     /// Bytes [`emit`](Self::emit) writes.
     pub fn buffer_len(&self) -> usize {
         match self {
-            Repr::ConnRequest { private, .. } | Repr::PeerRequest { private, .. } => {
-                Kind::ConnRequest.fixed_len() + private_len(private)
+            Repr::ConnRequest { attrs, private, .. } | Repr::PeerRequest { attrs, private, .. } => {
+                Kind::ConnRequest.fixed_len() + attrs.job_len() + private_len(private)
             }
             Repr::ConnAccept { private, .. } => Kind::ConnAccept.fixed_len() + private_len(private),
             Repr::ConnReject { private, .. } => Kind::ConnReject.fixed_len() + private_len(private),
@@ -949,11 +998,16 @@ impl<'a> Repr<'a> {
                 let at = HEADER_LEN + 16;
                 b[at..at + MAX_DISCRIMINATOR].fill(0);
                 b[at..at + n].copy_from_slice(&discriminator[..n]);
-                emit_private(b, kind, private);
+                let mut fixed = kind.fixed_len();
+                if attrs.job != 0 {
+                    b[fixed..fixed + 8].copy_from_slice(&attrs.job.to_be_bytes());
+                    fixed += 8;
+                }
+                emit_private_at(b, fixed, private);
             }
             Repr::ConnAccept { attrs, private } => {
                 emit_header(b, Kind::ConnAccept, dst, src);
-                attrs.emit(b, HEADER_LEN);
+                ConnAttrs { job: 0, ..*attrs }.emit(b, HEADER_LEN);
                 emit_private(b, Kind::ConnAccept, private);
             }
             Repr::ConnReject { reason, private } => {
@@ -1116,6 +1170,7 @@ mod tests {
             max_transfer: 0x0100_0000,
             initial_psn: 0xffff_fff0,
             intact: false,
+            job: 0,
         };
         let attrs2 = ConnAttrs {
             reliability: 2,
@@ -1125,6 +1180,7 @@ mod tests {
             max_transfer: 65_536,
             initial_psn: 5000,
             intact: true,
+            job: 0,
         };
         vec![
             (
@@ -1485,6 +1541,61 @@ mod tests {
     }
 
     #[test]
+    fn a_job_key_rides_between_a_request_and_its_private_data() {
+        let attrs = ConnAttrs {
+            job: 0x0102_0304_0506_0708,
+            ..samples_attrs()
+        };
+        let repr = Repr::ConnRequest {
+            attrs,
+            discriminator: b"sim",
+            private: b"hi",
+        };
+        let b = bytes_of(&repr);
+        let fixed = Kind::ConnRequest.fixed_len();
+        assert_eq!(b.len(), fixed + 8 + 1 + 2);
+        assert_eq!(b[HEADER_LEN + 3] & attr_flags::JOB, attr_flags::JOB);
+        assert_eq!(b[fixed..fixed + 8], [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(&b[fixed + 8..], &[2, b'h', b'i']);
+        assert_eq!(parse(&b), Ok((DST, SRC, repr.clone())));
+        // Without a key the frame is the one it always was.
+        let plain = Repr::ConnRequest {
+            attrs: samples_attrs(),
+            discriminator: b"sim",
+            private: b"hi",
+        };
+        assert_eq!(bytes_of(&plain).len(), fixed + 3);
+        // The flag with the key cut off, or a zero key: malformed.
+        let cut = resealed(b[..fixed + 4].to_vec());
+        assert_eq!(parse(&cut).unwrap_err(), WireError::Malformed("job key"));
+        let mut zero = b.clone();
+        zero[fixed..fixed + 8].fill(0);
+        let zero = resealed(zero);
+        assert_eq!(parse(&zero).unwrap_err(), WireError::Malformed("job key"));
+        // An accept never carries one: its key is dropped when written,
+        // and a flag on the wire is refused.
+        let accept = Repr::ConnAccept {
+            attrs,
+            private: b"",
+        };
+        let a = bytes_of(&accept);
+        assert_eq!(a[HEADER_LEN + 3] & attr_flags::JOB, 0);
+        let mut flagged = a.clone();
+        flagged[HEADER_LEN + 3] |= attr_flags::JOB;
+        assert_eq!(
+            parse(&resealed(flagged)).unwrap_err(),
+            WireError::Malformed("job key in an accept")
+        );
+    }
+
+    fn samples_attrs() -> ConnAttrs {
+        match samples()[0].1 {
+            Repr::ConnRequest { attrs, .. } => attrs,
+            _ => unreachable!("the first sample is a request"),
+        }
+    }
+
+    #[test]
     fn every_truncation_is_refused() {
         for (name, repr) in samples() {
             let b = bytes_of(&repr);
@@ -1630,14 +1741,14 @@ mod tests {
         for name in ["request", "accept", "peer-request"] {
             assert_eq!(with(name, 16, 3), m("reliability level"), "{name}");
             assert_eq!(with(name, 17, 4), m("rdma flags"), "{name}");
-            assert_eq!(with(name, 19, 2), m("attribute flags"), "{name}");
+            assert_eq!(with(name, 19, 4), m("attribute flags"), "{name}");
         }
         for name in ["request", "peer-request"] {
             assert_eq!(with(name, 18, 33), m("discriminator length"), "{name}");
             assert_eq!(with(name, 18, 0xff), m("discriminator length"), "{name}");
             assert!(with(name, 18, 32).is_ok(), "{name}: the longest");
         }
-        for v in [0, 5, 0xff] {
+        for v in [0, 6, 0xff] {
             assert_eq!(with("reject", 16, v), m("reject reason"));
         }
         // Private data: its length byte (byte 32 of an accept) past the

@@ -70,6 +70,7 @@ fn repeated_requests_make_one_connection() {
             max_transfer: 16 << 20,
             initial_psn: 1000,
             intact: false,
+            job: 0,
         };
         let req = Repr::ConnRequest {
             attrs,

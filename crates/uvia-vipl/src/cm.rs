@@ -53,7 +53,7 @@ pub(crate) fn connect_err(e: ConnectError) -> VipReturn {
         ConnectError::InvalidState(_) => ret::INVALID_STATE,
         ConnectError::NoListener { .. } => ret::NO_MATCH,
         ConnectError::Timeout(_) => ret::TIMEOUT,
-        ConnectError::Rejected => ret::REJECT,
+        ConnectError::Rejected | ConnectError::WrongJob => ret::REJECT,
         ConnectError::Mismatch(_) => ret::INVALID_RELIABILITY_LEVEL,
         ConnectError::DiscriminatorTooLong(_)
         | ConnectError::PrivateDataTooLong(_)

@@ -131,6 +131,12 @@ pub enum ConnectError {
     Timeout(u64),
     #[error("the peer rejected the connection")]
     Rejected,
+    /// The server's Nic was given a job key and this request carried
+    /// another, or none (`NicOptions::job_key`, `UVIA_JOB_KEY`).
+    #[error(
+        "the server belongs to another job: its job key differs from this Nic's (UVIA_JOB_KEY)"
+    )]
+    WrongJob,
     #[error("attributes do not match: {0}")]
     Mismatch(String),
     #[error("malformed connection message from the peer: {0}")]

@@ -104,6 +104,33 @@ pub struct NicOptions {
     /// Silence from a peer longer than this breaks its connections
     /// (network Nics; default [`DEFAULT_IDLE_TIMEOUT`]).
     pub idle_timeout: Option<std::time::Duration>,
+    /// A job key, any text: every connection request this Nic sends
+    /// carries it, and this Nic's listeners refuse requests that carry
+    /// another or none ([`ConnectError::WrongJob`](crate::ConnectError::WrongJob)),
+    /// so two jobs on the same hosts and discriminators stay apart, as a
+    /// launcher's job id keeps them. `None` reads `UVIA_JOB_KEY`; unset or
+    /// empty, no key (the default). The key travels as a 64-bit hash in
+    /// the clear: it keeps jobs apart, it is no secret from a peer that
+    /// reads the traffic.
+    pub job_key: Option<String>,
+}
+
+/// The 64-bit form of a job key ([`NicOptions::job_key`], else
+/// `UVIA_JOB_KEY`); 0 for none.
+pub(crate) fn job_key(opts: &NicOptions) -> u64 {
+    let key = match &opts.job_key {
+        Some(k) => k.clone(),
+        None => std::env::var("UVIA_JOB_KEY").unwrap_or_default(),
+    };
+    if key.is_empty() {
+        return 0;
+    }
+    // FNV-1a by hand: every process of a job must hash its key alike,
+    // whatever it was built with, which std's hasher does not promise.
+    let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    h.max(1)
 }
 
 /// An opened provider instance. Cheap to clone; closed when the last clone,

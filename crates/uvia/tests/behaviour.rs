@@ -43,14 +43,22 @@ impl Medium {
     /// Two Nics that reach each other over this medium, or why that cannot
     /// be had here.
     fn link(self) -> Result<Link, String> {
+        self.link_with(&NicOptions::default(), &NicOptions::default())
+    }
+
+    /// [`link`](Self::link) with each Nic's settings.
+    fn link_with(self, a: &NicOptions, b: &NicOptions) -> Result<Link, String> {
+        let open = |name: &str, opts| {
+            Nic::open_with(name, opts).unwrap_or_else(|e| panic!("opening {name}: {e}"))
+        };
         match self {
             Medium::Shm => {
                 let name = format!("shm:b{:x}", unique());
-                Ok(Link::new(open(&name), open(&name), None))
+                Ok(Link::new(open(&name, a), open(&name, b), None))
             }
             Medium::Udp => Ok(Link::new(
-                open("udp:127.0.0.1"),
-                open("udp:127.0.0.1"),
+                open("udp:127.0.0.1", a),
+                open("udp:127.0.0.1", b),
                 None,
             )),
             Medium::Xdp => {
@@ -58,20 +66,16 @@ impl Medium {
                 let hosts = TestHosts::create("bh").expect("test hosts");
                 // A socket belongs to the host its thread is on when it is
                 // opened; after that any thread may use it.
-                let on = |side: Side| {
+                let on = |side: Side, opts| {
                     let _on = hosts.enter(side).expect("enter a test host");
-                    Nic::open(&format!("xdp:{}", hosts.iface(side)))
+                    Nic::open_with(&format!("xdp:{}", hosts.iface(side)), opts)
                 };
-                let a = on(Side::A).map_err(|e| e.to_string())?;
-                let b = on(Side::B).map_err(|e| e.to_string())?;
+                let a = on(Side::A, a).map_err(|e| e.to_string())?;
+                let b = on(Side::B, b).map_err(|e| e.to_string())?;
                 Ok(Link::new(a, b, Some(hosts)))
             }
         }
     }
-}
-
-fn open(name: &str) -> Nic {
-    Nic::open(name).unwrap_or_else(|e| panic!("opening {name}: {e}"))
 }
 
 /// Runs one behaviour over `medium`, or says in one line why it cannot run.
@@ -1068,4 +1072,62 @@ on_every_medium! {
     disconnect_flushes_both_sides:                              run run run;
     disconnect_fails_sends_waiting_for_the_peer:                run run run;
     private_data_crosses_the_handshake:                         run run run;
+}
+
+/// A server of job `job-a` and clients without a key, of job `job-b` and of
+/// `job-a`: only the last is heard; the others learn why at once.
+fn a_job_key_keeps_two_jobs_apart(medium: Medium) {
+    let key = |k: &str| NicOptions {
+        job_key: Some(k.into()),
+        ..NicOptions::default()
+    };
+    for (client, accepted) in [("", false), ("job-b", false), ("job-a", true)] {
+        let link = match medium.link_with(&key(client), &key("job-a")) {
+            Ok(l) => l,
+            Err(why) => return println!("skipped: {why}"),
+        };
+        let disc = Discriminator::from_u64(unique());
+        let ptag = link.a.create_ptag().unwrap();
+        let vi = link
+            .a
+            .create_vi(ViAttributes::new(ptag), None, None)
+            .unwrap();
+        let (nic, d) = (link.b.clone(), disc.clone());
+        let server = std::thread::spawn(move || {
+            let ptag = nic.create_ptag().unwrap();
+            let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+            let mut req = nic.connect_wait(&d, Some(Duration::from_secs(1))).ok()?;
+            req.accept(&vi).unwrap();
+            Some(vi)
+        });
+        let r = vi.connect_request(&NetAddress::new(&link.b_host, disc), T);
+        match accepted {
+            true => assert!(r.is_ok(), "{medium:?} {client:?}: {r:?}"),
+            false => assert!(
+                matches!(r, Err(ConnectError::WrongJob)),
+                "{medium:?} {client:?}: {r:?}"
+            ),
+        }
+        let heard = server.join().unwrap();
+        assert_eq!(
+            heard.is_some(),
+            accepted,
+            "{medium:?} {client:?}: the server heard it"
+        );
+    }
+}
+
+#[test]
+fn a_job_key_keeps_two_jobs_apart_on_shm() {
+    a_job_key_keeps_two_jobs_apart(Medium::Shm)
+}
+
+#[test]
+fn a_job_key_keeps_two_jobs_apart_on_udp() {
+    a_job_key_keeps_two_jobs_apart(Medium::Udp)
+}
+
+#[test]
+fn a_job_key_keeps_two_jobs_apart_on_xdp() {
+    a_job_key_keeps_two_jobs_apart(Medium::Xdp)
 }

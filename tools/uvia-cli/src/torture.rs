@@ -744,6 +744,7 @@ fn flooder(
             max_transfer: 1 << 20,
             initial_psn: 1,
             intact: true,
+            job: 0,
         },
         discriminator: d.as_bytes(),
         private: &[],

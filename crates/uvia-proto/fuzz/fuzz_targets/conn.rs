@@ -127,6 +127,7 @@ fuzz_target!(|data: &[u8]| {
         max_transfer: 1 << 20,
         initial_psn: 100,
         intact: false,
+        job: 0,
     };
     let mut c = if client {
         // A client still connecting: the handshake's paths too.

@@ -104,6 +104,9 @@ pub struct Config {
     /// [`wire::parse_intact`]. Off by default: the engine's own CRC-32 then
     /// guards every frame.
     pub intact: bool,
+    /// The job key a request carries (0: none): see
+    /// [`EndpointConfig::job`](crate::EndpointConfig::job).
+    pub job: u64,
 }
 
 impl Default for Config {
@@ -128,6 +131,7 @@ impl Default for Config {
             handshake_retry: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(5),
             intact: false,
+            job: 0,
         }
     }
 }
@@ -142,6 +146,7 @@ impl Config {
             max_transfer: self.max_transfer,
             initial_psn,
             intact: self.intact,
+            job: self.job,
         }
     }
 }

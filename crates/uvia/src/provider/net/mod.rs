@@ -61,6 +61,8 @@ pub(crate) struct NetNic {
     /// looked up in its neighbour table.
     iface: Option<String>,
     pub idle_timeout: Duration,
+    /// The job key this Nic's requests carry (0: none).
+    job: u64,
     endpoint: SpinLock<Endpoint<Addr>>,
     /// Local connection id -> its VI.
     vis: SpinLock<HashMap<u32, Weak<ViShared>>>,
@@ -84,6 +86,7 @@ impl NetNic {
         own_medium: Option<OwnMediumFactory>,
         iface: Option<String>,
         idle_timeout: Duration,
+        job: u64,
     ) -> NetNic {
         let caps = medium.caps().clone();
         // Connection ids start somewhere different in each Nic, so frames of
@@ -97,6 +100,7 @@ impl NetNic {
         let endpoint = Endpoint::new(EndpointConfig {
             intact: caps.intact,
             id_seed: seed | 1,
+            job,
             ..EndpointConfig::default()
         })
         .with_hosts(same_host);
@@ -106,6 +110,7 @@ impl NetNic {
             lends: caps.lends,
             iface,
             idle_timeout,
+            job,
             endpoint: SpinLock::new(endpoint),
             vis: SpinLock::new(HashMap::new()),
             rx: std::sync::Mutex::new(RxState {
@@ -497,7 +502,7 @@ fn open_net(
         ..NicAttributes::common(name, provider, address)
     };
     let idle = opts.idle_timeout.unwrap_or(IDLE_TIMEOUT);
-    let net = NetNic::new(medium, own, iface, idle);
+    let net = NetNic::new(medium, own, iface, idle, crate::nic::job_key(opts));
     Ok((attrs, NicProvider::Net(net)))
 }
 
@@ -514,6 +519,7 @@ impl NetNic {
             idle_timeout: net.idle_timeout,
             keepalive: net.idle_timeout / 4,
             intact: net.intact,
+            job: net.job,
             rnr: if attrs.rnr_retry {
                 // Sent again every RNR_DELAY until the idle timeout's worth
                 // of tries has passed.
@@ -622,6 +628,7 @@ impl NetNic {
                         waited_ms: start.elapsed().as_millis() as u64,
                     })
                 }
+                Event::Rejected(RejectReason::WrongJob) => return Err(ConnectError::WrongJob),
                 Event::Rejected(_) => return Err(ConnectError::Rejected),
                 _ => {
                     if last_no_listener {

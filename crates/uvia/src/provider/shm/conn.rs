@@ -566,10 +566,14 @@ pub(crate) mod hello {
         /// The application's bytes for the other side (at most
         /// [`MAX_PRIVATE_DATA`]).
         pub private: Vec<u8>,
+        /// A request's job key (0: none), bytes 16..24.
+        pub job: u64,
     }
 
     /// Reject reason: the two VIs' attributes do not match.
     pub const MISMATCH: u8 = 1;
+    /// Reject reason: the listener's job key is not the request's.
+    pub const WRONG_JOB: u8 = 2;
 
     impl From<&Hello> for crate::cm::RemoteViAttributes {
         fn from(h: &Hello) -> Self {
@@ -593,6 +597,7 @@ pub(crate) mod hello {
                 discriminator: d.clone(),
                 reason: 0,
                 private: Vec::new(),
+                job: 0,
             }
         }
 
@@ -609,6 +614,7 @@ pub(crate) mod hello {
             b[13] = self.reason;
             let p = &self.private[..self.private.len().min(MAX_PRIVATE_DATA)];
             b[14] = p.len() as u8;
+            b[16..24].copy_from_slice(&self.job.to_le_bytes());
             b[24..24 + d.len()].copy_from_slice(d);
             b[PRIVATE_AT..PRIVATE_AT + p.len()].copy_from_slice(p);
             b
@@ -644,6 +650,7 @@ pub(crate) mod hello {
                 discriminator,
                 reason: b[13],
                 private: b[PRIVATE_AT..PRIVATE_AT + plen].to_vec(),
+                job: u64::from_le_bytes(b[16..24].try_into().unwrap_or_default()),
             })
         }
     }

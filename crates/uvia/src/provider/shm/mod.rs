@@ -51,10 +51,12 @@ pub(crate) struct ShmNic {
     instance: String,
     dir: SocketDir,
     listeners: Mutex<HashMap<Vec<u8>, Listener>>,
+    /// The job key its requests carry and its listeners require (0: none).
+    job: u64,
 }
 
 /// `shm` (instance `0`) or `shm:<instance>`.
-pub(crate) fn open(name: &str, _opts: &NicOptions) -> Result<Opened, OpenError> {
+pub(crate) fn open(name: &str, opts: &NicOptions) -> Result<Opened, OpenError> {
     let instance = match name.split_once(':') {
         None => "0".to_string(),
         Some((_, inst))
@@ -85,6 +87,7 @@ pub(crate) fn open(name: &str, _opts: &NicOptions) -> Result<Opened, OpenError> 
         instance,
         dir,
         listeners: Mutex::new(HashMap::new()),
+        job: crate::nic::job_key(opts),
     };
     Ok((attrs, NicProvider::Shm(nic)))
 }
@@ -138,6 +141,7 @@ impl NicOps for ShmNic {
         fds.extend(cq_eventfds(vi));
         let mut req = Hello::new(hello::REQUEST, &attrs, &remote.discriminator);
         req.private = private.to_vec();
+        req.job = self.job;
         stream.send(&req.emit(), &fds)?;
         let left = timeout.saturating_sub(start.elapsed());
         let mut buf = [0u8; hello::LEN + 16];
@@ -153,6 +157,9 @@ impl NicOps for ShmNic {
         vi.lock().q.remote_private = reply.private.clone();
         let theirs = RemoteViAttributes::from(&reply);
         match reply.kind {
+            hello::REJECT if reply.reason == hello::WRONG_JOB => {
+                return Err(ConnectError::WrongJob);
+            }
             hello::REJECT if reply.reason == hello::MISMATCH => {
                 check_compatible(&attrs, &theirs)?;
                 return Err(ConnectError::Rejected);
@@ -207,6 +214,18 @@ impl NicOps for ShmNic {
                 continue;
             };
             if h.kind != hello::REQUEST || h.discriminator != *discriminator {
+                continue;
+            }
+            if self.job != 0 && h.job != self.job {
+                // Another job's request: refused here, never shown.
+                let no = Hello {
+                    kind: hello::REJECT,
+                    reason: hello::WRONG_JOB,
+                    job: 0,
+                    private: Vec::new(),
+                    ..h
+                };
+                let _ = stream.send(&no.emit(), &[]);
                 continue;
             }
             let Ok((pid, _uid)) = stream.peer_cred() else {
