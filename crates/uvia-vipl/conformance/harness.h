@@ -49,6 +49,7 @@ extern const struct test notify_tests[];
 extern const struct test cm_tests[];
 extern const struct test ns_tests[];
 extern const struct test internal_tests[];
+extern const struct test hostile_tests[];
 
 /* ---- What the run is about ------------------------------------------------ */
 

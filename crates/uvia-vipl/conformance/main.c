@@ -43,6 +43,7 @@ unsigned test_limit(const struct test *t)
 static const struct test *const areas[] = {
     nic_tests, ptag_tests, mem_tests,    vi_tests, data_tests, rdma_tests,
     rel_tests, cq_tests,   notify_tests, cm_tests, ns_tests, internal_tests,
+    hostile_tests,
 };
 #define NAREAS (sizeof areas / sizeof areas[0])
 
