@@ -204,6 +204,7 @@ impl Listener {
         let tmp = PathBuf::from(tmp);
         if let Some(dir) = path.parent() {
             remove_orphaned_tmp(dir);
+            remove_stale_once(dir);
         }
         let (addr, len) = sockaddr(&tmp)?;
         let fd = seqpacket()?;
@@ -425,6 +426,33 @@ fn remove_orphaned_tmp(dir: &Path) {
             || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
         if !alive {
             let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Removes the sockets of listeners that died without removing theirs
+/// (killed), once per process and folder, at its first listen: a file
+/// whose connect is refused has no listener ([`remove_if_stale`]). A live
+/// listener sees one connection that closes at once, and drops it.
+fn remove_stale_once(dir: &Path) {
+    static SWEPT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    {
+        let mut swept = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
+        if swept.iter().any(|d| d == dir) {
+            return;
+        }
+        swept.push(dir.to_owned());
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let is_socket = e.file_type().is_ok_and(|t| {
+            use std::os::unix::fs::FileTypeExt;
+            t.is_socket()
+        });
+        if is_socket {
+            let _ = remove_if_stale(&e.path());
         }
     }
 }
@@ -779,6 +807,22 @@ mod tests {
         );
         let l2 = Listener::bind(&path).unwrap();
         drop(l2);
+        std::fs::remove_dir_all(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn the_first_listener_removes_sockets_of_dead_listeners() {
+        let dir = tmpdir("sweep");
+        // Left by a killed process: bound, then closed, the file stays.
+        let dead = dir.socket("dead");
+        drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+        let live = dir.socket("live");
+        let _alive = std::os::unix::net::UnixListener::bind(&live).unwrap();
+        assert!(dead.exists() && live.exists());
+        let l = Listener::bind(&dir.socket("new")).unwrap();
+        assert!(!dead.exists(), "a dead listener's socket is removed");
+        assert!(live.exists(), "a live one's is kept");
+        drop(l);
         std::fs::remove_dir_all(dir.path()).unwrap();
     }
 

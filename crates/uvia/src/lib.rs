@@ -37,3 +37,13 @@ pub use error::{
 pub use mem::{AccessError, MemAttributes, Ptag, RegionInfo};
 pub use nic::{MemoryRegion, Nic, NicAttributes, NicOptions, WeakNic, DEFAULT_IDLE_TIMEOUT};
 pub use vi::{Queue, Reliability, Vi, ViAttributes, ViState, DEFAULT_WAIT_SPIN};
+
+/// The folder where shm listeners of this process put their sockets
+/// (`UVIA_SOCKET_DIR`, else `$XDG_RUNTIME_DIR/uvia`, `/run/user/<uid>/uvia`,
+/// `/tmp/uvia-<uid>`; made if missing), or `None` if it cannot be had: for
+/// a tool that checks what a run left there.
+pub fn shm_socket_dir() -> Option<std::path::PathBuf> {
+    uvia_shm::SocketDir::from_env()
+        .ok()
+        .map(|d| d.path().to_path_buf())
+}

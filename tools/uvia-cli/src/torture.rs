@@ -957,6 +957,12 @@ pub struct Torture {
     pub flood: Option<Flood>,
     /// Media left out, and why.
     pub skipped: Vec<String>,
+    /// What the run left on the system: socket files, test hosts, child
+    /// processes that were not there before it (must be none).
+    pub left_behind: Vec<String>,
+    /// Socket files of killed listeners, found after the run and removed
+    /// by the next shm listener.
+    pub stale_sockets_removed: usize,
     /// What fell short of its limit, one line each.
     pub failures: Vec<String>,
 }
@@ -977,6 +983,7 @@ pub fn run(parts: &[Part], messages: u64, pairs: usize, measure: Duration) -> Re
         let _ = UNPINNED.set(set);
     }
     crate::pin::pin_or_warn(Some(0), "client");
+    let before = System::now();
     let mut t = Torture {
         messages_per_cell: messages,
         ..Torture::default()
@@ -1066,7 +1073,99 @@ pub fn run(parts: &[Part], messages: u64, pairs: usize, measure: Duration) -> Re
         t.flood = Some(f);
     }
     pb.finish_and_clear();
+    // A killed listener cannot remove its socket file: the next shm
+    // listener of the host does (its first listen removes the files whose
+    // connect is refused). Be that listener, then look.
+    let stale = System::now()
+        .since(&before)
+        .iter()
+        .filter(|x| x.starts_with("socket"))
+        .count();
+    if stale > 0 {
+        let nic = Nic::open("shm").context("opening shm to listen once")?;
+        let _ = nic.connect_wait(&Discriminator::from_u64(next_disc()), Some(Duration::ZERO));
+    }
+    t.stale_sockets_removed = stale;
+    // Peers just killed are reaped, their sockets closed, by now; give the
+    // kernel's teardown of the test hosts a moment.
+    let t0 = Instant::now();
+    loop {
+        t.left_behind = System::now().since(&before);
+        if t.left_behind.is_empty() || t0.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if !t.left_behind.is_empty() {
+        t.failures
+            .push(format!("left behind: {}", t.left_behind.join(", ")));
+    }
     Ok(t)
+}
+
+/// What a run can leave behind: files in shm's socket folder, network
+/// namespaces, child processes of this one.
+struct System {
+    sockets: std::collections::BTreeSet<String>,
+    namespaces: std::collections::BTreeSet<String>,
+    children: std::collections::BTreeSet<String>,
+}
+
+impl System {
+    fn now() -> System {
+        let names = |dir: &std::path::Path| -> std::collections::BTreeSet<String> {
+            std::fs::read_dir(dir)
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let me = std::process::id().to_string();
+        let children = std::fs::read_dir("/proc")
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter_map(|e| {
+                        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+                        // "pid (comm) state ppid ...": the parent after the name.
+                        let (head, rest) = stat.rsplit_once(") ")?;
+                        let ppid = rest.split(' ').nth(1)?;
+                        (ppid == me).then(|| format!("process {}", head.replacen(" (", " ", 1)))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        System {
+            sockets: uvia::shm_socket_dir()
+                .map(|d| names(&d))
+                .unwrap_or_default(),
+            namespaces: names(std::path::Path::new("/run/netns"))
+                .into_iter()
+                .filter(|n| n.starts_with("uvia-torture"))
+                .collect(),
+            children,
+        }
+    }
+
+    /// What is here now and was not in `before`.
+    fn since(&self, before: &System) -> Vec<String> {
+        let new = |now: &std::collections::BTreeSet<String>,
+                   then: &std::collections::BTreeSet<String>,
+                   what: &str| {
+            now.difference(then)
+                .map(|x| format!("{what} {x}"))
+                .collect::<Vec<_>>()
+        };
+        let mut v = new(&self.sockets, &before.sockets, "socket file");
+        v.extend(new(
+            &self.namespaces,
+            &before.namespaces,
+            "network namespace",
+        ));
+        v.extend(new(&self.children, &before.children, ""));
+        v.iter().map(|x| x.trim().to_string()).collect()
+    }
 }
 
 /// The report as text tables.
@@ -1178,6 +1277,13 @@ pub fn table(t: &Torture) -> String {
     }
     for k in &t.skipped {
         let _ = writeln!(s, "skipped: {k}");
+    }
+    if t.left_behind.is_empty() {
+        let _ = writeln!(
+            s,
+            "left behind: nothing (shm's socket files, test hosts, child processes); {} socket files of killed peers removed by the next shm listener",
+            t.stale_sockets_removed
+        );
     }
     if t.failures.is_empty() {
         let _ = writeln!(s, "torture: all within limits");
