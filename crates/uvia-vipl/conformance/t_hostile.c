@@ -1,9 +1,11 @@
 /*
  * Hostile arguments: every VIPL function that takes a handle, called with
  * handles that were never handles (NULL, small numbers, an address in no
- * mapping, a pointer to garbage bytes, a handle of each other kind), each
- * call in a forked child so that a crash is seen as one. Each must return
- * an error, never VIP_SUCCESS, never crash or hang.
+ * mapping, a pointer to garbage bytes, a handle of each other kind), and
+ * with sound handles but each pointer argument NULL (and memory to
+ * register that is not mapped, or runs 1 TiB past its buffer); each call
+ * in a forked child, so that a crash is seen as one. Each must return an
+ * error, never VIP_SUCCESS, never crash or hang.
  */
 #include "common.h"
 
@@ -121,8 +123,82 @@ static long call(int k, struct world *w)
     }
 }
 
-/* Runs call `k` in a child; 0 if it returned an error, else what went wrong. */
-static const char *in_child(int k, struct world *w, long *ret)
+/* Calls function number `k` with sound handles and one pointer argument
+ * NULL (or memory that cannot be registered); returns what it returned,
+ * or -1 past the last. */
+static long call_null(int k, struct world *w)
+{
+    VIP_NIC_HANDLE nic = w->s->nic;
+    VIP_VI_HANDLE vi = w->vi;
+    VIP_CQ_HANDLE cq = w->cq;
+    VIP_NIC_ATTRIBUTES na;
+    VIP_VI_ATTRIBUTES va = vi_attrs(w->s, default_level());
+    VIP_MEM_ATTRIBUTES ma = {.Ptag = w->s->ptag};
+    VIP_MEM_HANDLE mh = 0;
+    VIP_PROTECTION_HANDLE p = NULL;
+    VIP_VI_HANDLE v = NULL;
+    VIP_CQ_HANDLE c = NULL;
+    VIP_CONN_HANDLE conn = NULL;
+    VIP_VI_STATE st;
+    VIP_BOOLEAN e1, e2;
+    char *buf = arena_take(w->s, 64);
+    VIP_NET_ADDRESS *local = addr_room(), *remote = addr_room();
+    char name[64];
+    VIP_ULONG name_len = sizeof name;
+    (void)na, (void)p, (void)c;
+    switch (k) {
+    case 0: return VipOpenNic(g_device, NULL);
+    case 1: return VipQueryNic(nic, NULL);
+    case 2: return VipQuerySystemManagementInfo(nic, VIP_SMI_AUTODISCOVERY, NULL);
+    case 3: return VipCreatePtag(nic, NULL);
+    case 4: return VipRegisterMem(nic, NULL, 64, &ma, &mh);
+    case 5: return VipRegisterMem(nic, buf, 64, NULL, &mh);
+    case 6: return VipRegisterMem(nic, buf, 64, &ma, NULL);
+    case 7: return VipRegisterMem(nic, w->bad, 4096, &ma, &mh); /* unmapped */
+    case 8: return VipRegisterMem(nic, buf, (VIP_ULONG)1 << 40, &ma, &mh);
+    case 9: return VipQueryMem(nic, w->s->arena, w->s->mh, NULL);
+    case 10: return VipSetMemAttributes(nic, w->s->arena, w->s->mh, NULL);
+    case 11: return VipCreateVi(nic, NULL, NULL, NULL, &v);
+    case 12: return VipCreateVi(nic, &va, NULL, NULL, NULL);
+    case 13: return VipQueryVi(vi, NULL, &va, &e1, &e2);
+    case 14: return VipQueryVi(vi, &st, NULL, &e1, &e2);
+    case 15: return VipQueryVi(vi, &st, &va, NULL, &e2);
+    case 16: return VipQueryVi(vi, &st, &va, &e1, NULL);
+    case 17: return VipSetViAttributes(vi, NULL);
+    case 18: return VipPostSend(vi, NULL, w->s->mh);
+    case 19: return VipSendDone(vi, NULL);
+    case 20: return VipSendWait(vi, 0, NULL);
+    case 21: return VipPostRecv(vi, NULL, w->s->mh);
+    case 22: return VipRecvDone(vi, NULL);
+    case 23: return VipRecvWait(vi, 0, NULL);
+    case 24: return VipCreateCQ(nic, 4, NULL);
+    case 25: return VipCQDone(cq, NULL, &e1);
+    case 26: return VipCQDone(cq, &v, NULL);
+    case 27: return VipCQWait(cq, 0, NULL, &e1);
+    case 28: return VipCQWait(cq, 0, &v, NULL);
+    case 29: return VipConnectWait(nic, NULL, 0, remote, &va, &conn);
+    case 30: return VipConnectWait(nic, local, 0, NULL, &va, &conn);
+    case 31: return VipConnectWait(nic, local, 0, remote, NULL, &conn);
+    case 32: return VipConnectWait(nic, local, 0, remote, &va, NULL);
+    case 33: return VipConnectRequest(vi, NULL, remote, 0, &va);
+    case 34: return VipConnectRequest(vi, local, NULL, 0, &va);
+    case 35: return VipConnectRequest(vi, local, remote, 0, NULL);
+    case 36: return VipConnectPeerRequest(vi, NULL, remote, 0);
+    case 37: return VipConnectPeerRequest(vi, local, NULL, 0);
+    case 38: return VipConnectPeerDone(vi, NULL);
+    case 39: return VipConnectPeerWait(vi, NULL);
+    case 40: return VipNSGetHostByName(nic, NULL, remote, 0);
+    case 41: return VipNSGetHostByName(nic, "localhost", NULL, 0);
+    case 42: return VipNSGetHostByAddr(nic, NULL, name, &name_len);
+    case 43: return VipNSGetHostByAddr(nic, remote, NULL, &name_len);
+    case 44: return VipNSGetHostByAddr(nic, remote, name, NULL);
+    default: return -1;
+    }
+}
+enum { NNULLS = 45 };
+
+/* Runs `fn(k)` in a child; NULL if it returned an error, else what went wrong. */
+static const char *in_child(long (*fn)(int, struct world *), int k, struct world *w, long *ret)
 {
     int fd[2];
     if (pipe(fd) != 0)
@@ -133,7 +209,7 @@ static const char *in_child(int k, struct world *w, long *ret)
     if (pid == 0) {
         close(fd[0]);
         alarm(5);
-        long r = call(k, w);
+        long r = fn(k, w);
         if (write(fd[1], &r, sizeof r) != sizeof r)
             _exit(3);
         _exit(0);
@@ -196,10 +272,18 @@ static void t_made_up_handles(int arg)
             if (sound)
                 continue;
             long ret = 0;
-            const char *why = in_child(k, &w, &ret);
+            const char *why = in_child(call, k, &w, &ret);
             CHECKF(why == NULL, "call %d with %s as its handle: %s (returned %ld)", k, bad[b].what,
                    why, ret);
         }
+    }
+    /* Sound handles, one pointer NULL (or memory that is not there). */
+    w.bad = gone;
+    CHECK_EQ(call_null(NNULLS, &w), -1);
+    for (int k = 0; k < NNULLS; k++) {
+        long ret = 0;
+        const char *why = in_child(call_null, k, &w, &ret);
+        CHECKF(why == NULL, "call %d with a NULL or unmapped pointer: %s (returned %ld)", k, why, ret);
     }
     /* Nothing the children did reached this process. */
     VIP_NIC_ATTRIBUTES a;
@@ -209,7 +293,32 @@ static void t_made_up_handles(int arg)
     side_close(&s);
 }
 
+/* A descriptor still in a queue cannot be posted again, on either queue
+ * of any VI; once handed back it can. */
+static void t_posted_twice(int arg)
+{
+    (void)arg;
+    struct side s;
+    side_open(&s, NULL);
+    VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_VI_HANDLE other = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_DESCRIPTOR *d = recv_desc(&s, 64);
+    REQUIRE_RET(VipPostRecv(vi, d, s.mh), VIP_SUCCESS);
+    CHECK_RET(VipPostRecv(vi, d, s.mh), VIP_INVALID_PARAMETER);
+    CHECK_RET(VipPostRecv(other, d, s.mh), VIP_INVALID_PARAMETER);
+    CHECK_RET(VipPostSend(vi, d, s.mh), VIP_INVALID_PARAMETER);
+    /* Still queued once: the destroy refuses a VI with work queued. */
+    VIP_VI_STATE st;
+    VIP_VI_ATTRIBUTES va;
+    VIP_BOOLEAN sq_empty, rq_empty;
+    CHECK_RET(VipQueryVi(vi, &st, &va, &sq_empty, &rq_empty), VIP_SUCCESS);
+    CHECK(!rq_empty);
+    CHECK_RET(vi_destroy(&s, other), VIP_SUCCESS);
+    side_close(&s);
+}
+
 const struct test hostile_tests[] = {
-    {"hostile", "made_up_handles", t_made_up_handles, 0, 120},
+    {"hostile", "made_up_handles_and_null_pointers", t_made_up_handles, 0, 120},
+    {"hostile", "posted_twice", t_posted_twice, 0, 0},
     {NULL, NULL, NULL, 0, 0},
 };

@@ -316,6 +316,8 @@ unsafe fn post(vh: *mut c_void, d: *mut Descriptor, mh: u32, q: Queue) -> VipRet
     match r {
         Ok(()) => ret::SUCCESS,
         Err(PostError::QueueFull(..)) => ret::ERROR_RESOURCE,
+        // Queued: its status is not the program's to be given.
+        Err(PostError::AlreadyPosted) => ret::INVALID_PARAMETER,
         Err(PostError::NotConnected(_)) => ret::INVALID_STATE,
         Err(PostError::ViError) => {
             notify::conn_lost(v, vh);

@@ -51,6 +51,9 @@ pub enum MemError {
     Empty,
     #[error("range {addr:#x}+{len} wraps around the address space")]
     Wraps { addr: u64, len: u64 },
+    /// Part of the range is not mapped in this process.
+    #[error("range {addr:#x}+{len} is not all mapped memory")]
+    Unmapped { addr: u64, len: u64 },
     #[error("protection tag {0} does not belong to this Nic")]
     InvalidPtag(u32),
     #[error("all {0} region slots of this Nic are in use")]
@@ -95,6 +98,10 @@ pub enum PostError {
     TooLong { len: u64, max: u32 },
     #[error("{0} is not enabled on this VI")]
     NotEnabled(&'static str),
+    /// The descriptor is in a queue already (posted and not yet handed
+    /// back by a done or wait call).
+    #[error("the descriptor is posted already and not yet handed back")]
+    AlreadyPosted,
 }
 
 /// A post that was refused hands its descriptor back with the reason.

@@ -256,6 +256,12 @@ impl Nic {
                 len: len as u64,
             });
         }
+        if !is_mapped(addr, len) {
+            return Err(MemError::Unmapped {
+                addr: addr as u64,
+                len: len as u64,
+            });
+        }
         self.register(addr, len, attrs, -1)
     }
 
@@ -393,6 +399,21 @@ impl std::fmt::Debug for MemoryRegion {
     }
 }
 
+/// True if every page of `addr..addr + len` is mapped in this process.
+/// `msync` with `MS_ASYNC` fails with ENOMEM on a range with a hole in it
+/// and otherwise does nothing (the kernel writes dirty pages back on its
+/// own schedule since 2.6.19): one system call whatever the length, no
+/// page touched, no advice changed.
+fn is_mapped(addr: *mut u8, len: usize) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+    let start = addr as usize & !(page - 1);
+    let end = (addr as usize).saturating_add(len);
+    // SAFETY: msync reads no memory and, with MS_ASYNC, writes none; an
+    // unmapped range is reported as ENOMEM.
+    unsafe { libc::msync(start as *mut libc::c_void, end - start, libc::MS_ASYNC) == 0 }
+}
+
 impl MemoryRegion {
     pub fn handle(&self) -> MemHandle {
         self.handle
@@ -469,6 +490,37 @@ mod tests {
             Nic::open("ib0"),
             Err(OpenError::UnknownProvider(_))
         ));
+    }
+
+    #[test]
+    fn only_mapped_memory_registers() {
+        let nic = Nic::open("shm").unwrap();
+        let attrs = MemAttributes::new(nic.create_ptag().unwrap());
+        let mut buf = vec![0u8; 10_000];
+        // SAFETY: a live buffer, registered and deregistered at once.
+        let h = unsafe { nic.register_mem(buf.as_mut_ptr().add(3), 9_000, attrs) }.unwrap();
+        nic.deregister_mem(h).unwrap();
+        // A range that runs 1 TiB past the buffer, and a page unmapped.
+        // SAFETY: the calls must refuse both without touching them.
+        let far = unsafe { nic.register_mem(buf.as_mut_ptr(), 1 << 40, attrs) };
+        assert!(matches!(far, Err(MemError::Unmapped { .. })), "{far:?}");
+        // SAFETY: a page mapped, then unmapped, so the address is free.
+        let gone = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            libc::munmap(p, 4096);
+            p as *mut u8
+        };
+        // SAFETY: as above.
+        let r = unsafe { nic.register_mem(gone, 4096, attrs) };
+        assert!(matches!(r, Err(MemError::Unmapped { .. })), "{r:?}");
     }
 
     #[test]

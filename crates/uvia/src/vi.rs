@@ -283,6 +283,9 @@ impl SlotQueue {
     pub fn pop_front(&mut self) -> Option<(NonNull<Descriptor>, bool)> {
         let e = self.front()?;
         let r = (e.desc, e.owned);
+        // SAFETY: a queued descriptor is valid until it is handed back,
+        // which this is.
+        unsafe { release(e.desc) };
         self.head = self.slot(1);
         self.len -= 1;
         Some(r)
@@ -293,6 +296,36 @@ impl SlotQueue {
         let (a, b) = self.slots.split_at_mut(head);
         b.iter_mut().chain(a.iter_mut()).take(len.min(cap))
     }
+}
+
+/// What a queued descriptor carries in its control segment's reserved word
+/// (from its own address, so a fresh descriptor holds it only by a 1 in 2^32
+/// chance): a post finds a descriptor posted twice by it.
+fn posted_mark(d: NonNull<Descriptor>) -> u32 {
+    ((d.as_ptr() as usize as u64 >> 6) as u32) ^ 0x5649_4131
+}
+
+/// Marks `d` queued, or refuses it if it is queued already.
+///
+/// # Safety
+/// `d` points at a descriptor the caller may write.
+unsafe fn claim(d: NonNull<Descriptor>) -> Result<(), PostError> {
+    // SAFETY: per the contract.
+    let cs = unsafe { &mut (*d.as_ptr()).cs };
+    if cs.reserved == posted_mark(d) {
+        return Err(PostError::AlreadyPosted);
+    }
+    cs.reserved = posted_mark(d);
+    Ok(())
+}
+
+/// Clears the mark of [`claim`]: the descriptor leaves its queue.
+///
+/// # Safety
+/// As for [`claim`].
+unsafe fn release(d: NonNull<Descriptor>) {
+    // SAFETY: per the contract.
+    unsafe { (*d.as_ptr()).cs.reserved = 0 };
 }
 
 impl std::ops::Index<usize> for SlotQueue {
@@ -514,6 +547,8 @@ impl Vi {
         owned: bool,
     ) -> Result<(), PostError> {
         uvia_trace::mark!(AppSend);
+        // SAFETY: forwarded from the caller.
+        unsafe { claim(d)? };
         let r = {
             let mut g = self.lock();
             match self.state() {
@@ -526,6 +561,10 @@ impl Vi {
                 st => Err(PostError::NotConnected(st)),
             }
         };
+        if r.is_err() {
+            // SAFETY: refused, so not queued: the caller's again.
+            unsafe { release(d) };
+        }
         uvia_trace::mark!(AppSendReturned);
         r
     }
@@ -566,20 +605,29 @@ impl Vi {
         d: NonNull<Descriptor>,
         owned: bool,
     ) -> Result<(), PostError> {
-        let mut g = self.lock();
-        if self.state() == ViState::Error {
-            return Err(PostError::ViError);
-        }
-        let ViInner { q, t } = &mut *g;
-        let len = q.rq.len();
-        let Some(slot) = q.rq.next_free() else {
-            return Err(PostError::QueueFull("receive", len));
-        };
         // SAFETY: forwarded from the caller.
-        unsafe { prepare(&self.s.nic, &q.attrs, slot, d, owned, Queue::Recv)? };
-        q.rq.commit();
-        t.posted_recv(q);
-        Ok(())
+        unsafe { claim(d)? };
+        let mut g = self.lock();
+        let r = (|| {
+            if self.state() == ViState::Error {
+                return Err(PostError::ViError);
+            }
+            let ViInner { q, t } = &mut *g;
+            let len = q.rq.len();
+            let Some(slot) = q.rq.next_free() else {
+                return Err(PostError::QueueFull("receive", len));
+            };
+            // SAFETY: forwarded from the caller.
+            unsafe { prepare(&self.s.nic, &q.attrs, slot, d, owned, Queue::Recv)? };
+            q.rq.commit();
+            t.posted_recv(q);
+            Ok(())
+        })();
+        if r.is_err() {
+            // SAFETY: refused, so not queued: the caller's again.
+            unsafe { release(d) };
+        }
+        r
     }
 
     /// Writes a completed send's status into its descriptor and tells the CQ.
@@ -1268,6 +1316,53 @@ pub(crate) mod tests {
                 .unwrap(),
         };
         (side(client), side(server))
+    }
+
+    #[test]
+    fn a_descriptor_is_posted_once_until_it_is_handed_back() {
+        let nic = Nic::open("shm").unwrap();
+        let (a, b) = connected_pair_with(&nic, None);
+        let recv = Box::into_raw(Box::new(Descriptor::recv(&[b.buf.segment(0, 64)])));
+        let recv = std::ptr::NonNull::new(recv).unwrap();
+        // SAFETY: a live descriptor, handed back below before it is freed.
+        unsafe {
+            b.vi.post_recv_raw(recv, false).unwrap();
+            assert_eq!(
+                b.vi.post_recv_raw(recv, false),
+                Err(PostError::AlreadyPosted),
+                "a second post of a queued receive"
+            );
+        }
+        a.send(b"hi");
+        let back = loop {
+            if let Some(d) = b.vi.recv_done_raw() {
+                break d;
+            }
+        };
+        assert_eq!(back, recv);
+        // SAFETY: handed back: the program's again, posted once more.
+        unsafe {
+            assert_eq!((*back.as_ptr()).result(), Ok(2));
+            *back.as_ptr() = Descriptor::recv(&[b.buf.segment(0, 64)]);
+            b.vi.post_recv_raw(back, false).unwrap();
+        }
+        // A send refused (too long) is the caller's again at once.
+        let big = Box::into_raw(Box::new(Descriptor::send(&[a.buf.segment(0, 4096)])));
+        let big = std::ptr::NonNull::new(big).unwrap();
+        // SAFETY: a live descriptor; refused, so never queued.
+        unsafe {
+            (*big.as_ptr()).ds[0].length = u32::MAX;
+            assert!(a.vi.post_send_raw(big, false).is_err());
+            assert_ne!(
+                a.vi.post_send_raw(big, false),
+                Err(PostError::AlreadyPosted)
+            );
+            drop(Box::from_raw(big.as_ptr()));
+        }
+        b.vi.disconnect();
+        while b.vi.recv_done_raw().is_none() {}
+        // SAFETY: handed back by the disconnect.
+        drop(unsafe { Box::from_raw(recv.as_ptr()) });
     }
 
     #[test]
