@@ -148,6 +148,7 @@ static long call_null(int k, struct world *w)
     (void)na, (void)p, (void)c;
     switch (k) {
     case 0: return VipOpenNic(g_device, NULL);
+    case 45: return VipOpenNic(NULL, (VIP_NIC_HANDLE *)buf);
     case 1: return VipQueryNic(nic, NULL);
     case 2: return VipQuerySystemManagementInfo(nic, VIP_SMI_AUTODISCOVERY, NULL);
     case 3: return VipCreatePtag(nic, NULL);
@@ -195,7 +196,7 @@ static long call_null(int k, struct world *w)
     default: return -1;
     }
 }
-enum { NNULLS = 45 };
+enum { NNULLS = 46 };
 
 /* Runs `fn(k)` in a child; NULL if it returned an error, else what went wrong. */
 static const char *in_child(long (*fn)(int, struct world *), int k, struct world *w, long *ret)

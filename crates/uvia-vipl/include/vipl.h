@@ -317,7 +317,7 @@ typedef void (*VIP_ERROR_HANDLER)(IN VIP_PVOID Context, IN VIP_ERROR_DESCRIPTOR 
  * the VIPL_DEVICES environment variable ("/dev/via_eth0=udp:10.0.0.1;...")
  * or the file named by VIPL_CONF (default /etc/vipl.conf; lines
  * "<device> <provider name>"). Without a mapping, /dev/via_lo opens "shm"
- * and /dev/via_ethN opens "udp". NULL opens "shm". */
+ * and /dev/via_ethN opens "udp". A NULL name is VIP_INVALID_PARAMETER. */
 
 VIP_RETURN VipOpenNic(IN const VIP_CHAR *DeviceName, OUT VIP_NIC_HANDLE *NicHandle);
 VIP_RETURN VipCloseNic(IN VIP_NIC_HANDLE NicHandle);

@@ -4,9 +4,6 @@
 
 use std::path::Path;
 
-/// The provider a NULL device name opens.
-pub const NULL_DEVICE: &str = "shm";
-
 /// The provider name a device name opens. `devices` is the `VIPL_DEVICES`
 /// value, `conf` the text of the configuration file, if any; the first that
 /// maps the name wins, then the defaults (`/dev/via_lo` is `shm`,

@@ -39,17 +39,14 @@ fn read_conf() -> Option<String> {
 #[no_mangle]
 pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void) -> VipReturn {
     vip("VipOpenNic", || {
-        if out.is_null() {
+        // A NULL name is a mistake, not a wish for some default device.
+        if out.is_null() || device.is_null() {
             return Err(ret::INVALID_PARAMETER);
         }
-        let device = if device.is_null() {
-            names::NULL_DEVICE.to_string()
-        } else {
-            // SAFETY: a non-NULL device name is a C string.
-            match unsafe { CStr::from_ptr(device) }.to_str() {
-                Ok(s) => s.to_string(),
-                Err(_) => return Err(ret::INVALID_PARAMETER),
-            }
+        // SAFETY: a non-NULL device name is a C string.
+        let device = match unsafe { CStr::from_ptr(device) }.to_str() {
+            Ok(s) => s.to_string(),
+            Err(_) => return Err(ret::INVALID_PARAMETER),
         };
         let env = std::env::var("VIPL_DEVICES").ok();
         let provider = names::provider_for(&device, env.as_deref(), read_conf().as_deref());
