@@ -242,6 +242,11 @@ impl End {
         Ok(())
     }
 
+    /// The slot of `len` bytes a receive descriptor of [`post_recv`] names.
+    fn slot_of(&self, d: &Descriptor, len: usize) -> usize {
+        (d.ds[0].addr - self.buf.addr() as u64) as usize / len
+    }
+
     /// Waits for a completed send and checks it.
     fn sent(&self) -> Result<()> {
         let d = self
@@ -259,8 +264,7 @@ impl End {
             .recv_wait(Some(SILENCE))
             .map_err(|e| anyhow!("waiting {SILENCE:?} for a message: {e}"))?;
         let n = d.result().map_err(|e| anyhow!("a receive failed: {e}"))? as usize;
-        let slot = (d.ds[0].addr - self.buf.addr() as u64) as usize / len;
-        Ok((slot, n))
+        Ok((self.slot_of(&d, len), n))
     }
 }
 
@@ -283,14 +287,22 @@ fn ready(end: &End) -> Result<()> {
     Ok(())
 }
 
-fn grid_peer(a: &PeerArgs) -> Result<Counts> {
-    let slots = 2 * BATCH;
-    let end = open_end(&a.nic, a.level, a.inject.clone(), (slots + 1) * GRID_MAX)?;
+/// A peer's side: its Nic and VI, `slots` receives of `len` bytes posted
+/// at the start of a buffer of `buf` bytes, `READY <address>` printed, the
+/// client accepted.
+fn peer_end(a: &PeerArgs, buf: usize, slots: usize, len: usize) -> Result<End> {
+    let end = open_end(&a.nic, a.level, a.inject.clone(), buf)?;
     for s in 0..slots {
-        end.post_recv(s, GRID_MAX)?;
+        end.post_recv(s, len)?;
     }
     ready(&end)?;
     end.accept(a.disc)?;
+    Ok(end)
+}
+
+fn grid_peer(a: &PeerArgs) -> Result<Counts> {
+    let slots = 2 * BATCH;
+    let end = peer_end(a, (slots + 1) * GRID_MAX, slots, GRID_MAX)?;
     let ack_at = slots * GRID_MAX;
     let mut tally = Tally::new(a.messages);
     let mut since_ack = 0;
@@ -320,12 +332,7 @@ fn grid_peer(a: &PeerArgs) -> Result<Counts> {
 }
 
 fn death_peer(a: &PeerArgs) -> Result<()> {
-    let end = open_end(&a.nic, a.level, None, 8 * 4096)?;
-    for s in 0..4 {
-        end.post_recv(s, 4096)?;
-    }
-    ready(&end)?;
-    end.accept(a.disc)?;
+    let end = peer_end(a, 8 * 4096, 4, 4096)?;
     end.received(4096)?;
     end.post_send(0, 8)?;
     // Alive and inside the library (acknowledging, as a live process does)
@@ -339,13 +346,8 @@ fn death_peer(a: &PeerArgs) -> Result<()> {
 }
 
 fn echo_peer(a: &PeerArgs) -> Result<()> {
-    let end = open_end(&a.nic, a.level, None, 64 * 64)?;
-    for s in 0..8 {
-        end.post_recv(s, 64)?;
-    }
-    ready(&end)?;
     // The listener stays open after the accept: the flood's requests meet it.
-    end.accept(a.disc)?;
+    let end = peer_end(a, 64 * 64, 8, 64)?;
     let out = 63 * 64;
     loop {
         let d = loop {
@@ -354,8 +356,7 @@ fn echo_peer(a: &PeerArgs) -> Result<()> {
             }
         };
         let n = d.result().map_err(|e| anyhow!("a receive failed: {e}"))? as usize;
-        let slot = (d.ds[0].addr - end.buf.addr() as u64) as usize / 64;
-        end.post_recv(slot, 64)?;
+        end.post_recv(end.slot_of(&d, 64), 64)?;
         end.post_send(out, n)?;
         loop {
             if let Some(d) = end.vi.send_done() {
@@ -866,7 +867,7 @@ fn echo_run(load: Load, measure: Duration) -> Result<(f64, Option<Flooded>, u64)
             }
         };
         d.result().map_err(|e| anyhow!("an echo failed: {e}"))?;
-        end.post_recv((d.ds[0].addr - end.buf.addr() as u64) as usize / 64, 64)?;
+        end.post_recv(end.slot_of(&d, 64), 64)?;
         while let Some(s) = end.vi.send_done() {
             s.result().map_err(|e| anyhow!("a send failed: {e}"))?;
         }
