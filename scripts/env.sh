@@ -31,7 +31,9 @@ command -v pkg-config >/dev/null 2>&1 || need_pkgs+=(pkg-config)
 # fi_pingpong.
 [ -f /usr/include/rdma/providers/fi_prov.h ] || need_pkgs+=(libfabric-dev)
 command -v fi_info >/dev/null 2>&1 || need_pkgs+=(libfabric-bin)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_pkgs+=(libclang-dev)
+# (libclang itself: libclang-cpp, which other packages bring, is not it.)
+ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* >/dev/null 2>&1 \
+    || ls /usr/lib/*/libclang-[0-9]*.so* >/dev/null 2>&1 || need_pkgs+=(libclang-dev)
 # Its libfabric 2.x tests pip-install the MPICH wheel (which bundles
 # libfabric 2.x) into a virtual environment of their own.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
