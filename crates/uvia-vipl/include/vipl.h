@@ -90,10 +90,13 @@ typedef enum {
  * address's HostAddressLen bytes, then DiscriminatorLen discriminator bytes.
  * Allocate sizeof(VIP_NET_ADDRESS) + NicAddressLen + discriminator length.
  *
- * uvia: a host address is the provider's address in text, NUL-padded to
- * VIPL_HOST_ADDRESS_LEN bytes (the NIC's NicAddressLen): the shm instance
- * name, "ip:port" for udp, the interface's MAC for xdp. Discriminators are
- * at most 32 bytes.
+ * uvia: a host address is binary and of M-VIA's size, the NIC's
+ * NicAddressLen bytes: 6 for udp over IPv4 (the address's 4 bytes, then the
+ * port's 2, network order), 18 for udp over IPv6 (16 + 2), 6 for xdp (the
+ * interface's MAC), 6 for shm (the instance name, at most 6 characters,
+ * NUL-padded). Another length is VIP_INVALID_PARAMETER. Text appears only
+ * for display (VipNSGetHostByAddr, stderr). Discriminators are at most 32
+ * bytes.
  */
 typedef struct {
     VIP_UINT16 HostAddressLen;
@@ -101,7 +104,8 @@ typedef struct {
     VIP_UINT8 HostAddress[1];
 } VIP_NET_ADDRESS;
 
-#define VIPL_HOST_ADDRESS_LEN 48
+/* uvia: the longest host address of any NIC (an IPv6 udp address). */
+#define VIPL_HOST_ADDRESS_LEN 18
 
 /* ---- Reliability levels (bit values) ------------------------------------ */
 
