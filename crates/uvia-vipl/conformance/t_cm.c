@@ -6,11 +6,17 @@
  * descriptors completed with an error, the error callback), calls on a VI
  * that is not idle, reliability levels that differ, bad addresses, and
  * peer-to-peer connections (network providers; VIP_ERROR_NOT_SUPPORTED on
- * shm).
+ * shm), a peer's address kept in a 40-byte buffer as VIA-era libraries
+ * keep it, and the line a request that nothing answers writes.
  */
 #include "common.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -728,6 +734,163 @@ static void t_peer_to_peer(int arg)
     peer_end(&p, 15000);
 }
 
+/* ---- An address in a 40-byte buffer ------------------------------------------------------- */
+
+/* A peer as a VIA-era library keeps one: its VIP_NET_ADDRESS (host, then
+ * discriminator) in 40 bytes sized for M-VIA's 6-byte MAC, and the VI
+ * right after it. */
+struct old_peer {
+    unsigned char addr[40];
+    VIP_VI_HANDLE vi;
+};
+
+static void srv_forty(struct chan *c, void *arg)
+{
+    struct cm_arg *a = arg;
+    struct side s;
+    side_open_peer(&s);
+    send_addr(c, &s);
+    struct old_peer pe;
+    memset(pe.addr, 0, sizeof pe.addr);
+    pe.vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_VI_HANDLE sentinel = pe.vi;
+    VIP_DESCRIPTOR *r = recv_desc(&s, 64);
+    REQUIRE_RET(VipPostRecv(pe.vi, r, s.mh), VIP_SUCCESS);
+    VIP_NET_ADDRESS *local = addr_new(s.address, a->disc);
+    VIP_VI_ATTRIBUTES ra;
+    VIP_CONN_HANDLE conn = NULL;
+    /* The client's address goes straight into the 40 bytes. */
+    REQUIRE_RET(VipConnectWait(s.nic, local, 10000, (VIP_NET_ADDRESS *)pe.addr, &ra, &conn), VIP_SUCCESS);
+    CHECKF(pe.vi == sentinel, "VipConnectWait wrote past the 40-byte address into the VI handle after it");
+    CHECK_EQ(((VIP_NET_ADDRESS *)pe.addr)->HostAddressLen, s.attrs.NicAddressLen);
+    REQUIRE_RET(VipConnectAccept(conn, pe.vi), VIP_SUCCESS);
+    VIP_DESCRIPTOR *d = RECV_WAIT(pe.vi, 5000);
+    if (d)
+        CHECK(d->CS.Length == 5 && memcmp(seg_buf(d, 0), "forty", 5) == 0);
+    free(local);
+    linger(c, pe.vi);
+    side_close(&s);
+}
+
+static void t_forty_bytes(int arg)
+{
+    (void)arg;
+    new_arg();
+    struct peer p;
+    peer_start(&p, srv_forty, &A);
+    struct side s;
+    side_open(&s, NULL);
+    if (s.attrs.NicAddressLen > 6)
+        h_skip("the NIC's host addresses are %u bytes (udp over IPv6), more than M-VIA's 6",
+               (unsigned)s.attrs.NicAddressLen);
+    char host[HOST_TEXT], shown[64], text[256], path[256];
+    recv_addr(&p.c, host);
+    host_display(host, shown, sizeof shown);
+    snprintf(text, sizeof text, "server %s %s\n", g_provider, shown);
+    write_temp(text, path);
+    REQUIRE_RET(VipNSInit(s.nic, path), VIP_SUCCESS);
+    struct old_peer pe;
+    memset(pe.addr, 0, sizeof pe.addr);
+    pe.vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_VI_HANDLE sentinel = pe.vi;
+    /* The name service writes the host into the 40 bytes; the program adds
+     * the discriminator after it, as oldvia.c does. */
+    VIP_NET_ADDRESS *remote = (VIP_NET_ADDRESS *)pe.addr;
+    REQUIRE_RET(VipNSGetHostByName(s.nic, "server", remote, 0), VIP_SUCCESS);
+    CHECKF(pe.vi == sentinel, "VipNSGetHostByName wrote past the 40-byte address into the VI handle after it");
+    size_t dl = strlen(A.disc);
+    REQUIRE(sizeof(VIP_NET_ADDRESS) - 1 + remote->HostAddressLen + dl <= sizeof pe.addr);
+    remote->DiscriminatorLen = (VIP_UINT16)dl;
+    memcpy(remote->HostAddress + remote->HostAddressLen, A.disc, dl);
+    VIP_NET_ADDRESS *local = addr_new(s.address, A.disc);
+    VIP_VI_ATTRIBUTES ra;
+    CHECK_RET(VipConnectRequest(pe.vi, local, remote, 10000, &ra), VIP_SUCCESS);
+    CHECKF(pe.vi == sentinel, "the VI handle after the 40-byte address changed");
+    CHECK_STATE(pe.vi, VIP_STATE_CONNECTED);
+    VIP_DESCRIPTOR *d = send_desc(&s, "forty", 5, 0);
+    CHECK_RET(VipPostSend(pe.vi, d, s.mh), VIP_SUCCESS);
+    SEND_WAIT(pe.vi, 5000);
+    chan_send(&p.c, T_QUIT, NULL, 0);
+    peer_end_pumping(&p, pe.vi, 15000);
+    VipDisconnect(pe.vi);
+    free(local);
+    side_close(&s);
+}
+
+/* ---- A request that nothing answers ------------------------------------------------------- */
+
+/* Runs VipConnectRequest with stderr going to a file; returns its code and
+ * what was written (at most n - 1 bytes). */
+static VIP_RETURN request_captured(VIP_VI_HANDLE vi, VIP_NET_ADDRESS *local, VIP_NET_ADDRESS *remote, int ms,
+                                   char *out, size_t n)
+{
+    char path[256];
+    write_temp("", path);
+    int fd = open(path, O_RDWR | O_TRUNC);
+    REQUIRE(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    REQUIRE(saved >= 0 && dup2(fd, 2) == 2);
+    VIP_VI_ATTRIBUTES ra;
+    VIP_RETURN r = VipConnectRequest(vi, local, remote, (VIP_ULONG)ms, &ra);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    ssize_t k = pread(fd, out, n - 1, 0);
+    out[k > 0 ? k : 0] = 0;
+    close(fd);
+    return r;
+}
+
+static void t_unanswered(int arg)
+{
+    (void)arg;
+    if (strcmp(g_provider, "shm") == 0)
+        h_skip("on shm a request that finds no listener is VIP_NO_MATCH at once (cm/no_listener)");
+    struct side s;
+    side_open(&s, NULL);
+    char disc[33], hex[HOST_TEXT], shown[64], err[1024];
+    disc_new(disc);
+    /* Somewhere that takes datagrams and never answers: a plain UDP
+     * socket of this test on the NIC's IP address; on xdp an Ethernet
+     * address nobody has. */
+    int sock = -1;
+    if (strcmp(g_provider, "udp") == 0) {
+        if (s.attrs.NicAddressLen != 6)
+            h_skip("the NIC is on IPv6; the test makes an IPv4 socket");
+        struct sockaddr_in sa = {.sin_family = AF_INET};
+        memcpy(&sa.sin_addr, s.attrs.LocalNicAddress, 4);
+        socklen_t sl = sizeof sa;
+        sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        REQUIRE(sock >= 0 && bind(sock, (struct sockaddr *)&sa, sizeof sa) == 0);
+        REQUIRE(getsockname(sock, (struct sockaddr *)&sa, &sl) == 0);
+        unsigned char b[6];
+        memcpy(b, &sa.sin_addr, 4);
+        memcpy(b + 4, &sa.sin_port, 2);
+        host_hex(b, 6, hex);
+    } else {
+        host_expect("02:00:00:00:00:77", hex);
+    }
+    host_display(hex, shown, sizeof shown);
+    VIP_NET_ADDRESS *local = addr_new(s.address, disc), *remote = addr_new(hex, disc);
+    VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_RETURN r = request_captured(vi, local, remote, 500, err, sizeof err);
+    CHECK_EQ(r, VIP_TIMEOUT);
+    CHECK_STATE(vi, VIP_STATE_IDLE);
+    /* One line, naming the address tried and the discriminator. */
+    char *nl = strchr(err, '\n');
+    CHECKF(nl && nl[1] == 0, "expected one line on stderr, got \"%s\"", err);
+    char want[128];
+    snprintf(want, sizeof want, "no listener answered at %s", shown);
+    CHECKF(strstr(err, want) != NULL, "stderr \"%s\" does not say \"%s\"", err, want);
+    CHECKF(strstr(err, disc) != NULL, "stderr \"%s\" does not name the discriminator %s", err, disc);
+    if (sock >= 0)
+        close(sock);
+    free(local);
+    free(remote);
+    side_close(&s);
+}
+
 const struct test cm_tests[] = {
     {"cm", "accept_addresses_attributes", t_accept, 0, 0},
     {"cm", "reject", t_reject, 0, 0},
@@ -740,5 +903,7 @@ const struct test cm_tests[] = {
     {"cm", "reliability_level_mismatch", t_level_mismatch, 0, 0},
     {"cm", "bad_addresses", t_bad_addresses, 0, 0},
     {"cm", "peer_to_peer", t_peer_to_peer, 0, 0},
+    {"cm", "address_in_40_byte_buffer", t_forty_bytes, 0, 0},
+    {"cm", "unanswered_request_says_where", t_unanswered, 0, 0},
     {NULL, NULL, NULL, 0, 0},
 };

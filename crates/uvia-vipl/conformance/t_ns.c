@@ -113,6 +113,26 @@ static void t_by_name(int arg)
      * (any word is an instance name there, docs/VIPL.md). */
     CHECK_LOOKUP(s.nic, n->self, 0, n->self);
     CHECK_LOOKUP(s.nic, n->beta_addr, 0, n->beta_addr);
+    /* On udp, a name the file lacks goes to the system's resolver:
+     * localhost is this host at the default port (the NIC's own IP when
+     * the NIC is not on loopback), 7100 or VIPL_PORT. */
+    if (strcmp(g_provider, "udp") == 0 && s.attrs.NicAddressLen == 6) {
+        char want[HOST_TEXT], got[HOST_TEXT];
+        const char *ip = strncmp(s.address, "7f", 2) == 0 ? "7f000001" : s.address;
+        unsetenv("VIPL_PORT");
+        snprintf(want, sizeof want, "%.8s1bbc", ip);
+        VIP_NET_ADDRESS *l = addr_room();
+        CHECK_RET(VipNSGetHostByName(s.nic, "localhost", l, 0), VIP_SUCCESS);
+        host_hex(l->HostAddress, l->HostAddressLen, got);
+        CHECKF(strcmp(got, want) == 0, "localhost is %s, expected %s", got, want);
+        setenv("VIPL_PORT", "7345", 1);
+        snprintf(want, sizeof want, "%.8s1cb1", ip);
+        CHECK_RET(VipNSGetHostByName(s.nic, "localhost", l, 0), VIP_SUCCESS);
+        host_hex(l->HostAddress, l->HostAddressLen, got);
+        CHECKF(strcmp(got, want) == 0, "localhost with VIPL_PORT=7345 is %s, expected %s", got, want);
+        unsetenv("VIPL_PORT");
+        free(l);
+    }
     VIP_NET_ADDRESS *a = addr_room();
     CHECK_RET(VipNSGetHostByName(s.nic, NULL, a, 0), VIP_INVALID_PARAMETER);
     CHECK_RET(VipNSGetHostByName(s.nic, (VIP_CHAR *)n->alpha, NULL, 0), VIP_INVALID_PARAMETER);
@@ -268,10 +288,80 @@ static void t_connect_by_name(int arg)
     side_close(&s);
 }
 
+/* ---- No configuration at all, between two test hosts ------------------------------------- */
+
+static void srv_zero(struct chan *c, void *arg)
+{
+    (void)arg;
+    struct side s;
+    side_open_peer(&s);
+    send_addr(c, &s);
+    VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_DESCRIPTOR *r = recv_desc(&s, 64);
+    REQUIRE_RET(VipPostRecv(vi, r, s.mh), VIP_SUCCESS);
+    srv_accept(&s, vi, ns_disc, 10000);
+    VIP_DESCRIPTOR *d = RECV_WAIT(vi, 5000);
+    if (d)
+        CHECK(d->CS.Length == 4 && memcmp(seg_buf(d, 0), "zero", 4) == 0);
+    int tag = chan_recv_pump(c, vi, 15000, NULL, 0);
+    CHECK_EQ(tag, T_QUIT);
+    VipDisconnect(vi);
+    side_close(&s);
+}
+
+/* Both hosts open /dev/via_ethN with no VIPL_DEVICES, no configuration
+ * file and no hosts file; the client finds the server by the name the
+ * system's resolver knows it by (conformance/run gives each test host an
+ * /etc/hosts of its own naming the other, and the name in
+ * VIPL_CONFORMANCE_PEER_HOST). */
+static void t_zero_config(int arg)
+{
+    (void)arg;
+    const char *peer = getenv("VIPL_CONFORMANCE_PEER_HOST");
+    if (!peer)
+        h_skip("no second test host named in VIPL_CONFORMANCE_PEER_HOST (conformance/run makes one as root)");
+    if (strncmp(g_device, "/dev/via_eth", 12) != 0)
+        h_skip("the device under test is %s, not /dev/via_ethN", g_device);
+    unsetenv("VIPL_DEVICES");
+    unsetenv("VIPL_PORT");
+    setenv("VIPL_CONF", "/nonexistent/vipl.conf", 1);
+    setenv("VIPL_HOSTS", "/nonexistent/vipl_hosts", 1);
+    disc_new(ns_disc);
+    struct peer p;
+    peer_start(&p, srv_zero, NULL);
+    struct side s;
+    side_open(&s, NULL);
+    /* At the well-known port: 7100 is 0x1bbc. */
+    CHECK_EQ(s.attrs.NicAddressLen, 6);
+    CHECKF(strcmp(s.address + 8, "1bbc") == 0, "%s opened %s, not at port 7100", g_device, s.address);
+    char host[HOST_TEXT], got[HOST_TEXT];
+    recv_addr(&p.c, host);
+    VIP_NET_ADDRESS *remote = addr_room();
+    REQUIRE_RET(VipNSGetHostByName(s.nic, (VIP_CHAR *)peer, remote, 0), VIP_SUCCESS);
+    host_hex(remote->HostAddress, remote->HostAddressLen, got);
+    CHECKF(strcmp(got, host) == 0, "\"%s\" resolved to %s; the server is at %s", peer, got, host);
+    remote->DiscriminatorLen = (VIP_UINT16)strlen(ns_disc);
+    memcpy(remote->HostAddress + remote->HostAddressLen, ns_disc, strlen(ns_disc));
+    VIP_NET_ADDRESS *local = addr_new(s.address, ns_disc);
+    VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_VI_ATTRIBUTES ra;
+    CHECK_RET(VipConnectRequest(vi, local, remote, 10000, &ra), VIP_SUCCESS);
+    VIP_DESCRIPTOR *d = send_desc(&s, "zero", 4, 0);
+    CHECK_RET(VipPostSend(vi, d, s.mh), VIP_SUCCESS);
+    SEND_WAIT(vi, 5000);
+    chan_send(&p.c, T_QUIT, NULL, 0);
+    peer_end_pumping(&p, vi, 15000);
+    VipDisconnect(vi);
+    free(local);
+    free(remote);
+    side_close(&s);
+}
+
 const struct test ns_tests[] = {
     {"ns", "by_name_and_index", t_by_name, 0, 0},
     {"ns", "by_address_small_buffer", t_by_address, 0, 0},
     {"ns", "hosts_from_environment", t_env, 0, 0},
     {"ns", "connect_by_name", t_connect_by_name, 0, 0},
+    {"ns", "zero_config_two_hosts", t_zero_config, 0, 0},
     {NULL, NULL, NULL, 0, 0},
 };

@@ -74,11 +74,44 @@ unsafe fn discriminator_of(a: *const NetAddress) -> Result<Discriminator, VipRet
     Discriminator::new(bytes).map_err(|_| ret::INVALID_PARAMETER)
 }
 
+/// The one line a connection request that had no answer writes: where it
+/// went and why it may be unreachable. Nothing answering at all (not even
+/// "nobody listens") is what a wrong host, a firewall or another port
+/// looks like, and the program's own return code cannot say which.
+/// `disc`, when given, is shown as text if it is printable (programs
+/// choose text discriminators), else the core's hex is.
+pub(crate) fn say_unanswered(call: &str, n: &NicH, e: &ConnectError, disc: Option<&Discriminator>) {
+    let ConnectError::NoAnswer {
+        peer,
+        discriminator,
+        waited_ms,
+    } = e
+    else {
+        return;
+    };
+    let discriminator = match disc.map(|d| d.as_bytes()) {
+        Some(b) if b.iter().all(|c| c.is_ascii_graphic()) => {
+            format!("\"{}\"", String::from_utf8_lossy(b))
+        }
+        _ => discriminator.clone(),
+    };
+    let port = match n.form {
+        address::Form::Ip => {
+            ", and do both hosts use the same port (VIPL_PORT; /dev/via_ethN use 7100 by default)"
+        }
+        _ => "",
+    };
+    eprintln!(
+        "vipl: {call}: no listener answered at {peer} within {waited_ms} ms: is a server \
+         waiting on discriminator {discriminator}, is the host reachable{port}?"
+    );
+}
+
 pub(crate) fn connect_err(e: ConnectError) -> VipReturn {
     match e {
         ConnectError::InvalidState(_) => ret::INVALID_STATE,
         ConnectError::NoListener { .. } => ret::NO_MATCH,
-        ConnectError::Timeout(_) => ret::TIMEOUT,
+        ConnectError::Timeout(_) | ConnectError::NoAnswer { .. } => ret::TIMEOUT,
         ConnectError::Rejected | ConnectError::WrongJob => ret::REJECT,
         ConnectError::Mismatch(_) => ret::INVALID_RELIABILITY_LEVEL,
         ConnectError::DiscriminatorTooLong(_)
@@ -200,8 +233,11 @@ pub unsafe extern "C" fn VipConnectRequest(
         let (host, d) = unsafe { (host_of(&v.nic, remote)?, discriminator_of(remote)?) };
         let t = timeout(ms).unwrap_or(FOREVER);
         let r =
-            v.vi.connect_request(&CoreAddress::new(&host, d), t)
-                .map_err(connect_err)?;
+            v.vi.connect_request(&CoreAddress::new(&host, d.clone()), t)
+                .map_err(|e| {
+                    say_unanswered("VipConnectRequest", &v.nic, &e, Some(&d));
+                    connect_err(e)
+                })?;
         v.error_reported
             .store(false, std::sync::atomic::Ordering::Release);
         if !remote_attrs_out.is_null() {
@@ -290,7 +326,15 @@ unsafe fn peer_finish(
         .ok()
         .flatten()
         .ok_or(ret::ERROR_RESOURCE)?
-        .map_err(connect_err)?;
+        .map_err(|e| {
+            let call = if wait {
+                "VipConnectPeerWait"
+            } else {
+                "VipConnectPeerDone"
+            };
+            say_unanswered(call, &v.nic, &e, None);
+            connect_err(e)
+        })?;
     v.error_reported
         .store(false, std::sync::atomic::Ordering::Release);
     if !out.is_null() {
