@@ -4,6 +4,7 @@
 #include "common.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -483,6 +484,35 @@ VIP_RELIABILITY_LEVEL default_level(void)
 int is_network(void)
 {
     return strcmp(g_provider, "udp") == 0 || strcmp(g_provider, "xdp") == 0;
+}
+
+void capture_start(struct capture *c)
+{
+    int p[2];
+    memset(c, 0, sizeof *c);
+    REQUIRE(pipe2(p, O_NONBLOCK) == 0);
+    c->rd = p[0];
+    c->wr = p[1];
+    fflush(stderr);
+    c->saved = dup(2);
+    REQUIRE(c->saved >= 0 && dup2(c->wr, 2) == 2);
+}
+
+void capture_read(struct capture *c)
+{
+    ssize_t k;
+    while (c->got < sizeof c->buf - 1 && (k = read(c->rd, c->buf + c->got, sizeof c->buf - 1 - c->got)) > 0)
+        c->got += (size_t)k;
+    c->buf[c->got] = 0;
+}
+
+void capture_end(struct capture *c)
+{
+    capture_read(c);
+    dup2(c->saved, 2);
+    close(c->saved);
+    close(c->rd);
+    close(c->wr);
 }
 
 void write_temp(const char *text, char path[256])

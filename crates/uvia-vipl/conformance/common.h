@@ -154,6 +154,17 @@ VIP_RELIABILITY_LEVEL any_reliable_level(void);
 VIP_RELIABILITY_LEVEL default_level(void);
 int is_network(void);
 
+/* What the library writes to stderr between capture_start and capture_end
+ * (capture_read takes what came so far), in buf. */
+struct capture {
+    int saved, rd, wr;
+    char buf[8192];
+    size_t got;
+};
+void capture_start(struct capture *c);
+void capture_read(struct capture *c);
+void capture_end(struct capture *c);
+
 /* Writes text to a new temporary file; its path goes to path. */
 void write_temp(const char *text, char path[256]);
 

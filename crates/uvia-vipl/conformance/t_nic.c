@@ -221,6 +221,16 @@ static void t_bad_names(int arg)
                vip_ret_name(r));
     }
     CHECK_RET(VipOpenNic(g_device, NULL), VIP_INVALID_PARAMETER);
+    /* An unknown device's line says where device names are mapped. */
+    struct capture c;
+    capture_start(&c);
+    VIP_RETURN r = VipOpenNic("/dev/via_nosuch", &nic);
+    capture_end(&c);
+    const char *err = c.buf;
+    CHECK_EQ(r, VIP_INVALID_PARAMETER);
+    CHECKF(strstr(err, "/dev/via_nosuch") && strstr(err, "VIPL_DEVICES") && strstr(err, "/nonexistent/vipl.conf"),
+           "the line for an unknown device does not name it, VIPL_DEVICES and the configuration file: \"%s\"", err);
+    CHECKF(strchr(err, '\n') == err + strlen(err) - 1, "expected one line: \"%s\"", err);
     /* Known providers that cannot start here. */
     CHECK_RET(VipOpenNic("xdp:uvianosuch0", &nic), VIP_ERROR_RESOURCE);
     CHECK_RET(VipOpenNic("udp:192.0.2.1", &nic), VIP_ERROR_RESOURCE);
