@@ -437,9 +437,11 @@ VIP_RETURN VipConnectPeerWait(IN VIP_VI_HANDLE ViHandle, OUT VIP_VI_ATTRIBUTES *
  * "node1 udp 10.0.0.1:7000" or "local shm 0"; '#' starts a comment. A name
  * that is itself an address of the NIC's provider resolves to itself ("ip:port"
  * on udp, the NIC's own instance on shm), as do "localhost" and this host's
- * name on shm.
- * VipNSGetHostByName writes HostAddressLen and the host address bytes and
- * leaves the discriminator to the caller. */
+ * name on shm. Names the file lacks go to the system's resolver (/etc/hosts,
+ * DNS) on udp (the IP at port 7100 or VIPL_PORT; "localhost" is this host)
+ * and xdp (the MAC the neighbour table holds for the name's IPv4 address).
+ * VipNSGetHostByName writes HostAddressLen and the host address bytes (the
+ * binary form above) and leaves the discriminator to the caller. */
 
 VIP_RETURN VipNSInit(IN VIP_NIC_HANDLE NicHandle, IN VIP_PVOID NSInitInfo);
 VIP_RETURN VipNSGetHostByName(IN VIP_NIC_HANDLE NicHandle, IN VIP_CHAR *Name,
