@@ -98,6 +98,13 @@ static void t_provider_names(int arg)
     CHECKF(looks_like_udp(addr), "\"udp\" has address \"%s\", expected 127.0.0.1:<port>", addr);
     CHECK_RET(open_address("udp:127.0.0.1", addr), VIP_SUCCESS);
     CHECKF(looks_like_udp(addr), "\"udp:127.0.0.1\" has address \"%s\"", addr);
+    /* Over IPv6 (where the host has it): 18 bytes, ::1 then the port. */
+    VIP_RETURN r6 = open_address("udp:[::1]", addr);
+    CHECKF(r6 == VIP_SUCCESS || r6 == VIP_ERROR_RESOURCE, "udp:[::1]: %s", vip_ret_name(r6));
+    if (r6 == VIP_SUCCESS)
+        CHECKF(strlen(addr) == 36 && strncmp(addr, "00000000000000000000000000000001", 32) == 0 &&
+                   strcmp(addr + 32, "0000") != 0,
+               "\"udp:[::1]\" has address %s, expected ::1 and a port in 18 bytes", addr);
 }
 
 /* The IPv4 addresses of the interfaces that are up and not loopback, one

@@ -131,6 +131,11 @@ static void t_by_name(int arg)
         host_hex(l->HostAddress, l->HostAddressLen, got);
         CHECKF(strcmp(got, want) == 0, "localhost with VIPL_PORT=7345 is %s, expected %s", got, want);
         unsetenv("VIPL_PORT");
+        /* A name with its port: 7001 is 0x1b59. */
+        snprintf(want, sizeof want, "%.8s1b59", ip);
+        CHECK_RET(VipNSGetHostByName(s.nic, "localhost:7001", l, 0), VIP_SUCCESS);
+        host_hex(l->HostAddress, l->HostAddressLen, got);
+        CHECKF(strcmp(got, want) == 0, "localhost:7001 is %s, expected %s", got, want);
         free(l);
     }
     VIP_NET_ADDRESS *a = addr_room();

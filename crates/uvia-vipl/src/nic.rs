@@ -463,8 +463,8 @@ fn this_host(name: &str) -> bool {
 
 /// The addresses the system's resolver (`/etc/hosts`, DNS) gives `name`
 /// on a network NIC: on udp its IP addresses of the NIC's family at the
-/// default port (a loopback address, when the NIC is not on one, is this
-/// host: the NIC's own IP); on an Ethernet NIC the MAC address the
+/// default port, or the port `name:port` gives (a loopback address, when
+/// the NIC is not on one, is this host: the NIC's own IP); on an Ethernet NIC the MAC address the
 /// interface's neighbour table holds for its IPv4 address. Names under
 /// `.invalid` are never asked for (RFC 6761: they resolve nowhere), so a
 /// program or test can name a host that does not exist without a query
@@ -481,7 +481,13 @@ fn resolve_system(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
             .unwrap_or_default()),
         Form::Ip => {
             use std::net::{SocketAddr, ToSocketAddrs};
-            let port = default_port("VipNSGetHostByName")?;
+            // `name:port` names its port; a bare name is at the default.
+            let (name, port) = match name.rsplit_once(':') {
+                Some((h, p)) if !h.is_empty() && !h.contains(':') && p.parse::<u16>().is_ok() => {
+                    (h, p.parse::<u16>().unwrap_or(0))
+                }
+                _ => (name, default_port("VipNSGetHostByName")?),
+            };
             let Ok(mine) = n.nic.attributes().address.parse::<SocketAddr>() else {
                 return Ok(Vec::new());
             };
