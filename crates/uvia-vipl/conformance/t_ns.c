@@ -357,6 +357,11 @@ static void t_zero_config(int arg)
     VIP_DESCRIPTOR *d = send_desc(&s, "zero", 4, 0);
     CHECK_RET(VipPostSend(vi, d, s.mh), VIP_SUCCESS);
     SEND_WAIT(vi, 5000);
+    /* And back: the server's address is called by its name. */
+    char name[256];
+    VIP_ULONG len = sizeof name;
+    CHECK_RET(VipNSGetHostByAddr(s.nic, remote, name, &len), VIP_SUCCESS);
+    CHECKF(strcmp(name, peer) == 0, "the server's address is called \"%.40s\", expected \"%s\"", name, peer);
     chan_send(&p.c, T_QUIT, NULL, 0);
     peer_end_pumping(&p, vi, 15000);
     VipDisconnect(vi);

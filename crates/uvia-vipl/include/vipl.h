@@ -441,7 +441,9 @@ VIP_RETURN VipConnectPeerWait(IN VIP_VI_HANDLE ViHandle, OUT VIP_VI_ATTRIBUTES *
  * DNS) on udp (the IP at port 7100 or VIPL_PORT; "localhost" is this host)
  * and xdp (the MAC the neighbour table holds for the name's IPv4 address).
  * VipNSGetHostByName writes HostAddressLen and the host address bytes (the
- * binary form above) and leaves the discriminator to the caller. */
+ * binary form above) and leaves the discriminator to the caller.
+ * VipNSGetHostByAddr answers from the file, then from the resolver (udp
+ * addresses at the default port; xdp MACs the neighbour table knows). */
 
 VIP_RETURN VipNSInit(IN VIP_NIC_HANDLE NicHandle, IN VIP_PVOID NSInitInfo);
 VIP_RETURN VipNSGetHostByName(IN VIP_NIC_HANDLE NicHandle, IN VIP_CHAR *Name,

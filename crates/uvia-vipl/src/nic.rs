@@ -511,6 +511,84 @@ fn resolve_system(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
     }
 }
 
+/// The system resolver's name for a network host address, the reverse of
+/// [`resolve_system`]: on udp for an address at the default port (at
+/// another port no name stands for it), on an Ethernet NIC for a MAC the
+/// neighbour table knows an IPv4 address of. A name only, never the
+/// address in text (`NI_NAMEREQD`).
+fn name_of_system(n: &NicH, text: &str) -> Result<Option<String>, VipReturn> {
+    use std::net::{IpAddr, SocketAddr};
+    let ip: IpAddr = match n.form {
+        Form::Instance => return Ok(None),
+        Form::Ip => {
+            let Ok(sa) = text.parse::<SocketAddr>() else {
+                return Ok(None);
+            };
+            if sa.port() != default_port("VipNSGetHostByAddr")? {
+                return Ok(None);
+            }
+            sa.ip()
+        }
+        Form::Mac => {
+            let Ok(mac) = text.parse::<uvia_net::MacAddr>() else {
+                return Ok(None);
+            };
+            match uvia_net::neigh::ipv4_of(mac, None) {
+                Some(ip) => ip.into(),
+                None => return Ok(None),
+            }
+        }
+    };
+    // By hand: std has no reverse lookup.
+    let sa: SocketAddr = (ip, 0).into();
+    let (storage, slen) = match sa {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: 0,
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*a.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let mut s = std::mem::MaybeUninit::<libc::sockaddr_storage>::zeroed();
+            // SAFETY: a sockaddr_in fits in a sockaddr_storage.
+            unsafe { (s.as_mut_ptr() as *mut libc::sockaddr_in).write(sin) };
+            (s, std::mem::size_of::<libc::sockaddr_in>())
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: all-zero is a valid sockaddr_in6.
+            let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            let mut s = std::mem::MaybeUninit::<libc::sockaddr_storage>::zeroed();
+            // SAFETY: a sockaddr_in6 fits in a sockaddr_storage.
+            unsafe { (s.as_mut_ptr() as *mut libc::sockaddr_in6).write(sin6) };
+            (s, std::mem::size_of::<libc::sockaddr_in6>())
+        }
+    };
+    let mut host = [0 as c_char; 1025];
+    // SAFETY: the address is initialised for `slen` bytes; getnameinfo
+    // writes a C string of at most `host.len()` bytes into `host`.
+    let r = unsafe {
+        libc::getnameinfo(
+            storage.as_ptr() as *const libc::sockaddr,
+            slen as libc::socklen_t,
+            host.as_mut_ptr(),
+            host.len() as libc::socklen_t,
+            std::ptr::null_mut(),
+            0,
+            libc::NI_NAMEREQD,
+        )
+    };
+    if r != 0 {
+        return Ok(None);
+    }
+    // SAFETY: getnameinfo succeeded and wrote a NUL-terminated name.
+    let s = unsafe { CStr::from_ptr(host.as_ptr()) };
+    Ok(s.to_str().ok().map(str::to_string))
+}
+
 /// Every address `name` has on this NIC's provider, in file order. Else, on
 /// a host-local provider, `localhost` and this host's name resolve to the
 /// NIC's own instance; a name that is itself an address of the provider
@@ -602,17 +680,21 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
         }
         // SAFETY: `a` is NULL or the caller's address.
         let host = unsafe { crate::cm::host_bytes_of(a) }?;
-        address::decode(n.form, host).map_err(|_| ret::INVALID_PARAMETER)?;
+        let text = address::decode(n.form, host).map_err(|_| ret::INVALID_PARAMETER)?;
         // Compared as bytes: the file may write an address in another case
         // or form than the core does.
-        let e = hosts_of(n)?
+        let from_file = hosts_of(n)?
             .into_iter()
             .find(|e| {
                 e.provider == n.provider()
                     && address::encode(n.form, &e.address).is_ok_and(|b| b.as_slice() == host)
             })
-            .ok_or(ret::ERROR_NAMESERVICE)?;
-        let need = e.name.len() + 1;
+            .map(|e| e.name);
+        let found = match from_file {
+            Some(f) => f,
+            None => name_of_system(n, &text)?.ok_or(ret::ERROR_NAMESERVICE)?,
+        };
+        let need = found.len() + 1;
         // SAFETY: `len` is non-NULL and the caller's.
         let room = unsafe { *len } as usize;
         // SAFETY: as above.
@@ -622,8 +704,8 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
         }
         // SAFETY: `name` has `room >= need` bytes.
         unsafe {
-            std::ptr::copy_nonoverlapping(e.name.as_ptr(), name as *mut u8, e.name.len());
-            *name.add(e.name.len()) = 0;
+            std::ptr::copy_nonoverlapping(found.as_ptr(), name as *mut u8, found.len());
+            *name.add(found.len()) = 0;
         }
         Ok(())
     })
