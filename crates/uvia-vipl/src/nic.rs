@@ -464,8 +464,8 @@ fn this_host(name: &str) -> bool {
 /// The addresses the system's resolver (`/etc/hosts`, DNS) gives `name`
 /// on a network NIC: on udp its IP addresses of the NIC's family at the
 /// default port, or the port `name:port` gives (a loopback address, when
-/// the NIC is not on one, is this host: the NIC's own IP); on an Ethernet NIC the MAC address the
-/// interface's neighbour table holds for its IPv4 address. Names under
+/// the NIC is not on one, is this host: the NIC's own IP); on an Ethernet
+/// NIC the MAC address the neighbour table holds for its IPv4 address. Names under
 /// `.invalid` are never asked for (RFC 6761: they resolve nowhere), so a
 /// program or test can name a host that does not exist without a query
 /// leaving the host.
