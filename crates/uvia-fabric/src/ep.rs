@@ -659,7 +659,7 @@ fn connect_error(e: &ConnectError) -> c_int {
         ConnectError::Rejected | ConnectError::WrongJob | ConnectError::NoListener { .. } => {
             FI_ECONNREFUSED
         }
-        ConnectError::Timeout(_) => FI_ETIMEDOUT,
+        ConnectError::Timeout(_) | ConnectError::NoAnswer { .. } => FI_ETIMEDOUT,
         ConnectError::InvalidState(_) => FI_EOPBADSTATE as c_int,
         _ => FI_EIO,
     }

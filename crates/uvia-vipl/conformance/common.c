@@ -3,6 +3,8 @@
  */
 #include "common.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +18,7 @@ void side_open(struct side *s, const char *device)
     REQUIRE_RET(VipQueryNic(s->nic, &s->attrs), VIP_SUCCESS);
     if (s->attrs.LocalNicAddress) {
         size_t n = s->attrs.NicAddressLen;
-        memcpy(s->address, s->attrs.LocalNicAddress, n < VIPL_HOST_ADDRESS_LEN ? n : VIPL_HOST_ADDRESS_LEN);
+        host_hex(s->attrs.LocalNicAddress, n < VIPL_HOST_ADDRESS_LEN ? n : VIPL_HOST_ADDRESS_LEN, s->address);
     }
     REQUIRE_RET(VipCreatePtag(s->nic, &s->ptag), VIP_SUCCESS);
     s->arena_len = ARENA_LEN;
@@ -219,12 +221,104 @@ VIP_NET_ADDRESS *addr_raw(const void *host, size_t hostlen, const void *disc, si
     return a;
 }
 
+void host_hex(const void *bytes, size_t n, char out[HOST_TEXT])
+{
+    const unsigned char *b = bytes;
+    out[0] = 0;
+    for (size_t i = 0; i < n && i < VIPL_HOST_ADDRESS_LEN; i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+size_t host_unhex(const char *hex, unsigned char out[VIPL_HOST_ADDRESS_LEN])
+{
+    size_t n = strlen(hex);
+    if (n % 2 || n / 2 > VIPL_HOST_ADDRESS_LEN)
+        return 0;
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+            return 0;
+        out[i] = (unsigned char)v;
+    }
+    return n / 2;
+}
+
+void host_expect(const char *text, char out[HOST_TEXT])
+{
+    host_expect_as(g_provider, text, out);
+}
+
+void host_expect_as(const char *provider, const char *text, char out[HOST_TEXT])
+{
+    unsigned char b[VIPL_HOST_ADDRESS_LEN];
+    size_t n = 0;
+    memset(b, 0, sizeof b);
+    if (strcmp(provider, "shm") == 0) {
+        n = 6;
+        REQUIRE(strlen(text) >= 1 && strlen(text) <= n);
+        memcpy(b, text, strlen(text));
+    } else if (strcmp(provider, "xdp") == 0) {
+        unsigned m[6];
+        REQUIRE(sscanf(text, "%x:%x:%x:%x:%x:%x", &m[0], &m[1], &m[2], &m[3], &m[4], &m[5]) == 6);
+        for (n = 0; n < 6; n++)
+            b[n] = (unsigned char)m[n];
+    } else {
+        char ip[64];
+        const char *colon = strrchr(text, ':');
+        REQUIRE(colon != NULL && (size_t)(colon - text) < sizeof ip);
+        unsigned port = (unsigned)atoi(colon + 1);
+        if (text[0] == '[') {
+            snprintf(ip, sizeof ip, "%.*s", (int)(colon - text - 2), text + 1);
+            REQUIRE(inet_pton(AF_INET6, ip, b) == 1);
+            n = 16;
+        } else {
+            snprintf(ip, sizeof ip, "%.*s", (int)(colon - text), text);
+            REQUIRE(inet_pton(AF_INET, ip, b) == 1);
+            n = 4;
+        }
+        b[n++] = (unsigned char)(port >> 8);
+        b[n++] = (unsigned char)port;
+    }
+    host_hex(b, n, out);
+}
+
+void host_display(const char *hex, char *out, size_t n)
+{
+    unsigned char b[VIPL_HOST_ADDRESS_LEN];
+    size_t len = host_unhex(hex, b);
+    char ip[INET6_ADDRSTRLEN];
+    if (strcmp(g_provider, "shm") == 0)
+        snprintf(out, n, "%.*s", (int)strnlen((const char *)b, len), (const char *)b);
+    else if (strcmp(g_provider, "xdp") == 0 && len == 6)
+        snprintf(out, n, "%02x:%02x:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3], b[4], b[5]);
+    else if (len == 6 && inet_ntop(AF_INET, b, ip, sizeof ip))
+        snprintf(out, n, "%s:%u", ip, (unsigned)b[4] << 8 | b[5]);
+    else if (len == 18 && inet_ntop(AF_INET6, b, ip, sizeof ip))
+        snprintf(out, n, "[%s]:%u", ip, (unsigned)b[16] << 8 | b[17]);
+    else
+        snprintf(out, n, "?%s", hex);
+}
+
+void short_instance(char letter, char out[8])
+{
+    char digits[8];
+    int k = 0;
+    unsigned pid = (unsigned)getpid();
+    do {
+        digits[k++] = "0123456789abcdefghijklmnopqrstuvwxyz"[pid % 36];
+        pid /= 36;
+    } while (pid && k < 5);
+    out[0] = letter;
+    for (int i = 0; i < k; i++)
+        out[1 + i] = digits[k - 1 - i];
+    out[1 + k] = 0;
+}
+
 VIP_NET_ADDRESS *addr_new(const char *host, const char *disc)
 {
-    char h[VIPL_HOST_ADDRESS_LEN];
-    memset(h, 0, sizeof h);
-    strncpy(h, host, sizeof h - 1);
-    return addr_raw(h, sizeof h, disc, disc ? strlen(disc) : 0);
+    unsigned char h[VIPL_HOST_ADDRESS_LEN];
+    size_t n = host_unhex(host, h);
+    return addr_raw(h, n, disc, disc ? strlen(disc) : 0);
 }
 
 VIP_NET_ADDRESS *addr_room(void)
@@ -267,10 +361,10 @@ void send_addr(struct chan *c, struct side *s)
     chan_send(c, T_ADDR, s->address, strlen(s->address) + 1);
 }
 
-void recv_addr(struct chan *c, char host[VIPL_HOST_ADDRESS_LEN + 1])
+void recv_addr(struct chan *c, char host[HOST_TEXT])
 {
-    memset(host, 0, VIPL_HOST_ADDRESS_LEN + 1);
-    if (CHAN_EXPECT(c, 10000, T_ADDR, host, VIPL_HOST_ADDRESS_LEN) != 0)
+    memset(host, 0, HOST_TEXT);
+    if (CHAN_EXPECT(c, 10000, T_ADDR, host, HOST_TEXT - 1) != 0)
         h_finish();
 }
 
@@ -390,6 +484,35 @@ VIP_RELIABILITY_LEVEL default_level(void)
 int is_network(void)
 {
     return strcmp(g_provider, "udp") == 0 || strcmp(g_provider, "xdp") == 0;
+}
+
+void capture_start(struct capture *c)
+{
+    int p[2];
+    memset(c, 0, sizeof *c);
+    REQUIRE(pipe2(p, O_NONBLOCK) == 0);
+    c->rd = p[0];
+    c->wr = p[1];
+    fflush(stderr);
+    c->saved = dup(2);
+    REQUIRE(c->saved >= 0 && dup2(c->wr, 2) == 2);
+}
+
+void capture_read(struct capture *c)
+{
+    ssize_t k;
+    while (c->got < sizeof c->buf - 1 && (k = read(c->rd, c->buf + c->got, sizeof c->buf - 1 - c->got)) > 0)
+        c->got += (size_t)k;
+    c->buf[c->got] = 0;
+}
+
+void capture_end(struct capture *c)
+{
+    capture_read(c);
+    dup2(c->saved, 2);
+    close(c->saved);
+    close(c->rd);
+    close(c->wr);
 }
 
 void write_temp(const char *text, char path[256])

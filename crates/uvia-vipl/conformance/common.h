@@ -10,7 +10,7 @@
 
 /* Message tags between a test and its peer. */
 enum {
-    T_ADDR = 1, /* the sender's NIC address (text) */
+    T_ADDR = 1, /* the sender's NIC address (hex text, HOST_TEXT) */
     T_READY,    /* set up; go on */
     T_GO,       /* do the next step */
     T_DONE,     /* finished the step */
@@ -22,10 +22,33 @@ enum {
 
 #define ARENA_LEN (4u << 20)
 
+/* The suite carries a host address as the hex text of its bytes
+ * ("7f0000011bbc" for 127.0.0.1 port 7100): strcmp compares two, printf
+ * shows one, a channel carries one. HOST_TEXT is the room for one. */
+#define HOST_TEXT (2 * VIPL_HOST_ADDRESS_LEN + 1)
+/* Writes n host bytes as hex text. */
+void host_hex(const void *bytes, size_t n, char out[HOST_TEXT]);
+/* The bytes of hex text; returns how many (0 for text that is no hex). */
+size_t host_unhex(const char *hex, unsigned char out[VIPL_HOST_ADDRESS_LEN]);
+/* The hex text of the host address that `text`, written as g_provider
+ * writes its addresses ("127.0.0.1:7001", "[::1]:7001",
+ * "02:00:00:00:00:0a", an shm instance), has in vipl.h's binary form: the
+ * suite's own reading of that form, to check the library's. Ends the test
+ * if the text is none. */
+void host_expect(const char *text, char out[HOST_TEXT]);
+/* The same, as `provider` ("shm", "udp", "xdp") writes its addresses. */
+void host_expect_as(const char *provider, const char *text, char out[HOST_TEXT]);
+/* The text form of a host address given as hex (the reverse of
+ * host_expect), for a hosts file. */
+void host_display(const char *hex, char *out, size_t n);
+/* An shm instance name of this process's own, at most 6 characters: the
+ * letter, then the pid in base 36. */
+void short_instance(char letter, char out[8]);
+
 struct side {
     VIP_NIC_HANDLE nic;
     VIP_NIC_ATTRIBUTES attrs;
-    char address[VIPL_HOST_ADDRESS_LEN + 1];
+    char address[HOST_TEXT]; /* LocalNicAddress as hex text */
     VIP_PROTECTION_HANDLE ptag;
     /* Registered with ptag, RDMA disabled: descriptors and buffers. */
     char *arena;
@@ -86,8 +109,8 @@ VIP_VI_HANDLE vi_new(struct side *s, VIP_RELIABILITY_LEVEL level, int rdma_write
 /* VipDestroyVi, and side_close forgets the VI when it went. */
 VIP_RETURN vi_destroy(struct side *s, VIP_VI_HANDLE vi);
 
-/* A VIP_NET_ADDRESS (malloc'd): host text NUL-padded to
- * VIPL_HOST_ADDRESS_LEN, then the discriminator's bytes. */
+/* A VIP_NET_ADDRESS (malloc'd): the bytes of the host's hex text, then
+ * the discriminator's bytes. */
 VIP_NET_ADDRESS *addr_new(const char *host, const char *disc);
 VIP_NET_ADDRESS *addr_raw(const void *host, size_t hostlen, const void *disc, size_t disclen);
 /* Room for an address the library writes. */
@@ -101,7 +124,7 @@ void srv_accept(struct side *s, VIP_VI_HANDLE vi, const char *disc, int ms);
 void cli_connect(struct side *s, VIP_VI_HANDLE vi, const char *host, const char *disc, int ms);
 /* Sends this side's NIC address to the other process; receives it. */
 void send_addr(struct chan *c, struct side *s);
-void recv_addr(struct chan *c, char host[VIPL_HOST_ADDRESS_LEN + 1]);
+void recv_addr(struct chan *c, char host[HOST_TEXT]);
 
 /* The next completed descriptor of a queue within ms; checks SUCCESS and
  * returns NULL on anything else. */
@@ -130,6 +153,17 @@ VIP_RELIABILITY_LEVEL any_reliable_level(void);
 /* Reliable delivery if claimed, else the first level claimed. */
 VIP_RELIABILITY_LEVEL default_level(void);
 int is_network(void);
+
+/* What the library writes to stderr between capture_start and capture_end
+ * (capture_read takes what came so far), in buf. */
+struct capture {
+    int saved, rd, wr;
+    char buf[8192];
+    size_t got;
+};
+void capture_start(struct capture *c);
+void capture_read(struct capture *c);
+void capture_end(struct capture *c);
 
 /* Writes text to a new temporary file; its path goes to path. */
 void write_temp(const char *text, char path[256]);
@@ -172,7 +206,7 @@ struct pair {
     struct peer p;
     struct conn x;
     struct pair_cfg cfg;
-    char server_address[VIPL_HOST_ADDRESS_LEN + 1];
+    char server_address[HOST_TEXT];
 };
 
 /* Forks the server, connects to it; ends the test if that fails. Call

@@ -6,11 +6,16 @@
  * descriptors completed with an error, the error callback), calls on a VI
  * that is not idle, reliability levels that differ, bad addresses, and
  * peer-to-peer connections (network providers; VIP_ERROR_NOT_SUPPORTED on
- * shm).
+ * shm), a peer's address kept in a 40-byte buffer as VIA-era libraries
+ * keep it, and the line a request that nothing answers writes.
  */
 #include "common.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +55,7 @@ static void srv_accept_addrs(struct chan *c, void *arg)
     struct side s;
     side_open_peer(&s);
     send_addr(c, &s);
-    char client[VIPL_HOST_ADDRESS_LEN + 1];
+    char client[HOST_TEXT];
     recv_addr(c, client);
     VIP_VI_ATTRIBUTES va = vi_attrs(&s, default_level());
     va.MaxTransferSize = SRV_MTU;
@@ -60,18 +65,21 @@ static void srv_accept_addrs(struct chan *c, void *arg)
     VIP_NET_ADDRESS *local = addr_new(s.address, a->disc);
     VIP_NET_ADDRESS *remote = addr_room();
     memset(remote->HostAddress, 0x55, VIPL_HOST_ADDRESS_LEN + 64);
+    size_t hostlen = s.attrs.NicAddressLen;
     VIP_VI_ATTRIBUTES ra;
     memset(&ra, 0, sizeof ra);
     VIP_CONN_HANDLE conn = NULL;
     REQUIRE_RET(VipConnectWait(s.nic, local, 10000, remote, &ra, &conn), VIP_SUCCESS);
     CHECK(conn != NULL);
     /* The client's address: its NIC's host address, then the discriminator. */
-    CHECK_EQ(remote->HostAddressLen, VIPL_HOST_ADDRESS_LEN);
-    char host[VIPL_HOST_ADDRESS_LEN + 1] = {0};
-    memcpy(host, remote->HostAddress, VIPL_HOST_ADDRESS_LEN);
-    CHECKF(strcmp(host, client) == 0, "the client's address is \"%s\", it says \"%s\"", host, client);
+    CHECK_EQ(remote->HostAddressLen, hostlen);
+    char host[HOST_TEXT];
+    host_hex(remote->HostAddress, remote->HostAddressLen, host);
+    CHECKF(strcmp(host, client) == 0, "the client's address is %s, it says %s", host, client);
     CHECK_EQ(remote->DiscriminatorLen, strlen(a->disc));
-    CHECK(memcmp(remote->HostAddress + VIPL_HOST_ADDRESS_LEN, a->disc, strlen(a->disc)) == 0);
+    CHECK(memcmp(remote->HostAddress + hostlen, a->disc, strlen(a->disc)) == 0);
+    /* Nothing past the discriminator. */
+    CHECK_EQ(remote->HostAddress[hostlen + strlen(a->disc)], 0x55);
     /* The client's VI attributes. */
     CHECK_EQ(ra.ReliabilityLevel, default_level());
     CHECK_EQ(ra.MaxTransferSize, CLI_MTU);
@@ -93,7 +101,7 @@ static void t_accept(int arg)
     peer_start(&p, srv_accept_addrs, &A);
     struct side s;
     side_open(&s, NULL);
-    char host[VIPL_HOST_ADDRESS_LEN + 1];
+    char host[HOST_TEXT];
     recv_addr(&p.c, host);
     send_addr(&p.c, &s);
     VIP_VI_ATTRIBUTES va = vi_attrs(&s, default_level());
@@ -151,7 +159,7 @@ static void t_reject(int arg)
     peer_start(&p, srv_reject_then_accept, &A);
     struct side s;
     side_open(&s, NULL);
-    char host[VIPL_HOST_ADDRESS_LEN + 1];
+    char host[HOST_TEXT];
     recv_addr(&p.c, host);
     VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
     VIP_NET_ADDRESS *local = addr_new(s.address, A.disc), *remote = addr_new(host, A.disc);
@@ -196,7 +204,7 @@ static void t_no_match(int arg)
     peer_start(&p, srv_listen_elsewhere, &A);
     struct side s;
     side_open(&s, NULL);
-    char host[VIPL_HOST_ADDRESS_LEN + 1];
+    char host[HOST_TEXT];
     recv_addr(&p.c, host);
     VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
     VIP_NET_ADDRESS *local = addr_new(s.address, A.disc), *remote = addr_new(host, A.disc);
@@ -236,7 +244,7 @@ static void t_timeouts(int arg)
     peer_start(&p, srv_never_answers, &A);
     struct side s;
     side_open(&s, NULL);
-    char host[VIPL_HOST_ADDRESS_LEN + 1];
+    char host[HOST_TEXT];
     recv_addr(&p.c, host);
     /* Waiting for a client that never comes. */
     char lonely[33];
@@ -486,7 +494,7 @@ static void t_level_mismatch(int arg)
     peer_start(&p, srv_level, &A);
     struct side s;
     side_open(&s, NULL);
-    char host[VIPL_HOST_ADDRESS_LEN + 1];
+    char host[HOST_TEXT];
     recv_addr(&p.c, host);
     VIP_VI_HANDLE vi = vi_new(&s, lv[1], 0, 0, NULL, NULL);
     VIP_NET_ADDRESS *local = addr_new(s.address, A.disc), *remote = addr_new(host, A.disc);
@@ -513,30 +521,39 @@ static void t_bad_addresses(int arg)
     longdisc[33] = 0;
     VIP_NET_ADDRESS *ok = addr_new(s.address, disc), *room = addr_room();
     VIP_NET_ADDRESS *toolong = addr_new(s.address, longdisc);
-    char x48[VIPL_HOST_ADDRESS_LEN];
+    /* Host addresses of lengths no NIC's addresses have: the text form of
+     * old (48 bytes), one byte short of M-VIA's 6, the largest plus one. */
+    char x48[48];
     memset(x48, 'x', sizeof x48);
-    VIP_NET_ADDRESS *unterminated = addr_raw(x48, sizeof x48, disc, strlen(disc));
+    VIP_NET_ADDRESS *text48 = addr_raw(x48, sizeof x48, disc, strlen(disc));
+    VIP_NET_ADDRESS *short5 = addr_raw(x48, 5, disc, strlen(disc));
+    VIP_NET_ADDRESS *long19 = addr_raw(x48, VIPL_HOST_ADDRESS_LEN + 1, disc, strlen(disc));
+    VIP_NET_ADDRESS *wrong[] = {text48, short5, long19};
     VIP_VI_ATTRIBUTES ra;
     VIP_CONN_HANDLE conn = NULL;
     CHECK_RET(VipConnectWait(s.nic, toolong, 100, room, &ra, &conn), VIP_INVALID_PARAMETER);
-    CHECK_RET(VipConnectWait(s.nic, unterminated, 100, room, &ra, &conn), VIP_INVALID_PARAMETER);
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        CHECK_RET(VipConnectWait(s.nic, wrong[i], 100, room, &ra, &conn), VIP_INVALID_PARAMETER);
+        CHECK_RET(VipConnectRequest(vi, ok, wrong[i], 100, &ra), VIP_INVALID_PARAMETER);
+    }
     CHECK_RET(VipConnectWait(s.nic, NULL, 100, room, &ra, &conn), VIP_INVALID_PARAMETER);
     CHECK_RET(VipConnectWait(s.nic, ok, 100, room, &ra, NULL), VIP_INVALID_PARAMETER);
     CHECK_RET(VipConnectWait(NULL, ok, 100, room, &ra, &conn), VIP_INVALID_PARAMETER);
     CHECK_RET(VipConnectRequest(vi, ok, toolong, 100, &ra), VIP_INVALID_PARAMETER);
-    CHECK_RET(VipConnectRequest(vi, ok, unterminated, 100, &ra), VIP_INVALID_PARAMETER);
     CHECK_RET(VipConnectRequest(vi, ok, NULL, 100, &ra), VIP_INVALID_PARAMETER);
     CHECK_RET(VipConnectRequest(NULL, ok, ok, 100, &ra), VIP_INVALID_PARAMETER);
     CHECK_RET(VipConnectAccept(NULL, vi), VIP_INVALID_PARAMETER);
     CHECK_RET(VipConnectReject(NULL), VIP_INVALID_PARAMETER);
     CHECK_STATE(vi, VIP_STATE_IDLE);
-    /* A host that names nobody reachable. */
-    if (strcmp(g_provider, "udp") == 0 || strcmp(g_provider, "xdp") == 0) {
-        VIP_NET_ADDRESS *nowhere =
-            addr_new(strcmp(g_provider, "udp") == 0 ? "no-such-host.invalid:7000" : "no-such-host.invalid", disc);
-        CHECK_RET(VipConnectRequest(vi, ok, nowhere, 2000, &ra), VIP_NOT_REACHABLE);
-        CHECK_STATE(vi, VIP_STATE_IDLE);
+    /* On shm, 6 bytes that are no instance name. */
+    if (strcmp(g_provider, "shm") == 0) {
+        VIP_NET_ADDRESS *slash = addr_raw("a/b\0\0\0", 6, disc, strlen(disc));
+        CHECK_RET(VipConnectRequest(vi, ok, slash, 100, &ra), VIP_INVALID_PARAMETER);
+        free(slash);
     }
+    CHECK_STATE(vi, VIP_STATE_IDLE);
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++)
+        free(wrong[i]);
     side_close(&s);
 }
 
@@ -590,7 +607,7 @@ static void t_two_connections(int arg)
     peer_start(&p, srv_two, &A);
     struct side s;
     side_open(&s, NULL);
-    char host[VIPL_HOST_ADDRESS_LEN + 1];
+    char host[HOST_TEXT];
     recv_addr(&p.c, host);
     VIP_VI_HANDLE vi[2];
     VIP_DESCRIPTOR *r[2];
@@ -642,7 +659,7 @@ static void p2p_side(struct chan *c, const char *my_disc, const char *their_disc
     struct side s;
     side_open(&s, h_is_peer() ? g_peer_device : NULL);
     send_addr(c, &s);
-    char host[VIPL_HOST_ADDRESS_LEN + 1];
+    char host[HOST_TEXT];
     recv_addr(c, host);
     VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
     VIP_DESCRIPTOR *r = recv_desc(&s, 64);
@@ -716,6 +733,154 @@ static void t_peer_to_peer(int arg)
     peer_end(&p, 15000);
 }
 
+/* ---- An address in a 40-byte buffer ------------------------------------------------------- */
+
+/* A peer as a VIA-era library keeps one: its VIP_NET_ADDRESS (host, then
+ * discriminator) in 40 bytes sized for M-VIA's 6-byte MAC, and the VI
+ * right after it. */
+struct old_peer {
+    unsigned char addr[40];
+    VIP_VI_HANDLE vi;
+};
+
+static void srv_forty(struct chan *c, void *arg)
+{
+    struct cm_arg *a = arg;
+    struct side s;
+    side_open_peer(&s);
+    send_addr(c, &s);
+    struct old_peer pe;
+    memset(pe.addr, 0, sizeof pe.addr);
+    pe.vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_VI_HANDLE sentinel = pe.vi;
+    VIP_DESCRIPTOR *r = recv_desc(&s, 64);
+    REQUIRE_RET(VipPostRecv(pe.vi, r, s.mh), VIP_SUCCESS);
+    VIP_NET_ADDRESS *local = addr_new(s.address, a->disc);
+    VIP_VI_ATTRIBUTES ra;
+    VIP_CONN_HANDLE conn = NULL;
+    /* The client's address goes straight into the 40 bytes. */
+    REQUIRE_RET(VipConnectWait(s.nic, local, 10000, (VIP_NET_ADDRESS *)pe.addr, &ra, &conn), VIP_SUCCESS);
+    CHECKF(pe.vi == sentinel, "VipConnectWait wrote past the 40-byte address into the VI handle after it");
+    CHECK_EQ(((VIP_NET_ADDRESS *)pe.addr)->HostAddressLen, s.attrs.NicAddressLen);
+    REQUIRE_RET(VipConnectAccept(conn, pe.vi), VIP_SUCCESS);
+    VIP_DESCRIPTOR *d = RECV_WAIT(pe.vi, 5000);
+    if (d)
+        CHECK(d->CS.Length == 5 && memcmp(seg_buf(d, 0), "forty", 5) == 0);
+    free(local);
+    linger(c, pe.vi);
+    side_close(&s);
+}
+
+static void t_forty_bytes(int arg)
+{
+    (void)arg;
+    new_arg();
+    struct peer p;
+    peer_start(&p, srv_forty, &A);
+    struct side s;
+    side_open(&s, NULL);
+    if (s.attrs.NicAddressLen > 6)
+        h_skip("the NIC's host addresses are %u bytes (udp over IPv6), more than M-VIA's 6",
+               (unsigned)s.attrs.NicAddressLen);
+    char host[HOST_TEXT], shown[64], text[256], path[256];
+    recv_addr(&p.c, host);
+    host_display(host, shown, sizeof shown);
+    snprintf(text, sizeof text, "server %s %s\n", g_provider, shown);
+    write_temp(text, path);
+    REQUIRE_RET(VipNSInit(s.nic, path), VIP_SUCCESS);
+    struct old_peer pe;
+    memset(pe.addr, 0, sizeof pe.addr);
+    pe.vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_VI_HANDLE sentinel = pe.vi;
+    /* The name service writes the host into the 40 bytes; the program adds
+     * the discriminator after it, as oldvia.c does. */
+    VIP_NET_ADDRESS *remote = (VIP_NET_ADDRESS *)pe.addr;
+    REQUIRE_RET(VipNSGetHostByName(s.nic, "server", remote, 0), VIP_SUCCESS);
+    CHECKF(pe.vi == sentinel, "VipNSGetHostByName wrote past the 40-byte address into the VI handle after it");
+    size_t dl = strlen(A.disc);
+    REQUIRE(sizeof(VIP_NET_ADDRESS) - 1 + remote->HostAddressLen + dl <= sizeof pe.addr);
+    remote->DiscriminatorLen = (VIP_UINT16)dl;
+    memcpy(remote->HostAddress + remote->HostAddressLen, A.disc, dl);
+    VIP_NET_ADDRESS *local = addr_new(s.address, A.disc);
+    VIP_VI_ATTRIBUTES ra;
+    CHECK_RET(VipConnectRequest(pe.vi, local, remote, 10000, &ra), VIP_SUCCESS);
+    CHECKF(pe.vi == sentinel, "the VI handle after the 40-byte address changed");
+    CHECK_STATE(pe.vi, VIP_STATE_CONNECTED);
+    VIP_DESCRIPTOR *d = send_desc(&s, "forty", 5, 0);
+    CHECK_RET(VipPostSend(pe.vi, d, s.mh), VIP_SUCCESS);
+    SEND_WAIT(pe.vi, 5000);
+    chan_send(&p.c, T_QUIT, NULL, 0);
+    peer_end_pumping(&p, pe.vi, 15000);
+    VipDisconnect(pe.vi);
+    free(local);
+    side_close(&s);
+}
+
+/* ---- A request that nothing answers ------------------------------------------------------- */
+
+/* Runs VipConnectRequest with stderr going to a file; returns its code and
+ * what was written (at most n - 1 bytes). */
+static VIP_RETURN request_captured(VIP_VI_HANDLE vi, VIP_NET_ADDRESS *local, VIP_NET_ADDRESS *remote, int ms,
+                                   char *out, size_t n)
+{
+    VIP_VI_ATTRIBUTES ra;
+    struct capture c;
+    capture_start(&c);
+    VIP_RETURN r = VipConnectRequest(vi, local, remote, (VIP_ULONG)ms, &ra);
+    capture_end(&c);
+    snprintf(out, n, "%s", c.buf);
+    return r;
+}
+
+static void t_unanswered(int arg)
+{
+    (void)arg;
+    if (strcmp(g_provider, "shm") == 0)
+        h_skip("on shm a request that finds no listener is VIP_NO_MATCH at once (cm/no_listener)");
+    struct side s;
+    side_open(&s, NULL);
+    char disc[33], hex[HOST_TEXT], shown[64], err[1024];
+    disc_new(disc);
+    /* Somewhere that takes datagrams and never answers: a plain UDP
+     * socket of this test on the NIC's IP address; on xdp an Ethernet
+     * address nobody has. */
+    int sock = -1;
+    if (strcmp(g_provider, "udp") == 0) {
+        if (s.attrs.NicAddressLen != 6)
+            h_skip("the NIC is on IPv6; the test makes an IPv4 socket");
+        struct sockaddr_in sa = {.sin_family = AF_INET};
+        memcpy(&sa.sin_addr, s.attrs.LocalNicAddress, 4);
+        socklen_t sl = sizeof sa;
+        sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        REQUIRE(sock >= 0 && bind(sock, (struct sockaddr *)&sa, sizeof sa) == 0);
+        REQUIRE(getsockname(sock, (struct sockaddr *)&sa, &sl) == 0);
+        unsigned char b[6];
+        memcpy(b, &sa.sin_addr, 4);
+        memcpy(b + 4, &sa.sin_port, 2);
+        host_hex(b, 6, hex);
+    } else {
+        host_expect("02:00:00:00:00:77", hex);
+    }
+    host_display(hex, shown, sizeof shown);
+    VIP_NET_ADDRESS *local = addr_new(s.address, disc), *remote = addr_new(hex, disc);
+    VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_RETURN r = request_captured(vi, local, remote, 500, err, sizeof err);
+    CHECK_EQ(r, VIP_TIMEOUT);
+    CHECK_STATE(vi, VIP_STATE_IDLE);
+    /* One line, naming the address tried and the discriminator. */
+    char *nl = strchr(err, '\n');
+    CHECKF(nl && nl[1] == 0, "expected one line on stderr, got \"%s\"", err);
+    char want[128];
+    snprintf(want, sizeof want, "no listener answered at %s", shown);
+    CHECKF(strstr(err, want) != NULL, "stderr \"%s\" does not say \"%s\"", err, want);
+    CHECKF(strstr(err, disc) != NULL, "stderr \"%s\" does not name the discriminator %s", err, disc);
+    if (sock >= 0)
+        close(sock);
+    free(local);
+    free(remote);
+    side_close(&s);
+}
+
 const struct test cm_tests[] = {
     {"cm", "accept_addresses_attributes", t_accept, 0, 0},
     {"cm", "reject", t_reject, 0, 0},
@@ -728,5 +893,7 @@ const struct test cm_tests[] = {
     {"cm", "reliability_level_mismatch", t_level_mismatch, 0, 0},
     {"cm", "bad_addresses", t_bad_addresses, 0, 0},
     {"cm", "peer_to_peer", t_peer_to_peer, 0, 0},
+    {"cm", "address_in_40_byte_buffer", t_forty_bytes, 0, 0},
+    {"cm", "unanswered_request_says_where", t_unanswered, 0, 0},
     {NULL, NULL, NULL, 0, 0},
 };

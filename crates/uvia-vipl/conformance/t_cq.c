@@ -257,7 +257,7 @@ static void t_several_vis(int arg)
     peer_start(&p, srv_several, &sv);
     struct side s;
     side_open(&s, NULL);
-    char host[NV][VIPL_HOST_ADDRESS_LEN + 1];
+    char host[NV][HOST_TEXT];
     for (int i = 0; i < NV; i++)
         recv_addr(&p.c, host[i]);
     VIP_CQ_HANDLE cq = NULL;

@@ -14,42 +14,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* What the library writes to stderr between capture_start and capture_end. */
-struct capture {
-    int saved, rd, wr;
-    char buf[8192];
-    size_t got;
-};
-
-static void capture_start(struct capture *c)
-{
-    int p[2];
-    memset(c, 0, sizeof *c);
-    REQUIRE(pipe2(p, O_NONBLOCK) == 0);
-    c->rd = p[0];
-    c->wr = p[1];
-    fflush(stderr);
-    c->saved = dup(2);
-    REQUIRE(c->saved >= 0 && dup2(c->wr, 2) == 2);
-}
-
-static void capture_read(struct capture *c)
-{
-    ssize_t k;
-    while (c->got < sizeof c->buf - 1 && (k = read(c->rd, c->buf + c->got, sizeof c->buf - 1 - c->got)) > 0)
-        c->got += (size_t)k;
-    c->buf[c->got] = 0;
-}
-
-static void capture_end(struct capture *c)
-{
-    capture_read(c);
-    dup2(c->saved, 2);
-    close(c->saved);
-    close(c->rd);
-    close(c->wr);
-}
-
 static int count_lines(const char *text)
 {
     int n = 0;

@@ -4,7 +4,11 @@
  */
 #include "common.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -14,19 +18,38 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The LocalNicAddress of a NIC opened by name, as text ("" if it failed). */
-static VIP_RETURN open_address(const char *name, char out[VIPL_HOST_ADDRESS_LEN + 1])
+/* The LocalNicAddress of a NIC opened by name, as hex text ("" if it
+ * failed), and its Name (if `nic_name` is not NULL). */
+static VIP_RETURN open_named(const char *name, char out[HOST_TEXT], char nic_name[64])
 {
     VIP_NIC_HANDLE nic = NULL;
     VIP_NIC_ATTRIBUTES a;
-    memset(out, 0, VIPL_HOST_ADDRESS_LEN + 1);
+    memset(out, 0, HOST_TEXT);
     VIP_RETURN r = VipOpenNic(name, &nic);
     if (r != VIP_SUCCESS)
         return r;
-    if (VipQueryNic(nic, &a) == VIP_SUCCESS && a.LocalNicAddress)
-        memcpy(out, a.LocalNicAddress, a.NicAddressLen < VIPL_HOST_ADDRESS_LEN ? a.NicAddressLen : VIPL_HOST_ADDRESS_LEN);
+    if (VipQueryNic(nic, &a) == VIP_SUCCESS && a.LocalNicAddress) {
+        host_hex(a.LocalNicAddress, a.NicAddressLen, out);
+        if (nic_name)
+            memcpy(nic_name, a.Name, 64);
+    }
     CHECK_RET(VipCloseNic(nic), VIP_SUCCESS);
     return r;
+}
+
+static VIP_RETURN open_address(const char *name, char out[HOST_TEXT])
+{
+    return open_named(name, out, NULL);
+}
+
+/* The hex of shm instance `inst`'s host address. */
+static const char *shm_hex(const char *inst)
+{
+    static char out[4][HOST_TEXT];
+    static int next;
+    char *o = out[next++ % 4];
+    host_expect_as("shm", inst, o);
+    return o;
 }
 
 /* Device-name mappings only from what the test sets. */
@@ -36,10 +59,10 @@ static void clear_mappings(void)
     setenv("VIPL_CONF", "/nonexistent/vipl.conf", 1);
 }
 
+/* 127.0.0.1 and a port that is not 0, as hex text. */
 static int looks_like_udp(const char *a)
 {
-    const char *colon = strrchr(a, ':');
-    return strncmp(a, "127.0.0.1:", 10) == 0 && colon && atoi(colon + 1) > 0;
+    return strlen(a) == 12 && strncmp(a, "7f000001", 8) == 0 && strcmp(a + 8, "0000") != 0;
 }
 
 static void t_open_close(int arg)
@@ -59,64 +82,138 @@ static void t_open_close(int arg)
 static void t_provider_names(int arg)
 {
     (void)arg;
-    char addr[VIPL_HOST_ADDRESS_LEN + 1], inst[32];
+    char addr[HOST_TEXT], inst[32], shortname[8];
     clear_mappings();
     CHECK_RET(open_address("shm", addr), VIP_SUCCESS);
-    CHECKF(strcmp(addr, "0") == 0, "\"shm\" opened instance \"%s\", expected \"0\"", addr);
-    snprintf(inst, sizeof inst, "shm:ci%d", (int)getpid());
+    CHECKF(strcmp(addr, shm_hex("0")) == 0, "\"shm\" opened %s, expected instance \"0\"", addr);
+    short_instance('c', shortname);
+    snprintf(inst, sizeof inst, "shm:%s", shortname);
     CHECK_RET(open_address(inst, addr), VIP_SUCCESS);
-    CHECKF(strcmp(addr, inst + 4) == 0, "\"%s\" has address \"%s\"", inst, addr);
+    CHECKF(strcmp(addr, shm_hex(inst + 4)) == 0, "\"%s\" has address %s", inst, addr);
+    /* An instance name longer than a host address's 6 bytes. */
+    CHECK_RET(open_address("shm:seven77", addr), VIP_INVALID_PARAMETER);
     /* No name is a mistake, not a wish for a default device. */
     CHECK_RET(open_address(NULL, addr), VIP_INVALID_PARAMETER);
     CHECK_RET(open_address("udp", addr), VIP_SUCCESS);
     CHECKF(looks_like_udp(addr), "\"udp\" has address \"%s\", expected 127.0.0.1:<port>", addr);
     CHECK_RET(open_address("udp:127.0.0.1", addr), VIP_SUCCESS);
     CHECKF(looks_like_udp(addr), "\"udp:127.0.0.1\" has address \"%s\"", addr);
+    /* Over IPv6 (where the host has it): 18 bytes, ::1 then the port. */
+    VIP_RETURN r6 = open_address("udp:[::1]", addr);
+    CHECKF(r6 == VIP_SUCCESS || r6 == VIP_ERROR_RESOURCE, "udp:[::1]: %s", vip_ret_name(r6));
+    if (r6 == VIP_SUCCESS)
+        CHECKF(strlen(addr) == 36 && strncmp(addr, "00000000000000000000000000000001", 32) == 0 &&
+                   strcmp(addr + 32, "0000") != 0,
+               "\"udp:[::1]\" has address %s, expected ::1 and a port in 18 bytes", addr);
+}
+
+/* The IPv4 addresses of the interfaces that are up and not loopback, one
+ * per interface (its first), in interface index order; returns how many. */
+static int up_interfaces(struct in_addr out[16], char names[16][IF_NAMESIZE])
+{
+    struct ifaddrs *all = NULL, *i;
+    unsigned idx[16];
+    int n = 0;
+    if (getifaddrs(&all) != 0)
+        return 0;
+    for (i = all; i; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+            (i->ifa_flags & IFF_LOOPBACK))
+            continue;
+        unsigned x = if_nametoindex(i->ifa_name);
+        int seen = 0;
+        for (int k = 0; k < n; k++)
+            seen |= idx[k] == x;
+        if (seen || n == 16)
+            continue;
+        /* Insert in index order. */
+        int at = n;
+        while (at > 0 && idx[at - 1] > x) {
+            idx[at] = idx[at - 1], out[at] = out[at - 1];
+            memcpy(names[at], names[at - 1], IF_NAMESIZE);
+            at--;
+        }
+        idx[at] = x;
+        out[at] = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        snprintf(names[at], IF_NAMESIZE, "%s", i->ifa_name);
+        n++;
+    }
+    freeifaddrs(all);
+    return n;
 }
 
 static void t_device_names(int arg)
 {
     (void)arg;
-    char addr[VIPL_HOST_ADDRESS_LEN + 1], map[256], want_a[32], want_b[32], want_c[32];
+    char addr[HOST_TEXT], map[256], want_a[8], want_b[8], want_c[8], name[64];
     clear_mappings();
     /* The defaults. */
     CHECK_RET(open_address("/dev/via_lo", addr), VIP_SUCCESS);
-    CHECKF(strcmp(addr, "0") == 0, "/dev/via_lo opened \"%s\", expected shm instance \"0\"", addr);
-    CHECK_RET(open_address("/dev/via_eth0", addr), VIP_SUCCESS);
-    CHECKF(looks_like_udp(addr), "/dev/via_eth0 opened \"%s\", expected udp on 127.0.0.1", addr);
-    CHECK_RET(open_address("/dev/via_eth1", addr), VIP_SUCCESS);
-    CHECKF(looks_like_udp(addr), "/dev/via_eth1 opened \"%s\", expected udp on 127.0.0.1", addr);
+    CHECKF(strcmp(addr, shm_hex("0")) == 0, "/dev/via_lo opened %s, expected shm instance \"0\"", addr);
+    /* /dev/via_ethN: udp on the N-th interface that is up, not loopback and
+     * has an IPv4 address, at VIPL_PORT (a port of this test's own: the
+     * default, 7100, may be taken on a shared machine). */
+    struct in_addr ifs[16];
+    char ifnames[16][IF_NAMESIZE];
+    int nifs = up_interfaces(ifs, ifnames);
+    char port[16], dev[32], text[64], want[HOST_TEXT];
+    unsigned p = 20000 + (unsigned)getpid() % 20000;
+    snprintf(port, sizeof port, "%u", p);
+    setenv("VIPL_PORT", port, 1);
+    for (int k = 0; k <= nifs && k < 3; k++) {
+        snprintf(dev, sizeof dev, "/dev/via_eth%d", k);
+        if (k == nifs) {
+            CHECKF(open_address(dev, addr) == VIP_ERROR_RESOURCE, "%s opened, this host has %d such interfaces",
+                   dev, nifs);
+            continue;
+        }
+        snprintf(text, sizeof text, "%s:%u", inet_ntoa(ifs[k]), p);
+        host_expect_as("udp", text, want);
+        CHECK_RET(open_named(dev, addr, name), VIP_SUCCESS);
+        CHECKF(strcmp(addr, want) == 0, "%s opened %s, expected %s (%s) on %s", dev, addr, want, text, ifnames[k]);
+        /* Its Name is the device name it was opened by. */
+        CHECKF(strcmp(name, dev) == 0, "%s: Name \"%s\"", dev, name);
+    }
+    setenv("VIPL_PORT", "http", 1);
+    if (nifs > 0)
+        CHECK_RET(open_address("/dev/via_eth0", addr), VIP_INVALID_PARAMETER);
+    unsetenv("VIPL_PORT");
 
     /* VIPL_DEVICES, which also overrides a default. */
-    snprintf(want_a, sizeof want_a, "da%d", (int)getpid());
-    snprintf(want_b, sizeof want_b, "db%d", (int)getpid());
+    short_instance('a', want_a);
+    short_instance('b', want_b);
     snprintf(map, sizeof map, "/dev/via_x1=shm:%s;/dev/via_lo=shm:%s", want_a, want_b);
     setenv("VIPL_DEVICES", map, 1);
-    CHECK_RET(open_address("/dev/via_x1", addr), VIP_SUCCESS);
-    CHECKF(strcmp(addr, want_a) == 0, "VIPL_DEVICES: /dev/via_x1 opened \"%s\", expected \"%s\"", addr, want_a);
+    CHECK_RET(open_named("/dev/via_x1", addr, name), VIP_SUCCESS);
+    CHECKF(strcmp(addr, shm_hex(want_a)) == 0, "VIPL_DEVICES: /dev/via_x1 opened %s, expected \"%s\"", addr, want_a);
+    CHECKF(strcmp(name, "/dev/via_x1") == 0, "/dev/via_x1: Name \"%s\"", name);
     CHECK_RET(open_address("/dev/via_lo", addr), VIP_SUCCESS);
-    CHECKF(strcmp(addr, want_b) == 0, "VIPL_DEVICES: /dev/via_lo opened \"%s\", expected \"%s\"", addr, want_b);
+    CHECKF(strcmp(addr, shm_hex(want_b)) == 0, "VIPL_DEVICES: /dev/via_lo opened %s, expected \"%s\"", addr, want_b);
+    /* A provider name is its own Name. */
+    CHECK_RET(open_named("udp:127.0.0.1", addr, name), VIP_SUCCESS);
+    CHECKF(strcmp(name, "udp:127.0.0.1") == 0, "udp:127.0.0.1: Name \"%s\"", name);
 
     /* VIPL_CONF, below VIPL_DEVICES. */
-    char path[256], text[512];
-    snprintf(want_c, sizeof want_c, "dc%d", (int)getpid());
-    snprintf(text, sizeof text,
+    char path[256];
+    char conf[512], wrong[8];
+    short_instance('c', want_c);
+    short_instance('w', wrong);
+    snprintf(conf, sizeof conf,
              "# devices of this test\n"
              "/dev/via_x2   shm:%s\n"
              "\n"
-             "/dev/via_x1 shm:wrong%d   # VIPL_DEVICES names this one first\n",
-             want_c, (int)getpid());
-    write_temp(text, path);
+             "/dev/via_x1 shm:%s   # VIPL_DEVICES names this one first\n",
+             want_c, wrong);
+    write_temp(conf, path);
     setenv("VIPL_CONF", path, 1);
     CHECK_RET(open_address("/dev/via_x2", addr), VIP_SUCCESS);
-    CHECKF(strcmp(addr, want_c) == 0, "VIPL_CONF: /dev/via_x2 opened \"%s\", expected \"%s\"", addr, want_c);
+    CHECKF(strcmp(addr, shm_hex(want_c)) == 0, "VIPL_CONF: /dev/via_x2 opened %s, expected \"%s\"", addr, want_c);
     CHECK_RET(open_address("/dev/via_x1", addr), VIP_SUCCESS);
-    CHECKF(strcmp(addr, want_a) == 0, "VIPL_DEVICES before VIPL_CONF: /dev/via_x1 opened \"%s\", expected \"%s\"", addr,
-           want_a);
+    CHECKF(strcmp(addr, shm_hex(want_a)) == 0, "VIPL_DEVICES before VIPL_CONF: /dev/via_x1 opened %s, expected \"%s\"",
+           addr, want_a);
     unsetenv("VIPL_DEVICES");
     CHECK_RET(open_address("/dev/via_x1", addr), VIP_SUCCESS);
-    snprintf(want_a, sizeof want_a, "wrong%d", (int)getpid());
-    CHECKF(strcmp(addr, want_a) == 0, "VIPL_CONF: /dev/via_x1 opened \"%s\", expected \"%s\"", addr, want_a);
+    CHECKF(strcmp(addr, shm_hex(wrong)) == 0, "VIPL_CONF: /dev/via_x1 opened %s, expected \"%s\"", addr, wrong);
 }
 
 static void t_bad_names(int arg)
@@ -131,6 +228,16 @@ static void t_bad_names(int arg)
                vip_ret_name(r));
     }
     CHECK_RET(VipOpenNic(g_device, NULL), VIP_INVALID_PARAMETER);
+    /* An unknown device's line says where device names are mapped. */
+    struct capture c;
+    capture_start(&c);
+    VIP_RETURN r = VipOpenNic("/dev/via_nosuch", &nic);
+    capture_end(&c);
+    const char *err = c.buf;
+    CHECK_EQ(r, VIP_INVALID_PARAMETER);
+    CHECKF(strstr(err, "/dev/via_nosuch") && strstr(err, "VIPL_DEVICES") && strstr(err, "/nonexistent/vipl.conf"),
+           "the line for an unknown device does not name it, VIPL_DEVICES and the configuration file: \"%s\"", err);
+    CHECKF(strchr(err, '\n') == err + strlen(err) - 1, "expected one line: \"%s\"", err);
     /* Known providers that cannot start here. */
     CHECK_RET(VipOpenNic("xdp:uvianosuch0", &nic), VIP_ERROR_RESOURCE);
     CHECK_RET(VipOpenNic("udp:192.0.2.1", &nic), VIP_ERROR_RESOURCE);
@@ -150,10 +257,10 @@ static void t_query(int arg)
     memset(&a, 0xa5, sizeof a);
     REQUIRE_RET(VipQueryNic(nic, &a), VIP_SUCCESS);
     CHECKF(text_within(a.Name, sizeof a.Name) && a.Name[0], "Name is not a non-empty NUL-terminated string");
-    CHECK_EQ(a.NicAddressLen, VIPL_HOST_ADDRESS_LEN);
+    /* M-VIA's 6 bytes, or 18 for udp over IPv6. */
+    CHECKF(a.NicAddressLen == 6 || (a.NicAddressLen == 18 && strcmp(g_provider, "udp") == 0),
+           "NicAddressLen %u", (unsigned)a.NicAddressLen);
     REQUIRE(a.LocalNicAddress != NULL);
-    CHECKF(text_within((const char *)a.LocalNicAddress, a.NicAddressLen) && a.LocalNicAddress[0],
-           "LocalNicAddress is not non-empty NUL-padded text");
     CHECK_EQ(a.MaxDiscriminatorLen, 32);
     CHECK(a.ReliabilityLevelSupport != 0);
     CHECKF((a.ReliabilityLevelSupport & ~7u) == 0, "ReliabilityLevelSupport 0x%x has unknown bits",
@@ -174,13 +281,16 @@ static void t_query(int arg)
     CHECK(a.NativeMTU > 0);
     CHECK(a.ThreadSafe == VIP_TRUE || a.ThreadSafe == VIP_FALSE);
     /* The address is the provider's address, in the documented form. */
-    const char *addr = (const char *)a.LocalNicAddress;
-    if (strcmp(g_provider, "udp") == 0)
-        CHECKF(strchr(addr, ':') != NULL, "udp address \"%s\" is not ip:port", addr);
-    if (strcmp(g_provider, "shm") == 0 && strncmp(g_device, "shm:", 4) == 0)
-        CHECKF(strcmp(addr, g_device + 4) == 0, "shm address \"%s\", expected the instance \"%s\"", addr, g_device + 4);
-    if (strcmp(g_provider, "xdp") == 0)
-        CHECKF(strlen(addr) == 17 && addr[2] == ':', "xdp address \"%s\" is not a MAC", addr);
+    char addr[HOST_TEXT], want[HOST_TEXT];
+    host_hex(a.LocalNicAddress, a.NicAddressLen, addr);
+    if (strcmp(g_provider, "udp") == 0 && a.NicAddressLen == 6)
+        CHECKF(strcmp(addr + 8, "0000") != 0, "udp address %s has port 0", addr);
+    if (strcmp(g_provider, "shm") == 0 && strncmp(g_device, "shm:", 4) == 0) {
+        host_expect(g_device + 4, want);
+        CHECKF(strcmp(addr, want) == 0, "shm address %s, expected the instance \"%s\"", addr, g_device + 4);
+    }
+    if (strcmp(g_provider, "shm") == 0)
+        CHECKF(a.LocalNicAddress[0] != 0, "shm address %s has no instance name", addr);
     /* The same answer twice. */
     VIP_NIC_ATTRIBUTES b;
     REQUIRE_RET(VipQueryNic(nic, &b), VIP_SUCCESS);
@@ -256,10 +366,14 @@ static void t_sysman(int arg)
     int seen[2] = {0, 0};
     for (VIP_ULONG i = 0; i < list.NumAdAddrs && i < N; i++) {
         VIP_NET_ADDRESS *a = room[i];
-        CHECK_EQ(a->HostAddressLen, VIPL_HOST_ADDRESS_LEN);
-        char text[VIPL_HOST_ADDRESS_LEN + 1] = {0};
-        memcpy(text, a->HostAddress, VIPL_HOST_ADDRESS_LEN);
-        int k = want[0] && strcmp(text, want[0]) == 0 ? 0 : want[1] && strcmp(text, want[1]) == 0 ? 1 : -1;
+        CHECK_EQ(a->HostAddressLen, 6);
+        char text[HOST_TEXT], w0[HOST_TEXT] = "", w1[HOST_TEXT] = "";
+        host_hex(a->HostAddress, a->HostAddressLen, text);
+        if (want[0])
+            host_expect(want[0], w0);
+        if (want[1])
+            host_expect(want[1], w1);
+        int k = want[0] && strcmp(text, w0) == 0 ? 0 : want[1] && strcmp(text, w1) == 0 ? 1 : -1;
         CHECKF(k >= 0, "autodiscovery returned \"%s\", not a %s host of the file", text, g_provider);
         if (k >= 0) {
             CHECKF(!seen[k], "autodiscovery returned \"%s\" twice", text);

@@ -13,7 +13,7 @@
 
 static const char hosts_text[] = "# hosts of the name service test\n"
                                  "alpha    shm  0\n"
-                                 "beta     shm  nsinst1     # a trailing comment\n"
+                                 "beta     shm  nsins1     # a trailing comment\n"
                                  "multi    shm  nsm1\n"
                                  "multi    shm  nsm2\n"
                                  "ualpha   udp  127.0.0.1:7001\n"
@@ -25,9 +25,9 @@ static const char hosts_text[] = "# hosts of the name service test\n"
                                  "xbeta    xdp  02:00:00:00:00:0b   # a trailing comment\n"
                                  "xmulti   xdp  02:00:00:00:00:1a\n"
                                  "xmulti   xdp  02:00:00:00:00:1b\n"
-                                 "#hid.den shm  nshidden\n"
-                                 "#hid.den udp  127.0.0.1:7099\n"
-                                 "#hid.den xdp  02:00:00:00:00:99\n";
+                                 "#hidden.invalid shm  nshid\n"
+                                 "#hidden.invalid udp  127.0.0.1:7099\n"
+                                 "#hidden.invalid xdp  02:00:00:00:00:99\n";
 
 /* The names and addresses of the provider under test. */
 struct names {
@@ -36,7 +36,7 @@ struct names {
 
 static const struct names *names_for_provider(void)
 {
-    static const struct names shm = {"alpha", "0", "beta", "nsinst1", "multi", {"nsm1", "nsm2"}, "0"};
+    static const struct names shm = {"alpha", "0", "beta", "nsins1", "multi", {"nsm1", "nsm2"}, "0"};
     static const struct names udp = {"ualpha", "127.0.0.1:7001", "ubeta", "127.0.0.1:7002",
                                      "umulti", {"127.0.0.1:7011", "127.0.0.1:7012"}, "127.0.0.1:7999"};
     static const struct names xdp = {"xalpha", "02:00:00:00:00:0a", "xbeta", "02:00:00:00:00:0b",
@@ -61,18 +61,17 @@ static void check_lookup(const char *file, int line, VIP_NIC_HANDLE nic, const c
     snprintf(what, sizeof what, "VipNSGetHostByName(\"%s\", index %lu)", name, i);
     check_ret(file, line, what, r, VIP_SUCCESS);
     if (r == VIP_SUCCESS) {
-        char got[VIPL_HOST_ADDRESS_LEN + 1] = {0};
-        memcpy(got, a->HostAddress, VIPL_HOST_ADDRESS_LEN);
+        char got[HOST_TEXT], hex[HOST_TEXT];
+        size_t len = a->HostAddressLen <= VIPL_HOST_ADDRESS_LEN ? a->HostAddressLen : VIPL_HOST_ADDRESS_LEN;
+        host_hex(a->HostAddress, len, got);
+        host_expect(want, hex);
         h_count();
-        if (a->HostAddressLen != VIPL_HOST_ADDRESS_LEN || strcmp(got, want) != 0)
-            h_fail(file, line, "\"%s\" #%lu: expected \"%s\" (%d bytes), got \"%s\" (%u bytes)", name, i, want,
-                   VIPL_HOST_ADDRESS_LEN, got, (unsigned)a->HostAddressLen);
-        h_count();
-        if (memchr(a->HostAddress, 'D', VIPL_HOST_ADDRESS_LEN))
-            h_fail(file, line, "\"%s\": the host address is not NUL-padded to %d bytes", name, VIPL_HOST_ADDRESS_LEN);
+        if (strcmp(got, hex) != 0)
+            h_fail(file, line, "\"%s\" #%lu: expected \"%s\" (%s), got %s (%u bytes)", name, i, want, hex, got,
+                   (unsigned)a->HostAddressLen);
         int kept = a->DiscriminatorLen == 5;
         for (int k = 0; k < 5; k++)
-            kept &= a->HostAddress[VIPL_HOST_ADDRESS_LEN + k] == 'D';
+            kept &= a->HostAddress[len + k] == 'D';
         h_count();
         if (!kept)
             h_fail(file, line, "\"%s\": the caller's discriminator was changed", name);
@@ -105,13 +104,40 @@ static void t_by_name(int arg)
     CHECK_RET(lookup(s.nic, n->multi, 2), VIP_ERROR_NAMESERVICE);
     CHECK_RET(lookup(s.nic, n->alpha, 1), VIP_ERROR_NAMESERVICE);
     /* Not in the file, or only in a comment. */
-    CHECK_RET(lookup(s.nic, "no.such.host", 0), VIP_ERROR_NAMESERVICE);
-    CHECK_RET(lookup(s.nic, "hid.den", 0), VIP_ERROR_NAMESERVICE);
+    /* (.invalid names: the system's resolver, asked after the file, is
+     * never asked for them, so the test sends no query anywhere.) */
+    CHECK_RET(lookup(s.nic, "no-such-host.invalid", 0), VIP_ERROR_NAMESERVICE);
+    CHECK_RET(lookup(s.nic, "hidden.invalid", 0), VIP_ERROR_NAMESERVICE);
     /* An address of the provider resolves to itself: on udp and xdp any in
      * its syntax, on shm the NIC's own instance ("0") and the listed ones
      * (any word is an instance name there, docs/VIPL.md). */
     CHECK_LOOKUP(s.nic, n->self, 0, n->self);
     CHECK_LOOKUP(s.nic, n->beta_addr, 0, n->beta_addr);
+    /* On udp, a name the file lacks goes to the system's resolver:
+     * localhost is this host at the default port (the NIC's own IP when
+     * the NIC is not on loopback), 7100 or VIPL_PORT. */
+    if (strcmp(g_provider, "udp") == 0 && s.attrs.NicAddressLen == 6) {
+        char want[HOST_TEXT], got[HOST_TEXT];
+        const char *ip = strncmp(s.address, "7f", 2) == 0 ? "7f000001" : s.address;
+        unsetenv("VIPL_PORT");
+        snprintf(want, sizeof want, "%.8s1bbc", ip);
+        VIP_NET_ADDRESS *l = addr_room();
+        CHECK_RET(VipNSGetHostByName(s.nic, "localhost", l, 0), VIP_SUCCESS);
+        host_hex(l->HostAddress, l->HostAddressLen, got);
+        CHECKF(strcmp(got, want) == 0, "localhost is %s, expected %s", got, want);
+        setenv("VIPL_PORT", "7345", 1);
+        snprintf(want, sizeof want, "%.8s1cb1", ip);
+        CHECK_RET(VipNSGetHostByName(s.nic, "localhost", l, 0), VIP_SUCCESS);
+        host_hex(l->HostAddress, l->HostAddressLen, got);
+        CHECKF(strcmp(got, want) == 0, "localhost with VIPL_PORT=7345 is %s, expected %s", got, want);
+        unsetenv("VIPL_PORT");
+        /* A name with its port: 7001 is 0x1b59. */
+        snprintf(want, sizeof want, "%.8s1b59", ip);
+        CHECK_RET(VipNSGetHostByName(s.nic, "localhost:7001", l, 0), VIP_SUCCESS);
+        host_hex(l->HostAddress, l->HostAddressLen, got);
+        CHECKF(strcmp(got, want) == 0, "localhost:7001 is %s, expected %s", got, want);
+        free(l);
+    }
     VIP_NET_ADDRESS *a = addr_room();
     CHECK_RET(VipNSGetHostByName(s.nic, NULL, a, 0), VIP_INVALID_PARAMETER);
     CHECK_RET(VipNSGetHostByName(s.nic, (VIP_CHAR *)n->alpha, NULL, 0), VIP_INVALID_PARAMETER);
@@ -122,7 +148,9 @@ static void t_by_name(int arg)
 
 static VIP_RETURN reverse(VIP_NIC_HANDLE nic, const char *addr, char *name, VIP_ULONG *len)
 {
-    VIP_NET_ADDRESS *a = addr_new(addr, NULL);
+    char hex[HOST_TEXT];
+    host_expect(addr, hex);
+    VIP_NET_ADDRESS *a = addr_new(hex, NULL);
     VIP_RETURN r = VipNSGetHostByAddr(nic, a, (VIP_CHAR *)name, len);
     free(a);
     return r;
@@ -158,16 +186,22 @@ static void t_by_address(int arg)
     CHECKF(strcmp(name, n->alpha) == 0, "with %lu bytes: \"%.20s\", expected \"%s\"", need, name, n->alpha);
     /* Unknown, and only in a comment. */
     len = sizeof name;
-    static const char *const unknown[3] = {"nsnobody", "127.0.0.1:7555", "02:00:00:00:00:55"};
+    static const char *const unknown[3] = {"nsnone", "127.0.0.1:7555", "02:00:00:00:00:55"};
     const char *u = strcmp(g_provider, "udp") == 0 ? unknown[1] : strcmp(g_provider, "xdp") == 0 ? unknown[2] : unknown[0];
     CHECK_RET(reverse(s.nic, u, name, &len), VIP_ERROR_NAMESERVICE);
     len = sizeof name;
     const char *hidden = strcmp(g_provider, "udp") == 0   ? "127.0.0.1:7099"
                          : strcmp(g_provider, "xdp") == 0 ? "02:00:00:00:00:99"
-                                                          : "nshidden";
+                                                          : "nshid";
     CHECK_RET(reverse(s.nic, hidden, name, &len), VIP_ERROR_NAMESERVICE);
-    VIP_NET_ADDRESS *a = addr_new(n->alpha_addr, NULL);
+    char alpha_hex[HOST_TEXT];
+    host_expect(n->alpha_addr, alpha_hex);
+    VIP_NET_ADDRESS *a = addr_new(alpha_hex, NULL);
     len = sizeof name;
+    /* A length no host address of the NIC has. */
+    VIP_NET_ADDRESS *five = addr_raw("abcde", 5, NULL, 0);
+    CHECK_RET(VipNSGetHostByAddr(s.nic, five, name, &len), VIP_INVALID_PARAMETER);
+    free(five);
     CHECK_RET(VipNSGetHostByAddr(s.nic, NULL, name, &len), VIP_INVALID_PARAMETER);
     CHECK_RET(VipNSGetHostByAddr(s.nic, a, NULL, &len), VIP_INVALID_PARAMETER);
     CHECK_RET(VipNSGetHostByAddr(s.nic, a, name, NULL), VIP_INVALID_PARAMETER);
@@ -228,10 +262,11 @@ static void t_connect_by_name(int arg)
     peer_start(&p, srv_named, NULL);
     struct side s;
     side_open(&s, NULL);
-    char host[VIPL_HOST_ADDRESS_LEN + 1];
+    char host[HOST_TEXT];
     recv_addr(&p.c, host);
-    char text[256], path[256];
-    snprintf(text, sizeof text, "# the test's server\nserver %s %s\n", g_provider, host);
+    char text[256], path[256], shown[64];
+    host_display(host, shown, sizeof shown);
+    snprintf(text, sizeof text, "# the test's server\nserver %s %s\n", g_provider, shown);
     write_temp(text, path);
     REQUIRE_RET(VipNSInit(s.nic, path), VIP_SUCCESS);
     VIP_NET_ADDRESS *remote = addr_room();
@@ -258,10 +293,88 @@ static void t_connect_by_name(int arg)
     side_close(&s);
 }
 
+/* ---- No configuration at all, between two test hosts ------------------------------------- */
+
+static void srv_zero(struct chan *c, void *arg)
+{
+    (void)arg;
+    struct side s;
+    side_open_peer(&s);
+    send_addr(c, &s);
+    VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_DESCRIPTOR *r = recv_desc(&s, 64);
+    REQUIRE_RET(VipPostRecv(vi, r, s.mh), VIP_SUCCESS);
+    srv_accept(&s, vi, ns_disc, 10000);
+    VIP_DESCRIPTOR *d = RECV_WAIT(vi, 5000);
+    if (d)
+        CHECK(d->CS.Length == 4 && memcmp(seg_buf(d, 0), "zero", 4) == 0);
+    int tag = chan_recv_pump(c, vi, 15000, NULL, 0);
+    CHECK_EQ(tag, T_QUIT);
+    VipDisconnect(vi);
+    side_close(&s);
+}
+
+/* Both hosts open /dev/via_ethN (or an xdp device, whose host name the
+ * neighbour table turns into a MAC address) with no VIPL_DEVICES, no
+ * configuration file and no hosts file; the client finds the server by the
+ * name the system's resolver knows it by (conformance/run gives each test
+ * host an /etc/hosts of its own naming the other, and the name in
+ * VIPL_CONFORMANCE_PEER_HOST). */
+static void t_zero_config(int arg)
+{
+    (void)arg;
+    const char *peer = getenv("VIPL_CONFORMANCE_PEER_HOST");
+    if (!peer)
+        h_skip("no second test host named in VIPL_CONFORMANCE_PEER_HOST (conformance/run makes one as root)");
+    int eth = strncmp(g_device, "/dev/via_eth", 12) == 0;
+    if (!eth && strcmp(g_provider, "xdp") != 0)
+        h_skip("the device under test is %s, not /dev/via_ethN or xdp", g_device);
+    unsetenv("VIPL_DEVICES");
+    unsetenv("VIPL_PORT");
+    setenv("VIPL_CONF", "/nonexistent/vipl.conf", 1);
+    setenv("VIPL_HOSTS", "/nonexistent/vipl_hosts", 1);
+    disc_new(ns_disc);
+    struct peer p;
+    peer_start(&p, srv_zero, NULL);
+    struct side s;
+    side_open(&s, NULL);
+    CHECK_EQ(s.attrs.NicAddressLen, 6);
+    /* /dev/via_ethN is at the well-known port: 7100 is 0x1bbc. */
+    if (eth)
+        CHECKF(strcmp(s.address + 8, "1bbc") == 0, "%s opened %s, not at port 7100", g_device, s.address);
+    char host[HOST_TEXT], got[HOST_TEXT];
+    recv_addr(&p.c, host);
+    VIP_NET_ADDRESS *remote = addr_room();
+    REQUIRE_RET(VipNSGetHostByName(s.nic, (VIP_CHAR *)peer, remote, 0), VIP_SUCCESS);
+    host_hex(remote->HostAddress, remote->HostAddressLen, got);
+    CHECKF(strcmp(got, host) == 0, "\"%s\" resolved to %s; the server is at %s", peer, got, host);
+    remote->DiscriminatorLen = (VIP_UINT16)strlen(ns_disc);
+    memcpy(remote->HostAddress + remote->HostAddressLen, ns_disc, strlen(ns_disc));
+    VIP_NET_ADDRESS *local = addr_new(s.address, ns_disc);
+    VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_VI_ATTRIBUTES ra;
+    CHECK_RET(VipConnectRequest(vi, local, remote, 10000, &ra), VIP_SUCCESS);
+    VIP_DESCRIPTOR *d = send_desc(&s, "zero", 4, 0);
+    CHECK_RET(VipPostSend(vi, d, s.mh), VIP_SUCCESS);
+    SEND_WAIT(vi, 5000);
+    /* And back: the server's address is called by its name. */
+    char name[256];
+    VIP_ULONG len = sizeof name;
+    CHECK_RET(VipNSGetHostByAddr(s.nic, remote, name, &len), VIP_SUCCESS);
+    CHECKF(strcmp(name, peer) == 0, "the server's address is called \"%.40s\", expected \"%s\"", name, peer);
+    chan_send(&p.c, T_QUIT, NULL, 0);
+    peer_end_pumping(&p, vi, 15000);
+    VipDisconnect(vi);
+    free(local);
+    free(remote);
+    side_close(&s);
+}
+
 const struct test ns_tests[] = {
     {"ns", "by_name_and_index", t_by_name, 0, 0},
     {"ns", "by_address_small_buffer", t_by_address, 0, 0},
     {"ns", "hosts_from_environment", t_env, 0, 0},
     {"ns", "connect_by_name", t_connect_by_name, 0, 0},
+    {"ns", "zero_config_two_hosts", t_zero_config, 0, 0},
     {NULL, NULL, NULL, 0, 0},
 };

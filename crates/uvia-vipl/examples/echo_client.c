@@ -299,12 +299,12 @@ int main(int argc, char **argv)
     {
         char who[160];
         snprintf(who, sizeof who, "server \"%s\", discriminator \"%s\"",
-                 host ? host : (const char *)nattr.LocalNicAddress, disc);
+                 host ? host : "(this NIC)", disc);
         CHECK(VipConnectRequest(vi, local, remote, timeout_ms, &rattr), who);
     }
     if (!quiet) {
         printf("%s: connected to \"%s\" on %s\n", prog,
-               host ? host : (const char *)nattr.LocalNicAddress, device);
+               host ? host : "this NIC", device);
         fflush(stdout);
     }
 

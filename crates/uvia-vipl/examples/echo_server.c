@@ -87,6 +87,14 @@ static void status_text(VIP_UINT32 st, char *out, size_t n)
         snprintf(out, n, "none");
 }
 
+/* Prints a host address's bytes in hex: host addresses are binary
+ * (M-VIA's 6 bytes: an IPv4 address and port on udp). */
+static void print_host(const VIP_NET_ADDRESS *a)
+{
+    for (unsigned i = 0; i < a->HostAddressLen; i++)
+        printf("%02x", a->HostAddress[i]);
+}
+
 /* An address: host bytes (hostlen) followed by the discriminator. */
 static VIP_NET_ADDRESS *new_address(VIP_UINT16 hostlen, const char *disc)
 {
@@ -278,9 +286,9 @@ int main(int argc, char **argv)
 
     /* ---- wait for the client ---- */
     if (!quiet) {
-        printf("%s: waiting on %s, host \"%.*s\", discriminator \"%s\"\n", prog, device,
-               (int)strnlen((const char *)local->HostAddress, local->HostAddressLen),
-               (const char *)local->HostAddress, disc);
+        printf("%s: waiting on %s, host ", prog, device);
+        print_host(local);
+        printf(", discriminator \"%s\"\n", disc);
         fflush(stdout);
     }
     VIP_CONN_HANDLE conn;
@@ -288,9 +296,9 @@ int main(int argc, char **argv)
     CHECK(VipConnectWait(nic, local, wait_ms, remote, &rattr, &conn), "waiting for a client");
     CHECK(VipConnectAccept(conn, vi), NULL);
     if (!quiet) {
-        printf("%s: client \"%.*s\" connected\n", prog,
-               (int)strnlen((const char *)remote->HostAddress, remote->HostAddressLen),
-               (const char *)remote->HostAddress);
+        printf("%s: client ", prog);
+        print_host(remote);
+        printf(" connected\n");
         fflush(stdout);
     }
 

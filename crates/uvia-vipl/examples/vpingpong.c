@@ -459,10 +459,13 @@ static void ep_close(struct ep *e)
     free(e->remote);
 }
 
+/* A host address for display: its bytes in hex (host addresses are
+ * binary, M-VIA's 6 bytes: an IPv4 address and port, a MAC, an instance). */
 static const char *host_text(const VIP_NET_ADDRESS *a, char *out, size_t n)
 {
-    size_t len = strnlen((const char *)a->HostAddress, a->HostAddressLen);
-    snprintf(out, n, "%.*s", (int)len, (const char *)a->HostAddress);
+    out[0] = 0;
+    for (size_t i = 0; i < a->HostAddressLen && 2 * i + 3 <= n; i++)
+        snprintf(out + 2 * i, 3, "%02x", a->HostAddress[i]);
     return out;
 }
 
@@ -477,9 +480,9 @@ static int serve(const struct opts *o, size_t max, int ready_fd, int announce)
     struct ep e;
     ep_open(&e, o, max);
     memset(e.sbuf, REPLY_BYTE, max);
-    char host[VIPL_HOST_ADDRESS_LEN + 1];
+    char host[2 * VIPL_HOST_ADDRESS_LEN + 1];
     if (announce) {
-        fprintf(stderr, "%s server: waiting on %s, host \"%s\", discriminator \"%s\"\n", prog,
+        fprintf(stderr, "%s server: waiting on %s, host %s, discriminator \"%s\"\n", prog,
                 o->device, host_text(e.local, host, sizeof host), o->disc);
     }
     if (ready_fd >= 0) {
@@ -499,7 +502,7 @@ static int serve(const struct opts *o, size_t max, int ready_fd, int announce)
           "waiting for the client");
     CHECK(VipConnectAccept(conn, e.vi), NULL);
     if (announce)
-        fprintf(stderr, "%s server: client \"%s\" connected\n", prog,
+        fprintf(stderr, "%s server: client %s connected\n", prog,
                 host_text(e.remote, host, sizeof host));
 
     unsigned long n = 0;
@@ -701,8 +704,8 @@ static int client(const struct opts *o, size_t max, const char *host, const unsi
             nanosleep(&ts, NULL);
             continue;
         }
-        char h[VIPL_HOST_ADDRESS_LEN + 1], what[160];
-        snprintf(what, sizeof what, "server host \"%s\", discriminator \"%s\"",
+        char h[2 * VIPL_HOST_ADDRESS_LEN + 1], what[160];
+        snprintf(what, sizeof what, "server host %s, discriminator \"%s\"",
                  host_text(e.remote, h, sizeof h), o->disc);
         die_vip("VipConnectRequest", r, what);
     }

@@ -90,10 +90,13 @@ typedef enum {
  * address's HostAddressLen bytes, then DiscriminatorLen discriminator bytes.
  * Allocate sizeof(VIP_NET_ADDRESS) + NicAddressLen + discriminator length.
  *
- * uvia: a host address is the provider's address in text, NUL-padded to
- * VIPL_HOST_ADDRESS_LEN bytes (the NIC's NicAddressLen): the shm instance
- * name, "ip:port" for udp, the interface's MAC for xdp. Discriminators are
- * at most 32 bytes.
+ * uvia: a host address is binary and of M-VIA's size, the NIC's
+ * NicAddressLen bytes: 6 for udp over IPv4 (the address's 4 bytes, then the
+ * port's 2, network order), 18 for udp over IPv6 (16 + 2), 6 for xdp (the
+ * interface's MAC), 6 for shm (the instance name, at most 6 characters,
+ * NUL-padded). Another length is VIP_INVALID_PARAMETER. Text appears only
+ * for display (VipNSGetHostByAddr, stderr). Discriminators are at most 32
+ * bytes.
  */
 typedef struct {
     VIP_UINT16 HostAddressLen;
@@ -101,7 +104,8 @@ typedef struct {
     VIP_UINT8 HostAddress[1];
 } VIP_NET_ADDRESS;
 
-#define VIPL_HOST_ADDRESS_LEN 48
+/* uvia: the longest host address of any NIC (an IPv6 udp address). */
+#define VIPL_HOST_ADDRESS_LEN 18
 
 /* ---- Reliability levels (bit values) ------------------------------------ */
 
@@ -433,9 +437,13 @@ VIP_RETURN VipConnectPeerWait(IN VIP_VI_HANDLE ViHandle, OUT VIP_VI_ATTRIBUTES *
  * "node1 udp 10.0.0.1:7000" or "local shm 0"; '#' starts a comment. A name
  * that is itself an address of the NIC's provider resolves to itself ("ip:port"
  * on udp, the NIC's own instance on shm), as do "localhost" and this host's
- * name on shm.
- * VipNSGetHostByName writes HostAddressLen and the host address bytes and
- * leaves the discriminator to the caller. */
+ * name on shm. Names the file lacks go to the system's resolver (/etc/hosts,
+ * DNS) on udp (the IP at port 7100 or VIPL_PORT; "localhost" is this host)
+ * and xdp (the MAC the neighbour table holds for the name's IPv4 address).
+ * VipNSGetHostByName writes HostAddressLen and the host address bytes (the
+ * binary form above) and leaves the discriminator to the caller.
+ * VipNSGetHostByAddr answers from the file, then from the resolver (udp
+ * addresses at the default port; xdp MACs the neighbour table knows). */
 
 VIP_RETURN VipNSInit(IN VIP_NIC_HANDLE NicHandle, IN VIP_PVOID NSInitInfo);
 VIP_RETURN VipNSGetHostByName(IN VIP_NIC_HANDLE NicHandle, IN VIP_CHAR *Name,

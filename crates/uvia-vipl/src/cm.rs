@@ -1,7 +1,8 @@
 //! Connection management: client/server and peer to peer.
 
+use crate::address::{self, HostBytes};
 use crate::data::{remote_attrs, vi};
-use crate::handle::{self, lock, ConnH, PeerConnect};
+use crate::handle::{self, lock, ConnH, NicH, PeerConnect};
 use crate::nic::nic;
 use crate::types::*;
 use crate::{put, timeout, unwind, vip};
@@ -13,22 +14,47 @@ use uvia::{ConnectError, Discriminator, NetAddress as CoreAddress};
 /// How long a request "without timeout" may wait for a listener.
 const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// The host address in `a`: its text up to the first NUL.
-pub(crate) unsafe fn host_of(a: *const NetAddress) -> Result<String, VipReturn> {
+/// The host address bytes of `a`, as they are.
+///
+/// # Safety
+/// `a` is NULL or the caller's address, holding `host_address_len` bytes.
+pub(crate) unsafe fn host_bytes_of<'a>(a: *const NetAddress) -> Result<&'a [u8], VipReturn> {
     if a.is_null() {
         return Err(ret::INVALID_PARAMETER);
     }
-    // SAFETY: the caller's address holds `host_address_len` host bytes.
-    let bytes = unsafe {
-        std::slice::from_raw_parts((*a).host_address.as_ptr(), (*a).host_address_len as usize)
-    };
-    // Host addresses are NUL-terminated text: a missing NUL is a malformed address.
-    let Some(end) = bytes.iter().position(|&b| b == 0) else {
+    // SAFETY: non-NULL, the caller's address.
+    let len = unsafe { (*a).host_address_len } as usize;
+    if len > address::MAX_LEN {
         return Err(ret::INVALID_PARAMETER);
-    };
-    match std::str::from_utf8(&bytes[..end]) {
-        Ok(s) if !s.is_empty() => Ok(s.to_string()),
-        _ => Err(ret::INVALID_PARAMETER),
+    }
+    // SAFETY: the caller's address holds `host_address_len` host bytes, and
+    // no host address is longer than MAX_LEN (checked).
+    Ok(unsafe { std::slice::from_raw_parts((*a).host_address.as_ptr(), len) })
+}
+
+/// The host address in `a`, in the core's text: decoded as `n`'s provider
+/// writes its addresses; a length or bytes of no such address are
+/// `VIP_INVALID_PARAMETER`.
+///
+/// # Safety
+/// As for [`host_bytes_of`].
+pub(crate) unsafe fn host_of(n: &NicH, a: *const NetAddress) -> Result<String, VipReturn> {
+    // SAFETY: forwarded.
+    let b = unsafe { host_bytes_of(a) }?;
+    address::decode(n.form, b).map_err(|_| ret::INVALID_PARAMETER)
+}
+
+/// Writes a host address into `a`: its length and bytes (a discriminator
+/// is the caller's, or follows).
+///
+/// # Safety
+/// `a` has room for `h`'s bytes after its two lengths.
+pub(crate) unsafe fn write_host(a: *mut NetAddress, h: &HostBytes) {
+    let b = h.as_slice();
+    // SAFETY: as the caller promises.
+    unsafe {
+        (*a).host_address_len = b.len() as u16;
+        std::ptr::copy_nonoverlapping(b.as_ptr(), (*a).host_address.as_mut_ptr(), b.len());
     }
 }
 
@@ -48,11 +74,44 @@ unsafe fn discriminator_of(a: *const NetAddress) -> Result<Discriminator, VipRet
     Discriminator::new(bytes).map_err(|_| ret::INVALID_PARAMETER)
 }
 
+/// The one line a connection request that had no answer writes: where it
+/// went and why it may be unreachable. Nothing answering at all (not even
+/// "nobody listens") is what a wrong host, a firewall or another port
+/// looks like, and the program's own return code cannot say which.
+/// `disc`, when given, is shown as text if it is printable (programs
+/// choose text discriminators), else the core's hex is.
+pub(crate) fn say_unanswered(call: &str, n: &NicH, e: &ConnectError, disc: Option<&Discriminator>) {
+    let ConnectError::NoAnswer {
+        peer,
+        discriminator,
+        waited_ms,
+    } = e
+    else {
+        return;
+    };
+    let discriminator = match disc.map(|d| d.as_bytes()) {
+        Some(b) if b.iter().all(|c| c.is_ascii_graphic()) => {
+            format!("\"{}\"", String::from_utf8_lossy(b))
+        }
+        _ => discriminator.clone(),
+    };
+    let port = match n.form {
+        address::Form::Ip => {
+            ", and do both hosts use the same port (VIPL_PORT; /dev/via_ethN use 7100 by default)"
+        }
+        _ => "",
+    };
+    eprintln!(
+        "vipl: {call}: no listener answered at {peer} within {waited_ms} ms: is a server \
+         waiting on discriminator {discriminator}, is the host reachable{port}?"
+    );
+}
+
 pub(crate) fn connect_err(e: ConnectError) -> VipReturn {
     match e {
         ConnectError::InvalidState(_) => ret::INVALID_STATE,
         ConnectError::NoListener { .. } => ret::NO_MATCH,
-        ConnectError::Timeout(_) => ret::TIMEOUT,
+        ConnectError::Timeout(_) | ConnectError::NoAnswer { .. } => ret::TIMEOUT,
         ConnectError::Rejected | ConnectError::WrongJob => ret::REJECT,
         ConnectError::Mismatch(_) => ret::INVALID_RELIABILITY_LEVEL,
         ConnectError::DiscriminatorTooLong(_)
@@ -86,26 +145,27 @@ pub unsafe extern "C" fn VipConnectWait(
         // SAFETY: `local` is non-NULL (checked by `discriminator_of`).
         if unsafe { (*local).host_address_len } != 0 {
             // SAFETY: forwarded.
-            unsafe { host_of(local) }?;
+            unsafe { host_of(n, local) }?;
         }
         let req = n.nic.connect_wait(&d, timeout(ms)).map_err(connect_err)?;
         let from = req
             .peer_address()
             .unwrap_or_else(|| n.nic.attributes().address.clone());
         let attrs = remote_attrs(&req.remote_attributes());
-        // SAFETY: `remote` has room for a host address and the discriminator
-        // of `local`'s length (vipl.h).
+        let host = address::encode(n.form, &from).map_err(|e| {
+            eprintln!("vipl: VipConnectWait: the client's address {e}");
+            ret::ERROR_RESOURCE
+        })?;
+        // SAFETY: `remote` has room for a host address of the NIC's
+        // NicAddressLen and the discriminator of `local`'s length (vipl.h).
         unsafe {
-            let host = crate::host_bytes(&from).ok_or(ret::ERROR_RESOURCE)?;
-            (*remote).host_address_len = HOST_ADDRESS_LEN as u16;
+            write_host(remote, &host);
             (*remote).discriminator_len = d.as_bytes().len() as u16;
-            let p = (*remote).host_address.as_mut_ptr();
-            std::ptr::copy_nonoverlapping(host.as_ptr(), p, host.len());
-            std::ptr::copy_nonoverlapping(
-                d.as_bytes().as_ptr(),
-                p.add(host.len()),
-                d.as_bytes().len(),
-            );
+            let p = (*remote)
+                .host_address
+                .as_mut_ptr()
+                .add(host.as_slice().len());
+            std::ptr::copy_nonoverlapping(d.as_bytes().as_ptr(), p, d.as_bytes().len());
         }
         if !remote_attrs_out.is_null() {
             // SAFETY: non-NULL, the caller's struct.
@@ -170,11 +230,14 @@ pub unsafe extern "C" fn VipConnectRequest(
             return Err(ret::INVALID_PARAMETER);
         }
         // SAFETY: forwarded.
-        let (host, d) = unsafe { (host_of(remote)?, discriminator_of(remote)?) };
+        let (host, d) = unsafe { (host_of(&v.nic, remote)?, discriminator_of(remote)?) };
         let t = timeout(ms).unwrap_or(FOREVER);
         let r =
-            v.vi.connect_request(&CoreAddress::new(&host, d), t)
-                .map_err(connect_err)?;
+            v.vi.connect_request(&CoreAddress::new(&host, d.clone()), t)
+                .map_err(|e| {
+                    say_unanswered("VipConnectRequest", &v.nic, &e, Some(&d));
+                    connect_err(e)
+                })?;
         v.error_reported
             .store(false, std::sync::atomic::Ordering::Release);
         if !remote_attrs_out.is_null() {
@@ -212,7 +275,7 @@ pub unsafe extern "C" fn VipConnectPeerRequest(
         let (mine, host, theirs) = unsafe {
             (
                 discriminator_of(local)?,
-                host_of(remote)?,
+                host_of(&v.nic, remote)?,
                 discriminator_of(remote)?,
             )
         };
@@ -263,7 +326,15 @@ unsafe fn peer_finish(
         .ok()
         .flatten()
         .ok_or(ret::ERROR_RESOURCE)?
-        .map_err(connect_err)?;
+        .map_err(|e| {
+            let call = if wait {
+                "VipConnectPeerWait"
+            } else {
+                "VipConnectPeerDone"
+            };
+            say_unanswered(call, &v.nic, &e, None);
+            connect_err(e)
+        })?;
     v.error_reported
         .store(false, std::sync::atomic::Ordering::Release);
     if !out.is_null() {

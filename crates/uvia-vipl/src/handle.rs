@@ -14,8 +14,9 @@
 //! a whole empty VipRecvDone; VIA leaves destroying a handle while another
 //! call uses it undefined, and so does this library (docs/VIPL.md).
 
+use crate::address::{Form, HostBytes};
 use crate::names::HostEntry;
-use crate::types::{ErrorHandler, HOST_ADDRESS_LEN};
+use crate::types::ErrorHandler;
 use std::any::{Any, TypeId};
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
@@ -246,8 +247,12 @@ pub struct NicH {
     /// Its handle, to name it in notices.
     pub handle: usize,
     pub nic: Nic,
+    /// The name `VipOpenNic` was given: a device or a provider name.
+    pub name: String,
     /// The NIC's host address as `VIP_NET_ADDRESS` carries it.
-    pub address: [u8; HOST_ADDRESS_LEN],
+    pub address: HostBytes,
+    /// How its provider writes host addresses.
+    pub form: Form,
     /// VI id to VI handle, to name VIs in CQ notices.
     pub vis: Mutex<HashMap<u32, usize>>,
     /// Raw tag to tag handle, to name tags in queries.
@@ -258,9 +263,11 @@ pub struct NicH {
 }
 
 impl NicH {
-    pub fn new(handle: usize, nic: Nic, address: [u8; HOST_ADDRESS_LEN]) -> NicH {
+    pub fn new(handle: usize, nic: Nic, name: String, address: HostBytes) -> NicH {
         NicH {
             handle,
+            name,
+            form: Form::of(nic.attributes()),
             nic,
             address,
             vis: Mutex::new(HashMap::new()),

@@ -9,6 +9,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+pub mod address;
 mod cm;
 mod data;
 mod handle;
@@ -22,7 +23,7 @@ pub use types::ret;
 
 use std::ffi::{c_ulong, c_void};
 use std::time::Duration;
-use types::{VipReturn, HOST_ADDRESS_LEN, INFINITE, INFINITE32};
+use types::{VipReturn, INFINITE, INFINITE32};
 
 /// A VIPL timeout in milliseconds; `None` is forever.
 #[allow(clippy::unnecessary_cast)] // c_ulong is not u64 on every target
@@ -41,17 +42,6 @@ unsafe fn put<T>(p: *mut T, v: T) -> Result<(), VipReturn> {
     // SAFETY: non-NULL and valid per the contract.
     unsafe { p.write(v) };
     Ok(())
-}
-
-/// A host address as `VIP_NET_ADDRESS` carries it: text, NUL-padded.
-fn host_bytes(text: &str) -> Option<[u8; HOST_ADDRESS_LEN]> {
-    let b = text.as_bytes();
-    if b.len() >= HOST_ADDRESS_LEN {
-        return None;
-    }
-    let mut out = [0u8; HOST_ADDRESS_LEN];
-    out[..b.len()].copy_from_slice(b);
-    Some(out)
 }
 
 /// Runs the body of the exported function `name`, which returns early with
@@ -80,8 +70,15 @@ mod tests {
     // SAFETY (every call below): the pointers are live locals, the handles
     // came from the library, and no call uses a handle another one destroys.
 
-    fn open(test: &str) -> *mut c_void {
-        let name = CString::new(format!("shm:{test}{}", std::process::id())).unwrap();
+    /// An shm instance of the test's own: its letter and the pid in base
+    /// 36 (an instance name is at most 6 characters).
+    fn open(test: char) -> *mut c_void {
+        let (mut pid, mut inst) = (std::process::id(), String::new());
+        while pid > 0 {
+            inst.insert(0, char::from_digit(pid % 36, 36).unwrap());
+            pid /= 36;
+        }
+        let name = CString::new(format!("shm:{test}{inst}")).unwrap();
         let mut h = null_mut();
         assert_eq!(
             unsafe { nic::VipOpenNic(name.as_ptr(), &mut h) },
@@ -114,7 +111,7 @@ mod tests {
 
     #[test]
     fn handles_of_another_kind_are_refused() {
-        let n = open("kind");
+        let n = open('k');
         let (p, v) = vi(n);
         let mut c = null_mut();
         assert_eq!(unsafe { data::VipCreateCQ(n, 4, &mut c) }, ret::SUCCESS);
@@ -136,7 +133,7 @@ mod tests {
 
     #[test]
     fn destroyed_handles_are_refused_and_destroy_twice_fails() {
-        let n = open("stale");
+        let n = open('s');
         let (p, v) = vi(n);
         let mut c = null_mut();
         assert_eq!(unsafe { data::VipCreateCQ(n, 4, &mut c) }, ret::SUCCESS);

@@ -1,10 +1,12 @@
 //! NIC, protection tags, memory registration, system management and the
 //! name service.
 
+use crate::address::{self, Form};
+use crate::cm::write_host;
 use crate::handle::{self, lock, ErrorCallback, NicH, PtagH};
 use crate::names::{self, HostEntry};
 use crate::types::*;
-use crate::{host_bytes, notify, put, vip};
+use crate::{notify, put, vip};
 use std::ffi::{c_char, c_ulong, c_void, CStr};
 use std::sync::Arc;
 use uvia::{MemAttributes as CoreMem, MemError, MemHandle, Nic, OpenError, PtagError, Reliability};
@@ -31,9 +33,62 @@ pub(crate) unsafe fn ptag_of(n: &NicH, h: *mut c_void) -> Result<uvia::Ptag, Vip
     }
 }
 
+/// The configuration file's path: `VIPL_CONF`, else `/etc/vipl.conf`.
+fn conf_path() -> String {
+    std::env::var("VIPL_CONF").unwrap_or_else(|_| "/etc/vipl.conf".to_string())
+}
+
 fn read_conf() -> Option<String> {
-    let path = std::env::var("VIPL_CONF").unwrap_or_else(|_| "/etc/vipl.conf".to_string());
-    std::fs::read_to_string(path).ok()
+    std::fs::read_to_string(conf_path()).ok()
+}
+
+/// The default udp port: `VIPL_PORT`, else 7100. A bad value is said once
+/// per call on stderr and refused.
+pub(crate) fn default_port(call: &str) -> Result<u16, VipReturn> {
+    names::default_port(std::env::var("VIPL_PORT").ok().as_deref()).map_err(|e| {
+        eprintln!("vipl: {call}: {e}");
+        ret::INVALID_PARAMETER
+    })
+}
+
+/// The uvia provider name `device` opens, or the call's error (one line
+/// on stderr says why).
+fn provider_of(device: &str) -> Result<String, VipReturn> {
+    let env = std::env::var("VIPL_DEVICES").ok();
+    match names::device_for(device, env.as_deref(), read_conf().as_deref()) {
+        names::Device::Provider(p) => Ok(p),
+        names::Device::Ethernet(n) => {
+            let port = default_port(&format!("VipOpenNic({device:?})"))?;
+            let ifs = names::system_interfaces().map_err(|e| {
+                eprintln!("vipl: VipOpenNic({device:?}): listing network interfaces: {e}");
+                ret::ERROR_RESOURCE
+            })?;
+            names::nth_interface(&ifs, n, port).map_err(|e| {
+                eprintln!("vipl: VipOpenNic({device:?}): {e}");
+                ret::ERROR_RESOURCE
+            })
+        }
+    }
+}
+
+/// Most bytes a program can register: physical memory. Registration here
+/// pins nothing (the providers copy from the program's pages, or share
+/// them through a memfd it asked for), so the locked-memory limit does not
+/// bound it; what does is that every registered byte a transfer touches
+/// must be in memory, and past physical memory that would be swapping.
+fn max_register_bytes() -> c_ulong {
+    // SAFETY: sysconf reads system constants.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || size <= 0 {
+        // Not known here: the largest a 64-bit program can address.
+        return (c_ulong::MAX >> 1) as c_ulong;
+    }
+    (pages as u64).saturating_mul(size as u64) as c_ulong
 }
 
 #[no_mangle]
@@ -48,18 +103,35 @@ pub unsafe extern "C" fn VipOpenNic(device: *const c_char, out: *mut *mut c_void
             Ok(s) => s.to_string(),
             Err(_) => return Err(ret::INVALID_PARAMETER),
         };
-        let env = std::env::var("VIPL_DEVICES").ok();
-        let provider = names::provider_for(&device, env.as_deref(), read_conf().as_deref());
-        let n = Nic::open(&provider).map_err(|e| {
-            eprintln!("vipl: VipOpenNic({device:?}): {e}");
-            match e {
-                OpenError::Io { .. } => ret::ERROR_RESOURCE,
-                _ => ret::INVALID_PARAMETER,
+        let provider = provider_of(&device)?;
+        let n = Nic::open(&provider).map_err(|e| match e {
+            OpenError::Io { .. } => {
+                eprintln!("vipl: VipOpenNic({device:?}): {e}");
+                ret::ERROR_RESOURCE
+            }
+            OpenError::UnknownProvider(_) => {
+                eprintln!(
+                    "vipl: VipOpenNic({device:?}): {e}; a device name opens the provider that \
+                     VIPL_DEVICES (\"<device>=<provider>;...\") or {} (\"<device> <provider>\" \
+                     lines) maps it to, else /dev/via_lo is shm and /dev/via_ethN udp on the N-th \
+                     network interface",
+                    conf_path()
+                );
+                ret::INVALID_PARAMETER
+            }
+            _ => {
+                eprintln!("vipl: VipOpenNic({device:?}): {e}");
+                ret::INVALID_PARAMETER
             }
         })?;
-        let address = host_bytes(&n.attributes().address).ok_or(ret::ERROR_RESOURCE)?;
+        let address =
+            address::encode(Form::of(n.attributes()), &n.attributes().address).map_err(|e| {
+                eprintln!("vipl: VipOpenNic({device:?}): its address {e}");
+                ret::INVALID_PARAMETER
+            })?;
         let driven = n.attributes().needs_driving;
-        let (h, nh) = handle::insert(|h| NicH::new(h, n, address)).ok_or(ret::ERROR_RESOURCE)?;
+        let (h, nh) =
+            handle::insert(|h| NicH::new(h, n, device, address)).ok_or(ret::ERROR_RESOURCE)?;
         if driven {
             notify::drive(nh, true);
         }
@@ -96,12 +168,14 @@ pub unsafe extern "C" fn VipQueryNic(h: *mut c_void, out: *mut NicAttributes) ->
         // SAFETY: forwarded.
         let n = unsafe { nic(h) }?;
         let a = n.nic.attributes();
+        // The name the program opened it by (a device or a provider name),
+        // as M-VIA reported its device's.
         let mut name = [0 as c_char; 64];
-        for (d, s) in name.iter_mut().zip(a.name.bytes().take(63)) {
+        for (d, s) in name.iter_mut().zip(n.name.bytes().take(63)) {
             *d = s as c_char;
         }
         let all = levels(a.reliability_levels);
-        let big = (c_ulong::MAX >> 1) as c_ulong;
+        let big = max_register_bytes();
         // SAFETY: `out` is NULL or points at the caller's attributes.
         unsafe {
             put(
@@ -110,8 +184,8 @@ pub unsafe extern "C" fn VipQueryNic(h: *mut c_void, out: *mut NicAttributes) ->
                     name,
                     hardware_version: 0,
                     provider_version: 0x0001_0000,
-                    nic_address_len: HOST_ADDRESS_LEN as u16,
-                    local_nic_address: n.address.as_ptr(),
+                    nic_address_len: n.address.as_slice().len() as u16,
+                    local_nic_address: n.address.as_slice().as_ptr(),
                     thread_safe: 1,
                     max_discriminator_len: uvia::cm::MAX_DISCRIMINATOR as u16,
                     max_register_bytes: big,
@@ -169,8 +243,11 @@ pub unsafe extern "C" fn VipQuerySystemManagementInfo(
             if slot.is_null() {
                 return Err(ret::INVALID_PARAMETER);
             }
+            let Ok(b) = address::encode(n.form, &e.address) else {
+                continue;
+            };
             // SAFETY: each entry has room for a host address (the contract in vipl.h).
-            unsafe { write_host(slot, &e.address) }?;
+            unsafe { write_host(slot, &b) };
             filled += 1;
         }
         list.number_of_hops = 0;
@@ -373,18 +450,6 @@ fn load_hosts(path: Option<&str>) -> Result<Vec<HostEntry>, VipReturn> {
     })
 }
 
-/// Writes a host address into `a` (lengths and bytes; the discriminator is
-/// the caller's).
-unsafe fn write_host(a: *mut NetAddress, text: &str) -> Result<(), VipReturn> {
-    let b = host_bytes(text).ok_or(ret::ERROR_NAMESERVICE)?;
-    // SAFETY: the caller's address has room for HOST_ADDRESS_LEN host bytes.
-    unsafe {
-        (*a).host_address_len = HOST_ADDRESS_LEN as u16;
-        std::ptr::copy_nonoverlapping(b.as_ptr(), (*a).host_address.as_mut_ptr(), b.len());
-    }
-    Ok(())
-}
-
 /// The names this host goes by, for host-local NICs.
 fn this_host(name: &str) -> bool {
     if name == "localhost" {
@@ -396,11 +461,140 @@ fn this_host(name: &str) -> bool {
     ok && CStr::from_bytes_until_nul(&buf).is_ok_and(|h| h.to_bytes() == name.as_bytes())
 }
 
+/// The addresses the system's resolver (`/etc/hosts`, DNS) gives `name`
+/// on a network NIC: on udp its IP addresses of the NIC's family at the
+/// default port, or the port `name:port` gives (a loopback address, when
+/// the NIC is not on one, is this host: the NIC's own IP); on an Ethernet
+/// NIC the MAC address the neighbour table holds for its IPv4 address. Names under
+/// `.invalid` are never asked for (RFC 6761: they resolve nowhere), so a
+/// program or test can name a host that does not exist without a query
+/// leaving the host.
+fn resolve_system(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
+    let lower = name.to_ascii_lowercase();
+    if lower == "invalid" || lower.trim_end_matches('.').ends_with(".invalid") {
+        return Ok(Vec::new());
+    }
+    match n.form {
+        Form::Instance => Ok(Vec::new()),
+        Form::Mac => Ok(uvia_net::neigh::resolve(name, None)
+            .map(|m| vec![m.to_string()])
+            .unwrap_or_default()),
+        Form::Ip => {
+            use std::net::{SocketAddr, ToSocketAddrs};
+            // `name:port` names its port; a bare name is at the default.
+            let (name, port) = match name.rsplit_once(':') {
+                Some((h, p)) if !h.is_empty() && !h.contains(':') && p.parse::<u16>().is_ok() => {
+                    (h, p.parse::<u16>().unwrap_or(0))
+                }
+                _ => (name, default_port("VipNSGetHostByName")?),
+            };
+            let Ok(mine) = n.nic.attributes().address.parse::<SocketAddr>() else {
+                return Ok(Vec::new());
+            };
+            let Ok(found) = (name, port).to_socket_addrs() else {
+                return Ok(Vec::new());
+            };
+            let mut out: Vec<String> = Vec::new();
+            for a in found.filter(|a| a.is_ipv4() == mine.is_ipv4()) {
+                let ip = if a.ip().is_loopback() && !mine.ip().is_loopback() {
+                    mine.ip()
+                } else {
+                    a.ip()
+                };
+                let text = SocketAddr::new(ip, port).to_string();
+                if !out.contains(&text) {
+                    out.push(text);
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// The system resolver's name for a network host address, the reverse of
+/// [`resolve_system`]: on udp for an address at the default port (at
+/// another port no name stands for it), on an Ethernet NIC for a MAC the
+/// neighbour table knows an IPv4 address of. A name only, never the
+/// address in text (`NI_NAMEREQD`).
+fn name_of_system(n: &NicH, text: &str) -> Result<Option<String>, VipReturn> {
+    use std::net::{IpAddr, SocketAddr};
+    let ip: IpAddr = match n.form {
+        Form::Instance => return Ok(None),
+        Form::Ip => {
+            let Ok(sa) = text.parse::<SocketAddr>() else {
+                return Ok(None);
+            };
+            if sa.port() != default_port("VipNSGetHostByAddr")? {
+                return Ok(None);
+            }
+            sa.ip()
+        }
+        Form::Mac => {
+            let Ok(mac) = text.parse::<uvia_net::MacAddr>() else {
+                return Ok(None);
+            };
+            match uvia_net::neigh::ipv4_of(mac, None) {
+                Some(ip) => ip.into(),
+                None => return Ok(None),
+            }
+        }
+    };
+    // By hand: std has no reverse lookup.
+    let sa: SocketAddr = (ip, 0).into();
+    let (storage, slen) = match sa {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: 0,
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*a.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let mut s = std::mem::MaybeUninit::<libc::sockaddr_storage>::zeroed();
+            // SAFETY: a sockaddr_in fits in a sockaddr_storage.
+            unsafe { (s.as_mut_ptr() as *mut libc::sockaddr_in).write(sin) };
+            (s, std::mem::size_of::<libc::sockaddr_in>())
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: all-zero is a valid sockaddr_in6.
+            let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            let mut s = std::mem::MaybeUninit::<libc::sockaddr_storage>::zeroed();
+            // SAFETY: a sockaddr_in6 fits in a sockaddr_storage.
+            unsafe { (s.as_mut_ptr() as *mut libc::sockaddr_in6).write(sin6) };
+            (s, std::mem::size_of::<libc::sockaddr_in6>())
+        }
+    };
+    let mut host = [0 as c_char; 1025];
+    // SAFETY: the address is initialised for `slen` bytes; getnameinfo
+    // writes a C string of at most `host.len()` bytes into `host`.
+    let r = unsafe {
+        libc::getnameinfo(
+            storage.as_ptr() as *const libc::sockaddr,
+            slen as libc::socklen_t,
+            host.as_mut_ptr(),
+            host.len() as libc::socklen_t,
+            std::ptr::null_mut(),
+            0,
+            libc::NI_NAMEREQD,
+        )
+    };
+    if r != 0 {
+        return Ok(None);
+    }
+    // SAFETY: getnameinfo succeeded and wrote a NUL-terminated name.
+    let s = unsafe { CStr::from_ptr(host.as_ptr()) };
+    Ok(s.to_str().ok().map(str::to_string))
+}
+
 /// Every address `name` has on this NIC's provider, in file order. Else, on
 /// a host-local provider, `localhost` and this host's name resolve to the
-/// NIC's own instance; and a name that is itself an address of the provider
+/// NIC's own instance; a name that is itself an address of the provider
 /// (the NIC's own, one the file lists, one written in the provider's form)
-/// resolves to itself.
+/// resolves to itself; and on a network provider the system's resolver
+/// has the last word ([`resolve_system`]).
 fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
     let hosts = hosts_of(n)?;
     let mine = |e: &&HostEntry| e.provider == n.provider();
@@ -418,6 +612,8 @@ fn lookup(n: &NicH, name: &str) -> Result<Vec<String>, VipReturn> {
             || hosts.iter().filter(mine).any(|e| e.address == name)
         {
             out.push(name.to_string());
+        } else {
+            out = resolve_system(n, name)?;
         }
     }
     Ok(out)
@@ -459,8 +655,13 @@ pub unsafe extern "C" fn VipNSGetHostByName(
             .map_err(|_| ret::INVALID_PARAMETER)?;
         let addrs = lookup(n, name)?;
         let a = addrs.get(index as usize).ok_or(ret::ERROR_NAMESERVICE)?;
+        let b = address::encode(n.form, a).map_err(|e| {
+            eprintln!("vipl: name service: {name:?} is {e}");
+            ret::ERROR_NAMESERVICE
+        })?;
         // SAFETY: `out` has room for a host address (vipl.h).
-        unsafe { write_host(out, a) }
+        unsafe { write_host(out, &b) };
+        Ok(())
     })
 }
 
@@ -478,12 +679,22 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
             return Err(ret::INVALID_PARAMETER);
         }
         // SAFETY: `a` is NULL or the caller's address.
-        let host = unsafe { crate::cm::host_of(a) }?;
-        let e = hosts_of(n)?
+        let host = unsafe { crate::cm::host_bytes_of(a) }?;
+        let text = address::decode(n.form, host).map_err(|_| ret::INVALID_PARAMETER)?;
+        // Compared as bytes: the file may write an address in another case
+        // or form than the core does.
+        let from_file = hosts_of(n)?
             .into_iter()
-            .find(|e| e.provider == n.provider() && e.address == host)
-            .ok_or(ret::ERROR_NAMESERVICE)?;
-        let need = e.name.len() + 1;
+            .find(|e| {
+                e.provider == n.provider()
+                    && address::encode(n.form, &e.address).is_ok_and(|b| b.as_slice() == host)
+            })
+            .map(|e| e.name);
+        let found = match from_file {
+            Some(f) => f,
+            None => name_of_system(n, &text)?.ok_or(ret::ERROR_NAMESERVICE)?,
+        };
+        let need = found.len() + 1;
         // SAFETY: `len` is non-NULL and the caller's.
         let room = unsafe { *len } as usize;
         // SAFETY: as above.
@@ -493,8 +704,8 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
         }
         // SAFETY: `name` has `room >= need` bytes.
         unsafe {
-            std::ptr::copy_nonoverlapping(e.name.as_ptr(), name as *mut u8, e.name.len());
-            *name.add(e.name.len()) = 0;
+            std::ptr::copy_nonoverlapping(found.as_ptr(), name as *mut u8, found.len());
+            *name.add(found.len()) = 0;
         }
         Ok(())
     })

@@ -54,8 +54,9 @@ pub mod async_error {
     pub const RESOURCE_DESCRIPTOR: c_int = 3;
 }
 
-/// Bytes of every host address: the provider's address in text, NUL-padded.
-pub const HOST_ADDRESS_LEN: usize = 48;
+/// `VIPL_HOST_ADDRESS_LEN`: the longest host address (an IPv6 udp
+/// address); the others are 6 bytes ([`crate::address`]).
+pub const HOST_ADDRESS_LEN: usize = crate::address::MAX_LEN;
 /// `VIP_INFINITE`, and the 32-bit value older programs pass for it.
 pub const INFINITE: c_ulong = !0;
 pub const INFINITE32: c_ulong = 0xffff_ffff;

@@ -136,6 +136,18 @@ pub enum ConnectError {
     },
     #[error("timed out after {0} ms")]
     Timeout(u64),
+    /// A connection request to a network peer had no answer at all, not
+    /// even that nobody listens: nothing that speaks the protocol is at
+    /// `peer`, or nothing reached it.
+    #[error(
+        "no answer from {peer} to a connection request on discriminator {discriminator} within {waited_ms} ms"
+    )]
+    NoAnswer {
+        /// The medium address the request went to (`ip:port`, a MAC).
+        peer: String,
+        discriminator: String,
+        waited_ms: u64,
+    },
     #[error("the peer rejected the connection")]
     Rejected,
     /// The server's Nic was given a job key and this request carried

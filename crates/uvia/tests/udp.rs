@@ -294,7 +294,7 @@ fn connection_errors_are_clear() {
     assert!(
         matches!(
             r,
-            Err(ConnectError::NoListener { .. } | ConnectError::Timeout(_))
+            Err(ConnectError::NoListener { .. } | ConnectError::NoAnswer { .. })
         ),
         "{r:?}"
     );

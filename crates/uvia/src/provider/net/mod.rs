@@ -638,7 +638,11 @@ impl NetNic {
                             waited_ms: start.elapsed().as_millis() as u64,
                         });
                     }
-                    return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
+                    return Err(ConnectError::NoAnswer {
+                        peer: to.to_string(),
+                        discriminator: remote.discriminator.to_string(),
+                        waited_ms: start.elapsed().as_millis() as u64,
+                    });
                 }
             }
         }
