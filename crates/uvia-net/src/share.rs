@@ -127,9 +127,16 @@ fn my_uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
-/// Sends one message; `Ok(false)` if the peer's queue is full.
+/// Longest a member waits for room in the owner's queue: an owner that
+/// takes nothing in for this long is stopped or stuck, and the member's
+/// call returns rather than hang with it.
+const SEND_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Sends one message; `Ok(false)` if the peer's queue is full (after
+/// [`SEND_PATIENCE`] if `wait`).
 fn send(fd: RawFd, bytes: &[u8], wait: bool) -> io::Result<bool> {
-    let flags = libc::MSG_NOSIGNAL | if wait { 0 } else { libc::MSG_DONTWAIT };
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+    let start = Instant::now();
     loop {
         // SAFETY: `bytes` is a live slice.
         let r = unsafe {
@@ -146,7 +153,7 @@ fn send(fd: RawFd, bytes: &[u8], wait: bool) -> io::Result<bool> {
         let e = io::Error::last_os_error();
         match e.kind() {
             io::ErrorKind::Interrupted => continue,
-            io::ErrorKind::WouldBlock if wait => {
+            io::ErrorKind::WouldBlock if wait && start.elapsed() < SEND_PATIENCE => {
                 crate::wait_writable(fd, Some(Duration::from_millis(10)))?;
                 continue;
             }
@@ -444,7 +451,13 @@ impl DeviceMember {
             Interest::Peer => 1,
         });
         b.extend_from_slice(discriminator);
-        send(self.fd.as_raw_fd(), &b, true).map(|_| ())
+        match send(self.fd.as_raw_fd(), &b, true)? {
+            true => Ok(()),
+            false => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the process holding {} takes in nothing", self.addr),
+            )),
+        }
     }
 
     /// A frame the owner handed over, without waiting: its source and its

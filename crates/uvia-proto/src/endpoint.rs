@@ -551,7 +551,9 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
         let member = match self.sent_on.get(&key) {
             Some(&m) => m,
             None => {
-                let m = *self.forwards.get(&(wait, Box::<[u8]>::from(discriminator)))?;
+                let m = *self
+                    .forwards
+                    .get(&(wait, Box::<[u8]>::from(discriminator)))?;
                 self.sent_on.insert(key, m);
                 self.sent_on_order.push_back(key);
                 while self.sent_on_order.len() > self.cfg.max_rejects {
@@ -641,7 +643,10 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
                 match waiting {
                     Some((peer, id))
                         if same_host(&peer, &from)
-                            && self.conns.get(&id).is_some_and(|l| same_host(&l.peer, &from)) =>
+                            && self
+                                .conns
+                                .get(&id)
+                                .is_some_and(|l| same_host(&l.peer, &from)) =>
                     {
                         if let Some(link) = self.conns.get_mut(&id) {
                             if link.peer_id.is_none() {

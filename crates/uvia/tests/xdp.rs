@@ -271,7 +271,10 @@ fn opening_fails_clearly() {
 fn a_second_open_of_an_xdp_queue_fails_clearly() {
     if let Some(name) = peer_arg() {
         let err = Nic::open(&name).expect_err("the queue is served already");
-        assert!(err.to_string().contains("served by another AF_XDP socket"), "{err}");
+        assert!(
+            err.to_string().contains("served by another AF_XDP socket"),
+            "{err}"
+        );
         return;
     }
     if let Err(why) = TestHosts::available() {
@@ -287,7 +290,10 @@ fn a_second_open_of_an_xdp_queue_fails_clearly() {
     let name = format!("xdp:{}", hosts.iface(Side::A));
     let first = Nic::open(&name).unwrap();
     let err = Nic::open(&name).expect_err("the queue is served already");
-    assert!(err.to_string().contains("served by another AF_XDP socket"), "{err}");
+    assert!(
+        err.to_string().contains("served by another AF_XDP socket"),
+        "{err}"
+    );
     // Another process on the same host (it starts in this thread's namespace).
     Peer::spawn("a_second_open_of_an_xdp_queue_fails_clearly", "", &name).join();
     // Closed, the queue is free again.
