@@ -771,7 +771,7 @@ static void free_udp_device(char out[64])
 
 /* Two server processes open one device (M-VIA's one device per host) and
  * wait on different discriminators; a client reaches each through the one
- * host address. */
+ * host address. On udp, a port another program holds is not opened. */
 static void t_shared_device(int arg)
 {
     (void)arg;
@@ -817,6 +817,23 @@ static void t_shared_device(int arg)
         peer_end_pumping(&p[i], vi[i], 15000);
     }
     side_close(&s);
+    if (strcmp(g_provider, "udp") != 0)
+        return;
+    /* A port another program holds is not a device: the open fails. */
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+            getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    char held[64];
+    snprintf(held, sizeof held, "udp:127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    VIP_NIC_HANDLE nic = NULL;
+    CHECK_RET(VipOpenNic(held, &nic), VIP_ERROR_RESOURCE);
+    CHECK(nic == NULL);
+    close(fd);
 }
 
 const struct test cm_tests[] = {

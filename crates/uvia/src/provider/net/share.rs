@@ -217,6 +217,11 @@ impl NetNic {
                 }
                 Role::Lost(_) => {}
             }
+            if owner_gone {
+                // Under the lock: another caller that saw the same end
+                // finds the role already changed.
+                *role = take_over(share);
+            }
         }
         if !notices.is_empty() {
             let mut ep = self.endpoint.lock();
@@ -243,19 +248,17 @@ impl NetNic {
                 self.dispatch(Addr::Ip(from), &bytes, &mut None, now, &mut reply);
             }
         }
-        if owner_gone {
-            self.take_over(share);
-        }
         has_members || share.host.get().is_some()
     }
+}
 
-    /// The owner has gone: this process binds the address and owns it, or,
-    /// if another member was first, joins that one; either way it tells
-    /// what it waits on again. Requests sent meanwhile went unanswered;
-    /// their senders ask again.
-    fn take_over(&self, share: &Share) {
-        let device = share.device;
-        let role = match uvia_net::udp::UdpMedium::bind(device, udp_options()) {
+/// The owner has gone: this process binds the address and owns it, or, if
+/// another member was first, joins that one and tells it again what this
+/// one waits on. Requests sent meanwhile went unanswered; their senders
+/// ask again. Returns the new role.
+fn take_over(share: &Share) -> Role {
+    let device = share.device;
+    match uvia_net::udp::UdpMedium::bind(device, udp_options()) {
             Ok(m) => match DeviceOwner::listen(device) {
                 Ok(o) => {
                     let _ = share.host.set(Box::new(m));
@@ -279,10 +282,10 @@ impl NetNic {
             Err(e) => Role::Lost(format!(
                 "the process that opened {device} first has exited, and this one could not take it over: {e}"
             )),
-        };
-        *lock(&share.role) = role;
-    }
+        }
+}
 
+impl NetNic {
     /// The error a connection call gives once requests no longer reach
     /// this process.
     pub(super) fn share_lost(&self) -> Option<ConnectError> {
