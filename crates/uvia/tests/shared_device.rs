@@ -1,8 +1,9 @@
 //! One udp device address shared by several processes of the user, as
 //! VIA's host device is: requests to the host address reach the process
 //! that waits on their discriminator, whichever opened the device first;
-//! a port held by another program is refused. Each test re-runs this
-//! binary as its peers.
+//! a port held by another program, or a device of another user, is refused;
+//! the owner's exit hands the address to a process that shares it. Each
+//! test re-runs this binary as its peers.
 
 mod peer;
 
@@ -273,4 +274,34 @@ fn when_the_owner_exits_a_process_sharing_the_device_takes_it_over() {
     b.vi.disconnect();
     let _s = server.join().unwrap();
     assert!(held(&host));
+}
+
+#[test]
+fn another_users_process_is_refused_the_device() {
+    let test = "another_users_process_is_refused_the_device";
+    let (device, _host) = free_device();
+    if peer_arg().is_some() {
+        // This process runs as another user than the device's owner.
+        let err = Nic::open(&device).expect_err("another user's device is not shared");
+        let text = err.to_string();
+        assert!(text.contains("opened by a process of user 0"), "{text}");
+        return;
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: starting a process of another user needs root");
+        return;
+    }
+    let owner = Nic::open(&device).unwrap();
+    use std::os::unix::process::CommandExt;
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env("UVIA_TEST_PEER", "x")
+        .env("UVIA_TEST_INSTANCE", &device)
+        .gid(65534)
+        .uid(65534)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the other user's process: {status}");
+    drop(owner);
 }
