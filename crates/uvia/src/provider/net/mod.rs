@@ -345,8 +345,14 @@ impl NetNic {
                     s.forward(member, from, bytes);
                 }
             }
-            // A listener takes it in its connect-wait.
-            Some(EndpointEvent::Request { .. }) | None => {}
+            // A listener takes it in its connect-wait (woken, on a shared
+            // device, if another thread took the request in).
+            Some(EndpointEvent::Request { .. }) => {
+                if let Some(s) = &self.share {
+                    s.queued();
+                }
+            }
+            None => {}
         }
     }
 

@@ -51,6 +51,31 @@ pub(crate) struct Share {
     told: Mutex<HashSet<(Interest, Vec<u8>)>>,
     /// Wakes the device thread when the Nic closes (an eventfd).
     wake: OwnedFd,
+    /// Wakes the program's connect-waits when the device thread has
+    /// queued a request for them (an eventfd): the thread and a waiter
+    /// wake on the same sockets, and the waiter would otherwise sleep out
+    /// its nap on a request the thread took in.
+    queued: OwnedFd,
+}
+
+/// Adds one to an eventfd's count.
+fn signal(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to an eventfd of ours.
+    unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+}
+
+/// Empties an eventfd's count (non-blocking: nothing there changes nothing).
+fn drain(fd: &OwnedFd) {
+    let mut count = 0u64;
+    // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd of ours.
+    unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            &mut count as *mut u64 as *mut libc::c_void,
+            8,
+        )
+    };
 }
 
 fn eventfd() -> std::io::Result<OwnedFd> {
@@ -78,16 +103,19 @@ fn wait_of(i: Interest) -> Wait {
 
 impl Share {
     fn new(device: SocketAddr, role: Role) -> Result<Arc<Share>, ShareError> {
-        let wake = eventfd().map_err(|source| ShareError::Io {
+        let io = |source| ShareError::Io {
             addr: device,
             source,
-        })?;
+        };
+        let wake = eventfd().map_err(io)?;
+        let queued = eventfd().map_err(io)?;
         Ok(Arc::new(Share {
             device,
             role: Mutex::new(role),
             host: OnceLock::new(),
             told: Mutex::new(HashSet::new()),
             wake,
+            queued,
         }))
     }
 
@@ -165,15 +193,13 @@ impl Share {
 
     /// Wakes the device thread: its Nic has closed.
     pub fn stop(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe {
-            libc::write(
-                self.wake.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            )
-        };
+        signal(&self.wake);
+    }
+
+    /// A request has been queued for a listener of this process: wakes
+    /// the program's connect-waits.
+    pub fn queued(&self) {
+        signal(&self.queued);
     }
 
     /// The device address's socket, when this process took it over.
@@ -302,7 +328,9 @@ impl NetNic {
         };
         let (mut fds, _) = share.fds();
         fds.push(self.medium.fd());
+        fds.push(share.queued.as_raw_fd());
         let _ = uvia_net::wait_any(&fds, Some(nap));
+        drain(&share.queued);
     }
 
     /// Starts the device thread of a shared Nic.
@@ -341,15 +369,6 @@ fn serve(nic: Weak<NicShared>, share: Arc<Share>) {
             fds
         };
         let _ = uvia_net::wait_any(&fds, Some(THREAD_NAP));
-        let mut count = 0u64;
-        // SAFETY: reads 8 bytes into a live u64 from our non-blocking
-        // eventfd (nothing to read is EAGAIN, which changes nothing).
-        unsafe {
-            libc::read(
-                share.wake.as_raw_fd(),
-                &mut count as *mut u64 as *mut libc::c_void,
-                8,
-            )
-        };
+        drain(&share.wake);
     }
 }
