@@ -251,28 +251,46 @@ fn when_the_owner_exits_a_process_sharing_the_device_takes_it_over() {
     let client = Nic::open("udp:127.0.0.1").unwrap();
     let mut a = side(&client);
     assert_eq!(ask(&mut a, &host, 531, b"bye"), b"owner:bye");
-    // A connection made through the owner outlives it.
-    let mut s = side(&shared);
+    // This process listens on two discriminators: one it is asked on
+    // through the owner, one after the owner has gone.
+    let mut early = side(&shared);
+    let mut late = side(&shared);
     let server = std::thread::spawn({
         let shared = shared.clone();
         move || {
-            expect(&s);
+            expect(&early);
+            let mut req = shared.connect_wait(&disc(533), Some(T)).unwrap();
+            req.accept(&early.vi).unwrap();
+            assert_eq!(heard(&early), b"before");
+            expect(&early);
+            say(&mut early, b"one");
+            assert_eq!(heard(&early), b"after the owner");
+            say(&mut early, b"two");
+            expect(&late);
             let mut req = shared.connect_wait(&disc(532), Some(T * 2)).unwrap();
-            req.accept(&s.vi).unwrap();
-            assert_eq!(heard(&s), b"after");
-            say(&mut s, b"still here");
-            s
+            req.accept(&late.vi).unwrap();
+            assert_eq!(heard(&late), b"after");
+            say(&mut late, b"still here");
+            (early, late)
         }
     });
+    let mut c = side(&client);
+    assert_eq!(ask(&mut c, &host, 533, b"before"), b"one");
     a.vi.disconnect();
     owner.join();
+    // A connection made through the owner goes on without it: its data
+    // never passed through the owner.
+    expect(&c);
+    say(&mut c, b"after the owner");
+    assert_eq!(heard(&c), b"two");
     // The owner is gone; this process holds the address now, and a
     // request to it reaches the listener here.
     let mut b = side(&client);
     assert_eq!(ask(&mut b, &host, 532, b"after"), b"still here");
-    // Going acknowledges the answer, which completes the server's send.
+    // Going acknowledges the answers, which completes the server's sends.
     b.vi.disconnect();
-    let _s = server.join().unwrap();
+    c.vi.disconnect();
+    let _sides = server.join().unwrap();
     assert!(held(&host));
 }
 
