@@ -9,6 +9,7 @@ pub mod iface;
 pub mod inject;
 pub mod neigh;
 pub mod netns;
+pub mod share;
 pub mod udp;
 pub mod xdp;
 
@@ -215,6 +216,53 @@ pub(crate) fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: one valid pollfd; `tsp` is null or points at a live timespec.
     let r = unsafe { libc::ppoll(&mut p, 1, tsp, std::ptr::null()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Sleeps until `fd` can take a write or `timeout` passes.
+pub(crate) fn wait_writable(fd: RawFd, timeout: Option<Duration>) -> io::Result<()> {
+    wait_events(&mut [(fd, libc::POLLOUT)], timeout)
+}
+
+/// Sleeps until one of `fds` is readable or `timeout` passes (`None`: no
+/// limit), as [`Medium::wait`] does for one. Spurious wake-ups are allowed.
+pub fn wait_any(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<()> {
+    let mut v: Vec<(RawFd, libc::c_short)> = fds.iter().map(|&fd| (fd, libc::POLLIN)).collect();
+    wait_events(&mut v, timeout)
+}
+
+fn wait_events(fds: &mut [(RawFd, libc::c_short)], timeout: Option<Duration>) -> io::Result<()> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&(fd, events)| libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        })
+        .collect();
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `p` holds `p.len()` valid pollfds; `tsp` is null or points
+    // at a live timespec.
+    let r = unsafe {
+        libc::ppoll(
+            p.as_mut_ptr(),
+            p.len() as libc::nfds_t,
+            tsp,
+            std::ptr::null(),
+        )
+    };
     if r < 0 {
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {

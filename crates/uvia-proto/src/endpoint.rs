@@ -16,6 +16,14 @@
 //! from, frames naming a connection are taken from any address of its
 //! peer's host ([`Endpoint::with_hosts`] says which are), then from that
 //! one only.
+//!
+//! Several processes of a host may share one network address (a device, in
+//! VIA's words): the endpoint that holds the address forwards a request
+//! whose discriminator another process's endpoint waits on
+//! ([`Endpoint::forward`]) to that process, which takes it in with
+//! [`Endpoint::handle`] as if it had come from the requester, and answers
+//! from its own addresses. Peer-to-peer requests are therefore taken from
+//! any address of the peer's host.
 
 use crate::conn::Conn;
 use crate::wire::{self, ConnAttrs, PrivateData, RejectReason, Repr};
@@ -98,6 +106,19 @@ pub enum EndpointEvent<'a, A> {
     /// An answer given without a connection (a reject, a disconnect ack)
     /// is in `reply[..len]`: send it to `to`.
     Transmit { to: A, len: usize },
+    /// A request for a discriminator that process `member` of the host
+    /// waits on ([`Endpoint::forward`]): hand it the frame as it came, with
+    /// the address it came from.
+    Forward { member: u32 },
+}
+
+/// What a process sharing the address waits on, in [`Endpoint::forward`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Wait {
+    /// A listener: client requests naming the discriminator.
+    Listen,
+    /// A peer-to-peer connection being made: peer requests naming it.
+    Peer,
 }
 
 /// Counters of frames the endpoint dropped or answered itself.
@@ -119,6 +140,8 @@ pub struct EndpointStats {
     pub unanswered: u64,
     /// Requests refused for their job key ([`EndpointConfig::job`]).
     pub wrong_job: u64,
+    /// Requests (and their repetitions) forwarded to another process.
+    pub forwarded: u64,
 }
 
 /// Why [`Endpoint::peer_connect`] refused.
@@ -217,6 +240,13 @@ pub struct Endpoint<A> {
     /// Peer-to-peer connections being made: the discriminator our
     /// connection waits on -> (the peer's address, our connection id).
     peers: HashMap<Box<[u8]>, (A, u32)>,
+    /// What other processes sharing the address wait on -> which process.
+    forwards: HashMap<(Wait, Box<[u8]>), u32>,
+    /// Requests forwarded, by (client address, client's id) -> process, so
+    /// that their repetitions go where the first went (the most recent
+    /// [`EndpointConfig::max_rejects`] are remembered).
+    sent_on: HashMap<(A, u32), u32>,
+    sent_on_order: VecDeque<(A, u32)>,
     refusals: RefusalBudget,
     stats: EndpointStats,
 }
@@ -235,6 +265,9 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
             rejected: HashMap::new(),
             rejected_order: VecDeque::new(),
             peers: HashMap::new(),
+            forwards: HashMap::new(),
+            sent_on: HashMap::new(),
+            sent_on_order: VecDeque::new(),
             refusals: RefusalBudget::default(),
             stats: EndpointStats::default(),
         }
@@ -334,6 +367,14 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
         if let Some(old) = self.conns.remove(&id) {
             self.forget_link(id, old);
         }
+    }
+
+    /// The address connection `id`'s peer made its requests from: the
+    /// peer's Nic as the connection was registered, or, peer to peer, the
+    /// address its request came from (another of the host's, when the peer
+    /// shares its host's address with other processes).
+    pub fn peer_of(&self, id: u32) -> Option<A> {
+        self.conns.get(&id).map(|l| l.peer)
     }
 
     fn forget_link(&mut self, id: u32, link: Link<A>) {
@@ -468,6 +509,66 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
     }
 
     // ------------------------------------------------------------------
+    // Processes sharing the address.
+
+    /// Process `member`, sharing this endpoint's address, waits on
+    /// `discriminator` (as a listener, or peer to peer): requests naming it
+    /// that nobody here waits on are forwarded there
+    /// ([`EndpointEvent::Forward`]). A later call for the same
+    /// discriminator moves it to the later process.
+    pub fn forward(&mut self, wait: Wait, discriminator: &[u8], member: u32) {
+        let d = wire::cut_discriminator(discriminator);
+        self.forwards.insert((wait, d.into()), member);
+    }
+
+    /// Process `member` waits on `discriminator` no more.
+    pub fn withdraw(&mut self, wait: Wait, discriminator: &[u8], member: u32) {
+        let d = wire::cut_discriminator(discriminator);
+        let key = (wait, Box::<[u8]>::from(d));
+        if self.forwards.get(&key) == Some(&member) {
+            self.forwards.remove(&key);
+        }
+    }
+
+    /// Process `member` has gone: nothing is forwarded to it any more.
+    pub fn withdraw_member(&mut self, member: u32) {
+        self.forwards.retain(|_, m| *m != member);
+        self.sent_on.retain(|_, m| *m != member);
+        let sent_on = &self.sent_on;
+        self.sent_on_order.retain(|k| sent_on.contains_key(k));
+    }
+
+    /// Forwards request (`from`, `peer_id`) to the process waiting on
+    /// `discriminator`, if one does: to the one its first copy went to.
+    fn forward_to<'a>(
+        &mut self,
+        wait: Wait,
+        from: A,
+        peer_id: u32,
+        discriminator: &[u8],
+    ) -> Option<EndpointEvent<'a, A>> {
+        let key = (from, peer_id);
+        let member = match self.sent_on.get(&key) {
+            Some(&m) => m,
+            None => {
+                let m = *self
+                    .forwards
+                    .get(&(wait, Box::<[u8]>::from(discriminator)))?;
+                self.sent_on.insert(key, m);
+                self.sent_on_order.push_back(key);
+                while self.sent_on_order.len() > self.cfg.max_rejects {
+                    if let Some(old) = self.sent_on_order.pop_front() {
+                        self.sent_on.remove(&old);
+                    }
+                }
+                m
+            }
+        };
+        self.stats.forwarded += 1;
+        Some(EndpointEvent::Forward { member })
+    }
+
+    // ------------------------------------------------------------------
     // Input.
 
     /// Takes in one frame the medium delivered from `from`. Returns what to
@@ -533,14 +634,31 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
             } => self.on_request(now, from, src, attrs, discriminator, private, reply),
             Repr::PeerRequest { discriminator, .. } => {
                 // A connection of ours asking that peer on this discriminator.
+                // The peer may share its host's address with other
+                // processes and ask from an address of its own: any address
+                // of the host named is the peer's, and its requests' address
+                // is the one its connection is known by from now on.
+                let same_host = self.same_host;
                 let waiting = self.peers.get(discriminator).copied();
                 match waiting {
                     Some((peer, id))
-                        if peer == from && self.conns.get(&id).is_some_and(|l| l.peer == from) =>
+                        if same_host(&peer, &from)
+                            && self
+                                .conns
+                                .get(&id)
+                                .is_some_and(|l| same_host(&l.peer, &from)) =>
                     {
+                        if let Some(link) = self.conns.get_mut(&id) {
+                            if link.peer_id.is_none() {
+                                link.peer = from;
+                            }
+                        }
                         Some(EndpointEvent::Frame { id, src, repr })
                     }
                     _ => {
+                        if let Some(ev) = self.forward_to(Wait::Peer, from, src, discriminator) {
+                            return Some(ev);
+                        }
                         // Nobody waits yet: the peer repeats its request
                         // until someone here asks it too.
                         self.stats.unknown += 1;
@@ -579,7 +697,14 @@ impl<A: Copy + Eq + Hash + Debug> Endpoint<A> {
             reason: RejectReason::NoListener,
             private: PrivateData::EMPTY,
         };
+        if self.sent_on.contains_key(&key) {
+            // Its first copy went to another process: so do the repetitions.
+            return self.forward_to(Wait::Listen, from, peer_id, discriminator);
+        }
         let Some(l) = self.listeners.get_mut(discriminator) else {
+            if let Some(ev) = self.forward_to(Wait::Listen, from, peer_id, discriminator) {
+                return Some(ev);
+            }
             // Not remembered: a client asks again when nobody listens yet,
             // and the listener may have come by then.
             return self.refuse(now, from, peer_id, no_listener, reply);
@@ -785,6 +910,7 @@ mod tests {
                 Some(EndpointEvent::Request { discriminator }) => {
                     Seen::Request(discriminator.to_vec())
                 }
+                Some(EndpointEvent::Forward { member }) => Seen::Forward(member),
                 Some(EndpointEvent::Transmit { to, len }) => {
                     let (dst, src, r) = wire::parse(&self.reply[..len]).expect("a reply parses");
                     let r = match r {
@@ -814,6 +940,7 @@ mod tests {
             src: u32,
         },
         Request(Vec<u8>),
+        Forward(u32),
         Reply {
             to: u8,
             dst: u32,
@@ -1151,6 +1278,81 @@ mod tests {
         // A rendezvous whose connection is gone hands nothing on.
         b.ep.unregister(5);
         assert_eq!(b.feed(OTHER, &peer_request(8, b"mine")), Seen::Dropped);
+    }
+
+    #[test]
+    fn a_request_another_process_waits_for_is_forwarded_there_with_its_repetitions() {
+        let mut b = Bench::new(EndpointConfig::default());
+        b.ep.forward(Wait::Listen, b"srv", 7);
+        assert_eq!(b.feed(CLIENT, &request(1, b"srv", b"")), Seen::Forward(7));
+        assert_eq!(b.feed(CLIENT, &request(1, b"srv", b"")), Seen::Forward(7));
+        // Nobody here or there waits on another name: refused as before.
+        assert_eq!(
+            b.feed(CLIENT, &request(2, b"none", b"")),
+            reject(CLIENT, 2, RejectReason::NoListener, b"")
+        );
+        // A listener of its own comes first for new requests; a request
+        // already sent on stays with the process it went to.
+        b.ep.listen(b"srv");
+        assert_eq!(
+            b.feed(CLIENT, &request(3, b"srv", b"")),
+            Seen::Request(b"srv".to_vec())
+        );
+        assert_eq!(b.feed(CLIENT, &request(1, b"srv", b"")), Seen::Forward(7));
+        b.ep.stop_listening(b"srv");
+        // A later process waiting on the name takes it over; withdrawing
+        // a name another process now holds changes nothing.
+        b.ep.forward(Wait::Listen, b"srv", 8);
+        b.ep.withdraw(Wait::Listen, b"srv", 7);
+        assert_eq!(b.feed(CLIENT, &request(4, b"srv", b"")), Seen::Forward(8));
+        // Listening and peer waits are apart.
+        assert_eq!(b.feed(CLIENT, &peer_request(5, b"srv")), Seen::Dropped);
+        b.ep.forward(Wait::Peer, b"p2p", 8);
+        assert_eq!(b.feed(OTHER, &peer_request(5, b"p2p")), Seen::Forward(8));
+        assert_eq!(b.ep.stats().forwarded, 5);
+        // The process has gone: nothing more goes there.
+        b.ep.withdraw_member(8);
+        assert_eq!(
+            b.feed(CLIENT, &request(4, b"srv", b"")),
+            reject(CLIENT, 4, RejectReason::NoListener, b"")
+        );
+        assert_eq!(b.feed(OTHER, &peer_request(5, b"p2p")), Seen::Dropped);
+        b.ep.forward(Wait::Listen, b"srv", 9);
+        b.ep.withdraw(Wait::Listen, b"srv", 9);
+        assert_eq!(
+            b.feed(CLIENT, &request(6, b"srv", b"")),
+            reject(CLIENT, 6, RejectReason::NoListener, b"")
+        );
+    }
+
+    #[test]
+    fn a_peer_request_from_another_address_of_the_named_host_is_the_peers() {
+        // Addresses 0xHP: host H, port P. The peer shares host 1's address
+        // 0x10 with another process and asks from 0x12, its own.
+        let hosts = |a: &u8, b: &u8| a >> 4 == b >> 4;
+        let mut b = Bench::new(EndpointConfig::default());
+        b.ep = Endpoint::new(EndpointConfig::default()).with_hosts(hosts);
+        b.ep.register(5, 0x10);
+        b.ep.peer_connect(b"mine", 0x10, 5).expect("free");
+        assert_eq!(
+            b.feed(0x20, &peer_request(8, b"mine")),
+            Seen::Dropped,
+            "another host"
+        );
+        assert_eq!(
+            b.feed(0x12, &peer_request(8, b"mine")),
+            Seen::Frame { id: 5, src: 8 }
+        );
+        // Known by that address from now on: its repetitions reach the
+        // connection once it is established.
+        assert_eq!(b.ep.peer_of(5), Some(0x12));
+        assert!(b.ep.established(0x12, 8, 5));
+        b.ep.peer_done(b"mine");
+        assert_eq!(
+            b.feed(0x12, &peer_request(8, b"mine")),
+            Seen::Frame { id: 5, src: 8 }
+        );
+        assert_eq!(b.ep.peer_of(6), None);
     }
 
     #[test]

@@ -7,7 +7,8 @@
  * that is not idle, reliability levels that differ, bad addresses, and
  * peer-to-peer connections (network providers; VIP_ERROR_NOT_SUPPORTED on
  * shm), a peer's address kept in a 40-byte buffer as VIA-era libraries
- * keep it, and the line a request that nothing answers writes.
+ * keep it, the line a request that nothing answers writes, and two
+ * processes sharing one udp device.
  */
 #include "common.h"
 
@@ -20,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 struct cm_arg {
     char disc[33], disc2[33];
@@ -881,6 +884,122 @@ static void t_unanswered(int arg)
     side_close(&s);
 }
 
+/* ---- Two processes on one device --------------------------------------------------------- */
+
+struct shared_srv {
+    const char *device;
+    char disc[33];
+    char tag;
+};
+
+static struct shared_srv SH[2];
+static char shared_device[64];
+
+/* A server process on the device: sends its NIC address, accepts one client
+ * on its discriminator and answers the client's byte with its own tag. */
+static void srv_shared(struct chan *c, void *arg)
+{
+    struct shared_srv *a = arg;
+    struct side s;
+    side_open(&s, a->device);
+    send_addr(c, &s);
+    VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+    VIP_DESCRIPTOR *r = recv_desc(&s, 64);
+    REQUIRE_RET(VipPostRecv(vi, r, s.mh), VIP_SUCCESS);
+    srv_accept(&s, vi, a->disc, 10000);
+    VIP_DESCRIPTOR *d = RECV_WAIT(vi, 5000);
+    CHECK(d == r);
+    if (d)
+        CHECKF(d->CS.Length == 1 && *(char *)seg_buf(d, 0) == a->tag - 'A' + 'a',
+               "server %c heard another client's message", a->tag);
+    CHECK_RET(VipPostSend(vi, send_desc(&s, &a->tag, 1, 0), s.mh), VIP_SUCCESS);
+    SEND_WAIT(vi, 5000);
+    linger(c, vi);
+    side_close(&s);
+}
+
+/* A loopback udp device name on a port free when chosen. */
+static void free_udp_device(char out[64])
+{
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+            getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    snprintf(out, 64, "udp:127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+}
+
+/* Two server processes open one device (M-VIA's one device per host) and
+ * wait on different discriminators; a client reaches each through the one
+ * host address. On udp, a port another program holds is not opened. */
+static void t_shared_device(int arg)
+{
+    (void)arg;
+    if (strcmp(g_provider, "xdp") == 0)
+        h_skip("an xdp queue has one AF_XDP socket: a second open of it fails (docs/VIPL.md)");
+    if (strcmp(g_provider, "udp") == 0)
+        free_udp_device(shared_device);
+    else
+        snprintf(shared_device, sizeof shared_device, "%s", g_device);
+    struct peer p[2];
+    char host[2][VIPL_HOST_ADDRESS_LEN + 1];
+    for (int i = 0; i < 2; i++) {
+        SH[i].device = shared_device;
+        disc_new(SH[i].disc);
+        SH[i].tag = (char)('A' + i);
+        /* The second opens the device once the first has it. */
+        peer_start(&p[i], srv_shared, &SH[i]);
+        recv_addr(&p[i].c, host[i]);
+    }
+    CHECKF(strcmp(host[0], host[1]) == 0, "both processes' NIC address is the device's: \"%s\", \"%s\"",
+           host[0], host[1]);
+    struct side s;
+    side_open(&s, NULL);
+    VIP_VI_HANDLE vi[2];
+    VIP_DESCRIPTOR *r[2];
+    /* The second server first: it may not listen yet, and is asked again. */
+    for (int i = 1; i >= 0; i--) {
+        vi[i] = vi_new(&s, default_level(), 0, 0, NULL, NULL);
+        r[i] = recv_desc(&s, 64);
+        REQUIRE_RET(VipPostRecv(vi[i], r[i], s.mh), VIP_SUCCESS);
+        cli_connect(&s, vi[i], host[0], SH[i].disc, 10000);
+        char m = (char)('a' + i);
+        CHECK_RET(VipPostSend(vi[i], send_desc(&s, &m, 1, 0), s.mh), VIP_SUCCESS);
+        SEND_WAIT(vi[i], 5000);
+        VIP_DESCRIPTOR *d = RECV_WAIT(vi[i], 5000);
+        CHECK(d == r[i]);
+        if (d)
+            CHECKF(d->CS.Length == 1 && *(char *)seg_buf(d, 0) == SH[i].tag,
+                   "connection %d reached the server of another discriminator", i);
+    }
+    for (int i = 0; i < 2; i++) {
+        chan_send(&p[i].c, T_QUIT, NULL, 0);
+        peer_end_pumping(&p[i], vi[i], 15000);
+    }
+    side_close(&s);
+    if (strcmp(g_provider, "udp") != 0)
+        return;
+    /* A port another program holds is not a device: the open fails. */
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+            getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    char held[64];
+    snprintf(held, sizeof held, "udp:127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    VIP_NIC_HANDLE nic = NULL;
+    CHECK_RET(VipOpenNic(held, &nic), VIP_ERROR_RESOURCE);
+    CHECK(nic == NULL);
+    close(fd);
+}
+
 const struct test cm_tests[] = {
     {"cm", "accept_addresses_attributes", t_accept, 0, 0},
     {"cm", "reject", t_reject, 0, 0},
@@ -895,5 +1014,6 @@ const struct test cm_tests[] = {
     {"cm", "peer_to_peer", t_peer_to_peer, 0, 0},
     {"cm", "address_in_40_byte_buffer", t_forty_bytes, 0, 0},
     {"cm", "unanswered_request_says_where", t_unanswered, 0, 0},
+    {"cm", "two_processes_share_a_device", t_shared_device, 0, 0},
     {NULL, NULL, NULL, 0, 0},
 };

@@ -182,16 +182,16 @@ impl Nic {
             crate::provider::lookup(name).ok_or_else(|| OpenError::UnknownProvider(name.into()))?;
         let (attrs, provider) = (provider.open)(name, opts)?;
         let serial = NIC_SERIAL.fetch_add(1, Ordering::Relaxed) & 0xffff;
-        Ok(Nic {
-            s: Arc::new(NicShared {
-                regions: RegionTable::new(attrs.max_registered_regions),
-                ptags: Mutex::new(vec![None; attrs.max_ptags]),
-                provider,
-                next_vi: AtomicU32::new(1),
-                serial,
-                attrs,
-            }),
-        })
+        let s = Arc::new(NicShared {
+            regions: RegionTable::new(attrs.max_registered_regions),
+            ptags: Mutex::new(vec![None; attrs.max_ptags]),
+            provider,
+            next_vi: AtomicU32::new(1),
+            serial,
+            attrs,
+        });
+        s.provider.opened(&Arc::downgrade(&s));
+        Ok(Nic { s })
     }
 
     pub fn attributes(&self) -> &NicAttributes {

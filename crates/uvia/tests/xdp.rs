@@ -263,3 +263,40 @@ fn opening_fails_clearly() {
         );
     }
 }
+
+/// An xdp Nic is one AF_XDP socket on one interface queue, which the
+/// kernel lets one socket serve: unlike a udp device, it is not shared, and
+/// a second open, from this process or another, says why it fails.
+#[test]
+fn a_second_open_of_an_xdp_queue_fails_clearly() {
+    if let Some(name) = peer_arg() {
+        let err = Nic::open(&name).expect_err("the queue is served already");
+        assert!(
+            err.to_string().contains("served by another AF_XDP socket"),
+            "{err}"
+        );
+        return;
+    }
+    if let Err(why) = TestHosts::available() {
+        println!("skipped: {why}");
+        return;
+    }
+    let hosts = TestHosts::create("xq").unwrap();
+    if let Some(why) = unavailable(&hosts) {
+        println!("skipped: {why}");
+        return;
+    }
+    let _on_a = hosts.enter(Side::A).unwrap();
+    let name = format!("xdp:{}", hosts.iface(Side::A));
+    let first = Nic::open(&name).unwrap();
+    let err = Nic::open(&name).expect_err("the queue is served already");
+    assert!(
+        err.to_string().contains("served by another AF_XDP socket"),
+        "{err}"
+    );
+    // Another process on the same host (it starts in this thread's namespace).
+    Peer::spawn("a_second_open_of_an_xdp_queue_fails_clearly", "", &name).join();
+    // Closed, the queue is free again.
+    drop(first);
+    drop(Nic::open(&name).unwrap());
+}

@@ -135,6 +135,9 @@ fuzz_target!(|data: &[u8]| {
                 m.taken.retain(|r| (r.from, r.peer_id) != key);
                 m.outstanding.insert(key, (d, now));
             }
+            Some(EndpointEvent::Forward { .. }) => {
+                panic!("nothing is forwarded: no process shares the address")
+            }
             None => {
                 if let Some(o) = request.and_then(|(key, _)| m.outstanding.get_mut(&key)) {
                     // A repetition of a request held: the client still asks.

@@ -488,6 +488,9 @@ impl Sim {
                 self.inject(to, reply);
             }
             Some(EndpointEvent::Request { .. }) => self.answer(f.to),
+            Some(EndpointEvent::Forward { .. }) => {
+                panic!("no process shares an address in the simulation")
+            }
         }
     }
 

@@ -106,6 +106,11 @@ pub(crate) trait NicOps {
     fn is_address(&self, _host: &str) -> bool {
         false
     }
+
+    /// The Nic is made: a provider that serves it in the background (a
+    /// device shared with other processes) starts doing so. `nic` is the
+    /// Nic, held weakly so that closing it ends that service.
+    fn opened(&self, _nic: &std::sync::Weak<NicShared>) {}
 }
 
 /// What one connected VI's transport does. The shared VI code calls these
@@ -248,6 +253,14 @@ impl NicProvider {
         match self {
             NicProvider::Shm(n) => n.is_address(host),
             NicProvider::Net(n) => n.is_address(host),
+        }
+    }
+
+    /// The Nic is made (see [`NicOps::opened`]).
+    pub fn opened(&self, nic: &std::sync::Weak<NicShared>) {
+        match self {
+            NicProvider::Shm(n) => n.opened(nic),
+            NicProvider::Net(n) => n.opened(nic),
         }
     }
 }

@@ -6,8 +6,10 @@
 //! listeners, and hands each arriving frame to the VI it names; the VI half
 //! (`vi`) drives one connection's engine.
 
+mod share;
 mod vi;
 
+use share::Share;
 pub(crate) use vi::{NetVi, Sleep};
 
 use crate::cm::{check_compatible, ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
@@ -72,6 +74,17 @@ pub(crate) struct NetNic {
     /// Frames of a VI's own medium that did not parse, or named another
     /// connection.
     pub malformed: AtomicU64,
+    /// The device address, when it is shared with other processes of the
+    /// user (a udp Nic on a port named).
+    share: Option<Arc<Share>>,
+}
+
+impl Drop for NetNic {
+    fn drop(&mut self) {
+        if let Some(s) = &self.share {
+            s.stop();
+        }
+    }
 }
 
 struct RxState {
@@ -87,6 +100,7 @@ impl NetNic {
         iface: Option<String>,
         idle_timeout: Duration,
         job: u64,
+        share: Option<Arc<Share>>,
     ) -> NetNic {
         let caps = medium.caps().clone();
         // Connection ids start somewhere different in each Nic, so frames of
@@ -125,6 +139,7 @@ impl NetNic {
             sweep_at: SpinLock::new(Instant::now()),
             medium,
             own_medium,
+            share,
         }
     }
 
@@ -140,9 +155,13 @@ impl NetNic {
         }
     }
 
-    /// Starts queueing requests for `discriminator`.
+    /// Starts queueing requests for `discriminator` (and, on a shared
+    /// device, has them handed over by its owner).
     pub fn listen(&self, discriminator: &[u8]) {
         self.endpoint.lock().listen(discriminator);
+        if let Some(s) = &self.share {
+            s.tell(uvia_net::share::Interest::Listen, discriminator, true);
+        }
     }
 
     /// The oldest request waiting on `discriminator`.
@@ -239,7 +258,17 @@ impl NetNic {
                 }
             })
         };
-        n.is_ok_and(|n| n > 0)
+        // A device address taken over from its exited owner is read too.
+        let host = match self.share.as_ref().and_then(|s| s.host()) {
+            Some(h) => h.recv(batch).inspect(|&n| {
+                for i in 0..n {
+                    let (from, bytes) = batch.frame(i);
+                    on_frame(from, bytes);
+                }
+            }),
+            None => Ok(0),
+        };
+        n.is_ok_and(|n| n > 0) || host.is_ok_and(|n| n > 0)
     }
 
     /// Serves the Nic's other VIs whose protocol timers are due, if
@@ -311,8 +340,19 @@ impl NetNic {
                     bytes: &reply[..len],
                 }]);
             }
-            // A listener takes it in its connect-wait.
-            Some(EndpointEvent::Request { .. }) | None => {}
+            Some(EndpointEvent::Forward { member }) => {
+                if let Some(s) = &self.share {
+                    s.forward(member, from, bytes);
+                }
+            }
+            // A listener takes it in its connect-wait (woken, on a shared
+            // device, if another thread took the request in).
+            Some(EndpointEvent::Request { .. }) => {
+                if let Some(s) = &self.share {
+                    s.queued();
+                }
+            }
+            None => {}
         }
     }
 
@@ -398,7 +438,7 @@ fn with_faults<M: uvia_net::Medium + 'static>(
 /// poll would need `recvmsg`; without it a poll is one `recvfrom`, about
 /// 0.45 us less per message (measured with `uvia pingpong`, both settings
 /// alternated), and segmented sends still arrive as separate datagrams.
-fn udp_options() -> uvia_net::udp::UdpOptions {
+pub(super) fn udp_options() -> uvia_net::udp::UdpOptions {
     uvia_net::udp::UdpOptions {
         gro: false,
         ..uvia_net::udp::UdpOptions::default()
@@ -420,10 +460,32 @@ pub(crate) fn open_udp(name: &str, opts: &NicOptions) -> Result<Opened, OpenErro
             },
         },
     };
-    let udp = uvia_net::udp::UdpMedium::bind(bind, udp_options()).map_err(|e| OpenError::Io {
+    let io = |e: &dyn std::fmt::Display| OpenError::Io {
         provider: "udp",
         source: std::io::Error::other(e.to_string()),
-    })?;
+    };
+    // A port named is a device address the user's processes on the host
+    // share: the first to open it owns it; a later one joins the owner and
+    // sends from a port of its own on the same IP address.
+    let (udp, share) = match uvia_net::udp::UdpMedium::bind(bind, udp_options()) {
+        Ok(udp) if bind.port() != 0 => {
+            let share = Share::owner(udp.local_ip()).map_err(|e| io(&e))?;
+            (udp, Some(share))
+        }
+        Ok(udp) => (udp, None),
+        Err(uvia_net::udp::UdpError::InUse { .. }) => {
+            let share = Share::member(bind).map_err(|e| io(&e))?;
+            let own_port = SocketAddr::new(bind.ip(), 0);
+            let udp =
+                uvia_net::udp::UdpMedium::bind(own_port, udp_options()).map_err(|e| io(&e))?;
+            (udp, Some(share))
+        }
+        Err(e) => return Err(io(&e)),
+    };
+    let address = match share {
+        Some(_) => bind.to_string(),
+        None => udp.local_ip().to_string(),
+    };
     let fault = fault_spec(opts)?;
     let local = udp.local_ip();
     let medium = with_faults(udp, &fault);
@@ -442,7 +504,7 @@ pub(crate) fn open_udp(name: &str, opts: &NicOptions) -> Result<Opened, OpenErro
         }
         Some(with_faults(m, &f))
     });
-    open_net(name, "udp", medium, Some(own), None, opts)
+    open_net(name, "udp", medium, address, Some(own), None, opts, share)
 }
 
 /// `xdp:<interface>[:<queue>][:native|:generic]`: raw Ethernet through
@@ -481,19 +543,25 @@ pub(crate) fn open_xdp(name: &str, opts: &NicOptions) -> Result<Opened, OpenErro
     })?;
     let fault = fault_spec(opts)?;
     let medium = with_faults(xdp, &fault);
-    open_net(name, "xdp", medium, None, Some(iface.to_string()), opts)
+    let address = medium.local_addr().to_string();
+    let iface = Some(iface.to_string());
+    open_net(name, "xdp", medium, address, None, iface, opts, None)
 }
 
 /// A Nic over a frame medium: the protocol engine drives its VIs.
+/// `address` is the Nic's address as peers name it (a shared device's,
+/// not the port its medium sends from).
+#[allow(clippy::too_many_arguments)]
 fn open_net(
     name: &str,
     provider: &'static str,
     medium: Box<dyn uvia_net::Medium>,
+    address: String,
     own: Option<OwnMediumFactory>,
     iface: Option<String>,
     opts: &NicOptions,
+    share: Option<Arc<Share>>,
 ) -> Result<Opened, OpenError> {
-    let address = medium.local_addr().to_string();
     let max_frame = medium.caps().max_frame;
     let attrs = NicAttributes {
         inline_threshold: max_frame.saturating_sub(uvia_proto::wire::DATA_HEADER_LEN),
@@ -502,7 +570,7 @@ fn open_net(
         ..NicAttributes::common(name, provider, address)
     };
     let idle = opts.idle_timeout.unwrap_or(IDLE_TIMEOUT);
-    let net = NetNic::new(medium, own, iface, idle, crate::nic::job_key(opts));
+    let net = NetNic::new(medium, own, iface, idle, crate::nic::job_key(opts), share);
     Ok((attrs, NicProvider::Net(net)))
 }
 
@@ -592,7 +660,10 @@ impl NetNic {
                 if start.elapsed() >= timeout {
                     break Event::ConnectTimedOut;
                 }
-                let _ = nic.medium.wait(Some(Duration::from_millis(5)));
+                // Peer to peer on a shared device, the peer's request may
+                // come handed over by the device's owner.
+                nic.serve_share();
+                nic.wait_nic(Duration::from_millis(5));
             };
             match ev {
                 Event::Connected => {
@@ -800,6 +871,9 @@ impl NicOps for NetNic {
                 nic.unregister(id);
                 return Err(ConnectError::InUse(d.to_string()));
             }
+            if let Some(s) = &nic.share {
+                s.tell(uvia_net::share::Interest::Peer, d.as_bytes(), true);
+            }
         }
         let r = self.connect_inner(
             vi,
@@ -813,6 +887,9 @@ impl NicOps for NetNic {
         );
         if let Some(d) = local {
             nic.endpoint.lock().peer_done(d.as_bytes());
+            if let Some(s) = &nic.share {
+                s.tell(uvia_net::share::Interest::Peer, d.as_bytes(), false);
+            }
         }
         match &r {
             Err(_) => {
@@ -826,7 +903,11 @@ impl NicOps for NetNic {
                     _ => None,
                 };
                 if let Some(pid) = pid {
-                    nic.established(to, pid, id);
+                    // Peer to peer, the peer may have asked from another
+                    // address of its host than the one named (a process
+                    // sharing its host's device): the one it asked from.
+                    let peer = nic.endpoint.lock().peer_of(id).unwrap_or(to);
+                    nic.established(peer, pid, id);
                 }
             }
         }
@@ -845,6 +926,7 @@ impl NicOps for NetNic {
         self.listen(discriminator.as_bytes());
         let mut looked = false;
         loop {
+            self.serve_share();
             if let Some(req) = self.take_request(discriminator.as_bytes()) {
                 return Ok(ConnRequest {
                     remote: remote_attrs(&req.attrs),
@@ -870,11 +952,14 @@ impl NicOps for NetNic {
                 self.poll(None);
                 continue;
             }
+            if let Some(e) = self.share_lost() {
+                return Err(e);
+            }
             self.poll(None);
             let nap = left
                 .unwrap_or(Duration::from_millis(20))
                 .min(Duration::from_millis(20));
-            let _ = self.medium.wait(Some(nap));
+            self.wait_nic(nap);
         }
     }
 
@@ -882,6 +967,17 @@ impl NicOps for NetNic {
         self.endpoint
             .lock()
             .stop_listening(discriminator.as_bytes());
+        if let Some(s) = &self.share {
+            s.tell(
+                uvia_net::share::Interest::Listen,
+                discriminator.as_bytes(),
+                false,
+            );
+        }
+    }
+
+    fn opened(&self, nic: &Weak<crate::nic::NicShared>) {
+        self.start_share(nic);
     }
 
     /// True if `host` is written as a literal address of this medium.

@@ -155,8 +155,14 @@ impl NetVi {
         uvia_trace::mark!(ProtoIn);
         self.conn.handle_frame(now, src, repr, &mut mem);
         uvia_trace::mark!(ProtoPlaced);
-        // A request comes from the peer's Nic, not from its connection.
+        // A request comes from the peer's Nic, not from its connection:
+        // answers to it go there until the peer's connection is heard
+        // (peer to peer, that may be another address of the host named,
+        // when the peer shares its host's device with other processes).
         let request = matches!(repr, Repr::ConnRequest { .. } | Repr::PeerRequest { .. });
+        if request && !self.joined {
+            self.peer = from;
+        }
         if !self.joined && self.conn.is_connected() && !request {
             self.join(vi, from);
         }
