@@ -946,7 +946,7 @@ static void t_shared_device(int arg)
     else
         snprintf(shared_device, sizeof shared_device, "%s", g_device);
     struct peer p[2];
-    char host[2][VIPL_HOST_ADDRESS_LEN + 1];
+    char host[2][HOST_TEXT];
     for (int i = 0; i < 2; i++) {
         SH[i].device = shared_device;
         disc_new(SH[i].disc);

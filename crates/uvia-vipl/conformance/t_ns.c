@@ -295,16 +295,18 @@ static void t_connect_by_name(int arg)
 
 /* ---- No configuration at all, between two test hosts ------------------------------------- */
 
+/* A server on the second test host, waiting on the discriminator `arg`
+ * (ns_disc when NULL). */
 static void srv_zero(struct chan *c, void *arg)
 {
-    (void)arg;
+    const char *disc = arg ? arg : ns_disc;
     struct side s;
     side_open_peer(&s);
     send_addr(c, &s);
     VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
     VIP_DESCRIPTOR *r = recv_desc(&s, 64);
     REQUIRE_RET(VipPostRecv(vi, r, s.mh), VIP_SUCCESS);
-    srv_accept(&s, vi, ns_disc, 10000);
+    srv_accept(&s, vi, disc, 10000);
     VIP_DESCRIPTOR *d = RECV_WAIT(vi, 5000);
     if (d)
         CHECK(d->CS.Length == 4 && memcmp(seg_buf(d, 0), "zero", 4) == 0);
@@ -314,12 +316,36 @@ static void srv_zero(struct chan *c, void *arg)
     side_close(&s);
 }
 
+static char ns_disc2[33];
+
+/* Connects a VI of `s` to the server waiting on `disc` at `remote`'s host
+ * and sends it "zero". */
+static VIP_VI_HANDLE zero_connect(struct side *s, const VIP_NET_ADDRESS *remote, const char *disc)
+{
+    VIP_NET_ADDRESS *to = addr_room();
+    memcpy(to, remote, sizeof *to + remote->HostAddressLen);
+    to->DiscriminatorLen = (VIP_UINT16)strlen(disc);
+    memcpy(to->HostAddress + to->HostAddressLen, disc, strlen(disc));
+    VIP_NET_ADDRESS *local = addr_new(s->address, disc);
+    VIP_VI_HANDLE vi = vi_new(s, default_level(), 0, 0, NULL, NULL);
+    VIP_VI_ATTRIBUTES ra;
+    CHECK_RET(VipConnectRequest(vi, local, to, 10000, &ra), VIP_SUCCESS);
+    VIP_DESCRIPTOR *d = send_desc(s, "zero", 4, 0);
+    CHECK_RET(VipPostSend(vi, d, s->mh), VIP_SUCCESS);
+    SEND_WAIT(vi, 5000);
+    free(local);
+    free(to);
+    return vi;
+}
+
 /* Both hosts open /dev/via_ethN (or an xdp device, whose host name the
  * neighbour table turns into a MAC address) with no VIPL_DEVICES, no
  * configuration file and no hosts file; the client finds the server by the
  * name the system's resolver knows it by (conformance/run gives each test
  * host an /etc/hosts of its own naming the other, and the name in
- * VIPL_CONFORMANCE_PEER_HOST). */
+ * VIPL_CONFORMANCE_PEER_HOST). On /dev/via_ethN two server processes share
+ * the second host's device, as M-VIA's did, and the client reaches each
+ * through the one name. */
 static void t_zero_config(int arg)
 {
     (void)arg;
@@ -334,8 +360,11 @@ static void t_zero_config(int arg)
     setenv("VIPL_CONF", "/nonexistent/vipl.conf", 1);
     setenv("VIPL_HOSTS", "/nonexistent/vipl_hosts", 1);
     disc_new(ns_disc);
-    struct peer p;
+    disc_new(ns_disc2);
+    struct peer p, p2;
     peer_start(&p, srv_zero, NULL);
+    if (eth)
+        peer_start(&p2, srv_zero, ns_disc2);
     struct side s;
     side_open(&s, NULL);
     CHECK_EQ(s.attrs.NicAddressLen, 6);
@@ -348,15 +377,15 @@ static void t_zero_config(int arg)
     REQUIRE_RET(VipNSGetHostByName(s.nic, (VIP_CHAR *)peer, remote, 0), VIP_SUCCESS);
     host_hex(remote->HostAddress, remote->HostAddressLen, got);
     CHECKF(strcmp(got, host) == 0, "\"%s\" resolved to %s; the server is at %s", peer, got, host);
-    remote->DiscriminatorLen = (VIP_UINT16)strlen(ns_disc);
-    memcpy(remote->HostAddress + remote->HostAddressLen, ns_disc, strlen(ns_disc));
-    VIP_NET_ADDRESS *local = addr_new(s.address, ns_disc);
-    VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
-    VIP_VI_ATTRIBUTES ra;
-    CHECK_RET(VipConnectRequest(vi, local, remote, 10000, &ra), VIP_SUCCESS);
-    VIP_DESCRIPTOR *d = send_desc(&s, "zero", 4, 0);
-    CHECK_RET(VipPostSend(vi, d, s.mh), VIP_SUCCESS);
-    SEND_WAIT(vi, 5000);
+    VIP_VI_HANDLE vi = zero_connect(&s, remote, ns_disc);
+    VIP_VI_HANDLE vi2 = NULL;
+    if (eth) {
+        char host2[HOST_TEXT];
+        recv_addr(&p2.c, host2);
+        CHECKF(strcmp(host2, host) == 0, "the second server's device is at %s, the first's at %s", host2,
+               host);
+        vi2 = zero_connect(&s, remote, ns_disc2);
+    }
     /* And back: the server's address is called by its name. */
     char name[256];
     VIP_ULONG len = sizeof name;
@@ -365,7 +394,11 @@ static void t_zero_config(int arg)
     chan_send(&p.c, T_QUIT, NULL, 0);
     peer_end_pumping(&p, vi, 15000);
     VipDisconnect(vi);
-    free(local);
+    if (eth) {
+        chan_send(&p2.c, T_QUIT, NULL, 0);
+        peer_end_pumping(&p2, vi2, 15000);
+        VipDisconnect(vi2);
+    }
     free(remote);
     side_close(&s);
 }
