@@ -26,6 +26,17 @@ use uvia_shm::{doorbell, Segment as ShmSegment};
 
 /// Empty polls between two looks at the peer's health (a system call).
 const IDLE_CHECK_EVERY: u32 = 4096;
+/// Empty polls between two looks at the clock while the peer has not
+/// consumed what this side wrote.
+const STALL_CHECK_EVERY: u32 = 64;
+/// How long this side waits for the peer to consume its messages before it
+/// asks the peer's agent to (`agent`): well above what a peer that polls or
+/// sleeps in a wait call takes, so that such a peer is never disturbed.
+pub(crate) const AGENT_AFTER: Duration = Duration::from_micros(50);
+/// Longest pause between two asks while the peer still does not consume
+/// (it waits for a receive its program has not posted yet): each ask wakes
+/// the peer's agent, so the pause doubles from [`AGENT_AFTER`] up to this.
+const AGENT_BACKOFF_MAX: Duration = Duration::from_millis(10);
 
 /// A connected shm VI.
 pub(crate) struct ShmVi {
@@ -41,6 +52,11 @@ pub(crate) struct ShmVi {
     pub(super) server_socket: Option<PathBuf>,
     /// Whether the peer process is stopped, and since when.
     stopped: StopWatch,
+    /// Since when the peer has not consumed what this side wrote while this
+    /// side waits on it, and the pause before the next ask of its agent.
+    stall: Option<(Instant, Duration)>,
+    /// This side has sends the peer has yet to consume or make room for.
+    waits_on_peer: bool,
 }
 
 /// How long a peer may stay stopped (SIGSTOP, a shell's ^Z) before its
@@ -115,6 +131,35 @@ impl ShmVi {
             failed: None,
             server_socket: None,
             stopped: StopWatch::new(conn_pid),
+            stall: None,
+            waits_on_peer: false,
+        }
+    }
+
+    /// The agent's visit (`agent`): progress, if the peer asked for it.
+    pub(super) fn serve_if_asked(&mut self, vi: &Vi, q: &mut Queues) {
+        // Cleared before serving: an ask made from now on wakes the agent again.
+        if self.conn.mine().want.swap(0, Ordering::AcqRel) != 0 {
+            self.progress(vi, q);
+        }
+    }
+
+    /// Looks at the clock while the peer has not consumed what this side
+    /// wrote, and asks the peer's agent once that has lasted long enough.
+    #[cold]
+    fn check_stall(&mut self) {
+        if !self.waits_on_peer || self.conn.tx.consumed() >= self.conn.tx.head() {
+            self.stall = None;
+            return;
+        }
+        let now = Instant::now();
+        match self.stall {
+            None => self.stall = Some((now, AGENT_AFTER)),
+            Some((since, pause)) if now.duration_since(since) >= pause => {
+                self.conn.ask_peer_agent();
+                self.stall = Some((now, (pause * 2).min(AGENT_BACKOFF_MAX)));
+            }
+            Some(_) => {}
         }
     }
 
@@ -740,10 +785,15 @@ impl TransportOps for ShmVi {
             self.fail(vi, q, bits);
             moved = true;
         }
+        self.waits_on_peer = self.awaiting_ack > 0 || q.sq_sent < q.sq.len();
         if moved {
             self.idle = 0;
+            self.stall = None;
         } else {
             self.idle += 1;
+            if self.idle.is_multiple_of(STALL_CHECK_EVERY) && self.waits_on_peer {
+                self.check_stall();
+            }
             if self.idle.is_multiple_of(IDLE_CHECK_EVERY) {
                 moved = self.check_peer(vi, q);
             }
@@ -751,8 +801,14 @@ impl TransportOps for ShmVi {
         moved
     }
 
-    /// Arms this side's doorbell for a futex wake-up.
+    /// Arms this side's doorbell for a futex wake-up. A waiter that is
+    /// going to sleep on what the peer has yet to consume asks the peer's
+    /// agent first: its wait spun already, and nothing else would move the
+    /// peer while its program makes no call.
     fn arm(&mut self, _nic: &NicShared) -> Sleep {
+        if self.waits_on_peer && self.conn.tx.consumed() < self.conn.tx.head() {
+            self.conn.ask_peer_agent();
+        }
         Sleep {
             seg: self.seg.clone(),
             side: self.conn.side(),
@@ -766,9 +822,15 @@ impl TransportOps for ShmVi {
 
     /// Arms the doorbell for a CQ's eventfd; true if something is already
     /// waiting to be served.
+    /// As in [`arm`](Self::arm), a CQ waiter that will sleep on what the
+    /// peer has yet to consume asks the peer's agent.
     fn arm_eventfd(&mut self, vi: &Vi, q: &mut Queues) -> bool {
         self.conn.mine().bell.arm(doorbell::EVENTFD);
-        self.progress(vi, q) || self.check_peer(vi, q)
+        let moved = self.progress(vi, q) || self.check_peer(vi, q);
+        if !moved && self.waits_on_peer && self.conn.tx.consumed() < self.conn.tx.head() {
+            self.conn.ask_peer_agent();
+        }
+        moved
     }
 
     /// Tells the peer this side is going away.

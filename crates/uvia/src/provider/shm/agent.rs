@@ -1,0 +1,134 @@
+//! The process's shm agent: a thread that serves this process's side of its
+//! shm connections when a peer waits on it and the program makes no call.
+//!
+//! VIA's RDMA is one-sided: an RDMA write or read, and a send into a
+//! receive the target has posted, complete at the initiator whether or not
+//! the target's program is computing or asleep. On shm the target's own
+//! calls move data (a NIC's processor is not there to do it), so a peer
+//! that has waited a while for this side to consume its messages asks for
+//! the agent: it sets the `want` word of this side's control block and,
+//! if it was clear, adds one to this process's agent eventfd (which it got
+//! with the connection). The agent sleeps in a blocking read of that
+//! eventfd, so it costs nothing while nobody asks; woken, it runs progress
+//! on every connection that asked, under the VI's lock, exactly as the
+//! program's own done call would: the protection checks stay on this side,
+//! with this side's regions.
+//!
+//! A peer that is served promptly (a program polling or sleeping in a wait
+//! call, whose doorbell wakes it) never asks, so the data path keeps no
+//! system call.
+
+use super::vi::ShmVi;
+use crate::provider::Transport;
+use crate::vi::{Vi, ViInner, ViShared};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, Weak};
+
+/// This process's agent: the eventfd its peers signal, and the connected
+/// shm VIs it serves.
+pub(crate) struct Agent {
+    /// The process that started the agent: a child made by `fork` has no
+    /// agent thread and starts its own.
+    pid: u32,
+    efd: OwnedFd,
+    vis: Mutex<Vec<Weak<ViShared>>>,
+}
+
+/// The agent of this process, started by the first shm connection.
+static AGENT: Mutex<Option<Arc<Agent>>> = Mutex::new(None);
+
+/// This process's agent, started if it is not running yet.
+pub(crate) fn get() -> io::Result<Arc<Agent>> {
+    let mut g = AGENT.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    if let Some(a) = g.as_ref().filter(|a| a.pid == pid) {
+        return Ok(a.clone());
+    }
+    // SAFETY: plain eventfd creation; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let a = Arc::new(Agent {
+        pid,
+        // SAFETY: a fresh descriptor nothing else owns.
+        efd: unsafe { OwnedFd::from_raw_fd(fd) },
+        vis: Mutex::new(Vec::new()),
+    });
+    let run = a.clone();
+    std::thread::Builder::new()
+        .name("uvia-shm-agent".into())
+        .spawn(move || run.run())?;
+    *g = Some(a.clone());
+    Ok(a)
+}
+
+impl Agent {
+    /// The eventfd a peer signals to ask for service (passed at connect).
+    pub fn fd(&self) -> RawFd {
+        self.efd.as_raw_fd()
+    }
+
+    /// Serves `vi` from now on, until it is dropped.
+    pub fn enlist(&self, vi: &Arc<ViShared>) {
+        let mut vis = self.vis.lock().unwrap_or_else(|e| e.into_inner());
+        vis.retain(|w| w.strong_count() > 0);
+        let w = Arc::downgrade(vi);
+        if !vis.iter().any(|x| x.ptr_eq(&w)) {
+            vis.push(w);
+        }
+    }
+
+    fn run(&self) {
+        loop {
+            // A peer that checks the descriptor makes it non-blocking (the
+            // flags belong to the file both processes hold), so the agent
+            // sleeps in poll and then reads.
+            let mut p = libc::pollfd {
+                fd: self.efd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; no timeout.
+            if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // Polling our own eventfd cannot fail; should it, peers are
+                // still served by this process's own calls.
+                return;
+            }
+            let mut n = 0u64;
+            // SAFETY: reading 8 bytes into a live u64 from our eventfd. It
+            // resets the counter; a read that finds it zero (another reader
+            // of a forked copy) is harmless.
+            unsafe {
+                libc::read(
+                    self.efd.as_raw_fd(),
+                    &mut n as *mut u64 as *mut libc::c_void,
+                    8,
+                )
+            };
+            let vis: Vec<Arc<ViShared>> = self
+                .vis
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect();
+            for s in vis {
+                serve(Vi { s });
+            }
+        }
+    }
+}
+
+/// Runs progress on `vi` if its peer asked for it.
+fn serve(vi: Vi) {
+    let mut g = vi.lock();
+    let ViInner { q, t } = &mut *g;
+    if let Transport::Shm(t) = t {
+        ShmVi::serve_if_asked(t, &vi, q);
+    }
+}
