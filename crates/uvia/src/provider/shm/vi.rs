@@ -112,11 +112,15 @@ pub(crate) struct Sleep {
     seg: Arc<ShmSegment>,
     side: usize,
     seq: u32,
+    /// Longest sleep: until this side is due to ask the peer's agent.
+    cap: Duration,
 }
 
 impl Sleep {
     pub fn sleep(self, nap: Duration) {
-        block_in(&self.seg, self.side).bell.sleep(self.seq, nap);
+        block_in(&self.seg, self.side)
+            .bell
+            .sleep(self.seq, nap.min(self.cap));
     }
 }
 
@@ -146,21 +150,24 @@ impl ShmVi {
 
     /// Looks at the clock while the peer has not consumed what this side
     /// wrote, and asks the peer's agent once that has lasted long enough.
+    /// Returns how long until the next ask is due (`None`: nothing waits
+    /// on the peer).
     #[cold]
-    fn check_stall(&mut self) {
+    fn check_stall(&mut self) -> Option<Duration> {
         if !self.waits_on_peer || self.conn.tx.consumed() >= self.conn.tx.head() {
             self.stall = None;
-            return;
+            return None;
         }
         let now = Instant::now();
-        match self.stall {
-            None => self.stall = Some((now, AGENT_AFTER)),
-            Some((since, pause)) if now.duration_since(since) >= pause => {
-                self.conn.ask_peer_agent();
-                self.stall = Some((now, (pause * 2).min(AGENT_BACKOFF_MAX)));
-            }
-            Some(_) => {}
+        let (since, pause) = *self.stall.get_or_insert((now, AGENT_AFTER));
+        let waited = now.duration_since(since);
+        if waited < pause {
+            return Some(pause - waited);
         }
+        self.conn.ask_peer_agent();
+        let next = (pause * 2).min(AGENT_BACKOFF_MAX);
+        self.stall = Some((now, next));
+        Some(next)
     }
 
     fn fail(&mut self, vi: &Vi, q: &mut Queues, inflight_bits: u32) {
@@ -792,7 +799,7 @@ impl TransportOps for ShmVi {
         } else {
             self.idle += 1;
             if self.idle.is_multiple_of(STALL_CHECK_EVERY) && self.waits_on_peer {
-                self.check_stall();
+                let _ = self.check_stall();
             }
             if self.idle.is_multiple_of(IDLE_CHECK_EVERY) {
                 moved = self.check_peer(vi, q);
@@ -801,18 +808,21 @@ impl TransportOps for ShmVi {
         moved
     }
 
-    /// Arms this side's doorbell for a futex wake-up. A waiter that is
-    /// going to sleep on what the peer has yet to consume asks the peer's
-    /// agent first: its wait spun already, and nothing else would move the
-    /// peer while its program makes no call.
+    /// Arms this side's doorbell for a futex wake-up. A waiter that sleeps
+    /// on what the peer has yet to consume sleeps no longer than until its
+    /// first ask of the peer's agent is due, and asks when it is: nothing
+    /// else would move a peer whose program makes no call. Later asks come
+    /// with the wait's own slices, which must stay whole: a slice without a
+    /// wake-up is what makes the wait look at the peer's health.
     fn arm(&mut self, _nic: &NicShared) -> Sleep {
-        if self.waits_on_peer && self.conn.tx.consumed() < self.conn.tx.head() {
-            self.conn.ask_peer_agent();
-        }
+        let due = self.check_stall();
+        let first = self.stall.is_some_and(|(_, pause)| pause == AGENT_AFTER);
+        let cap = due.filter(|_| first).unwrap_or(Duration::MAX);
         Sleep {
             seg: self.seg.clone(),
             side: self.conn.side(),
             seq: self.conn.mine().bell.arm(doorbell::FUTEX),
+            cap,
         }
     }
 
@@ -822,8 +832,9 @@ impl TransportOps for ShmVi {
 
     /// Arms the doorbell for a CQ's eventfd; true if something is already
     /// waiting to be served.
-    /// As in [`arm`](Self::arm), a CQ waiter that will sleep on what the
-    /// peer has yet to consume asks the peer's agent.
+    /// A CQ waiter that will sleep on what the peer has yet to consume
+    /// asks the peer's agent at once: its sleep is the CQ's, which this VI
+    /// cannot shorten to ask later as [`arm`](Self::arm) does.
     fn arm_eventfd(&mut self, vi: &Vi, q: &mut Queues) -> bool {
         self.conn.mine().bell.arm(doorbell::EVENTFD);
         let moved = self.progress(vi, q) || self.check_peer(vi, q);
