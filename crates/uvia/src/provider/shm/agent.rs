@@ -18,12 +18,23 @@
 //! call, whose doorbell wakes it) never asks, so the data path keeps no
 //! system call.
 
-use super::vi::ShmVi;
+use super::conn::block_in;
 use crate::provider::Transport;
 use crate::vi::{Vi, ViInner, ViShared};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
+use uvia_shm::Segment;
+
+/// One connection the agent serves: its VI, and the segment and side whose
+/// `want` word its peer sets (read without the VI's lock, so a VI nobody
+/// asked for is never locked away from a program polling it).
+struct Served {
+    vi: Weak<ViShared>,
+    seg: Weak<Segment>,
+    side: usize,
+}
 
 /// This process's agent: the eventfd its peers signal, and the connected
 /// shm VIs it serves.
@@ -32,7 +43,7 @@ pub(crate) struct Agent {
     /// agent thread and starts its own.
     pid: u32,
     efd: OwnedFd,
-    vis: Mutex<Vec<Weak<ViShared>>>,
+    served: Mutex<Vec<Served>>,
 }
 
 /// The agent of this process, started by the first shm connection.
@@ -54,7 +65,7 @@ pub(crate) fn get() -> io::Result<Arc<Agent>> {
         pid,
         // SAFETY: a fresh descriptor nothing else owns.
         efd: unsafe { OwnedFd::from_raw_fd(fd) },
-        vis: Mutex::new(Vec::new()),
+        served: Mutex::new(Vec::new()),
     });
     let run = a.clone();
     std::thread::Builder::new()
@@ -70,14 +81,16 @@ impl Agent {
         self.efd.as_raw_fd()
     }
 
-    /// Serves `vi` from now on, until it is dropped.
-    pub fn enlist(&self, vi: &Arc<ViShared>) {
-        let mut vis = self.vis.lock().unwrap_or_else(|e| e.into_inner());
-        vis.retain(|w| w.strong_count() > 0);
-        let w = Arc::downgrade(vi);
-        if !vis.iter().any(|x| x.ptr_eq(&w)) {
-            vis.push(w);
-        }
+    /// Serves `vi`'s connection (side `side` of segment `seg`) from now on,
+    /// until either is dropped.
+    pub fn enlist(&self, vi: &Arc<ViShared>, seg: &Arc<Segment>, side: usize) {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.retain(|s| s.vi.strong_count() > 0 && s.seg.strong_count() > 0);
+        served.push(Served {
+            vi: Arc::downgrade(vi),
+            seg: Arc::downgrade(seg),
+            side,
+        });
     }
 
     fn run(&self) {
@@ -110,25 +123,31 @@ impl Agent {
                     8,
                 )
             };
-            let vis: Vec<Arc<ViShared>> = self
-                .vis
+            let asked: Vec<Arc<ViShared>> = self
+                .served
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .iter()
-                .filter_map(Weak::upgrade)
+                .filter(|s| {
+                    // Cleared before serving: an ask from now on wakes the agent again.
+                    s.seg.upgrade().is_some_and(|seg| {
+                        block_in(&seg, s.side).want.swap(0, Ordering::AcqRel) != 0
+                    })
+                })
+                .filter_map(|s| s.vi.upgrade())
                 .collect();
-            for s in vis {
+            for s in asked {
                 serve(Vi { s });
             }
         }
     }
 }
 
-/// Runs progress on `vi` if its peer asked for it.
+/// Runs progress on `vi`, whose peer asked for it.
 fn serve(vi: Vi) {
     let mut g = vi.lock();
     let ViInner { q, t } = &mut *g;
     if let Transport::Shm(t) = t {
-        ShmVi::serve_if_asked(t, &vi, q);
+        crate::provider::TransportOps::progress(t, &vi, q);
     }
 }

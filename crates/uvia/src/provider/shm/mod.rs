@@ -200,10 +200,10 @@ impl NicOps for ShmNic {
         let (pid, _) = stream.peer_cred()?;
         let seg = Arc::new(seg);
         let conn = ShmConn::new(seg.clone(), 0, stream, pid, Some(peer_agent), peer_fds);
-        let mut t = ShmVi::new(conn, seg);
+        let mut t = ShmVi::new(conn, seg.clone());
         t.server_socket = Some(path);
         vi.install(&mut vi.lock(), Transport::Shm(t), theirs.clone());
-        agent.enlist(&vi.s);
+        agent.enlist(&vi.s, &seg, 0);
         Ok(theirs)
     }
 
@@ -342,11 +342,11 @@ impl Answer {
         );
         vi.install(
             &mut g,
-            Transport::Shm(ShmVi::new(conn, seg)),
+            Transport::Shm(ShmVi::new(conn, seg.clone())),
             req.remote.clone(),
         );
         drop(g);
-        agent.enlist(&vi.s);
+        agent.enlist(&vi.s, &seg, 1);
         Ok(())
     }
 

@@ -140,14 +140,6 @@ impl ShmVi {
         }
     }
 
-    /// The agent's visit (`agent`): progress, if the peer asked for it.
-    pub(super) fn serve_if_asked(&mut self, vi: &Vi, q: &mut Queues) {
-        // Cleared before serving: an ask made from now on wakes the agent again.
-        if self.conn.mine().want.swap(0, Ordering::AcqRel) != 0 {
-            self.progress(vi, q);
-        }
-    }
-
     /// Looks at the clock while the peer has not consumed what this side
     /// wrote, and asks the peer's agent once that has lasted long enough.
     /// Returns how long until the next ask is due (`None`: nothing waits
