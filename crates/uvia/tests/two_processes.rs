@@ -275,7 +275,7 @@ fn rdma_write_read_and_immediate_are_checked_on_the_target() {
 /// The target of a one-sided transfer makes no call: it posts its
 /// receives, then sleeps in a read of its standard input. RDMA writes and
 /// reads, sends into its posted receives and a write with immediate data
-/// complete at the initiator all the same, checked by the target's rules: a
+/// complete at the initiator all the same, whether it waits or polls, checked by the target's rules: a
 /// write to a region without the enable bit still fails and breaks the
 /// connection. The target checks its memory after it wakes.
 #[test]
@@ -325,6 +325,7 @@ fn one_sided_transfers_complete_while_the_target_sleeps() {
         assert_eq!(&e.buf.as_slice()[..65536], &pattern(65536, 3)[..]);
         assert_eq!(&e.buf.as_slice()[300_000..300_100], &pattern(100, 4)[..]);
         assert_eq!(&e.buf.as_slice()[400_000..404_096], &pattern(4096, 6)[..]);
+        assert_eq!(&e.buf.as_slice()[450_000..470_000], &pattern(20_000, 8)[..]);
         assert_eq!(&heap[..50_000], &pattern(50_000, 7)[..]);
         let r = e.vi.recv_wait(Some(T)).unwrap();
         assert_eq!(r.result(), Ok(30_000));
@@ -374,6 +375,7 @@ fn one_sided_transfers_complete_while_the_target_sleeps() {
     e.buf.as_mut_slice()[70_000..100_000].copy_from_slice(&pattern(30_000, 5));
     e.buf.as_mut_slice()[100_000..104_096].copy_from_slice(&pattern(4096, 6));
     e.buf.as_mut_slice()[200_000..250_000].copy_from_slice(&pattern(50_000, 7));
+    e.buf.as_mut_slice()[300_000..320_000].copy_from_slice(&pattern(20_000, 8));
     let src = |off: usize, len: usize| e.buf.segment(off, len);
     let d = Descriptor::rdma_write(Segment::remote(addr, handle), &[src(0, 65536)]);
     assert_eq!(post(d, "RDMA write").result(), Ok(65536));
@@ -388,6 +390,23 @@ fn one_sided_transfers_complete_while_the_target_sleeps() {
     let d = Descriptor::rdma_read(Segment::remote(haddr, hhandle), &[src(600_000, 50_000)]);
     assert_eq!(post(d, "RDMA read of caller memory").result(), Ok(50_000));
     assert_eq!(&e.buf.as_slice()[600_000..650_000], &pattern(50_000, 7)[..]);
+    // An initiator that polls instead of waiting.
+    e.vi.post_send(Box::new(Descriptor::rdma_write(
+        Segment::remote(addr + 450_000, handle),
+        &[src(300_000, 20_000)],
+    )))
+    .unwrap();
+    let polled = Instant::now();
+    let c = loop {
+        if let Some(c) = e.vi.send_done() {
+            break c;
+        }
+        assert!(
+            polled.elapsed() < T,
+            "a polled RDMA write to a sleeping target never completed"
+        );
+    };
+    assert_eq!(c.result(), Ok(20_000));
     // Sends into the receives it posted, and a write with immediate data.
     let d = Descriptor::send(&[src(70_000, 30_000)]);
     assert_eq!(post(d, "send").result(), Ok(30_000));
