@@ -476,14 +476,16 @@ static void ep_flush(struct ep *e)
 /* --rdma-write, after connecting: tells the peer where this side's receive
  * buffer is and learns where the peer's is, in one send each way (the
  * client's first). A plain send, whatever the mode. */
+#define RDMA_INFO_MAGIC 0x414d4452u /* "RDMA" */
 struct rdma_info {
     uint64_t addr;
-    uint32_t handle, len;
+    uint32_t handle, len, magic, pad;
 };
 
 static void ep_swap_rdma_info(struct ep *e, int client)
 {
-    struct rdma_info mine = {(uint64_t)(uintptr_t)e->rbuf, (uint32_t)e->rmh, (uint32_t)e->max};
+    struct rdma_info mine = {(uint64_t)(uintptr_t)e->rbuf, (uint32_t)e->rmh, (uint32_t)e->max,
+                             RDMA_INFO_MAGIC, 0};
     struct rdma_info theirs;
     for (int step = 0; step < 2; step++) {
         if (step == !client) {
@@ -495,6 +497,8 @@ static void ep_swap_rdma_info(struct ep *e, int client)
             if (d->CS.Length != sizeof theirs || (d->CS.Status & VIP_STATUS_OP_MASK) != VIP_STATUS_OP_RECEIVE)
                 die("the peer did not say where its receive buffer is (is it running with --rdma-write?)");
             memcpy(&theirs, e->rbuf, sizeof theirs);
+            if (theirs.magic != RDMA_INFO_MAGIC)
+                die("the peer did not say where its receive buffer is (is it running with --rdma-write?)");
         }
     }
     if (theirs.len < e->max)
