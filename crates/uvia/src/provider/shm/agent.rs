@@ -20,7 +20,7 @@
 
 use super::conn::block_in;
 use crate::provider::Transport;
-use crate::vi::{Vi, ViInner, ViShared};
+use crate::vi::{Vi, ViInner, ViShared, ViState};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
@@ -143,9 +143,14 @@ impl Agent {
     }
 }
 
-/// Runs progress on `vi`, whose peer asked for it.
+/// Runs progress on `vi`, whose peer asked for it, while it is connected
+/// (a VI disconnected here keeps its old transport until it connects again:
+/// receives posted for the next connection are not the old peer's).
 fn serve(vi: Vi) {
     let mut g = vi.lock();
+    if vi.state() != ViState::Connected {
+        return;
+    }
     let ViInner { q, t } = &mut *g;
     if let Transport::Shm(t) = t {
         crate::provider::TransportOps::progress(t, &vi, q);
