@@ -8,9 +8,9 @@
 //! that has waited a while for this side to consume its messages asks for
 //! the agent: it sets the `want` word of this side's control block and,
 //! if it was clear, adds one to this process's agent eventfd (which it got
-//! with the connection). The agent sleeps in a blocking read of that
-//! eventfd, so it costs nothing while nobody asks; woken, it runs progress
-//! on every connection that asked, under the VI's lock, exactly as the
+//! with the connection). The agent sleeps in `poll(2)` on that eventfd, so
+//! it costs nothing while nobody asks; woken, it runs progress on every
+//! connected VI whose peer asked, under the VI's lock, exactly as the
 //! program's own done call would: the protection checks stay on this side,
 //! with this side's regions.
 //!
