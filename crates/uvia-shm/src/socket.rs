@@ -451,7 +451,12 @@ fn remove_stale_once(dir: &Path) {
             use std::os::unix::fs::FileTypeExt;
             t.is_socket()
         });
-        if is_socket {
+        // A temporary name is another process's listener between its bind
+        // and its listen, which refuses connections too: removing it made
+        // that listener's start fail. Those names go by their owner's
+        // death (`remove_orphaned_tmp`).
+        let tmp = e.file_name().to_str().is_some_and(|n| n.ends_with(".tmp"));
+        if is_socket && !tmp {
             let _ = remove_if_stale(&e.path());
         }
     }
@@ -807,6 +812,34 @@ mod tests {
         );
         let l2 = Listener::bind(&path).unwrap();
         drop(l2);
+        std::fs::remove_dir_all(dir.path()).unwrap();
+    }
+
+    /// Another process's listener between its bind and its listen (under
+    /// its temporary name, refusing connections) is not taken for a dead
+    /// one: its start would fail when it renames the file into place.
+    #[test]
+    fn a_listener_being_started_is_not_swept() {
+        let dir = tmpdir("starting");
+        // Bound, not listening yet, by a live process (this one).
+        let mut name = dir.socket("other").into_os_string();
+        name.push(format!(".{}.0.tmp", std::process::id()));
+        let starting = PathBuf::from(name);
+        let fd = seqpacket().unwrap();
+        let (addr, len) = sockaddr(&starting).unwrap();
+        // SAFETY: `addr` is a valid sockaddr_un of length `len`.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                &addr as *const _ as *const libc::sockaddr,
+                len,
+            )
+        };
+        assert_eq!(r, 0);
+        let l = Listener::bind(&dir.socket("new")).unwrap();
+        assert!(starting.exists(), "a listener being started keeps its file");
+        drop(l);
+        drop(fd);
         std::fs::remove_dir_all(dir.path()).unwrap();
     }
 

@@ -3,7 +3,8 @@
  * names in RDMAReadSupport; skipped at others): data placed and fetched,
  * several local segments, immediate data consuming a receive, ordering
  * with a later send, the queue fence, and the target's protection checks
- * (region or VI without the enable bit, out of bounds, unknown handle).
+ * (region or VI without the enable bit, out of bounds, unknown handle);
+ * and all of it against a target whose program sleeps.
  *
  * The server is the target: it registers region A (RDMA write and read
  * enabled, filled with pattern 55) and region B (nothing enabled, zero),
@@ -441,6 +442,176 @@ static void t_read_prot(int bad)
     protection(VIP_CONTROL_OP_RDMAREAD, bad);
 }
 
+/* ---- A target that sleeps ------------------------------------------------------------- */
+
+/*
+ * VIA's RDMA is one-sided: the target's program need not call the library
+ * for an RDMA write or read, or a send into a receive it posted, to
+ * complete at the initiator. The target here posts its receives, tells
+ * the test where its regions are, then sleeps in a blocking read of its
+ * pipe to the test; it checks its memory and its receives after it wakes.
+ *
+ * Region S (RDMA write and read enabled):
+ *   [0, 64K)        written by the test (pattern 71)
+ *   [64K, 128K)     pattern 77, read by the test
+ *   [128K, +100)    a small write (pattern 72)
+ *   [150K, +4096)   a write with immediate data (pattern 73)
+ * Receives: 40000 bytes (a send of pattern 74), 64 (8 bytes of 75), 64 (the
+ * write with immediate data).
+ */
+#define S_LEN (192u << 10)
+#define S_READ (64u << 10)
+#define S_SMALL (128u << 10)
+#define S_IMM (150u << 10)
+#define SLEEP_IMM 0xC0FFEEu
+
+struct sleeper {
+    unsigned char *s, *b;
+    VIP_MEM_HANDLE hs, hb;
+};
+
+static struct sleeper sl;
+
+static void prep_sleeper(struct conn *x, void *arg)
+{
+    (void)arg;
+    sl.s = region_new(&x->s, S_LEN, x->s.ptag, 1, 1, &sl.hs);
+    sl.b = region_new(&x->s, B_LEN, x->s.ptag, 0, 0, &sl.hb);
+    memset(sl.s, 0, S_LEN);
+    fill_pattern(sl.s + S_READ, 64u << 10, 77);
+    conn_post_recv(x, 40000);
+    conn_post_recv(x, 64);
+    conn_post_recv(x, 64);
+}
+
+static void srv_sleeper(struct conn *x, void *arg)
+{
+    int violation = arg != NULL;
+    struct regions r = {.a = (uint64_t)(uintptr_t)sl.s, .b = (uint64_t)(uintptr_t)sl.b, .ha = sl.hs, .hb = sl.hb};
+    chan_send(x->c, T_INFO, &r, sizeof r);
+    /* Asleep: no call into the library until the test is done. */
+    int tag = chan_recv(x->c, 20000, NULL, 0, NULL);
+    CHECKF(tag == T_CHECK, "target: expected the test's wake-up, got %d", tag);
+    int zero = 1;
+    for (unsigned i = 0; i < B_LEN; i++)
+        zero &= sl.b[i] == 0;
+    CHECKF(zero, "target: region B (no RDMA enabled) was written");
+    if (!violation) {
+        CHECKF(check_pattern(sl.s, 64u << 10, 71) < 0, "target: the 64 KiB RDMA write is not in S");
+        CHECKF(check_pattern(sl.s + S_READ, 64u << 10, 77) < 0, "target: the RDMA read changed S");
+        CHECKF(check_pattern(sl.s + S_SMALL, 100, 72) < 0, "target: the small RDMA write is not in S");
+        CHECKF(check_pattern(sl.s + S_IMM, 4096, 73) < 0, "target: the write with immediate data is not in S");
+        /* Done while this process slept: taken at once, no wait. */
+        static const uint32_t lens[3] = {40000, 8, 4096};
+        for (int i = 0; i < 3; i++) {
+            VIP_DESCRIPTOR *d = NULL;
+            VIP_RETURN ret = VipRecvDone(x->vi, &d);
+            CHECKF(ret == VIP_SUCCESS && d == x->pre[i],
+                   "target: receive %d did not complete while the target slept: VipRecvDone returned %s", i,
+                   vip_ret_name(ret));
+            if (ret != VIP_SUCCESS || !d)
+                continue;
+            CHECK_STATUS(d, i == 2 ? VIP_STATUS_OP_REMOTE_RDMA_WRITE : VIP_STATUS_OP_RECEIVE, 0, i == 2 ? 1 : 0);
+            CHECK_EQ(d->CS.Length, lens[i]);
+            if (i == 2)
+                CHECK_EQ(d->CS.ImmediateData, SLEEP_IMM);
+            else
+                CHECKF(check_pattern(seg_buf(d, 0), lens[i], 74 + (unsigned)i) < 0,
+                       "target: receive %d holds the wrong bytes", i);
+        }
+    }
+    chan_send(x->c, T_DONE, NULL, 0);
+}
+
+/* An RDMA descriptor of one local segment of len bytes, from the arena,
+ * posted and waited for: it must complete while the target sleeps. */
+static VIP_DESCRIPTOR *sleeper_rdma(struct conn *x, uint16_t op, uint64_t raddr, VIP_MEM_HANDLE rh, uint32_t len,
+                                    unsigned seed, const char *what)
+{
+    VIP_DESCRIPTOR *d = rdma_desc(&x->s, op, raddr, rh, 1);
+    unsigned char *buf = arena_take(&x->s, len);
+    if (seed)
+        fill_pattern(buf, len, seed);
+    set_local(d, 1, buf, x->s.mh, len);
+    if (CHECK_RET(VipPostSend(x->vi, d, x->s.mh), VIP_SUCCESS) != VIP_SUCCESS)
+        return NULL;
+    VIP_DESCRIPTOR *got = NULL;
+    VIP_RETURN ret = VipSendWait(x->vi, 5000, &got);
+    CHECKF(ret == VIP_SUCCESS && got == d, "%s to a sleeping target did not complete within 5 s: %s", what,
+           vip_ret_name(ret));
+    return ret == VIP_SUCCESS ? got : NULL;
+}
+
+static void t_sleeping_target(int violation)
+{
+    VIP_RELIABILITY_LEVEL level = default_level();
+    int read = (g_nic.RDMAReadSupport & level) != 0;
+    struct pair pr;
+    struct pair_cfg cfg = {.level = level, .rdma_write = 1, .rdma_read = read, .prepare = prep_sleeper,
+                           .server = srv_sleeper, .arg = violation ? &sl : NULL};
+    pair_open(&pr, &cfg);
+    struct conn *x = &pr.x;
+    struct regions r;
+    memset(&r, 0, sizeof r);
+    if (CHAN_EXPECT(x->c, 10000, T_INFO, &r, sizeof r) != 0)
+        h_finish();
+    VIP_DESCRIPTOR *d;
+    if (violation) {
+        d = sleeper_rdma(x, VIP_CONTROL_OP_RDMAWRITE, r.b, r.hb, 100, 41, "an RDMA write to a forbidden region");
+        if (d)
+            CHECK_STATUS(d, VIP_STATUS_OP_RDMA_WRITE, VIP_STATUS_RDMA_PROT_ERROR, 0);
+    } else {
+        /* After a step that does not complete, the rest would only fail
+         * for it again: the target is woken at once. */
+        d = sleeper_rdma(x, VIP_CONTROL_OP_RDMAWRITE, r.a, r.ha, 64u << 10, 71, "a 64 KiB RDMA write");
+        if (!d)
+            goto wake;
+        CHECK_STATUS(d, VIP_STATUS_OP_RDMA_WRITE, 0, 0);
+        if (read) {
+            d = sleeper_rdma(x, VIP_CONTROL_OP_RDMAREAD, r.a + S_READ, r.ha, 64u << 10, 0, "a 64 KiB RDMA read");
+            if (!d)
+                goto wake;
+            CHECK_STATUS(d, VIP_STATUS_OP_RDMA_READ, 0, 0);
+            CHECKF(check_pattern(seg_buf(d, 1), 64u << 10, 77) < 0, "the RDMA read returned the wrong bytes");
+        }
+        d = sleeper_rdma(x, VIP_CONTROL_OP_RDMAWRITE, r.a + S_SMALL, r.ha, 100, 72, "a 100-byte RDMA write");
+        if (!d)
+            goto wake;
+        CHECK_STATUS(d, VIP_STATUS_OP_RDMA_WRITE, 0, 0);
+        static const uint32_t lens[2] = {40000, 8};
+        for (int i = 0; i < 2; i++) {
+            VIP_DESCRIPTOR *s = send_desc(&x->s, NULL, lens[i], 74 + (unsigned)i);
+            CHECK_RET(VipPostSend(x->vi, s, x->s.mh), VIP_SUCCESS);
+            VIP_DESCRIPTOR *got = NULL;
+            VIP_RETURN ret = VipSendWait(x->vi, 5000, &got);
+            CHECKF(ret == VIP_SUCCESS && got == s,
+                   "a %u-byte send into a receive the sleeping target posted did not complete within 5 s: %s",
+                   (unsigned)lens[i], vip_ret_name(ret));
+            if (ret != VIP_SUCCESS)
+                goto wake;
+            CHECK_STATUS(got, VIP_STATUS_OP_SEND, 0, 0);
+        }
+        d = rdma_desc(&x->s, VIP_CONTROL_OP_RDMAWRITE | VIP_CONTROL_IMMEDIATE, r.a + S_IMM, r.ha, 1);
+        d->CS.ImmediateData = SLEEP_IMM;
+        unsigned char *src = arena_take(&x->s, 4096);
+        fill_pattern(src, 4096, 73);
+        set_local(d, 1, src, x->s.mh, 4096);
+        CHECK_RET(VipPostSend(x->vi, d, x->s.mh), VIP_SUCCESS);
+        VIP_DESCRIPTOR *got = NULL;
+        VIP_RETURN ret = VipSendWait(x->vi, 5000, &got);
+        CHECKF(ret == VIP_SUCCESS && got == d,
+               "an RDMA write with immediate data to a sleeping target did not complete within 5 s: %s",
+               vip_ret_name(ret));
+        if (ret == VIP_SUCCESS)
+            CHECK_STATUS(got, VIP_STATUS_OP_RDMA_WRITE, 0, -1);
+    }
+wake:
+    /* Wake the target; it checks what it holds. */
+    chan_send(x->c, T_CHECK, NULL, 0);
+    CHAN_EXPECT(x->c, 10000, T_DONE, NULL, 0);
+    pair_close(&pr);
+}
+
 #define L_UNREL VIP_SERVICE_UNRELIABLE
 #define L_RD VIP_SERVICE_RELIABLE_DELIVERY
 #define L_RR VIP_SERVICE_RELIABLE_RECEPTION
@@ -465,5 +636,7 @@ const struct test rdma_tests[] = {
     {"rdma", "read_protection/out_of_bounds", t_read_prot, BAD_BOUNDS, 0},
     {"rdma", "read_protection/unknown_handle", t_read_prot, BAD_HANDLE, 0},
     {"rdma", "read_protection/vi_not_enabled", t_read_prot, BAD_VI, 0},
+    {"rdma", "sleeping_target/transfers", t_sleeping_target, 0, 0},
+    {"rdma", "sleeping_target/protection_violation", t_sleeping_target, 1, 0},
     {NULL, NULL, NULL, 0, 0},
 };

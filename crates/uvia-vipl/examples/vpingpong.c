@@ -24,6 +24,13 @@
  * The server replies with its own buffer (bytes 0x3c); the client checks the
  * length of every reply and the bytes of the last.
  *
+ * With --rdma-write the messages go the way VIA-era one-sided libraries move
+ * them: each side RDMA-writes the message into the other's registered
+ * receive buffer with immediate data, which completes one of the receives
+ * the other keeps posted (VIP_STATUS_OP_REMOTE_RDMA_WRITE, the length in
+ * CS.Length); the two learn each other's buffer from one send each after
+ * connecting.
+ *
  * Build:  cc -std=c11 -Wall -Wextra -O2 vpingpong.c $(pkg-config --cflags --libs vipl)
  * Run:    ./vpingpong local -s 8,1K,64K
  */
@@ -94,6 +101,7 @@ struct opts {
     unsigned long iters;  /* 0: by size, as uvia pingpong */
     long warmup;          /* -1: a tenth of the round trips, 10 to 10,000 */
     int block;            /* VipRecvWait instead of polling VipRecvDone */
+    int rdma;             /* --rdma-write: RDMA write with immediate data */
     VIP_RELIABILITY_LEVEL reliability;
     int json;
     int tsc;              /* time with the time stamp counter */
@@ -235,6 +243,10 @@ struct ep {
     VIP_DESCRIPTOR *current;      /* the last receive, posted again on the next */
     int block;
     VIP_NET_ADDRESS *local, *remote;
+    /* --rdma-write: messages are RDMA writes into the peer's receive buffer. */
+    int rdma;
+    VIP_PVOID64 peer_rbuf;
+    VIP_MEM_HANDLE peer_rmh;
 };
 
 static ALWAYS_INLINE void fill_desc(VIP_DESCRIPTOR *d, void *buf, VIP_MEM_HANDLE h,
@@ -287,6 +299,7 @@ static void ep_open(struct ep *e, const struct opts *o, size_t max)
     memset(e, 0, sizeof *e);
     e->max = max;
     e->block = o->block;
+    e->rdma = o->rdma;
     CHECK(VipOpenNic((const VIP_CHAR *)o->device, &e->nic), o->device);
     CHECK(VipQueryNic(e->nic, &e->na), NULL);
     CHECK(VipNSInit(e->nic, NULL), NULL);
@@ -312,7 +325,7 @@ static void ep_open(struct ep *e, const struct opts *o, size_t max)
         va.MaxTransferSize = e->na.MaxTransferSize;
     va.QoS = NULL;
     va.Ptag = e->ptag;
-    va.EnableRdmaWrite = VIP_FALSE;
+    va.EnableRdmaWrite = o->rdma ? VIP_TRUE : VIP_FALSE;
     va.EnableRdmaRead = VIP_FALSE;
     CHECK(VipCreateVi(e->nic, &va, NULL, NULL, &e->vi), NULL);
 
@@ -328,7 +341,10 @@ static void ep_open(struct ep *e, const struct opts *o, size_t max)
     CHECK(VipRegisterMem(e->nic, e->descs, nd * sizeof(VIP_DESCRIPTOR), &ma, &e->descs_mh),
           "descriptors");
     CHECK(VipRegisterMem(e->nic, e->sbuf, max, &ma, &e->smh), "send buffer");
+    /* With --rdma-write the peer writes into the receive buffer. */
+    ma.EnableRdmaWrite = o->rdma ? VIP_TRUE : VIP_FALSE;
     CHECK(VipRegisterMem(e->nic, e->rbuf, max, &ma, &e->rmh), "receive buffer");
+    ma.EnableRdmaWrite = VIP_FALSE;
 
     /* Every receive points at the one receive buffer: messages are placed one
      * at a time, and the last one stays put until the next receive. */
@@ -386,9 +402,41 @@ static ALWAYS_INLINE void ep_send_imm(struct ep *e, size_t len, int imm, VIP_UIN
         ep_reap(e, 0);
 }
 
+/* --rdma-write: the message written into the peer's receive buffer, with
+ * its length as immediate data (which completes one of the peer's receives). */
+static ALWAYS_INLINE void ep_rdma_write(struct ep *e, size_t len)
+{
+    while (UNLIKELY(e->posted - e->reaped >= SEND_DESCS))
+        ep_reap(e, 1);
+    VIP_DESCRIPTOR *d = &e->descs[e->posted % SEND_DESCS];
+    d->CS.Next.AddressBits = 0;
+    d->CS.NextHandle = 0;
+    d->CS.SegCount = 2;
+    d->CS.Control = VIP_CONTROL_OP_RDMAWRITE | VIP_CONTROL_IMMEDIATE;
+    d->CS.Reserved = 0;
+    d->CS.ImmediateData = (VIP_UINT32)len;
+    d->CS.Length = (VIP_UINT32)len;
+    d->CS.Status = 0;
+    d->DS[0].Remote.Data = e->peer_rbuf;
+    d->DS[0].Remote.Handle = e->peer_rmh;
+    d->DS[0].Remote.Reserved = 0;
+    d->DS[1].Local.Data.Address = e->sbuf;
+    d->DS[1].Local.Handle = e->smh;
+    d->DS[1].Local.Length = (VIP_UINT32)len;
+    VIP_RETURN r = VipPostSend(e->vi, d, e->descs_mh);
+    if (UNLIKELY(r != VIP_SUCCESS))
+        die_vip("VipPostSend", r, "an RDMA write");
+    e->posted++;
+    if (e->posted % REAP_EVERY == 0)
+        ep_reap(e, 0);
+}
+
 static ALWAYS_INLINE void ep_send(struct ep *e, size_t len)
 {
-    ep_send_imm(e, len, 0, 0);
+    if (e->rdma)
+        ep_rdma_write(e, len);
+    else
+        ep_send_imm(e, len, 0, 0);
 }
 
 /* The next message; its bytes are in rbuf until the next call. */
@@ -423,6 +471,41 @@ static void ep_flush(struct ep *e)
 {
     while (e->posted != e->reaped)
         ep_reap(e, 1);
+}
+
+/* --rdma-write, after connecting: tells the peer where this side's receive
+ * buffer is and learns where the peer's is, in one send each way (the
+ * client's first). A plain send, whatever the mode. */
+#define RDMA_INFO_MAGIC 0x414d4452u /* "RDMA" */
+struct rdma_info {
+    uint64_t addr;
+    uint32_t handle, len, magic, pad;
+};
+
+static void ep_swap_rdma_info(struct ep *e, int client)
+{
+    struct rdma_info mine = {(uint64_t)(uintptr_t)e->rbuf, (uint32_t)e->rmh, (uint32_t)e->max,
+                             RDMA_INFO_MAGIC, 0};
+    struct rdma_info theirs;
+    for (int step = 0; step < 2; step++) {
+        if (step == !client) {
+            memcpy(e->sbuf, &mine, sizeof mine);
+            ep_send_imm(e, sizeof mine, 0, 0);
+            ep_flush(e);
+        } else {
+            VIP_DESCRIPTOR *d = ep_recv(e);
+            if (d->CS.Length != sizeof theirs || (d->CS.Status & VIP_STATUS_OP_MASK) != VIP_STATUS_OP_RECEIVE)
+                die("the peer did not say where its receive buffer is (is it running with --rdma-write?)");
+            memcpy(&theirs, e->rbuf, sizeof theirs);
+            if (theirs.magic != RDMA_INFO_MAGIC)
+                die("the peer did not say where its receive buffer is (is it running with --rdma-write?)");
+        }
+    }
+    if (theirs.len < e->max)
+        die("the peer's receive buffer holds %lu bytes, less than the %zu of the largest message",
+            (unsigned long)theirs.len, e->max);
+    e->peer_rbuf.AddressBits = theirs.addr;
+    e->peer_rmh = (VIP_MEM_HANDLE)theirs.handle;
 }
 
 /* Disconnects (the peer may have done so already), takes back the flushed
@@ -501,6 +584,10 @@ static int serve(const struct opts *o, size_t max, int ready_fd, int announce)
                          &ra, &conn),
           "waiting for the client");
     CHECK(VipConnectAccept(conn, e.vi), NULL);
+    if (e.rdma) {
+        ep_swap_rdma_info(&e, 0);
+        memset(e.sbuf, REPLY_BYTE, max);
+    }
     if (announce)
         fprintf(stderr, "%s server: client %s connected\n", prog,
                 host_text(e.remote, host, sizeof host));
@@ -638,6 +725,14 @@ static const char *level_name(VIP_RELIABILITY_LEVEL l)
     }
 }
 
+/* How the run moves its messages and waits for them. */
+static const char *mode_name(const struct opts *o)
+{
+    if (o->rdma)
+        return o->block ? "rdma-write block" : "rdma-write spin";
+    return o->block ? "block" : "spin";
+}
+
 static const char *human(size_t n, char *out, size_t len)
 {
     if (n >= (1u << 20) && n % (1u << 20) == 0)
@@ -656,14 +751,14 @@ static void print_result(const struct opts *o, const struct result *r, int first
                "\"reliability\":\"%s\",\"clock\":\"%s\",\"size\":%zu,\"iters\":%lu,"
                "\"warmup\":%lu,\"lat_ns\":{\"min\":%.3f,\"p50\":%.3f,\"p99\":%.3f,"
                "\"mean\":%.3f},\"mbytes_per_s\":%.3f,\"msgs_per_s\":%.1f}\n",
-               o->device, o->block ? "block" : "spin", level_name(o->reliability),
+               o->device, mode_name(o), level_name(o->reliability),
                o->tsc ? "tsc" : "monotonic", r->size, r->iters, r->warmup, r->min, r->p50,
                r->p99, r->mean, r->mbps, r->msgs);
     } else {
         char h[32];
         if (first) {
             printf("vpingpong %s (%s, reliability %s): one-way latency, half a round trip\n",
-                   o->device, o->block ? "block" : "spin", level_name(o->reliability));
+                   o->device, mode_name(o), level_name(o->reliability));
             printf("%9s %8s %10s %10s %10s\n", "size", "iters", "p50 us", "p99 us", "MB/s");
         }
         printf("%9s %8lu %10.3f %10.3f %10.1f\n", human(r->size, h, sizeof h), r->iters,
@@ -709,6 +804,8 @@ static int client(const struct opts *o, size_t max, const char *host, const unsi
                  host_text(e.remote, h, sizeof h), o->disc);
         die_vip("VipConnectRequest", r, what);
     }
+    if (e.rdma)
+        ep_swap_rdma_info(&e, 1);
 
     for (int i = 0; i < o->nsizes; i++) {
         size_t size = o->sizes[i];
@@ -845,6 +942,10 @@ static void usage(FILE *f)
         "      --spin           poll VipRecvDone in a loop (default)\n"
         "      --block          wait in VipRecvWait (uvia's spins up to 20 us\n"
         "                       before it sleeps, unlike uvia pingpong --blocking)\n"
+        "      --rdma-write     move each message as an RDMA write with immediate\n"
+        "                       data into the peer's registered receive buffer\n"
+        "                       (completing one of its posted receives), the server\n"
+        "                       answering the same way; both sides need it\n"
         "      --cpu LIST       cores: client or server mode one core for this\n"
         "                       process; local mode CLIENT,SERVER (default 0,1)\n"
         "      --no-pin         do not pin\n"
@@ -945,7 +1046,7 @@ int main(int argc, char **argv)
     const char *cpu = NULL;
     parse_sizes(&o, DEFAULT_SIZES);
 
-    enum { OPT_SPIN = 256, OPT_BLOCK, OPT_CPU, OPT_NOPIN, OPT_CLOCK };
+    enum { OPT_SPIN = 256, OPT_BLOCK, OPT_CPU, OPT_NOPIN, OPT_CLOCK, OPT_RDMA_WRITE };
     static const struct option longs[] = {
         {"device", required_argument, 0, 'd'},
         {"sizes", required_argument, 0, 's'},
@@ -953,6 +1054,7 @@ int main(int argc, char **argv)
         {"warmup", required_argument, 0, 'w'},
         {"spin", no_argument, 0, OPT_SPIN},
         {"block", no_argument, 0, OPT_BLOCK},
+        {"rdma-write", no_argument, 0, OPT_RDMA_WRITE},
         {"cpu", required_argument, 0, OPT_CPU},
         {"no-pin", no_argument, 0, OPT_NOPIN},
         {"reliability", required_argument, 0, 'r'},
@@ -976,6 +1078,7 @@ int main(int argc, char **argv)
         case 'w': o.warmup = (long)parse_count(optarg, "-w"); break;
         case OPT_SPIN: o.block = 0; break;
         case OPT_BLOCK: o.block = 1; break;
+        case OPT_RDMA_WRITE: o.rdma = 1; break;
         case OPT_CPU: cpu = optarg; break;
         case OPT_NOPIN: o.pin = 0; break;
         case 'r':

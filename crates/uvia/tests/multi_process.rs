@@ -1710,7 +1710,7 @@ mod raw {
     pub fn request_bytes(d: u64) -> Vec<u8> {
         let mut b = vec![0u8; HELLO_LEN];
         b[0..4].copy_from_slice(b"UVIA");
-        b[4] = 1; // version
+        b[4] = 2; // version
         b[5] = 1; // request
         b[6] = uvia::Reliability::ReliableDelivery as u8;
         b[8..12].copy_from_slice(&(1u32 << 20).to_le_bytes()); // max transfer size
@@ -1731,7 +1731,7 @@ mod raw {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut hdr = [0u8; 16];
         hdr[0..8].copy_from_slice(b"UVIA-SHM");
-        hdr[8..12].copy_from_slice(&1u32.to_le_bytes());
+        hdr[8..12].copy_from_slice(&2u32.to_le_bytes());
         hdr[12..16].copy_from_slice(&1024u32.to_le_bytes());
         // SAFETY: plain calls on our descriptor with a live buffer.
         unsafe {
@@ -1805,8 +1805,9 @@ fn refusing_server_peer(arg: &str) {
 }
 
 /// Connection requests whose segment the client could shrink later, whose
-/// size is not the layout's, or whose wake-up descriptor is not an eventfd
-/// never reach the application; the server accepts the well-formed one
+/// size is not the layout's, whose wake-up descriptor is not an eventfd,
+/// or that pass no eventfd for their process's agent never reach the
+/// application; the server accepts the well-formed one
 /// after them, and signalling its eventfd, filled to the limit by the
 /// client, does not block the server.
 #[test]
@@ -1853,6 +1854,16 @@ fn hostile_connection_requests_are_refused() {
             "a request with {what} was accepted"
         );
     }
+    {
+        let what = "no agent eventfd";
+        let seg = raw::segment(len, raw::SEALED);
+        let fds = [seg.as_raw_fd()];
+        let s = raw::connect(dir.path(), d);
+        assert!(
+            !raw::request(&s, d, &fds),
+            "a request with {what} was accepted"
+        );
+    }
     drop((pipe_r, pipe_w));
     // Well formed, but the client's CQ eventfd is full and blocking, and its
     // side block says it sleeps on it.
@@ -1864,9 +1875,15 @@ fn hostile_connection_requests_are_refused() {
     bell.arm(uvia_shm::doorbell::EVENTFD);
     let full = raw::eventfd();
     raw::fill(&full);
+    let agent = raw::eventfd();
+    raw::fill(&agent);
     let s = raw::connect(dir.path(), d);
     assert!(
-        raw::request(&s, d, &[good.as_raw_fd(), full.as_raw_fd()]),
+        raw::request(
+            &s,
+            d,
+            &[good.as_raw_fd(), agent.as_raw_fd(), full.as_raw_fd()]
+        ),
         "the well-formed request is accepted"
     );
     // The server's send rang the bell and went on: it disconnects.

@@ -272,6 +272,163 @@ fn rdma_write_read_and_immediate_are_checked_on_the_target() {
     let _ = (gaddr, ghandle);
 }
 
+/// The target of a one-sided transfer makes no call: it posts its
+/// receives, then sleeps in a read of its standard input. RDMA writes and
+/// reads, sends into its posted receives and a write with immediate data
+/// complete at the initiator all the same, whether it waits or polls, checked by the target's rules: a
+/// write to a region without the enable bit still fails and breaks the
+/// connection. The target checks its memory after it wakes.
+#[test]
+fn one_sided_transfers_complete_while_the_target_sleeps() {
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let e = end(&inst, |p| ViAttributes::new(p).rdma(true, true));
+        let guarded = e
+            .nic
+            .alloc_region(4096, MemAttributes::new(e.ptag))
+            .unwrap();
+        // Caller memory (reached by cross-memory attach, not mapped by the peer).
+        let mut heap = vec![0u8; 100_000];
+        // SAFETY: `heap` outlives its registration and is only read after
+        // the connection has ended.
+        let hh = unsafe {
+            e.nic.register_mem(
+                heap.as_mut_ptr(),
+                heap.len(),
+                MemAttributes::new(e.ptag).rdma_write(true).rdma_read(true),
+            )
+        }
+        .unwrap();
+        accept(&e, a.parse().unwrap());
+        for (off, len) in [(1_000_000, 30_000), (1_100_000, 64), (1_200_000, 64)] {
+            e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(off, len)])))
+                .unwrap();
+        }
+        let mut info = e.nic.alloc_region(64, MemAttributes::new(e.ptag)).unwrap();
+        let words = [
+            e.buf.addr() as u64,
+            e.buf.handle().0 as u64,
+            guarded.addr() as u64,
+            guarded.handle().0 as u64,
+            heap.as_ptr() as u64,
+            hh.0 as u64,
+        ];
+        for (i, w) in words.iter().enumerate() {
+            info.as_mut_slice()[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        e.vi.post_send(Box::new(Descriptor::send(&[info.segment(0, 48)])))
+            .unwrap();
+        e.vi.send_wait(Some(T)).unwrap().result().unwrap();
+        // Sleep, with no call into the library, until the initiator is done.
+        let mut byte = [0u8; 1];
+        let _ = std::io::Read::read(&mut std::io::stdin(), &mut byte);
+        assert_eq!(&e.buf.as_slice()[..65536], &pattern(65536, 3)[..]);
+        assert_eq!(&e.buf.as_slice()[300_000..300_100], &pattern(100, 4)[..]);
+        assert_eq!(&e.buf.as_slice()[400_000..404_096], &pattern(4096, 6)[..]);
+        assert_eq!(&e.buf.as_slice()[450_000..470_000], &pattern(20_000, 8)[..]);
+        assert_eq!(&heap[..50_000], &pattern(50_000, 7)[..]);
+        let r = e.vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(r.result(), Ok(30_000));
+        assert_eq!(
+            &e.buf.as_slice()[1_000_000..1_030_000],
+            &pattern(30_000, 5)[..]
+        );
+        let r = e.vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(r.result(), Ok(8));
+        let r = e.vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(r.cs.status & status::OP_MASK, status::OP_REMOTE_RDMA_WRITE);
+        assert_eq!(r.immediate(), Some(0xbeef));
+        assert!(
+            guarded.as_slice().iter().all(|&b| b == 0),
+            "a region without the enable bit stays untouched"
+        );
+        assert_eq!(
+            e.vi.state(),
+            ViState::Error,
+            "the violation broke the connection"
+        );
+        e.nic.deregister_mem(hh).unwrap();
+        return;
+    }
+    let inst = instance("sleeping");
+    let (peer, mut wake) = Peer::spawn_piped(
+        "one_sided_transfers_complete_while_the_target_sleeps",
+        &inst,
+        "170",
+    );
+    let mut e = end(&inst, |p| ViAttributes::new(p).rdma(true, true));
+    connect(&e, 170);
+    let r = recv(&e, 0, 64);
+    assert_eq!(r.result(), Ok(48));
+    let w = |i: usize| u64::from_le_bytes(e.buf.as_slice()[i * 8..i * 8 + 8].try_into().unwrap());
+    let (addr, handle) = (w(0), MemHandle(w(1) as u32));
+    let (gaddr, ghandle) = (w(2), MemHandle(w(3) as u32));
+    let (haddr, hhandle) = (w(4), MemHandle(w(5) as u32));
+    let post = |d: Descriptor, what: &str| -> Box<Descriptor> {
+        e.vi.post_send(Box::new(d)).unwrap();
+        e.vi.send_wait(Some(T))
+            .unwrap_or_else(|err| panic!("{what} to a sleeping target: {err:?}"))
+    };
+    // 64 KiB RDMA write, then read back.
+    e.buf.as_mut_slice()[..65536].copy_from_slice(&pattern(65536, 3));
+    e.buf.as_mut_slice()[65536..65636].copy_from_slice(&pattern(100, 4));
+    e.buf.as_mut_slice()[70_000..100_000].copy_from_slice(&pattern(30_000, 5));
+    e.buf.as_mut_slice()[100_000..104_096].copy_from_slice(&pattern(4096, 6));
+    e.buf.as_mut_slice()[200_000..250_000].copy_from_slice(&pattern(50_000, 7));
+    e.buf.as_mut_slice()[300_000..320_000].copy_from_slice(&pattern(20_000, 8));
+    let src = |off: usize, len: usize| e.buf.segment(off, len);
+    let d = Descriptor::rdma_write(Segment::remote(addr, handle), &[src(0, 65536)]);
+    assert_eq!(post(d, "RDMA write").result(), Ok(65536));
+    let d = Descriptor::rdma_read(Segment::remote(addr, handle), &[src(500_000, 65536)]);
+    assert_eq!(post(d, "RDMA read").result(), Ok(65536));
+    assert_eq!(&e.buf.as_slice()[500_000..565_536], &pattern(65536, 3)[..]);
+    // A small write (carried inline), into caller memory, and back.
+    let d = Descriptor::rdma_write(Segment::remote(addr + 300_000, handle), &[src(65536, 100)]);
+    assert_eq!(post(d, "small RDMA write").result(), Ok(100));
+    let d = Descriptor::rdma_write(Segment::remote(haddr, hhandle), &[src(200_000, 50_000)]);
+    assert_eq!(post(d, "RDMA write to caller memory").result(), Ok(50_000));
+    let d = Descriptor::rdma_read(Segment::remote(haddr, hhandle), &[src(600_000, 50_000)]);
+    assert_eq!(post(d, "RDMA read of caller memory").result(), Ok(50_000));
+    assert_eq!(&e.buf.as_slice()[600_000..650_000], &pattern(50_000, 7)[..]);
+    // An initiator that polls instead of waiting.
+    e.vi.post_send(Box::new(Descriptor::rdma_write(
+        Segment::remote(addr + 450_000, handle),
+        &[src(300_000, 20_000)],
+    )))
+    .unwrap();
+    let polled = Instant::now();
+    let c = loop {
+        if let Some(c) = e.vi.send_done() {
+            break c;
+        }
+        assert!(
+            polled.elapsed() < T,
+            "a polled RDMA write to a sleeping target never completed"
+        );
+    };
+    assert_eq!(c.result(), Ok(20_000));
+    // Sends into the receives it posted, and a write with immediate data.
+    let d = Descriptor::send(&[src(70_000, 30_000)]);
+    assert_eq!(post(d, "send").result(), Ok(30_000));
+    let d = Descriptor::send(&[src(0, 8)]);
+    assert_eq!(post(d, "small send").result(), Ok(8));
+    let d = Descriptor::rdma_write(
+        Segment::remote(addr + 400_000, handle),
+        &[src(100_000, 4096)],
+    )
+    .with_immediate(0xbeef);
+    assert_eq!(post(d, "RDMA write with immediate").result(), Ok(4096));
+    // A region without the enable bit: refused, and the connection breaks.
+    let d = Descriptor::rdma_write(Segment::remote(gaddr, ghandle), &[src(0, 128)]);
+    let c = post(d, "forbidden RDMA write");
+    assert_eq!(c.error(), Some(CompletionError::RdmaProtection));
+    assert_eq!(e.vi.state(), ViState::Error, "a reliable VI breaks");
+    std::io::Write::write_all(&mut wake, b"x").unwrap();
+    drop(wake);
+    e.vi.disconnect();
+    peer.join();
+}
+
 #[test]
 fn rdma_protection_errors_leave_target_memory_untouched() {
     if let Some(a) = peer_arg() {

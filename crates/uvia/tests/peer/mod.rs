@@ -133,6 +133,21 @@ impl Peer {
         Peer(Some(child))
     }
 
+    /// Like `spawn`, with the peer's standard input a pipe from this
+    /// process (a peer can sleep in a read of it until told to go on).
+    pub fn spawn_piped(test: &str, inst: &str, arg: &str) -> (Peer, std::process::ChildStdin) {
+        let exe = std::env::current_exe().unwrap();
+        let mut child = Command::new(exe)
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env("UVIA_TEST_PEER", arg)
+            .env("UVIA_TEST_INSTANCE", inst)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        (Peer(Some(child)), stdin)
+    }
+
     /// Like `spawn`, with the peer on another test host (network namespace).
     pub fn spawn_in(netns: &str, test: &str, inst: &str, arg: &str) -> Peer {
         let exe = std::env::current_exe().unwrap();

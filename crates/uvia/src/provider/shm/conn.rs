@@ -22,7 +22,7 @@ use uvia_shm::{
 };
 
 pub(crate) const SEG_MAGIC: u64 = u64::from_le_bytes(*b"UVIA-SHM");
-pub(crate) const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 2;
 /// Lines per ring direction (64 KiB).
 pub(crate) const RING_LINES: usize = 1024;
 /// Largest payload sent inline; larger ones go by reference (one copy).
@@ -52,6 +52,9 @@ pub(crate) struct SideBlock {
     pub error: AtomicU64,
     /// Set by the peer when it disconnects.
     pub closed: AtomicU32,
+    /// Set by the peer when it has waited for X to consume its messages and
+    /// asks X's agent to serve them (`agent`); cleared by the agent.
+    pub want: AtomicU32,
 }
 
 #[repr(C, align(128))]
@@ -233,6 +236,8 @@ pub(crate) struct ShmConn {
     pub stream: Stream,
     pub peer_pid: i32,
     peer_eventfds: Vec<PeerEventfd>,
+    /// The eventfd of the peer process's agent.
+    peer_agent: Option<PeerEventfd>,
     /// Regions of ours the peer has been given: (handle, serial).
     announced: Vec<(u32, u32)>,
     /// The peer's regions we have mapped read-only: handle -> (serial, mapping).
@@ -286,6 +291,7 @@ impl ShmConn {
         side: usize,
         stream: Stream,
         peer_pid: i32,
+        peer_agent: Option<PeerEventfd>,
         peer_eventfds: Vec<PeerEventfd>,
     ) -> ShmConn {
         let (r0, r1, _) = layout(RING_LINES);
@@ -305,6 +311,7 @@ impl ShmConn {
             stream,
             peer_pid,
             peer_eventfds,
+            peer_agent,
             announced: Vec::new(),
             peer_regions: HashMap::new(),
             side,
@@ -339,6 +346,18 @@ impl ShmConn {
         let how = self.peers().bell.ring();
         if how & uvia_shm::doorbell::EVENTFD != 0 {
             self.signal_peer_eventfds();
+        }
+    }
+
+    /// Asks the peer process's agent to serve this connection: once until
+    /// the agent has looked (the `want` word), so a peer that stays busy
+    /// costs one system call, not one per look.
+    #[cold]
+    pub fn ask_peer_agent(&self) {
+        if self.peers().want.swap(1, Ordering::AcqRel) == 0 {
+            if let Some(a) = &self.peer_agent {
+                a.signal();
+            }
         }
     }
 
@@ -735,7 +754,7 @@ mod tests {
         let ours = Stream::connect(&dir.socket("c"), t).unwrap();
         let theirs = l.accept(Some(t)).unwrap().unwrap();
         let seg = Arc::new(ShmConn::create_segment().unwrap());
-        let conn = ShmConn::new(seg, 0, ours, std::process::id() as i32, Vec::new());
+        let conn = ShmConn::new(seg, 0, ours, std::process::id() as i32, None, Vec::new());
         (conn, theirs, dir.path().to_owned())
     }
 

@@ -9,6 +9,7 @@
 //! connection: the kernel closes it when a process dies, which is how a dead
 //! peer is seen.
 
+mod agent;
 mod conn;
 mod vi;
 
@@ -30,15 +31,26 @@ use std::time::{Duration, Instant};
 use uvia_shm::socket::hex_name;
 use uvia_shm::{Listener, PeerEventfd, Segment as ShmSegment, SocketDir, Stream};
 
-/// Most eventfds a side passes: its send and receive CQs'.
-const MAX_EVENTFDS: usize = 2;
+/// Most eventfds a side passes: its process's agent's, then its send and
+/// receive CQs'.
+const MAX_EVENTFDS: usize = 3;
 
-/// Keeps the peer's wake-up descriptors if each is an eventfd.
-fn check_eventfds(fds: impl ExactSizeIterator<Item = OwnedFd>) -> Option<Vec<PeerEventfd>> {
+/// The peer's agent eventfd and CQ eventfds, if there is an agent's and
+/// each is an eventfd.
+fn check_eventfds(
+    fds: impl ExactSizeIterator<Item = OwnedFd>,
+) -> Option<(PeerEventfd, Vec<PeerEventfd>)> {
     if fds.len() > MAX_EVENTFDS {
         return None;
     }
-    fds.map(|fd| PeerEventfd::check(fd).ok()).collect()
+    let mut v: Vec<PeerEventfd> = fds
+        .map(|fd| PeerEventfd::check(fd).ok())
+        .collect::<Option<_>>()?;
+    if v.is_empty() {
+        return None;
+    }
+    let agent = v.remove(0);
+    Some((agent, v))
 }
 
 /// Longest wait for a connecting client's request, once it has connected;
@@ -96,6 +108,14 @@ fn socket_name(instance: &str, d: &Discriminator) -> String {
     hex_name(&format!("shm-{instance}"), d.as_bytes())
 }
 
+/// The eventfds a peer signals: this process's agent's, then those of this
+/// VI's CQs.
+fn wake_eventfds(agent: &agent::Agent, vi: &Vi) -> Vec<RawFd> {
+    let mut v: Vec<RawFd> = vec![agent.fd()];
+    v.extend(cq_eventfds(vi));
+    v
+}
+
 /// The CQ eventfds a peer signals for this VI's queues.
 fn cq_eventfds(vi: &Vi) -> Vec<RawFd> {
     let mut v: Vec<RawFd> = [&vi.s.send_cq, &vi.s.recv_cq]
@@ -136,9 +156,10 @@ impl NicOps for ShmNic {
             },
             uvia_shm::socket::ConnectError::Io(e) => ConnectError::Io(e),
         })?;
+        let agent = agent::get()?;
         let seg = ShmConn::create_segment()?;
         let mut fds: Vec<RawFd> = vec![seg.fd()];
-        fds.extend(cq_eventfds(vi));
+        fds.extend(wake_eventfds(&agent, vi));
         let mut req = Hello::new(hello::REQUEST, &attrs, &remote.discriminator);
         req.private = private.to_vec();
         req.job = self.job;
@@ -173,14 +194,16 @@ impl NicOps for ShmNic {
             }
         }
         check_compatible(&attrs, &theirs)?;
-        let peer_fds = check_eventfds(peer_fds.into_iter()).ok_or(ConnectError::Protocol(
-            "the server's wake-up descriptors are not eventfds",
-        ))?;
+        let (peer_agent, peer_fds) = check_eventfds(peer_fds.into_iter()).ok_or(
+            ConnectError::Protocol("the server's wake-up descriptors are not eventfds"),
+        )?;
         let (pid, _) = stream.peer_cred()?;
         let seg = Arc::new(seg);
-        let mut t = ShmVi::new(ShmConn::new(seg.clone(), 0, stream, pid, peer_fds), seg);
+        let conn = ShmConn::new(seg.clone(), 0, stream, pid, Some(peer_agent), peer_fds);
+        let mut t = ShmVi::new(conn, seg.clone());
         t.server_socket = Some(path);
         vi.install(&mut vi.lock(), Transport::Shm(t), theirs.clone());
+        agent.enlist(&vi.s, &seg, 0);
         Ok(theirs)
     }
 
@@ -238,7 +261,7 @@ impl NicOps for ShmNic {
             let Some(Ok(seg)) = fds.next().map(ShmConn::open_segment) else {
                 continue;
             };
-            let Some(eventfds) = check_eventfds(fds) else {
+            let Some((peer_agent, eventfds)) = check_eventfds(fds) else {
                 continue;
             };
             return Ok(ConnRequest {
@@ -250,6 +273,7 @@ impl NicOps for ShmNic {
                 answer: Some(AnyAnswer::Shm(Answer {
                     stream,
                     seg,
+                    peer_agent,
                     eventfds,
                     hello: h,
                 })),
@@ -277,10 +301,11 @@ impl Drop for ShmNic {
 }
 
 /// What answering a request needs: the client's socket, the segment it
-/// passed and its CQ eventfds (both checked) and its request.
+/// passed, its agent's and CQs' eventfds (all checked) and its request.
 pub(crate) struct Answer {
     stream: Stream,
     seg: ShmSegment,
+    peer_agent: PeerEventfd,
     eventfds: Vec<PeerEventfd>,
     hello: Hello,
 }
@@ -288,6 +313,8 @@ pub(crate) struct Answer {
 impl Answer {
     /// Connects `vi` (idle, same reliability level) to the client.
     pub fn accept(self, vi: &Vi, req: &ConnRequest, private: &[u8]) -> Result<(), ConnectError> {
+        // Started before the VI is locked: starting it spawns a thread.
+        let agent = agent::get()?;
         let mut g = vi.lock();
         let st = vi.state();
         if st != crate::ViState::Idle {
@@ -303,14 +330,23 @@ impl Answer {
             return Err(e);
         }
         let ok = self.reply(hello::ACCEPT, &g.q.attrs, 0, private);
-        self.stream.send(&ok.emit(), &cq_eventfds(vi))?;
+        self.stream.send(&ok.emit(), &wake_eventfds(&agent, vi))?;
         let seg = Arc::new(self.seg);
-        let conn = ShmConn::new(seg.clone(), 1, self.stream, req.peer_pid, self.eventfds);
+        let conn = ShmConn::new(
+            seg.clone(),
+            1,
+            self.stream,
+            req.peer_pid,
+            Some(self.peer_agent),
+            self.eventfds,
+        );
         vi.install(
             &mut g,
-            Transport::Shm(ShmVi::new(conn, seg)),
+            Transport::Shm(ShmVi::new(conn, seg.clone())),
             req.remote.clone(),
         );
+        drop(g);
+        agent.enlist(&vi.s, &seg, 1);
         Ok(())
     }
 

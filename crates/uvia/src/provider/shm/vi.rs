@@ -26,6 +26,17 @@ use uvia_shm::{doorbell, Segment as ShmSegment};
 
 /// Empty polls between two looks at the peer's health (a system call).
 const IDLE_CHECK_EVERY: u32 = 4096;
+/// Empty polls between two looks at the clock while the peer has not
+/// consumed what this side wrote.
+const STALL_CHECK_EVERY: u32 = 64;
+/// How long this side waits for the peer to consume its messages before it
+/// asks the peer's agent to (`agent`): well above what a peer that polls or
+/// sleeps in a wait call takes, so that such a peer is never disturbed.
+pub(crate) const AGENT_AFTER: Duration = Duration::from_micros(50);
+/// Longest pause between two asks while the peer still does not consume
+/// (it waits for a receive its program has not posted yet): each ask wakes
+/// the peer's agent, so the pause doubles from [`AGENT_AFTER`] up to this.
+const AGENT_BACKOFF_MAX: Duration = Duration::from_millis(10);
 
 /// A connected shm VI.
 pub(crate) struct ShmVi {
@@ -41,6 +52,11 @@ pub(crate) struct ShmVi {
     pub(super) server_socket: Option<PathBuf>,
     /// Whether the peer process is stopped, and since when.
     stopped: StopWatch,
+    /// Since when the peer has not consumed what this side wrote while this
+    /// side waits on it, and the pause before the next ask of its agent.
+    stall: Option<(Instant, Duration)>,
+    /// This side has sends the peer has yet to consume or make room for.
+    waits_on_peer: bool,
 }
 
 /// How long a peer may stay stopped (SIGSTOP, a shell's ^Z) before its
@@ -96,11 +112,15 @@ pub(crate) struct Sleep {
     seg: Arc<ShmSegment>,
     side: usize,
     seq: u32,
+    /// Longest sleep: until this side is due to ask the peer's agent.
+    cap: Duration,
 }
 
 impl Sleep {
     pub fn sleep(self, nap: Duration) {
-        block_in(&self.seg, self.side).bell.sleep(self.seq, nap);
+        block_in(&self.seg, self.side)
+            .bell
+            .sleep(self.seq, nap.min(self.cap));
     }
 }
 
@@ -115,7 +135,31 @@ impl ShmVi {
             failed: None,
             server_socket: None,
             stopped: StopWatch::new(conn_pid),
+            stall: None,
+            waits_on_peer: false,
         }
+    }
+
+    /// Looks at the clock while the peer has not consumed what this side
+    /// wrote, and asks the peer's agent once that has lasted long enough.
+    /// Returns how long until the next ask is due (`None`: nothing waits
+    /// on the peer).
+    #[cold]
+    fn check_stall(&mut self) -> Option<Duration> {
+        if !self.waits_on_peer || self.conn.tx.consumed() >= self.conn.tx.head() {
+            self.stall = None;
+            return None;
+        }
+        let now = Instant::now();
+        let (since, pause) = *self.stall.get_or_insert((now, AGENT_AFTER));
+        let waited = now.duration_since(since);
+        if waited < pause {
+            return Some(pause - waited);
+        }
+        self.conn.ask_peer_agent();
+        let next = (pause * 2).min(AGENT_BACKOFF_MAX);
+        self.stall = Some((now, next));
+        Some(next)
     }
 
     fn fail(&mut self, vi: &Vi, q: &mut Queues, inflight_bits: u32) {
@@ -740,10 +784,15 @@ impl TransportOps for ShmVi {
             self.fail(vi, q, bits);
             moved = true;
         }
+        self.waits_on_peer = self.awaiting_ack > 0 || q.sq_sent < q.sq.len();
         if moved {
             self.idle = 0;
+            self.stall = None;
         } else {
             self.idle += 1;
+            if self.idle.is_multiple_of(STALL_CHECK_EVERY) && self.waits_on_peer {
+                let _ = self.check_stall();
+            }
             if self.idle.is_multiple_of(IDLE_CHECK_EVERY) {
                 moved = self.check_peer(vi, q);
             }
@@ -751,12 +800,21 @@ impl TransportOps for ShmVi {
         moved
     }
 
-    /// Arms this side's doorbell for a futex wake-up.
+    /// Arms this side's doorbell for a futex wake-up. A waiter that sleeps
+    /// on what the peer has yet to consume sleeps no longer than until its
+    /// first ask of the peer's agent is due, and asks when it is: nothing
+    /// else would move a peer whose program makes no call. Later asks come
+    /// with the wait's own slices, which must stay whole: a slice without a
+    /// wake-up is what makes the wait look at the peer's health.
     fn arm(&mut self, _nic: &NicShared) -> Sleep {
+        let due = self.check_stall();
+        let first = self.stall.is_some_and(|(_, pause)| pause == AGENT_AFTER);
+        let cap = due.filter(|_| first).unwrap_or(Duration::MAX);
         Sleep {
             seg: self.seg.clone(),
             side: self.conn.side(),
             seq: self.conn.mine().bell.arm(doorbell::FUTEX),
+            cap,
         }
     }
 
@@ -766,9 +824,16 @@ impl TransportOps for ShmVi {
 
     /// Arms the doorbell for a CQ's eventfd; true if something is already
     /// waiting to be served.
+    /// A CQ waiter that will sleep on what the peer has yet to consume
+    /// asks the peer's agent at once: its sleep is the CQ's, which this VI
+    /// cannot shorten to ask later as [`arm`](Self::arm) does.
     fn arm_eventfd(&mut self, vi: &Vi, q: &mut Queues) -> bool {
         self.conn.mine().bell.arm(doorbell::EVENTFD);
-        self.progress(vi, q) || self.check_peer(vi, q)
+        let moved = self.progress(vi, q) || self.check_peer(vi, q);
+        if !moved && self.waits_on_peer && self.conn.tx.consumed() < self.conn.tx.head() {
+            self.conn.ask_peer_agent();
+        }
+        moved
     }
 
     /// Tells the peer this side is going away.
