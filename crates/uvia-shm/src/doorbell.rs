@@ -78,6 +78,16 @@ impl Doorbell {
         };
     }
 
+    /// What [`sleep_any`] watches for this doorbell: its futex word and the
+    /// sequence [`arm`](Self::arm) returned.
+    pub fn watch(&self, seq: u32) -> Watch<'_> {
+        Watch {
+            word: &self.seq,
+            seq,
+            private: false,
+        }
+    }
+
     /// Called by the waker after it has published its data. Returns the arm
     /// flags that were set (0 when nobody sleeps); wakes a futex sleeper itself
     /// and leaves an eventfd wake-up to the caller, who holds the descriptor.
@@ -112,6 +122,126 @@ impl Doorbell {
         }
         how
     }
+}
+
+/// A futex word for [`sleep_any`] and the value it had when its owner
+/// announced the sleep: the sleep ends when the word moves past it.
+pub struct Watch<'a> {
+    word: &'a AtomicU32,
+    seq: u32,
+    /// Woken only from this process (`FUTEX_PRIVATE_FLAG`, a cheaper hash).
+    private: bool,
+}
+
+impl Watch<'_> {
+    /// A word of this process's own memory, woken by [`wake_local`].
+    pub fn local(word: &AtomicU32, seq: u32) -> Watch<'_> {
+        Watch {
+            word,
+            seq,
+            private: true,
+        }
+    }
+}
+
+/// The most words [`sleep_any`] watches (the kernel's `FUTEX_WAITV_MAX`).
+pub const SLEEP_ANY_MAX: usize = 128;
+
+/// The kernel's `struct futex_waitv` (linux/futex.h; the libc crate does not
+/// declare it).
+#[repr(C)]
+struct FutexWaitv {
+    val: u64,
+    uaddr: u64,
+    flags: u32,
+    reserved: u32,
+}
+
+/// `FUTEX2_SIZE_U32` of linux/futex.h.
+const FUTEX2_SIZE_U32: u32 = 2;
+
+/// Sleeps until any of `words` moves past its value, a wake-up on one of
+/// them, or `timeout`: one system call for a waiter with several doorbells
+/// (a completion queue's VIs) and a word of its own. Spurious returns are
+/// allowed. An error of kind `Unsupported` (ENOSYS: a kernel before 5.16)
+/// or `InvalidInput` (more than [`SLEEP_ANY_MAX`] words) means nothing
+/// slept: the caller waits another way.
+pub fn sleep_any(words: &[Watch<'_>], timeout: Duration) -> io::Result<()> {
+    if words.is_empty() || words.len() > SLEEP_ANY_MAX {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    let mut v: [FutexWaitv; SLEEP_ANY_MAX] = std::array::from_fn(|_| FutexWaitv {
+        val: 0,
+        uaddr: 0,
+        flags: 0,
+        reserved: 0,
+    });
+    for (slot, w) in v.iter_mut().zip(words) {
+        *slot = FutexWaitv {
+            val: w.seq as u64,
+            uaddr: w.word.as_ptr() as u64,
+            flags: FUTEX2_SIZE_U32
+                | if w.private {
+                    libc::FUTEX_PRIVATE_FLAG as u32
+                } else {
+                    0
+                },
+            reserved: 0,
+        };
+    }
+    // futex_waitv takes an absolute time on the clock it is given.
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a live timespec for the kernel to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let ns = now.tv_nsec as u128 + timeout.subsec_nanos() as u128;
+    let at = libc::timespec {
+        tv_sec: (now.tv_sec as u64)
+            .saturating_add(timeout.as_secs())
+            .saturating_add((ns / 1_000_000_000) as u64)
+            .min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `v` holds `words.len()` filled entries whose addresses are
+    // live, aligned u32 words (a doorbell in a mapping its caller keeps, or
+    // the caller's own word); `at` outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex_waitv,
+            v.as_ptr(),
+            words.len() as libc::c_uint,
+            0 as libc::c_uint,
+            &at as *const libc::timespec,
+            libc::CLOCK_MONOTONIC,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSYS) => Err(io::Error::from(io::ErrorKind::Unsupported)),
+            Some(libc::EINVAL) => Err(io::Error::from(io::ErrorKind::InvalidInput)),
+            // EAGAIN (a word had moved already), ETIMEDOUT, EINTR: a return.
+            _ => Ok(()),
+        };
+    }
+    Ok(())
+}
+
+/// Moves a word of this process's memory on and wakes whoever sleeps on it
+/// in [`sleep_any`] (as [`Watch::local`]).
+pub fn wake_local(word: &AtomicU32) {
+    word.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: a live, aligned u32 of this process; private futex op.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        )
+    };
 }
 
 /// An eventfd the peer passed for its wake-ups, checked to be one: a pipe or

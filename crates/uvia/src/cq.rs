@@ -13,16 +13,26 @@
 //! same call, through the VI's own done path (on shm, the few-instruction
 //! receive). Completions of different VIs then come in no set order; each
 //! queue's stay in order.
+//!
+//! A waiter ([`Cq::wait`]) sleeps in one system call and is woken by one:
+//! where every attached VI sleeps on a futex doorbell (shm), on all of them
+//! and a futex word of the CQ's own at once (`futex_waitv`), so a peer's
+//! message wakes it with the same single `FUTEX_WAKE` that wakes a VI's own
+//! waiter; else in `poll` on the eventfd and the VIs' sockets (udp, xdp),
+//! which their frames make readable. Another thread of the process that
+//! makes a notice wakes the sleeper through the CQ's word or eventfd; the
+//! waiter's own progress, which makes most notices, wakes nobody.
 
 use crate::desc::Descriptor;
 use crate::error::{CqError, WaitError};
 use crate::lock::{Guard, SpinLock};
 use crate::nic::{Nic, NicShared};
-use crate::vi::{Queue, Vi, ViShared};
+use crate::vi::{Queue, Vi, ViShared, DEFAULT_WAIT_SPIN};
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -45,7 +55,21 @@ pub(crate) struct CqShared {
     /// The attached VIs. Walked on every empty poll, changed only when a
     /// VI attaches: a spin lock, released by a plain store.
     members: SpinLock<Vec<Weak<ViShared>>>,
+    /// Threads that want the eventfd signalled on each notice: waiters
+    /// asleep in `poll` on it, and programs' event loops
+    /// ([`Cq::keep_signalled`]).
     waiters: AtomicU32,
+    /// Waiters asleep on the VIs' futex doorbells and on `word`: a notice
+    /// made by another thread of the process moves `word` and wakes them.
+    sleepers: AtomicU32,
+    word: AtomicU32,
+    /// False once `futex_waitv` failed (an old kernel): waiters sleep in
+    /// `poll` from then on.
+    futex_ok: AtomicBool,
+    /// How long [`Cq::wait`] polls before it sleeps, in nanoseconds.
+    spin_ns: AtomicU64,
+    /// Threads in [`Cq::wait`]'s sleep phase: they drive the attached VIs.
+    in_wait: AtomicU32,
     /// Keeps no notices: polls walk the members' queues.
     direct: bool,
     /// Where a direct CQ's next walk starts.
@@ -73,8 +97,63 @@ impl std::fmt::Debug for Cq {
     }
 }
 
-/// Spin this long in [`Cq::wait`] before sleeping.
-const CQ_WAIT_SPIN: Duration = Duration::from_micros(20);
+/// The longest sleep of a waiter before it looks at its VIs' peers (a
+/// peer that died is noticed within this time).
+const SLEEP_SLICE: Duration = Duration::from_millis(20);
+
+/// How a thread in [`Cq::wait`] is counted while it sleeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asleep {
+    /// In `sleepers` (futex).
+    Futex,
+    /// In `waiters` (eventfd and `poll`).
+    Poll,
+}
+
+thread_local! {
+    /// The CQ this thread is about to sleep on, and how it is counted: the
+    /// notices its own progress makes wake nobody (it looks at the notices
+    /// before it sleeps).
+    static ASLEEP_ON: Cell<Option<(*const CqShared, Asleep)>> = const { Cell::new(None) };
+}
+
+/// Counts a thread in [`Cq::wait`]'s sleep phase until dropped.
+struct InWait<'a>(&'a AtomicU32);
+
+impl<'a> InWait<'a> {
+    fn new(n: &'a AtomicU32) -> InWait<'a> {
+        n.fetch_add(1, Ordering::Relaxed);
+        InWait(n)
+    }
+}
+
+impl Drop for InWait<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts this thread as a sleeper of `cq` (and marks it, see [`ASLEEP_ON`])
+/// until dropped.
+struct Counted<'a> {
+    cq: &'a CqShared,
+    how: Asleep,
+}
+
+impl<'a> Counted<'a> {
+    fn new(cq: &'a CqShared, how: Asleep) -> Counted<'a> {
+        ASLEEP_ON.with(|c| c.set(Some((cq as *const CqShared, how))));
+        cq.counter(how).fetch_add(1, Ordering::SeqCst);
+        Counted { cq, how }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.cq.counter(self.how).fetch_sub(1, Ordering::SeqCst);
+        ASLEEP_ON.with(|c| c.set(None));
+    }
+}
 
 impl CqShared {
     fn lock_notices(&self) -> MutexGuard<'_, Notices> {
@@ -101,21 +180,46 @@ impl CqShared {
 
     /// Called by a VI (under its lock) when a descriptor of `q` completes.
     pub(crate) fn notify(&self, vi: &Arc<ViShared>, q: Queue) {
-        if self.direct {
-            if self.waiters.load(Ordering::SeqCst) > 0 {
-                write_eventfd(self.efd.as_raw_fd());
+        if !self.direct {
+            let mut n = self.lock_notices();
+            if n.q.len() >= n.cap {
+                n.overflowed = true;
+            } else {
+                n.q.push_back((Arc::downgrade(vi), q));
             }
-            return;
+            self.publish(&n);
         }
-        let mut n = self.lock_notices();
-        if n.q.len() >= n.cap {
-            n.overflowed = true;
-        } else {
-            n.q.push_back((Arc::downgrade(vi), q));
+        self.wake();
+    }
+
+    /// True while a thread waits in [`Cq::wait`]'s sleep phase: it drives
+    /// the attached VIs, so a background driver leaves them alone.
+    pub(crate) fn driven_by_waiter(&self) -> bool {
+        self.in_wait.load(Ordering::Relaxed) > 0
+    }
+
+    fn counter(&self, how: Asleep) -> &AtomicU32 {
+        match how {
+            Asleep::Futex => &self.sleepers,
+            Asleep::Poll => &self.waiters,
         }
-        self.publish(&n);
-        drop(n);
-        if self.waiters.load(Ordering::Acquire) > 0 {
+    }
+
+    /// Wakes the sleepers after a notice was published (sequentially
+    /// consistent against a sleeper's count: it counts itself, then looks
+    /// at the notices). The thread that is itself about to sleep here does
+    /// not count: it looks at the notices before sleeping.
+    fn wake(&self) {
+        let me = ASLEEP_ON.with(|c| c.get());
+        let others = |how: Asleep| {
+            let n = self.counter(how).load(Ordering::SeqCst);
+            let mine = me.is_some_and(|(cq, h)| std::ptr::eq(cq, self) && h == how);
+            n > mine as u32
+        };
+        if others(Asleep::Futex) {
+            uvia_shm::doorbell::wake_local(&self.word);
+        }
+        if others(Asleep::Poll) {
             write_eventfd(self.efd.as_raw_fd());
         }
     }
@@ -165,6 +269,11 @@ impl Cq {
                 queued: AtomicUsize::new(0),
                 members: SpinLock::new(Vec::new()),
                 waiters: AtomicU32::new(0),
+                sleepers: AtomicU32::new(0),
+                word: AtomicU32::new(0),
+                futex_ok: AtomicBool::new(true),
+                spin_ns: AtomicU64::new(DEFAULT_WAIT_SPIN.as_nanos() as u64),
+                in_wait: AtomicU32::new(0),
                 direct,
                 next: AtomicUsize::new(0),
             }),
@@ -271,58 +380,163 @@ impl Cq {
         self.pop()
     }
 
-    /// Waits for a notice (VipCQWait): spins briefly, then sleeps on the
-    /// eventfd. `None` waits forever.
+    /// How long [`wait`](Self::wait) polls before it sleeps (0: sleep at
+    /// once; the default is [`DEFAULT_WAIT_SPIN`], as a VI's waits).
+    pub fn set_wait_spin(&self, spin: Duration) {
+        self.s.spin_ns.store(
+            spin.as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Waits for a notice (VipCQWait): polls for the wait-spin time, then
+    /// sleeps until a VI's peer or another thread makes one (see the
+    /// module's notes). `None` waits forever.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<CqCompletion, WaitError> {
         let start = Instant::now();
-        while start.elapsed() < CQ_WAIT_SPIN {
+        let spin = Duration::from_nanos(self.s.spin_ns.load(Ordering::Relaxed));
+        // Spin phase: look at the clock every 64 rounds.
+        let mut k = 0u32;
+        while !spin.is_zero() {
             if let Some(c) = self.done()? {
                 return Ok(c);
             }
+            k = k.wrapping_add(1);
+            if k.is_multiple_of(64) && start.elapsed() >= spin {
+                break;
+            }
         }
+        // Sleep phase: arming looks at progress once more, and after a
+        // wake-up the notice is usually there for the look that follows.
+        let _driving = InWait::new(&self.s.in_wait);
+        let mut look_at_peers = false;
         loop {
-            self.s.waiters.fetch_add(1, Ordering::AcqRel);
-            let ready = self.arm();
-            let c = self.done();
-            if !ready && !matches!(c, Ok(Some(_)) | Err(_)) {
-                let left = match timeout {
-                    Some(t) => t.saturating_sub(start.elapsed()),
-                    None => Duration::from_millis(20),
-                };
-                // Network VIs have no doorbell: their frames wake the
-                // waiter through their sockets, and their timers need a
-                // look at least every millisecond.
-                let net: Vec<RawFd> = self.s.members().iter().filter_map(Vi::wake_fd).collect();
-                let cap = if net.is_empty() { 20 } else { 1 };
-                let ms = left.min(Duration::from_millis(cap)).as_millis() as i32;
-                let mut p: Vec<libc::pollfd> = std::iter::once(self.s.efd.as_raw_fd())
-                    .chain(net)
-                    .map(|fd| libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    })
-                    .collect();
-                // SAFETY: `p` holds `p.len()` valid pollfds.
-                unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-                self.drain_eventfd();
-                if p.len() > 1 {
-                    for vi in self.s.members() {
-                        Vi::run_timers(vi);
-                    }
+            // A notice already waiting (a receive's, made with a send's)
+            // needs no look at the VIs.
+            if !self.s.direct {
+                if let Some(c) = self.pop()? {
+                    return Ok(c);
                 }
             }
-            self.s.waiters.fetch_sub(1, Ordering::AcqRel);
-            if let Some(c) = c? {
-                return Ok(c);
+            let left = match timeout {
+                Some(t) => match t.checked_sub(start.elapsed()) {
+                    Some(l) if !l.is_zero() => l,
+                    _ => return Err(WaitError::Timeout),
+                },
+                None => SLEEP_SLICE,
+            };
+            let nap = left.min(SLEEP_SLICE);
+            let t0 = Instant::now();
+            if !self.sleep_futex(nap, look_at_peers)? {
+                self.sleep_poll(nap)?;
             }
             if let Some(c) = self.done()? {
                 return Ok(c);
             }
-            if timeout.is_some_and(|t| start.elapsed() >= t) {
-                return Err(WaitError::Timeout);
+            // A full slice without a wake-up: look at the peers' health next round.
+            look_at_peers = t0.elapsed() + Duration::from_millis(1) >= SLEEP_SLICE;
+        }
+    }
+
+    /// True if a notice is waiting or the walk of a direct CQ finds one.
+    fn ready(&self) -> bool {
+        if self.s.direct {
+            self.walk(|vi, q| vi.head_done(q).then_some(())).is_some()
+        } else {
+            self.s.queued.load(Ordering::SeqCst) > 0
+        }
+    }
+
+    /// Sleeps up to `nap` on every attached VI's futex doorbell and the
+    /// CQ's word at once, unless something is ready after arming. False if
+    /// the VIs cannot be slept on so (network VIs, an old kernel, too many
+    /// VIs): nothing was slept, and later waits sleep in `poll`.
+    ///
+    /// An armed doorbell is never disarmed here: another thread of the
+    /// process may sleep on it too (in a VI's own wait), and a doorbell
+    /// left armed costs its peer one needless wake call at most.
+    fn sleep_futex(&self, nap: Duration, look_at_peers: bool) -> Result<bool, WaitError> {
+        if !self.s.futex_ok.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let members = self.s.members();
+        if members.len() >= uvia_shm::doorbell::SLEEP_ANY_MAX {
+            return Ok(false);
+        }
+        let sleeps: Vec<_> = members.iter().map(Vi::arm_sleep).collect();
+        if sleeps.iter().any(|s| s.watch().is_err()) {
+            // The VIs of one Nic are all of its provider: this CQ's never
+            // sleep on futexes.
+            self.s.futex_ok.store(false, Ordering::Relaxed);
+            return Ok(false);
+        }
+        let _counted = Counted::new(&self.s, Asleep::Futex);
+        // Read after counting: a notice published from here on moves it.
+        let seq = self.s.word.load(Ordering::SeqCst);
+        // Re-check after arming and counting: a message published before
+        // the arm, or a notice before the count, is seen here.
+        let mut moved = false;
+        for vi in &members {
+            moved |= Vi::poll_progress(vi.clone());
+            if look_at_peers {
+                moved |= Vi::check_peer(vi.clone());
             }
         }
+        if moved || self.ready() {
+            return Ok(true);
+        }
+        let mut words: Vec<_> = sleeps
+            .iter()
+            .filter_map(|s| s.watch().ok().flatten())
+            .collect();
+        words.push(uvia_shm::doorbell::Watch::local(&self.s.word, seq));
+        if uvia_shm::doorbell::sleep_any(&words, nap).is_err() {
+            // Nothing slept: a kernel before 5.16.
+            self.s.futex_ok.store(false, Ordering::Relaxed);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Sleeps up to `nap` in `poll` on the eventfd and the attached VIs'
+    /// sockets, unless something is ready after arming; then runs the
+    /// network VIs' timers (their waiter is their only driver meanwhile).
+    fn sleep_poll(&self, nap: Duration) -> Result<(), WaitError> {
+        let _counted = Counted::new(&self.s, Asleep::Poll);
+        if self.arm() {
+            return Ok(());
+        }
+        // Network VIs have no doorbell: their frames wake the waiter
+        // through their sockets, and their timers need a look at least
+        // every millisecond.
+        let members = self.s.members();
+        let net: Vec<RawFd> = members.iter().filter_map(Vi::wake_fd).collect();
+        let cap = if net.is_empty() {
+            nap
+        } else {
+            nap.min(Duration::from_millis(1))
+        };
+        let mut p: Vec<libc::pollfd> = std::iter::once(self.s.efd.as_raw_fd())
+            .chain(net)
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // Rounded up: a sub-millisecond nap must not become a busy loop.
+        let ms = cap.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: `p` holds `p.len()` valid pollfds.
+        unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+        if p[0].revents & libc::POLLIN != 0 {
+            self.drain_eventfd();
+        }
+        if p.len() > 1 {
+            for vi in members {
+                Vi::run_timers(vi);
+            }
+        }
+        Ok(())
     }
 
     /// The eventfd to put in an epoll set. It becomes readable after

@@ -415,4 +415,17 @@ impl Sleep {
     pub fn runs_timers(&self) -> bool {
         matches!(self, Sleep::Net(_))
     }
+
+    /// What a completion queue's waiter sleeping on several VIs at once
+    /// watches for this one: a futex word, or nothing to wait for (`Ok(None)`,
+    /// a VI with no connection). `Err(())`: this sleep is on a descriptor,
+    /// which a futex cannot watch.
+    #[allow(clippy::result_unit_err)]
+    pub fn watch(&self) -> Result<Option<uvia_shm::doorbell::Watch<'_>>, ()> {
+        match self {
+            Sleep::Shm(s) => Ok(Some(s.watch())),
+            Sleep::Net(_) => Err(()),
+            Sleep::Nap => Ok(None),
+        }
+    }
 }

@@ -102,6 +102,11 @@ impl Sleep {
     pub fn sleep(self, nap: Duration) {
         block_in(&self.seg, self.side).bell.sleep(self.seq, nap);
     }
+
+    /// The doorbell's futex word, for a waiter that sleeps on several.
+    pub fn watch(&self) -> doorbell::Watch<'_> {
+        block_in(&self.seg, self.side).bell.watch(self.seq)
+    }
 }
 
 impl ShmVi {
