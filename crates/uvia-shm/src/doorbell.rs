@@ -170,25 +170,23 @@ pub fn sleep_any(words: &[Watch<'_>], timeout: Duration) -> io::Result<()> {
     if words.is_empty() || words.len() > SLEEP_ANY_MAX {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
-    let mut v: [FutexWaitv; SLEEP_ANY_MAX] = std::array::from_fn(|_| FutexWaitv {
-        val: 0,
-        uaddr: 0,
-        flags: 0,
-        reserved: 0,
-    });
-    for (slot, w) in v.iter_mut().zip(words) {
-        *slot = FutexWaitv {
+    let flags = |private: bool| {
+        FUTEX2_SIZE_U32
+            | if private {
+                libc::FUTEX_PRIVATE_FLAG as u32
+            } else {
+                0
+            }
+    };
+    let v: Vec<FutexWaitv> = words
+        .iter()
+        .map(|w| FutexWaitv {
             val: w.seq as u64,
             uaddr: w.word.as_ptr() as u64,
-            flags: FUTEX2_SIZE_U32
-                | if w.private {
-                    libc::FUTEX_PRIVATE_FLAG as u32
-                } else {
-                    0
-                },
+            flags: flags(w.private),
             reserved: 0,
-        };
-    }
+        })
+        .collect();
     // futex_waitv takes an absolute time on the clock it is given.
     let mut now = libc::timespec {
         tv_sec: 0,

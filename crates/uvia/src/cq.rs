@@ -70,6 +70,10 @@ pub(crate) struct CqShared {
     spin_ns: AtomicU64,
     /// Threads in [`Cq::wait`]'s sleep phase: they drive the attached VIs.
     in_wait: AtomicU32,
+    /// The longest sleep before a look at the peers' health, in
+    /// nanoseconds ([`SLEEP_SLICE`]; tests make it long, so that a lost
+    /// wake-up shows as a timeout).
+    slice_ns: AtomicU64,
     /// Keeps no notices: polls walk the members' queues.
     direct: bool,
     /// Where a direct CQ's next walk starts.
@@ -274,6 +278,7 @@ impl Cq {
                 futex_ok: AtomicBool::new(true),
                 spin_ns: AtomicU64::new(DEFAULT_WAIT_SPIN.as_nanos() as u64),
                 in_wait: AtomicU32::new(0),
+                slice_ns: AtomicU64::new(SLEEP_SLICE.as_nanos() as u64),
                 direct,
                 next: AtomicUsize::new(0),
             }),
@@ -389,6 +394,21 @@ impl Cq {
         );
     }
 
+    /// Makes the longest sleep of a waiter `slice` (tests: a lost wake-up
+    /// then shows as a timeout instead of a slice's delay).
+    #[cfg(test)]
+    pub(crate) fn set_sleep_slice(&self, slice: Duration) {
+        self.s
+            .slice_ns
+            .store(slice.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// True while a thread is counted asleep here (tests).
+    #[cfg(test)]
+    pub(crate) fn has_sleeper(&self) -> bool {
+        self.s.sleepers.load(Ordering::SeqCst) + self.s.waiters.load(Ordering::SeqCst) > 0
+    }
+
     /// Waits for a notice (VipCQWait): polls for the wait-spin time, then
     /// sleeps until a VI's peer or another thread makes one (see the
     /// module's notes). `None` waits forever.
@@ -409,6 +429,7 @@ impl Cq {
         // Sleep phase: arming looks at progress once more, and after a
         // wake-up the notice is usually there for the look that follows.
         let _driving = InWait::new(&self.s.in_wait);
+        let slice = Duration::from_nanos(self.s.slice_ns.load(Ordering::Relaxed));
         let mut look_at_peers = false;
         loop {
             // A notice already waiting (a receive's, made with a send's)
@@ -423,9 +444,9 @@ impl Cq {
                     Some(l) if !l.is_zero() => l,
                     _ => return Err(WaitError::Timeout),
                 },
-                None => SLEEP_SLICE,
+                None => slice,
             };
-            let nap = left.min(SLEEP_SLICE);
+            let nap = left.min(slice);
             let t0 = Instant::now();
             if !self.sleep_futex(nap, look_at_peers)? {
                 self.sleep_poll(nap)?;
@@ -434,7 +455,7 @@ impl Cq {
                 return Ok(c);
             }
             // A full slice without a wake-up: look at the peers' health next round.
-            look_at_peers = t0.elapsed() + Duration::from_millis(1) >= SLEEP_SLICE;
+            look_at_peers = t0.elapsed() + Duration::from_millis(1) >= slice;
         }
     }
 
@@ -499,17 +520,23 @@ impl Cq {
     }
 
     /// Sleeps up to `nap` in `poll` on the eventfd and the attached VIs'
-    /// sockets, unless something is ready after arming; then runs the
-    /// network VIs' timers (their waiter is their only driver meanwhile).
+    /// sockets, unless something is ready after arming. A network VI's
+    /// timers run here when nothing woke the sleeper (its waiter is then
+    /// its only driver); a frame's wake-up goes to the frame first, and
+    /// progress looks at the timers every few calls.
     fn sleep_poll(&self, nap: Duration) -> Result<(), WaitError> {
         let _counted = Counted::new(&self.s, Asleep::Poll);
-        if self.arm() {
+        let members = self.s.members();
+        let mut ready = false;
+        for vi in &members {
+            ready |= Vi::arm_eventfd(vi.clone());
+        }
+        if ready || self.ready() {
             return Ok(());
         }
         // Network VIs have no doorbell: their frames wake the waiter
         // through their sockets, and their timers need a look at least
         // every millisecond.
-        let members = self.s.members();
         let net: Vec<RawFd> = members.iter().filter_map(Vi::wake_fd).collect();
         let cap = if net.is_empty() {
             nap
@@ -527,11 +554,11 @@ impl Cq {
         // Rounded up: a sub-millisecond nap must not become a busy loop.
         let ms = cap.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         // SAFETY: `p` holds `p.len()` valid pollfds.
-        unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+        let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
         if p[0].revents & libc::POLLIN != 0 {
             self.drain_eventfd();
         }
-        if p.len() > 1 {
+        if n == 0 && p.len() > 1 {
             for vi in members {
                 Vi::run_timers(vi);
             }
@@ -769,6 +796,217 @@ mod tests {
         );
         cq.drain_eventfd();
         assert!(cq.done().unwrap().is_some());
+    }
+
+    /// One end of [`pair_on_cq`]: its VI, NIC and a region of 16 slots of
+    /// 64 bytes, each slot's receive posted.
+    struct End {
+        vi: Vi,
+        nic: Nic,
+        ptag: Ptag,
+        buf: MemoryRegion,
+    }
+
+    const SLOT: usize = 64;
+    const SLOTS: usize = 16;
+
+    /// A server VI on `name` with both queues on the CQ `cq_of` makes,
+    /// connected from a client VI of a NIC of its own (shm: the same NIC).
+    /// Returns (client, server, CQ).
+    fn pair_on_cq(name: &str, cq_of: impl Fn(&Nic) -> Cq) -> (End, End, Cq) {
+        let sn = Nic::open(name).unwrap();
+        let cn = if sn.attributes().host_local {
+            sn.clone()
+        } else {
+            Nic::open(name).unwrap()
+        };
+        let cq = cq_of(&sn);
+        let end = |nic: &Nic, cq: Option<&Cq>| {
+            let ptag = nic.create_ptag().unwrap();
+            let vi = nic.create_vi(ViAttributes::new(ptag), cq, cq).unwrap();
+            let buf = nic
+                .alloc_region(SLOT * SLOTS, MemAttributes::new(ptag))
+                .unwrap();
+            for k in 0..SLOTS {
+                vi.post_recv(Box::new(Descriptor::recv(&[buf.segment(k * SLOT, SLOT)])))
+                    .unwrap();
+            }
+            End {
+                vi,
+                nic: nic.clone(),
+                ptag,
+                buf,
+            }
+        };
+        let (server, client) = (end(&sn, Some(&cq)), end(&cn, None));
+        let disc = Discriminator::from_u64(
+            (std::process::id() as u64) << 32 | 0x5eeb_0000 | (name.len() as u64),
+        );
+        let (n2, s2, d2) = (sn.clone(), server.vi.clone(), disc.clone());
+        let t = std::thread::spawn(move || {
+            let mut req = n2.connect_wait(&d2, Some(Duration::from_secs(5))).unwrap();
+            req.accept(&s2).unwrap();
+            n2.stop_listening(&d2);
+        });
+        client
+            .vi
+            .connect_request(
+                &NetAddress::new(&sn.attributes().address, disc),
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        t.join().unwrap();
+        (client, server, cq)
+    }
+
+    /// Posts round `i` (4 bytes) from slot `i` of `buf`.
+    fn post_round(vi: &Vi, buf: &mut MemoryRegion, i: u32) {
+        let at = i as usize % SLOTS * SLOT;
+        buf.as_mut_slice()[at..at + 4].copy_from_slice(&i.to_le_bytes());
+        vi.post_send(Box::new(Descriptor::send(&[buf.segment(at, 4)])))
+            .unwrap();
+    }
+
+    /// Takes the completed receive of round `i` on `e` (slot `i`), checks
+    /// it carried `i`, and posts the slot again.
+    fn take_round(e: &End, i: u32) {
+        let d = e.vi.recv_done().expect("the notice names a receive");
+        assert_eq!(d.result(), Ok(4));
+        let at = i as usize % SLOTS * SLOT;
+        let got = u32::from_le_bytes(e.buf.as_slice()[at..at + 4].try_into().unwrap());
+        assert_eq!(got, i);
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(at, SLOT)])))
+            .unwrap();
+    }
+
+    /// A CQ whose waits sleep at once, with a slice too long for a lost
+    /// wake-up to hide in.
+    fn sleepy_cq(nic: &Nic) -> Cq {
+        let cq = nic.create_cq(64).unwrap();
+        cq.set_wait_spin(Duration::ZERO);
+        cq.set_sleep_slice(Duration::from_secs(60));
+        cq
+    }
+
+    /// A wait that a wake-up ends: one that was lost would sleep the
+    /// whole 60 s slice (as the doorbell's tests, a bound no scheduler
+    /// delay comes near).
+    fn woken_wait(cq: &Cq, round: u32) -> CqCompletion {
+        let start = std::time::Instant::now();
+        let c = cq.wait(None).unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "round {round}: the waiter slept its whole slice (a lost wake-up)"
+        );
+        c
+    }
+
+    /// Waits until a thread is counted asleep on `cq`; then, every other
+    /// round, a moment more (it is in the kernel), else at once (racing
+    /// its arming).
+    fn until_asleep(cq: &Cq, round: u32) {
+        let start = std::time::Instant::now();
+        while !cq.has_sleeper() {
+            assert!(start.elapsed() < Duration::from_secs(30), "never slept");
+            std::thread::yield_now();
+        }
+        if round % 2 == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The peer's message wakes a waiter that went to sleep before it
+    /// came, round after round.
+    fn waiter_is_woken_by_each_message(name: &str) {
+        let (client, server, cq) = pair_on_cq(name, sleepy_cq);
+        const ROUNDS: u32 = 200;
+        let cq2 = cq.clone();
+        let (vi, nic, ptag) = (client.vi.clone(), client.nic.clone(), client.ptag);
+        let peer = std::thread::spawn(move || {
+            let mut out = nic
+                .alloc_region(SLOT * SLOTS, MemAttributes::new(ptag))
+                .unwrap();
+            for i in 0..ROUNDS {
+                until_asleep(&cq2, i);
+                post_round(&vi, &mut out, i);
+                let d = vi.send_wait(Some(Duration::from_secs(10))).unwrap();
+                assert_eq!(d.result(), Ok(4), "round {i}");
+            }
+        });
+        for i in 0..ROUNDS {
+            let c = woken_wait(&cq, i);
+            assert_eq!((c.vi.id(), c.queue), (server.vi.id(), Queue::Recv));
+            take_round(&server, i);
+        }
+        // The last send completes when this side acknowledges it (udp).
+        while !peer.is_finished() {
+            server.vi.drive();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        peer.join().unwrap();
+        client.vi.disconnect();
+    }
+
+    #[test]
+    fn a_sleeping_waiter_is_woken_by_each_message_shm() {
+        waiter_is_woken_by_each_message("shm");
+    }
+
+    /// On udp a sleep lasts 1 ms at most (the protocol's timers), so a
+    /// lost wake-up would cost that much, not the slice: the rounds show
+    /// that every message is handed over, in order, to a sleeping waiter.
+    #[test]
+    fn a_sleeping_waiter_is_woken_by_each_message_udp() {
+        waiter_is_woken_by_each_message("udp:127.0.0.1");
+    }
+
+    /// A notice made by another thread of the process (a send that
+    /// completes in the thread that posts it) wakes a waiter asleep on the
+    /// VIs' doorbells, which no peer rings meanwhile.
+    #[test]
+    fn a_notice_made_by_another_thread_wakes_the_sleeper() {
+        let (client, mut server, cq) = pair_on_cq("shm", sleepy_cq);
+        const ROUNDS: u32 = 50;
+        let (cq2, vi, nic, ptag) = (
+            cq.clone(),
+            server.vi.clone(),
+            server.nic.clone(),
+            server.ptag,
+        );
+        let poster = std::thread::spawn(move || {
+            let mut out = nic
+                .alloc_region(SLOT * SLOTS, MemAttributes::new(ptag))
+                .unwrap();
+            for i in 0..ROUNDS {
+                until_asleep(&cq2, i);
+                post_round(&vi, &mut out, i);
+            }
+        });
+        for i in 0..ROUNDS {
+            let c = woken_wait(&cq, i);
+            assert_eq!((c.vi.id(), c.queue), (server.vi.id(), Queue::Send));
+            let d = server.vi.send_done().expect("the notice names a send");
+            assert_eq!(d.result(), Ok(4));
+            // The client takes each message, so that no ring fills.
+            let start = std::time::Instant::now();
+            loop {
+                if client.vi.recv_done().is_some() {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "round {i} never arrived"
+                );
+            }
+            let at = i as usize % SLOTS * SLOT;
+            client
+                .vi
+                .post_recv(Box::new(Descriptor::recv(&[client.buf.segment(at, SLOT)])))
+                .unwrap();
+        }
+        poster.join().unwrap();
+        server.buf.as_mut_slice()[0] = 0;
+        client.vi.disconnect();
     }
 
     #[test]

@@ -840,6 +840,7 @@ impl Vi {
         }
         // Sleep phase: announce, re-check, sleep on what the transport names.
         let mut look_at_peer = false;
+        let mut timers = false;
         loop {
             let sleep = {
                 let mut g = self.lock();
@@ -853,9 +854,21 @@ impl Vi {
                 if let Some(d) = self.pop(q, queue, owned) {
                     return Ok(d);
                 }
+                // Nothing came after a sleep: the protocol's timers, which
+                // a message's wake-up leaves off its path.
+                if timers {
+                    t.run_timers(self, q);
+                    if let Some(d) = self.pop(q, queue, owned) {
+                        return Ok(d);
+                    }
+                }
                 let sleep = t.arm(&self.s.nic);
-                // Re-check after arming: a message published before the arm is seen here.
-                t.progress(self, q);
+                // Re-check after arming: a message published before the arm
+                // is seen here (a descriptor that stays readable while input
+                // waits needs no look).
+                if sleep.needs_recheck() {
+                    t.progress(self, q);
+                }
                 if look_at_peer {
                     t.check_peer(self, q);
                 }
@@ -874,13 +887,8 @@ impl Vi {
             };
             let nap = left.min(SLEEP_SLICE);
             let t0 = Instant::now();
-            let timers = sleep.runs_timers();
+            timers = sleep.runs_timers();
             sleep.sleep(&self.s.nic, nap);
-            if timers {
-                let mut g = self.lock();
-                let ViInner { q, t } = &mut *g;
-                t.run_timers(self, q);
-            }
             // A full slice without a wake-up: look at the peer's health next round.
             look_at_peer = t0.elapsed() + Duration::from_millis(1) >= SLEEP_SLICE;
         }

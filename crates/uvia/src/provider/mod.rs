@@ -416,6 +416,13 @@ impl Sleep {
         matches!(self, Sleep::Net(_))
     }
 
+    /// True if progress must be looked at after arming, before sleeping:
+    /// a doorbell rings only for what comes after the arm. A network
+    /// VI's socket stays readable while a frame waits there.
+    pub fn needs_recheck(&self) -> bool {
+        !matches!(self, Sleep::Net(_))
+    }
+
     /// What a completion queue's waiter sleeping on several VIs at once
     /// watches for this one: a futex word, or nothing to wait for (`Ok(None)`,
     /// a VI with no connection). `Err(())`: this sleep is on a descriptor,
