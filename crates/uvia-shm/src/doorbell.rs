@@ -88,6 +88,22 @@ impl Doorbell {
         }
     }
 
+    /// Wakes whoever sleeps on this doorbell now, armed or not: for a
+    /// waker of the owner's own process (the peer rings with
+    /// [`ring`](Self::ring)).
+    pub fn wake(&self) {
+        self.seq.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: valid futex word as in `sleep`.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.seq.as_ptr(),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+            )
+        };
+    }
+
     /// Called by the waker after it has published its data. Returns the arm
     /// flags that were set (0 when nobody sleeps); wakes a futex sleeper itself
     /// and leaves an eventfd wake-up to the caller, who holds the descriptor.

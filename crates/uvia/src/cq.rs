@@ -63,6 +63,10 @@ pub(crate) struct CqShared {
     /// made by another thread of the process moves `word` and wakes them.
     sleepers: AtomicU32,
     word: AtomicU32,
+    /// The doorbell a waiter of a CQ with one VI sleeps on alone (as that
+    /// VI's own waiter would, in `FUTEX_WAIT`): another thread's notice
+    /// rings it. Locked only around a sleep and by such a notice.
+    lone: Mutex<Option<crate::provider::Sleep>>,
     /// False once `futex_waitv` failed (an old kernel): waiters sleep in
     /// `poll` from then on.
     futex_ok: AtomicBool,
@@ -222,6 +226,10 @@ impl CqShared {
         };
         if others(Asleep::Futex) {
             uvia_shm::doorbell::wake_local(&self.word);
+            let lone = self.lone.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(s) = lone {
+                s.wake();
+            }
         }
         if others(Asleep::Poll) {
             write_eventfd(self.efd.as_raw_fd());
@@ -275,6 +283,7 @@ impl Cq {
                 waiters: AtomicU32::new(0),
                 sleepers: AtomicU32::new(0),
                 word: AtomicU32::new(0),
+                lone: Mutex::new(None),
                 futex_ok: AtomicBool::new(true),
                 spin_ns: AtomicU64::new(DEFAULT_WAIT_SPIN.as_nanos() as u64),
                 in_wait: AtomicU32::new(0),
@@ -504,6 +513,19 @@ impl Cq {
             }
         }
         if moved || self.ready() {
+            return Ok(true);
+        }
+        if let [one] = &sleeps[..] {
+            // One VI: its doorbell alone, as its own waiter sleeps (plain
+            // FUTEX_WAIT, where futex_waitv allocates and parses a vector
+            // in the kernel on every sleep). Another thread's notice rings
+            // the doorbell itself, through `lone`: set before the re-check
+            // below, so that a notice the re-check misses finds it.
+            *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = Some(one.clone());
+            if !self.ready() {
+                one.clone().sleep(&self.s.nic, nap);
+            }
+            *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = None;
             return Ok(true);
         }
         let mut words: Vec<_> = sleeps
@@ -915,10 +937,21 @@ mod tests {
         }
     }
 
+    /// A second VI on the server's NIC and `cq`, never connected: the
+    /// waiter then sleeps on several things at once (on shm, its one
+    /// doorbell and the CQ's word in one `futex_waitv`).
+    fn idle_vi_on(server: &End, cq: &Cq) -> Vi {
+        server
+            .nic
+            .create_vi(ViAttributes::new(server.ptag), Some(cq), Some(cq))
+            .unwrap()
+    }
+
     /// The peer's message wakes a waiter that went to sleep before it
-    /// came, round after round.
-    fn waiter_is_woken_by_each_message(name: &str) {
+    /// came, round after round; with `idle`, a second VI shares the CQ.
+    fn waiter_is_woken_by_each_message(name: &str, idle: bool) {
         let (client, server, cq) = pair_on_cq(name, sleepy_cq);
+        let _idle = idle.then(|| idle_vi_on(&server, &cq));
         const ROUNDS: u32 = 200;
         let cq2 = cq.clone();
         let (vi, nic, ptag) = (client.vi.clone(), client.nic.clone(), client.ptag);
@@ -949,7 +982,8 @@ mod tests {
 
     #[test]
     fn a_sleeping_waiter_is_woken_by_each_message_shm() {
-        waiter_is_woken_by_each_message("shm");
+        waiter_is_woken_by_each_message("shm", false);
+        waiter_is_woken_by_each_message("shm", true);
     }
 
     /// On udp a sleep lasts 1 ms at most (the protocol's timers), so a
@@ -957,15 +991,23 @@ mod tests {
     /// that every message is handed over, in order, to a sleeping waiter.
     #[test]
     fn a_sleeping_waiter_is_woken_by_each_message_udp() {
-        waiter_is_woken_by_each_message("udp:127.0.0.1");
+        waiter_is_woken_by_each_message("udp:127.0.0.1", false);
+        waiter_is_woken_by_each_message("udp:127.0.0.1", true);
     }
 
     /// A notice made by another thread of the process (a send that
     /// completes in the thread that posts it) wakes a waiter asleep on the
-    /// VIs' doorbells, which no peer rings meanwhile.
+    /// VIs' doorbells, which no peer rings meanwhile: asleep on its one
+    /// VI's doorbell alone, and with a second VI on the CQ.
     #[test]
     fn a_notice_made_by_another_thread_wakes_the_sleeper() {
+        notice_of_another_thread_wakes(false);
+        notice_of_another_thread_wakes(true);
+    }
+
+    fn notice_of_another_thread_wakes(idle: bool) {
         let (client, mut server, cq) = pair_on_cq("shm", sleepy_cq);
+        let _idle = idle.then(|| idle_vi_on(&server, &cq));
         const ROUNDS: u32 = 50;
         let (cq2, vi, nic, ptag) = (
             cq.clone(),

@@ -395,6 +395,7 @@ impl Transport {
 }
 
 /// What a waiter sleeps on until the peer's next message, or a nap's end.
+#[derive(Clone)]
 pub(crate) enum Sleep {
     Shm(shm::Sleep),
     Net(net::Sleep),
@@ -414,6 +415,15 @@ impl Sleep {
     /// True if the protocol's timers should run after this sleep.
     pub fn runs_timers(&self) -> bool {
         matches!(self, Sleep::Net(_))
+    }
+
+    /// Wakes a thread asleep on this (from another thread of the process):
+    /// a futex doorbell moves on; a descriptor cannot be woken so, and its
+    /// sleeper is woken another way.
+    pub fn wake(&self) {
+        if let Sleep::Shm(s) = self {
+            s.wake();
+        }
     }
 
     /// True if progress must be looked at after arming, before sleeping:

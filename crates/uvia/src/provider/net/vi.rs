@@ -76,6 +76,7 @@ pub(crate) struct NetVi {
 
 /// What a sleeping waiter of a network VI waits on: a frame on its own
 /// medium or the Nic's, or its engine's next timer.
+#[derive(Clone)]
 pub(crate) struct Sleep(Option<Arc<dyn Medium>>);
 
 impl Sleep {
