@@ -932,7 +932,7 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(30), "never slept");
             std::thread::yield_now();
         }
-        if round % 2 == 0 {
+        if round.is_multiple_of(2) {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
