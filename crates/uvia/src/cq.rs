@@ -457,8 +457,8 @@ impl Cq {
             };
             let nap = left.min(slice);
             let t0 = Instant::now();
-            if !self.sleep_futex(nap, look_at_peers)? {
-                self.sleep_poll(nap)?;
+            if !self.sleep_futex(nap, look_at_peers) {
+                self.sleep_poll(nap);
             }
             if let Some(c) = self.done()? {
                 return Ok(c);
@@ -485,20 +485,20 @@ impl Cq {
     /// An armed doorbell is never disarmed here: another thread of the
     /// process may sleep on it too (in a VI's own wait), and a doorbell
     /// left armed costs its peer one needless wake call at most.
-    fn sleep_futex(&self, nap: Duration, look_at_peers: bool) -> Result<bool, WaitError> {
+    fn sleep_futex(&self, nap: Duration, look_at_peers: bool) -> bool {
         if !self.s.futex_ok.load(Ordering::Relaxed) {
-            return Ok(false);
+            return false;
         }
         let members = self.s.members();
         if members.len() >= uvia_shm::doorbell::SLEEP_ANY_MAX {
-            return Ok(false);
+            return false;
         }
         let sleeps: Vec<_> = members.iter().map(Vi::arm_sleep).collect();
         if sleeps.iter().any(|s| s.watch().is_err()) {
             // The VIs of one Nic are all of its provider: this CQ's never
             // sleep on futexes.
             self.s.futex_ok.store(false, Ordering::Relaxed);
-            return Ok(false);
+            return false;
         }
         let _counted = Counted::new(&self.s, Asleep::Futex);
         // Read after counting: a notice published from here on moves it.
@@ -513,20 +513,23 @@ impl Cq {
             }
         }
         if moved || self.ready() {
-            return Ok(true);
+            return true;
         }
+        // A VI with a doorbell (one with no connection has nothing to ring).
         if let [one] = &sleeps[..] {
-            // One VI: its doorbell alone, as its own waiter sleeps (plain
-            // FUTEX_WAIT, where futex_waitv allocates and parses a vector
-            // in the kernel on every sleep). Another thread's notice rings
-            // the doorbell itself, through `lone`: set before the re-check
-            // below, so that a notice the re-check misses finds it.
-            *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = Some(one.clone());
-            if !self.ready() {
-                one.clone().sleep(&self.s.nic, nap);
+            if matches!(one.watch(), Ok(Some(_))) {
+                // One VI: its doorbell alone, as its own waiter sleeps (plain
+                // FUTEX_WAIT, where futex_waitv allocates and parses a vector
+                // in the kernel on every sleep). Another thread's notice rings
+                // the doorbell itself, through `lone`: set before the re-check
+                // below, so that a notice the re-check misses finds it.
+                *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = Some(one.clone());
+                if !self.ready() {
+                    one.clone().sleep(&self.s.nic, nap);
+                }
+                *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                return true;
             }
-            *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            return Ok(true);
         }
         let mut words: Vec<_> = sleeps
             .iter()
@@ -536,9 +539,9 @@ impl Cq {
         if uvia_shm::doorbell::sleep_any(&words, nap).is_err() {
             // Nothing slept: a kernel before 5.16.
             self.s.futex_ok.store(false, Ordering::Relaxed);
-            return Ok(false);
+            return false;
         }
-        Ok(true)
+        true
     }
 
     /// Sleeps up to `nap` in `poll` on the eventfd and the attached VIs'
@@ -546,7 +549,7 @@ impl Cq {
     /// timers run here when nothing woke the sleeper (its waiter is then
     /// its only driver); a frame's wake-up goes to the frame first, and
     /// progress looks at the timers every few calls.
-    fn sleep_poll(&self, nap: Duration) -> Result<(), WaitError> {
+    fn sleep_poll(&self, nap: Duration) {
         let _counted = Counted::new(&self.s, Asleep::Poll);
         let members = self.s.members();
         let mut ready = false;
@@ -554,7 +557,7 @@ impl Cq {
             ready |= Vi::arm_eventfd(vi.clone());
         }
         if ready || self.ready() {
-            return Ok(());
+            return;
         }
         // Network VIs have no doorbell: their frames wake the waiter
         // through their sockets, and their timers need a look at least
@@ -585,7 +588,6 @@ impl Cq {
                 Vi::run_timers(vi);
             }
         }
-        Ok(())
     }
 
     /// The eventfd to put in an epoll set. It becomes readable after
