@@ -15,13 +15,14 @@
 //! queue's stay in order.
 //!
 //! A waiter ([`Cq::wait`]) sleeps in one system call and is woken by one:
-//! where every attached VI sleeps on a futex doorbell (shm), on all of them
-//! and a futex word of the CQ's own at once (`futex_waitv`), so a peer's
-//! message wakes it with the same single `FUTEX_WAKE` that wakes a VI's own
-//! waiter; else in `poll` on the eventfd and the VIs' sockets (udp, xdp),
-//! which their frames make readable. Another thread of the process that
-//! makes a notice wakes the sleeper through the CQ's word or eventfd; the
-//! waiter's own progress, which makes most notices, wakes nobody.
+//! where the attached VIs sleep on futex doorbells (shm), on the one VI's
+//! doorbell, or on all of them and a futex word of the CQ's own at once
+//! (`futex_waitv`), so a peer's message wakes it with the same single
+//! `FUTEX_WAKE` that wakes a VI's own waiter; else in `poll` on the eventfd
+//! and the VIs' sockets (udp, xdp), which their frames make readable.
+//! Another thread of the process that makes a notice wakes the sleeper
+//! through that doorbell, the CQ's word or the eventfd; the waiter's own
+//! progress, which makes most notices, wakes nobody.
 
 use crate::desc::Descriptor;
 use crate::error::{CqError, WaitError};
