@@ -362,6 +362,59 @@ mod tests {
         );
     }
 
+    /// Where the kernel has futex_waitv (5.16 on): a word that moved
+    /// before the sleep ends it at once; a wake of either word ends it.
+    #[test]
+    fn sleep_any_ends_on_any_word() {
+        let (bell, own) = (Arc::new(Doorbell::default()), Arc::new(AtomicU32::new(0)));
+        let seq = bell.arm(FUTEX);
+        let moved = own.load(Ordering::SeqCst);
+        own.fetch_add(1, Ordering::SeqCst);
+        let start = Instant::now();
+        match sleep_any(
+            &[bell.watch(seq), Watch::local(&own, moved)],
+            Duration::from_secs(30),
+        ) {
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                eprintln!("skipped: no futex_waitv in this kernel");
+                return;
+            }
+            r => r.unwrap(),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the moved word ended it"
+        );
+        for wake_own in [false, true] {
+            let seq = bell.arm(FUTEX);
+            let mine = own.load(Ordering::SeqCst);
+            let (b2, o2) = (bell.clone(), own.clone());
+            let t = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                if wake_own {
+                    wake_local(&o2);
+                } else {
+                    b2.wake();
+                }
+            });
+            let start = Instant::now();
+            sleep_any(
+                &[bell.watch(seq), Watch::local(&own, mine)],
+                Duration::from_secs(30),
+            )
+            .unwrap();
+            t.join().unwrap();
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "woken by the wake (own word: {wake_own}), not the timeout"
+            );
+        }
+        assert!(
+            sleep_any(&[], Duration::from_millis(1)).is_err(),
+            "no words"
+        );
+    }
+
     #[test]
     fn only_eventfds_are_kept_and_a_full_one_never_blocks() {
         use std::os::fd::FromRawFd;
