@@ -78,6 +78,32 @@ impl Doorbell {
         };
     }
 
+    /// What [`sleep_any`] watches for this doorbell: its futex word and the
+    /// sequence [`arm`](Self::arm) returned.
+    pub fn watch(&self, seq: u32) -> Watch<'_> {
+        Watch {
+            word: &self.seq,
+            seq,
+            private: false,
+        }
+    }
+
+    /// Wakes whoever sleeps on this doorbell now, armed or not: for a
+    /// waker of the owner's own process (the peer rings with
+    /// [`ring`](Self::ring)).
+    pub fn wake(&self) {
+        self.seq.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: valid futex word as in `sleep`.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.seq.as_ptr(),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+            )
+        };
+    }
+
     /// Called by the waker after it has published its data. Returns the arm
     /// flags that were set (0 when nobody sleeps); wakes a futex sleeper itself
     /// and leaves an eventfd wake-up to the caller, who holds the descriptor.
@@ -112,6 +138,124 @@ impl Doorbell {
         }
         how
     }
+}
+
+/// A futex word for [`sleep_any`] and the value it had when its owner
+/// announced the sleep: the sleep ends when the word moves past it.
+pub struct Watch<'a> {
+    word: &'a AtomicU32,
+    seq: u32,
+    /// Woken only from this process (`FUTEX_PRIVATE_FLAG`, a cheaper hash).
+    private: bool,
+}
+
+impl Watch<'_> {
+    /// A word of this process's own memory, woken by [`wake_local`].
+    pub fn local(word: &AtomicU32, seq: u32) -> Watch<'_> {
+        Watch {
+            word,
+            seq,
+            private: true,
+        }
+    }
+}
+
+/// The most words [`sleep_any`] watches (the kernel's `FUTEX_WAITV_MAX`).
+pub const SLEEP_ANY_MAX: usize = 128;
+
+/// The kernel's `struct futex_waitv` (linux/futex.h; the libc crate does not
+/// declare it).
+#[repr(C)]
+struct FutexWaitv {
+    val: u64,
+    uaddr: u64,
+    flags: u32,
+    reserved: u32,
+}
+
+/// `FUTEX2_SIZE_U32` of linux/futex.h.
+const FUTEX2_SIZE_U32: u32 = 2;
+
+/// Sleeps until any of `words` moves past its value, a wake-up on one of
+/// them, or `timeout`: one system call for a waiter with several doorbells
+/// (a completion queue's VIs) and a word of its own. Spurious returns are
+/// allowed. An error of kind `Unsupported` (ENOSYS: a kernel before 5.16)
+/// or `InvalidInput` (more than [`SLEEP_ANY_MAX`] words) means nothing
+/// slept: the caller waits another way.
+pub fn sleep_any(words: &[Watch<'_>], timeout: Duration) -> io::Result<()> {
+    if words.is_empty() || words.len() > SLEEP_ANY_MAX {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    let flags = |private: bool| {
+        FUTEX2_SIZE_U32
+            | if private {
+                libc::FUTEX_PRIVATE_FLAG as u32
+            } else {
+                0
+            }
+    };
+    let v: Vec<FutexWaitv> = words
+        .iter()
+        .map(|w| FutexWaitv {
+            val: w.seq as u64,
+            uaddr: w.word.as_ptr() as u64,
+            flags: flags(w.private),
+            reserved: 0,
+        })
+        .collect();
+    // futex_waitv takes an absolute time on the clock it is given.
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a live timespec for the kernel to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let ns = now.tv_nsec as u128 + timeout.subsec_nanos() as u128;
+    let at = libc::timespec {
+        tv_sec: (now.tv_sec as u64)
+            .saturating_add(timeout.as_secs())
+            .saturating_add((ns / 1_000_000_000) as u64)
+            .min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `v` holds `words.len()` filled entries whose addresses are
+    // live, aligned u32 words (a doorbell in a mapping its caller keeps, or
+    // the caller's own word); `at` outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex_waitv,
+            v.as_ptr(),
+            words.len() as libc::c_uint,
+            0 as libc::c_uint,
+            &at as *const libc::timespec,
+            libc::CLOCK_MONOTONIC,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSYS) => Err(io::Error::from(io::ErrorKind::Unsupported)),
+            Some(libc::EINVAL) => Err(io::Error::from(io::ErrorKind::InvalidInput)),
+            // EAGAIN (a word had moved already), ETIMEDOUT, EINTR: a return.
+            _ => Ok(()),
+        };
+    }
+    Ok(())
+}
+
+/// Moves a word of this process's memory on and wakes whoever sleeps on it
+/// in [`sleep_any`] (as [`Watch::local`]).
+pub fn wake_local(word: &AtomicU32) {
+    word.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: a live, aligned u32 of this process; private futex op.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        )
+    };
 }
 
 /// An eventfd the peer passed for its wake-ups, checked to be one: a pipe or
@@ -215,6 +359,59 @@ mod tests {
         assert!(
             waited < Duration::from_secs(30),
             "woken by the ring, not the timeout"
+        );
+    }
+
+    /// Where the kernel has futex_waitv (5.16 on): a word that moved
+    /// before the sleep ends it at once; a wake of either word ends it.
+    #[test]
+    fn sleep_any_ends_on_any_word() {
+        let (bell, own) = (Arc::new(Doorbell::default()), Arc::new(AtomicU32::new(0)));
+        let seq = bell.arm(FUTEX);
+        let moved = own.load(Ordering::SeqCst);
+        own.fetch_add(1, Ordering::SeqCst);
+        let start = Instant::now();
+        match sleep_any(
+            &[bell.watch(seq), Watch::local(&own, moved)],
+            Duration::from_secs(30),
+        ) {
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                eprintln!("skipped: no futex_waitv in this kernel");
+                return;
+            }
+            r => r.unwrap(),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the moved word ended it"
+        );
+        for wake_own in [false, true] {
+            let seq = bell.arm(FUTEX);
+            let mine = own.load(Ordering::SeqCst);
+            let (b2, o2) = (bell.clone(), own.clone());
+            let t = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                if wake_own {
+                    wake_local(&o2);
+                } else {
+                    b2.wake();
+                }
+            });
+            let start = Instant::now();
+            sleep_any(
+                &[bell.watch(seq), Watch::local(&own, mine)],
+                Duration::from_secs(30),
+            )
+            .unwrap();
+            t.join().unwrap();
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "woken by the wake (own word: {wake_own}), not the timeout"
+            );
+        }
+        assert!(
+            sleep_any(&[], Duration::from_millis(1)).is_err(),
+            "no words"
         );
     }
 

@@ -1,7 +1,8 @@
 /*
  * Completion queues: sizes, resize, destroy rules, waits on a queue bound
  * to a CQ (VIP_INVALID_STATE), several VIs on one CQ with notices in
- * completion order, send and receive queues on one CQ, overflow.
+ * completion order, send and receive queues on one CQ, overflow, blocking
+ * waits that a peer in another process wakes (no lost wake-up).
  */
 #include "common.h"
 
@@ -427,6 +428,101 @@ static void t_overflow(int arg)
     pair_close(&pr);
 }
 
+/* ---- Blocking waits: the waker comes after the sleeper slept -------------------------------- */
+
+/* Rounds of a ping-pong in which each side waits in VipCQWait (both queues
+ * bound to one CQ, VIPL_WAIT_SPIN_US=0: it sleeps at once) and the other
+ * side answers after a pause every other round, so that the message finds
+ * the waiter asleep; the rounds in between answer at once (a message
+ * racing the sleeper's arming). */
+#define SLEEP_ROUNDS 120
+#define SLEEP_PAUSE_MS 2
+
+/* The next receive through the CQ: waits until a notice names the receive
+ * queue of `vi`, taking back the sends it names meanwhile. NULL (with a
+ * failed check) on anything else. */
+static VIP_DESCRIPTOR *cq_next_recv(VIP_CQ_HANDLE cq, VIP_VI_HANDLE vi)
+{
+    for (;;) {
+        VIP_VI_HANDLE got = NULL;
+        VIP_BOOLEAN rq = -1;
+        VIP_RETURN r = VipCQWait(cq, 10000, &got, &rq);
+        CHECKF(r == VIP_SUCCESS, "VipCQWait: %s", vip_ret_name(r));
+        if (r != VIP_SUCCESS)
+            return NULL;
+        CHECKF(got == vi, "the notice names VI %p, not %p", got, vi);
+        VIP_DESCRIPTOR *d = NULL;
+        if (!rq) {
+            CHECK_RET(VipSendDone(vi, &d), VIP_SUCCESS);
+            if (d)
+                CHECK_EQ(d->CS.Status & VIP_STATUS_ERROR_MASK, 0);
+            continue;
+        }
+        r = VipRecvDone(vi, &d);
+        CHECKF(r == VIP_SUCCESS, "VipRecvDone after a receive notice: %s", vip_ret_name(r));
+        return r == VIP_SUCCESS ? d : NULL;
+    }
+}
+
+/* Sends round number i (4 bytes) on vi. */
+static void send_round(struct conn *x, uint32_t i)
+{
+    CHECK_RET(VipPostSend(x->vi, send_desc(&x->s, &i, sizeof i, 0), x->s.mh), VIP_SUCCESS);
+}
+
+/* The round number a receive carries, or -1 (with a failed check). */
+static long round_of(VIP_DESCRIPTOR *d)
+{
+    if (!d)
+        return -1;
+    CHECK_EQ(d->CS.Status & VIP_STATUS_ERROR_MASK, 0);
+    CHECK_EQ(d->CS.Length, 4);
+    uint32_t v;
+    memcpy(&v, seg_buf(d, 0), sizeof v);
+    return (long)v;
+}
+
+static void srv_sleepy(struct conn *x, void *arg)
+{
+    (void)arg;
+    for (uint32_t i = 0; i < SLEEP_ROUNDS; i++) {
+        VIP_DESCRIPTOR *d = cq_next_recv(x->scq, x->vi);
+        long got = round_of(d);
+        CHECKF(got == (long)i, "server: round %u carried %ld", i, got);
+        if (got != (long)i)
+            return;
+        REQUIRE_RET(VipPostRecv(x->vi, recv_desc(&x->s, 64), x->s.mh), VIP_SUCCESS);
+        if (i % 2)
+            sleep_ms(SLEEP_PAUSE_MS);
+        send_round(x, i);
+    }
+}
+
+static void t_wait_sleeps_and_wakes(int arg)
+{
+    (void)arg;
+    /* Read by VipCreateCQ and VipCreateVi, in the test and in the server
+     * it forks. */
+    setenv("VIPL_WAIT_SPIN_US", "0", 1);
+    struct pair pr;
+    struct pair_cfg cfg = {.cli_cq = 1, .srv_cq = 1, .cli_recvs = 2, .srv_recvs = 2,
+                           .server = srv_sleepy};
+    pair_open(&pr, &cfg);
+    struct conn *x = &pr.x;
+    for (uint32_t i = 0; i < SLEEP_ROUNDS; i++) {
+        if (i % 2 == 0)
+            sleep_ms(SLEEP_PAUSE_MS);
+        send_round(x, i);
+        VIP_DESCRIPTOR *d = cq_next_recv(x->scq, x->vi);
+        long got = round_of(d);
+        CHECKF(got == (long)i, "client: the answer to round %u carried %ld", i, got);
+        if (got != (long)i)
+            break;
+        REQUIRE_RET(VipPostRecv(x->vi, recv_desc(&x->s, 64), x->s.mh), VIP_SUCCESS);
+    }
+    pair_close(&pr);
+}
+
 const struct test cq_tests[] = {
     {"cq", "create_destroy", t_create_destroy, 0, 0},
     {"cq", "cq_table_full", t_cq_table_full, 0, 0},
@@ -435,5 +531,6 @@ const struct test cq_tests[] = {
     {"cq", "waits_on_bound_queues", t_bound_waits, 0, 0},
     {"cq", "several_vis_one_cq", t_several_vis, 0, 0},
     {"cq", "overflow", t_overflow, 0, 0},
+    {"cq", "wait_sleeps_and_wakes", t_wait_sleeps_and_wakes, 0, 0},
     {NULL, NULL, NULL, 0, 0},
 };

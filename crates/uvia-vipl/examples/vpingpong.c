@@ -17,7 +17,9 @@
  * kept posted ahead, all into one registered receive buffer; sends from one
  * registered send buffer, their completions taken back every 16 sends (off
  * the message's path) or when 64 are outstanding; a receiver that polls
- * VipRecvDone (--spin, the default) or waits in VipRecvWait (--block); each
+ * VipRecvDone (--spin, the default), waits in VipRecvWait (--block), or (--cq)
+ * has both queues bound to a CQ and waits in VipCQWait, then takes the
+ * descriptor the notice names with VipRecvDone or VipSendDone; each
  * round trip timed on its own with the CPU's time stamp counter read between
  * load fences (on x86-64; elsewhere, and with --clock mono,
  * clock_gettime(CLOCK_MONOTONIC)); nearest-rank median and 99th percentile.
@@ -84,6 +86,8 @@ static const char *prog = "vpingpong";
 #define REAP_EVERY 16
 #define SEND_DESCS 64
 #define RECV_AHEAD 16
+/* --cq: room for a notice of every descriptor the VI can hold. */
+#define CQ_ENTRIES (SEND_DESCS + RECV_AHEAD)
 /* What the server's replies carry. */
 #define REPLY_BYTE 0x3c
 /* Immediate data of the client's last message: the run is over. */
@@ -102,6 +106,7 @@ struct opts {
     long warmup;          /* -1: a tenth of the round trips, 10 to 10,000 */
     int block;            /* VipRecvWait instead of polling VipRecvDone */
     int rdma;             /* --rdma-write: RDMA write with immediate data */
+    int cq;               /* both queues bound to a CQ, waits in VipCQWait */
     VIP_RELIABILITY_LEVEL reliability;
     int json;
     int tsc;              /* time with the time stamp counter */
@@ -247,6 +252,8 @@ struct ep {
     int rdma;
     VIP_PVOID64 peer_rbuf;
     VIP_MEM_HANDLE peer_rmh;
+    VIP_CQ_HANDLE cq;             /* --cq: the CQ both queues report to */
+    unsigned long recv_ready;     /* --cq: receive notices not yet taken */
 };
 
 static ALWAYS_INLINE void fill_desc(VIP_DESCRIPTOR *d, void *buf, VIP_MEM_HANDLE h,
@@ -327,7 +334,9 @@ static void ep_open(struct ep *e, const struct opts *o, size_t max)
     va.Ptag = e->ptag;
     va.EnableRdmaWrite = o->rdma ? VIP_TRUE : VIP_FALSE;
     va.EnableRdmaRead = VIP_FALSE;
-    CHECK(VipCreateVi(e->nic, &va, NULL, NULL, &e->vi), NULL);
+    if (o->cq)
+        CHECK(VipCreateCQ(e->nic, CQ_ENTRIES, &e->cq), NULL);
+    CHECK(VipCreateVi(e->nic, &va, e->cq, e->cq, &e->vi), NULL);
 
     VIP_MEM_ATTRIBUTES ma;
     memset(&ma, 0, sizeof ma);
@@ -358,9 +367,75 @@ static void ep_open(struct ep *e, const struct opts *o, size_t max)
     e->remote = new_address(e->na.NicAddressLen, o->disc);
 }
 
+/* ---- --cq: both queues bound to one CQ, as message-passing libraries do --- */
+
+/* Takes one notice off the CQ, waiting for it in VipCQWait if `wait`: a
+ * send's descriptor is taken back at once with VipSendDone (a library's
+ * completion loop), a receive is counted for ep_recv, which takes its
+ * descriptor with VipRecvDone. Returns 0 if `wait` is 0 and none was there. */
+static ALWAYS_INLINE int cq_take(struct ep *e, int wait)
+{
+    VIP_VI_HANDLE vi;
+    VIP_BOOLEAN recv;
+    VIP_RETURN r;
+    if (wait)
+        r = VipCQWait(e->cq, WAIT_MS, &vi, &recv);
+    else
+        r = VipCQDone(e->cq, &vi, &recv);
+    if (r == VIP_NOT_DONE && !wait)
+        return 0;
+    if (UNLIKELY(r != VIP_SUCCESS))
+        die_vip(wait ? "VipCQWait" : "VipCQDone", r, NULL);
+    if (UNLIKELY(vi != e->vi))
+        die("a CQ notice names VI handle %p, not this side's %p", vi, e->vi);
+    if (recv) {
+        e->recv_ready++;
+        return 1;
+    }
+    VIP_DESCRIPTOR *d;
+    r = VipSendDone(vi, &d);
+    if (UNLIKELY(r != VIP_SUCCESS))
+        die_vip("VipSendDone", r, "after the CQ named the send queue");
+    if (UNLIKELY(d->CS.Status & VIP_STATUS_ERROR_MASK))
+        die_status("a send", d->CS.Status);
+    e->reaped++;
+    return 1;
+}
+
+/* ep_reap through the CQ: every notice there, or (wait) until a send is back. */
+static ALWAYS_INLINE void cq_reap(struct ep *e, int wait)
+{
+    unsigned long before = e->reaped;
+    if (wait) {
+        while (e->reaped == before)
+            cq_take(e, 1);
+    } else {
+        while (cq_take(e, 0))
+            ;
+    }
+}
+
+/* The next receive through the CQ: waits in VipCQWait until the CQ names
+ * the receive queue, then takes the descriptor with VipRecvDone. */
+static ALWAYS_INLINE VIP_DESCRIPTOR *cq_recv(struct ep *e)
+{
+    while (!e->recv_ready)
+        cq_take(e, 1);
+    e->recv_ready--;
+    VIP_DESCRIPTOR *d;
+    VIP_RETURN r = VipRecvDone(e->vi, &d);
+    if (UNLIKELY(r != VIP_SUCCESS))
+        die_vip("VipRecvDone", r, "after the CQ named the receive queue");
+    return d;
+}
+
 /* Takes back completed sends: all that have completed, or (wait) one. */
 static ALWAYS_INLINE void ep_reap(struct ep *e, int wait)
 {
+    if (e->cq) {
+        cq_reap(e, wait);
+        return;
+    }
     for (;;) {
         VIP_DESCRIPTOR *d;
         VIP_RETURN r;
@@ -450,7 +525,9 @@ static ALWAYS_INLINE VIP_DESCRIPTOR *ep_recv(struct ep *e)
         if (UNLIKELY(r != VIP_SUCCESS))
             die_vip("VipPostRecv", r, NULL);
     }
-    if (e->block) {
+    if (e->cq) {
+        d = cq_recv(e);
+    } else if (e->block) {
         r = VipRecvWait(e->vi, WAIT_MS, &d);
         if (UNLIKELY(r != VIP_SUCCESS))
             die_vip("VipRecvWait", r, NULL);
@@ -508,6 +585,22 @@ static void ep_swap_rdma_info(struct ep *e, int client)
     e->peer_rmh = (VIP_MEM_HANDLE)theirs.handle;
 }
 
+/* ep_close's drain with --cq, where the wait calls refuse a bound queue:
+ * the done calls, and a pause in VipCQWait when neither had anything. */
+static void cq_drain(struct ep *e, VIP_BOOLEAN sq_empty, VIP_BOOLEAN rq_empty)
+{
+    VIP_DESCRIPTOR *d;
+    VIP_VI_HANDLE vi;
+    VIP_BOOLEAN recv;
+    int took = 0;
+    if (!sq_empty)
+        took |= VipSendDone(e->vi, &d) == VIP_SUCCESS;
+    if (!rq_empty)
+        took |= VipRecvDone(e->vi, &d) == VIP_SUCCESS;
+    if (!took)
+        (void)VipCQWait(e->cq, 10, &vi, &recv);
+}
+
 /* Disconnects (the peer may have done so already), takes back the flushed
  * receives, and frees everything. */
 static void ep_close(struct ep *e)
@@ -523,12 +616,18 @@ static void ep_close(struct ep *e)
         CHECK(VipQueryVi(e->vi, &st, &a, &sq_empty, &rq_empty), NULL);
         if (sq_empty && rq_empty)
             break;
+        if (e->cq) {
+            cq_drain(e, sq_empty, rq_empty);
+            continue;
+        }
         if (!sq_empty)
             (void)VipSendWait(e->vi, 10, &d);
         if (!rq_empty)
             (void)VipRecvWait(e->vi, 10, &d);
     }
     CHECK(VipDestroyVi(e->vi), NULL);
+    if (e->cq)
+        CHECK(VipDestroyCQ(e->cq), NULL);
     CHECK(VipDeregisterMem(e->nic, e->rbuf, e->rmh), "receive buffer");
     CHECK(VipDeregisterMem(e->nic, e->sbuf, e->smh), "send buffer");
     CHECK(VipDeregisterMem(e->nic, e->descs, e->descs_mh), "descriptors");
@@ -729,8 +828,8 @@ static const char *level_name(VIP_RELIABILITY_LEVEL l)
 static const char *mode_name(const struct opts *o)
 {
     if (o->rdma)
-        return o->block ? "rdma-write block" : "rdma-write spin";
-    return o->block ? "block" : "spin";
+        return o->cq ? "rdma-write cq" : o->block ? "rdma-write block" : "rdma-write spin";
+    return o->cq ? "cq" : o->block ? "block" : "spin";
 }
 
 static const char *human(size_t n, char *out, size_t len)
@@ -946,6 +1045,11 @@ static void usage(FILE *f)
         "                       data into the peer's registered receive buffer\n"
         "                       (completing one of its posted receives), the server\n"
         "                       answering the same way; both sides need it\n"
+        "      --cq             both queues bound to one CQ: wait in VipCQWait,\n"
+        "                       take the named descriptor with VipRecvDone or\n"
+        "                       VipSendDone, as message-passing libraries do\n"
+        "                       (VipCQWait spins VIPL_WAIT_SPIN_US first, default\n"
+        "                       20; 0 sleeps at once)\n"
         "      --cpu LIST       cores: client or server mode one core for this\n"
         "                       process; local mode CLIENT,SERVER (default 0,1)\n"
         "      --no-pin         do not pin\n"
@@ -1046,7 +1150,7 @@ int main(int argc, char **argv)
     const char *cpu = NULL;
     parse_sizes(&o, DEFAULT_SIZES);
 
-    enum { OPT_SPIN = 256, OPT_BLOCK, OPT_CPU, OPT_NOPIN, OPT_CLOCK, OPT_RDMA_WRITE };
+    enum { OPT_SPIN = 256, OPT_BLOCK, OPT_CPU, OPT_NOPIN, OPT_CLOCK, OPT_RDMA_WRITE, OPT_CQ };
     static const struct option longs[] = {
         {"device", required_argument, 0, 'd'},
         {"sizes", required_argument, 0, 's'},
@@ -1055,6 +1159,7 @@ int main(int argc, char **argv)
         {"spin", no_argument, 0, OPT_SPIN},
         {"block", no_argument, 0, OPT_BLOCK},
         {"rdma-write", no_argument, 0, OPT_RDMA_WRITE},
+        {"cq", no_argument, 0, OPT_CQ},
         {"cpu", required_argument, 0, OPT_CPU},
         {"no-pin", no_argument, 0, OPT_NOPIN},
         {"reliability", required_argument, 0, 'r'},
@@ -1076,8 +1181,10 @@ int main(int argc, char **argv)
                 bad_usage("%s: -n must be at least 1", optarg);
             break;
         case 'w': o.warmup = (long)parse_count(optarg, "-w"); break;
-        case OPT_SPIN: o.block = 0; break;
-        case OPT_BLOCK: o.block = 1; break;
+        /* The last of --spin, --block and --cq counts. */
+        case OPT_SPIN: o.block = 0; o.cq = 0; break;
+        case OPT_BLOCK: o.block = 1; o.cq = 0; break;
+        case OPT_CQ: o.cq = 1; o.block = 0; break;
         case OPT_RDMA_WRITE: o.rdma = 1; break;
         case OPT_CPU: cpu = optarg; break;
         case OPT_NOPIN: o.pin = 0; break;

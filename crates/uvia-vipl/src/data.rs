@@ -96,7 +96,7 @@ fn attr_err(e: ViAttrError) -> VipReturn {
     }
 }
 
-/// How long VipSendWait and VipRecvWait spin before they sleep, from
+/// How long VipSendWait, VipRecvWait and VipCQWait spin before they sleep, from
 /// `VIPL_WAIT_SPIN_US` (the core's default when unset; 0 sleeps at once).
 fn wait_spin() -> Option<std::time::Duration> {
     let us = std::env::var("VIPL_WAIT_SPIN_US").ok()?;
@@ -512,6 +512,9 @@ pub unsafe extern "C" fn VipCreateCQ(
             .nic
             .create_cq(entries as usize)
             .map_err(|_| ret::ERROR_RESOURCE)?;
+        if let Some(spin) = wait_spin() {
+            c.set_wait_spin(spin);
+        }
         let Some((ch, _)) = handle::insert(|_| CqH {
             cq: c.clone(),
             nic: nh,

@@ -13,16 +13,27 @@
 //! same call, through the VI's own done path (on shm, the few-instruction
 //! receive). Completions of different VIs then come in no set order; each
 //! queue's stay in order.
+//!
+//! A waiter ([`Cq::wait`]) sleeps in one system call and is woken by one:
+//! where the attached VIs sleep on futex doorbells (shm), on the one VI's
+//! doorbell, or on all of them and a futex word of the CQ's own at once
+//! (`futex_waitv`), so a peer's message wakes it with the same single
+//! `FUTEX_WAKE` that wakes a VI's own waiter; else in `poll` on the eventfd
+//! and the VIs' sockets (udp, xdp), which their frames make readable.
+//! Another thread of the process that makes a notice wakes the sleeper
+//! through that doorbell, the CQ's word or the eventfd; the waiter's own
+//! progress, which makes most notices, wakes nobody.
 
 use crate::desc::Descriptor;
 use crate::error::{CqError, WaitError};
 use crate::lock::{Guard, SpinLock};
 use crate::nic::{Nic, NicShared};
-use crate::vi::{Queue, Vi, ViShared};
+use crate::vi::{Queue, Vi, ViShared, DEFAULT_WAIT_SPIN};
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -45,7 +56,29 @@ pub(crate) struct CqShared {
     /// The attached VIs. Walked on every empty poll, changed only when a
     /// VI attaches: a spin lock, released by a plain store.
     members: SpinLock<Vec<Weak<ViShared>>>,
+    /// Threads that want the eventfd signalled on each notice: waiters
+    /// asleep in `poll` on it, and programs' event loops
+    /// ([`Cq::keep_signalled`]).
     waiters: AtomicU32,
+    /// Waiters asleep on the VIs' futex doorbells and on `word`: a notice
+    /// made by another thread of the process moves `word` and wakes them.
+    sleepers: AtomicU32,
+    word: AtomicU32,
+    /// The doorbell a waiter of a CQ with one VI sleeps on alone (as that
+    /// VI's own waiter would, in `FUTEX_WAIT`): another thread's notice
+    /// rings it. Locked only around a sleep and by such a notice.
+    lone: Mutex<Option<crate::provider::Sleep>>,
+    /// False once `futex_waitv` failed (an old kernel): waiters sleep in
+    /// `poll` from then on.
+    futex_ok: AtomicBool,
+    /// How long [`Cq::wait`] polls before it sleeps, in nanoseconds.
+    spin_ns: AtomicU64,
+    /// Threads in [`Cq::wait`]'s sleep phase: they drive the attached VIs.
+    in_wait: AtomicU32,
+    /// The longest sleep before a look at the peers' health, in
+    /// nanoseconds ([`SLEEP_SLICE`]; tests make it long, so that a lost
+    /// wake-up shows as a timeout).
+    slice_ns: AtomicU64,
     /// Keeps no notices: polls walk the members' queues.
     direct: bool,
     /// Where a direct CQ's next walk starts.
@@ -73,8 +106,63 @@ impl std::fmt::Debug for Cq {
     }
 }
 
-/// Spin this long in [`Cq::wait`] before sleeping.
-const CQ_WAIT_SPIN: Duration = Duration::from_micros(20);
+/// The longest sleep of a waiter before it looks at its VIs' peers (a
+/// peer that died is noticed within this time).
+const SLEEP_SLICE: Duration = Duration::from_millis(20);
+
+/// How a thread in [`Cq::wait`] is counted while it sleeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asleep {
+    /// In `sleepers` (futex).
+    Futex,
+    /// In `waiters` (eventfd and `poll`).
+    Poll,
+}
+
+thread_local! {
+    /// The CQ this thread is about to sleep on, and how it is counted: the
+    /// notices its own progress makes wake nobody (it looks at the notices
+    /// before it sleeps).
+    static ASLEEP_ON: Cell<Option<(*const CqShared, Asleep)>> = const { Cell::new(None) };
+}
+
+/// Counts a thread in [`Cq::wait`]'s sleep phase until dropped.
+struct InWait<'a>(&'a AtomicU32);
+
+impl<'a> InWait<'a> {
+    fn new(n: &'a AtomicU32) -> InWait<'a> {
+        n.fetch_add(1, Ordering::Relaxed);
+        InWait(n)
+    }
+}
+
+impl Drop for InWait<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts this thread as a sleeper of `cq` (and marks it, see [`ASLEEP_ON`])
+/// until dropped.
+struct Counted<'a> {
+    cq: &'a CqShared,
+    how: Asleep,
+}
+
+impl<'a> Counted<'a> {
+    fn new(cq: &'a CqShared, how: Asleep) -> Counted<'a> {
+        ASLEEP_ON.with(|c| c.set(Some((cq as *const CqShared, how))));
+        cq.counter(how).fetch_add(1, Ordering::SeqCst);
+        Counted { cq, how }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.cq.counter(self.how).fetch_sub(1, Ordering::SeqCst);
+        ASLEEP_ON.with(|c| c.set(None));
+    }
+}
 
 impl CqShared {
     fn lock_notices(&self) -> MutexGuard<'_, Notices> {
@@ -101,21 +189,50 @@ impl CqShared {
 
     /// Called by a VI (under its lock) when a descriptor of `q` completes.
     pub(crate) fn notify(&self, vi: &Arc<ViShared>, q: Queue) {
-        if self.direct {
-            if self.waiters.load(Ordering::SeqCst) > 0 {
-                write_eventfd(self.efd.as_raw_fd());
+        if !self.direct {
+            let mut n = self.lock_notices();
+            if n.q.len() >= n.cap {
+                n.overflowed = true;
+            } else {
+                n.q.push_back((Arc::downgrade(vi), q));
             }
-            return;
+            self.publish(&n);
         }
-        let mut n = self.lock_notices();
-        if n.q.len() >= n.cap {
-            n.overflowed = true;
-        } else {
-            n.q.push_back((Arc::downgrade(vi), q));
+        self.wake();
+    }
+
+    /// True while a thread waits in [`Cq::wait`]'s sleep phase: it drives
+    /// the attached VIs, so a background driver leaves them alone.
+    pub(crate) fn driven_by_waiter(&self) -> bool {
+        self.in_wait.load(Ordering::Relaxed) > 0
+    }
+
+    fn counter(&self, how: Asleep) -> &AtomicU32 {
+        match how {
+            Asleep::Futex => &self.sleepers,
+            Asleep::Poll => &self.waiters,
         }
-        self.publish(&n);
-        drop(n);
-        if self.waiters.load(Ordering::Acquire) > 0 {
+    }
+
+    /// Wakes the sleepers after a notice was published (sequentially
+    /// consistent against a sleeper's count: it counts itself, then looks
+    /// at the notices). The thread that is itself about to sleep here does
+    /// not count: it looks at the notices before sleeping.
+    fn wake(&self) {
+        let me = ASLEEP_ON.with(|c| c.get());
+        let others = |how: Asleep| {
+            let n = self.counter(how).load(Ordering::SeqCst);
+            let mine = me.is_some_and(|(cq, h)| std::ptr::eq(cq, self) && h == how);
+            n > mine as u32
+        };
+        if others(Asleep::Futex) {
+            uvia_shm::doorbell::wake_local(&self.word);
+            let lone = self.lone.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(s) = lone {
+                s.wake();
+            }
+        }
+        if others(Asleep::Poll) {
             write_eventfd(self.efd.as_raw_fd());
         }
     }
@@ -165,6 +282,13 @@ impl Cq {
                 queued: AtomicUsize::new(0),
                 members: SpinLock::new(Vec::new()),
                 waiters: AtomicU32::new(0),
+                sleepers: AtomicU32::new(0),
+                word: AtomicU32::new(0),
+                lone: Mutex::new(None),
+                futex_ok: AtomicBool::new(true),
+                spin_ns: AtomicU64::new(DEFAULT_WAIT_SPIN.as_nanos() as u64),
+                in_wait: AtomicU32::new(0),
+                slice_ns: AtomicU64::new(SLEEP_SLICE.as_nanos() as u64),
                 direct,
                 next: AtomicUsize::new(0),
             }),
@@ -271,56 +395,198 @@ impl Cq {
         self.pop()
     }
 
-    /// Waits for a notice (VipCQWait): spins briefly, then sleeps on the
-    /// eventfd. `None` waits forever.
+    /// How long [`wait`](Self::wait) polls before it sleeps (0: sleep at
+    /// once; the default is [`DEFAULT_WAIT_SPIN`], as a VI's waits).
+    pub fn set_wait_spin(&self, spin: Duration) {
+        self.s.spin_ns.store(
+            spin.as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Makes the longest sleep of a waiter `slice` (tests: a lost wake-up
+    /// then shows as a timeout instead of a slice's delay).
+    #[cfg(test)]
+    pub(crate) fn set_sleep_slice(&self, slice: Duration) {
+        self.s
+            .slice_ns
+            .store(slice.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// True while a thread is counted asleep here (tests).
+    #[cfg(test)]
+    pub(crate) fn has_sleeper(&self) -> bool {
+        self.s.sleepers.load(Ordering::SeqCst) + self.s.waiters.load(Ordering::SeqCst) > 0
+    }
+
+    /// Waits for a notice (VipCQWait): polls for the wait-spin time, then
+    /// sleeps until a VI's peer or another thread makes one (see the
+    /// module's notes). `None` waits forever.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<CqCompletion, WaitError> {
         let start = Instant::now();
-        while start.elapsed() < CQ_WAIT_SPIN {
+        let spin = Duration::from_nanos(self.s.spin_ns.load(Ordering::Relaxed));
+        // Spin phase: look at the clock every 64 rounds.
+        let mut k = 0u32;
+        while !spin.is_zero() {
             if let Some(c) = self.done()? {
                 return Ok(c);
+            }
+            k = k.wrapping_add(1);
+            if k.is_multiple_of(64) && start.elapsed() >= spin {
+                break;
             }
         }
+        // Sleep phase: arming looks at progress once more, and after a
+        // wake-up the notice is usually there for the look that follows.
+        let _driving = InWait::new(&self.s.in_wait);
+        let slice = Duration::from_nanos(self.s.slice_ns.load(Ordering::Relaxed));
+        let mut look_at_peers = false;
         loop {
-            self.s.waiters.fetch_add(1, Ordering::AcqRel);
-            let ready = self.arm();
-            let c = self.done();
-            if !ready && !matches!(c, Ok(Some(_)) | Err(_)) {
-                let left = match timeout {
-                    Some(t) => t.saturating_sub(start.elapsed()),
-                    None => Duration::from_millis(20),
-                };
-                // Network VIs have no doorbell: their frames wake the
-                // waiter through their sockets, and their timers need a
-                // look at least every millisecond.
-                let net: Vec<RawFd> = self.s.members().iter().filter_map(Vi::wake_fd).collect();
-                let cap = if net.is_empty() { 20 } else { 1 };
-                let ms = left.min(Duration::from_millis(cap)).as_millis() as i32;
-                let mut p: Vec<libc::pollfd> = std::iter::once(self.s.efd.as_raw_fd())
-                    .chain(net)
-                    .map(|fd| libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    })
-                    .collect();
-                // SAFETY: `p` holds `p.len()` valid pollfds.
-                unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-                self.drain_eventfd();
-                if p.len() > 1 {
-                    for vi in self.s.members() {
-                        Vi::run_timers(vi);
-                    }
+            // A notice already waiting (a receive's, made with a send's)
+            // needs no look at the VIs.
+            if !self.s.direct {
+                if let Some(c) = self.pop()? {
+                    return Ok(c);
                 }
             }
-            self.s.waiters.fetch_sub(1, Ordering::AcqRel);
-            if let Some(c) = c? {
-                return Ok(c);
+            let left = match timeout {
+                Some(t) => match t.checked_sub(start.elapsed()) {
+                    Some(l) if !l.is_zero() => l,
+                    _ => return Err(WaitError::Timeout),
+                },
+                None => slice,
+            };
+            let nap = left.min(slice);
+            let t0 = Instant::now();
+            if !self.sleep_futex(nap, look_at_peers) {
+                self.sleep_poll(nap);
             }
             if let Some(c) = self.done()? {
                 return Ok(c);
             }
-            if timeout.is_some_and(|t| start.elapsed() >= t) {
-                return Err(WaitError::Timeout);
+            // A full slice without a wake-up: look at the peers' health next round.
+            look_at_peers = t0.elapsed() + Duration::from_millis(1) >= slice;
+        }
+    }
+
+    /// True if a notice is waiting or the walk of a direct CQ finds one.
+    fn ready(&self) -> bool {
+        if self.s.direct {
+            self.walk(|vi, q| vi.head_done(q).then_some(())).is_some()
+        } else {
+            self.s.queued.load(Ordering::SeqCst) > 0
+        }
+    }
+
+    /// Sleeps up to `nap` on every attached VI's futex doorbell and the
+    /// CQ's word at once, unless something is ready after arming. False if
+    /// the VIs cannot be slept on so (network VIs, an old kernel, too many
+    /// VIs): nothing was slept, and later waits sleep in `poll`.
+    ///
+    /// An armed doorbell is never disarmed here: another thread of the
+    /// process may sleep on it too (in a VI's own wait), and a doorbell
+    /// left armed costs its peer one needless wake call at most.
+    fn sleep_futex(&self, nap: Duration, look_at_peers: bool) -> bool {
+        if !self.s.futex_ok.load(Ordering::Relaxed) {
+            return false;
+        }
+        let members = self.s.members();
+        if members.len() >= uvia_shm::doorbell::SLEEP_ANY_MAX {
+            return false;
+        }
+        let sleeps: Vec<_> = members.iter().map(Vi::arm_sleep).collect();
+        if sleeps.iter().any(|s| s.watch().is_err()) {
+            // The VIs of one Nic are all of its provider: this CQ's never
+            // sleep on futexes.
+            self.s.futex_ok.store(false, Ordering::Relaxed);
+            return false;
+        }
+        let _counted = Counted::new(&self.s, Asleep::Futex);
+        // Read after counting: a notice published from here on moves it.
+        let seq = self.s.word.load(Ordering::SeqCst);
+        // Re-check after arming and counting: a message published before
+        // the arm, or a notice before the count, is seen here.
+        let mut moved = false;
+        for vi in &members {
+            moved |= Vi::poll_progress(vi.clone());
+            if look_at_peers {
+                moved |= Vi::check_peer(vi.clone());
+            }
+        }
+        if moved || self.ready() {
+            return true;
+        }
+        // A VI with a doorbell (one with no connection has nothing to ring).
+        if let [one] = &sleeps[..] {
+            if matches!(one.watch(), Ok(Some(_))) {
+                // One VI: its doorbell alone, as its own waiter sleeps (plain
+                // FUTEX_WAIT, where futex_waitv allocates and parses a vector
+                // in the kernel on every sleep). Another thread's notice rings
+                // the doorbell itself, through `lone`: set before the re-check
+                // below, so that a notice the re-check misses finds it.
+                *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = Some(one.clone());
+                if !self.ready() {
+                    one.clone().sleep(&self.s.nic, nap);
+                }
+                *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                return true;
+            }
+        }
+        let mut words: Vec<_> = sleeps
+            .iter()
+            .filter_map(|s| s.watch().ok().flatten())
+            .collect();
+        words.push(uvia_shm::doorbell::Watch::local(&self.s.word, seq));
+        if uvia_shm::doorbell::sleep_any(&words, nap).is_err() {
+            // Nothing slept: a kernel before 5.16.
+            self.s.futex_ok.store(false, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Sleeps up to `nap` in `poll` on the eventfd and the attached VIs'
+    /// sockets, unless something is ready after arming. A network VI's
+    /// timers run here when nothing woke the sleeper (its waiter is then
+    /// its only driver); a frame's wake-up goes to the frame first, and
+    /// progress looks at the timers every few calls.
+    fn sleep_poll(&self, nap: Duration) {
+        let _counted = Counted::new(&self.s, Asleep::Poll);
+        let members = self.s.members();
+        let mut ready = false;
+        for vi in &members {
+            ready |= Vi::arm_eventfd(vi.clone());
+        }
+        if ready || self.ready() {
+            return;
+        }
+        // Network VIs have no doorbell: their frames wake the waiter
+        // through their sockets, and their timers need a look at least
+        // every millisecond.
+        let net: Vec<RawFd> = members.iter().filter_map(Vi::wake_fd).collect();
+        let cap = if net.is_empty() {
+            nap
+        } else {
+            nap.min(Duration::from_millis(1))
+        };
+        let mut p: Vec<libc::pollfd> = std::iter::once(self.s.efd.as_raw_fd())
+            .chain(net)
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // Rounded up: a sub-millisecond nap must not become a busy loop.
+        let ms = cap.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: `p` holds `p.len()` valid pollfds.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+        if p[0].revents & libc::POLLIN != 0 {
+            self.drain_eventfd();
+        }
+        if n == 0 && p.len() > 1 {
+            for vi in members {
+                Vi::run_timers(vi);
             }
         }
     }
@@ -555,6 +821,237 @@ mod tests {
         );
         cq.drain_eventfd();
         assert!(cq.done().unwrap().is_some());
+    }
+
+    /// One end of [`pair_on_cq`]: its VI, NIC and a region of 16 slots of
+    /// 64 bytes, each slot's receive posted.
+    struct End {
+        vi: Vi,
+        nic: Nic,
+        ptag: Ptag,
+        buf: MemoryRegion,
+    }
+
+    const SLOT: usize = 64;
+    const SLOTS: usize = 16;
+
+    /// A server VI on `name` with both queues on the CQ `cq_of` makes,
+    /// connected from a client VI of a NIC of its own (shm: the same NIC).
+    /// Returns (client, server, CQ).
+    fn pair_on_cq(name: &str, cq_of: impl Fn(&Nic) -> Cq) -> (End, End, Cq) {
+        let sn = Nic::open(name).unwrap();
+        let cn = if sn.attributes().host_local {
+            sn.clone()
+        } else {
+            Nic::open(name).unwrap()
+        };
+        let cq = cq_of(&sn);
+        let end = |nic: &Nic, cq: Option<&Cq>| {
+            let ptag = nic.create_ptag().unwrap();
+            let vi = nic.create_vi(ViAttributes::new(ptag), cq, cq).unwrap();
+            let buf = nic
+                .alloc_region(SLOT * SLOTS, MemAttributes::new(ptag))
+                .unwrap();
+            for k in 0..SLOTS {
+                vi.post_recv(Box::new(Descriptor::recv(&[buf.segment(k * SLOT, SLOT)])))
+                    .unwrap();
+            }
+            End {
+                vi,
+                nic: nic.clone(),
+                ptag,
+                buf,
+            }
+        };
+        let (server, client) = (end(&sn, Some(&cq)), end(&cn, None));
+        let disc = Discriminator::from_u64(
+            (std::process::id() as u64) << 32 | 0x5eeb_0000 | (name.len() as u64),
+        );
+        let (n2, s2, d2) = (sn.clone(), server.vi.clone(), disc.clone());
+        let t = std::thread::spawn(move || {
+            let mut req = n2.connect_wait(&d2, Some(Duration::from_secs(5))).unwrap();
+            req.accept(&s2).unwrap();
+            n2.stop_listening(&d2);
+        });
+        client
+            .vi
+            .connect_request(
+                &NetAddress::new(&sn.attributes().address, disc),
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        t.join().unwrap();
+        (client, server, cq)
+    }
+
+    /// Posts round `i` (4 bytes) from slot `i` of `buf`.
+    fn post_round(vi: &Vi, buf: &mut MemoryRegion, i: u32) {
+        let at = i as usize % SLOTS * SLOT;
+        buf.as_mut_slice()[at..at + 4].copy_from_slice(&i.to_le_bytes());
+        vi.post_send(Box::new(Descriptor::send(&[buf.segment(at, 4)])))
+            .unwrap();
+    }
+
+    /// Takes the completed receive of round `i` on `e` (slot `i`), checks
+    /// it carried `i`, and posts the slot again.
+    fn take_round(e: &End, i: u32) {
+        let d = e.vi.recv_done().expect("the notice names a receive");
+        assert_eq!(d.result(), Ok(4));
+        let at = i as usize % SLOTS * SLOT;
+        let got = u32::from_le_bytes(e.buf.as_slice()[at..at + 4].try_into().unwrap());
+        assert_eq!(got, i);
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(at, SLOT)])))
+            .unwrap();
+    }
+
+    /// A CQ whose waits sleep at once, with a slice too long for a lost
+    /// wake-up to hide in.
+    fn sleepy_cq(nic: &Nic) -> Cq {
+        let cq = nic.create_cq(64).unwrap();
+        cq.set_wait_spin(Duration::ZERO);
+        cq.set_sleep_slice(Duration::from_secs(60));
+        cq
+    }
+
+    /// A wait that a wake-up ends: one that was lost would sleep the
+    /// whole 60 s slice (as the doorbell's tests, a bound no scheduler
+    /// delay comes near).
+    fn woken_wait(cq: &Cq, round: u32) -> CqCompletion {
+        let start = std::time::Instant::now();
+        let c = cq.wait(None).unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "round {round}: the waiter slept its whole slice (a lost wake-up)"
+        );
+        c
+    }
+
+    /// Waits until a thread is counted asleep on `cq`; then, every other
+    /// round, a moment more (it is in the kernel), else at once (racing
+    /// its arming).
+    fn until_asleep(cq: &Cq, round: u32) {
+        let start = std::time::Instant::now();
+        while !cq.has_sleeper() {
+            assert!(start.elapsed() < Duration::from_secs(30), "never slept");
+            std::thread::yield_now();
+        }
+        if round.is_multiple_of(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A second VI on the server's NIC and `cq`, never connected: the
+    /// waiter then sleeps on several things at once (on shm, its one
+    /// doorbell and the CQ's word in one `futex_waitv`).
+    fn idle_vi_on(server: &End, cq: &Cq) -> Vi {
+        server
+            .nic
+            .create_vi(ViAttributes::new(server.ptag), Some(cq), Some(cq))
+            .unwrap()
+    }
+
+    /// The peer's message wakes a waiter that went to sleep before it
+    /// came, round after round; with `idle`, a second VI shares the CQ.
+    fn waiter_is_woken_by_each_message(name: &str, idle: bool) {
+        let (client, server, cq) = pair_on_cq(name, sleepy_cq);
+        let _idle = idle.then(|| idle_vi_on(&server, &cq));
+        const ROUNDS: u32 = 200;
+        let cq2 = cq.clone();
+        let (vi, nic, ptag) = (client.vi.clone(), client.nic.clone(), client.ptag);
+        let peer = std::thread::spawn(move || {
+            let mut out = nic
+                .alloc_region(SLOT * SLOTS, MemAttributes::new(ptag))
+                .unwrap();
+            for i in 0..ROUNDS {
+                until_asleep(&cq2, i);
+                post_round(&vi, &mut out, i);
+                let d = vi.send_wait(Some(Duration::from_secs(10))).unwrap();
+                assert_eq!(d.result(), Ok(4), "round {i}");
+            }
+        });
+        for i in 0..ROUNDS {
+            let c = woken_wait(&cq, i);
+            assert_eq!((c.vi.id(), c.queue), (server.vi.id(), Queue::Recv));
+            take_round(&server, i);
+        }
+        // The last send completes when this side acknowledges it (udp).
+        while !peer.is_finished() {
+            server.vi.drive();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        peer.join().unwrap();
+        client.vi.disconnect();
+    }
+
+    #[test]
+    fn a_sleeping_waiter_is_woken_by_each_message_shm() {
+        waiter_is_woken_by_each_message("shm", false);
+        waiter_is_woken_by_each_message("shm", true);
+    }
+
+    /// On udp a sleep lasts 1 ms at most (the protocol's timers), so a
+    /// lost wake-up would cost that much, not the slice: the rounds show
+    /// that every message is handed over, in order, to a sleeping waiter.
+    #[test]
+    fn a_sleeping_waiter_is_woken_by_each_message_udp() {
+        waiter_is_woken_by_each_message("udp:127.0.0.1", false);
+        waiter_is_woken_by_each_message("udp:127.0.0.1", true);
+    }
+
+    /// A notice made by another thread of the process (a send that
+    /// completes in the thread that posts it) wakes a waiter asleep on the
+    /// VIs' doorbells, which no peer rings meanwhile: asleep on its one
+    /// VI's doorbell alone, and with a second VI on the CQ.
+    #[test]
+    fn a_notice_made_by_another_thread_wakes_the_sleeper() {
+        notice_of_another_thread_wakes(false);
+        notice_of_another_thread_wakes(true);
+    }
+
+    fn notice_of_another_thread_wakes(idle: bool) {
+        let (client, mut server, cq) = pair_on_cq("shm", sleepy_cq);
+        let _idle = idle.then(|| idle_vi_on(&server, &cq));
+        const ROUNDS: u32 = 50;
+        let (cq2, vi, nic, ptag) = (
+            cq.clone(),
+            server.vi.clone(),
+            server.nic.clone(),
+            server.ptag,
+        );
+        let poster = std::thread::spawn(move || {
+            let mut out = nic
+                .alloc_region(SLOT * SLOTS, MemAttributes::new(ptag))
+                .unwrap();
+            for i in 0..ROUNDS {
+                until_asleep(&cq2, i);
+                post_round(&vi, &mut out, i);
+            }
+        });
+        for i in 0..ROUNDS {
+            let c = woken_wait(&cq, i);
+            assert_eq!((c.vi.id(), c.queue), (server.vi.id(), Queue::Send));
+            let d = server.vi.send_done().expect("the notice names a send");
+            assert_eq!(d.result(), Ok(4));
+            // The client takes each message, so that no ring fills.
+            let start = std::time::Instant::now();
+            loop {
+                if client.vi.recv_done().is_some() {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "round {i} never arrived"
+                );
+            }
+            let at = i as usize % SLOTS * SLOT;
+            client
+                .vi
+                .post_recv(Box::new(Descriptor::recv(&[client.buf.segment(at, SLOT)])))
+                .unwrap();
+        }
+        poster.join().unwrap();
+        server.buf.as_mut_slice()[0] = 0;
+        client.vi.disconnect();
     }
 
     #[test]

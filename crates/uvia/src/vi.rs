@@ -840,6 +840,7 @@ impl Vi {
         }
         // Sleep phase: announce, re-check, sleep on what the transport names.
         let mut look_at_peer = false;
+        let mut timers = false;
         loop {
             let sleep = {
                 let mut g = self.lock();
@@ -853,9 +854,21 @@ impl Vi {
                 if let Some(d) = self.pop(q, queue, owned) {
                     return Ok(d);
                 }
+                // Nothing came after a sleep: the protocol's timers, which
+                // a message's wake-up leaves off its path.
+                if timers {
+                    t.run_timers(self, q);
+                    if let Some(d) = self.pop(q, queue, owned) {
+                        return Ok(d);
+                    }
+                }
                 let sleep = t.arm(&self.s.nic);
-                // Re-check after arming: a message published before the arm is seen here.
-                t.progress(self, q);
+                // Re-check after arming: a message published before the arm
+                // is seen here (a descriptor that stays readable while input
+                // waits needs no look).
+                if sleep.needs_recheck() {
+                    t.progress(self, q);
+                }
                 if look_at_peer {
                     t.check_peer(self, q);
                 }
@@ -874,13 +887,8 @@ impl Vi {
             };
             let nap = left.min(SLEEP_SLICE);
             let t0 = Instant::now();
-            let timers = sleep.runs_timers();
+            timers = sleep.runs_timers();
             sleep.sleep(&self.s.nic, nap);
-            if timers {
-                let mut g = self.lock();
-                let ViInner { q, t } = &mut *g;
-                t.run_timers(self, q);
-            }
             // A full slice without a wake-up: look at the peer's health next round.
             look_at_peer = t0.elapsed() + Duration::from_millis(1) >= SLEEP_SLICE;
         }
@@ -1010,9 +1018,16 @@ impl Vi {
     }
 
     /// [`drive`](Self::drive) if no other thread holds the VI now; false
-    /// if one does (it is driving the VI itself). For a thread that drives
+    /// if one does, or waits on one of its CQs (it is driving the VI itself). For a thread that drives
     /// VIs in the background and must never wait on a polling one.
     pub fn try_drive(&self) -> bool {
+        // A thread asleep in a wait on one of the VI's CQs drives it itself
+        // (it wakes on the VI's input and runs its timers): a frame taken
+        // here would reach it through one more wake-up, a thread later.
+        let waited = |c: &Option<Arc<CqShared>>| c.as_ref().is_some_and(|c| c.driven_by_waiter());
+        if waited(&self.s.recv_cq) || waited(&self.s.send_cq) {
+            return false;
+        }
         let Some(mut g) = self.s.inner.try_lock() else {
             return false;
         };
@@ -1022,12 +1037,13 @@ impl Vi {
         true
     }
 
-    /// Completes what can complete without waiting (used by CQs).
-    pub(crate) fn poll_progress(s: Arc<ViShared>) {
+    /// Completes what can complete without waiting (used by CQs); true if
+    /// anything moved.
+    pub(crate) fn poll_progress(s: Arc<ViShared>) -> bool {
         let vi = Vi { s };
         let mut g = vi.lock();
         let ViInner { q, t } = &mut *g;
-        t.progress(&vi, q);
+        t.progress(&vi, q)
     }
 
     /// Runs the VI's protocol timers (a CQ waiter that has slept).
@@ -1045,6 +1061,23 @@ impl Vi {
         let mut g = vi.lock();
         let ViInner { q, t } = &mut *g;
         t.arm_eventfd(&vi, q)
+    }
+
+    /// Arms this VI's wake-up for a CQ waiter that sleeps on its VIs'
+    /// doorbells at once ([`Sleep::watch`](crate::provider::Sleep::watch)).
+    /// Progress is to be looked at once more before sleeping
+    /// ([`poll_progress`](Self::poll_progress)).
+    pub(crate) fn arm_sleep(s: &Arc<ViShared>) -> crate::provider::Sleep {
+        s.inner.lock().t.arm(&s.nic)
+    }
+
+    /// Looks at the peer's health (a CQ waiter that slept a full slice);
+    /// true if anything changed.
+    pub(crate) fn check_peer(s: Arc<ViShared>) -> bool {
+        let vi = Vi { s };
+        let mut g = vi.lock();
+        let ViInner { q, t } = &mut *g;
+        t.check_peer(&vi, q)
     }
 
     /// What a CQ waiter polls for this VI's input beside its eventfd.

@@ -366,6 +366,26 @@ pub struct LimitResult {
     pub cross_core_copy: Vec<SizeMbps>,
 }
 
+/// The JSON of `uvia limit --futex`: the futex hand-off alone.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FutexResult {
+    pub command: String,
+    pub rounds: usize,
+    pub p50: f64,
+    pub p99: f64,
+}
+
+/// The futex hand-off alone, `rounds` measured round trips (one-way ns).
+pub fn futex_only(rounds: usize) -> Result<FutexResult> {
+    let s = Stats::of(&futex_pingpong(rounds)?);
+    Ok(FutexResult {
+        command: "limit futex".into(),
+        rounds,
+        p50: s.p50,
+        p99: s.p99,
+    })
+}
+
 /// Runs every probe. Cache-line: several runs; p50 is the median of the runs'
 /// medians, min the smallest sample seen.
 pub fn run_all(quick: bool) -> Result<LimitResult> {

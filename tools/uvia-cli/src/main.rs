@@ -108,6 +108,10 @@ struct LimitArgs {
     /// Fewer rounds (a few seconds in all).
     #[arg(long)]
     quick: bool,
+    /// Only the futex hand-off, ROUNDS measured round trips: its one-way
+    /// p50 and p99 (the baseline of blocking waits on shm).
+    #[arg(long, value_name = "ROUNDS", conflicts_with = "quick")]
+    futex: Option<usize>,
 }
 
 #[derive(Args, Clone)]
@@ -612,6 +616,19 @@ fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
 fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
+        Cmd::Limit(a) if a.futex.is_some() => (|| {
+            let rounds = a.futex.unwrap_or(0);
+            if rounds == 0 {
+                anyhow::bail!("--futex wants at least 1 round trip");
+            }
+            let r = limit::futex_only(rounds)?;
+            println!(
+                "futex hand-off, one-way: p50 {:.2} us, p99 {:.2} us ({rounds} round trips)",
+                r.p50 / 1e3,
+                r.p99 / 1e3
+            );
+            write_json(&a.json, &r)
+        })(),
         Cmd::Limit(a) => (|| {
             let r = limit::run_all(a.quick)?;
             print!("{}", report::limit_table(&r));

@@ -408,6 +408,7 @@ impl Transport {
 }
 
 /// What a waiter sleeps on until the peer's next message, or a nap's end.
+#[derive(Clone)]
 pub(crate) enum Sleep {
     Shm(shm::Sleep),
     Net(net::Sleep),
@@ -427,5 +428,34 @@ impl Sleep {
     /// True if the protocol's timers should run after this sleep.
     pub fn runs_timers(&self) -> bool {
         matches!(self, Sleep::Net(_))
+    }
+
+    /// Wakes a thread asleep on this (from another thread of the process):
+    /// a futex doorbell moves on; a descriptor cannot be woken so, and its
+    /// sleeper is woken another way.
+    pub fn wake(&self) {
+        if let Sleep::Shm(s) = self {
+            s.wake();
+        }
+    }
+
+    /// True if progress must be looked at after arming, before sleeping:
+    /// a doorbell rings only for what comes after the arm. A network
+    /// VI's socket stays readable while a frame waits there.
+    pub fn needs_recheck(&self) -> bool {
+        !matches!(self, Sleep::Net(_))
+    }
+
+    /// What a completion queue's waiter sleeping on several VIs at once
+    /// watches for this one: a futex word, or nothing to wait for (`Ok(None)`,
+    /// a VI with no connection). `Err(())`: this sleep is on a descriptor,
+    /// which a futex cannot watch.
+    #[allow(clippy::result_unit_err)]
+    pub fn watch(&self) -> Result<Option<uvia_shm::doorbell::Watch<'_>>, ()> {
+        match self {
+            Sleep::Shm(s) => Ok(Some(s.watch())),
+            Sleep::Net(_) => Err(()),
+            Sleep::Nap => Ok(None),
+        }
     }
 }

@@ -76,6 +76,7 @@ pub(crate) struct NetVi {
 
 /// What a sleeping waiter of a network VI waits on: a frame on its own
 /// medium or the Nic's, or its engine's next timer.
+#[derive(Clone)]
 pub(crate) struct Sleep(Option<Arc<dyn Medium>>);
 
 impl Sleep {
@@ -557,10 +558,13 @@ impl TransportOps for NetVi {
         vi.pop(q, queue, owned)
     }
 
-    /// Frames wake a CQ's waiter through the medium's descriptor: nothing
-    /// to arm, only a look at what has come.
+    /// Frames wake a CQ's waiter through the medium's descriptor, which
+    /// stays readable while a frame waits there: nothing to arm and nothing
+    /// to read first (a look would cost a system call that finds nothing
+    /// before most sleeps). What a burst of posts deferred goes now: a
+    /// sleeping waiter would hold it back.
     fn arm_eventfd(&mut self, vi: &Vi, q: &mut Queues) -> bool {
-        self.progress(vi, q)
+        self.deferred > 0 && self.output(vi, q, Instant::now())
     }
 
     /// The VI is gone: tell the peer (once; its idle timeout covers a lost

@@ -108,6 +108,7 @@ impl StopWatch {
 }
 
 /// What a sleeping waiter of a shm VI waits on: its side's doorbell.
+#[derive(Clone)]
 pub(crate) struct Sleep {
     seg: Arc<ShmSegment>,
     side: usize,
@@ -121,6 +122,17 @@ impl Sleep {
         block_in(&self.seg, self.side)
             .bell
             .sleep(self.seq, nap.min(self.cap));
+    }
+
+    /// The doorbell's futex word, for a waiter that sleeps on several.
+    pub fn watch(&self) -> doorbell::Watch<'_> {
+        block_in(&self.seg, self.side).bell.watch(self.seq)
+    }
+
+    /// Wakes the waiter sleeping on this doorbell (another thread of its
+    /// process).
+    pub fn wake(&self) {
+        block_in(&self.seg, self.side).bell.wake();
     }
 }
 
