@@ -187,6 +187,12 @@ impl CqShared {
         }
     }
 
+    /// Takes `vi` off the members (the program destroyed it).
+    pub(crate) fn detach(&self, vi: &Arc<ViShared>) {
+        self.lock_members()
+            .retain(|w| w.strong_count() > 0 && w.as_ptr() != Arc::as_ptr(vi));
+    }
+
     /// Called by a VI (under its lock) when a descriptor of `q` completes.
     pub(crate) fn notify(&self, vi: &Arc<ViShared>, q: Queue) {
         if !self.direct {

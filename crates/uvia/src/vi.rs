@@ -359,6 +359,12 @@ pub(crate) struct Queues {
     pub spin: Duration,
     /// Private data the peer's accept or reject carried.
     pub remote_private: Vec<u8>,
+    /// The VI still counts as a user of its protection tag and a member of
+    /// its CQs: until [`Vi::destroy`] or the last clone's drop, whichever
+    /// comes first. Another thread may hold the VI a moment after the
+    /// program destroyed it (the shm agent serving it), and the tag and
+    /// CQs must be free for the program's next call all the same.
+    pub counted: bool,
 }
 
 pub(crate) struct ViInner {
@@ -426,6 +432,7 @@ impl Vi {
                         next_id: 1,
                         spin: DEFAULT_WAIT_SPIN,
                         remote_private: Vec::new(),
+                        counted: true,
                     },
                     t: Transport::None,
                 }),
@@ -1000,6 +1007,7 @@ impl Vi {
         if st == ViState::Connected || st == ViState::PendingConnect || busy {
             return Err((self, ViAttrError::InvalidState(st)));
         }
+        self.s.uncount();
         drop(self);
         Ok(())
     }
@@ -1277,7 +1285,29 @@ impl Drop for ViShared {
                 }
             }
         }
-        self.nic.hold_ptag(g.q.attrs.ptag, -1);
+        // A VI destroyed earlier no longer counts (its CQs hold only weak
+        // references, which die with it).
+        if std::mem::replace(&mut g.q.counted, false) {
+            self.nic.hold_ptag(g.q.attrs.ptag, -1);
+        }
+    }
+}
+
+impl ViShared {
+    /// Ends the VI's use of its protection tag and its membership of its
+    /// CQs, once (see [`Queues::counted`]). The CQs' member locks are taken
+    /// after the VI's is let go: a CQ's poll takes them the other way round.
+    fn uncount(self: &Arc<ViShared>) {
+        let (was, ptag) = {
+            let mut g = self.inner.lock();
+            (std::mem::replace(&mut g.q.counted, false), g.q.attrs.ptag)
+        };
+        if was {
+            self.nic.hold_ptag(ptag, -1);
+            for cq in [&self.send_cq, &self.recv_cq].into_iter().flatten() {
+                cq.detach(self);
+            }
+        }
     }
 }
 
@@ -1288,6 +1318,29 @@ pub(crate) mod tests {
     use std::time::Duration;
 
     static NEXT: AtomicU64 = AtomicU64::new(1);
+
+    /// Another holder of a destroyed VI (the shm agent serving it at that
+    /// moment) does not keep its tag or its CQ in use.
+    #[test]
+    fn a_destroyed_vi_frees_its_tag_and_cq_while_still_held_elsewhere() {
+        let nic = Nic::open("shm").unwrap();
+        let ptag = nic.create_ptag().unwrap();
+        let cq = nic.create_cq(8).unwrap();
+        let vi = nic
+            .create_vi(ViAttributes::new(ptag), Some(&cq), Some(&cq))
+            .unwrap();
+        let held = vi.clone();
+        assert!(matches!(nic.destroy_ptag(ptag), Err(PtagError::InUse(_))));
+        vi.destroy().map_err(|(_, e)| e).unwrap();
+        nic.destroy_ptag(ptag).unwrap();
+        cq.destroy().map_err(|(_, e)| e).unwrap();
+        // The last holder's drop counts nothing a second time.
+        drop(held);
+        let again = nic.create_ptag().unwrap();
+        let vi = nic.create_vi(ViAttributes::new(again), None, None).unwrap();
+        drop(vi);
+        nic.destroy_ptag(again).unwrap();
+    }
 
     /// One end of an in-process connection with its buffers.
     pub(crate) struct Side {
