@@ -202,27 +202,12 @@ impl<M: Medium + ?Sized> Medium for Box<M> {
 /// to the nanosecond: `ppoll`, since `poll`'s milliseconds would turn a
 /// short nap into a spin. An interrupted sleep is a spurious wake-up.
 pub(crate) fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<()> {
-    let mut p = libc::pollfd {
+    let mut p = [libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
-    };
-    let ts = timeout.map(|t| libc::timespec {
-        tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    });
-    let tsp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: one valid pollfd; `tsp` is null or points at a live timespec.
-    let r = unsafe { libc::ppoll(&mut p, 1, tsp, std::ptr::null()) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    Ok(())
+    }];
+    ppoll(&mut p, timeout)
 }
 
 /// Sleeps until `fd` can take a write or `timeout` passes.
@@ -246,6 +231,12 @@ fn wait_events(fds: &mut [(RawFd, libc::c_short)], timeout: Option<Duration>) ->
             revents: 0,
         })
         .collect();
+    ppoll(&mut p, timeout)
+}
+
+/// `ppoll(2)` on `p` for at most `timeout` (`None`: no limit); an
+/// interrupted sleep is a spurious wake-up, not an error.
+fn ppoll(p: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<()> {
     let ts = timeout.map(|t| libc::timespec {
         tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
         tv_nsec: t.subsec_nanos() as libc::c_long,

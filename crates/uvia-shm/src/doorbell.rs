@@ -93,15 +93,7 @@ impl Doorbell {
     /// [`ring`](Self::ring)).
     pub fn wake(&self) {
         self.seq.fetch_add(1, Ordering::SeqCst);
-        // SAFETY: valid futex word as in `sleep`.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.seq.as_ptr(),
-                libc::FUTEX_WAKE,
-                i32::MAX,
-            )
-        };
+        self.wake_sleepers();
     }
 
     /// Called by the waker after it has published its data. Returns the arm
@@ -121,20 +113,25 @@ impl Doorbell {
         self.ring_slow()
     }
 
+    /// Wakes every thread asleep on the sequence word (after it moved).
+    fn wake_sleepers(&self) {
+        // SAFETY: valid futex word as in `sleep`.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.seq.as_ptr(),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+            )
+        };
+    }
+
     #[cold]
     fn ring_slow(&self) -> u32 {
         let how = self.armed.swap(0, Ordering::AcqRel);
         if how & FUTEX != 0 {
             self.seq.fetch_add(1, Ordering::Release);
-            // SAFETY: valid futex word as in `sleep`.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    self.seq.as_ptr(),
-                    libc::FUTEX_WAKE,
-                    i32::MAX,
-                )
-            };
+            self.wake_sleepers();
         }
         how
     }

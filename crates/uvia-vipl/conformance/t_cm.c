@@ -918,8 +918,9 @@ static void srv_shared(struct chan *c, void *arg)
     side_close(&s);
 }
 
-/* A loopback udp device name on a port free when chosen. */
-static void free_udp_device(char out[64])
+/* A plain UDP socket on a free loopback port, and the udp device name of
+ * that port in `out`. */
+static int loopback_udp_socket(char out[64])
 {
     int fd = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in a;
@@ -929,8 +930,14 @@ static void free_udp_device(char out[64])
     socklen_t len = sizeof a;
     REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
             getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
     snprintf(out, 64, "udp:127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    return fd;
+}
+
+/* A loopback udp device name on a port free when chosen. */
+static void free_udp_device(char out[64])
+{
+    close(loopback_udp_socket(out));
 }
 
 /* Two server processes open one device (M-VIA's one device per host) and
@@ -984,16 +991,8 @@ static void t_shared_device(int arg)
     if (strcmp(g_provider, "udp") != 0)
         return;
     /* A port another program holds is not a device: the open fails. */
-    int fd = socket(AF_INET, SOCK_DGRAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-            getsockname(fd, (struct sockaddr *)&a, &len) == 0);
     char held[64];
-    snprintf(held, sizeof held, "udp:127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    int fd = loopback_udp_socket(held);
     VIP_NIC_HANDLE nic = NULL;
     CHECK_RET(VipOpenNic(held, &nic), VIP_ERROR_RESOURCE);
     CHECK(nic == NULL);

@@ -235,31 +235,42 @@ static void t_env(int arg)
 
 static char ns_disc[33];
 
-static void srv_named(struct chan *c, void *arg)
+/* What a name-service test's server waits on, and the message it expects. */
+struct ns_srv {
+    const char *disc;
+    const char *text;
+};
+
+/* A server on the peer's device: sends its address, accepts one client on
+ * its discriminator and checks the client's one message. */
+static void srv_ns(struct chan *c, void *arg)
 {
-    (void)arg;
+    const struct ns_srv *a = arg;
     struct side s;
     side_open_peer(&s);
     send_addr(c, &s);
     VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
     VIP_DESCRIPTOR *r = recv_desc(&s, 64);
     REQUIRE_RET(VipPostRecv(vi, r, s.mh), VIP_SUCCESS);
-    srv_accept(&s, vi, ns_disc, 10000);
+    srv_accept(&s, vi, a->disc, 10000);
     VIP_DESCRIPTOR *d = RECV_WAIT(vi, 5000);
+    size_t n = strlen(a->text);
     if (d)
-        CHECK(d->CS.Length == 5 && memcmp(seg_buf(d, 0), "named", 5) == 0);
+        CHECK(d->CS.Length == n && memcmp(seg_buf(d, 0), a->text, n) == 0);
     int tag = chan_recv_pump(c, vi, 15000, NULL, 0);
     CHECK_EQ(tag, T_QUIT);
     VipDisconnect(vi);
     side_close(&s);
 }
 
+static const struct ns_srv srv_named = {ns_disc, "named"};
+
 static void t_connect_by_name(int arg)
 {
     (void)arg;
     disc_new(ns_disc);
     struct peer p;
-    peer_start(&p, srv_named, NULL);
+    peer_start(&p, srv_ns, (void *)&srv_named);
     struct side s;
     side_open(&s, NULL);
     char host[HOST_TEXT];
@@ -295,28 +306,8 @@ static void t_connect_by_name(int arg)
 
 /* ---- No configuration at all, between two test hosts ------------------------------------- */
 
-/* A server on the second test host, waiting on the discriminator `arg`
- * (ns_disc when NULL). */
-static void srv_zero(struct chan *c, void *arg)
-{
-    const char *disc = arg ? arg : ns_disc;
-    struct side s;
-    side_open_peer(&s);
-    send_addr(c, &s);
-    VIP_VI_HANDLE vi = vi_new(&s, default_level(), 0, 0, NULL, NULL);
-    VIP_DESCRIPTOR *r = recv_desc(&s, 64);
-    REQUIRE_RET(VipPostRecv(vi, r, s.mh), VIP_SUCCESS);
-    srv_accept(&s, vi, disc, 10000);
-    VIP_DESCRIPTOR *d = RECV_WAIT(vi, 5000);
-    if (d)
-        CHECK(d->CS.Length == 4 && memcmp(seg_buf(d, 0), "zero", 4) == 0);
-    int tag = chan_recv_pump(c, vi, 15000, NULL, 0);
-    CHECK_EQ(tag, T_QUIT);
-    VipDisconnect(vi);
-    side_close(&s);
-}
-
 static char ns_disc2[33];
+static const struct ns_srv srv_zero = {ns_disc, "zero"}, srv_zero2 = {ns_disc2, "zero"};
 
 /* Connects a VI of `s` to the server waiting on `disc` at `remote`'s host
  * and sends it "zero". */
@@ -362,9 +353,9 @@ static void t_zero_config(int arg)
     disc_new(ns_disc);
     disc_new(ns_disc2);
     struct peer p, p2;
-    peer_start(&p, srv_zero, NULL);
+    peer_start(&p, srv_ns, (void *)&srv_zero);
     if (eth)
-        peer_start(&p2, srv_zero, ns_disc2);
+        peer_start(&p2, srv_ns, (void *)&srv_zero2);
     struct side s;
     side_open(&s, NULL);
     CHECK_EQ(s.attrs.NicAddressLen, 6);
