@@ -114,8 +114,8 @@ pub(crate) struct Headline {
     target: String,
     pairs: Vec<Pair>,
     /// Median of the pair ratios.
-    ratio: Option<f64>,
-    pass: Option<bool>,
+    pub ratio: Option<f64>,
+    pub pass: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -255,6 +255,14 @@ fn cfg(label: &str) -> &'static Config {
 }
 
 impl Headline {
+    /// The measured (contender, baseline) pairs.
+    pub(crate) fn pair_values(&self) -> Vec<(f64, f64)> {
+        self.pairs
+            .iter()
+            .map(|p| (p.contender, p.baseline))
+            .collect()
+    }
+
     /// A comparison that could not run, with the reason.
     pub(crate) fn skipped(
         name: &str,
@@ -823,7 +831,7 @@ fn fmt_val(v: f64, unit: &str) -> String {
 
 /// The printed summary and the markdown report; writes the plots.
 /// The headline table's columns and rows.
-fn headline_rows(hs: &[Headline]) -> ([&'static str; 6], Vec<Vec<String>>) {
+pub(crate) fn headline_rows(hs: &[Headline]) -> ([&'static str; 6], Vec<Vec<String>>) {
     let head = [
         "comparison",
         "ratio (median of pairs)",

@@ -118,7 +118,7 @@ fn spawn(dir: &Path, core: usize, args: &[String]) -> Result<Child> {
 
 /// Waits for `child` until `deadline`, killing it after; its stdout and
 /// stderr, and whether it succeeded.
-fn finish(mut child: Child, deadline: Instant) -> (bool, String, String) {
+pub(crate) fn finish(mut child: Child, deadline: Instant) -> (bool, String, String) {
     let mut out = child.stdout.take();
     let mut err = child.stderr.take();
     let reader = std::thread::spawn(move || {
@@ -148,7 +148,7 @@ fn finish(mut child: Child, deadline: Instant) -> (bool, String, String) {
 
 /// The figures of `fi_pingpong`'s result line for one size: `bytes #sent
 /// #ack total time MB/sec usec/xfer Mxfers/sec`.
-fn parse(out: &str) -> Result<FiResult> {
+pub(crate) fn parse(out: &str) -> Result<FiResult> {
     let line = out
         .lines()
         .rev()

@@ -12,6 +12,7 @@ mod kernel_tcp;
 mod kernel_udp;
 mod limit;
 mod mpi;
+mod peers;
 mod pin;
 mod report;
 mod run;
@@ -75,6 +76,18 @@ enum Cmd {
     /// Open MPI (openmpi-bin, libopenmpi-dev) and the provider built beside
     /// this program.
     Mpi(MpiArgs),
+    /// uvia against what a user would pick instead, each measured by its
+    /// own tool in the same run, in interleaved pairs with the matching
+    /// uvia run: on shared memory UCX (ucx_perftest: UCT active messages
+    /// and put, UCP tag matching), libfabric's shm provider (fi_pingpong)
+    /// and Open MPI's shared-memory path (NetPIPE under mpirun); on
+    /// loopback libfabric's udp, tcp and udp;ofi_rxd (fi_pingpong) and
+    /// kernel UDP (sockperf), against uvia's udp provider at reliable
+    /// delivery. Every side pinned to cores 0 and 1; one-way latency at
+    /// 8 B and 1 KiB, bandwidth at 4 KiB, 64 KiB and 1 MiB; each ratio is
+    /// uvia / peer, the median of the pair ratios. A peer that is missing
+    /// or fails is listed with the reason. Also a section of `uvia bench`.
+    Peers(PeersArgs),
     /// Where the time of one message goes: a ping-pong traced by the
     /// library's checkpoints and the kernel's tracepoints (BPF), each stage's
     /// median time, grouped as the source documents grouped theirs, beside
@@ -204,6 +217,29 @@ struct FabricArgs {
     /// Interleaved pairs for each comparison.
     #[arg(long, value_name = "N", default_value_t = 5)]
     pairs: usize,
+}
+
+#[derive(Args)]
+struct PeersArgs {
+    /// A short run: 8 B latency, 64 KiB and 1 MiB bandwidth, a fifth of
+    /// the iterations.
+    #[arg(long)]
+    quick: bool,
+    /// Interleaved pairs (uvia, peer) for each comparison.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pairs: usize,
+    /// Only these peers (comma-separated): ucx-uct-am, ucx-uct-put,
+    /// ucx-ucp-tag, libfabric-shm, openmpi-vader, libfabric-udp,
+    /// libfabric-tcp, libfabric-udp;ofi_rxd, sockperf-udp.
+    #[arg(long, value_delimiter = ',', value_name = "PEERS")]
+    only: Vec<String>,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write peers.md and the plots (peers-latency.svg,
+    /// peers-bandwidth.svg) into DIR.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -644,6 +680,15 @@ fn main() {
             a.mpich.as_deref(),
             a.json.as_deref(),
             a.plot_dir.as_deref(),
+        ),
+        Cmd::Peers(a) => peers::run(
+            &peers::Options {
+                quick: a.quick,
+                pairs: a.pairs,
+                only: a.only,
+            },
+            a.json.as_deref(),
+            a.out.as_deref(),
         ),
         Cmd::Anatomy(a) => anatomy(&a),
         Cmd::Torture(a) => torture(&a),
