@@ -152,6 +152,12 @@ struct BenchResult {
     mpi: Option<crate::mpi::Study>,
     #[serde(skip_serializing_if = "Option::is_none")]
     mpi_skipped: Option<String>,
+    /// `uvia peers`: UCX, libfabric, Open MPI and sockperf against uvia,
+    /// or why the section did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peers: Option<crate::peers::PeersResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peers_skipped: Option<String>,
 }
 
 /// Runs `uvia <args> --json FILE` as a child process under a time limit.
@@ -377,10 +383,35 @@ pub(crate) fn interleave(
     Headline::from_pairs(name, ratio_is, unit, target, measured, ratio, pass)
 }
 
-pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
+/// Whether the peers section runs: asked for, or a full bench with at
+/// least one peer installed; otherwise the reason it does not.
+fn peers_wanted(quick: bool, asked: bool) -> std::result::Result<(), String> {
+    if asked {
+        return Ok(());
+    }
+    if quick {
+        return Err("not part of --quick (add --peers)".into());
+    }
+    if crate::peers::any_installed() {
+        Ok(())
+    } else {
+        Err(format!(
+            "no peer installed ({}; scripts/bench installs them as root)",
+            crate::peers::PACKAGES
+        ))
+    }
+}
+
+pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<()> {
     if pairs == 0 {
         bail!("--pairs must be at least 1");
     }
+    let peer_opts = crate::peers::Options {
+        quick,
+        pairs,
+        only: Vec::new(),
+    };
+    let peers_go = peers_wanted(quick, with_peers);
     std::fs::create_dir_all(out)
         .with_context(|| format!("creating the report folder {}", out.display()))?;
     let sizes = if quick {
@@ -396,7 +427,12 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
         + (9 + 5) * pairs as u64
         + (mpi_rounds * crate::mpi::variants().len()) as u64
         + 3
-        + 1;
+        + 1
+        + if peers_go.is_ok() {
+            crate::peers::planned(&peer_opts)
+        } else {
+            0
+        };
     let pb = ProgressBar::new(total);
     pb.set_style(progress_style());
     pb.enable_steady_tick(Duration::from_millis(200));
@@ -647,6 +683,20 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
         }
     };
 
+    // The peers: UCX, libfabric, Open MPI and sockperf, each by its own
+    // tool, interleaved with the matching uvia run.
+    let (peers, peers_skipped) = match &peers_go {
+        Ok(()) => {
+            let r = crate::peers::run_all(&pb, &peer_opts, timeout);
+            headline.extend(r.headline.iter().cloned());
+            if let Err(e) = crate::peers::plots(&r, out) {
+                pb.println(format!("peers: plots: {e:#}"));
+            }
+            (Some(r), None)
+        }
+        Err(why) => (None, Some(why.clone())),
+    };
+
     // Blocked receiver: a paced ping-pong (one round trip per millisecond) in
     // blocking mode; the server spends nearly all its time waiting.
     let mut blocked = Vec::new();
@@ -717,6 +767,8 @@ pub fn bench(quick: bool, out: &Path, pairs: usize) -> Result<()> {
         anatomy_skipped,
         mpi,
         mpi_skipped,
+        peers,
+        peers_skipped,
     };
     let json = serde_json::to_string_pretty(&res)? + "\n";
     std::fs::write(out.join("results.json"), json)
@@ -951,6 +1003,8 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
     // Limits.
     push(&mut md, "## Physical limits");
     push(&mut md, "");
+    push(&mut md, limit::HOW);
+    push(&mut md, "");
     push(&mut text, "");
     match (&res.limit, &res.limit_error) {
         (Some(l), _) => {
@@ -1152,6 +1206,26 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
             push(&mut text, format!("plot {file}: {e:#}"));
             push(&mut md, format!("(plot {file} failed: {e:#})"));
         }
+    }
+
+    match (&res.peers, &res.peers_skipped) {
+        (Some(p), _) => {
+            let (t, m) = crate::peers::render(p);
+            push(&mut text, "");
+            text += &t;
+            md += &m;
+        }
+        (None, Some(why)) => {
+            push(
+                &mut md,
+                "## Peers: uvia against UCX, libfabric, Open MPI and sockperf",
+            );
+            push(&mut md, "");
+            push(&mut md, format!("Not measured: {why}."));
+            push(&mut md, "");
+            push(&mut text, format!("peers: not measured: {why}"));
+        }
+        (None, None) => {}
     }
 
     // Where the time goes.

@@ -207,6 +207,11 @@ struct BenchArgs {
     /// Interleaved pairs for each headline comparison.
     #[arg(long, value_name = "N", default_value_t = 5)]
     pairs: usize,
+    /// Run the peers section (`uvia peers`: UCX, libfabric, Open MPI and
+    /// sockperf against uvia) even with --quick; a full bench runs it
+    /// whenever a peer is installed.
+    #[arg(long)]
+    peers: bool,
 }
 
 #[derive(Args)]
@@ -672,7 +677,7 @@ fn main() {
         })(),
         Cmd::Pingpong(a) => measure(&a, Kind::Pingpong, 64),
         Cmd::Bw(a) => measure(&a.run, Kind::Bw, a.window),
-        Cmd::Bench(a) => bench::bench(a.quick, &a.out, a.pairs),
+        Cmd::Bench(a) => bench::bench(a.quick, &a.out, a.pairs, a.peers),
         Cmd::Fabric(a) => fabric::run(a.quick, a.pairs),
         Cmd::Mpi(a) => mpi::run(
             a.quick,

@@ -259,6 +259,14 @@ fn version(p: &PeerDef) -> String {
     "unknown".into()
 }
 
+/// The packages that hold the peers' tools (Debian).
+pub const PACKAGES: &str = "ucx-utils, libfabric-bin, sockperf, openmpi-bin, netpipe-openmpi";
+
+/// Whether any peer's tool is installed.
+pub fn any_installed() -> bool {
+    peers().iter().any(|p| installed(p).is_ok())
+}
+
 /// The program is on PATH (and `mpirun` too for NetPIPE).
 fn installed(p: &PeerDef) -> std::result::Result<(), String> {
     let mut need = vec![p.program];

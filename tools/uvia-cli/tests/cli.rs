@@ -862,3 +862,129 @@ fn torture_counts_every_message_and_fails_every_descriptor_of_a_dead_peer() {
         "{text}"
     );
 }
+
+/// `uvia peers` with a PATH that holds none of the peers' tools: every
+/// peer asked for is listed with the reason, its comparisons too, and the
+/// issue's comparisons say why they have no figure; nothing is dropped.
+#[test]
+fn peers_missing_tool_is_listed_with_its_reason() {
+    let empty = tmp("peers-empty-path");
+    std::fs::create_dir_all(&empty).unwrap();
+    let json = tmp("peers-missing.json");
+    let out = uvia()
+        .args(["peers", "--quick", "--pairs", "1", "--only"])
+        .arg("sockperf-udp,openmpi-vader")
+        .arg("--json")
+        .arg(&json)
+        .env("PATH", &empty)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let peers = v["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 2);
+    // In the report's order: shared memory first.
+    assert_eq!(peers[0]["name"], "openmpi-vader");
+    let why = peers[0]["missing"].as_str().unwrap();
+    assert!(why.contains("NPopenmpi is not installed"), "{why}");
+    assert_eq!(peers[1]["name"], "sockperf-udp");
+    let why = peers[1]["missing"].as_str().unwrap();
+    assert!(why.contains("sockperf is not installed"), "{why}");
+    // One row per size and form, each with the reason, none measured.
+    let comps = v["comparisons"].as_array().unwrap();
+    assert_eq!(comps.len(), 6);
+    for c in comps {
+        assert!(c["pairs"].as_array().unwrap().is_empty());
+        assert!(c["error"].as_str().unwrap().starts_with("not run:"), "{c}");
+    }
+    let mpi = v["headline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"].as_str().unwrap().contains("Open MPI"))
+        .unwrap();
+    assert!(mpi["error"].as_str().unwrap().contains("NPopenmpi"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("MISSING: sockperf is not installed"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(&json);
+    let _ = std::fs::remove_dir(&empty);
+}
+
+#[test]
+fn peers_bad_arguments_are_clear_errors() {
+    let out = uvia().args(["peers", "--pairs", "0"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--pairs must be at least 1"));
+    let out = uvia()
+        .args(["peers", "--only", "ucx-nope"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no peer named \"ucx-nope\"") && err.contains("libfabric-udp;ofi_rxd"),
+        "{err}"
+    );
+}
+
+/// One real peer, briefly: UCX's UCT active messages at 8 B, one pair
+/// with uvia's shm, parsed into a row named after the peer with its
+/// version; its 64 KiB and 1 MiB streams are listed as not possible.
+#[test]
+fn peers_ucx_active_messages_one_pair() {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("ucx_perftest").is_file()))
+        .unwrap_or(false);
+    if !found {
+        eprintln!("skipped: ucx_perftest is not installed (apt-get install ucx-utils)");
+        return;
+    }
+    let _t = traffic();
+    let json = tmp("peers-uct.json");
+    let out = uvia()
+        .args([
+            "peers",
+            "--quick",
+            "--pairs",
+            "1",
+            "--only",
+            "ucx-uct-am",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let lat = &v["comparisons"][0];
+    assert_eq!(lat["form"], "latency");
+    assert_eq!(lat["size"], 8);
+    assert!(lat["error"].is_null(), "{lat}");
+    let pair = &lat["pairs"][0];
+    assert!(pair["uvia"].as_f64().unwrap() > 0.0 && pair["peer"].as_f64().unwrap() > 0.0);
+    for c in &v["comparisons"].as_array().unwrap()[1..] {
+        assert!(
+            c["error"].as_str().unwrap().contains("at most 8 KiB"),
+            "{c}"
+        );
+    }
+    let run = &v["runs"][0];
+    assert_eq!(run["provider"], "ucx-uct-am");
+    assert_eq!(run["command"], "pingpong");
+    assert!(run["version"].as_str().unwrap().contains("ucx-utils"));
+    assert!(run["results"][0]["lat_ns"]["p50"].as_f64().unwrap() > 0.0);
+    let _ = std::fs::remove_file(&json);
+}
