@@ -14,8 +14,12 @@
 //!    checkpoints (built first, except with --quick, which takes the one
 //!    there is; skipped with the reason without it or without root), its
 //!    table and plots in the report.
-//! 5. The report folder: report.md, results.json, latency.svg, bandwidth.svg,
-//!    anatomy-categories.svg and anatomy-timeline-<provider>.svg.
+//! 5. The peers (`uvia peers`: UCX, libfabric, Open MPI and sockperf by
+//!    their own tools, interleaved with the matching uvia run): with
+//!    --peers, or in a full bench whenever a peer is installed.
+//! 6. The report folder: report.md, results.json, latency.svg, bandwidth.svg,
+//!    peers-latency.svg, peers-bandwidth.svg, anatomy-categories.svg and
+//!    anatomy-timeline-<provider>.svg.
 
 use crate::anatomy::compare::{self, Compare};
 use crate::limit::{self, LimitResult};

@@ -56,7 +56,9 @@ enum Cmd {
     /// The main job: limits, then shm, udp, kernel UDP (blocking and
     /// busy-poll) and kernel TCP ping-pong and bandwidth side by side, with
     /// headline ratios measured in interleaved rounds (xdp against kernel UDP
-    /// between two test hosts when root), and a report folder with plots.
+    /// between two test hosts when root), the peers (UCX, libfabric, Open
+    /// MPI, sockperf; see `uvia peers`) when installed or with --peers,
+    /// and a report folder with plots.
     Bench(BenchArgs),
     /// The libfabric provider under libfabric's own ping-pong
     /// (fi_pingpong, from libfabric-bin): uvia on udp against libfabric's

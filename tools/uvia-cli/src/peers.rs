@@ -674,7 +674,6 @@ fn run_peer(p: &PeerDef, form: Form, size: usize, n: usize, timeout: Duration) -
             let child = Command::new("mpirun")
                 .args(&args)
                 .current_dir(&dir)
-                .env("OMPI_MCA_plm_rsh_agent", "")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -1334,7 +1333,12 @@ pub fn table_rows(res: &PeersResult) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 format!("{:?}", c.medium).to_lowercase(),
                 form_name(c.form).into(),
                 human(c.size),
-                format!("{:?}", c.stat).to_lowercase(),
+                if c.form == Form::Latency {
+                    format!("{:?}", c.stat).to_lowercase()
+                } else {
+                    // Bandwidth: bytes over the run's time.
+                    "bytes/time".into()
+                },
                 fmt_val(c.uvia_median, &c.unit),
                 fmt_val(c.peer_median, &c.unit),
                 ratio,
