@@ -1687,6 +1687,65 @@ mod tests {
         assert_eq!(sp.size_for(8), SOCKPERF_MIN);
     }
 
+    fn comparison(peer: &str, form: Form, size: usize, stat: Stat, v: f64, u: f64) -> Comparison {
+        Comparison {
+            peer: peer.into(),
+            medium: Medium::Shm,
+            form,
+            size,
+            stat,
+            unit: if form == Form::Latency { "ns" } else { "MB/s" }.into(),
+            iters: 1,
+            peer_command: String::new(),
+            uvia_command: String::new(),
+            pairs: vec![PairVal {
+                uvia: u,
+                peer: v,
+                ratio: u / v,
+            }],
+            uvia_median: Some(u),
+            peer_median: Some(v),
+            ratio: Some(u / v),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn peer_rows_have_uvias_shape_with_unknown_figures_null() {
+        let info = PeerInfo {
+            name: "ucx-ucp-tag".into(),
+            medium: Medium::Shm,
+            tool: "ucx_perftest".into(),
+            package: "ucx-utils".into(),
+            version: Some("ucx-utils 1.13.1-1".into()),
+            missing: None,
+        };
+        let comps = [
+            comparison("ucx-ucp-tag", Form::Latency, 8, Stat::P50, 200.0, 100.0),
+            comparison(
+                "ucx-ucp-tag",
+                Form::Stream,
+                1 << 20,
+                Stat::Mean,
+                5000.0,
+                6000.0,
+            ),
+        ];
+        let rs = rows(&[info], &comps);
+        assert_eq!(rs.len(), 2);
+        let v = serde_json::to_value(&rs).unwrap();
+        assert_eq!(v[0]["provider"], "ucx-ucp-tag");
+        assert_eq!(v[0]["command"], "pingpong");
+        assert_eq!(v[0]["version"], "ucx-utils 1.13.1-1");
+        assert_eq!(v[0]["results"][0]["lat_ns"]["p50"], 200.0);
+        // The tool gives no mean or p99 here: null, not a made-up 0.
+        assert!(v[0]["results"][0]["lat_ns"]["mean"].is_null());
+        assert!(v[0]["results"][0]["lat_ns"]["p99"].is_null());
+        assert_eq!(v[1]["command"], "bw");
+        assert_eq!(v[1]["results"][0]["mbytes_per_s"], 5000.0);
+        assert_eq!(v[1]["results"][0]["size"], 1 << 20);
+    }
+
     #[test]
     fn headline_takes_the_fastest_shared_memory_peer() {
         let c = |peer: &str, v: f64, u: f64| Comparison {
