@@ -435,6 +435,17 @@ fn one_count(o: &ScaleOpts, n: usize) -> Result<ScaleResult> {
             .with_context(|| format!("connecting VI {} of {n}", i + 1))?;
     }
     let connect_s = t0.elapsed().as_secs_f64();
+    if let Some(i) = c
+        .vis
+        .iter()
+        .position(|v| v.state() != uvia::ViState::Connected)
+    {
+        bail!(
+            "VI {i} of {n} is {:?} once all were connected ({:.0} ms after the first)",
+            c.vis[i].state(),
+            connect_s * 1e3
+        );
+    }
     let fp: Footprint = serde_json::from_str(&wait_line(
         &server.rx,
         "FOOTPRINT ",
@@ -470,7 +481,14 @@ fn one_count(o: &ScaleOpts, n: usize) -> Result<ScaleResult> {
 
     // The idle wait: the server sleeps on its CQ; then wake it.
     c.send(pair, op::IDLE)?;
-    std::thread::sleep(o.idle);
+    // Waiting in a receive wait, as a program that waits does: the wait
+    // runs the client's timers (its acknowledgements of the rate run's
+    // replies among them), which a plain sleep would leave undone.
+    match c.vis[pair].recv_wait(Some(o.idle)) {
+        Err(uvia::WaitError::Timeout) => {}
+        Err(e) => bail!("the client's wait during the idle time failed: {e}"),
+        Ok(_) => bail!("a message came while the server was to be idle"),
+    }
     let t = Instant::now();
     c.send(pair, op::WAKE)?;
     let used_us = c

@@ -8,6 +8,8 @@
 
 mod share;
 mod vi;
+#[cfg(test)]
+pub(crate) use vi::held_frames;
 
 use share::Share;
 pub(crate) use vi::{NetVi, Sleep};
@@ -640,6 +642,7 @@ impl NetNic {
                 let ViInner { q, t } = &mut *g;
                 let mut n = NetVi::new(conn, to, id, nic.max_frame);
                 n.set_own(own.clone());
+                crate::cq::socket_changed(&vi.s);
                 n.adopt_recvs(q);
                 *t = Transport::Net(n);
             }
@@ -771,6 +774,7 @@ impl Answer {
         // The accept goes from the connection's own medium, which tells the
         // client its address; the client's connection answers from its own.
         t.set_own(home.own_socket());
+        crate::cq::socket_changed(&vi.s);
         t.adopt_recvs(&mut g.q);
         home.established(req.from, req.peer_id, id);
         vi.install(&mut g, Transport::Net(t), theirs);
@@ -935,6 +939,9 @@ impl NicOps for NetNic {
             // Past the deadline this is still one look without waiting: a
             // caller that polls never blocks, as with the shm listener.
             self.poll(None);
+            // The connections accepted so far keep up their side (acks,
+            // keep-alives) while a server accepts the next ones.
+            self.sweep(Instant::now(), 0); // (0 is no connection's id)
             if let Some(req) = self.take_request(discriminator.as_bytes()) {
                 return Ok(ConnRequest {
                     remote: remote_attrs(&req.attrs),
