@@ -23,11 +23,17 @@
 //! Another thread of the process that makes a notice wakes the sleeper
 //! through that doorbell, the CQ's word or the eventfd; the waiter's own
 //! progress, which makes most notices, wakes nobody.
+//!
+//! A CQ of many network VIs keeps their sockets in an epoll set (a ready
+//! list, [`crate::ready`]): a poll drives only the VIs whose frames arrived
+//! and, every millisecond, the Nic's due timers; a waiter sleeps on the set
+//! instead of on every socket.
 
 use crate::desc::Descriptor;
 use crate::error::{CqError, WaitError};
 use crate::lock::{Guard, SpinLock};
 use crate::nic::{Nic, NicShared};
+use crate::ready::ReadySet;
 use crate::vi::{Queue, Vi, ViShared, DEFAULT_WAIT_SPIN};
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -83,7 +89,40 @@ pub(crate) struct CqShared {
     direct: bool,
     /// Where a direct CQ's next walk starts.
     next: AtomicUsize,
+    /// The members' sockets in an epoll set, for a CQ of many network VIs.
+    ready: Mutex<Ready>,
+    /// The members or a member's socket changed: the ready set is brought
+    /// in step before its next use.
+    resync: AtomicBool,
+    /// True while polls go through the ready set.
+    ready_on: AtomicBool,
+    /// Members with frames held back for a burst (doorbell coalescing),
+    /// which their sockets would not name: the next poll drives them.
+    held: Mutex<Vec<Weak<ViShared>>>,
+    held_any: AtomicBool,
 }
+
+/// A CQ's ready list (see [`crate::ready`]).
+enum Ready {
+    /// Not made yet (too few members so far).
+    Unused,
+    Set {
+        set: ReadySet,
+        /// When a poll next runs the Nic's due timers.
+        timers_at: Instant,
+    },
+    /// Not for this CQ: its VIs have no sockets (shm), or epoll failed.
+    Off,
+}
+
+/// From this many members up, a network CQ drives its VIs from a ready
+/// list; below, a poll asks each VI (a socket look each, cheaper than an
+/// `epoll_wait` for a few).
+const READY_SET_FROM: usize = 8;
+
+/// How often a poll through the ready list runs the timers: one member's
+/// timer look runs every VI's of the Nic that is due (the Nic's sweep).
+const READY_TIMERS_EVERY: Duration = Duration::from_millis(1);
 
 /// A completion notice: `queue` of `vi` has a completed descriptor at its head.
 #[derive(Debug, Clone)]
@@ -185,12 +224,33 @@ impl CqShared {
         if !m.iter().any(|w| w.as_ptr() == Arc::as_ptr(vi)) {
             m.push(Arc::downgrade(vi));
         }
+        self.resync.store(true, Ordering::SeqCst);
     }
 
     /// Takes `vi` off the members (the program destroyed it).
     pub(crate) fn detach(&self, vi: &Arc<ViShared>) {
         self.lock_members()
             .retain(|w| w.strong_count() > 0 && w.as_ptr() != Arc::as_ptr(vi));
+        self.resync.store(true, Ordering::SeqCst);
+    }
+
+    /// A member's socket changed (it connected): the ready list is brought
+    /// in step before its next use.
+    pub(crate) fn socket_changed(&self) {
+        self.resync.store(true, Ordering::SeqCst);
+    }
+
+    /// `vi` holds frames back for a burst: a poll through the ready set
+    /// drives it next, as a walk over every member would.
+    fn holds_frames(&self, vi: &Arc<ViShared>) {
+        if !self.ready_on.load(Ordering::Relaxed) {
+            return;
+        }
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(vi));
+        self.held_any.store(true, Ordering::Release);
     }
 
     /// Called by a VI (under its lock) when a descriptor of `q` completes.
@@ -251,6 +311,21 @@ impl CqShared {
     }
 }
 
+/// `vi`'s socket changed (it connected): its CQs' ready lists are brought
+/// in step before their next use.
+pub(crate) fn socket_changed(vi: &ViShared) {
+    for cq in [&vi.send_cq, &vi.recv_cq].into_iter().flatten() {
+        cq.socket_changed();
+    }
+}
+
+/// `vi` holds frames back for a burst: its CQs' next polls drive it.
+pub(crate) fn holds_frames(vi: &Arc<ViShared>) {
+    for cq in [&vi.send_cq, &vi.recv_cq].into_iter().flatten() {
+        cq.holds_frames(vi);
+    }
+}
+
 /// Adds one to an eventfd's counter (a wake-up).
 pub(crate) fn write_eventfd(fd: RawFd) {
     let one: u64 = 1;
@@ -297,6 +372,15 @@ impl Cq {
                 slice_ns: AtomicU64::new(SLEEP_SLICE.as_nanos() as u64),
                 direct,
                 next: AtomicUsize::new(0),
+                ready: Mutex::new(if nic.s.attrs.needs_driving {
+                    Ready::Unused
+                } else {
+                    Ready::Off
+                }),
+                resync: AtomicBool::new(false),
+                ready_on: AtomicBool::new(false),
+                held: Mutex::new(Vec::new()),
+                held_any: AtomicBool::new(false),
             }),
         })
     }
@@ -390,15 +474,87 @@ impl Cq {
         if let Some(c) = self.pop()? {
             return Ok(Some(c));
         }
-        // Walked under the members' lock, not copied out: an empty poll
-        // allocates nothing. (A VI's progress takes its own lock and the
-        // notices' lock, never this one.)
-        for w in self.s.lock_members().iter() {
-            if let Some(vi) = w.upgrade() {
-                Vi::poll_progress(vi);
+        if !self.progress_ready() {
+            // Walked under the members' lock, not copied out: an empty poll
+            // allocates nothing. (A VI's progress takes its own lock and the
+            // notices' lock, never this one.)
+            for w in self.s.lock_members().iter() {
+                if let Some(vi) = w.upgrade() {
+                    Vi::poll_progress(vi);
+                }
             }
         }
         self.pop()
+    }
+
+    /// The ready set of a CQ of many network VIs, brought in step with the
+    /// members; `None` where there is none (the caller walks every member).
+    fn ready_set(&self) -> Option<MutexGuard<'_, Ready>> {
+        // Looked at before the lock: an shm CQ's polls, and a few VIs',
+        // pay nothing for the ready list.
+        if !self.s.nic.attrs.needs_driving || self.s.lock_members().len() < READY_SET_FROM {
+            return None;
+        }
+        let mut r = self.s.ready.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*r, Ready::Off) {
+            return None;
+        }
+        if matches!(*r, Ready::Unused) {
+            *r = match ReadySet::new() {
+                Some(set) => Ready::Set {
+                    set,
+                    timers_at: Instant::now(),
+                },
+                None => Ready::Off,
+            };
+            self.s.resync.store(true, Ordering::SeqCst);
+        }
+        if self.s.resync.swap(false, Ordering::SeqCst) {
+            let members = self.s.members();
+            if let Ready::Set { set, .. } = &mut *r {
+                if !set.sync(&members) {
+                    *r = Ready::Off;
+                }
+            }
+        }
+        let on = matches!(*r, Ready::Set { .. });
+        self.s.ready_on.store(on, Ordering::Relaxed);
+        on.then_some(r)
+    }
+
+    /// Drives the members whose sockets have frames and, every
+    /// [`READY_TIMERS_EVERY`], the Nic's due timers. False where the CQ
+    /// has no ready set.
+    fn progress_ready(&self) -> bool {
+        let (vis, timers) = {
+            let Some(mut r) = self.ready_set() else {
+                return false;
+            };
+            let Ready::Set { set, timers_at } = &mut *r else {
+                return false;
+            };
+            let now = Instant::now();
+            let timers = if now >= *timers_at {
+                *timers_at = now + READY_TIMERS_EVERY;
+                self.s.lock_members().iter().find_map(Weak::upgrade)
+            } else {
+                None
+            };
+            (set.ready(), timers)
+        };
+        for vi in vis {
+            Vi::poll_progress(vi);
+        }
+        if self.s.held_any.swap(false, Ordering::Acquire) {
+            let held = std::mem::take(&mut *self.s.held.lock().unwrap_or_else(|e| e.into_inner()));
+            for vi in held.iter().filter_map(Weak::upgrade) {
+                Vi::poll_progress(vi);
+            }
+        }
+        if let Some(vi) = timers {
+            Vi::run_timers(vi);
+        }
+        true
     }
 
     /// How long [`wait`](Self::wait) polls before it sleeps (0: sleep at
@@ -567,9 +723,16 @@ impl Cq {
             return;
         }
         // Network VIs have no doorbell: their frames wake the waiter
-        // through their sockets, and their timers need a look at least
-        // every millisecond.
-        let net: Vec<RawFd> = members.iter().filter_map(Vi::wake_fd).collect();
+        // through their sockets (or the ready set that holds them), and
+        // their timers need a look at least every millisecond.
+        let set = self.ready_set().and_then(|r| match &*r {
+            Ready::Set { set, .. } => Some(set.fd()),
+            _ => None,
+        });
+        let net: Vec<RawFd> = match set {
+            Some(fd) => vec![fd],
+            None => members.iter().filter_map(Vi::wake_fd).collect(),
+        };
         let cap = if net.is_empty() {
             nap
         } else {
@@ -591,8 +754,18 @@ impl Cq {
             self.drain_eventfd();
         }
         if n == 0 && p.len() > 1 {
-            for vi in members {
-                Vi::run_timers(vi);
+            match set {
+                // One member's timer look runs the Nic's that are due.
+                Some(_) => {
+                    if let Some(vi) = members.into_iter().next() {
+                        Vi::run_timers(vi);
+                    }
+                }
+                None => {
+                    for vi in members {
+                        Vi::run_timers(vi);
+                    }
+                }
             }
         }
     }
@@ -1072,5 +1245,123 @@ mod tests {
         assert_eq!(err, CqError::InUse(1));
         drop(b);
         cq.destroy().unwrap();
+    }
+
+    /// A server of many udp VIs on one CQ (its ready list): every client's
+    /// burst reaches it, and its own bursts of replies to one VI, held back
+    /// to leave together, reach the client without anything else arriving
+    /// on that VI's socket to drive them (the last of them would wait for
+    /// a timer or for ever if the CQ's polls did not drive held frames).
+    #[test]
+    fn a_cq_of_many_udp_vis_serves_each_through_its_ready_list() {
+        const PAIRS: usize = 12;
+        const BURST: u32 = 3;
+        let sn = Nic::open("udp:127.0.0.1").unwrap();
+        let cn = Nic::open("udp:127.0.0.1").unwrap();
+        let cq = sn.create_cq(256).unwrap();
+        let end = |nic: &Nic, cq: Option<&Cq>| {
+            let ptag = nic.create_ptag().unwrap();
+            let vi = nic.create_vi(ViAttributes::new(ptag), None, cq).unwrap();
+            let buf = nic
+                .alloc_region(SLOT * SLOTS, MemAttributes::new(ptag))
+                .unwrap();
+            for k in 0..SLOTS {
+                vi.post_recv(Box::new(Descriptor::recv(&[buf.segment(k * SLOT, SLOT)])))
+                    .unwrap();
+            }
+            End {
+                vi,
+                nic: nic.clone(),
+                ptag,
+                buf,
+            }
+        };
+        let mut servers: Vec<End> = (0..PAIRS).map(|_| end(&sn, Some(&cq))).collect();
+        let mut clients: Vec<End> = (0..PAIRS).map(|_| end(&cn, None)).collect();
+        let disc = Discriminator::from_u64((std::process::id() as u64) << 32 | 0x4ead_1157);
+        let (n2, d2) = (sn.clone(), disc.clone());
+        let vis: Vec<Vi> = servers.iter().map(|e| e.vi.clone()).collect();
+        let t = std::thread::spawn(move || {
+            for vi in &vis {
+                let mut req = n2.connect_wait(&d2, Some(Duration::from_secs(5))).unwrap();
+                req.accept(vi).unwrap();
+            }
+            n2.stop_listening(&d2);
+        });
+        for c in &clients {
+            c.vi.connect_request(
+                &NetAddress::new(&sn.attributes().address, disc.clone()),
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        }
+        t.join().unwrap();
+        // Each client sends a burst; the server answers each message at once.
+        for (i, c) in clients.iter_mut().enumerate() {
+            for k in 0..BURST {
+                post_round(&c.vi, &mut c.buf, (i as u32) << 8 | k);
+            }
+        }
+        let ids: Vec<u32> = servers.iter().map(|e| e.vi.id()).collect();
+        let index = |vi: &Vi| ids.iter().position(|&id| id == vi.id()).unwrap();
+        let mut got = vec![0u32; PAIRS];
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while got.iter().sum::<u32>() < PAIRS as u32 * BURST {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server got {got:?}"
+            );
+            // The clients' programs poll too: their bursts leave then.
+            for c in &clients {
+                if let Some(d) = c.vi.send_done() {
+                    assert_eq!(d.result(), Ok(4));
+                }
+            }
+            let Some(n) = cq.done().unwrap() else {
+                continue;
+            };
+            let i = index(&n.vi);
+            let d = n.vi.recv_done().unwrap();
+            assert_eq!(d.result(), Ok(4));
+            let seg = d.ds[0];
+            let at = seg.addr as usize - servers[i].buf.addr() as usize;
+            let v = u32::from_le_bytes(servers[i].buf.as_slice()[at..at + 4].try_into().unwrap());
+            assert_eq!(v, (i as u32) << 8 | got[i], "VI {i}'s messages in order");
+            got[i] += 1;
+            n.vi.post_recv(Box::new(Descriptor::recv(&[seg]))).unwrap();
+            // Two replies back to back: the second is held for a burst.
+            // (Each from a slot of its own: a held frame is copied out
+            // when it leaves.)
+            let e = &mut servers[i];
+            post_round(&e.vi, &mut e.buf, 0x8000 | v);
+            post_round(&e.vi, &mut e.buf, 0x4008 | v);
+        }
+        assert!(
+            cq.s.ready_on.load(std::sync::atomic::Ordering::Relaxed),
+            "{PAIRS} network VIs: the CQ polls through its ready list"
+        );
+        // One poll sends what the server's VIs held back, as a walk over
+        // every VI would: nothing waits for a timer or another arrival.
+        cq.done().unwrap();
+        for (i, e) in servers.iter().enumerate() {
+            assert_eq!(crate::provider::net::held_frames(&e.vi), 0, "VI {i}");
+        }
+        // Every reply arrives; the server keeps polling its CQ meanwhile
+        // (as a server does), which is what sends held-back replies.
+        for (i, c) in clients.iter().enumerate() {
+            for k in (0..BURST).flat_map(|k| [0x8000 | k, 0x4008 | k]) {
+                let d = loop {
+                    if let Some(d) = c.vi.recv_done() {
+                        break d;
+                    }
+                    assert!(std::time::Instant::now() < deadline, "VI {i}'s reply {k}");
+                    let _ = cq.done().unwrap();
+                };
+                assert_eq!(d.result(), Ok(4));
+                let at = d.ds[0].addr as usize - c.buf.addr() as usize;
+                let v = u32::from_le_bytes(c.buf.as_slice()[at..at + 4].try_into().unwrap());
+                assert_eq!(v, (i as u32) << 8 | k, "VI {i}'s replies in order");
+            }
+        }
     }
 }

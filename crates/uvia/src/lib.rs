@@ -22,6 +22,7 @@ mod lock;
 pub mod mem;
 pub mod nic;
 mod provider;
+mod ready;
 pub mod vi;
 
 pub use cm::{ConnRequest, Discriminator, NetAddress, RemoteViAttributes, MAX_PRIVATE_DATA};

@@ -16,6 +16,7 @@ mod peers;
 mod pin;
 mod report;
 mod run;
+mod scale;
 mod size;
 #[path = "endpoint/sys.rs"]
 mod sock;
@@ -107,12 +108,57 @@ enum Cmd {
     /// the server's memory bounded). xdp runs between two test hosts (root).
     /// Exits 1 if anything falls short.
     Torture(TortureArgs),
+    /// What many connected VIs cost: for each count N (default 1, 10, 100,
+    /// 1,000), N VI pairs connected to a server whose VIs share one CQ; the
+    /// time to connect them all, one pair's 8 B ping-pong while the others
+    /// sit idle, a message rate spread over all N, the server's CPU use
+    /// while its CQ wait sleeps, and its memory and file descriptors per VI.
+    Scale(ScaleArgs),
     /// (internal) The server half of a measurement, started by the client.
     #[command(hide = true)]
     ServePeer(PeerArgs),
+    /// (internal) The server of `uvia scale`, started by the client.
+    #[command(hide = true)]
+    ScalePeer(ScalePeerArgs),
     /// (internal) The peer of a torture cell, started by `uvia torture`.
     #[command(hide = true)]
     TorturePeer(torture::PeerArgs),
+}
+
+#[derive(Args)]
+struct ScaleArgs {
+    /// Provider of the VIs.
+    #[arg(long, short = 'p', value_enum)]
+    provider: scale::ScaleProvider,
+    /// VI pair counts, comma-separated (1 to 4,000 each).
+    #[arg(long, value_name = "LIST", default_value = "1,10,100,1000")]
+    vis: String,
+    /// Ping-pong round trips of the one pair.
+    #[arg(long, default_value_t = 20_000)]
+    iters: usize,
+    /// Rounds of the message rate over all VIs (a message on every VI and
+    /// its reply each).
+    #[arg(long, default_value_t = 20)]
+    rate_rounds: usize,
+    /// Seconds the server's CQ wait sleeps with nothing arriving.
+    #[arg(long, default_value_t = 2.0)]
+    idle_secs: f64,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Do not pin the client to core 0 and the server to core 1.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+#[derive(Args)]
+struct ScalePeerArgs {
+    #[arg(long, value_enum)]
+    provider: scale::ScaleProvider,
+    #[arg(long)]
+    vis: usize,
+    #[arg(long)]
+    cpu: Option<usize>,
 }
 
 #[derive(Args)]
@@ -700,6 +746,30 @@ fn main() {
         Cmd::Anatomy(a) => anatomy(&a),
         Cmd::Torture(a) => torture(&a),
         Cmd::TorturePeer(p) => torture::peer(&p),
+        Cmd::Scale(a) => (|| -> Result<()> {
+            if !(a.idle_secs.is_finite() && a.idle_secs > 0.0 && a.idle_secs <= 600.0) {
+                bail!("--idle-secs wants a number of seconds above 0 and at most 600");
+            }
+            if a.iters == 0 || a.rate_rounds == 0 {
+                bail!("--iters and --rate-rounds want at least 1");
+            }
+            let o = scale::ScaleOpts {
+                provider: a.provider,
+                counts: parse_list(&a.vis).context("--vis")?,
+                iters: a.iters,
+                rate_rounds: a.rate_rounds,
+                idle: Duration::from_secs_f64(a.idle_secs),
+                client_cpu: (!a.no_pin).then_some(0),
+                server_cpu: (!a.no_pin).then_some(1),
+            };
+            let r = scale::run(&o)?;
+            write_json(&a.json, &r)?;
+            if !r.failed.is_empty() {
+                bail!("{} of {} counts failed", r.failed.len(), o.counts.len());
+            }
+            Ok(())
+        })(),
+        Cmd::ScalePeer(p) => scale::serve(p.provider, p.vis, p.cpu),
         Cmd::ServePeer(p) => (|| -> Result<()> {
             let sizes = parse_list(&p.sizes)?;
             let iters = parse_list(&p.iters)?;

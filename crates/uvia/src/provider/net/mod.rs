@@ -8,6 +8,8 @@
 
 mod share;
 mod vi;
+#[cfg(test)]
+pub(crate) use vi::held_frames;
 
 use share::Share;
 pub(crate) use vi::{NetVi, Sleep};
@@ -640,6 +642,7 @@ impl NetNic {
                 let ViInner { q, t } = &mut *g;
                 let mut n = NetVi::new(conn, to, id, nic.max_frame);
                 n.set_own(own.clone());
+                crate::cq::socket_changed(&vi.s);
                 n.adopt_recvs(q);
                 *t = Transport::Net(n);
             }
@@ -649,6 +652,10 @@ impl NetNic {
                     let mut g = vi.lock();
                     let ViInner { q, t } = &mut *g;
                     if let Transport::Net(t) = t {
+                        // Timers every time round: each round waits for the
+                        // medium, so progress's every-few-polls look at them
+                        // would hold the first request back that many naps.
+                        t.run_timers(vi, q);
                         t.progress(vi, q);
                         if let Some(ev) = t.handshake.take() {
                             // The answer's private data, for an accept and a reject alike.
@@ -767,6 +774,7 @@ impl Answer {
         // The accept goes from the connection's own medium, which tells the
         // client its address; the client's connection answers from its own.
         t.set_own(home.own_socket());
+        crate::cq::socket_changed(&vi.s);
         t.adopt_recvs(&mut g.q);
         home.established(req.from, req.peer_id, id);
         vi.install(&mut g, Transport::Net(t), theirs);
@@ -924,9 +932,16 @@ impl NicOps for NetNic {
     ) -> Result<ConnRequest, ConnectError> {
         let start = Instant::now();
         self.listen(discriminator.as_bytes());
-        let mut looked = false;
         loop {
             self.serve_share();
+            // Read the medium before looking for a request, so one that
+            // came during the last wait is taken now, not after the next.
+            // Past the deadline this is still one look without waiting: a
+            // caller that polls never blocks, as with the shm listener.
+            self.poll(None);
+            // The connections accepted so far keep up their side (acks,
+            // keep-alives) while a server accepts the next ones.
+            self.sweep(Instant::now(), 0); // (0 is no connection's id)
             if let Some(req) = self.take_request(discriminator.as_bytes()) {
                 return Ok(ConnRequest {
                     remote: remote_attrs(&req.attrs),
@@ -942,20 +957,11 @@ impl NicOps for NetNic {
             }
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
             if left.is_some_and(|l| l.is_zero()) {
-                if looked {
-                    return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
-                }
-                // Past the deadline, one look at the medium without waiting
-                // still takes a request that has already arrived (as the
-                // shm listener does): a caller that polls never blocks.
-                looked = true;
-                self.poll(None);
-                continue;
+                return Err(ConnectError::Timeout(start.elapsed().as_millis() as u64));
             }
             if let Some(e) = self.share_lost() {
                 return Err(e);
             }
-            self.poll(None);
             let nap = left
                 .unwrap_or(Duration::from_millis(20))
                 .min(Duration::from_millis(20));

@@ -38,6 +38,15 @@ const NIC_LOOK_EVERY: Duration = Duration::from_millis(1);
 /// acks, retransmissions, keep-alives) run in its progress.
 const NAP: Duration = Duration::from_millis(1);
 
+/// Frames `vi` holds back for a burst (tests).
+#[cfg(test)]
+pub(crate) fn held_frames(vi: &Vi) -> u32 {
+    match &vi.lock().t {
+        crate::provider::Transport::Net(n) => n.deferred,
+        _ => 0,
+    }
+}
+
 /// A VI's network connection.
 pub(crate) struct NetVi {
     pub conn: Conn,
@@ -738,6 +747,9 @@ impl TransportOps for NetVi {
                 .last_tx
                 .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
         if burst && (self.deferred as usize) < TX_BATCH - 1 {
+            if self.deferred == 0 {
+                crate::cq::holds_frames(&vi.s);
+            }
             self.deferred += 1;
             return Ok(());
         }
