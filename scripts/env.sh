@@ -44,6 +44,8 @@ command -v mpicc >/dev/null 2>&1 || need_pkgs+=(openmpi-bin libopenmpi-dev)
 /usr/bin/python3 -c 'import mpi4py' >/dev/null 2>&1 || need_pkgs+=(python3-mpi4py)
 command -v NPopenmpi >/dev/null 2>&1 || need_pkgs+=(netpipe-openmpi)
 command -v unshare >/dev/null 2>&1 || need_pkgs+=(util-linux)
+# The tool's tests run one real peer of `uvia peers` (UCX's ucx_perftest).
+command -v ucx_perftest >/dev/null 2>&1 || need_pkgs+=(ucx-utils)
 if [ "${#need_pkgs[@]}" -gt 0 ] && [ "$(id -u)" -eq 0 ]; then
     echo "uvia: installing ${need_pkgs[*]} for the C API's programs and the libfabric provider" >&2
     apt-get update -qq
