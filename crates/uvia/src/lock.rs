@@ -111,6 +111,11 @@ fn membarrier(cmd: libc::c_int) -> bool {
 /// per process; a forked child registers again).
 fn barrier_ready() -> bool {
     static REGISTERED_BY: AtomicI32 = AtomicI32::new(0);
+    // A kernel without the call (or without this command) stays without it.
+    static MISSING: AtomicBool = AtomicBool::new(false);
+    if MISSING.load(Ordering::Relaxed) {
+        return false;
+    }
     let pid = std::process::id() as i32;
     if REGISTERED_BY.load(Ordering::Acquire) == pid {
         return true;
@@ -118,6 +123,10 @@ fn barrier_ready() -> bool {
     if membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) {
         REGISTERED_BY.store(pid, Ordering::Release);
         return true;
+    }
+    let e = std::io::Error::last_os_error().raw_os_error();
+    if e == Some(libc::ENOSYS) || e == Some(libc::EINVAL) {
+        MISSING.store(true, Ordering::Relaxed);
     }
     false
 }
@@ -191,6 +200,9 @@ impl<T> SpinLock<T> {
             let n = if who == me { n.saturating_add(1) } else { 1 };
             self.streak.set((me, n));
             if n >= BIAS_AFTER {
+                // Tried once per streak: where the barrier is refused, a
+                // lock costs two system calls per BIAS_AFTER acquisitions.
+                self.streak.set((me, 0));
                 self.bias_to(me);
             }
         } else if bias != me
