@@ -97,7 +97,7 @@ impl<'a> End<'a> {
         let mut d = self.free.pop().ok_or("no free send descriptor")?;
         *d = Descriptor::send(&[self.send.segment(0, 8)]);
         self.vi.post_send(d).map_err(|r| r.error)?;
-        if i % REAP_EVERY == 0 {
+        if i.is_multiple_of(REAP_EVERY) {
             while let Some(d) = self.vi.send_done() {
                 d.result()?;
                 self.free.push(d);
