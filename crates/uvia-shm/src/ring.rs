@@ -170,6 +170,24 @@ impl Producer {
         debug_assert!(len <= self.max_body());
         debug_assert_eq!(self.reserved, 0, "reserve twice without commit");
         let lines = lines_for(len);
+        let nlines = self.ring.nlines;
+        // The common case in a few instructions: the record fits before
+        // the ring's end (no pad) in room the consumer is known to have left.
+        if (self.head & (nlines - 1)) + lines <= nlines
+            && self.head + lines - self.cached_tail <= nlines
+        {
+            self.reserved = lines;
+            let rec = self.ring.record(self.head);
+            rec.len.store(len as u32, Ordering::Relaxed);
+            return Some(self.ring.body(self.head));
+        }
+        self.reserve_slow(len, lines)
+    }
+
+    /// [`reserve`](Self::reserve) when the record needs a pad before it or
+    /// the cached consumer index says the ring may be full.
+    #[cold]
+    fn reserve_slow(&mut self, len: usize, lines: u64) -> Option<*mut u8> {
         let at = self.head & (self.ring.nlines - 1);
         let pad = if at + lines > self.ring.nlines {
             self.ring.nlines - at

@@ -201,6 +201,32 @@ impl RegionTable {
         Some(())
     }
 
+    /// True if `h` is registered under `ptag` and holds `addr..addr+len`:
+    /// the answer of [`check`](Self::check) without building the region's
+    /// description or an error, for a post's fast path (which asks `check`
+    /// again for the error when this says no). Lock-free.
+    #[inline(always)]
+    pub(crate) fn allows(&self, h: MemHandle, ptag: Ptag, addr: u64, len: u64) -> bool {
+        let idx = (h.0 & ((1 << INDEX_BITS) - 1)) as usize;
+        let gen = h.0 >> INDEX_BITS;
+        let Some(s) = self.slots.get(idx) else {
+            return false;
+        };
+        // Acquire: pairs with the Release in `insert`; the second load
+        // rejects fields read across a deregistration, as in `lookup`.
+        if gen == 0 || s.gen.load(Ordering::Acquire) != gen {
+            return false;
+        }
+        let (start, rlen) = (
+            s.start.load(Ordering::Relaxed),
+            s.len.load(Ordering::Relaxed),
+        );
+        s.ptag.load(Ordering::Relaxed) == ptag.0
+            && addr >= start
+            && addr.checked_add(len).is_some_and(|end| end <= start + rlen)
+            && s.gen.load(Ordering::Acquire) == gen
+    }
+
     /// True while `h` names the registration whose serial is `serial`: the
     /// check a posted descriptor's memory passes before the Nic touches it
     /// again. Lock-free, and lighter than [`lookup`](Self::lookup): two loads

@@ -191,8 +191,12 @@ impl Posted {
     /// was registered when it was posted. Checked before the Nic touches the
     /// memory later than the post itself, so memory deregistered (and perhaps
     /// freed) in between is never written or read.
-    #[inline]
+    #[inline(always)]
     pub fn still_registered(&self, regions: &crate::mem::RegionTable) -> bool {
+        if self.nranges == 1 {
+            // One buffer, the common case, without the loop.
+            return regions.is_current(self.src[0].handle, self.src[0].serial);
+        }
         self.src[..self.nranges as usize]
             .iter()
             .all(|s| regions.is_current(s.handle, s.serial))
@@ -707,7 +711,7 @@ impl Vi {
     }
 
     /// The head of `queue` if it has completed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn pop(
         &self,
         q: &mut Queues,

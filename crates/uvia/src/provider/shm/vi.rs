@@ -209,12 +209,12 @@ impl ShmVi {
         if len > INLINE_MAX || s.length > q.attrs.max_transfer_size {
             return None;
         }
-        if let Err(error) =
-            vi.s.nic
-                .regions
-                .check(s.handle, q.attrs.ptag, s.addr, len as u64)
-        {
-            return Some(Err(PostError::Segment { index: 0, error }));
+        let regions = &vi.s.nic.regions;
+        if !regions.allows(s.handle, q.attrs.ptag, s.addr, len as u64) {
+            // The same question again, for the error that says why.
+            if let Err(error) = regions.check(s.handle, q.attrs.ptag, s.addr, len as u64) {
+                return Some(Err(PostError::Segment { index: 0, error }));
+            }
         }
         let id = q.next_id;
         let slot = q.sq.next_free()?;
@@ -745,6 +745,17 @@ impl TransportOps for ShmVi {
         queue: Queue,
         owned: bool,
     ) -> Option<NonNull<Descriptor>> {
+        // A message waits and the oldest receive may take it: the receive
+        // fast path first, before the looks that find nothing to do.
+        if queue == Queue::Recv && q.rq_done == 0 && self.conn.rx.ready() {
+            if vi.state() == ViState::Connected {
+                if let Some(d) = self.recv_inline_fast(vi, q, owned) {
+                    return Some(d);
+                }
+            }
+            self.progress(vi, q);
+            return vi.pop(q, queue, owned);
+        }
         // Nothing of ours in flight or queued, and nothing published by the peer.
         if self.awaiting_ack == 0
             && q.sq_sent == q.sq.len()
@@ -757,11 +768,6 @@ impl TransportOps for ShmVi {
                 return vi.pop(q, queue, owned);
             }
             return None;
-        }
-        if queue == Queue::Recv && vi.state() == ViState::Connected {
-            if let Some(d) = self.recv_inline_fast(vi, q, owned) {
-                return Some(d);
-            }
         }
         self.progress(vi, q);
         vi.pop(q, queue, owned)
