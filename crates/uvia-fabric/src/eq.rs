@@ -109,18 +109,19 @@ pub struct Eq {
     /// The fd `FI_GETWAIT` hands out and its thread, made by the first such call.
     wait_fd: OnceLock<WaitFd>,
     pub refs: AtomicUsize,
-    /// When a read that does not wait next asks the listeners for requests
-    /// (ns after `epoch`): see [`LISTEN_EVERY`].
+    /// When a read that does not wait next asks the listeners and the
+    /// tracked connections (ns after `epoch`): see [`LISTEN_EVERY`].
     listen_at: AtomicU64,
     epoch: Instant,
 }
 
-/// How often reads that do not wait look for connection requests. Asking
-/// a listener is a system call (an `accept` that finds nothing), and
-/// `ofi_rxm` reads its EQ every few messages to make progress: on shm that
-/// was a failed `accept4` every fourth round of an 8-byte ping-pong, about
-/// a tenth of the round. A request then waits up to this long more, which
-/// a connection's setup (milliseconds) does not notice.
+/// How often reads that do not wait look for connection requests and
+/// outcomes. Asking a listener is a system call (an `accept` that finds
+/// nothing), looking at the tracked connections takes three locks each,
+/// and `ofi_rxm` reads its EQ every few messages to make progress: on shm
+/// that was a failed `accept4` and about 2,100 instructions every fourth
+/// round of an 8-byte ping-pong. An event then waits up to this long more,
+/// which a connection's setup (milliseconds) does not notice.
 const LISTEN_EVERY: Duration = Duration::from_micros(100);
 
 /// What a program sleeps on for an EQ: an eventfd whose count is non-zero
@@ -336,7 +337,6 @@ impl Eq {
                 return;
             }
         };
-        self.watch();
         if wait.is_zero() {
             let now = self.epoch.elapsed().as_nanos() as u64;
             if now < self.listen_at.load(Ordering::Relaxed) {
@@ -345,6 +345,7 @@ impl Eq {
             self.listen_at
                 .store(now + LISTEN_EVERY.as_nanos() as u64, Ordering::Relaxed);
         }
+        self.watch();
         let listeners = lock(&self.listeners).clone();
         for (i, p) in listeners.iter().enumerate() {
             // SAFETY: a passive endpoint removes itself before it is freed.
