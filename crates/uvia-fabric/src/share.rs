@@ -30,6 +30,11 @@ use uvia_shm::Segment;
 /// range and two system calls at registration.
 pub const MIN_SHARE: usize = 64 << 10;
 
+/// Most bytes one registration remaps: the copy at registration takes
+/// about 50 ms a GiB and holds the pages twice until the remap, so larger
+/// ranges are left as they are (and read by cross-memory attach).
+pub const MAX_SHARE: usize = 1 << 30;
+
 /// One memfd mapped over caller memory at `start`, `len` bytes.
 #[derive(Debug)]
 pub struct Remap {
@@ -74,9 +79,10 @@ fn page_size() -> usize {
 
 /// The memfd behind the whole pages of `[buf, buf + len)`, remapping them
 /// if they are private anonymous memory; `None` (the range stays as it is)
-/// when there are too few whole pages, when they are anything else (file
-/// mappings, shared memory of the program's own, the stack), when they
-/// overlap a live remap without lying inside it, or when a step fails.
+/// when there are too few whole pages or too many, when they are anything
+/// else (file mappings, shared memory of the program's own, the stack),
+/// when they overlap a live remap without lying inside it, or when a step
+/// fails.
 ///
 /// # Safety
 /// `[buf, buf + len)` is memory the caller is registering: mapped, and not
@@ -86,7 +92,9 @@ pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
     let page = page_size();
     let lo = (buf as usize).checked_add(page - 1)? & !(page - 1);
     let hi = (buf as usize).checked_add(len)? & !(page - 1);
-    if hi <= lo || hi - lo < MIN_SHARE {
+    // (A live remap is never larger than MAX_SHARE, so a larger range
+    // could not lie inside one either.)
+    if hi <= lo || hi - lo < MIN_SHARE || hi - lo > MAX_SHARE {
         return None;
     }
     let mut t = REMAPS.lock().unwrap_or_else(|p| p.into_inner());
@@ -355,6 +363,27 @@ mod tests {
         drop((r, r2));
         // SAFETY: our mapping.
         unsafe { libc::munmap(q as *mut libc::c_void, len) };
+    }
+
+    #[test]
+    fn a_range_beyond_the_largest_remap_is_left_alone() {
+        // Reserved, never touched: only the size is looked at.
+        // SAFETY: a fresh private anonymous mapping of our own, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                MAX_SHARE + 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: mapped; refused before anything reads it.
+        assert!(unsafe { share(p as *const u8, MAX_SHARE + 4096) }.is_none());
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p, MAX_SHARE + 4096) };
     }
 
     #[test]
