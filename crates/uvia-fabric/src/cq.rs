@@ -92,7 +92,7 @@ impl Op {
         }
         // SAFETY: per the contract.
         if let Some(p) = unsafe { op.pool.as_ref() } {
-            lock(&p.free).push(op.index);
+            p.release(op.index);
         }
         t
     }
@@ -116,9 +116,17 @@ pub struct Taken {
 /// boxed `Op`, 64-byte aligned like its descriptor, took malloc's slow
 /// aligned path on every message). A post that finds every slot in use
 /// finds its queue full as well.
+///
+/// A slot is claimed with one compare-and-swap of its flag, from a cursor
+/// that follows the last claim (completions come back in about the order
+/// of the posts, so the slot after the last one claimed is almost always
+/// free), and given back with a plain store: the lock and list a free list
+/// needs were four atomic read-modify-writes a message, two on each side.
 pub struct OpPool {
     slots: Box<[UnsafeCell<MaybeUninit<Op>>]>,
-    free: Mutex<Vec<u32>>,
+    busy: Box<[AtomicBool]>,
+    /// Where the next claim starts looking (a hint: any value is safe).
+    next: AtomicUsize,
 }
 
 // SAFETY: a slot is touched only by whoever took its index off `free`: the
@@ -144,8 +152,38 @@ impl OpPool {
                     )))
                 })
                 .collect(),
-            free: Mutex::new((0..slots).rev().collect()),
+            busy: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+            next: AtomicUsize::new(0),
         }
+    }
+
+    /// Takes a free slot; `None` when every slot is in use.
+    fn claim(&self) -> Option<u32> {
+        let n = self.busy.len();
+        // No `%` on the path: a division costs more than the rest.
+        let mut i = self.next.load(Ordering::Relaxed);
+        for _ in 0..n {
+            if i >= n {
+                i = 0;
+            }
+            let b = &self.busy[i];
+            // Acquire: the slot's last user gave it back (Release in
+            // `release`) after it last read the operation there.
+            if !b.load(Ordering::Relaxed)
+                && b.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.next.store(i + 1, Ordering::Relaxed);
+                return Some(i as u32);
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// Gives slot `i` back, its operation read.
+    fn release(&self, i: u32) {
+        self.busy[i as usize].store(false, Ordering::Release);
     }
 
     /// Fills a free slot in place with `fill` and gives up the slot to the
@@ -155,7 +193,7 @@ impl OpPool {
     /// gets a slot that held an earlier operation (or a blank one) and must
     /// set every field the completion reads. `None` when every slot is in use.
     pub fn post_with(&self, fill: impl FnOnce(&mut Op)) -> Option<NonNull<Descriptor>> {
-        let i = lock(&self.free).pop()?;
+        let i = self.claim()?;
         let slot = self.slots[i as usize].get();
         // SAFETY: the index came off the free list, so the slot is ours
         // alone; every slot was written once when the pool was made
@@ -176,7 +214,7 @@ impl OpPool {
     // taken); boxing it would put an allocation back on the path.
     #[allow(clippy::result_large_err)]
     pub fn post(&self, mut op: Op) -> Result<NonNull<Descriptor>, Op> {
-        let Some(i) = lock(&self.free).pop() else {
+        let Some(i) = self.claim() else {
             return Err(op);
         };
         op.pool = self;
@@ -665,6 +703,24 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_op_pool_hands_out_each_slot_once_until_it_is_given_back() {
+        let pool = OpPool::new(3);
+        let mut got: Vec<u32> = (0..3).map(|_| pool.claim().unwrap()).collect();
+        assert_eq!(pool.claim(), None, "every slot in use");
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2]);
+        pool.release(1);
+        assert_eq!(pool.claim(), Some(1), "the slot given back");
+        assert_eq!(pool.claim(), None);
+        pool.release(2);
+        pool.release(0);
+        let mut again = [pool.claim().unwrap(), pool.claim().unwrap()];
+        again.sort_unstable();
+        assert_eq!(again, [0, 2]);
+        assert!(OpPool::new(0).claim().is_none(), "an empty pool");
+    }
 
     #[test]
     fn completion_errors_map_to_libfabric_codes_and_text() {

@@ -18,7 +18,7 @@ use crate::sys::*;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -109,7 +109,20 @@ pub struct Eq {
     /// The fd `FI_GETWAIT` hands out and its thread, made by the first such call.
     wait_fd: OnceLock<WaitFd>,
     pub refs: AtomicUsize,
+    /// When a read that does not wait next asks the listeners and the
+    /// tracked connections (ns after `epoch`): see [`LISTEN_EVERY`].
+    listen_at: AtomicU64,
+    epoch: Instant,
 }
+
+/// How often reads that do not wait look for connection requests and
+/// outcomes. Asking a listener is a system call (an `accept` that finds
+/// nothing), looking at the tracked connections takes three locks each,
+/// and `ofi_rxm` reads its EQ every few messages to make progress: on shm
+/// that was a failed `accept4` and about 2,100 instructions every fourth
+/// round of an 8-byte ping-pong. An event then waits up to this long more,
+/// which a connection's setup (milliseconds) does not notice.
+const LISTEN_EVERY: Duration = Duration::from_micros(100);
 
 /// What a program sleeps on for an EQ: an eventfd whose count is non-zero
 /// exactly while events are queued (written on every push and drained when
@@ -198,6 +211,8 @@ pub unsafe extern "C" fn open(
             tracked: Mutex::new(Vec::new()),
             last_error: Mutex::new(Vec::new()),
             progressing: Mutex::new(()),
+            listen_at: AtomicU64::new(0),
+            epoch: Instant::now(),
             wait_obj: attr.wait_obj,
             wait_fd: OnceLock::new(),
             refs: AtomicUsize::new(0),
@@ -322,6 +337,14 @@ impl Eq {
                 return;
             }
         };
+        if wait.is_zero() {
+            let now = self.epoch.elapsed().as_nanos() as u64;
+            if now < self.listen_at.load(Ordering::Relaxed) {
+                return;
+            }
+            self.listen_at
+                .store(now + LISTEN_EVERY.as_nanos() as u64, Ordering::Relaxed);
+        }
         self.watch();
         let listeners = lock(&self.listeners).clone();
         for (i, p) in listeners.iter().enumerate() {

@@ -27,4 +27,5 @@ pub mod mr;
 mod nosys;
 pub mod pep;
 pub mod prov;
+pub mod share;
 pub mod sys;

@@ -5,10 +5,14 @@
 
 use crate::domain::Domain;
 use crate::guard;
+use crate::medium::Medium;
 use crate::nosys;
+use crate::prov;
+use crate::share::{self, Remap};
 use crate::sys::*;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use uvia::{MemAttributes, MemHandle};
 
 /// A memory region. `#[repr(C)]` with libfabric's `fid_mr` first.
@@ -17,6 +21,9 @@ pub struct Mr {
     pub fid: fid_mr,
     domain: *const Domain,
     handle: MemHandle,
+    /// The memfd the region's whole pages were moved into (shm), kept open
+    /// while the region is registered.
+    _shared: Option<Arc<Remap>>,
 }
 
 static FI_OPS: fi_ops = fi_ops {
@@ -76,14 +83,36 @@ unsafe extern "C" fn reg(
         let attrs = MemAttributes::new(domain.ptag)
             .rdma_write(access & FI_REMOTE_WRITE != 0)
             .rdma_read(access & FI_REMOTE_READ != 0);
+        // On shm, large caller buffers are made mappable by the peer (see
+        // `share`); anything that cannot be is registered as it is.
+        let shared = if domain.medium == Medium::Shm && prov::settings().share_mr {
+            // SAFETY: the range is what the program registers; fi_mr_reg's
+            // caller does not write it meanwhile (the consequence for one
+            // that does is in the provider's docs).
+            unsafe { share::share(buf as *const u8, len) }
+        } else {
+            None
+        };
         // SAFETY: the program keeps the memory allocated while registered
-        // (fi_mr_reg's contract).
-        let h = unsafe { domain.nic.register_mem(buf as *mut u8, len, attrs) }.map_err(
-            |e| match e {
-                uvia::MemError::TableFull(_) => err::ENOMEM,
-                _ => err::EINVAL,
-            },
-        )?;
+        // (fi_mr_reg's contract); a remap's memfd is sealed (a `Segment`),
+        // mapped at its start for its length, and kept open by the region.
+        let h = unsafe {
+            match &shared {
+                Some(r) => domain.nic.register_shared_mem(
+                    buf as *mut u8,
+                    len,
+                    attrs,
+                    r.fd(),
+                    r.start(),
+                    r.len(),
+                ),
+                None => domain.nic.register_mem(buf as *mut u8, len, attrs),
+            }
+        }
+        .map_err(|e| match e {
+            uvia::MemError::TableFull(_) => err::ENOMEM,
+            _ => err::EINVAL,
+        })?;
         let m = Box::new(Mr {
             fid: fid_mr {
                 fid: fid {
@@ -96,6 +125,7 @@ unsafe extern "C" fn reg(
             },
             domain,
             handle: h,
+            _shared: shared,
         });
         domain.refs.fetch_add(1, Ordering::AcqRel);
         // SAFETY: checked non-NULL above.

@@ -77,7 +77,7 @@ unsafe extern "C" fn cleanup() {
 }
 
 /// The parameters: name (libfabric makes it `FI_UVIA_<NAME>`), type, help.
-const PARAMS: [(&CStr, fi_param_type, &CStr); 5] = [
+const PARAMS: [(&CStr, fi_param_type, &CStr); 6] = [
     (
         c"domain",
         FI_PARAM_STRING,
@@ -103,6 +103,11 @@ const PARAMS: [(&CStr, fi_param_type, &CStr); 5] = [
         FI_PARAM_BOOL,
         c"A thread per network domain runs the protocol's timers (acknowledgements, retransmissions, keep-alives) between the program's calls, as a NIC would (default: 1; 0: only the program's CQ and EQ reads run them, and a peer waiting for an acknowledgement from a program that stopped calling times out)",
     ),
+    (
+        c"share_mr",
+        FI_PARAM_BOOL,
+        c"On shm, fi_mr_reg moves the whole pages (64 KiB or more) of a private anonymous buffer into shared memory at the same addresses, so the peer copies large messages straight out of them; a forked child then shares those pages, and they stay shared after fi_close (default: 1; 0: registered memory is left as it is and large messages are read with process_vm_readv)",
+    ),
 ];
 
 fn define_params() {
@@ -123,6 +128,9 @@ pub struct Settings {
     pub spin: Option<Duration>,
     /// Network domains keep a driver thread (`FI_UVIA_DRIVE_THREAD`).
     pub drive_thread: bool,
+    /// Registered memory on shm is moved into shared memory
+    /// (`FI_UVIA_SHARE_MR`, see `share`).
+    pub share_mr: bool,
 }
 
 /// The settings, read once.
@@ -145,6 +153,7 @@ pub fn settings() -> &'static Settings {
         inject: param_str(c"inject"),
         spin: param_int(c"spin_us").map(|us| Duration::from_micros(us.max(0) as u64)),
         drive_thread: param_int(c"drive_thread").is_none_or(|on| on != 0),
+        share_mr: param_int(c"share_mr").is_none_or(|on| on != 0),
     })
 }
 

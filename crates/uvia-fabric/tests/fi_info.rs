@@ -166,6 +166,20 @@ fn fi_pingpong_msg_runs_on_shm() {
     );
 }
 
+/// `fi_pingpong -e msg` on shm with registered memory left as it is
+/// (`FI_UVIA_SHARE_MR=0`): large messages are read by cross-memory attach.
+#[test]
+fn fi_pingpong_msg_runs_on_shm_with_registrations_left_alone() {
+    pingpong(
+        "pp-shm-cma",
+        "uvia",
+        "msg",
+        "shm",
+        &["1 ", "4k", "64k", "1m"],
+        &[("FI_UVIA_SHARE_MR", "0")],
+    );
+}
+
 /// `fi_pingpong -e msg` on udp over loopback. The client reads its last
 /// message and then blocks on its control socket: the acknowledgement the
 /// server waits for comes from the domain's driver thread.

@@ -62,6 +62,9 @@ pub enum MemError {
     NotRegistered(u32),
     #[error("cannot allocate {len} bytes of shareable memory: {reason}")]
     Alloc { len: usize, reason: String },
+    /// The memfd window given with a range is empty, wraps or has no descriptor.
+    #[error("the shared window of a registration names no memory")]
+    BadBacking,
 }
 
 /// Creating a VI or changing its attributes failed.

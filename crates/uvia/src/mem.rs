@@ -64,8 +64,14 @@ pub struct RegionInfo {
     pub start: u64,
     pub len: u64,
     pub attrs: MemAttributes,
-    /// The memfd behind a region the Nic allocated (shareable with a peer), or -1.
+    /// The memfd behind the region (shareable with a peer), or -1.
     pub(crate) fd: i32,
+    /// The address the memfd's offset 0 is mapped at, and how many bytes
+    /// of it are mapped there: the part of the region a peer can map. The
+    /// whole region for memory the Nic allocated; the whole pages of caller
+    /// memory a face placed in a memfd (see [`crate::Nic::register_shared_mem`]).
+    pub(crate) fd_base: u64,
+    pub(crate) fd_len: u64,
     /// Distinguishes registrations that reuse a handle's slot and generation.
     pub(crate) serial: u32,
 }
@@ -114,7 +120,27 @@ struct Slot {
     ptag: AtomicU32,
     flags: AtomicU32,
     fd: std::sync::atomic::AtomicI32,
+    fd_base: AtomicU64,
+    fd_len: AtomicU64,
     serial: AtomicU32,
+}
+
+/// The memfd behind a region and the window of it mapped at `base`
+/// (see [`RegionInfo::fd_base`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Backing {
+    pub fd: i32,
+    pub base: u64,
+    pub len: u64,
+}
+
+impl Backing {
+    /// Caller memory no peer can map.
+    pub const NONE: Backing = Backing {
+        fd: -1,
+        base: 0,
+        len: 0,
+    };
 }
 
 /// The Nic's region table.
@@ -146,13 +172,13 @@ impl RegionTable {
         self.slots.len()
     }
 
-    /// Registers a range; `fd` is the memfd behind it (-1 for caller memory).
+    /// Registers a range; `back` is the memfd behind it, if any.
     pub(crate) fn insert(
         &self,
         start: u64,
         len: u64,
         attrs: MemAttributes,
-        fd: i32,
+        back: Backing,
     ) -> Option<MemHandle> {
         let mut a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
         let idx = a.free.pop()?;
@@ -169,7 +195,9 @@ impl RegionTable {
         let flags = (attrs.enable_rdma_write as u32 * FLAG_RDMA_WRITE)
             | (attrs.enable_rdma_read as u32 * FLAG_RDMA_READ);
         s.flags.store(flags, Ordering::Relaxed);
-        s.fd.store(fd, Ordering::Relaxed);
+        s.fd.store(back.fd, Ordering::Relaxed);
+        s.fd_base.store(back.base, Ordering::Relaxed);
+        s.fd_len.store(back.len, Ordering::Relaxed);
         s.serial.store(a.next_serial, Ordering::Relaxed);
         a.next_serial = a.next_serial.wrapping_add(1);
         // Release: a lookup that sees this generation sees the fields above.
@@ -266,6 +294,8 @@ impl RegionTable {
                 enable_rdma_read: flags & FLAG_RDMA_READ != 0,
             },
             fd: s.fd.load(Ordering::Relaxed),
+            fd_base: s.fd_base.load(Ordering::Relaxed),
+            fd_len: s.fd_len.load(Ordering::Relaxed),
             serial: s.serial.load(Ordering::Relaxed),
         };
         // A deregistration racing with this lookup changes the generation;
@@ -320,7 +350,7 @@ mod tests {
     fn insert_lookup_remove_and_stale_handle() {
         let t = RegionTable::new(4);
         let a = MemAttributes::new(Ptag(1)).rdma_write(true);
-        let h = t.insert(0x1000, 0x100, a, -1).unwrap();
+        let h = t.insert(0x1000, 0x100, a, Backing::NONE).unwrap();
         let r = t.lookup(h).unwrap();
         assert_eq!((r.start, r.len, r.attrs), (0x1000, 0x100, a));
         assert!(t.check(h, Ptag(1), 0x1080, 0x80).is_ok());
@@ -335,7 +365,7 @@ mod tests {
         assert!(t.remove(h).is_some());
         assert!(t.lookup(h).is_none());
         assert!(t.remove(h).is_none(), "second removal of one handle fails");
-        let h2 = t.insert(0x1000, 0x100, a, -1).unwrap();
+        let h2 = t.insert(0x1000, 0x100, a, Backing::NONE).unwrap();
         assert_ne!(h, h2, "slot reuse gets a new generation");
         assert_eq!(
             t.check(h, Ptag(1), 0x1000, 1),
@@ -347,8 +377,8 @@ mod tests {
     fn table_full_and_overflowing_range() {
         let t = RegionTable::new(1);
         let a = MemAttributes::new(Ptag(1));
-        let h = t.insert(u64::MAX - 10, 10, a, -1).unwrap();
-        assert!(t.insert(0, 1, a, -1).is_none());
+        let h = t.insert(u64::MAX - 10, 10, a, Backing::NONE).unwrap();
+        assert!(t.insert(0, 1, a, Backing::NONE).is_none());
         assert!(matches!(
             t.check(h, Ptag(1), u64::MAX - 5, 100),
             Err(AccessError::OutOfBounds { .. })

@@ -4,7 +4,7 @@
 use crate::cq::Cq;
 use crate::desc::{MemHandle, Segment};
 use crate::error::{MemError, OpenError, PtagError, ViAttrError};
-use crate::mem::{MemAttributes, Ptag, RegionInfo, RegionTable};
+use crate::mem::{Backing, MemAttributes, Ptag, RegionInfo, RegionTable};
 use crate::provider::NicProvider;
 use crate::vi::{Reliability, Vi, ViAttributes};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -247,6 +247,53 @@ impl Nic {
         len: usize,
         attrs: MemAttributes,
     ) -> Result<MemHandle, MemError> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.register_backed(addr, len, attrs, Backing::NONE) }
+    }
+
+    /// Registers `len` bytes at `addr`, where the `fd_len` bytes at
+    /// `fd_addr` are a shared mapping of memfd `fd` from its offset 0, so
+    /// the `shm` provider lets a peer map the part of the range that lies
+    /// in that window and copy from it once, as from memory
+    /// [`alloc_region`](Self::alloc_region) allocated; the rest of the range
+    /// goes by cross-memory attach. The window may reach past the range (a
+    /// memfd shared by several registrations): only bytes inside the range
+    /// are ever named to a peer.
+    ///
+    /// # Safety
+    /// As [`register_mem`](Self::register_mem); besides, `fd` must be a
+    /// memfd sealed against shrinking (`uvia_shm::segment::SEALS`), mapped
+    /// shared at `fd_addr` for `fd_len` bytes, and stay open until the
+    /// region is deregistered.
+    pub unsafe fn register_shared_mem(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        attrs: MemAttributes,
+        fd: std::os::fd::RawFd,
+        fd_addr: *mut u8,
+        fd_len: usize,
+    ) -> Result<MemHandle, MemError> {
+        let f = fd_addr as u64;
+        if fd < 0 || fd_len == 0 || f.checked_add(fd_len as u64).is_none() {
+            return Err(MemError::BadBacking);
+        }
+        let back = Backing {
+            fd,
+            base: f,
+            len: fd_len as u64,
+        };
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.register_backed(addr, len, attrs, back) }
+    }
+
+    unsafe fn register_backed(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        attrs: MemAttributes,
+        back: Backing,
+    ) -> Result<MemHandle, MemError> {
         if len == 0 {
             return Err(MemError::Empty);
         }
@@ -262,7 +309,7 @@ impl Nic {
                 len: len as u64,
             });
         }
-        self.register(addr, len, attrs, -1)
+        self.register(addr, len, attrs, back)
     }
 
     fn register(
@@ -270,14 +317,14 @@ impl Nic {
         addr: *mut u8,
         len: usize,
         attrs: MemAttributes,
-        fd: i32,
+        back: Backing,
     ) -> Result<MemHandle, MemError> {
         self.s
             .check_ptag(attrs.ptag)
             .map_err(|_| MemError::InvalidPtag(attrs.ptag.0))?;
         self.s
             .regions
-            .insert(addr as u64, len as u64, attrs, fd)
+            .insert(addr as u64, len as u64, attrs, back)
             .ok_or(MemError::TableFull(self.s.regions.capacity()))
     }
 
@@ -321,7 +368,12 @@ impl Nic {
             len,
             reason: e.to_string(),
         })?;
-        let handle = self.register(seg.as_ptr(), len, attrs, seg.fd())?;
+        let back = Backing {
+            fd: seg.fd(),
+            base: seg.as_ptr() as u64,
+            len: len as u64,
+        };
+        let handle = self.register(seg.as_ptr(), len, attrs, back)?;
         Ok(MemoryRegion {
             nic: self.clone(),
             seg,

@@ -146,16 +146,60 @@ pub(crate) struct Source {
     pub serial: u32,
     /// The region's memfd, or -1 for caller memory.
     pub fd: i32,
-    /// Offset of the range in the region.
+    /// Offset of the range's start in the memfd (wrapping: "negative" when
+    /// the range starts before the part of the region the memfd backs).
     pub offset: u64,
+    /// Bytes of the memfd mapped in the region: the range's bytes in
+    /// `[0, fd_len)` of the memfd a peer can map, the others it cannot.
+    pub fd_len: u64,
 }
 
 impl Source {
+    /// True when all `len` bytes of the range lie in the part a peer can map.
+    #[inline]
+    pub fn mappable(&self, len: u64) -> bool {
+        self.fd >= 0
+            && self
+                .offset
+                .checked_add(len)
+                .is_some_and(|e| e <= self.fd_len)
+    }
+
+    /// The range of `len` bytes cut where the mappable part begins and
+    /// ends: up to three pieces in order, each `(length, mappable)`; the
+    /// mappable piece starts at offset `self.offset.max(0)` of the memfd.
+    pub fn pieces(&self, len: u64) -> ([(u64, bool); 3], usize) {
+        let mut out = [(0, false); 3];
+        if self.fd < 0 {
+            out[0] = (len, false);
+            return (out, 1);
+        }
+        // Signed: a range may start before the window (caller memory whose
+        // first page is shared with other data). Addresses and lengths are
+        // below 2^63, so nothing here overflows.
+        let start = self.offset as i64;
+        let end = start + len as i64;
+        let (lo, hi) = (0i64, self.fd_len as i64);
+        let mut n = 0;
+        for (a, b, m) in [
+            (start, end.min(lo), false),
+            (start.max(lo), end.min(hi), true),
+            (start.max(hi), end, false),
+        ] {
+            if b > a {
+                out[n] = ((b - a) as u64, m);
+                n += 1;
+            }
+        }
+        (out, n)
+    }
+
     const NONE: Source = Source {
         handle: MemHandle(0),
         serial: 0,
         fd: -1,
         offset: 0,
+        fd_len: 0,
     };
 }
 
@@ -1174,7 +1218,8 @@ pub(crate) unsafe fn prepare(
             handle: s.handle,
             serial: region.serial,
             fd: region.fd,
-            offset: s.addr - region.start,
+            offset: s.addr.wrapping_sub(region.fd_base),
+            fd_len: region.fd_len,
         };
         e.nranges = 1;
         e.total = s.length as u64;
@@ -1239,7 +1284,8 @@ pub(crate) unsafe fn prepare(
             handle: s.handle,
             serial: region.serial,
             fd: region.fd,
-            offset: s.addr - region.start,
+            offset: s.addr.wrapping_sub(region.fd_base),
+            fd_len: region.fd_len,
         };
         total += s.length as u64;
     }
@@ -1320,6 +1366,38 @@ pub(crate) mod tests {
     use crate::*;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
+
+    #[test]
+    fn a_range_is_cut_where_the_shared_window_begins_and_ends() {
+        let src = |offset: i64, fd_len: u64| super::Source {
+            handle: MemHandle(1),
+            serial: 1,
+            fd: 3,
+            offset: offset as u64,
+            fd_len,
+        };
+        // Inside the window: one mappable piece.
+        let one = |n| ([(n, true), (0, false), (0, false)], 1);
+        assert_eq!(src(0, 8192).pieces(8192), one(8192));
+        assert!(src(100, 8192).mappable(8092));
+        assert!(!src(100, 8192).mappable(8093));
+        // Starting 100 bytes before the window and ending 50 past it.
+        let s = src(-100, 8192);
+        assert!(!s.mappable(8342));
+        assert_eq!(
+            s.pieces(8342),
+            ([(100, false), (8192, true), (50, false)], 3)
+        );
+        // Wholly before it, and memory no memfd backs.
+        let before = ([(60, false), (0, false), (0, false)], 1);
+        assert_eq!(src(-100, 8192).pieces(60), before);
+        let none = super::Source {
+            fd: -1,
+            ..src(0, 0)
+        };
+        assert_eq!(none.pieces(60), before);
+        assert!(!none.mappable(1));
+    }
 
     static NEXT: AtomicU64 = AtomicU64::new(1);
 

@@ -1113,6 +1113,143 @@ static void t_pingpong_sread(void)
     side_close(&s);
 }
 
+/* ---- mr: caller memory shared with the peer ----------------------------- */
+
+/* uvia: on shm, fi_mr_reg moves the whole pages of a private anonymous
+ * buffer into shared memory at the same addresses (FI_UVIA_SHARE_MR, on by
+ * default), so the peer copies a large message straight out of them; the
+ * partial pages at the edges are read as before. These rounds send a
+ * buffer that starts and ends inside a page, through registration, fork,
+ * deregistration and free(), and check every byte at the peer. */
+enum { SHARE_LEN = (1 << 20) + 1000, SHARE_OFF = 100, SHARE_ROUNDS = 4 };
+
+static void shared_pages_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    side_connect(&s, &a, NULL, 0, NULL, 0);
+    struct region rx;
+    region_reg(&s, &rx, SHARE_LEN, FI_RECV);
+    for (unsigned seed = 1; seed <= SHARE_ROUNDS; seed++) {
+        memset(rx.buf, 0, SHARE_LEN);
+        REQUIRE_RET(fi_recv(s.ep, rx.buf, SHARE_LEN, rx.desc, 0, NULL), 0);
+        step_send(c);
+        struct fi_cq_data_entry e;
+        if (CQ_EXPECT(s.cq, &e, 10000) != 0)
+            h_finish();
+        CHECK_EQ(e.len, SHARE_LEN);
+        CHECKF(e.flags & FI_RECV, "a receive's completion");
+        CHECK_PATTERN(rx.buf, SHARE_LEN, seed);
+    }
+    step_wait(c);
+    region_close(&rx);
+    side_close(&s);
+}
+
+/* Sends the SHARE_LEN bytes at buf once the peer has posted its receive. */
+static void share_send(struct side *s, struct peer *p, const uint8_t *buf, void *desc)
+{
+    step_wait(&p->c);
+    REQUIRE_RET(fi_send(s->ep, buf, SHARE_LEN, desc, 0, NULL), 0);
+    struct fi_cq_data_entry e;
+    if (CQ_EXPECT(s->cq, &e, 10000) != 0)
+        h_finish();
+    CHECKF(e.flags & FI_SEND, "a send's completion");
+}
+
+static struct fid_mr *share_reg(struct side *s, uint8_t *buf)
+{
+    struct fid_mr *mr = NULL;
+    REQUIRE_RET(fi_mr_reg(s->domain, buf, SHARE_LEN, FI_SEND, 0, 0, 0, &mr, NULL), 0);
+    return mr;
+}
+
+static void t_shared_pages(void)
+{
+    const char *share = getenv("FI_UVIA_SHARE_MR");
+    int shared = strcmp(g_domain, "shm") == 0 && !(share && strcmp(share, "0") == 0);
+    struct peer p;
+    peer_start(&p, shared_pages_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, NULL, 0);
+    side_domain(&s, req);
+    side_endpoint(&s);
+    REQUIRE_RET(fi_accept(s.ep, NULL, 0), 0);
+    uint8_t ev[sizeof(struct fi_eq_cm_entry) + 64];
+    if (EQ_EXPECT(s.eq, FI_CONNECTED, ev, sizeof ev, 10000) < 0)
+        h_finish();
+
+    /* Registration keeps the bytes where they were. */
+    uint8_t *raw = malloc(SHARE_LEN + 2 * SHARE_OFF);
+    REQUIRE(raw != NULL);
+    uint8_t *buf = raw + SHARE_OFF;
+    fill(buf, SHARE_LEN, 1);
+    struct fid_mr *mr = share_reg(&s, buf);
+    CHECK_PATTERN(buf, SHARE_LEN, 1);
+    share_send(&s, &p, buf, fi_mr_desc(mr));
+
+    /* A child forked while the buffer is registered sees its bytes; the
+     * parent's later writes are what the peer gets. uvia: with the pages
+     * shared, the child shares them (sees the parent's writes), as memory
+     * mapped MAP_SHARED does; without (FI_UVIA_SHARE_MR=0, or on udp) it
+     * keeps its copy. */
+    int go[2], seen[2];
+    REQUIRE(pipe(go) == 0 && pipe(seen) == 0);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        char b;
+        int ok = 1;
+        for (size_t j = 0; j < SHARE_LEN; j++)
+            ok &= buf[j] == pattern(1, j);
+        if (write(seen[1], "c", 1) != 1 || read(go[0], &b, 1) != 1)
+            _exit(3);
+        size_t mid = SHARE_LEN / 2;
+        ok &= buf[mid] == pattern(shared ? 2 : 1, mid);
+        _exit(ok ? 0 : 1);
+    }
+    char b;
+    CHECK(read(seen[0], &b, 1) == 1);
+    fill(buf, SHARE_LEN, 2);
+    share_send(&s, &p, buf, fi_mr_desc(mr));
+    CHECK(write(go[1], "g", 1) == 1);
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child saw other bytes (%d)",
+           status);
+    close(go[0]);
+    close(go[1]);
+    close(seen[0]);
+    close(seen[1]);
+
+    /* Deregistration leaves the bytes; the same buffer registers again. */
+    CHECK_RET(fi_close(&mr->fid), 0);
+    CHECK_PATTERN(buf, SHARE_LEN, 2);
+    fill(buf, SHARE_LEN, 3);
+    mr = share_reg(&s, buf);
+    CHECK_PATTERN(buf, SHARE_LEN, 3);
+    share_send(&s, &p, buf, fi_mr_desc(mr));
+    CHECK_RET(fi_close(&mr->fid), 0);
+
+    /* Freed and allocated again (likely at the same address). */
+    free(raw);
+    raw = malloc(SHARE_LEN + 2 * SHARE_OFF);
+    REQUIRE(raw != NULL);
+    buf = raw + SHARE_OFF;
+    fill(buf, SHARE_LEN, 4);
+    mr = share_reg(&s, buf);
+    share_send(&s, &p, buf, fi_mr_desc(mr));
+    CHECK_RET(fi_close(&mr->fid), 0);
+    free(raw);
+
+    step_send(&p.c);
+    peer_end(&p, 15000);
+    side_close(&s);
+}
+
 /* ---- fail: a peer that dies --------------------------------------------- */
 
 enum { STREAM_LEN = 256 * 1024, STREAM_DEPTH = 8 };
@@ -1228,6 +1365,7 @@ static const struct test tests[] = {
     {"mr", "empty_and_null", t_empty_and_null, 0},
     {"mr", "requested_keys", t_requested_keys, 0},
     {"mr", "closed_region_and_wide_key", t_closed_region_and_wide_key, 0},
+    {"mr", "shared_pages", t_shared_pages, 25},
     {"call", "not_enabled_or_connected", t_not_enabled_or_connected, 0},
     {"call", "null_buffers", t_null_buffers, 0},
     {"call", "sizes_above_limits", t_sizes_above_limits, 0},

@@ -15,7 +15,7 @@ use crate::desc::{control, status, Descriptor, Op, Segment, MAX_SEGMENTS};
 use crate::error::PostError;
 use crate::nic::NicShared;
 use crate::provider::TransportOps;
-use crate::vi::{check_rdma, prepare, EntryState, Queue, Queues, Reliability, Vi, ViState};
+use crate::vi::{check_rdma, prepare, EntryState, Posted, Queue, Queues, Reliability, Vi, ViState};
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
@@ -378,7 +378,10 @@ impl ShmVi {
         // The peer reads a large payload straight from a mapping of the
         // region when it can map it; otherwise it is copied through the
         // ring up to a larger size than a system call per message would pay.
-        let mappable = e.src[..e.nranges as usize].iter().all(|s| s.fd >= 0);
+        let mappable = e.src[..e.nranges as usize]
+            .iter()
+            .zip(&e.ranges)
+            .all(|(s, r)| s.mappable(r.len as u64));
         let inline_max = if mappable {
             INLINE_MAX
         } else {
@@ -390,6 +393,12 @@ impl ShmVi {
             vi.complete_send(e, status::PROTECTION_ERROR);
             return true;
         }
+        let mut wire = [WireRange::default(); MAX_SEGMENTS];
+        let nwire = if by_ref {
+            wire_ranges(conn, e, &mut wire)
+        } else {
+            0
+        };
         e.needs_ack =
             by_ref || e.op != Op::SendRecv || reliability == Reliability::ReliableReception;
         let hdr = MsgHeader {
@@ -401,7 +410,7 @@ impl ShmVi {
             flags: (e.imm.is_some() as u8 * flag::IMM)
                 | (by_ref as u8 * flag::BY_REF)
                 | (e.needs_ack as u8 * flag::ACK),
-            nranges: if by_ref { e.nranges } else { 0 },
+            nranges: nwire as u8,
             imm: e.imm.unwrap_or(0),
             len: e.total as u32,
             id: e.id,
@@ -410,7 +419,7 @@ impl ShmVi {
         };
         let body_len = hdr.size()
             + if by_ref {
-                e.nranges as usize * RANGE_BYTES
+                nwire * RANGE_BYTES
             } else {
                 e.total as usize
             };
@@ -422,29 +431,8 @@ impl ShmVi {
         unsafe {
             hdr.write(p);
             if by_ref {
-                for k in 0..e.nranges as usize {
-                    let (r, src) = (e.ranges[k], e.src[k]);
-                    // Data the peer reads comes from a shared mapping when
-                    // the region can be shared; an RDMA read's ranges are
-                    // written by the peer, so they stay addresses.
-                    let shared = e.op != Op::RdmaRead
-                        && src.fd >= 0
-                        && conn.announce(src.handle, src.serial, src.fd).is_ok();
-                    let w = if shared {
-                        WireRange {
-                            addr: src.offset,
-                            len: r.len as u64,
-                            handle: src.handle,
-                            serial: src.serial,
-                        }
-                    } else {
-                        WireRange {
-                            addr: r.ptr as u64,
-                            len: r.len as u64,
-                            ..WireRange::default()
-                        }
-                    };
-                    write_range(p, &hdr, k, &w);
+                for (k, w) in wire[..nwire].iter().enumerate() {
+                    write_range(p, &hdr, k, w);
                 }
             } else {
                 let mut at = p.add(hdr.size());
@@ -889,4 +877,58 @@ impl TransportOps for ShmVi {
         }
         false
     }
+}
+
+/// The ranges a by-reference message names, into `out`; their count.
+/// Data the peer reads comes from its mapping of the region's memfd for
+/// the part the memfd backs (announced to the peer first), by cross-memory
+/// attach for the rest: a range of caller memory whose first or last page
+/// holds other data too is cut in up to three. An RDMA read's ranges are
+/// written by the peer, so they stay addresses, and so do all of a message
+/// whose cut ranges would not fit [`MAX_SEGMENTS`] (what a receiver takes).
+fn wire_ranges(conn: &mut ShmConn, e: &Posted, out: &mut [WireRange; MAX_SEGMENTS]) -> usize {
+    let n = e.nranges as usize;
+    let plain = |out: &mut [WireRange; MAX_SEGMENTS]| {
+        for (w, r) in out.iter_mut().zip(&e.ranges[..n]) {
+            *w = WireRange {
+                addr: r.ptr as u64,
+                len: r.len as u64,
+                ..WireRange::default()
+            };
+        }
+        n
+    };
+    if e.op == Op::RdmaRead || e.src[..n].iter().all(|s| s.fd < 0) {
+        return plain(out);
+    }
+    let mut k = 0;
+    for (r, src) in e.ranges[..n].iter().zip(&e.src[..n]) {
+        let (pieces, np) = src.pieces(r.len as u64);
+        let shared = src.fd >= 0 && conn.announce(src.handle, src.serial, src.fd).is_ok();
+        let mut at = 0u64;
+        for &(len, in_fd) in &pieces[..np] {
+            let Some(w) = out.get_mut(k) else {
+                return plain(out);
+            };
+            *w = if in_fd && shared {
+                WireRange {
+                    // The range's offset in the memfd, plus what went
+                    // before the window (then exactly 0).
+                    addr: src.offset.wrapping_add(at),
+                    len,
+                    handle: src.handle,
+                    serial: src.serial,
+                }
+            } else {
+                WireRange {
+                    addr: r.ptr as u64 + at,
+                    len,
+                    ..WireRange::default()
+                }
+            };
+            at += len;
+            k += 1;
+        }
+    }
+    k
 }

@@ -1,0 +1,399 @@
+//! Caller memory a peer can map: on `shm`, the whole pages of a registered
+//! range that lie in private anonymous memory are moved into a memfd
+//! mapped over the same addresses, so a large message from them is one
+//! copy out of the peer's mapping instead of a cross-memory-attach call.
+//!
+//! No kernel interface lets another process map a process's private
+//! memory; a memfd is what memory the Nic allocates already is
+//! (`Nic::alloc_region`), and `fi_mr_reg` hands us the caller's memory,
+//! not a chance to allocate it. So at registration the pages' contents are
+//! copied into a new memfd, which is then mapped `MAP_SHARED | MAP_FIXED`
+//! at the same addresses: same addresses, same contents, now shareable.
+//! What that changes for the program (fork, writes during registration,
+//! `MADV_DONTNEED`, hugepages) is in the provider's docs (docs/DESIGN.md,
+//! "The libfabric provider"); `FI_UVIA_SHARE_MR=0` turns it off.
+//!
+//! A remap outlives its registration: the pages stay the memfd's until the
+//! program unmaps them (`free` of a large block, `munmap`), since the
+//! program may still be using them and no call could put them back without
+//! the same race with its writes. A later registration over such pages
+//! copies them into a new memfd; one over pages a live registration has
+//! remapped shares that registration's memfd.
+
+use std::io;
+use std::sync::{Arc, Mutex, Weak};
+use uvia_shm::Segment;
+
+/// Fewest bytes of whole pages worth remapping. Messages up to 16 KiB of
+/// memory a peer cannot map go inline through the ring anyway
+/// (`INLINE_MAX_UNMAPPED` in the shm provider); a remap pays a copy of the
+/// range and two system calls at registration.
+pub const MIN_SHARE: usize = 64 << 10;
+
+/// Most bytes one registration remaps: the copy at registration takes
+/// about 50 ms a GiB and holds the pages twice until the remap, so larger
+/// ranges are left as they are (and read by cross-memory attach).
+pub const MAX_SHARE: usize = 1 << 30;
+
+/// One memfd mapped over caller memory at `start`, `len` bytes.
+#[derive(Debug)]
+pub struct Remap {
+    seg: Segment,
+    start: usize,
+    len: usize,
+    /// The memfd's inode, to recognise its lines in `/proc/self/maps`.
+    ino: u64,
+}
+
+impl Remap {
+    pub fn fd(&self) -> i32 {
+        self.seg.fd()
+    }
+
+    pub fn start(&self) -> *mut u8 {
+        self.start as *mut u8
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Live remaps (held by their registrations), to find one a new
+/// registration lies in.
+static REMAPS: Mutex<Vec<Weak<Remap>>> = Mutex::new(Vec::new());
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// The memfd behind the whole pages of `[buf, buf + len)`, remapping them
+/// if they are private anonymous memory; `None` (the range stays as it is)
+/// when there are too few whole pages or too many, when they are anything
+/// else (file mappings, shared memory of the program's own, the stack),
+/// when they overlap a live remap without lying inside it, or when a step
+/// fails.
+///
+/// # Safety
+/// `[buf, buf + len)` is memory the caller is registering: mapped, and not
+/// written by another thread while this runs (a write to its whole pages
+/// between the copy and the remap would be lost).
+pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
+    let page = page_size();
+    let lo = (buf as usize).checked_add(page - 1)? & !(page - 1);
+    let hi = (buf as usize).checked_add(len)? & !(page - 1);
+    // (A live remap is never larger than MAX_SHARE, so a larger range
+    // could not lie inside one either.)
+    if hi <= lo || hi - lo < MIN_SHARE || hi - lo > MAX_SHARE {
+        return None;
+    }
+    let mut t = REMAPS.lock().unwrap_or_else(|p| p.into_inner());
+    t.retain(|w| w.strong_count() > 0);
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    // A live remap the program still has mapped is shared (or, overlapped
+    // in part, leaves the range alone); one whose pages it unmapped while
+    // registered names other memory now and is passed over.
+    for r in t.iter().filter_map(Weak::upgrade) {
+        let (a, b) = (r.start.max(lo), (r.start + r.len).min(hi));
+        if a < b && still_mapped(&maps, a, b, r.ino) {
+            return (r.start <= lo && hi <= r.start + r.len).then_some(r);
+        }
+    }
+    if !remappable(&maps, lo, hi) {
+        return None;
+    }
+    // SAFETY: the range is mapped read-write private anonymous memory (or
+    // an earlier remap's, checked above) and not written meanwhile (the
+    // caller's promise).
+    let seg = unsafe { remap(lo, hi - lo) }.ok()?;
+    // fstat of our own descriptor does not fail; were it to, inode 0 matches
+    // no line of the map and the remap would only never be shared.
+    let ino = inode(seg.fd()).unwrap_or(0);
+    let r = Arc::new(Remap {
+        seg,
+        start: lo,
+        len: hi - lo,
+        ino,
+    });
+    t.push(Arc::downgrade(&r));
+    Some(r)
+}
+
+/// Copies `len` bytes at `lo` into a new memfd and maps it over them.
+///
+/// # Safety
+/// As [`share`], for the page-aligned range `[lo, lo + len)`.
+unsafe fn remap(lo: usize, len: usize) -> io::Result<Segment> {
+    let seg = Segment::create(c"uvia-mr", len)?;
+    // SAFETY: both ranges are `len` mapped bytes (the caller's range and
+    // our own new segment) and do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, seg.as_ptr(), len) };
+    // SAFETY: replaces the pages at `lo` (the caller's, whose contents the
+    // memfd now holds) with the memfd's; MAP_POPULATE spares the program
+    // the first faults on its own buffer.
+    let p = unsafe {
+        libc::mmap(
+            lo as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
+            seg.fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        // A failed MAP_FIXED may have unmapped the old pages first: put
+        // private memory back with the contents the memfd holds, so the
+        // program loses nothing.
+        // SAFETY: the same range, private anonymous again; the copy
+        // source is our segment's own mapping.
+        unsafe {
+            let q = libc::mmap(
+                lo as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+            if q != libc::MAP_FAILED {
+                std::ptr::copy_nonoverlapping(seg.as_ptr(), lo as *mut u8, len);
+            }
+        }
+        return Err(e);
+    }
+    Ok(seg)
+}
+
+/// True when `/proc/self/maps` (`maps`) shows `[lo, hi)` wholly covered
+/// by read-write private anonymous mappings (the heap included, the stack
+/// not: it grows down and is the thread's) or by earlier remaps of ours
+/// whose registrations are gone.
+pub fn remappable(maps: &str, lo: usize, hi: usize) -> bool {
+    covered(maps, lo, hi, |perms, inode, path| {
+        let anon = perms == "rw-p" && inode == 0 && (path.is_empty() || path == "[heap]");
+        let ours = perms == "rw-s" && path.starts_with("/memfd:uvia-mr");
+        anon || ours
+    })
+}
+
+/// True when `maps` shows `[lo, hi)` wholly mapped by the memfd whose
+/// inode is `ino` (a live remap the program has not unmapped since).
+fn still_mapped(maps: &str, lo: usize, hi: usize, ino: u64) -> bool {
+    covered(maps, lo, hi, |perms, inode, path| {
+        perms == "rw-s" && inode == ino && path.starts_with("/memfd:uvia-mr")
+    })
+}
+
+/// True when the lines of `maps` cover `[lo, hi)` without a hole and each
+/// line that overlaps it passes `ok(perms, inode, path)`.
+fn covered(maps: &str, lo: usize, hi: usize, ok: impl Fn(&str, u64, &str) -> bool) -> bool {
+    let mut at = lo;
+    for line in maps.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let (Some(range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            return false;
+        };
+        let path = f.collect::<Vec<_>>().join(" ");
+        let Some((a, b)) = range.split_once('-') else {
+            return false;
+        };
+        let (Ok(a), Ok(b), Ok(inode)) = (
+            usize::from_str_radix(a, 16),
+            usize::from_str_radix(b, 16),
+            inode.parse::<u64>(),
+        ) else {
+            return false;
+        };
+        if b <= at {
+            continue;
+        }
+        if a > at || !ok(perms, inode, &path) {
+            // A hole (or lines out of order), or a mapping of another kind.
+            return false;
+        }
+        at = b;
+        if at >= hi {
+            return true;
+        }
+    }
+    false
+}
+
+fn inode(fd: i32) -> Option<u64> {
+    // SAFETY: zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is valid for the call; `fd` is our segment's.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_ino)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remappable_reads_the_map() {
+        let maps = "\
+55d0c0000000-55d0c0021000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0000100000 rw-p 00000000 00:00 0 
+7f0000100000-7f0000200000 rw-s 00000000 00:01 1234                       /memfd:uvia-mr (deleted)
+7f0000200000-7f0000300000 r--p 00000000 08:01 99                         /usr/lib/libc.so.6
+7f0000300000-7f0000400000 rw-p 00000000 00:00 0 
+7f0000500000-7f0000600000 rw-p 00000000 00:00 0                          [stack]
+7f0000600000-7f0000700000 rw-s 00000000 00:01 77                         /memfd:app (deleted)
+";
+        assert!(remappable(maps, 0x55d0c0001000, 0x55d0c0020000), "heap");
+        assert!(
+            remappable(maps, 0x7f0000001000, 0x7f0000180000),
+            "anon then ours"
+        );
+        assert!(!remappable(maps, 0x7f0000180000, 0x7f0000201000), "a file");
+        assert!(!remappable(maps, 0x7f0000300000, 0x7f0000401000), "a hole");
+        assert!(
+            !remappable(maps, 0x7f0000500000, 0x7f0000501000),
+            "the stack"
+        );
+        assert!(
+            !remappable(maps, 0x7f0000600000, 0x7f0000601000),
+            "the program's memfd"
+        );
+        assert!(
+            !remappable(maps, 0x7f0000800000, 0x7f0000801000),
+            "unmapped"
+        );
+    }
+
+    #[test]
+    fn share_keeps_contents_and_addresses() {
+        let len = 1 << 20;
+        let mut v: Vec<u8> = (0..len + 100).map(|i| (i * 7 + 3) as u8).collect();
+        let want = v.clone();
+        // SAFETY: a live buffer no other thread touches.
+        let r = unsafe { share(v.as_ptr().add(10), len) }.expect("a large heap buffer remaps");
+        assert!(r.start() as usize >= v.as_ptr() as usize + 10);
+        assert!(r.start() as usize + r.len() <= v.as_ptr() as usize + 10 + len);
+        assert_eq!(v, want, "contents survive the remap");
+        // The buffer is now the memfd: writes through either show in both.
+        let first = r.start() as usize - v.as_ptr() as usize;
+        v[first] = 0xab;
+        // SAFETY: our segment's mapping, `len` bytes.
+        assert_eq!(unsafe { *r.seg.as_ptr() }, 0xab);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps
+            .lines()
+            .find(|l| l.starts_with(&format!("{:x}-", r.start() as usize)))
+            .expect("the remap has its own line");
+        assert!(line.contains("/memfd:uvia-mr"), "{line}");
+        // A second registration inside the first shares its memfd; one
+        // overlapping its edge gets none.
+        // SAFETY: as above.
+        let r2 = unsafe { share(r.start().add(4096), MIN_SHARE) }.expect("inside a live remap");
+        assert!(Arc::ptr_eq(&r, &r2));
+        // SAFETY: as above.
+        assert!(unsafe { share(r.start().add(r.len() - 4096), MIN_SHARE + 8192) }.is_none());
+        drop((r, r2));
+        // Once its registrations are gone, the pages can be remapped again,
+        // contents kept.
+        let want = v.clone();
+        // SAFETY: as above.
+        let r3 = unsafe { share(v.as_ptr(), len) }.expect("an old remap remaps");
+        assert_eq!(r3.len() % page_size(), 0);
+        assert_eq!(v, want);
+    }
+
+    #[test]
+    fn a_remap_the_program_unmapped_is_passed_over() {
+        let len = 256 << 10;
+        let anon = || {
+            // SAFETY: a fresh private anonymous mapping of our own.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            p as *mut u8
+        };
+        let p = anon();
+        // SAFETY: our mapping, `len` bytes, no other user.
+        unsafe { p.write_bytes(5, len) };
+        // SAFETY: as above.
+        let r = unsafe { share(p, len) }.expect("anonymous memory remaps");
+        assert_eq!((r.start(), r.len()), (p, len));
+        // The program frees the pages while registered and maps new ones
+        // at the same place (an allocator reusing the address).
+        // SAFETY: our mapping; replaced by fresh private memory.
+        let q = unsafe {
+            libc::munmap(p as *mut libc::c_void, len);
+            libc::mmap(
+                p as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            ) as *mut u8
+        };
+        assert_eq!(q, p);
+        // SAFETY: as above.
+        unsafe { q.write_bytes(6, len) };
+        // SAFETY: as above.
+        let r2 = unsafe { share(q, len) }.expect("the new pages remap");
+        assert!(!Arc::ptr_eq(&r, &r2), "the stale memfd is not handed out");
+        // SAFETY: the new remap's own segment mapping.
+        assert_eq!(unsafe { *r2.seg.as_ptr().add(len - 1) }, 6);
+        drop((r, r2));
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(q as *mut libc::c_void, len) };
+    }
+
+    #[test]
+    fn a_range_beyond_the_largest_remap_is_left_alone() {
+        // Reserved, never touched: only the size is looked at.
+        // SAFETY: a fresh private anonymous mapping of our own, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                MAX_SHARE + 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: mapped; refused before anything reads it.
+        assert!(unsafe { share(p as *const u8, MAX_SHARE + 4096) }.is_none());
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p, MAX_SHARE + 4096) };
+    }
+
+    #[test]
+    fn small_and_file_ranges_are_left_alone() {
+        let v = vec![1u8; MIN_SHARE];
+        // Unaligned: fewer whole pages than MIN_SHARE.
+        // SAFETY: a live buffer.
+        assert!(unsafe { share(v.as_ptr().add(1), MIN_SHARE - 1) }.is_none());
+        let text = remappable as *const u8;
+        // SAFETY: mapped (our own code), never written: refused by the map check.
+        assert!(unsafe { share(text, 1 << 20) }.is_none());
+    }
+}
