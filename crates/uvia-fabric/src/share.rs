@@ -11,7 +11,8 @@
 //! at the same addresses: same addresses, same contents, now shareable.
 //! What that changes for the program (fork, writes during registration,
 //! `MADV_DONTNEED`, hugepages) is in the provider's docs (docs/DESIGN.md,
-//! "The libfabric provider"); `FI_UVIA_SHARE_MR=0` turns it off.
+//! "The libfabric provider"); off by default, `FI_UVIA_SHARE_MR=1` turns it
+//! on.
 //!
 //! A remap outlives its registration: the pages stay the memfd's until the
 //! program unmaps them (`free` of a large block, `munmap`), since the

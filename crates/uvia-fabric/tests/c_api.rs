@@ -13,6 +13,14 @@ fn the_c_suite_passes_on_shm() {
     conformance("shm", &[]);
 }
 
+/// The same with registered pages moved into shared memory
+/// (`FI_UVIA_SHARE_MR=1`): `mr/shared_pages` then checks content, fork,
+/// deregistration and free() on the shared path.
+#[test]
+fn the_c_suite_passes_on_shm_with_registered_pages_shared() {
+    conformance("shm", &[("FI_UVIA_SHARE_MR", "1")]);
+}
+
 #[test]
 fn the_c_suite_passes_on_udp() {
     conformance("udp", &[]);

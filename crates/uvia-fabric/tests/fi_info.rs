@@ -166,17 +166,18 @@ fn fi_pingpong_msg_runs_on_shm() {
     );
 }
 
-/// `fi_pingpong -e msg` on shm with registered memory left as it is
-/// (`FI_UVIA_SHARE_MR=0`): large messages are read by cross-memory attach.
+/// `fi_pingpong -e msg` on shm with registered pages moved into shared
+/// memory (`FI_UVIA_SHARE_MR=1`): large messages are copied out of the
+/// peer's own mapping (by default they are read by cross-memory attach).
 #[test]
-fn fi_pingpong_msg_runs_on_shm_with_registrations_left_alone() {
+fn fi_pingpong_msg_runs_on_shm_with_registered_pages_shared() {
     pingpong(
-        "pp-shm-cma",
+        "pp-shm-shared",
         "uvia",
         "msg",
         "shm",
         &["1 ", "4k", "64k", "1m"],
-        &[("FI_UVIA_SHARE_MR", "0")],
+        &[("FI_UVIA_SHARE_MR", "1")],
     );
 }
 

@@ -1116,8 +1116,8 @@ static void t_pingpong_sread(void)
 /* ---- mr: caller memory shared with the peer ----------------------------- */
 
 /* uvia: on shm, fi_mr_reg moves the whole pages of a private anonymous
- * buffer into shared memory at the same addresses (FI_UVIA_SHARE_MR, on by
- * default), so the peer copies a large message straight out of them; the
+ * buffer into shared memory at the same addresses when FI_UVIA_SHARE_MR=1
+ * (off by default), so the peer copies a large message straight out of them; the
  * partial pages at the edges are read as before. These rounds send a
  * buffer that starts and ends inside a page, through registration, fork,
  * deregistration and free(), and check every byte at the peer. */
@@ -1169,7 +1169,7 @@ static struct fid_mr *share_reg(struct side *s, uint8_t *buf)
 static void t_shared_pages(void)
 {
     const char *share = getenv("FI_UVIA_SHARE_MR");
-    int shared = strcmp(g_domain, "shm") == 0 && !(share && strcmp(share, "0") == 0);
+    int shared = strcmp(g_domain, "shm") == 0 && share && strcmp(share, "0") != 0;
     struct peer p;
     peer_start(&p, shared_pages_peer);
     struct side s;
@@ -1194,7 +1194,7 @@ static void t_shared_pages(void)
     /* A child forked while the buffer is registered sees its bytes; the
      * parent's later writes are what the peer gets. uvia: with the pages
      * shared, the child shares them (sees the parent's writes), as memory
-     * mapped MAP_SHARED does; without (FI_UVIA_SHARE_MR=0, or on udp) it
+     * mapped MAP_SHARED does; without (the default, or on udp) it
      * keeps its copy. */
     int go[2], seen[2];
     REQUIRE(pipe(go) == 0 && pipe(seen) == 0);
