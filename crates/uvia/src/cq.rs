@@ -1017,6 +1017,28 @@ mod tests {
     /// A server VI on `name` with both queues on the CQ `cq_of` makes,
     /// connected from a client VI of a NIC of its own (shm: the same NIC).
     /// Returns (client, server, CQ).
+    /// A VI of `nic` with its queues on the given CQs and a receive
+    /// posted in each of its buffer's slots.
+    fn end_on(nic: &Nic, send_cq: Option<&Cq>, recv_cq: Option<&Cq>) -> End {
+        let ptag = nic.create_ptag().unwrap();
+        let vi = nic
+            .create_vi(ViAttributes::new(ptag), send_cq, recv_cq)
+            .unwrap();
+        let buf = nic
+            .alloc_region(SLOT * SLOTS, MemAttributes::new(ptag))
+            .unwrap();
+        for k in 0..SLOTS {
+            vi.post_recv(Box::new(Descriptor::recv(&[buf.segment(k * SLOT, SLOT)])))
+                .unwrap();
+        }
+        End {
+            vi,
+            nic: nic.clone(),
+            ptag,
+            buf,
+        }
+    }
+
     fn pair_on_cq(name: &str, cq_of: impl Fn(&Nic) -> Cq) -> (End, End, Cq) {
         let sn = Nic::open(name).unwrap();
         let cn = if sn.attributes().host_local {
@@ -1025,24 +1047,7 @@ mod tests {
             Nic::open(name).unwrap()
         };
         let cq = cq_of(&sn);
-        let end = |nic: &Nic, cq: Option<&Cq>| {
-            let ptag = nic.create_ptag().unwrap();
-            let vi = nic.create_vi(ViAttributes::new(ptag), cq, cq).unwrap();
-            let buf = nic
-                .alloc_region(SLOT * SLOTS, MemAttributes::new(ptag))
-                .unwrap();
-            for k in 0..SLOTS {
-                vi.post_recv(Box::new(Descriptor::recv(&[buf.segment(k * SLOT, SLOT)])))
-                    .unwrap();
-            }
-            End {
-                vi,
-                nic: nic.clone(),
-                ptag,
-                buf,
-            }
-        };
-        let (server, client) = (end(&sn, Some(&cq)), end(&cn, None));
+        let (server, client) = (end_on(&sn, Some(&cq), Some(&cq)), end_on(&cn, None, None));
         let disc = Discriminator::from_u64(
             (std::process::id() as u64) << 32 | 0x5eeb_0000 | (name.len() as u64),
         );
@@ -1259,25 +1264,8 @@ mod tests {
         let sn = Nic::open("udp:127.0.0.1").unwrap();
         let cn = Nic::open("udp:127.0.0.1").unwrap();
         let cq = sn.create_cq(256).unwrap();
-        let end = |nic: &Nic, cq: Option<&Cq>| {
-            let ptag = nic.create_ptag().unwrap();
-            let vi = nic.create_vi(ViAttributes::new(ptag), None, cq).unwrap();
-            let buf = nic
-                .alloc_region(SLOT * SLOTS, MemAttributes::new(ptag))
-                .unwrap();
-            for k in 0..SLOTS {
-                vi.post_recv(Box::new(Descriptor::recv(&[buf.segment(k * SLOT, SLOT)])))
-                    .unwrap();
-            }
-            End {
-                vi,
-                nic: nic.clone(),
-                ptag,
-                buf,
-            }
-        };
-        let mut servers: Vec<End> = (0..PAIRS).map(|_| end(&sn, Some(&cq))).collect();
-        let mut clients: Vec<End> = (0..PAIRS).map(|_| end(&cn, None)).collect();
+        let mut servers: Vec<End> = (0..PAIRS).map(|_| end_on(&sn, None, Some(&cq))).collect();
+        let mut clients: Vec<End> = (0..PAIRS).map(|_| end_on(&cn, None, None)).collect();
         let disc = Discriminator::from_u64((std::process::id() as u64) << 32 | 0x4ead_1157);
         let (n2, d2) = (sn.clone(), disc.clone());
         let vis: Vec<Vi> = servers.iter().map(|e| e.vi.clone()).collect();
