@@ -28,6 +28,20 @@ fn tmp(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("uvia-test-{}-{name}", std::process::id()))
 }
 
+/// Runs `uvia ARGS --json FILE`, which must succeed, and reads the JSON.
+fn run_json(args: &[&str], name: &str) -> serde_json::Value {
+    let json = tmp(name);
+    let out = uvia().args(args).arg("--json").arg(&json).output().unwrap();
+    assert!(
+        out.status.success(),
+        "uvia {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    v
+}
+
 fn check_run_json(
     path: &std::path::Path,
     command: &str,
@@ -209,19 +223,7 @@ fn bad_input_is_a_clear_error() {
 #[test]
 fn limit_json_shape() {
     let _traffic = traffic();
-    let json = tmp("limit.json");
-    let out = uvia()
-        .args(["limit", "--quick", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = run_json(&["limit", "--quick"], "limit.json");
     assert_eq!(v["command"], "limit");
     for x in [
         &v["cacheline_one_way_ns"]["p50"],
@@ -253,7 +255,6 @@ fn limit_json_shape() {
         vec![65536, 1 << 20]
     );
     assert!(m.iter().chain(&c).all(|x| x.1.is_finite() && x.1 > 0.0));
-    let _ = std::fs::remove_file(&json);
 }
 
 #[test]
@@ -948,27 +949,10 @@ fn peers_ucx_active_messages_one_pair() {
         return;
     }
     let _t = traffic();
-    let json = tmp("peers-uct.json");
-    let out = uvia()
-        .args([
-            "peers",
-            "--quick",
-            "--pairs",
-            "1",
-            "--only",
-            "ucx-uct-am",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = run_json(
+        &["peers", "--quick", "--pairs", "1", "--only", "ucx-uct-am"],
+        "peers-uct.json",
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let lat = &v["comparisons"][0];
     assert_eq!(lat["form"], "latency");
     assert_eq!(lat["size"], 8);
@@ -986,5 +970,4 @@ fn peers_ucx_active_messages_one_pair() {
     assert_eq!(run["command"], "pingpong");
     assert!(run["version"].as_str().unwrap().contains("ucx-utils"));
     assert!(run["results"][0]["lat_ns"]["p50"].as_f64().unwrap() > 0.0);
-    let _ = std::fs::remove_file(&json);
 }
