@@ -120,8 +120,9 @@ enum Ready {
 /// `epoll_wait` for a few).
 const READY_SET_FROM: usize = 8;
 
-/// How often a poll through the ready list runs the timers: one member's
-/// timer look runs every VI's of the Nic that is due (the Nic's sweep).
+/// How often a poll through the ready list runs the Nic's due timers (the
+/// Nic's sweep: every VI whose timer is due, connected or not, in the
+/// program's hands or idle).
 const READY_TIMERS_EVERY: Duration = Duration::from_millis(1);
 
 /// A completion notice: `queue` of `vi` has a completed descriptor at its head.
@@ -534,12 +535,10 @@ impl Cq {
                 return false;
             };
             let now = Instant::now();
-            let timers = if now >= *timers_at {
+            let timers = now >= *timers_at;
+            if timers {
                 *timers_at = now + READY_TIMERS_EVERY;
-                self.s.lock_members().iter().find_map(Weak::upgrade)
-            } else {
-                None
-            };
+            }
             (set.ready(), timers)
         };
         for vi in vis {
@@ -551,8 +550,8 @@ impl Cq {
                 Vi::poll_progress(vi);
             }
         }
-        if let Some(vi) = timers {
-            Vi::run_timers(vi);
+        if timers {
+            crate::provider::net::run_due_timers(&self.s.nic);
         }
         true
     }
@@ -755,12 +754,7 @@ impl Cq {
         }
         if n == 0 && p.len() > 1 {
             match set {
-                // One member's timer look runs the Nic's that are due.
-                Some(_) => {
-                    if let Some(vi) = members.into_iter().next() {
-                        Vi::run_timers(vi);
-                    }
-                }
+                Some(_) => crate::provider::net::run_due_timers(&self.s.nic),
                 None => {
                     for vi in members {
                         Vi::run_timers(vi);

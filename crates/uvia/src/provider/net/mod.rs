@@ -576,6 +576,17 @@ fn open_net(
     Ok((attrs, NicProvider::Net(net)))
 }
 
+/// Runs the due timers of a network Nic's VIs, at most once a
+/// millisecond (a CQ's ready list drives only the VIs whose frames
+/// arrived; this keeps the others' acknowledgements and keep-alives going).
+/// Nothing on another provider's Nic.
+pub(crate) fn run_due_timers(nic: &NicShared) {
+    if let Some(n) = NetNic::of(nic) {
+        // 0 is no connection's id: every VI is looked at.
+        n.sweep(Instant::now(), 0);
+    }
+}
+
 impl NetNic {
     /// The engine's settings for a VI with `attrs` on this Nic.
     fn config(&self, attrs: &ViAttributes) -> Config {
