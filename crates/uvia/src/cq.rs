@@ -493,11 +493,16 @@ impl Cq {
     fn ready_set(&self) -> Option<MutexGuard<'_, Ready>> {
         // Looked at before the lock: an shm CQ's polls, and a few VIs',
         // pay nothing for the ready list.
-        if !self.s.nic.attrs.needs_driving || self.s.lock_members().len() < READY_SET_FROM {
+        if !self.s.nic.attrs.needs_driving {
+            return None;
+        }
+        if self.s.lock_members().len() < READY_SET_FROM {
+            self.leave_ready_set();
             return None;
         }
         let mut r = self.s.ready.lock().unwrap_or_else(|e| e.into_inner());
         if matches!(*r, Ready::Off) {
+            self.leave_ready_set();
             return None;
         }
         if matches!(*r, Ready::Unused) {
@@ -518,9 +523,27 @@ impl Cq {
                 }
             }
         }
-        let on = matches!(*r, Ready::Set { .. });
-        self.s.ready_on.store(on, Ordering::Relaxed);
-        on.then_some(r)
+        if !matches!(*r, Ready::Set { .. }) {
+            drop(r);
+            self.leave_ready_set();
+            return None;
+        }
+        self.s.ready_on.store(true, Ordering::Relaxed);
+        Some(r)
+    }
+
+    /// Polls walk every member again (too few, or the set failed): the
+    /// held list, which only the ready set's polls drain, is let go.
+    fn leave_ready_set(&self) {
+        if self.s.ready_on.load(Ordering::Relaxed) {
+            self.s.ready_on.store(false, Ordering::Relaxed);
+            self.s.held_any.store(false, Ordering::Release);
+            self.s
+                .held
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+        }
     }
 
     /// Drives the members whose sockets have frames and, every
