@@ -102,16 +102,7 @@ fn spawn(dir: &Path, core: usize, args: &[String]) -> Result<Child> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: the closure only makes a system call (sched_setaffinity),
-    // safe between fork and exec.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut c, move || {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(core, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            Ok(())
-        });
-    }
+    crate::pin::pin_child(&mut c, core);
     c.spawn()
         .context("starting fi_pingpong (apt-get install libfabric-bin)")
 }

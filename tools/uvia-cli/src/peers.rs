@@ -483,16 +483,7 @@ fn spawn(
         c.env(k, v);
     }
     if let Some(core) = core {
-        // SAFETY: the closure only makes a system call (sched_setaffinity),
-        // safe between fork and exec.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut c, move || {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(core, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-                Ok(())
-            });
-        }
+        crate::pin::pin_child(&mut c, core);
     }
     c.spawn().with_context(|| format!("starting {prog}"))
 }
@@ -1748,26 +1739,7 @@ mod tests {
 
     #[test]
     fn headline_takes_the_fastest_shared_memory_peer() {
-        let c = |peer: &str, v: f64, u: f64| Comparison {
-            peer: peer.into(),
-            medium: Medium::Shm,
-            form: Form::Latency,
-            size: 8,
-            stat: Stat::P50,
-            unit: "ns".into(),
-            iters: 1,
-            peer_command: String::new(),
-            uvia_command: String::new(),
-            pairs: vec![PairVal {
-                uvia: u,
-                peer: v,
-                ratio: u / v,
-            }],
-            uvia_median: Some(u),
-            peer_median: Some(v),
-            ratio: Some(u / v),
-            error: None,
-        };
+        let c = |peer: &str, v: f64, u: f64| comparison(peer, Form::Latency, 8, Stat::P50, v, u);
         let hs = headlines(&[
             c("ucx-ucp-tag", 190.0, 150.0),
             c("ucx-uct-put", 80.0, 100.0),

@@ -51,3 +51,17 @@ pub fn pin_or_warn(core: Option<usize>, who: &str) {
         }
     }
 }
+
+/// Pins a program this one starts to `core`, between its fork and exec.
+pub fn pin_child(c: &mut std::process::Command, core: usize) {
+    // SAFETY: the closure only makes a system call (sched_setaffinity),
+    // safe between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(c, move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(core, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            Ok(())
+        });
+    }
+}
