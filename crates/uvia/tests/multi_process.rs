@@ -1698,6 +1698,8 @@ mod raw {
     /// Bytes of a connection message: 24 of header, the discriminator
     /// (at most 32), the private data (at most 64).
     const HELLO_LEN: usize = 24 + 32 + uvia::MAX_PRIVATE_DATA;
+    /// The shm protocol's version (`VERSION` in the provider's `conn.rs`).
+    const SHM_VERSION: u8 = 3;
 
     /// The connection segment's size: a 128-byte header, two 128-byte side
     /// blocks, two rings of 1024 lines.
@@ -1710,7 +1712,7 @@ mod raw {
     pub fn request_bytes(d: u64) -> Vec<u8> {
         let mut b = vec![0u8; HELLO_LEN];
         b[0..4].copy_from_slice(b"UVIA");
-        b[4] = 2; // version
+        b[4] = SHM_VERSION;
         b[5] = 1; // request
         b[6] = uvia::Reliability::ReliableDelivery as u8;
         b[8..12].copy_from_slice(&(1u32 << 20).to_le_bytes()); // max transfer size
@@ -1731,7 +1733,7 @@ mod raw {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut hdr = [0u8; 16];
         hdr[0..8].copy_from_slice(b"UVIA-SHM");
-        hdr[8..12].copy_from_slice(&2u32.to_le_bytes());
+        hdr[8..12].copy_from_slice(&(SHM_VERSION as u32).to_le_bytes());
         hdr[12..16].copy_from_slice(&1024u32.to_le_bytes());
         // SAFETY: plain calls on our descriptor with a live buffer.
         unsafe {

@@ -93,34 +93,162 @@ fn every_size_class_on_every_reliability_level() {
     );
 }
 
+/// Memory the caller registered from its heap, which the peer cannot map:
+/// a large message is read by cross-memory attach, and from 512 KiB goes
+/// through the ring in pieces, which the receiver copies out in order;
+/// pieces cut across the sender's segments and the receiver's alike, on
+/// every reliability level.
 #[test]
-fn caller_memory_moves_by_cross_memory_attach() {
+fn caller_memory_moves_through_the_ring_in_pieces() {
     if let Some(a) = peer_arg() {
-        return echo_server(Reliability::ReliableDelivery, a.parse().unwrap());
+        let (lvl, d) = a.split_once(':').unwrap();
+        return echo_server(levels()[lvl.parse::<usize>().unwrap()], d.parse().unwrap());
     }
-    let inst = instance("cma");
-    let peer = Peer::spawn("caller_memory_moves_by_cross_memory_attach", &inst, "120");
-    let e = end(&inst, ViAttributes::new);
-    connect(&e, 120);
-    // Memory registered from the caller's heap (not shareable): large sends go by CMA.
-    let mut heap = pattern(300_000, 9);
-    // SAFETY: `heap` outlives its registration, and is not touched while posted.
+    let inst = instance("pieces");
+    for (li, level) in levels().into_iter().enumerate() {
+        let d = 120 + li as u64;
+        let peer = Peer::spawn(
+            "caller_memory_moves_through_the_ring_in_pieces",
+            &inst,
+            &format!("{li}:{d}"),
+        );
+        let e = end(&inst, |p| ViAttributes::new(p).reliability(level));
+        connect(&e, d);
+        let mut heap = pattern(1 << 20, 9);
+        let mut back = vec![0u8; 1 << 20];
+        // SAFETY: both buffers outlive their registrations and are not
+        // touched while a descriptor names them.
+        let (h, hb) = unsafe {
+            (
+                e.nic
+                    .register_mem(heap.as_mut_ptr(), heap.len(), MemAttributes::new(e.ptag))
+                    .unwrap(),
+                e.nic
+                    .register_mem(back.as_mut_ptr(), back.len(), MemAttributes::new(e.ptag))
+                    .unwrap(),
+            )
+        };
+        // By cross-memory attach; where pieces begin, a byte more (a last
+        // piece of one byte), three segments cut where no piece ends, and
+        // 1 MiB.
+        for cuts in [
+            &[0usize, 300_000][..],
+            &[0, 512 << 10],
+            &[0, (512 << 10) + 1],
+            &[0, 70_001, 86_385, 600_001],
+            &[0, 1 << 20],
+        ] {
+            let n = *cuts.last().unwrap();
+            let segs: Vec<Segment> = cuts
+                .windows(2)
+                .map(|w| Segment::local(heap[w[0]..].as_ptr(), h, (w[1] - w[0]) as u32))
+                .collect();
+            e.vi.post_send(Box::new(Descriptor::send(&segs))).unwrap();
+            assert_eq!(
+                e.vi.send_wait(Some(T)).unwrap().result(),
+                Ok(n as u32),
+                "{level:?} {n} B send"
+            );
+            // The echo comes back from the peer's own region into two
+            // heap segments.
+            back[..n].fill(0);
+            let half = n / 2 + 7;
+            let r = Descriptor::recv(&[
+                Segment::local(back.as_ptr(), hb, half as u32),
+                Segment::local(back[half..].as_ptr(), hb, (n - half) as u32),
+            ]);
+            e.vi.post_recv(Box::new(r)).unwrap();
+            let r = e.vi.recv_wait(Some(T)).unwrap();
+            assert_eq!(r.result(), Ok(n as u32), "{level:?} {n} B echo");
+            assert!(back[..n] == heap[..n], "{level:?} {n} B content");
+        }
+        send(&e, 0, 0);
+        e.nic.deregister_mem(h).unwrap();
+        e.nic.deregister_mem(hb).unwrap();
+        e.vi.disconnect();
+        peer.join();
+    }
+}
+
+/// Unreliable: a message in pieces that finds too short a receive fails
+/// that receive alone; its remaining pieces are dropped and the next
+/// message arrives whole. An RDMA write from caller memory goes in pieces
+/// too, with its immediate data at the end.
+#[test]
+fn a_message_in_pieces_that_does_not_fit_is_dropped_whole() {
+    const N: usize = 600_000;
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let e = end(&inst, |p| {
+            ViAttributes::new(p)
+                .rdma(true, false)
+                .reliability(Reliability::Unreliable)
+        });
+        accept(&e, a.parse().unwrap());
+        let mut info = e.nic.alloc_region(16, MemAttributes::new(e.ptag)).unwrap();
+        info.as_mut_slice()[..8].copy_from_slice(&(e.buf.addr() as u64).to_le_bytes());
+        info.as_mut_slice()[8..].copy_from_slice(&(e.buf.handle().0 as u64).to_le_bytes());
+        // Both receives are posted before the client is told to go on.
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 50_000)])))
+            .unwrap();
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(1 << 20, N)])))
+            .unwrap();
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, 16)])))
+            .unwrap();
+        e.vi.post_send(Box::new(Descriptor::send(&[info.segment(0, 16)])))
+            .unwrap();
+        e.vi.send_wait(Some(T)).unwrap().result().unwrap();
+        let short = e.vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(short.error(), Some(CompletionError::Length));
+        let whole = e.vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(whole.result(), Ok(N as u32));
+        assert!(e.buf.as_slice()[1 << 20..(1 << 20) + N] == pattern(N, 2)[..]);
+        let w = e.vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(w.immediate(), Some(0xabcd));
+        assert_eq!(w.cs.status & status::OP_MASK, status::OP_REMOTE_RDMA_WRITE);
+        assert!(e.buf.as_slice()[100_000..100_000 + N] == pattern(N, 3)[..]);
+        until_peer_leaves(&e);
+        return;
+    }
+    let inst = instance("pieces-drop");
+    let peer = Peer::spawn(
+        "a_message_in_pieces_that_does_not_fit_is_dropped_whole",
+        &inst,
+        "125",
+    );
+    let e = end(&inst, |p| {
+        ViAttributes::new(p)
+            .rdma(true, false)
+            .reliability(Reliability::Unreliable)
+    });
+    connect(&e, 125);
+    let r = recv(&e, 0, 16);
+    assert_eq!(r.result(), Ok(16));
+    let word =
+        |i: usize| u64::from_le_bytes(e.buf.as_slice()[i * 8..i * 8 + 8].try_into().unwrap());
+    let (addr, handle) = (word(0), MemHandle(word(1) as u32));
+    let mut heap = vec![0u8; 3 * N];
+    heap[..N].copy_from_slice(&pattern(N, 1));
+    heap[N..2 * N].copy_from_slice(&pattern(N, 2));
+    heap[2 * N..].copy_from_slice(&pattern(N, 3));
+    // SAFETY: `heap` outlives its registration and is not touched while posted.
     let h = unsafe {
         e.nic
             .register_mem(heap.as_mut_ptr(), heap.len(), MemAttributes::new(e.ptag))
     }
     .unwrap();
-    e.vi.post_send(Box::new(Descriptor::send(&[Segment::local(
-        heap.as_ptr(),
-        h,
-        300_000,
-    )])))
-    .unwrap();
-    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(300_000));
-    let r = recv(&e, 0, 1 << 20);
-    assert_eq!(r.result(), Ok(300_000));
-    assert_eq!(&e.buf.as_slice()[..300_000], &heap[..]);
-    send(&e, 0, 0);
+    for k in 0..2 {
+        let s = Descriptor::send(&[Segment::local(heap[k * N..].as_ptr(), h, N as u32)]);
+        e.vi.post_send(Box::new(s)).unwrap();
+        assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(N as u32));
+    }
+    let w = Descriptor::rdma_write(
+        Segment::remote(addr + 100_000, handle),
+        &[Segment::local(heap[2 * N..].as_ptr(), h, N as u32)],
+    )
+    .with_immediate(0xabcd);
+    e.vi.post_send(Box::new(w)).unwrap();
+    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(N as u32));
     e.nic.deregister_mem(h).unwrap();
     e.vi.disconnect();
     peer.join();

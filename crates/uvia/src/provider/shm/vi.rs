@@ -8,8 +8,8 @@
 
 use super::conn::{block_in, write_range};
 use super::conn::{
-    flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, INLINE_MAX_UNMAPPED, MSG_HEADER,
-    RANGE_BYTES,
+    flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, INLINE_MAX_UNMAPPED, MSG_HEADER, PIECE,
+    PIECES_FROM, RANGE_BYTES,
 };
 use crate::desc::{control, status, Descriptor, Op, Segment, MAX_SEGMENTS};
 use crate::error::PostError;
@@ -57,6 +57,24 @@ pub(crate) struct ShmVi {
     stall: Option<(Instant, Duration)>,
     /// This side has sends the peer has yet to consume or make room for.
     waits_on_peer: bool,
+    /// Bytes already written of the send at `sq_sent` when it goes in pieces.
+    sent_pieces: u64,
+    /// The message arriving in pieces, from its first piece to its last.
+    inbound: Option<Inbound>,
+}
+
+/// A message arriving in pieces ([`flag::FRAG`]) between its first piece and
+/// its last.
+#[derive(Clone, Copy)]
+struct Inbound {
+    id: u32,
+    kind: u8,
+    /// The whole message's bytes, as its first piece said.
+    len: u32,
+    /// Bytes received so far: where the next piece starts.
+    got: u32,
+    /// The first piece failed the receiver's checks: the rest is dropped.
+    discard: bool,
 }
 
 /// How long a peer may stay stopped (SIGSTOP, a shell's ^Z) before its
@@ -149,6 +167,8 @@ impl ShmVi {
             stopped: StopWatch::new(conn_pid),
             stall: None,
             waits_on_peer: false,
+            sent_pieces: 0,
+            inbound: None,
         }
     }
 
@@ -177,6 +197,8 @@ impl ShmVi {
     fn fail(&mut self, vi: &Vi, q: &mut Queues, inflight_bits: u32) {
         vi.fail(q, inflight_bits);
         self.awaiting_ack = 0;
+        self.sent_pieces = 0;
+        self.inbound = None;
     }
 
     /// The common case in few instructions: a plain send of one segment that
@@ -327,7 +349,7 @@ impl ShmVi {
         let h = MsgHeader::parse(body)?;
         let len = h.len as usize;
         if h.kind != kind::SEND
-            || h.flags & (flag::BY_REF | flag::ACK) != 0
+            || h.flags & (flag::BY_REF | flag::ACK | flag::FRAG) != 0
             || h.len as u64 > e.total
             || h.len > max
             || body.len() < MSG_HEADER + len
@@ -373,15 +395,20 @@ impl ShmVi {
     /// Builds send-queue entry `i` in the ring. `false` if the ring is full.
     fn write_message(&mut self, vi: &Vi, q: &mut Queues, i: usize) -> bool {
         let reliability = q.attrs.reliability;
-        let conn = &mut self.conn;
         let e = &mut q.sq[i];
         // The peer reads a large payload straight from a mapping of the
         // region when it can map it; otherwise it is copied through the
-        // ring up to a larger size than a system call per message would pay.
+        // ring in one record up to a larger size than a system call per
+        // message would pay, read by cross-memory attach above it, and
+        // through the ring in pieces once that costs more.
         let mappable = e.src[..e.nranges as usize]
             .iter()
             .zip(&e.ranges)
             .all(|(s, r)| s.mappable(r.len as u64));
+        if !mappable && e.op != Op::RdmaRead && e.total as usize >= PIECES_FROM {
+            return self.write_pieces(vi, q, i);
+        }
+        let conn = &mut self.conn;
         let inline_max = if mappable {
             INLINE_MAX
         } else {
@@ -416,6 +443,7 @@ impl ShmVi {
             id: e.id,
             raddr: e.remote.0,
             rhandle: e.remote.1,
+            ..MsgHeader::default()
         };
         let body_len = hdr.size()
             + if by_ref {
@@ -447,6 +475,81 @@ impl ShmVi {
         uvia_trace::mark!(MediumQueued);
         e.end = conn.tx.head();
         conn.wake_peer();
+        if e.needs_ack {
+            e.state = EntryState::InFlight;
+            self.awaiting_ack += 1;
+        } else {
+            vi.complete_send(e, 0);
+        }
+        true
+    }
+
+    /// Writes send-queue entry `i`, a send or RDMA write too large for one
+    /// record from memory the peer cannot map, through the ring in pieces,
+    /// as many as the ring has room for: the peer copies each piece out
+    /// while this side copies the next in, so the two copies of each byte
+    /// overlap on the two cores ([`PIECES_FROM`] says when that beats
+    /// cross-memory attach). `false` if the ring filled
+    /// before the last piece; the next progress writes the rest.
+    fn write_pieces(&mut self, vi: &Vi, q: &mut Queues, i: usize) -> bool {
+        let reliability = q.attrs.reliability;
+        let e = &mut q.sq[i];
+        if !e.still_registered(&vi.s.nic.regions) {
+            // Deregistered while the send waited for ring space.
+            vi.complete_send(e, status::PROTECTION_ERROR);
+            if self.sent_pieces != 0 {
+                // Part of the message is on the ring and the rest will
+                // never come: only ending the connection tells the peer.
+                self.conn.close();
+                self.failed = Some(status::DESC_FLUSHED_ERROR);
+            }
+            self.sent_pieces = 0;
+            return true;
+        }
+        let conn = &mut self.conn;
+        let mut hdr = MsgHeader {
+            kind: if e.op == Op::SendRecv {
+                kind::SEND
+            } else {
+                kind::RDMA_WRITE
+            },
+            // Every piece asks the peer to ring after taking it: this side
+            // may sleep waiting for the room.
+            flags: flag::FRAG | flag::ACK | e.imm.is_some() as u8 * flag::IMM,
+            imm: e.imm.unwrap_or(0),
+            len: e.total as u32,
+            id: e.id,
+            raddr: e.remote.0,
+            rhandle: e.remote.1,
+            ..MsgHeader::default()
+        };
+        while self.sent_pieces < e.total {
+            let at = self.sent_pieces as usize;
+            let n = (e.total as usize - at).min(PIECE);
+            hdr.piece_at = at as u32;
+            hdr.piece_len = n as u32;
+            let size = hdr.size();
+            let Some(p) = conn.tx.reserve(size + n) else {
+                return false;
+            };
+            // SAFETY: `reserve` returned `size + n` writable bytes; the local
+            // ranges are registered memory, checked at post and still current.
+            unsafe {
+                hdr.write(p);
+                for_span(e.ranges(), at, n, |src, off, k| {
+                    std::ptr::copy_nonoverlapping(src, p.add(size + off), k)
+                });
+            }
+            conn.tx.commit();
+            conn.wake_peer();
+            self.sent_pieces += n as u64;
+        }
+        self.sent_pieces = 0;
+        e.end = conn.tx.head();
+        // The bytes are in the ring: a send is done once written, unless
+        // the peer must confirm it (an RDMA write's protection check,
+        // Reliable Reception).
+        e.needs_ack = e.op != Op::SendRecv || reliability == Reliability::ReliableReception;
         if e.needs_ack {
             e.state = EntryState::InFlight;
             self.awaiting_ack += 1;
@@ -497,6 +600,7 @@ impl ShmVi {
         } = q;
         let conn = &mut self.conn;
         let failed = &mut self.failed;
+        let inbound = &mut self.inbound;
         loop {
             let rec = match conn.rx.peek() {
                 Ok(Some(r)) => {
@@ -516,137 +620,156 @@ impl ShmVi {
                 *failed = Some(status::TRANSPORT_ERROR);
                 return true;
             };
-            let needs_recv =
-                h.kind == kind::SEND || (h.kind == kind::RDMA_WRITE && h.flags & flag::IMM != 0);
+            // A message in pieces takes its receive at the first piece.
+            let needs_recv = h.piece_at == 0
+                && (h.kind == kind::SEND
+                    || (h.kind == kind::RDMA_WRITE && h.flags & flag::IMM != 0));
             if needs_recv && *rq_done >= rq.len() {
                 // Receiver not ready: the message waits in the ring (the sender
                 // is held back by the ring, nothing is lost).
                 return moved;
             }
-            let mut remote = [WireRange::default(); MAX_SEGMENTS];
-            let by_ref = h.flags & flag::BY_REF != 0;
-            let mut nr = 0;
-            let mut malformed = false;
-            if by_ref {
-                match h.ranges(body, &mut remote) {
-                    Some(n) if remote[..n].iter().map(|r| r.len).sum::<u64>() == h.len as u64 => {
-                        nr = n
-                    }
-                    _ => malformed = true,
-                }
-            } else if body.len() < h.size() + h.len as usize {
-                malformed = true;
-            }
-            if malformed {
-                *failed = Some(status::TRANSPORT_ERROR);
-                return true;
-            }
-            let inline = &body[h.size()..];
             let imm = (h.flags & flag::IMM != 0).then_some(h.imm);
             // Error to report back to the sender (status bits), if any.
             let mut report = 0u32;
-            match h.kind {
-                kind::SEND => {
-                    let e = &mut rq[*rq_done];
-                    if h.len as u64 > e.total || h.len > attrs.max_transfer_size {
-                        vi.complete_recv(e, status::OP_RECEIVE, 0, imm, status::LENGTH_ERROR);
-                        if reliable {
-                            report = status::REMOTE_DESC_ERROR;
+            if h.flags & flag::FRAG != 0 {
+                let Some(r) = serve_piece(vi, attrs, rq, rq_done, inbound, &h, body) else {
+                    *failed = Some(status::TRANSPORT_ERROR);
+                    return true;
+                };
+                report = r;
+            } else {
+                let mut remote = [WireRange::default(); MAX_SEGMENTS];
+                let by_ref = h.flags & flag::BY_REF != 0;
+                let mut nr = 0;
+                let mut malformed = false;
+                if by_ref {
+                    match h.ranges(body, &mut remote) {
+                        Some(n)
+                            if remote[..n].iter().map(|r| r.len).sum::<u64>() == h.len as u64 =>
+                        {
+                            nr = n
                         }
-                    } else if !e.still_registered(&vi.s.nic.regions) {
-                        vi.complete_recv(e, status::OP_RECEIVE, 0, imm, status::PROTECTION_ERROR);
-                        if reliable {
-                            report = status::REMOTE_DESC_ERROR;
-                        }
-                    } else {
-                        let ok = if by_ref {
-                            conn.gather(&remote[..nr], e.ranges())
-                        } else {
-                            scatter(&inline[..h.len as usize], e.ranges());
-                            true
-                        };
-                        if ok {
-                            vi.complete_recv(e, status::OP_RECEIVE, h.len, imm, 0);
-                        } else {
+                        _ => malformed = true,
+                    }
+                } else if body.len() < h.size() + h.len as usize {
+                    malformed = true;
+                }
+                if malformed || inbound.is_some() {
+                    // (A whole message between the pieces of another is malformed too.)
+                    *failed = Some(status::TRANSPORT_ERROR);
+                    return true;
+                }
+                let inline = &body[h.size()..];
+                match h.kind {
+                    kind::SEND => {
+                        let e = &mut rq[*rq_done];
+                        if h.len as u64 > e.total || h.len > attrs.max_transfer_size {
+                            vi.complete_recv(e, status::OP_RECEIVE, 0, imm, status::LENGTH_ERROR);
+                            if reliable {
+                                report = status::REMOTE_DESC_ERROR;
+                            }
+                        } else if !e.still_registered(&vi.s.nic.regions) {
                             vi.complete_recv(
                                 e,
                                 status::OP_RECEIVE,
                                 0,
                                 imm,
-                                status::TRANSPORT_ERROR,
+                                status::PROTECTION_ERROR,
                             );
-                            report = status::TRANSPORT_ERROR;
-                        }
-                    }
-                    *rq_done += 1;
-                }
-                kind::RDMA_WRITE | kind::RDMA_READ => {
-                    let write = h.kind == kind::RDMA_WRITE;
-                    match check_rdma(
-                        &vi.s.nic.regions,
-                        attrs,
-                        h.rhandle,
-                        h.raddr,
-                        h.len as u64,
-                        write,
-                    ) {
-                        Err(_) => report = status::RDMA_PROT_ERROR,
-                        Ok(()) => {
-                            let target = [LocalRange {
-                                ptr: h.raddr as *mut u8,
-                                len: h.len as usize,
-                            }];
-                            let nt = (h.len > 0) as usize;
-                            // SAFETY: the target range was checked against this
-                            // side's registered regions, tag and enable bits.
-                            let ok = unsafe {
-                                match (write, by_ref) {
-                                    (true, true) => conn.gather(&remote[..nr], &target[..nt]),
-                                    (true, false) => {
-                                        std::ptr::copy_nonoverlapping(
-                                            inline.as_ptr(),
-                                            h.raddr as *mut u8,
-                                            h.len as usize,
-                                        );
-                                        true
-                                    }
-                                    (false, _) => {
-                                        let mut dst =
-                                            [RemoteRange { addr: 0, len: 0 }; MAX_SEGMENTS];
-                                        for (d, r) in dst.iter_mut().zip(&remote[..nr]) {
-                                            *d = RemoteRange {
-                                                addr: r.addr,
-                                                len: r.len,
-                                            };
-                                        }
-                                        remote[..nr].iter().all(|r| r.handle.0 == 0)
-                                            && cma::write(
-                                                conn.peer_pid,
-                                                &target[..nt],
-                                                &dst[..nr],
-                                                h.len as usize,
-                                            )
-                                            .is_ok()
-                                    }
-                                }
+                            if reliable {
+                                report = status::REMOTE_DESC_ERROR;
+                            }
+                        } else {
+                            let ok = if by_ref {
+                                conn.gather(&remote[..nr], e.ranges())
+                            } else {
+                                scatter(&inline[..h.len as usize], e.ranges());
+                                true
                             };
-                            if !ok {
+                            if ok {
+                                vi.complete_recv(e, status::OP_RECEIVE, h.len, imm, 0);
+                            } else {
+                                vi.complete_recv(
+                                    e,
+                                    status::OP_RECEIVE,
+                                    0,
+                                    imm,
+                                    status::TRANSPORT_ERROR,
+                                );
                                 report = status::TRANSPORT_ERROR;
                             }
                         }
-                    }
-                    if write && imm.is_some() {
-                        let e = &mut rq[*rq_done];
-                        let err = if report != 0 {
-                            status::TRANSPORT_ERROR
-                        } else {
-                            0
-                        };
-                        vi.complete_recv(e, status::OP_REMOTE_RDMA_WRITE, h.len, imm, err);
                         *rq_done += 1;
                     }
+                    kind::RDMA_WRITE | kind::RDMA_READ => {
+                        let write = h.kind == kind::RDMA_WRITE;
+                        match check_rdma(
+                            &vi.s.nic.regions,
+                            attrs,
+                            h.rhandle,
+                            h.raddr,
+                            h.len as u64,
+                            write,
+                        ) {
+                            Err(_) => report = status::RDMA_PROT_ERROR,
+                            Ok(()) => {
+                                let target = [LocalRange {
+                                    ptr: h.raddr as *mut u8,
+                                    len: h.len as usize,
+                                }];
+                                let nt = (h.len > 0) as usize;
+                                // SAFETY: the target range was checked against this
+                                // side's registered regions, tag and enable bits.
+                                let ok = unsafe {
+                                    match (write, by_ref) {
+                                        (true, true) => conn.gather(&remote[..nr], &target[..nt]),
+                                        (true, false) => {
+                                            std::ptr::copy_nonoverlapping(
+                                                inline.as_ptr(),
+                                                h.raddr as *mut u8,
+                                                h.len as usize,
+                                            );
+                                            true
+                                        }
+                                        (false, _) => {
+                                            let mut dst =
+                                                [RemoteRange { addr: 0, len: 0 }; MAX_SEGMENTS];
+                                            for (d, r) in dst.iter_mut().zip(&remote[..nr]) {
+                                                *d = RemoteRange {
+                                                    addr: r.addr,
+                                                    len: r.len,
+                                                };
+                                            }
+                                            remote[..nr].iter().all(|r| r.handle.0 == 0)
+                                                && cma::write(
+                                                    conn.peer_pid,
+                                                    &target[..nt],
+                                                    &dst[..nr],
+                                                    h.len as usize,
+                                                )
+                                                .is_ok()
+                                        }
+                                    }
+                                };
+                                if !ok {
+                                    report = status::TRANSPORT_ERROR;
+                                }
+                            }
+                        }
+                        if write && imm.is_some() {
+                            let e = &mut rq[*rq_done];
+                            let err = if report != 0 {
+                                status::TRANSPORT_ERROR
+                            } else {
+                                0
+                            };
+                            vi.complete_recv(e, status::OP_REMOTE_RDMA_WRITE, h.len, imm, err);
+                            *rq_done += 1;
+                        }
+                    }
+                    _ => unreachable!("MsgHeader::parse accepts only known kinds"),
                 }
-                _ => unreachable!("MsgHeader::parse accepts only known kinds"),
             }
             if report != 0 {
                 // Release: the report is visible before the release below.
@@ -664,6 +787,141 @@ impl ShmVi {
                 return true;
             }
         }
+    }
+}
+
+/// Takes one piece of a message that arrives in pieces: checks it at its
+/// first piece as a whole message is checked, copies each piece to its
+/// place, completes it at its last. The error to report to the sender (0
+/// for none), or `None` if the piece is malformed or out of order.
+fn serve_piece(
+    vi: &Vi,
+    attrs: &crate::vi::ViAttributes,
+    rq: &mut crate::vi::SlotQueue,
+    rq_done: &mut usize,
+    inbound: &mut Option<Inbound>,
+    h: &MsgHeader,
+    body: &[u8],
+) -> Option<u32> {
+    let (at, n) = (h.piece_at as usize, h.piece_len as usize);
+    let in_order = match inbound {
+        None => at == 0,
+        Some(m) => m.id == h.id && m.kind == h.kind && m.len == h.len && m.got as usize == at,
+    };
+    if !in_order || n == 0 || at + n > h.len as usize || h.kind == kind::RDMA_READ {
+        return None;
+    }
+    let data = body.get(h.size()..h.size() + n)?;
+    let (first, last) = (at == 0, at + n == h.len as usize);
+    let reliable = attrs.reliability != Reliability::Unreliable;
+    let imm = (h.flags & flag::IMM != 0).then_some(h.imm);
+    let mut discard = inbound.is_some_and(|m| m.discard);
+    let mut report = 0;
+    // The receive a send or a write with immediate data completes: taken
+    // at the first piece (the caller waits for one to be posted), kept to
+    // the last; without one the piece is out of order.
+    let takes_recv = h.kind == kind::SEND || imm.is_some();
+    if takes_recv && !discard && *rq_done >= rq.len() {
+        return None;
+    }
+    if h.kind == kind::SEND {
+        if discard {
+            // The rest of a message whose receive already failed.
+        } else {
+            let e = &mut rq[*rq_done];
+            let bits = if first && (h.len as u64 > e.total || h.len > attrs.max_transfer_size) {
+                status::LENGTH_ERROR
+            } else if !e.still_registered(&vi.s.nic.regions) {
+                status::PROTECTION_ERROR
+            } else {
+                for_span(e.ranges(), at, n, |dst, off, k| {
+                    // SAFETY: `dst` is registered receive memory checked at post
+                    // and still current; the message fits the receive (checked at
+                    // its first piece), so the span lies inside it.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(off), dst, k) }
+                });
+                0
+            };
+            if bits != 0 {
+                vi.complete_recv(e, status::OP_RECEIVE, 0, imm, bits);
+                *rq_done += 1;
+                discard = true;
+                if reliable {
+                    report = status::REMOTE_DESC_ERROR;
+                }
+            } else if last {
+                vi.complete_recv(e, status::OP_RECEIVE, h.len, imm, 0);
+                *rq_done += 1;
+            }
+        }
+    } else if !discard {
+        // An RDMA write: the whole target is checked at the first piece, so
+        // a violation leaves memory untouched; each piece's own span again
+        // (the region may have been deregistered in between).
+        let (start, span) = if first {
+            (h.raddr, h.len as u64)
+        } else {
+            (h.raddr.checked_add(at as u64)?, n as u64)
+        };
+        match check_rdma(&vi.s.nic.regions, attrs, h.rhandle, start, span, true) {
+            Err(_) => {
+                report = status::RDMA_PROT_ERROR;
+                discard = true;
+            }
+            // SAFETY: the target span was checked against this side's
+            // registered regions, tag and enable bits.
+            Ok(()) => unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), (h.raddr as usize + at) as *mut u8, n)
+            },
+        }
+        if imm.is_some() && (last || report != 0) {
+            let err = if report != 0 {
+                status::TRANSPORT_ERROR
+            } else {
+                0
+            };
+            vi.complete_recv(
+                &mut rq[*rq_done],
+                status::OP_REMOTE_RDMA_WRITE,
+                h.len,
+                imm,
+                err,
+            );
+            *rq_done += 1;
+        }
+    }
+    *inbound = (!last).then_some(Inbound {
+        id: h.id,
+        kind: h.kind,
+        len: h.len,
+        got: (at + n) as u32,
+        discard,
+    });
+    Some(report)
+}
+
+/// Calls `f(address, offset, length)` for each part of bytes `[at, at + n)`
+/// of the concatenation of `ranges`, `offset` counting from `at`.
+fn for_span(
+    ranges: &[LocalRange],
+    mut at: usize,
+    mut n: usize,
+    mut f: impl FnMut(*mut u8, usize, usize),
+) {
+    let mut done = 0;
+    for r in ranges {
+        if n == 0 {
+            break;
+        }
+        if at >= r.len {
+            at -= r.len;
+            continue;
+        }
+        let k = (r.len - at).min(n);
+        f(r.ptr.wrapping_add(at), done, k);
+        done += k;
+        n -= k;
+        at = 0;
     }
 }
 
