@@ -106,7 +106,7 @@ const PARAMS: [(&CStr, fi_param_type, &CStr); 6] = [
     (
         c"share_mr",
         FI_PARAM_BOOL,
-        c"On shm, fi_mr_reg moves the whole pages (64 KiB or more) of a private anonymous buffer into shared memory at the same addresses, so the peer copies large messages straight out of them; a forked child then shares those pages, and they stay shared after fi_close, and a write by another thread to those pages during fi_mr_reg is lost (default: 0, registered memory is left as it is and large messages are read with process_vm_readv; 1 turns it on)",
+        c"On shm, fi_mr_reg moves the whole pages (64 KiB to 1 GiB) of a private anonymous buffer into shared memory at the same addresses, so the peer copies large messages straight out of them; other threads' writes to the pages during fi_mr_reg wait for it (a userfaultfd holds them: root, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1, else the memory is left as it is), a forked child then shares those pages rather than copying them, and they stay shared after fi_close (default: 1; 0 leaves registered memory as it is, and large messages are read with process_vm_readv or sent through the ring in pieces)",
     ),
 ];
 
@@ -153,7 +153,7 @@ pub fn settings() -> &'static Settings {
         inject: param_str(c"inject"),
         spin: param_int(c"spin_us").map(|us| Duration::from_micros(us.max(0) as u64)),
         drive_thread: param_int(c"drive_thread").is_none_or(|on| on != 0),
-        share_mr: param_int(c"share_mr").is_some_and(|on| on != 0),
+        share_mr: param_int(c"share_mr").is_none_or(|on| on != 0),
     })
 }
 

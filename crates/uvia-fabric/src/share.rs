@@ -9,10 +9,14 @@
 //! not a chance to allocate it. So at registration the pages' contents are
 //! copied into a new memfd, which is then mapped `MAP_SHARED | MAP_FIXED`
 //! at the same addresses: same addresses, same contents, now shareable.
-//! What that changes for the program (fork, writes during registration,
-//! `MADV_DONTNEED`, hugepages) is in the provider's docs (docs/DESIGN.md,
-//! "The libfabric provider"); off by default, `FI_UVIA_SHARE_MR=1` turns it
-//! on.
+//! Another thread's writes to the pages meanwhile are held, not lost: the
+//! pages are write-protected through a userfaultfd for the copy and the
+//! remap, and a writer sleeps in its page fault until the new mapping is
+//! in place, then writes there ([`WriteHold`]); where the kernel or the
+//! process's rights offer no such hold, the memory is left as it is. What
+//! sharing changes for the program (fork, `MADV_DONTNEED`, hugepages) is in
+//! the provider's docs (docs/DESIGN.md, "Registered memory on shm"); on by
+//! default, `FI_UVIA_SHARE_MR=0` turns it off.
 //!
 //! A remap outlives its registration: the pages stay the memfd's until the
 //! program unmaps them (`free` of a large block, `munmap`), since the
@@ -22,6 +26,7 @@
 //! remapped shares that registration's memfd.
 
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 use uvia_shm::Segment;
 
@@ -86,9 +91,8 @@ fn page_size() -> usize {
 /// fails.
 ///
 /// # Safety
-/// `[buf, buf + len)` is memory the caller is registering: mapped, and not
-/// written by another thread while this runs (a write to its whole pages
-/// between the copy and the remap would be lost).
+/// `[buf, buf + len)` is memory the caller is registering: mapped. Other
+/// threads may write to it meanwhile (their writes are held, then kept).
 pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
     let page = page_size();
     let lo = (buf as usize).checked_add(page - 1)? & !(page - 1);
@@ -114,8 +118,7 @@ pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
         return None;
     }
     // SAFETY: the range is mapped read-write private anonymous memory (or
-    // an earlier remap's, checked above) and not written meanwhile (the
-    // caller's promise).
+    // an earlier remap's, checked above).
     let seg = unsafe { remap(lo, hi - lo) }.ok()?;
     // fstat of our own descriptor does not fail; were it to, inode 0 matches
     // no line of the map and the remap would only never be shared.
@@ -130,12 +133,16 @@ pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
     Some(r)
 }
 
-/// Copies `len` bytes at `lo` into a new memfd and maps it over them.
+/// Copies `len` bytes at `lo` into a new memfd and maps it over them,
+/// holding other threads' writes to them meanwhile.
 ///
 /// # Safety
 /// As [`share`], for the page-aligned range `[lo, lo + len)`.
 unsafe fn remap(lo: usize, len: usize) -> io::Result<Segment> {
     let seg = Segment::create(c"uvia-mr", len)?;
+    // Writers wait from here until the hold is dropped, after the remap
+    // (or after private memory is put back, on failure).
+    let _hold = WriteHold::new(lo, len)?;
     // SAFETY: both ranges are `len` mapped bytes (the caller's range and
     // our own new segment) and do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, seg.as_ptr(), len) };
@@ -175,6 +182,126 @@ unsafe fn remap(lo: usize, len: usize) -> io::Result<Segment> {
         return Err(e);
     }
     Ok(seg)
+}
+
+/// Holds writes to a range of private anonymous memory while it is copied
+/// and remapped: the range is registered with a userfaultfd in
+/// write-protect mode and protected, so a thread that writes to it, in its
+/// own code or in a system call, sleeps in the page fault; closing the
+/// descriptor (the drop) wakes it, and it retries the write on whatever
+/// maps the range then. No kernel interface replaces a mapping's pages
+/// with a copy atomically; this makes the copy and the replacement one
+/// step for every other thread.
+///
+/// The userfaultfd is opened without `UFFD_USER_MODE_ONLY`, which needs
+/// root, `CAP_SYS_PTRACE` or `vm.unprivileged_userfaultfd=1`: in user mode
+/// only, a write from a system call (a `read` into the buffer) would fail
+/// with `EFAULT` instead of waiting. Without those rights the hold cannot
+/// be had and the memory is not shared.
+struct WriteHold {
+    _uffd: OwnedFd,
+}
+
+/// The ioctl interface of `linux/userfaultfd.h`, which the libc crate does
+/// not declare: the structures as the header lays them out and the request
+/// numbers from its `_IOWR(0xAA, nr, struct)`.
+mod uffd {
+    pub const API: u64 = 0xAA;
+    pub const REGISTER_MODE_WP: u64 = 1 << 1;
+    pub const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+
+    #[repr(C)]
+    pub struct Api {
+        pub api: u64,
+        pub features: u64,
+        pub ioctls: u64,
+    }
+
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    pub struct Range {
+        pub start: u64,
+        pub len: u64,
+    }
+
+    #[repr(C)]
+    pub struct Register {
+        pub range: Range,
+        pub mode: u64,
+        pub ioctls: u64,
+    }
+
+    #[repr(C)]
+    pub struct WriteProtect {
+        pub range: Range,
+        pub mode: u64,
+    }
+
+    /// `_IOWR(0xAA, nr, T)`: direction read|write, the size, the type, the number.
+    const fn iowr<T>(nr: u64) -> u64 {
+        (3 << 30) | ((std::mem::size_of::<T>() as u64) << 16) | (0xAA << 8) | nr
+    }
+
+    pub const IOC_API: u64 = iowr::<Api>(0x3F);
+    pub const IOC_REGISTER: u64 = iowr::<Register>(0x00);
+    pub const IOC_WRITEPROTECT: u64 = iowr::<WriteProtect>(0x06);
+}
+
+impl WriteHold {
+    fn new(lo: usize, len: usize) -> io::Result<WriteHold> {
+        // SAFETY: a system call with integer flags; a non-negative result
+        // is a new descriptor we own.
+        let fd =
+            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        let uffd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let ioctl = |req: u64, arg: *mut libc::c_void| {
+            // SAFETY: each request is given the structure it is defined
+            // with, alive for the call.
+            if unsafe { libc::ioctl(fd as i32, req as _, arg) } < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        };
+        let mut api = uffd::Api {
+            api: uffd::API,
+            features: 0,
+            ioctls: 0,
+        };
+        ioctl(uffd::IOC_API, &mut api as *mut _ as *mut _)?;
+        // Write protection applies to pages that are mapped: map the ones
+        // never touched yet (the zero page), or a first write to one would
+        // fault as a missing page, which this hold does not watch.
+        // SAFETY: the range is the caller's mapped memory; reading it in
+        // changes no byte.
+        if unsafe { libc::madvise(lo as *mut _, len, libc::MADV_POPULATE_READ) } != 0 {
+            // (Kernels before 5.14.) One read per page does the same.
+            for at in (lo..lo + len).step_by(page_size()) {
+                // SAFETY: `at` lies in the mapped range.
+                unsafe { std::ptr::read_volatile(at as *const u8) };
+            }
+        }
+        let range = uffd::Range {
+            start: lo as u64,
+            len: len as u64,
+        };
+        let mut reg = uffd::Register {
+            range,
+            mode: uffd::REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        ioctl(uffd::IOC_REGISTER, &mut reg as *mut _ as *mut _)?;
+        let mut wp = uffd::WriteProtect {
+            range,
+            mode: uffd::WRITEPROTECT_MODE_WP,
+        };
+        ioctl(uffd::IOC_WRITEPROTECT, &mut wp as *mut _ as *mut _)?;
+        Ok(WriteHold { _uffd: uffd })
+    }
 }
 
 /// True when `/proc/self/maps` (`maps`) shows `[lo, hi)` wholly covered
@@ -244,6 +371,7 @@ fn inode(fd: i32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     #[test]
     fn remappable_reads_the_map() {
@@ -279,6 +407,9 @@ mod tests {
 
     #[test]
     fn share_keeps_contents_and_addresses() {
+        if !hold_available() {
+            return;
+        }
         let len = 1 << 20;
         let mut v: Vec<u8> = (0..len + 100).map(|i| (i * 7 + 3) as u8).collect();
         let want = v.clone();
@@ -315,8 +446,102 @@ mod tests {
         assert_eq!(v, want);
     }
 
+    /// Whether this process may hold writes (a userfaultfd with kernel
+    /// faults: root, `CAP_SYS_PTRACE` or `vm.unprivileged_userfaultfd=1`).
+    fn hold_available() -> bool {
+        let len = 4 * page_size();
+        // SAFETY: a fresh private anonymous mapping of our own, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let ok = WriteHold::new(p as usize, len).is_ok();
+        // SAFETY: our mapping, no longer used.
+        unsafe { libc::munmap(p, len) };
+        if !ok {
+            eprintln!("skipped: no userfaultfd for this process (not root, vm.unprivileged_userfaultfd=0)");
+        }
+        ok
+    }
+
+    /// A thread that writes to the pages while they are copied and remapped
+    /// loses nothing: its writes wait in their page faults and land in the
+    /// new pages.
+    #[test]
+    fn writes_during_the_remap_are_kept() {
+        if !hold_available() {
+            return;
+        }
+        let ps = page_size();
+        let pages = 4096;
+        let len = pages * ps;
+        // SAFETY: a fresh private anonymous mapping of our own.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let base = p as usize;
+        let running = Arc::new(AtomicBool::new(false));
+        let r = running.clone();
+        // Writes i + 1 into the first word of page i, page after page, one
+        // page every 40 us: the registration's copy (the memfd's pages
+        // allocated as it goes: about 30 ms for these 16 MiB) overtakes the
+        // writer at once and ends long before its pass (160 ms), so without
+        // the hold every page written between the copy and the remap would
+        // keep its 0.
+        let writer = std::thread::spawn(move || {
+            for i in 0..pages {
+                // SAFETY: page `i` of the mapping, which stays mapped (by
+                // its private pages, then the memfd's).
+                unsafe { std::ptr::write_volatile((base + i * ps) as *mut u64, i as u64 + 1) };
+                r.store(true, Ordering::Relaxed);
+                let t = std::time::Instant::now();
+                while t.elapsed() < std::time::Duration::from_micros(40) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        while !running.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+        // SAFETY: our mapping; the writer's stores are what the test is about.
+        let remap = unsafe { share(p as *const u8, len) }.expect("anonymous memory remaps");
+        assert_eq!(remap.len(), len);
+        writer.join().unwrap();
+        let lost: Vec<usize> = (0..pages)
+            // SAFETY: page `i` of the mapping, no other user now.
+            .filter(|&i| unsafe { std::ptr::read_volatile((base + i * ps) as *const u64) } != i as u64 + 1)
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{} writes lost, the first to page {}",
+            lost.len(),
+            lost[0]
+        );
+        drop(remap);
+        // SAFETY: our mapping, no longer used.
+        unsafe { libc::munmap(p, len) };
+    }
+
     #[test]
     fn a_remap_the_program_unmapped_is_passed_over() {
+        if !hold_available() {
+            return;
+        }
         let len = 256 << 10;
         let anon = || {
             // SAFETY: a fresh private anonymous mapping of our own.

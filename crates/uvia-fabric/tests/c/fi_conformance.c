@@ -1116,9 +1116,10 @@ static void t_pingpong_sread(void)
 /* ---- mr: caller memory shared with the peer ----------------------------- */
 
 /* uvia: on shm, fi_mr_reg moves the whole pages of a private anonymous
- * buffer into shared memory at the same addresses when FI_UVIA_SHARE_MR=1
- * (off by default), so the peer copies a large message straight out of them; the
- * partial pages at the edges are read as before. These rounds send a
+ * buffer into shared memory at the same addresses (unless
+ * FI_UVIA_SHARE_MR=0, or the process may not hold writes with a
+ * userfaultfd), so the peer copies a large message straight out of them;
+ * the partial pages at the edges are read as before. These rounds send a
  * buffer that starts and ends inside a page, through registration, fork,
  * deregistration and free(), and check every byte at the peer. */
 enum { SHARE_LEN = (1 << 20) + 1000, SHARE_OFF = 100, SHARE_ROUNDS = 4 };
@@ -1166,10 +1167,29 @@ static struct fid_mr *share_reg(struct side *s, uint8_t *buf)
     return mr;
 }
 
+/* Whether the page at addr is mapped from a registration's memfd. */
+static int memfd_backed(const void *addr)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    REQUIRE(f != NULL);
+    char line[512];
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (unsigned long)addr >= lo &&
+            (unsigned long)addr < hi) {
+            found = strstr(line, "/memfd:uvia-mr") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
 static void t_shared_pages(void)
 {
     const char *share = getenv("FI_UVIA_SHARE_MR");
-    int shared = strcmp(g_domain, "shm") == 0 && share && strcmp(share, "0") != 0;
+    int asked = strcmp(g_domain, "shm") == 0 && !(share && strcmp(share, "0") == 0);
     struct peer p;
     peer_start(&p, shared_pages_peer);
     struct side s;
@@ -1189,13 +1209,16 @@ static void t_shared_pages(void)
     fill(buf, SHARE_LEN, 1);
     struct fid_mr *mr = share_reg(&s, buf);
     CHECK_PATTERN(buf, SHARE_LEN, 1);
+    int shared = memfd_backed(buf + SHARE_LEN / 2);
+    CHECKF(shared == asked || (asked && geteuid() != 0),
+           "pages shared: %d, asked for: %d (shm, FI_UVIA_SHARE_MR not 0)", shared, asked);
     share_send(&s, &p, buf, fi_mr_desc(mr));
 
     /* A child forked while the buffer is registered sees its bytes; the
      * parent's later writes are what the peer gets. uvia: with the pages
      * shared, the child shares them (sees the parent's writes), as memory
-     * mapped MAP_SHARED does; without (the default, or on udp) it
-     * keeps its copy. */
+     * mapped MAP_SHARED does; without (FI_UVIA_SHARE_MR=0, or on udp)
+     * it keeps its copy. */
     int go[2], seen[2];
     REQUIRE(pipe(go) == 0 && pipe(seen) == 0);
     pid_t child = fork();
