@@ -455,6 +455,7 @@ fn one_sided_transfers_complete_while_the_target_sleeps() {
         assert_eq!(&e.buf.as_slice()[400_000..404_096], &pattern(4096, 6)[..]);
         assert_eq!(&e.buf.as_slice()[450_000..470_000], &pattern(20_000, 8)[..]);
         assert_eq!(&heap[..50_000], &pattern(50_000, 7)[..]);
+        assert!(e.buf.as_slice()[1_300_000..1_900_000] == pattern(600_000, 9)[..]);
         let r = e.vi.recv_wait(Some(T)).unwrap();
         assert_eq!(r.result(), Ok(30_000));
         assert_eq!(
@@ -546,6 +547,21 @@ fn one_sided_transfers_complete_while_the_target_sleeps() {
     )
     .with_immediate(0xbeef);
     assert_eq!(post(d, "RDMA write with immediate").result(), Ok(4096));
+    // A write from caller memory large enough to go through the ring in
+    // pieces: the target's agent takes them as they come.
+    let mut big = pattern(600_000, 9);
+    // SAFETY: `big` outlives its registration and is not touched while posted.
+    let hb = unsafe {
+        e.nic
+            .register_mem(big.as_mut_ptr(), big.len(), MemAttributes::new(e.ptag))
+    }
+    .unwrap();
+    let d = Descriptor::rdma_write(
+        Segment::remote(addr + 1_300_000, handle),
+        &[Segment::local(big.as_ptr(), hb, 600_000)],
+    );
+    assert_eq!(post(d, "RDMA write in pieces").result(), Ok(600_000));
+    e.nic.deregister_mem(hb).unwrap();
     // A region without the enable bit: refused, and the connection breaks.
     let d = Descriptor::rdma_write(Segment::remote(gaddr, ghandle), &[src(0, 128)]);
     let c = post(d, "forbidden RDMA write");
