@@ -567,16 +567,24 @@ impl Cq {
         for vi in vis {
             Vi::poll_progress(vi);
         }
-        if self.s.held_any.swap(false, Ordering::Acquire) {
-            let held = std::mem::take(&mut *self.s.held.lock().unwrap_or_else(|e| e.into_inner()));
-            for vi in held.iter().filter_map(Weak::upgrade) {
-                Vi::poll_progress(vi);
-            }
-        }
+        self.progress_held();
         if timers {
             crate::provider::net::run_due_timers(&self.s.nic);
         }
         true
+    }
+
+    /// Drives the members that hold frames back for a burst; true if any
+    /// moved.
+    fn progress_held(&self) -> bool {
+        let mut moved = false;
+        if self.s.held_any.swap(false, Ordering::Acquire) {
+            let held = std::mem::take(&mut *self.s.held.lock().unwrap_or_else(|e| e.into_inner()));
+            for vi in held.iter().filter_map(Weak::upgrade) {
+                moved |= Vi::poll_progress(vi);
+            }
+        }
+        moved
     }
 
     /// How long [`wait`](Self::wait) polls before it sleeps (0: sleep at
@@ -736,14 +744,6 @@ impl Cq {
     /// progress looks at the timers every few calls.
     fn sleep_poll(&self, nap: Duration) {
         let _counted = Counted::new(&self.s, Asleep::Poll);
-        let members = self.s.members();
-        let mut ready = false;
-        for vi in &members {
-            ready |= Vi::arm_eventfd(vi.clone());
-        }
-        if ready || self.ready() {
-            return;
-        }
         // Network VIs have no doorbell: their frames wake the waiter
         // through their sockets (or the ready set that holds them), and
         // their timers need a look at least every millisecond.
@@ -751,6 +751,26 @@ impl Cq {
             Ready::Set { set, .. } => Some(set.fd()),
             _ => None,
         });
+        let mut ready = false;
+        let members = match set {
+            // The ready set's VIs need no arming (their sockets wake the
+            // sleeper through the set): only frames they hold back for a
+            // burst are sent first, and a wake-up costs no walk of them all.
+            Some(_) => {
+                ready |= self.progress_held();
+                Vec::new()
+            }
+            None => {
+                let members = self.s.members();
+                for vi in &members {
+                    ready |= Vi::arm_eventfd(vi.clone());
+                }
+                members
+            }
+        };
+        if ready || self.ready() {
+            return;
+        }
         let net: Vec<RawFd> = match set {
             Some(fd) => vec![fd],
             None => members.iter().filter_map(Vi::wake_fd).collect(),

@@ -35,6 +35,10 @@ pub(super) const TX_BATCH: usize = 32;
 /// Least time between two sweeps of a Nic's VIs for due timers
 /// ([`NetNic::sweep`]): a VI nobody polls acknowledges within about this.
 const SWEEP_EVERY: Duration = Duration::from_millis(1);
+/// Longest time between two sweeps even when no VI has said its timers
+/// are due sooner: bounds the delay of a deadline some path armed without
+/// telling the Nic ([`NetNic::note_deadline`]).
+const SWEEP_AT_LEAST: Duration = Duration::from_millis(100);
 /// Pause before a message the receiver was not ready for goes again.
 const RNR_DELAY: Duration = Duration::from_micros(200);
 use crate::nic::DEFAULT_IDLE_TIMEOUT as IDLE_TIMEOUT;
@@ -73,6 +77,12 @@ pub(crate) struct NetNic {
     rx: std::sync::Mutex<RxState>,
     /// When a polling VI next serves the others whose timers are due.
     sweep_at: SpinLock<Instant>,
+    /// No VI's timer is due before this many nanoseconds after `epoch`: a
+    /// sweep before then has nothing to do and walks no VI. Lowered by
+    /// every VI as it arms a deadline ([`NetNic::note_deadline`]), set
+    /// again by each sweep from what it finds.
+    next_due: AtomicU64,
+    epoch: Instant,
     /// Frames of a VI's own medium that did not parse, or named another
     /// connection.
     pub malformed: AtomicU64,
@@ -139,6 +149,8 @@ impl NetNic {
             }),
             malformed: AtomicU64::new(0),
             sweep_at: SpinLock::new(Instant::now()),
+            next_due: AtomicU64::new(0),
+            epoch: Instant::now(),
             medium,
             own_medium,
             share,
@@ -282,7 +294,15 @@ impl NetNic {
     /// peer that may be waiting for that before it answers the VI being
     /// waited on. Called with a polling VI's timers, at most every
     /// [`SWEEP_EVERY`]; `me` is the caller's connection, already in hand.
+    ///
+    /// A sweep before the earliest deadline the VIs have noted walks
+    /// nothing: a waiter over many idle VIs then pays one load a wake-up,
+    /// not a look at every VI.
     pub(super) fn sweep(&self, now: Instant, me: u32) {
+        let now_ns = self.nanos(now);
+        if now_ns < self.next_due.load(Ordering::Acquire) {
+            return;
+        }
         {
             let mut at = self.sweep_at.lock();
             if now < *at {
@@ -290,6 +310,11 @@ impl NetNic {
             }
             *at = now + SWEEP_EVERY;
         }
+        // Set before the walk: a deadline a VI notes from here on lowers it
+        // again, and every VI noted before is looked at below (the caller's
+        // own, `me`, notes its own after its call).
+        self.next_due
+            .store(now_ns + SWEEP_AT_LEAST.as_nanos() as u64, Ordering::Release);
         let others: Vec<Arc<ViShared>> = self
             .vis
             .lock()
@@ -298,18 +323,48 @@ impl NetNic {
             .filter_map(|(_, w)| w.upgrade())
             .collect();
         for s in others {
-            // A VI in someone's hands is served by them.
+            // A VI in someone's hands is served by them; look again soon,
+            // in case they only passed by.
             let Some(mut g) = s.inner.try_lock() else {
+                self.note_deadline(Some(now + SWEEP_EVERY), now);
                 continue;
             };
             let vi = Vi { s: s.clone() };
             let ViInner { q, t } = &mut *g;
             if let Transport::Net(t) = t {
-                if t.conn.poll_timeout().is_some_and(|d| d <= now) {
-                    t.progress(&vi, q);
-                    t.run_timers(&vi, q);
+                match t.conn.poll_timeout() {
+                    Some(d) if d <= now => {
+                        t.progress(&vi, q);
+                        t.run_timers(&vi, q);
+                    }
+                    d => self.note_deadline(d, now),
                 }
             }
+        }
+    }
+
+    /// Nanoseconds from the Nic's epoch to `t` (0 before it).
+    fn nanos(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch)
+            .as_nanos()
+            .min(u64::MAX as u128) as u64
+    }
+
+    /// A VI's engine has its next deadline at `at` (seen at `now`): the
+    /// next sweep comes no later than a sixteenth of the time left after
+    /// it. The slack lets one sweep serve the keep-alives of many idle VIs
+    /// (due a second apart each, at moments spread over that second) where
+    /// it would otherwise walk every VI each millisecond for one of them;
+    /// a short deadline (an acknowledgement, a retransmission) keeps its
+    /// time within a few percent. One load when it is no earlier than what
+    /// is noted.
+    pub(super) fn note_deadline(&self, at: Option<Instant>, now: Instant) {
+        let Some(at) = at else {
+            return;
+        };
+        let ns = self.nanos(at + at.saturating_duration_since(now) / 16);
+        if ns < self.next_due.load(Ordering::Relaxed) {
+            self.next_due.fetch_min(ns, Ordering::AcqRel);
         }
     }
 

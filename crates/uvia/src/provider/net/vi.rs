@@ -213,6 +213,9 @@ impl NetVi {
             }
             self.events(vi, q);
             if k < TX_BATCH {
+                // Every change to the engine's timers ends here: the Nic's
+                // sweeps learn when this VI's next one is due.
+                nic.note_deadline(self.conn.poll_timeout(), now);
                 return sent;
             }
         }
@@ -678,10 +681,12 @@ impl TransportOps for NetVi {
         if self.conn.poll_timeout().is_some_and(|t| t <= now) {
             self.conn.handle_timeout(now);
         }
-        self.output(vi, q, now);
+        // The sweep first: it resets the Nic's next deadline, which this
+        // VI's output then notes its own in.
         if let Some(nic) = NetNic::of(&vi.s.nic) {
             nic.sweep(now, self.id);
         }
+        self.output(vi, q, now);
     }
 
     /// Posts a send-queue descriptor and sends what can go now.
