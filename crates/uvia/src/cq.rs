@@ -682,6 +682,11 @@ impl Cq {
         if !self.s.futex_ok.load(Ordering::Relaxed) {
             return false;
         }
+        // Counted before the members are copied out: a CQ of too many VIs
+        // for one futex wait pays no copy of them all on every sleep.
+        if self.s.lock_members().len() >= uvia_shm::doorbell::SLEEP_ANY_MAX {
+            return false;
+        }
         let members = self.s.members();
         if members.len() >= uvia_shm::doorbell::SLEEP_ANY_MAX {
             return false;

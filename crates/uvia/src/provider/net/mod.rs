@@ -39,6 +39,11 @@ const SWEEP_EVERY: Duration = Duration::from_millis(1);
 /// are due sooner: bounds the delay of a deadline some path armed without
 /// telling the Nic ([`NetNic::note_deadline`]).
 const SWEEP_AT_LEAST: Duration = Duration::from_millis(100);
+/// A deadline this close is "soon": its VI goes on the Nic's short list,
+/// which a sweep serves without walking every VI (an acknowledgement owed
+/// for a keep-alive, a retransmission); later ones (keep-alives, the idle
+/// timeout) wait for a walk.
+const SOON: Duration = Duration::from_millis(20);
 /// Pause before a message the receiver was not ready for goes again.
 const RNR_DELAY: Duration = Duration::from_micros(200);
 use crate::nic::DEFAULT_IDLE_TIMEOUT as IDLE_TIMEOUT;
@@ -82,6 +87,11 @@ pub(crate) struct NetNic {
     /// every VI as it arms a deadline ([`NetNic::note_deadline`]), set
     /// again by each sweep from what it finds.
     next_due: AtomicU64,
+    /// The same bound for the deadlines that were not soon when noted: a
+    /// sweep before it serves only the VIs on `soon`.
+    next_walk: AtomicU64,
+    /// Connections whose VI noted a deadline within [`SOON`].
+    soon: SpinLock<Vec<u32>>,
     epoch: Instant,
     /// Frames of a VI's own medium that did not parse, or named another
     /// connection.
@@ -150,6 +160,8 @@ impl NetNic {
             malformed: AtomicU64::new(0),
             sweep_at: SpinLock::new(Instant::now()),
             next_due: AtomicU64::new(0),
+            next_walk: AtomicU64::new(0),
+            soon: SpinLock::new(Vec::new()),
             epoch: Instant::now(),
             medium,
             own_medium,
@@ -295,9 +307,11 @@ impl NetNic {
     /// waited on. Called with a polling VI's timers, at most every
     /// [`SWEEP_EVERY`]; `me` is the caller's connection, already in hand.
     ///
-    /// A sweep before the earliest deadline the VIs have noted walks
-    /// nothing: a waiter over many idle VIs then pays one load a wake-up,
-    /// not a look at every VI.
+    /// A sweep before the earliest deadline the VIs have noted does
+    /// nothing, and one before the earliest deadline that was not soon
+    /// when noted serves only the VIs on the short list: a waiter over many
+    /// idle VIs then pays a load a wake-up, and a look at the few VIs that
+    /// are due, not a look at every VI.
     pub(super) fn sweep(&self, now: Instant, me: u32) {
         let now_ns = self.nanos(now);
         if now_ns < self.next_due.load(Ordering::Acquire) {
@@ -310,34 +324,57 @@ impl NetNic {
             }
             *at = now + SWEEP_EVERY;
         }
-        // Set before the walk: a deadline a VI notes from here on lowers it
-        // again, and every VI noted before is looked at below (the caller's
-        // own, `me`, notes its own after its call).
-        self.next_due
-            .store(now_ns + SWEEP_AT_LEAST.as_nanos() as u64, Ordering::Release);
-        let others: Vec<Arc<ViShared>> = self
-            .vis
-            .lock()
-            .iter()
-            .filter(|(&id, _)| id != me)
-            .filter_map(|(_, w)| w.upgrade())
-            .collect();
-        for s in others {
-            // A VI in someone's hands is served by them; look again soon,
-            // in case they only passed by.
+        let walk = now_ns >= self.next_walk.load(Ordering::Acquire);
+        // Set before the look: a deadline a VI notes from here on lowers
+        // them again, and every VI noted before is looked at below (the
+        // caller's own, `me`, notes its own after its call).
+        let later = now_ns + SWEEP_AT_LEAST.as_nanos() as u64;
+        if walk {
+            self.next_walk.store(later, Ordering::Release);
+        }
+        self.next_due.store(
+            later.min(self.next_walk.load(Ordering::Acquire)),
+            Ordering::Release,
+        );
+        let soon = std::mem::take(&mut *self.soon.lock());
+        if me != 0 && soon.contains(&me) {
+            // The caller's VI stays listed: it is in hand, not looked at.
+            self.soon.lock().push(me);
+        }
+        let others: Vec<(u32, Arc<ViShared>)> = {
+            let vis = self.vis.lock();
+            if walk {
+                vis.iter()
+                    .filter(|(&id, _)| id != me)
+                    .filter_map(|(&id, w)| Some((id, w.upgrade()?)))
+                    .collect()
+            } else {
+                soon.iter()
+                    .filter(|&&id| id != me)
+                    .filter_map(|&id| Some((id, vis.get(&id)?.upgrade()?)))
+                    .collect()
+            }
+        };
+        for (id, s) in others {
+            // A VI in someone's hands is served by them; it stays listed
+            // (its mark says so) and is looked at again soon, in case they
+            // only passed by.
             let Some(mut g) = s.inner.try_lock() else {
-                self.note_deadline(Some(now + SWEEP_EVERY), now);
+                self.soon.lock().push(id);
+                self.next_due
+                    .fetch_min(self.nanos(now + SWEEP_EVERY), Ordering::AcqRel);
                 continue;
             };
             let vi = Vi { s: s.clone() };
             let ViInner { q, t } = &mut *g;
             if let Transport::Net(t) = t {
+                t.listed_soon = false;
                 match t.conn.poll_timeout() {
                     Some(d) if d <= now => {
                         t.progress(&vi, q);
                         t.run_timers(&vi, q);
                     }
-                    d => self.note_deadline(d, now),
+                    d => self.note_deadline(d, now, t.id, &mut t.listed_soon),
                 }
             }
         }
@@ -350,19 +387,36 @@ impl NetNic {
             .min(u64::MAX as u128) as u64
     }
 
-    /// A VI's engine has its next deadline at `at` (seen at `now`): the
-    /// next sweep comes no later than a sixteenth of the time left after
-    /// it. The slack lets one sweep serve the keep-alives of many idle VIs
-    /// (due a second apart each, at moments spread over that second) where
-    /// it would otherwise walk every VI each millisecond for one of them;
-    /// a short deadline (an acknowledgement, a retransmission) keeps its
-    /// time within a few percent. One load when it is no earlier than what
-    /// is noted.
-    pub(super) fn note_deadline(&self, at: Option<Instant>, now: Instant) {
+    /// Connection `id`'s engine has its next deadline at `at` (seen at
+    /// `now`): the next sweep serves it then, from the short list if the
+    /// deadline is soon (`listed`: the VI is on it already), else in a
+    /// walk of every VI no later than a sixteenth of the time left after
+    /// it. The slack lets one walk serve the keep-alives of many idle VIs
+    /// (due a second apart each, at moments spread over that second). One
+    /// clock comparison and a load when nothing changes.
+    pub(super) fn note_deadline(
+        &self,
+        at: Option<Instant>,
+        now: Instant,
+        id: u32,
+        listed: &mut bool,
+    ) {
         let Some(at) = at else {
             return;
         };
-        let ns = self.nanos(at + at.saturating_duration_since(now) / 16);
+        let left = at.saturating_duration_since(now);
+        if left <= SOON {
+            if !*listed {
+                self.soon.lock().push(id);
+                *listed = true;
+            }
+        } else {
+            let ns = self.nanos(at + left / 16);
+            if ns < self.next_walk.load(Ordering::Relaxed) {
+                self.next_walk.fetch_min(ns, Ordering::AcqRel);
+            }
+        }
+        let ns = self.nanos(at + left / 16);
         if ns < self.next_due.load(Ordering::Relaxed) {
             self.next_due.fetch_min(ns, Ordering::AcqRel);
         }

@@ -67,6 +67,9 @@ pub(crate) struct NetVi {
     idle: u32,
     /// When a VI with a medium of its own next looks at the Nic's.
     nic_look_at: Option<Instant>,
+    /// On the Nic's list of VIs with a deadline due soon
+    /// ([`NetNic::note_deadline`]); cleared by the sweep that takes it off.
+    pub(super) listed_soon: bool,
     /// The connection's own medium, when the Nic's allows one (a UDP
     /// socket on a port of its own): every frame of the connection comes
     /// and goes there, so two connections between the same two Nics are
@@ -113,6 +116,7 @@ impl NetVi {
             deferred: 0,
             idle: 0,
             nic_look_at: None,
+            listed_soon: false,
             own: None,
             own_batch: None,
             joined: false,
@@ -215,7 +219,8 @@ impl NetVi {
             if k < TX_BATCH {
                 // Every change to the engine's timers ends here: the Nic's
                 // sweeps learn when this VI's next one is due.
-                nic.note_deadline(self.conn.poll_timeout(), now);
+                let due = self.conn.poll_timeout();
+                nic.note_deadline(due, now, self.id, &mut self.listed_soon);
                 return sent;
             }
         }
