@@ -446,11 +446,9 @@ mod tests {
         assert_eq!(v, want);
     }
 
-    /// Whether this process may hold writes (a userfaultfd with kernel
-    /// faults: root, `CAP_SYS_PTRACE` or `vm.unprivileged_userfaultfd=1`).
-    fn hold_available() -> bool {
-        let len = 4 * page_size();
-        // SAFETY: a fresh private anonymous mapping of our own, unmapped below.
+    /// A fresh private anonymous mapping of `len` bytes, for the test to unmap.
+    fn anon(len: usize) -> *mut libc::c_void {
+        // SAFETY: a new mapping of our own; no address is asked for.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -462,6 +460,14 @@ mod tests {
             )
         };
         assert_ne!(p, libc::MAP_FAILED);
+        p
+    }
+
+    /// Whether this process may hold writes (a userfaultfd with kernel
+    /// faults: root, `CAP_SYS_PTRACE` or `vm.unprivileged_userfaultfd=1`).
+    fn hold_available() -> bool {
+        let len = 4 * page_size();
+        let p = anon(len);
         let ok = WriteHold::new(p as usize, len).is_ok();
         // SAFETY: our mapping, no longer used.
         unsafe { libc::munmap(p, len) };
@@ -482,18 +488,7 @@ mod tests {
         let ps = page_size();
         let pages = 4096;
         let len = pages * ps;
-        // SAFETY: a fresh private anonymous mapping of our own.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
+        let p = anon(len);
         let base = p as usize;
         let running = Arc::new(AtomicBool::new(false));
         let r = running.clone();
@@ -543,22 +538,7 @@ mod tests {
             return;
         }
         let len = 256 << 10;
-        let anon = || {
-            // SAFETY: a fresh private anonymous mapping of our own.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
-            p as *mut u8
-        };
-        let p = anon();
+        let p = anon(len) as *mut u8;
         // SAFETY: our mapping, `len` bytes, no other user.
         unsafe { p.write_bytes(5, len) };
         // SAFETY: as above.

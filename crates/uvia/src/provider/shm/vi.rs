@@ -484,13 +484,19 @@ impl ShmVi {
         uvia_trace::mark!(MediumQueued);
         e.end = conn.tx.head();
         conn.wake_peer();
+        self.written(vi, e);
+        true
+    }
+
+    /// Entry `e`'s message is on the ring: complete now, or once the peer
+    /// has consumed it if it must confirm it.
+    fn written(&mut self, vi: &Vi, e: &mut Posted) {
         if e.needs_ack {
             e.state = EntryState::InFlight;
             self.awaiting_ack += 1;
         } else {
             vi.complete_send(e, 0);
         }
-        true
     }
 
     /// Writes send-queue entry `i`, a send or RDMA write too large for one
@@ -559,12 +565,7 @@ impl ShmVi {
         // the peer must confirm it (an RDMA write's protection check,
         // Reliable Reception).
         e.needs_ack = e.op != Op::SendRecv || reliability == Reliability::ReliableReception;
-        if e.needs_ack {
-            e.state = EntryState::InFlight;
-            self.awaiting_ack += 1;
-        } else {
-            vi.complete_send(e, 0);
-        }
+        self.written(vi, e);
         true
     }
 
