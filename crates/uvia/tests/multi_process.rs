@@ -1982,3 +1982,85 @@ fn silent_connections_do_not_stall_the_listener() {
     drop(silent);
     dir.assert_empty("after both sides are gone");
 }
+
+/// Server side: a receive posted for a message that arrives as a piece
+/// out of order completes with an error; nothing else reaches the program.
+fn piece_out_of_order_server_peer(arg: &str) {
+    let d: u64 = arg.parse().unwrap();
+    let nic = open_peer_nic();
+    let ptag = nic.create_ptag().unwrap();
+    let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+    let buf = nic.alloc_region(1 << 20, MemAttributes::new(ptag)).unwrap();
+    accept(&nic, &vi, d);
+    vi.post_recv(Box::new(Descriptor::recv(&[buf.segment(0, 1 << 20)])))
+        .unwrap();
+    let r = vi.recv_wait(Some(T)).expect("the receive completes");
+    assert!(
+        r.error().is_some(),
+        "a piece out of order was taken: {:?}",
+        r.result()
+    );
+    assert_eq!(vi.state(), ViState::Error);
+    assert!(
+        buf.as_slice()[..1 << 16].iter().all(|&b| b == 0),
+        "the piece's bytes were not placed"
+    );
+}
+
+/// A peer that writes the second piece of a message with no first one (a
+/// record the provider never writes) fails the connection: the receiver
+/// completes its receive with an error and places nothing.
+#[test]
+fn a_piece_out_of_order_fails_the_connection() {
+    if let Some(a) = peer_arg() {
+        return piece_out_of_order_server_peer(&a);
+    }
+    use std::os::fd::AsRawFd;
+    let dir = SockDir::new("piece");
+    let d = disc_base(20);
+    let peer = Peer::spawn(
+        "a_piece_out_of_order_fails_the_connection",
+        &dir,
+        &d.to_string(),
+    );
+    let len = raw::segment_len();
+    let good = raw::segment(len, raw::SEALED);
+    let seg = uvia_shm::Segment::open_exact(good.try_clone().unwrap(), len).unwrap();
+    let agent = raw::eventfd();
+    let efd = raw::eventfd();
+    let s = raw::connect(dir.path(), d);
+    assert!(
+        raw::request(
+            &s,
+            d,
+            &[good.as_raw_fd(), agent.as_raw_fd(), efd.as_raw_fd()]
+        ),
+        "the request is accepted"
+    );
+    // The client's ring is the first, after the header and the two side
+    // blocks (`layout` in the provider's conn.rs).
+    // SAFETY: the segment is the full layout long, the ring's offset is
+    // aligned, and this side is the ring's only producer.
+    let mut tx = unsafe { uvia_shm::Producer::new(seg.as_ptr().add(3 * 128), 1024) };
+    const PIECE: usize = 16 << 10;
+    let p = tx.reserve(24 + PIECE).expect("room in an empty ring");
+    let mut hdr = [0u8; 24];
+    hdr[0] = 1; // a send
+    hdr[1] = 8 | 4; // a piece, rung after it is taken
+    hdr[8..12].copy_from_slice(&600_000u32.to_le_bytes()); // the whole message
+    hdr[16..20].copy_from_slice(&(PIECE as u32).to_le_bytes()); // where it starts
+    hdr[20..24].copy_from_slice(&(PIECE as u32).to_le_bytes()); // its bytes
+                                                                // SAFETY: `reserve` gave 24 + PIECE writable bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(hdr.as_ptr(), p, 24);
+        p.add(24).write_bytes(0xab, PIECE);
+    }
+    tx.commit();
+    // The server's side block (after the header and ours) starts with its
+    // doorbell: wake it if it sleeps.
+    // SAFETY: the mapping is the full layout long.
+    let bell = unsafe { &*(seg.as_ptr().add(2 * 128) as *const uvia_shm::Doorbell) };
+    bell.ring();
+    peer.join();
+    drop(s);
+}
