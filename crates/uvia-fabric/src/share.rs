@@ -140,6 +140,10 @@ pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
 /// As [`share`], for the page-aligned range `[lo, lo + len)`.
 unsafe fn remap(lo: usize, len: usize) -> io::Result<Segment> {
     let seg = Segment::create(c"uvia-mr", len)?;
+    // Signals wait on this thread while the hold lasts: a handler that
+    // wrote to the pages here would wait for the thread it interrupted.
+    // (Declared first, so it is dropped after the hold.)
+    let _signals = SignalsHeld::new();
     // Writers wait from here until the hold is dropped, after the remap
     // (or after private memory is put back, on failure).
     let _hold = WriteHold::new(lo, len)?;
@@ -200,6 +204,33 @@ unsafe fn remap(lo: usize, len: usize) -> io::Result<Segment> {
 /// be had and the memory is not shared.
 struct WriteHold {
     _uffd: OwnedFd,
+}
+
+/// Blocks every signal on this thread until dropped, then restores the
+/// thread's mask (signals that came meanwhile are delivered then).
+struct SignalsHeld {
+    old: libc::sigset_t,
+}
+
+impl SignalsHeld {
+    fn new() -> SignalsHeld {
+        // SAFETY: zeroed sigsets are valid out-parameters, filled below;
+        // pthread_sigmask with valid sets has no other precondition.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            SignalsHeld { old }
+        }
+    }
+}
+
+impl Drop for SignalsHeld {
+    fn drop(&mut self) {
+        // SAFETY: the mask saved by `new`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
 }
 
 /// The ioctl interface of `linux/userfaultfd.h`, which the libc crate does
