@@ -356,9 +356,9 @@ impl NetNic {
             }
         };
         for (id, s) in others {
-            // A VI in someone's hands is served by them; it stays listed
-            // (its mark says so) and is looked at again soon, in case they
-            // only passed by.
+            // A VI in someone's hands is served by them; it goes (back) on
+            // the short list and is looked at again soon, in case they only
+            // passed by. (Listed twice at worst: a later sweep takes both.)
             let Some(mut g) = s.inner.try_lock() else {
                 self.soon.lock().push(id);
                 self.next_due
