@@ -530,7 +530,7 @@ impl ShmVi {
             },
             // Every piece asks the peer to ring after taking it: this side
             // may sleep waiting for the room.
-            flags: flag::FRAG | flag::ACK | e.imm.is_some() as u8 * flag::IMM,
+            flags: flag::FRAG | flag::ACK | (e.imm.is_some() as u8 * flag::IMM),
             imm: e.imm.unwrap_or(0),
             len: e.total as u32,
             id: e.id,
