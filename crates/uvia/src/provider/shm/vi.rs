@@ -438,21 +438,11 @@ impl ShmVi {
         e.needs_ack =
             by_ref || e.op != Op::SendRecv || reliability == Reliability::ReliableReception;
         let hdr = MsgHeader {
-            kind: match e.op {
-                Op::SendRecv => kind::SEND,
-                Op::RdmaWrite => kind::RDMA_WRITE,
-                Op::RdmaRead => kind::RDMA_READ,
-            },
-            flags: (e.imm.is_some() as u8 * flag::IMM)
-                | (by_ref as u8 * flag::BY_REF)
-                | (e.needs_ack as u8 * flag::ACK),
             nranges: nwire as u8,
-            imm: e.imm.unwrap_or(0),
-            len: e.total as u32,
-            id: e.id,
-            raddr: e.remote.0,
-            rhandle: e.remote.1,
-            ..MsgHeader::default()
+            ..header_of(
+                e,
+                (by_ref as u8 * flag::BY_REF) | (e.needs_ack as u8 * flag::ACK),
+            )
         };
         let body_len = hdr.size()
             + if by_ref {
@@ -522,22 +512,9 @@ impl ShmVi {
             return true;
         }
         let conn = &mut self.conn;
-        let mut hdr = MsgHeader {
-            kind: if e.op == Op::SendRecv {
-                kind::SEND
-            } else {
-                kind::RDMA_WRITE
-            },
-            // Every piece asks the peer to ring after taking it: this side
-            // may sleep waiting for the room.
-            flags: flag::FRAG | flag::ACK | (e.imm.is_some() as u8 * flag::IMM),
-            imm: e.imm.unwrap_or(0),
-            len: e.total as u32,
-            id: e.id,
-            raddr: e.remote.0,
-            rhandle: e.remote.1,
-            ..MsgHeader::default()
-        };
+        // Every piece asks the peer to ring after taking it: this side may
+        // sleep waiting for the room.
+        let mut hdr = header_of(e, flag::FRAG | flag::ACK);
         while self.sent_pieces < e.total {
             let at = self.sent_pieces as usize;
             let n = (e.total as usize - at).min(PIECE);
@@ -797,6 +774,25 @@ impl ShmVi {
                 return true;
             }
         }
+    }
+}
+
+/// The ring header of send-queue entry `e`, with `flags` besides its
+/// immediate data's.
+fn header_of(e: &Posted, flags: u8) -> MsgHeader {
+    MsgHeader {
+        kind: match e.op {
+            Op::SendRecv => kind::SEND,
+            Op::RdmaWrite => kind::RDMA_WRITE,
+            Op::RdmaRead => kind::RDMA_READ,
+        },
+        flags: flags | (e.imm.is_some() as u8 * flag::IMM),
+        imm: e.imm.unwrap_or(0),
+        len: e.total as u32,
+        id: e.id,
+        raddr: e.remote.0,
+        rhandle: e.remote.1,
+        ..MsgHeader::default()
     }
 }
 
