@@ -189,5 +189,13 @@ fn param_int(name: &CStr) -> Option<c_int> {
             &mut value as *mut c_int as *mut c_void,
         )
     };
+    if r != 0 && r != -(FI_ENODATA as c_int) {
+        // Set but not a number or a boolean: libfabric says so only at its
+        // warning log level, so the provider says it here.
+        eprintln!(
+            "libfabric:uvia: FI_UVIA_{} is not valid here; using its default",
+            name.to_string_lossy().to_uppercase()
+        );
+    }
     (r == 0).then_some(value)
 }
