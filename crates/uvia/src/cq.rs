@@ -751,7 +751,7 @@ impl Cq {
         let _counted = Counted::new(&self.s, Asleep::Poll);
         // Network VIs have no doorbell: their frames wake the waiter
         // through their sockets (or the ready set that holds them), and
-        // their timers need a look at least every millisecond.
+        // their timers a look when the first is due.
         let set = self.ready_set().and_then(|r| match &*r {
             Ready::Set { set, .. } => Some(set.fd()),
             _ => None,
@@ -780,10 +780,12 @@ impl Cq {
             Some(fd) => vec![fd],
             None => members.iter().filter_map(Vi::wake_fd).collect(),
         };
-        let cap = if net.is_empty() {
-            nap
-        } else {
-            nap.min(Duration::from_millis(1))
+        // Network VIs' timers: no later than the first one due.
+        let cap = match net.is_empty() {
+            true => nap,
+            false => {
+                crate::provider::net::timers_due_in(&self.s.nic).map_or(nap, |due| nap.min(due))
+            }
         };
         let mut p: Vec<libc::pollfd> = std::iter::once(self.s.efd.as_raw_fd())
             .chain(net)

@@ -11,7 +11,11 @@
 //! - a message rate spread over all N: one message on every VI, then the N
 //!   replies, in rounds;
 //! - an idle blocked wait: the server sleeps in its CQ wait with nothing
-//!   arriving, and reports the CPU its whole process used meanwhile;
+//!   arriving, and reports the CPU its whole process used meanwhile. Before
+//!   it, one message on every VI and its reply, paced over half a second
+//!   (a keep-alive interval): the VIs' timers are then spread over time, as
+//!   a server's are whose clients came at different moments, not due all
+//!   together as the rounds above leave them;
 //! - memory and file descriptors per VI: the server's resident size and
 //!   open descriptors after the N connections, less before, over N.
 //!
@@ -58,6 +62,11 @@ impl ScaleProvider {
 /// few descriptors (shm) or a socket (udp), and the default open-file limit
 /// is 1,024.
 pub const MAX_VIS: usize = 4000;
+
+/// The time over which one message on every VI is paced before the idle
+/// wait: a keep-alive interval of the network providers' default idle
+/// timeout.
+const SPREAD: Duration = Duration::from_millis(500);
 
 /// Bytes of a message and of each receive buffer.
 const MSG: usize = 8;
@@ -478,6 +487,22 @@ fn one_count(o: &ScaleOpts, n: usize) -> Result<ScaleResult> {
         }
     }
     let rate_msgs_per_s = (o.rate_rounds * n) as f64 / t.elapsed().as_secs_f64();
+
+    // Spread the VIs' timers: one exchange on each, paced over SPREAD.
+    // Waiting in a receive wait runs the client's timers meanwhile.
+    let t = Instant::now();
+    for i in 0..n {
+        c.send(i, op::ECHO)?;
+        c.take(i)?;
+        let next = SPREAD.mul_f64((i + 1) as f64 / n as f64);
+        if let Some(gap) = next.checked_sub(t.elapsed()).filter(|g| !g.is_zero()) {
+            match c.vis[i].recv_wait(Some(gap)) {
+                Err(uvia::WaitError::Timeout) => {}
+                Err(e) => bail!("the client's wait between paced messages failed: {e}"),
+                Ok(_) => bail!("a message came between paced messages"),
+            }
+        }
+    }
 
     // The idle wait: the server sleeps on its CQ; then wake it.
     c.send(pair, op::IDLE)?;

@@ -8,7 +8,7 @@
 //! registered memory through [`ViMem`]; completions come back as engine
 //! events and are written into the descriptors here.
 
-use super::{NetNic, TX_BATCH};
+use super::{NetNic, Noted, TX_BATCH};
 use crate::desc::{status, Descriptor, MemHandle, Op};
 use crate::error::PostError;
 use crate::mem::RegionTable;
@@ -67,9 +67,8 @@ pub(crate) struct NetVi {
     idle: u32,
     /// When a VI with a medium of its own next looks at the Nic's.
     nic_look_at: Option<Instant>,
-    /// On the Nic's list of VIs with a deadline due soon
-    /// ([`NetNic::note_deadline`]); cleared by the sweep that takes it off.
-    pub(super) listed_soon: bool,
+    /// Where its next deadline is noted with the Nic.
+    pub(super) noted: Noted,
     /// The connection's own medium, when the Nic's allows one (a UDP
     /// socket on a port of its own): every frame of the connection comes
     /// and goes there, so two connections between the same two Nics are
@@ -116,7 +115,7 @@ impl NetVi {
             deferred: 0,
             idle: 0,
             nic_look_at: None,
-            listed_soon: false,
+            noted: Noted::default(),
             own: None,
             own_batch: None,
             joined: false,
@@ -220,7 +219,7 @@ impl NetVi {
                 // Every change to the engine's timers ends here: the Nic's
                 // sweeps learn when this VI's next one is due.
                 let due = self.conn.poll_timeout();
-                nic.note_deadline(due, now, self.id, &mut self.listed_soon);
+                nic.note_deadline(due, now, self.id, &mut self.noted);
                 return sent;
             }
         }
