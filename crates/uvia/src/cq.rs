@@ -146,9 +146,13 @@ impl std::fmt::Debug for Cq {
     }
 }
 
-/// The longest sleep of a waiter before it looks at its VIs' peers (a
-/// peer that died is noticed within this time).
+/// A waiter's first nap before it looks at its VIs' peers (a peer that died
+/// while the VIs were busy is noticed within this time).
 const SLEEP_SLICE: Duration = Duration::from_millis(20);
+/// The longest nap a waiter takes after naps that ended with nothing (a
+/// dead peer is seen within about this; a network VI's timers cut it
+/// short when due).
+const IDLE_SLICE: Duration = Duration::from_millis(250);
 
 /// How a thread in [`Cq::wait`] is counted while it sleeps.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -632,6 +636,11 @@ impl Cq {
         // wake-up the notice is usually there for the look that follows.
         let _driving = InWait::new(&self.s.in_wait);
         let slice = Duration::from_nanos(self.s.slice_ns.load(Ordering::Relaxed));
+        // Each nap that ends with nothing doubles the next, up to
+        // IDLE_SLICE: a waiter over many idle shm VIs, each wake-up of which
+        // arms and drives them all, wakes a few times a second, not fifty.
+        let longest = slice.max(IDLE_SLICE);
+        let mut naps = slice;
         let mut look_at_peers = false;
         loop {
             // A notice already waiting (a receive's, made with a send's)
@@ -648,7 +657,7 @@ impl Cq {
                 },
                 None => slice,
             };
-            let nap = left.min(slice);
+            let nap = left.min(naps);
             let t0 = Instant::now();
             if !self.sleep_futex(nap, look_at_peers) {
                 self.sleep_poll(nap);
@@ -656,8 +665,13 @@ impl Cq {
             if let Some(c) = self.done()? {
                 return Ok(c);
             }
-            // A full slice without a wake-up: look at the peers' health next round.
-            look_at_peers = t0.elapsed() + Duration::from_millis(1) >= slice;
+            // A full nap without a wake-up: look at the peers' health next
+            // round, and sleep longer.
+            look_at_peers = t0.elapsed() + Duration::from_millis(1) >= nap;
+            naps = match look_at_peers {
+                true => (naps * 2).min(longest),
+                false => slice,
+            };
         }
     }
 

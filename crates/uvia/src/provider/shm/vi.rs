@@ -57,7 +57,7 @@ pub(crate) struct ShmVi {
     /// The server's listening socket, on the client side of a connection.
     pub(super) server_socket: Option<PathBuf>,
     /// Whether the peer process is stopped, and since when.
-    stopped: StopWatch,
+    stopped: Option<Arc<StopWatch>>,
     /// Since when the peer has not consumed what this side wrote while this
     /// side waits on it, and the pause before the next ask of its agent.
     stall: Option<(Instant, Duration)>,
@@ -92,44 +92,85 @@ struct Inbound {
 /// silent in this sense and is never failed.
 pub(crate) const STOPPED_LIMIT: Duration = Duration::from_millis(500);
 
-/// Watches the peer process's state in `/proc/<pid>/stat`, opened when the
-/// connection is made (the poll path allocates nothing) and read again from
-/// the start at each look (one system call).
+/// How often the state of a peer process is read, whoever of its
+/// connections asks: a server of 1,000 VIs of one client, each looking
+/// every [`ARM_CHECK_EVERY`], read it 4,000 times a second before.
+const STOP_LOOK_EVERY: Duration = Duration::from_millis(50);
+
+/// Watches a peer process's state in `/proc/<pid>/stat` for all of this
+/// process's connections to it: opened when the first is made (the poll
+/// path allocates nothing), read again from the start at most every
+/// [`STOP_LOOK_EVERY`] (one system call).
 struct StopWatch {
-    stat: Option<std::fs::File>,
+    stat: std::fs::File,
+    state: std::sync::Mutex<StopState>,
+}
+
+#[derive(Default)]
+struct StopState {
+    /// When the file was last read.
+    looked: Option<Instant>,
+    /// Since when the peer has been seen stopped.
     since: Option<Instant>,
 }
 
 impl StopWatch {
-    fn new(pid: i32) -> StopWatch {
-        let stat = (pid > 0)
-            .then(|| std::fs::File::open(format!("/proc/{pid}/stat")).ok())
-            .flatten();
-        StopWatch { stat, since: None }
+    /// The watch of process `pid`, shared with the other connections to
+    /// it; `None` where its state cannot be read (another pid namespace).
+    fn of(pid: i32) -> Option<Arc<StopWatch>> {
+        static WATCHES: std::sync::Mutex<Vec<(i32, std::sync::Weak<StopWatch>)>> =
+            std::sync::Mutex::new(Vec::new());
+        if pid <= 0 {
+            return None;
+        }
+        let mut all = WATCHES.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|(_, w)| w.strong_count() > 0);
+        // A watch of a process that has gone is of an earlier process the
+        // pid named: a new one is made.
+        if let Some(w) = all
+            .iter()
+            .filter(|(p, _)| *p == pid)
+            .find_map(|(_, w)| w.upgrade().filter(|w| w.read_state().is_some()))
+        {
+            return Some(w);
+        }
+        let stat = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+        let w = Arc::new(StopWatch {
+            stat,
+            state: std::sync::Mutex::new(StopState::default()),
+        });
+        all.push((pid, Arc::downgrade(&w)));
+        Some(w)
     }
 
-    /// True once the peer has been stopped for [`STOPPED_LIMIT`].
-    fn stopped_too_long(&mut self) -> bool {
-        let Some(f) = &self.stat else {
-            return false;
-        };
+    /// The state letter of the process, `None` once it has gone.
+    fn read_state(&self) -> Option<u8> {
         let mut buf = [0u8; 512];
-        let n = std::os::unix::fs::FileExt::read_at(f, &mut buf, 0).unwrap_or(0);
+        let n = std::os::unix::fs::FileExt::read_at(&self.stat, &mut buf, 0).ok()?;
         // "pid (comm) S ...": the state follows the last ')'; the name may
-        // hold any character. 'T' is a stop by signal; a debugger's stop
-        // ('t') is left alone.
+        // hold any character.
         let text = &buf[..n];
-        let stopped = text
-            .iter()
-            .rposition(|&b| b == b')')
-            .and_then(|i| text.get(i + 2))
-            .is_some_and(|&c| c == b'T');
-        if !stopped {
-            self.since = None;
-            return false;
+        let i = text.iter().rposition(|&b| b == b')')?;
+        text.get(i + 2).copied()
+    }
+
+    /// True once the peer has been stopped for [`STOPPED_LIMIT`]. 'T' is a
+    /// stop by signal; a debugger's stop ('t') is left alone.
+    fn stopped_too_long(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if s.looked
+            .is_none_or(|t| now.duration_since(t) >= STOP_LOOK_EVERY)
+        {
+            s.looked = Some(now);
+            if self.read_state() == Some(b'T') {
+                s.since.get_or_insert(now);
+            } else {
+                s.since = None;
+            }
         }
-        let since = *self.since.get_or_insert_with(Instant::now);
-        since.elapsed() >= STOPPED_LIMIT
+        s.since
+            .is_some_and(|t| now.duration_since(t) >= STOPPED_LIMIT)
     }
 }
 
@@ -172,7 +213,7 @@ impl ShmVi {
             idle: 0,
             failed: None,
             server_socket: None,
-            stopped: StopWatch::new(conn_pid),
+            stopped: StopWatch::of(conn_pid),
             stall: None,
             waits_on_peer: false,
             armed_check_at: None,
@@ -1141,7 +1182,7 @@ impl TransportOps for ShmVi {
             self.fail(vi, q, status::TRANSPORT_ERROR);
             return true;
         }
-        if self.stopped.stopped_too_long() {
+        if self.stopped.as_ref().is_some_and(|w| w.stopped_too_long()) {
             self.serve_incoming(vi, q);
             self.conn.close();
             self.fail(vi, q, status::TRANSPORT_ERROR);
@@ -1203,4 +1244,38 @@ fn wire_ranges(conn: &mut ShmConn, e: &Posted, out: &mut [WireRange; MAX_SEGMENT
         }
     }
     k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connections_to_one_process_share_one_watch_of_its_state() {
+        let me = std::process::id() as i32;
+        let a = StopWatch::of(me).expect("this process's state is readable");
+        let b = StopWatch::of(me).expect("this process's state is readable");
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "a second connection opened its own watch"
+        );
+        let state = a.read_state();
+        assert!(
+            matches!(state, Some(b'R' | b'S')),
+            "this process is running or sleeping, not {state:?}"
+        );
+        assert!(!a.stopped_too_long());
+        // Looked at once for both within the interval (unless this thread
+        // was off its core for the whole interval in between).
+        let looked = a.state.lock().unwrap().looked.expect("looked at");
+        assert!(!b.stopped_too_long());
+        if looked.elapsed() < STOP_LOOK_EVERY {
+            assert_eq!(b.state.lock().unwrap().looked, Some(looked));
+        }
+        drop((a, b));
+        // Without a connection left the watch goes; the next is new.
+        let c = StopWatch::of(me).unwrap();
+        assert!(c.state.lock().unwrap().looked.is_none());
+        assert_eq!(StopWatch::of(0).map(|_| ()), None, "no pid: no watch");
+    }
 }
