@@ -101,13 +101,19 @@ impl Deadlines {
             return;
         };
         let left = at.saturating_duration_since(now);
-        let ns = self.nanos(at + left / 16);
         if left <= SOON {
             if !noted.soon {
                 self.soon.lock().push(id);
                 noted.soon = true;
             }
-        } else if ns < noted.later || noted.later <= self.nanos(now) {
+            let ns = self.nanos(at + left / 16);
+            if ns < self.next_due.load(Ordering::Relaxed) {
+                self.next_due.fetch_min(ns, Ordering::AcqRel);
+            }
+            return;
+        }
+        let ns = self.slot(at, left);
+        if ns < noted.later || noted.later <= self.nanos(now) {
             // Earlier than the one queued, or that one has come (and been
             // taken, or is being): queued, and the bound lowered under the
             // queue's lock (see `take_due`).
@@ -120,6 +126,20 @@ impl Deadlines {
         if ns < self.next_due.load(Ordering::Relaxed) {
             self.next_due.fetch_min(ns, Ordering::AcqRel);
         }
+    }
+
+    /// When a later deadline `at`, `left` away, is taken: rounded up to a
+    /// multiple of the largest power of two nanoseconds within a sixteenth
+    /// of `left`. Late by less than that, and deadlines of one size due
+    /// close together round to one moment, so that one sweep serves them
+    /// all: the keep-alives of VIs whose clients came at different moments,
+    /// each due a little after the last, go out together a few times a
+    /// second instead of each on a wake-up of its own.
+    fn slot(&self, at: Instant, left: Duration) -> u64 {
+        let ns = self.nanos(at);
+        let sixteenth = (left.as_nanos() / 16).clamp(1, 1 << 40) as u64;
+        let step = 1u64 << (63 - sixteenth.leading_zeros());
+        ns.div_ceil(step).saturating_mul(step)
     }
 
     /// What a sweep at `now` is to look at, or `None` when nothing is due
@@ -243,10 +263,14 @@ mod tests {
             (1..=got.len() as u32).collect::<Vec<_>>(),
             "the earliest first"
         );
-        // Each later sweep takes the next few, never all of them.
+        // Each later sweep takes the next few (or none, between two
+        // moments deadlines were rounded to), never all of them.
         let mut seen = got.len();
         for k in 1..=30u64 {
-            let got = these(d.take_due(t0 + ms(120 + 10 * k), 0));
+            let got = match d.take_due(t0 + ms(120 + 10 * k), 0) {
+                None => Vec::new(),
+                due => these(due),
+            };
             assert!(got.len() < 50, "sweep {k} took {} VIs", got.len());
             seen += got.len();
         }
@@ -282,6 +306,39 @@ mod tests {
         assert!(n.later > queued);
         // The stale first entry, taken later, costs one look.
         assert_eq!(these(d.take_due(t0 + ms(600), 0)), vec![7]);
+    }
+
+    #[test]
+    fn later_deadlines_due_close_together_are_taken_together() {
+        let t0 = Instant::now();
+        let d = book(t0);
+        // 100 keep-alives 200 us apart, noted half a second ahead: rounded
+        // to a few moments, each taken by one sweep.
+        let mut noted: Vec<Noted> = (0..100).map(|_| Noted::default()).collect();
+        for (i, n) in noted.iter_mut().enumerate() {
+            let at = t0 + ms(500) + Duration::from_micros(200 * i as u64);
+            d.note(Some(at), t0, i as u32 + 1, n);
+        }
+        let mut sweeps = 0;
+        let mut taken = 0;
+        let mut t = t0 + ms(500);
+        while taken < 100 {
+            assert!(t < t0 + ms(600), "{taken} of 100 taken by 600 ms");
+            if let Some(due) = d.take_due(t, 0) {
+                let got = these(Some(due));
+                if !got.is_empty() {
+                    sweeps += 1;
+                    taken += got.len();
+                }
+            }
+            t += ms(1);
+        }
+        assert!(
+            sweeps <= 3,
+            "100 keep-alives due within 20 ms took {sweeps} sweeps"
+        );
+        // None late by more than a sixteenth of the time it was noted ahead.
+        assert!(t <= t0 + ms(500) + ms(20) + ms(500) / 16 + ms(2));
     }
 
     #[test]
