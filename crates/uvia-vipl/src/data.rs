@@ -162,6 +162,7 @@ pub unsafe extern "C" fn VipCreateVi(
             return Err(ret::ERROR_RESOURCE);
         };
         lock(&n.vis).insert(id, vh as usize);
+        v.set_tag(vh as usize);
         // SAFETY: checked non-NULL.
         unsafe { out.write(vh) };
         Ok(())
@@ -178,8 +179,10 @@ pub unsafe extern "C" fn VipDestroyVi(vh: *mut c_void) -> VipReturn {
         }
         notify::forget(vh);
         // Out of its NIC's table first: the library thread uses the VIs
-        // it finds there with the table locked.
+        // it finds there with the table locked. A completion's VI no
+        // longer names the handle either.
         lock(&v.nic.vis).remove(&v.vi.id());
+        v.vi.set_tag(0);
         // SAFETY: the handle is not used after this (`v` neither).
         drop(unsafe { handle::remove::<ViH>(vh) });
         Ok(())
@@ -559,14 +562,14 @@ pub unsafe extern "C" fn VipResizeCQ(ch: *mut c_void, entries: c_ulong) -> VipRe
     })
 }
 
-/// Names a CQ notice's VI by its handle.
+/// Names a CQ notice's VI by its handle, kept with the VI (no table
+/// looked up on the way: a lock and a hash a notice).
 unsafe fn notice(
-    c: &CqH,
     n: uvia::CqCompletion,
     vi_out: *mut *mut c_void,
     recv_out: *mut VipBoolean,
 ) -> VipReturn {
-    let h = lock(&c.nic.vis).get(&n.vi.id()).copied().unwrap_or(0);
+    let h = n.vi.tag();
     // SAFETY: out-pointers were checked non-NULL by the callers.
     unsafe {
         vi_out.write(h as *mut c_void);
@@ -592,7 +595,7 @@ pub unsafe extern "C" fn VipCQDone(
         }
         match c.cq.done() {
             // SAFETY: forwarded.
-            Ok(Some(n)) => unsafe { notice(c, n, vi_out, recv_out) },
+            Ok(Some(n)) => unsafe { notice(n, vi_out, recv_out) },
             Ok(None) => ret::NOT_DONE,
             Err(_) => ret::ERROR_RESOURCE,
         }
@@ -617,7 +620,7 @@ pub unsafe extern "C" fn VipCQWait(
         }
         match c.cq.wait(timeout(ms)) {
             // SAFETY: forwarded.
-            Ok(n) => unsafe { notice(c, n, vi_out, recv_out) },
+            Ok(n) => unsafe { notice(n, vi_out, recv_out) },
             Err(WaitError::Timeout) => ret::TIMEOUT,
             Err(_) => ret::ERROR_RESOURCE,
         }

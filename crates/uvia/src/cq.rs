@@ -290,6 +290,12 @@ impl CqShared {
     /// at the notices). The thread that is itself about to sleep here does
     /// not count: it looks at the notices before sleeping.
     fn wake(&self) {
+        // Nobody counted (the usual case: the notice is made by the thread
+        // that will take it): nothing to wake, and no thread-local looked
+        // at, which in a shared library is a call.
+        if self.sleepers.load(Ordering::SeqCst) == 0 && self.waiters.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         let me = ASLEEP_ON.with(|c| c.get());
         let others = |how: Asleep| {
             let n = self.counter(how).load(Ordering::SeqCst);
@@ -619,7 +625,16 @@ impl Cq {
     /// sleeps until a VI's peer or another thread makes one (see the
     /// module's notes). `None` waits forever.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<CqCompletion, WaitError> {
+        // A notice already waiting (a send's, made as it was posted) needs
+        // neither the clock nor a look at the VIs.
+        if !self.s.direct {
+            if let Some(c) = self.pop()? {
+                return Ok(c);
+            }
+        }
         let start = Instant::now();
+        // A timeout too long to add is forever.
+        let end = timeout.and_then(|t| start.checked_add(t));
         let spin = Duration::from_nanos(self.s.spin_ns.load(Ordering::Relaxed));
         // Spin phase: look at the clock every 64 rounds.
         let mut k = 0u32;
@@ -642,23 +657,17 @@ impl Cq {
         let longest = slice.max(IDLE_SLICE);
         let mut naps = slice;
         let mut look_at_peers = false;
+        // One clock read a nap (the first is the one taken above): a wait
+        // that a message ends reads the clock once.
+        let mut t0 = start;
         loop {
-            // A notice already waiting (a receive's, made with a send's)
-            // needs no look at the VIs.
-            if !self.s.direct {
-                if let Some(c) = self.pop()? {
-                    return Ok(c);
-                }
-            }
-            let left = match timeout {
-                Some(t) => match t.checked_sub(start.elapsed()) {
-                    Some(l) if !l.is_zero() => l,
+            let nap = match end {
+                Some(end) => match end.checked_duration_since(t0) {
+                    Some(l) if !l.is_zero() => l.min(naps),
                     _ => return Err(WaitError::Timeout),
                 },
-                None => slice,
+                None => naps,
             };
-            let nap = left.min(naps);
-            let t0 = Instant::now();
             if !self.sleep_futex(nap, look_at_peers) {
                 self.sleep_poll(nap);
             }
@@ -667,11 +676,13 @@ impl Cq {
             }
             // A full nap without a wake-up: look at the peers' health next
             // round, and sleep longer.
-            look_at_peers = t0.elapsed() + Duration::from_millis(1) >= nap;
+            let now = Instant::now();
+            look_at_peers = now.duration_since(t0) + Duration::from_millis(1) >= nap;
             naps = match look_at_peers {
                 true => (naps * 2).min(longest),
                 false => slice,
             };
+            t0 = now;
         }
     }
 
@@ -697,9 +708,20 @@ impl Cq {
             return false;
         }
         // Counted before the members are copied out: a CQ of too many VIs
-        // for one futex wait pays no copy of them all on every sleep.
-        if self.s.lock_members().len() >= uvia_shm::doorbell::SLEEP_ANY_MAX {
-            return false;
+        // for one futex wait pays no copy of them all on every sleep, and
+        // one of a single VI (a program's usual CQ) none at all.
+        let one = {
+            let m = self.s.lock_members();
+            if m.len() >= uvia_shm::doorbell::SLEEP_ANY_MAX {
+                return false;
+            }
+            match &m[..] {
+                [w] => w.upgrade(),
+                _ => None,
+            }
+        };
+        if let Some(slept) = one.and_then(|vi| self.sleep_futex_one(vi, nap, look_at_peers)) {
+            return slept;
         }
         let members = self.s.members();
         if members.len() >= uvia_shm::doorbell::SLEEP_ANY_MAX {
@@ -727,22 +749,8 @@ impl Cq {
         if moved || self.ready() {
             return true;
         }
-        // A VI with a doorbell (one with no connection has nothing to ring).
-        if let [one] = &sleeps[..] {
-            if matches!(one.watch(), Ok(Some(_))) {
-                // One VI: its doorbell alone, as its own waiter sleeps (plain
-                // FUTEX_WAIT, where futex_waitv allocates and parses a vector
-                // in the kernel on every sleep). Another thread's notice rings
-                // the doorbell itself, through `lone`: set before the re-check
-                // below, so that a notice the re-check misses finds it.
-                *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = Some(one.clone());
-                if !self.ready() {
-                    one.clone().sleep(&self.s.nic, nap);
-                }
-                *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                return true;
-            }
-        }
+        // The VIs with a doorbell (one with no connection has nothing to
+        // ring) and the CQ's own word.
         let mut words: Vec<_> = sleeps
             .iter()
             .filter_map(|s| s.watch().ok().flatten())
@@ -754,6 +762,49 @@ impl Cq {
             return false;
         }
         true
+    }
+
+    /// [`sleep_futex`](Self::sleep_futex) for a CQ of one VI with a
+    /// doorbell: on that alone, as its own waiter sleeps (plain FUTEX_WAIT,
+    /// where futex_waitv allocates and parses a vector in the kernel on
+    /// every sleep), with no list made or freed on the way. `None` for a VI
+    /// with nothing to ring it (no connection): the general path sleeps on
+    /// the CQ's word.
+    fn sleep_futex_one(
+        &self,
+        vi: Arc<ViShared>,
+        nap: Duration,
+        look_at_peers: bool,
+    ) -> Option<bool> {
+        let sleep = Vi::arm_sleep(&vi);
+        match sleep.watch() {
+            Ok(Some(_)) => {}
+            // Not a futex doorbell: this CQ's VIs never sleep on futexes.
+            Err(()) => {
+                self.s.futex_ok.store(false, Ordering::Relaxed);
+                return Some(false);
+            }
+            Ok(None) => return None,
+        }
+        let _counted = Counted::new(&self.s, Asleep::Futex);
+        // Re-check after arming and counting: a message published before
+        // the arm, or a notice before the count, is seen here.
+        let mut moved = Vi::poll_progress(vi.clone());
+        if look_at_peers {
+            moved |= Vi::check_peer(vi);
+        }
+        if moved || self.ready() {
+            return Some(true);
+        }
+        // Another thread's notice rings the doorbell itself, through
+        // `lone`: set before the re-check below, so that a notice the
+        // re-check misses finds it.
+        *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = Some(sleep.clone());
+        if !self.ready() {
+            sleep.sleep(&self.s.nic, nap);
+        }
+        *self.s.lone.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Some(true)
     }
 
     /// Sleeps up to `nap` in `poll` on the eventfd and the attached VIs'

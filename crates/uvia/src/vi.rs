@@ -17,7 +17,7 @@ use crate::mem::{AccessError, Ptag};
 use crate::nic::{Nic, NicShared};
 use crate::provider::Transport;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uvia_shm::cma::LocalRange;
@@ -427,6 +427,8 @@ pub(crate) struct ViShared {
     pub send_cq: Option<Arc<CqShared>>,
     pub recv_cq: Option<Arc<CqShared>>,
     state: AtomicU8,
+    /// The program's word for this VI ([`Vi::set_tag`]).
+    tag: AtomicUsize,
     pub inner: SpinLock<ViInner>,
 }
 
@@ -469,6 +471,7 @@ impl Vi {
                 send_cq: send_cq.map(|c| c.s.clone()),
                 recv_cq: recv_cq.map(|c| c.s.clone()),
                 state: AtomicU8::new(ViState::Idle as u8),
+                tag: AtomicUsize::new(0),
                 inner: SpinLock::new(ViInner {
                     q: Queues {
                         attrs,
@@ -495,6 +498,19 @@ impl Vi {
     /// A small number naming this VI within its Nic.
     pub fn id(&self) -> u32 {
         self.s.id
+    }
+
+    /// Keeps a word with the VI for the program (an API layer's handle
+    /// for it), which every clone and every completion's VI reads back
+    /// with [`tag`](Self::tag): naming a CQ completion's VI then needs no
+    /// table. 0 until set.
+    pub fn set_tag(&self, tag: usize) {
+        self.s.tag.store(tag, Ordering::Release);
+    }
+
+    /// The word [`set_tag`](Self::set_tag) kept (0: none).
+    pub fn tag(&self) -> usize {
+        self.s.tag.load(Ordering::Acquire)
     }
 
     pub fn state(&self) -> ViState {
