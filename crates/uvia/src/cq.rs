@@ -100,6 +100,10 @@ pub(crate) struct CqShared {
     /// which their sockets would not name: the next poll drives them.
     held: Mutex<Vec<Weak<ViShared>>>,
     held_any: AtomicBool,
+    /// The lists a waiter sleeping in `poll` builds, kept for its next
+    /// sleep (taken with `try_lock`: a second waiter at the same time
+    /// builds its own).
+    scratch: Mutex<Scratch>,
 }
 
 /// A CQ's ready list (see [`crate::ready`]).
@@ -153,6 +157,15 @@ const SLEEP_SLICE: Duration = Duration::from_millis(20);
 /// dead peer is seen within about this; a network VI's timers cut it
 /// short when due).
 const IDLE_SLICE: Duration = Duration::from_millis(250);
+
+/// A `poll` sleeper's lists ([`Cq::sleep_poll`]): its VIs and the
+/// descriptors it sleeps on. Empty between sleeps (no VI is kept alive by
+/// them); their room stays.
+#[derive(Default)]
+struct Scratch {
+    members: Vec<Arc<ViShared>>,
+    fds: Vec<libc::pollfd>,
+}
 
 /// How a thread in [`Cq::wait`] is counted while it sleeps.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -392,6 +405,7 @@ impl Cq {
                 ready_on: AtomicBool::new(false),
                 held: Mutex::new(Vec::new()),
                 held_any: AtomicBool::new(false),
+                scratch: Mutex::new(Scratch::default()),
             }),
         })
     }
@@ -814,6 +828,15 @@ impl Cq {
     /// progress looks at the timers every few calls.
     fn sleep_poll(&self, nap: Duration) {
         let _counted = Counted::new(&self.s, Asleep::Poll);
+        let mut own = Scratch::default();
+        let mut kept = self.s.scratch.try_lock().ok();
+        let sc = kept.as_deref_mut().unwrap_or(&mut own);
+        self.sleep_poll_with(nap, sc);
+        sc.members.clear();
+        sc.fds.clear();
+    }
+
+    fn sleep_poll_with(&self, nap: Duration, sc: &mut Scratch) {
         // Network VIs have no doorbell: their frames wake the waiter
         // through their sockets (or the ready set that holds them), and
         // their timers a look when the first is due.
@@ -822,56 +845,53 @@ impl Cq {
             _ => None,
         });
         let mut ready = false;
-        let members = match set {
+        match set {
             // The ready set's VIs need no arming (their sockets wake the
             // sleeper through the set): only frames they hold back for a
             // burst are sent first, and a wake-up costs no walk of them all.
-            Some(_) => {
-                ready |= self.progress_held();
-                Vec::new()
-            }
+            Some(_) => ready |= self.progress_held(),
             None => {
-                let members = self.s.members();
-                for vi in &members {
+                sc.members
+                    .extend(self.s.lock_members().iter().filter_map(Weak::upgrade));
+                for vi in &sc.members {
                     ready |= Vi::arm_eventfd(vi.clone());
                 }
-                members
             }
-        };
+        }
         if ready || self.ready() {
             return;
         }
-        let net: Vec<RawFd> = match set {
-            Some(fd) => vec![fd],
-            None => members.iter().filter_map(Vi::wake_fd).collect(),
+        let pollin = |fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
         };
+        sc.fds.push(pollin(self.s.efd.as_raw_fd()));
+        match set {
+            Some(fd) => sc.fds.push(pollin(fd)),
+            None => sc
+                .fds
+                .extend(sc.members.iter().filter_map(Vi::wake_fd).map(pollin)),
+        }
         // Network VIs' timers: no later than the first one due.
-        let cap = match net.is_empty() {
-            true => nap,
-            false => {
+        let cap = match sc.fds.len() > 1 {
+            false => nap,
+            true => {
                 crate::provider::net::timers_due_in(&self.s.nic).map_or(nap, |due| nap.min(due))
             }
         };
-        let mut p: Vec<libc::pollfd> = std::iter::once(self.s.efd.as_raw_fd())
-            .chain(net)
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
         // Rounded up: a sub-millisecond nap must not become a busy loop.
         let ms = cap.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-        // SAFETY: `p` holds `p.len()` valid pollfds.
-        let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-        if p[0].revents & libc::POLLIN != 0 {
+        // SAFETY: `fds` holds `fds.len()` valid pollfds.
+        let n = unsafe { libc::poll(sc.fds.as_mut_ptr(), sc.fds.len() as libc::nfds_t, ms) };
+        if sc.fds[0].revents & libc::POLLIN != 0 {
             self.drain_eventfd();
         }
-        if n == 0 && p.len() > 1 {
+        if n == 0 && sc.fds.len() > 1 {
             match set {
                 Some(_) => crate::provider::net::run_due_timers(&self.s.nic),
                 None => {
-                    for vi in members {
+                    for vi in sc.members.drain(..) {
                         Vi::run_timers(vi);
                     }
                 }

@@ -84,11 +84,13 @@ impl Deadlines {
         }
     }
 
-    /// Nanoseconds from the epoch to `t` (0 before it).
+    /// Nanoseconds from the epoch to `t` (0 before it), in 64 bits (585
+    /// years), without the 128-bit arithmetic of `Duration::as_nanos`.
     fn nanos(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.epoch)
-            .as_nanos()
-            .min(u64::MAX as u128) as u64
+        let d = t.saturating_duration_since(self.epoch);
+        d.as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(d.subsec_nanos()))
     }
 
     /// Connection `id`'s engine has its next deadline at `at` (seen at
@@ -100,20 +102,23 @@ impl Deadlines {
         let Some(at) = at else {
             return;
         };
-        let left = at.saturating_duration_since(now);
-        if left <= SOON {
+        // On the path of every message: two clock subtractions, the rest
+        // in integers.
+        let (at, now) = (self.nanos(at), self.nanos(now));
+        let left = at.saturating_sub(now);
+        if left <= SOON.as_nanos() as u64 {
             if !noted.soon {
                 self.soon.lock().push(id);
                 noted.soon = true;
             }
-            let ns = self.nanos(at + left / 16);
+            let ns = at + left / 16;
             if ns < self.next_due.load(Ordering::Relaxed) {
                 self.next_due.fetch_min(ns, Ordering::AcqRel);
             }
             return;
         }
-        let ns = self.slot(at, left);
-        if ns < noted.later || noted.later <= self.nanos(now) {
+        let ns = slot(at, left);
+        if ns < noted.later || noted.later <= now {
             // Earlier than the one queued, or that one has come (and been
             // taken, or is being): queued, and the bound lowered under the
             // queue's lock (see `take_due`).
@@ -126,20 +131,6 @@ impl Deadlines {
         if ns < self.next_due.load(Ordering::Relaxed) {
             self.next_due.fetch_min(ns, Ordering::AcqRel);
         }
-    }
-
-    /// When a later deadline `at`, `left` away, is taken: rounded up to a
-    /// multiple of the largest power of two nanoseconds within a sixteenth
-    /// of `left`. Late by less than that, and deadlines of one size due
-    /// close together round to one moment, so that one sweep serves them
-    /// all: the keep-alives of VIs whose clients came at different moments,
-    /// each due a little after the last, go out together a few times a
-    /// second instead of each on a wake-up of its own.
-    fn slot(&self, at: Instant, left: Duration) -> u64 {
-        let ns = self.nanos(at);
-        let sixteenth = (left.as_nanos() / 16).clamp(1, 1 << 40) as u64;
-        let step = 1u64 << (63 - sixteenth.leading_zeros());
-        ns.div_ceil(step).saturating_mul(step)
     }
 
     /// What a sweep at `now` is to look at, or `None` when nothing is due
@@ -210,6 +201,19 @@ impl Deadlines {
         let due = self.next_due.load(Ordering::Acquire);
         Duration::from_nanos(due.saturating_sub(self.nanos(now))).max(SWEEP_EVERY)
     }
+}
+
+/// When a later deadline `at`, `left` away (nanoseconds), is taken: rounded
+/// up to a multiple of the largest power of two nanoseconds within a
+/// sixteenth of `left`. Late by less than that, and deadlines of one size
+/// due close together round to one moment, so that one sweep serves them
+/// all: the keep-alives of VIs whose clients came at different moments,
+/// each due a little after the last, go out together a few times a second
+/// instead of each on a wake-up of its own.
+fn slot(at: u64, left: u64) -> u64 {
+    let sixteenth = (left / 16).clamp(1, 1 << 40);
+    let step = 1u64 << (63 - sixteenth.leading_zeros());
+    at.div_ceil(step).saturating_mul(step)
 }
 
 #[cfg(test)]
