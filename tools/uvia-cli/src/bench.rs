@@ -253,6 +253,11 @@ fn args(kind: &str, c: &Config, sizes: &str, extra: &[&str]) -> Vec<String> {
     a
 }
 
+/// The ping-pong table's rows of the runs between two test hosts.
+const TWO_HOSTS: &str = ", two test hosts";
+const NETNS_XDP: &str = "xdp polling, two test hosts";
+const NETNS_UDP_BP: &str = "kernel-udp busy-poll, two test hosts";
+
 fn first(r: &RunResult) -> Result<&crate::run::SizeResult> {
     r.results.first().ok_or_else(|| anyhow!("no result"))
 }
@@ -626,11 +631,16 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
     ];
     match uvia_net::netns::TestHosts::available() {
         Ok(()) => {
-            let netns_p50 = |c: &Config| -> Result<f64> {
+            // Each side's last run is kept for the ping-pong table (its p99
+            // and mean beside the p50 the headline compares).
+            let last_xdp = std::cell::RefCell::new(None);
+            let last_udp = std::cell::RefCell::new(None);
+            let netns_p50 = |c: &Config, keep: &std::cell::RefCell<Option<RunResult>>| {
                 let a = ["--iters", udp_iters, "--netns"];
-                Ok(first(&sub(&args("pingpong", c, "8", &a), timeout)?)?
-                    .lat_ns
-                    .p50)
+                let r = sub(&args("pingpong", c, "8", &a), timeout)?;
+                let p50 = first(&r)?.lat_ns.p50;
+                *keep.borrow_mut() = Some(r);
+                Ok(p50)
             };
             let (n, r, u, t) = xdp_names[0];
             headline.push(interleave(
@@ -640,8 +650,8 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
                 u,
                 t,
                 pairs,
-                || netns_p50(&xdp),
-                || netns_p50(udp),
+                || netns_p50(&xdp, &last_xdp),
+                || netns_p50(udp, &last_udp),
                 |c, b| c / b,
                 |r| r <= 0.5,
             ));
@@ -658,6 +668,21 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
                 |c, b| c / b,
                 |r| r >= 2.0,
             ));
+            for (label, provider, kept) in [
+                (NETNS_XDP, "xdp", last_xdp),
+                (NETNS_UDP_BP, "kernel-udp", last_udp),
+            ] {
+                if let Some(result) = kept.into_inner() {
+                    runs.push(RunEntry {
+                        label: label.into(),
+                        provider: provider.into(),
+                        mode: "polling".into(),
+                        kind: "pingpong".into(),
+                        result: Some(result),
+                        error: None,
+                    });
+                }
+            }
         }
         Err(why) => {
             for (n, r, u, t) in xdp_names {
@@ -1052,7 +1077,12 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
             match (&r.result, &r.error) {
                 (Some(rr), _) => {
                     for x in &rr.results {
-                        let udp = find(kind, UDP_BP)
+                        // Rows between two test hosts against kernel UDP there.
+                        let base = match r.label.ends_with(TWO_HOSTS) {
+                            true => NETNS_UDP_BP,
+                            false => UDP_BP,
+                        };
+                        let udp = find(kind, base)
                             .and_then(|u| u.results.iter().find(|y| y.size == x.size));
                         if kind == "pingpong" {
                             lat_rows.push(vec![
@@ -1060,6 +1090,8 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
                                 human(x.size),
                                 fmt_ns(x.lat_ns.p50),
                                 fmt_ns(x.lat_ns.p99),
+                                fmt_ns(x.lat_ns.mean),
+                                format!("{:.2}", x.lat_ns.mean / x.lat_ns.p50),
                                 format!("{:.0}", x.mbytes_per_s),
                                 format!("{} / {}", fmt_pct(x.cpu.client), fmt_pct(x.cpu.server)),
                                 ratio(Some(x.lat_ns.p50), cl),
@@ -1086,7 +1118,7 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
                         &mut bw_rows
                     };
                     let mut v = vec![r.label.clone(), e];
-                    v.resize(if kind == "pingpong" { 8 } else { 7 }, String::new());
+                    v.resize(if kind == "pingpong" { 10 } else { 7 }, String::new());
                     row.push(v);
                 }
             }
@@ -1097,6 +1129,8 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
         "size",
         "one-way p50",
         "p99",
+        "mean",
+        "mean / p50",
         "MB/s",
         "cpu cli/srv",
         "x limit",
@@ -1119,7 +1153,7 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
     text += &text_table(&bw_head, &bw_rows);
     push(&mut md, "## Ping-pong: one-way latency");
     push(&mut md, "");
-    push(&mut md, "`x limit` = one-way p50 / cache-line one-way p50 (lower is better, 1 is the hardware). `UDP-bp / this` = kernel UDP busy-poll p50 / this p50 (how many times lower than UDP). CPU is (user + system time) / wall time of each process over the measured loop.");
+    push(&mut md, "`x limit` = one-way p50 / cache-line one-way p50 (lower is better, 1 is the hardware). `UDP-bp / this` = kernel UDP busy-poll p50 / this p50 (how many times lower than UDP). `mean / p50` well above 1 means something on the path waits now and then (a sleep, a preemption, a retransmission) that the p50 hides. CPU is (user + system time) / wall time of each process over the measured loop.");
     push(&mut md, "");
     md += &md_table(&lat_head, &lat_rows);
     push(&mut md, "");
