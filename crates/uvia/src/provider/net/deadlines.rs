@@ -5,8 +5,9 @@
 //! Every VI notes its engine's next deadline as its output ends. Deadlines
 //! within [`SOON`] (an acknowledgement owed, a retransmission) go on a short
 //! list that each sweep takes whole; later ones (keep-alives, the idle
-//! timeout) go into a queue ordered by deadline, of which a sweep takes only
-//! the front. One bound, `next_due`, says when anything is due at all: a
+//! timeout) go into a queue ordered by deadline, rounded up to moments
+//! that deadlines of one size due close together share ([`slot`]), of which
+//! a sweep takes only the front. One bound, `next_due`, says when anything is due at all: a
 //! sweep before it costs a load, and a sleeping waiter sleeps until it.
 //!
 //! A queue entry may be stale: its VI's deadline moved later (a keep-alive
@@ -94,10 +95,9 @@ impl Deadlines {
     }
 
     /// Connection `id`'s engine has its next deadline at `at` (seen at
-    /// `now`): a sweep takes it then, from the short list if it is soon,
-    /// else from the queue no later than a sixteenth of the time left after
-    /// it (the slack lets one sweep serve the keep-alives of several VIs).
-    /// A few comparisons and a load when nothing changes.
+    /// `now`): a sweep takes it then, from the short list if it is soon
+    /// (within a sixteenth of the time left after it), else from the queue
+    /// at its [`slot`]. A few comparisons and a load when nothing changes.
     pub(super) fn note(&self, at: Option<Instant>, now: Instant, id: u32, noted: &mut Noted) {
         let Some(at) = at else {
             return;
