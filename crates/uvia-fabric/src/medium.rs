@@ -339,7 +339,10 @@ mod tests {
         let xdp = Medium::Xdp("eth9".into());
         assert!(!Medium::listed(None, None).contains(&xdp));
         assert_eq!(Medium::listed(None, Some("xdp:eth9")).last(), Some(&xdp));
-        assert_eq!(Medium::listed(Some("xdp:eth9"), None), [xdp.clone()]);
+        assert_eq!(
+            Medium::listed(Some("xdp:eth9"), None),
+            std::slice::from_ref(&xdp)
+        );
         assert_eq!(
             Medium::listed(Some("shm"), Some("xdp:eth9")),
             [Medium::Shm, xdp]

@@ -264,8 +264,9 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
     let uvia = |args: &[&str]| crate::bench::measure(args, timeout);
     let (iters_s, bw_iters) = (iters.to_string(), (big_iters * 2).to_string());
     type Side<'a> = Box<dyn FnMut() -> Result<f64> + 'a>;
+    type Meets = Box<dyn Fn(f64) -> bool>;
     // Each comparison: contender, baseline, and whether a ratio meets it.
-    let runs: [(Side, Side, Box<dyn Fn(f64) -> bool>); 5] = [
+    let runs: [(Side, Side, Meets); 5] = [
         (
             Box::new(|| mean(fi("uvia", "msg", Some("udp"), 8, udp_iters))),
             Box::new(|| mean(fi("tcp", "msg", None, 8, udp_iters))),
