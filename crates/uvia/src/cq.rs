@@ -1014,6 +1014,9 @@ mod tests {
         let (a1, b1) = connected_pair_with(&nic, Some(&cq));
         let (a2, b2) = connected_pair_with(&nic, Some(&cq));
         let (r1, r2) = (b1.recv_buf(), b2.recv_buf());
+        // The words an API layer keeps with its VIs (VIPL: their handles).
+        b1.vi.set_tag(0x1111);
+        b2.vi.clone().set_tag(0x2222);
         b1.vi
             .post_recv(Box::new(Descriptor::recv(&[r1.segment(0, 64)])))
             .unwrap();
@@ -1031,6 +1034,16 @@ mod tests {
             ids.contains(&b1.vi.id()) && ids.contains(&b2.vi.id()),
             "{ids:?}"
         );
+        // Each notice's VI reads back the word kept with it.
+        for n in [&n1, &n2] {
+            let want = if n.vi.id() == b1.vi.id() {
+                0x1111
+            } else {
+                0x2222
+            };
+            assert_eq!(n.vi.tag(), want, "VI {}", n.vi.id());
+        }
+        assert_eq!(a1.vi.tag(), 0, "a VI nobody tagged");
         // The notice says the head is complete; the VI's done call hands it over.
         assert_eq!(b1.vi.recv_done().unwrap().result(), Ok(8));
         assert_eq!(b2.vi.recv_done().unwrap().result(), Ok(9));
