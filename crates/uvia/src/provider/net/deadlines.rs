@@ -241,17 +241,25 @@ mod tests {
         }
     }
 
+    /// Notes at `t0` the deadlines of VIs 1 to `n`, the first `first`
+    /// after `t0`, each next one `gap` later; their noted places.
+    fn spread(d: &Deadlines, t0: Instant, n: u32, first: Duration, gap: Duration) -> Vec<Noted> {
+        (0..n)
+            .map(|i| {
+                let mut noted = Noted::default();
+                d.note(Some(t0 + first + gap * i), t0, i + 1, &mut noted);
+                noted
+            })
+            .collect()
+    }
+
     #[test]
     fn a_sweep_takes_only_the_vis_whose_later_deadline_has_come() {
         let t0 = Instant::now();
         let d = book(t0);
         // 1,000 keep-alives spread over half a second, as a server's whose
         // clients came at different moments.
-        let mut noted: Vec<Noted> = (0..1000).map(|_| Noted::default()).collect();
-        for (i, n) in noted.iter_mut().enumerate() {
-            let at = t0 + ms(100) + Duration::from_micros(500 * i as u64);
-            d.note(Some(at), t0, i as u32 + 1, n);
-        }
+        let _noted = spread(&d, t0, 1000, ms(100), Duration::from_micros(500));
         // The first deadline with its slack is beyond the longest interval.
         assert_eq!(d.due_in(t0), SWEEP_AT_LEAST);
         assert_eq!(d.take_due(t0 + ms(50), 0), None, "nothing is due yet");
@@ -318,11 +326,7 @@ mod tests {
         let d = book(t0);
         // 100 keep-alives 200 us apart, noted half a second ahead: rounded
         // to a few moments, each taken by one sweep.
-        let mut noted: Vec<Noted> = (0..100).map(|_| Noted::default()).collect();
-        for (i, n) in noted.iter_mut().enumerate() {
-            let at = t0 + ms(500) + Duration::from_micros(200 * i as u64);
-            d.note(Some(at), t0, i as u32 + 1, n);
-        }
+        let _noted = spread(&d, t0, 100, ms(500), Duration::from_micros(200));
         let mut sweeps = 0;
         let mut taken = 0;
         let mut t = t0 + ms(500);
