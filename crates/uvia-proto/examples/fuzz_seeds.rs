@@ -19,6 +19,7 @@ fn main() -> std::io::Result<()> {
         initial_psn: 100,
         intact: false,
         job: 0,
+        nic: 0,
     };
     let data = |op, flags, payload: &'static [u8]| Repr::Data {
         header: DataHeader {

@@ -838,6 +838,7 @@ mod tests {
             initial_psn: 100,
             intact: false,
             job: 0,
+            nic: 0,
         }
     }
 

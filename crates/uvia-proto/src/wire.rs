@@ -411,6 +411,9 @@ pub mod attr_flags {
     /// A request carries a job key: 8 bytes after its fixed part, before
     /// its private data.
     pub const JOB: u8 = 2;
+    /// The announcing side names its Nic: 8 bytes after a request's job
+    /// key (or an accept's fixed part), before the private data.
+    pub const NIC: u8 = 4;
 }
 
 /// The attributes a side announces in a request or an accept.
@@ -433,6 +436,11 @@ pub struct ConnAttrs {
     /// A request's job key (0: none), which a listener given a key
     /// compares with its own; never sent in an accept.
     pub job: u64,
+    /// The announcing side's Nic (0: not said): a token, random for each
+    /// opened Nic, the same in all of its connections. A side that knows
+    /// two of its connections end at the same Nic lets one keep-alive
+    /// answer for both (see [`Conn::heard_elsewhere`](crate::Conn::heard_elsewhere)).
+    pub nic: u64,
 }
 
 impl ConnAttrs {
@@ -448,7 +456,7 @@ impl ConnAttrs {
         // (Byte 2 is a request's discriminator length.)
         // (The job flag is the request parser's: it reads the key.)
         let flags = b[at + 3];
-        if flags & !(attr_flags::INTACT | attr_flags::JOB) != 0 {
+        if flags & !(attr_flags::INTACT | attr_flags::JOB | attr_flags::NIC) != 0 {
             return Err(WireError::Malformed("attribute flags"));
         }
         Ok(ConnAttrs {
@@ -460,6 +468,7 @@ impl ConnAttrs {
             initial_psn: be32(b, at + 12),
             intact: flags & attr_flags::INTACT != 0,
             job: 0,
+            nic: 0,
         })
     }
 
@@ -468,13 +477,15 @@ impl ConnAttrs {
         b[at + 3] & attr_flags::JOB != 0
     }
 
-    /// Bytes the job key adds to a request.
-    fn job_len(&self) -> usize {
-        if self.job != 0 {
-            8
-        } else {
-            0
-        }
+    /// True if the attributes at `at` say a Nic token follows.
+    fn has_nic(b: &[u8], at: usize) -> bool {
+        b[at + 3] & attr_flags::NIC != 0
+    }
+
+    /// Bytes the job key and the Nic token add to a request (an accept
+    /// has no job key).
+    fn keys_len(&self) -> usize {
+        8 * (self.job != 0) as usize + 8 * (self.nic != 0) as usize
     }
 
     fn emit(&self, b: &mut [u8], at: usize) {
@@ -482,7 +493,8 @@ impl ConnAttrs {
         b[at + 1] = self.rdma_write as u8 | (self.rdma_read as u8) << 1;
         b[at + 2] = 0;
         b[at + 3] = if self.intact { attr_flags::INTACT } else { 0 }
-            | if self.job != 0 { attr_flags::JOB } else { 0 };
+            | if self.job != 0 { attr_flags::JOB } else { 0 }
+            | if self.nic != 0 { attr_flags::NIC } else { 0 };
         put32(b, at + 4, self.max_frame);
         put32(b, at + 8, self.max_transfer);
         put32(b, at + 12, self.initial_psn);
@@ -720,7 +732,28 @@ fn parse_private(b: &[u8], kind: Kind) -> Result<&[u8], WireError> {
     parse_private_at(b, kind.fixed_len())
 }
 
-/// The private data of a frame whose fixed part (and job key) ends at `fixed`.
+/// A nonzero 8-byte key at `*at` (a job key, a Nic token), which then
+/// moves past it.
+fn parse_key(b: &[u8], at: &mut usize, what: &'static str) -> Result<u64, WireError> {
+    let k = b
+        .get(*at..*at + 8)
+        .map(|k| u64::from_be_bytes(k.try_into().unwrap_or_default()))
+        .filter(|&k| k != 0)
+        .ok_or(WireError::Malformed(what))?;
+    *at += 8;
+    Ok(k)
+}
+
+/// Writes a nonzero key at `*at`, which then moves past it; a zero key
+/// is not written.
+fn emit_key(b: &mut [u8], at: &mut usize, key: u64) {
+    if key != 0 {
+        b[*at..*at + 8].copy_from_slice(&key.to_be_bytes());
+        *at += 8;
+    }
+}
+
+/// The private data of a frame whose fixed part (and keys) end at `fixed`.
 fn parse_private_at(b: &[u8], fixed: usize) -> Result<&[u8], WireError> {
     let Some(&n) = b.get(fixed) else {
         return Ok(&[]);
@@ -881,12 +914,10 @@ impl<'a> Repr<'a> {
                 let mut attrs = attrs;
                 let mut fixed = kind.fixed_len();
                 if ConnAttrs::has_job(b, HEADER_LEN) {
-                    attrs.job = b
-                        .get(fixed..fixed + 8)
-                        .map(|k| u64::from_be_bytes(k.try_into().unwrap_or_default()))
-                        .filter(|&k| k != 0)
-                        .ok_or(WireError::Malformed("job key"))?;
-                    fixed += 8;
+                    attrs.job = parse_key(b, &mut fixed, "job key")?;
+                }
+                if ConnAttrs::has_nic(b, HEADER_LEN) {
+                    attrs.nic = parse_key(b, &mut fixed, "nic token")?;
                 }
                 let private = parse_private_at(b, fixed)?;
                 let peer_to_peer = kind == Kind::PeerRequest;
@@ -896,9 +927,14 @@ impl<'a> Repr<'a> {
                 if ConnAttrs::has_job(b, HEADER_LEN) {
                     return Err(WireError::Malformed("job key in an accept"));
                 }
+                let mut attrs = ConnAttrs::parse(b, HEADER_LEN)?;
+                let mut fixed = kind.fixed_len();
+                if ConnAttrs::has_nic(b, HEADER_LEN) {
+                    attrs.nic = parse_key(b, &mut fixed, "nic token")?;
+                }
                 Repr::ConnAccept {
-                    attrs: ConnAttrs::parse(b, HEADER_LEN)?,
-                    private: parse_private(b, kind)?,
+                    attrs,
+                    private: parse_private_at(b, fixed)?,
                 }
             }
             Kind::ConnReject => Repr::ConnReject {
@@ -958,9 +994,12 @@ impl<'a> Repr<'a> {
     pub fn buffer_len(&self) -> usize {
         match self {
             Repr::ConnRequest { attrs, private, .. } | Repr::PeerRequest { attrs, private, .. } => {
-                Kind::ConnRequest.fixed_len() + attrs.job_len() + private_len(private)
+                Kind::ConnRequest.fixed_len() + attrs.keys_len() + private_len(private)
             }
-            Repr::ConnAccept { private, .. } => Kind::ConnAccept.fixed_len() + private_len(private),
+            Repr::ConnAccept { attrs, private } => {
+                let attrs = ConnAttrs { job: 0, ..*attrs };
+                Kind::ConnAccept.fixed_len() + attrs.keys_len() + private_len(private)
+            }
             Repr::ConnReject { private, .. } => Kind::ConnReject.fixed_len() + private_len(private),
             Repr::ConnConfirm | Repr::DisconnectAck => HEADER_LEN,
             Repr::Disconnect { .. } => Kind::Disconnect.fixed_len(),
@@ -999,16 +1038,16 @@ impl<'a> Repr<'a> {
                 b[at..at + MAX_DISCRIMINATOR].fill(0);
                 b[at..at + n].copy_from_slice(&discriminator[..n]);
                 let mut fixed = kind.fixed_len();
-                if attrs.job != 0 {
-                    b[fixed..fixed + 8].copy_from_slice(&attrs.job.to_be_bytes());
-                    fixed += 8;
-                }
+                emit_key(b, &mut fixed, attrs.job);
+                emit_key(b, &mut fixed, attrs.nic);
                 emit_private_at(b, fixed, private);
             }
             Repr::ConnAccept { attrs, private } => {
                 emit_header(b, Kind::ConnAccept, dst, src);
                 ConnAttrs { job: 0, ..*attrs }.emit(b, HEADER_LEN);
-                emit_private(b, Kind::ConnAccept, private);
+                let mut fixed = Kind::ConnAccept.fixed_len();
+                emit_key(b, &mut fixed, attrs.nic);
+                emit_private_at(b, fixed, private);
             }
             Repr::ConnReject { reason, private } => {
                 emit_header(b, Kind::ConnReject, dst, src);
@@ -1171,6 +1210,7 @@ mod tests {
             initial_psn: 0xffff_fff0,
             intact: false,
             job: 0,
+            nic: 0,
         };
         let attrs2 = ConnAttrs {
             reliability: 2,
@@ -1181,6 +1221,7 @@ mod tests {
             initial_psn: 5000,
             intact: true,
             job: 0,
+            nic: 0,
         };
         vec![
             (
@@ -1544,6 +1585,7 @@ mod tests {
     fn a_job_key_rides_between_a_request_and_its_private_data() {
         let attrs = ConnAttrs {
             job: 0x0102_0304_0506_0708,
+            nic: 0,
             ..samples_attrs()
         };
         let repr = Repr::ConnRequest {
@@ -1585,6 +1627,56 @@ mod tests {
         assert_eq!(
             parse(&resealed(flagged)).unwrap_err(),
             WireError::Malformed("job key in an accept")
+        );
+    }
+
+    #[test]
+    fn a_nic_token_rides_after_the_job_key_in_requests_and_accepts() {
+        let attrs = ConnAttrs {
+            job: 0x0102_0304_0506_0708,
+            nic: 0x1112_1314_1516_1718,
+            ..samples_attrs()
+        };
+        let repr = Repr::ConnRequest {
+            attrs,
+            discriminator: b"sim",
+            private: b"hi",
+        };
+        let b = bytes_of(&repr);
+        let fixed = Kind::ConnRequest.fixed_len();
+        assert_eq!(b.len(), fixed + 16 + 3);
+        assert_eq!(b[HEADER_LEN + 3] & attr_flags::NIC, attr_flags::NIC);
+        assert_eq!(
+            b[fixed + 8..fixed + 16],
+            [0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]
+        );
+        assert_eq!(parse(&b), Ok((DST, SRC, repr.clone())));
+        // An accept carries the token (and drops the job key).
+        let accept = Repr::ConnAccept {
+            attrs,
+            private: b"ok",
+        };
+        let a = bytes_of(&accept);
+        let fixed = Kind::ConnAccept.fixed_len();
+        assert_eq!(a.len(), fixed + 8 + 3);
+        let (_, _, got) = parse(&a).unwrap();
+        match got {
+            Repr::ConnAccept {
+                attrs: got,
+                private,
+            } => {
+                assert_eq!((got.nic, got.job, private), (attrs.nic, 0, &b"ok"[..]));
+            }
+            other => panic!("an accept parsed as {other:?}"),
+        }
+        // The flag with the token cut off, or a zero token: malformed.
+        let cut = resealed(a[..fixed + 5].to_vec());
+        assert_eq!(parse(&cut).unwrap_err(), WireError::Malformed("nic token"));
+        let mut zero = a.clone();
+        zero[fixed..fixed + 8].fill(0);
+        assert_eq!(
+            parse(&resealed(zero)).unwrap_err(),
+            WireError::Malformed("nic token")
         );
     }
 
@@ -1741,7 +1833,7 @@ mod tests {
         for name in ["request", "accept", "peer-request"] {
             assert_eq!(with(name, 16, 3), m("reliability level"), "{name}");
             assert_eq!(with(name, 17, 4), m("rdma flags"), "{name}");
-            assert_eq!(with(name, 19, 4), m("attribute flags"), "{name}");
+            assert_eq!(with(name, 19, 8), m("attribute flags"), "{name}");
         }
         for name in ["request", "peer-request"] {
             assert_eq!(with(name, 18, 33), m("discriminator length"), "{name}");

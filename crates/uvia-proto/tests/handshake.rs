@@ -71,6 +71,7 @@ fn repeated_requests_make_one_connection() {
             initial_psn: 1000,
             intact: false,
             job: 0,
+            nic: 0,
         };
         let req = Repr::ConnRequest {
             attrs,

@@ -173,3 +173,35 @@ fn a_silent_peer_ends_in_error_within_the_timeout() {
         assert_ne!(recvs[0].2, Outcome::Ok);
     }
 }
+
+#[test]
+fn a_connection_another_keeps_alive_sends_no_keep_alives_and_fails_with_the_nic() {
+    let mut s = Sim::new(7, config(Level::ReliableDelivery), Faults::default());
+    assert!(s.connect(Duration::from_secs(1)));
+    // Nothing side 1 sends reaches side 0 any more: only what another
+    // connection to the same Nic hears and asks keeps side 0's alive.
+    s.faults[1].loss = 1.0;
+    s.elsewhere[0] = Some(Duration::from_millis(100));
+    let idle = s.sides[0].cfg.idle_timeout;
+    let acks = s.sides[0].conn().stats().acks_sent;
+    let kept = s.run_until(idle * 3, |s| s.sides[0].failed());
+    assert!(
+        !kept,
+        "alive for three idle timeouts while the Nic is heard"
+    );
+    assert_eq!(
+        s.sides[0].conn().stats().acks_sent,
+        acks,
+        "no keep-alive of its own"
+    );
+    // The other connection hears nothing more: this one fails an idle
+    // timeout after the last frame heard, having pinged the peer itself.
+    s.elsewhere[0] = None;
+    let last = s.now;
+    assert!(s.run_until(idle * 2, |s| s.sides[0].failed()));
+    assert!(s.now <= last + idle, "within the timeout");
+    assert!(
+        s.sides[0].conn().stats().acks_sent > acks,
+        "pinged on its own"
+    );
+}

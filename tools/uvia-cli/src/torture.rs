@@ -746,6 +746,7 @@ fn flooder(
             initial_psn: 1,
             intact: true,
             job: 0,
+            nic: 0,
         },
         discriminator: d.as_bytes(),
         private: &[],

@@ -128,6 +128,7 @@ fuzz_target!(|data: &[u8]| {
         initial_psn: 100,
         intact: false,
         job: 0,
+        nic: 0,
     };
     let mut c = if client {
         // A client still connecting: the handshake's paths too.

@@ -107,6 +107,9 @@ pub struct Config {
     /// The job key a request carries (0: none): see
     /// [`EndpointConfig::job`](crate::EndpointConfig::job).
     pub job: u64,
+    /// This side's Nic token, announced in its request or accept (0:
+    /// none): see [`ConnAttrs::nic`].
+    pub nic: u64,
 }
 
 impl Default for Config {
@@ -132,6 +135,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(5),
             intact: false,
             job: 0,
+            nic: 0,
         }
     }
 }
@@ -147,6 +151,7 @@ impl Config {
             initial_psn,
             intact: self.intact,
             job: self.job,
+            nic: self.nic,
         }
     }
 }
@@ -564,6 +569,12 @@ impl Conn {
     /// [`Incoming`](crate::endpoint::Incoming)).
     pub fn peer_private(&self) -> &[u8] {
         self.peer_private.as_slice()
+    }
+
+    /// The peer's Nic token, if its request or accept named one
+    /// ([`ConnAttrs::nic`]).
+    pub fn peer_nic(&self) -> Option<u64> {
+        self.peer.map(|a| a.nic).filter(|&n| n != 0)
     }
 
     pub fn config(&self) -> &Config {

@@ -150,6 +150,36 @@ impl Conn {
         }
     }
 
+    /// When a frame last came from the peer (or, told by
+    /// [`heard_elsewhere`](Self::heard_elsewhere), from its Nic).
+    pub fn last_heard(&self) -> Instant {
+        self.last_rx
+    }
+
+    /// True if a keep-alive is due at `now`: nothing has come from the
+    /// peer, nor been asked of it, for the keep-alive interval.
+    pub fn keepalive_due(&self, now: Instant) -> bool {
+        self.timers.expired(Timer::KeepAlive, now)
+    }
+
+    /// Another connection between the same two Nics (the peer's
+    /// [`peer_nic`](Self::peer_nic) is the same) last heard from the peer's
+    /// Nic at `heard`, and last pinged it at `pinged`. A connection's end
+    /// lives as long as its Nic (a closing side says so with its
+    /// disconnect), so what proves the Nic alive proves the peer: this
+    /// connection counts the other's frames and keep-alives as its own,
+    /// and of many connections to one Nic only one keeps it alive. If the
+    /// Nic falls silent, all of them fail together, at the idle timeout
+    /// after the last frame any of them heard.
+    pub fn heard_elsewhere(&mut self, heard: Instant, pinged: Option<Instant>) {
+        if heard <= self.last_rx && pinged <= self.last_ping {
+            return;
+        }
+        self.last_rx = self.last_rx.max(heard);
+        self.last_ping = self.last_ping.max(pinged);
+        self.arm_liveness();
+    }
+
     /// A frame came from the peer.
     pub(super) fn heard(&mut self, now: Instant) {
         self.last_rx = now;

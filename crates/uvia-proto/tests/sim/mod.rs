@@ -329,6 +329,10 @@ pub struct Sim {
     /// behind each other, so goodput means something).
     pub rate: f64,
     link_free: [Instant; 2],
+    /// Another connection from each side to the other's Nic, hearing
+    /// from it and pinging it this often (as a provider tells a
+    /// connection when its timers come due; see `Conn::heard_elsewhere`).
+    pub elsewhere: [Option<Duration>; 2],
     buf: Vec<u8>,
     reply: [u8; wire::MAX_REPLY_LEN],
 }
@@ -366,6 +370,7 @@ impl Sim {
             delivered: 0,
             rate: 1.25e9,
             link_free: [start, start],
+            elsewhere: [None, None],
             buf: vec![0; 1 << 17],
             reply: [0; wire::MAX_REPLY_LEN],
         };
@@ -572,9 +577,14 @@ impl Sim {
             };
             self.deliver(f);
         }
-        for s in self.sides.iter_mut() {
+        for (i, s) in self.sides.iter_mut().enumerate() {
             if let Some(c) = s.conn.as_mut() {
                 if c.poll_timeout().is_some_and(|d| d <= self.now) {
+                    if let Some(every) = self.elsewhere[i] {
+                        let since = (self.now - self.start).as_nanos() % every.as_nanos();
+                        let heard = self.now - Duration::from_nanos(since as u64);
+                        c.heard_elsewhere(heard, Some(heard));
+                    }
                     c.handle_timeout(self.now);
                 }
             }

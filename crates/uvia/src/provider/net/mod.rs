@@ -7,8 +7,11 @@
 //! (`vi`) drives one connection's engine.
 
 mod deadlines;
+mod peers;
 mod share;
 mod vi;
+#[cfg(test)]
+use vi::acks_sent;
 #[cfg(test)]
 pub(crate) use vi::held_frames;
 
@@ -72,6 +75,12 @@ pub(crate) struct NetNic {
     rx: std::sync::Mutex<RxState>,
     /// When the VIs' timers are next due: what a sweep looks at.
     deadlines: Deadlines,
+    /// This Nic's token, announced in its connections' handshakes: peers
+    /// know by it which of their connections end here.
+    token: u64,
+    /// What the connections to each peer Nic know of it together
+    /// ([`peers`]: one keep-alive for all of them).
+    peers: peers::Peers,
     /// Frames of a VI's own medium that did not parse, or named another
     /// connection.
     pub malformed: AtomicU64,
@@ -138,6 +147,8 @@ impl NetNic {
             }),
             malformed: AtomicU64::new(0),
             deadlines: Deadlines::new(Instant::now()),
+            token: peers::new_token(),
+            peers: peers::Peers::default(),
             medium,
             own_medium,
             share,
@@ -631,6 +642,7 @@ impl NetNic {
             keepalive: net.idle_timeout / 4,
             intact: net.intact,
             job: net.job,
+            nic: net.token,
             rnr: if attrs.rnr_retry {
                 // Sent again every RNR_DELAY until the idle timeout's worth
                 // of tries has passed.

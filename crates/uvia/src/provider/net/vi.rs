@@ -8,6 +8,7 @@
 //! registered memory through [`ViMem`]; completions come back as engine
 //! events and are written into the descriptors here.
 
+use super::peers::{PeerLive, TELL_EVERY};
 use super::{NetNic, Noted, TX_BATCH};
 use crate::desc::{status, Descriptor, MemHandle, Op};
 use crate::error::PostError;
@@ -43,6 +44,16 @@ const NAP: Duration = Duration::from_millis(1);
 pub(crate) fn held_frames(vi: &Vi) -> u32 {
     match &vi.lock().t {
         crate::provider::Transport::Net(n) => n.deferred,
+        _ => 0,
+    }
+}
+
+/// Acknowledgements `vi`'s engine sent: keep-alives and their answers,
+/// on an idle connection (tests).
+#[cfg(test)]
+pub(crate) fn acks_sent(vi: &Vi) -> u64 {
+    match &vi.lock().t {
+        crate::provider::Transport::Net(n) => n.conn.stats().acks_sent,
         _ => 0,
     }
 }
@@ -83,6 +94,12 @@ pub(crate) struct NetVi {
     /// Joined, the own medium is connected to the peer and takes only its
     /// frames.
     joined: bool,
+    /// What this and the Nic's other connections to the peer's Nic know of
+    /// it (see [`peers`](super::peers)), once connected to a peer that
+    /// names its Nic.
+    peer_live: Option<Arc<PeerLive>>,
+    /// When this connection last told `peer_live` it heard the peer.
+    told: Option<Instant>,
 }
 
 /// What a sleeping waiter of a network VI waits on: a frame on its own
@@ -119,6 +136,8 @@ impl NetVi {
             own: None,
             own_batch: None,
             joined: false,
+            peer_live: None,
+            told: None,
         })
     }
 
@@ -132,6 +151,16 @@ impl NetVi {
         self.own = own;
     }
 
+    /// Runs the engine's due timers, after counting what the Nic's other
+    /// connections to the peer's Nic heard from it: of many idle
+    /// connections to one Nic, one keeps it alive.
+    fn timers_due(&mut self, now: Instant) {
+        if let Some(p) = &self.peer_live {
+            p.share(&mut self.conn, now);
+        }
+        self.conn.handle_timeout(now);
+    }
+
     /// The peer's connection has sent from `from`: its frames come from
     /// there from now on, and the own medium takes only those.
     #[cold]
@@ -139,6 +168,9 @@ impl NetVi {
         let Some(nic) = NetNic::of(&vi.s.nic) else {
             return;
         };
+        if self.peer_live.is_none() {
+            self.peer_live = self.conn.peer_nic().map(|t| nic.peers.join(t));
+        }
         self.joined = true;
         self.peer = from;
         if let Some(m) = &self.own {
@@ -168,6 +200,12 @@ impl NetVi {
         uvia_trace::mark!(ProtoIn);
         self.conn.handle_frame(now, src, repr, &mut mem);
         uvia_trace::mark!(ProtoPlaced);
+        if let Some(p) = &self.peer_live {
+            if self.told.is_none_or(|t| now >= t + TELL_EVERY) {
+                self.told = Some(now);
+                p.heard(now);
+            }
+        }
         // A request comes from the peer's Nic, not from its connection:
         // answers to it go there until the peer's connection is heard
         // (peer to peer, that may be another address of the host named,
@@ -668,7 +706,7 @@ impl TransportOps for NetVi {
         }
         if timers {
             if self.conn.poll_timeout().is_some_and(|t| t <= now) {
-                self.conn.handle_timeout(now);
+                self.timers_due(now);
                 moved = true;
             }
             nic.sweep(now, self.id);
@@ -683,7 +721,7 @@ impl TransportOps for NetVi {
     fn run_timers(&mut self, vi: &Vi, q: &mut Queues) {
         let now = Instant::now();
         if self.conn.poll_timeout().is_some_and(|t| t <= now) {
-            self.conn.handle_timeout(now);
+            self.timers_due(now);
         }
         // The sweep first: it resets the Nic's next deadline, which this
         // VI's output then notes its own in.
