@@ -104,6 +104,82 @@ pub(crate) struct CqShared {
     /// sleep (taken with `try_lock`: a second waiter at the same time
     /// builds its own).
     scratch: Mutex<Scratch>,
+    /// Which members an empty poll of a large CQ without a ready list
+    /// looks at ([`Rota`]).
+    rota: SpinLock<Rota>,
+}
+
+/// From this many members up, an empty poll of a CQ whose VIs have no ready
+/// list (shm) looks at the few members that moved lately, and at quiet
+/// ones in turn, not at every member: a walk of 1,000 shm VIs takes some
+/// 60 us, which a busy pair among them waited for on every message.
+const ROTA_FROM: usize = 32;
+/// Members that moved lately, looked at by every poll.
+const HOT: usize = 4;
+/// Polls of a hot member that find nothing before it goes back to its turn.
+const HOT_IDLE: u32 = 256;
+/// While quiet members' looks find nothing, one is looked at every this
+/// many polls: a look at a member the caches have let go costs about twice
+/// a poll of a busy one (`examples/cq_poll_cost.rs`), and a busy member's
+/// messages are found that much later. A quiet member of N is then looked
+/// at within `N * QUIET_EVERY` polls.
+const QUIET_EVERY: u32 = 4;
+/// Fruitless looks in a row before the looks slow down to [`QUIET_EVERY`].
+const QUIET_AFTER: u32 = 64;
+/// A look that finds a member moving goes on to the next, up to this many
+/// in one poll: when many members are busy, the turn comes round fast.
+const COLD_BURST: usize = 8;
+
+/// A large CQ's choice of members to poll ([`ROTA_FROM`]). Members are
+/// named by their index in the members list, which attaching and
+/// detaching may shift: an index that moved names another member, looked
+/// at once too many, or its turn comes round again.
+struct Rota {
+    /// Members that moved lately, and the polls since each last did.
+    hot: [Option<(usize, u32)>; HOT],
+    /// The quiet member looked at last.
+    next: usize,
+    /// Polls so far, and the looks at quiet members in a row that found
+    /// nothing.
+    polls: u32,
+    fruitless: u32,
+}
+
+impl Rota {
+    const fn new() -> Rota {
+        Rota {
+            hot: [None; HOT],
+            next: 0,
+            polls: 0,
+            fruitless: 0,
+        }
+    }
+
+    fn is_hot(&self, i: usize) -> bool {
+        self.hot.iter().flatten().any(|&(h, _)| h == i)
+    }
+
+    /// Member `i` moved: it is looked at by every poll from now on, in
+    /// the place of the hot member idle longest.
+    fn heat(&mut self, i: usize) {
+        if self.is_hot(i) {
+            return;
+        }
+        let slot = self
+            .hot
+            .iter_mut()
+            .min_by_key(|h| h.map_or(0, |(_, idle)| u64::MAX - idle as u64))
+            .expect("HOT > 0");
+        *slot = Some((i, 0));
+    }
+
+    /// True if this poll looks at quiet members: every poll while their
+    /// looks find something, every [`QUIET_EVERY`] after a run of
+    /// fruitless ones.
+    fn looks_now(&mut self) -> bool {
+        self.polls = self.polls.wrapping_add(1);
+        self.fruitless < QUIET_AFTER || self.polls.is_multiple_of(QUIET_EVERY)
+    }
 }
 
 /// A CQ's ready list (see [`crate::ready`]).
@@ -406,6 +482,7 @@ impl Cq {
                 held: Mutex::new(Vec::new()),
                 held_any: AtomicBool::new(false),
                 scratch: Mutex::new(Scratch::default()),
+                rota: SpinLock::new(Rota::new()),
             }),
         })
     }
@@ -503,13 +580,68 @@ impl Cq {
             // Walked under the members' lock, not copied out: an empty poll
             // allocates nothing. (A VI's progress takes its own lock and the
             // notices' lock, never this one.)
-            for w in self.s.lock_members().iter() {
-                if let Some(vi) = w.upgrade() {
-                    Vi::poll_progress(vi);
+            let members = self.s.lock_members();
+            if members.len() < ROTA_FROM || !self.progress_rota(&members) {
+                for w in members.iter() {
+                    if let Some(vi) = w.upgrade() {
+                        Vi::poll_progress(vi);
+                    }
                 }
             }
         }
         self.pop()
+    }
+
+    /// Drives the hot members and the next quiet ones in turn ([`Rota`]);
+    /// false if another thread is choosing (the caller walks them all).
+    fn progress_rota(&self, members: &[Weak<ViShared>]) -> bool {
+        let Some(mut rota) = self.s.rota.try_lock() else {
+            return false;
+        };
+        let poll = |i: usize| {
+            members
+                .get(i)
+                .and_then(Weak::upgrade)
+                .is_some_and(Vi::poll_progress)
+        };
+        for h in rota.hot.iter_mut() {
+            if let Some((i, idle)) = h {
+                if poll(*i) {
+                    *idle = 0;
+                } else {
+                    *idle += 1;
+                    if *idle >= HOT_IDLE {
+                        *h = None;
+                    }
+                }
+            }
+        }
+        if !rota.looks_now() {
+            return true;
+        }
+        let n = members.len();
+        let (mut looked, mut i) = (0, rota.next);
+        for _ in 0..n {
+            if looked == COLD_BURST {
+                break;
+            }
+            i += 1;
+            if i >= n {
+                i = 0;
+            }
+            if rota.is_hot(i) {
+                continue;
+            }
+            looked += 1;
+            if !poll(i) {
+                rota.fruitless = rota.fruitless.saturating_add(1);
+                break;
+            }
+            rota.fruitless = 0;
+            rota.heat(i);
+        }
+        rota.next = i;
+        true
     }
 
     /// The ready set of a CQ of many network VIs, brought in step with the
@@ -1392,6 +1524,83 @@ mod tests {
         assert_eq!(err, CqError::InUse(1));
         drop(b);
         cq.destroy().unwrap();
+    }
+
+    /// A CQ of many shm VIs polls the members that moved lately every time
+    /// and the quiet ones in turn: a busy member's next message is found
+    /// by the next poll, a quiet member's within its turn, and every
+    /// member's messages arrive, once each.
+    #[test]
+    fn a_cq_of_many_shm_vis_polls_the_busy_ones_first_and_each_in_turn() {
+        const PAIRS: usize = 2 * super::ROTA_FROM;
+        let nic = Nic::open("shm").unwrap();
+        let cq = nic.create_cq(256).unwrap();
+        let servers: Vec<End> = (0..PAIRS).map(|_| end_on(&nic, None, Some(&cq))).collect();
+        let mut clients: Vec<End> = (0..PAIRS).map(|_| end_on(&nic, None, None)).collect();
+        let disc = Discriminator::from_u64((std::process::id() as u64) << 32 | 0x40fa_0001);
+        let (n2, d2) = (nic.clone(), disc.clone());
+        let vis: Vec<Vi> = servers.iter().map(|e| e.vi.clone()).collect();
+        let t = std::thread::spawn(move || {
+            for vi in &vis {
+                let mut req = n2.connect_wait(&d2, Some(Duration::from_secs(5))).unwrap();
+                req.accept(vi).unwrap();
+            }
+        });
+        for c in &clients {
+            c.vi.connect_request(&NetAddress::new("0", disc.clone()), Duration::from_secs(5))
+                .unwrap();
+        }
+        t.join().unwrap();
+        let ids: Vec<u32> = servers.iter().map(|e| e.vi.id()).collect();
+        let index = |vi: &Vi| ids.iter().position(|&id| id == vi.id()).unwrap();
+        // Polls until a notice comes; returns it with the polls it took.
+        let until_notice = |limit: usize| -> (CqCompletion, usize) {
+            for polls in 1..=limit {
+                if let Some(n) = cq.done().unwrap() {
+                    return (n, polls);
+                }
+            }
+            panic!("no notice within {limit} polls");
+        };
+        // A message on every member: each arrives once.
+        for c in clients.iter_mut() {
+            post_round(&c.vi, &mut c.buf, 0);
+        }
+        let mut seen = vec![false; PAIRS];
+        for _ in 0..PAIRS {
+            let (n, _) = until_notice(100_000);
+            let i = index(&n.vi);
+            assert!(!seen[i], "member {i} named twice");
+            seen[i] = true;
+            take_round(&servers[i], 0);
+        }
+        assert!(cq.done().unwrap().is_none());
+        // A busy pair: each of its messages after the first is found by
+        // the first poll.
+        let busy = 5;
+        for k in 1..50u32 {
+            let c = &mut clients[busy];
+            post_round(&c.vi, &mut c.buf, k);
+            let (n, polls) = until_notice(100_000);
+            assert_eq!(index(&n.vi), busy);
+            if k > 1 {
+                assert_eq!(polls, 1, "message {k} of the busy member");
+            }
+            take_round(&servers[busy], k);
+        }
+        // A quiet member's message is found within its turn, with the
+        // polls between looks at quiet members at their slowest.
+        for _ in 0..super::QUIET_AFTER * super::QUIET_EVERY {
+            assert!(cq.done().unwrap().is_none());
+        }
+        let quiet = PAIRS - 3;
+        let c = &mut clients[quiet];
+        post_round(&c.vi, &mut c.buf, 1);
+        let turn = PAIRS * super::QUIET_EVERY as usize;
+        let (n, polls) = until_notice(turn);
+        assert_eq!(index(&n.vi), quiet);
+        eprintln!("the quiet member's message was found by poll {polls} of at most {turn}");
+        take_round(&servers[quiet], 1);
     }
 
     /// A server of many udp VIs on one CQ (its ready list): every client's
