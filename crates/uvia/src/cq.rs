@@ -1566,7 +1566,7 @@ mod tests {
         for c in clients.iter_mut() {
             post_round(&c.vi, &mut c.buf, 0);
         }
-        let mut seen = vec![false; PAIRS];
+        let mut seen = [false; PAIRS];
         for _ in 0..PAIRS {
             let (n, _) = until_notice(100_000);
             let i = index(&n.vi);
