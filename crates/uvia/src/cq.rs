@@ -109,26 +109,32 @@ pub(crate) struct CqShared {
     rota: SpinLock<Rota>,
 }
 
-/// From this many members up, an empty poll of a CQ whose VIs have no ready
-/// list (shm) looks at the few members that moved lately, and at quiet
-/// ones in turn, not at every member: a walk of 1,000 shm VIs takes some
-/// 60 us, which a busy pair among them waited for on every message.
+/// From this many members up, a poll of a CQ whose VIs have no ready list
+/// (shm) looks at the few members that moved lately, and at quiet members
+/// in turn, not at every member: a walk of 1,000 shm VIs takes some 60 us,
+/// which a busy pair among them waited for on every message. A look that
+/// finds a quiet member moving goes on to the next while they move (many
+/// are busy: one poll finds a run of them). A quiet member's message waits
+/// about as long as a walk of every member took (`examples/cq_poll_cost.rs`).
 const ROTA_FROM: usize = 32;
 /// Members that moved lately, looked at by every poll.
 const HOT: usize = 4;
+/// A member found moving after this many fruitless looks at quiet ones
+/// becomes hot; one found among moving neighbours (a round of messages to
+/// all) is left to the turns, so the hot polls are not spent on members
+/// that have just been served.
+const HEAT_AFTER: u32 = 2;
 /// Polls of a hot member that find nothing before it goes back to its turn.
 const HOT_IDLE: u32 = 256;
 /// While quiet members' looks find nothing, one is looked at every this
 /// many polls: a look at a member the caches have let go costs about twice
-/// a poll of a busy one (`examples/cq_poll_cost.rs`), and a busy member's
-/// messages are found that much later. A quiet member of N is then looked
-/// at within `N * QUIET_EVERY` polls.
-const QUIET_EVERY: u32 = 4;
+/// a poll of a busy one, and a busy member's messages are found that much
+/// later. A quiet member of N is then looked at within `N * QUIET_EVERY`
+/// polls. (Every 4 polls, one pair among 1,000 went as fast, and a quiet
+/// member's message waited 2–3 times as long as a walk of all.)
+const QUIET_EVERY: u32 = 2;
 /// Fruitless looks in a row before the looks slow down to [`QUIET_EVERY`].
 const QUIET_AFTER: u32 = 64;
-/// A look that finds a member moving goes on to the next, up to this many
-/// in one poll: when many members are busy, the turn comes round fast.
-const COLD_BURST: usize = 8;
 
 /// A large CQ's choice of members to poll ([`ROTA_FROM`]). Members are
 /// named by their index in the members list, which attaching and
@@ -619,12 +625,13 @@ impl Cq {
         if !rota.looks_now() {
             return true;
         }
+        // Quiet members in turn, while they have moved: when many are busy
+        // (a round of messages to all of them), one poll finds a run of
+        // them. The first found is looked at by every poll from then on.
         let n = members.len();
-        let (mut looked, mut i) = (0, rota.next);
+        let mut i = rota.next;
+        let mut found = 0;
         for _ in 0..n {
-            if looked == COLD_BURST {
-                break;
-            }
             i += 1;
             if i >= n {
                 i = 0;
@@ -632,13 +639,22 @@ impl Cq {
             if rota.is_hot(i) {
                 continue;
             }
-            looked += 1;
             if !poll(i) {
-                rota.fruitless = rota.fruitless.saturating_add(1);
+                if found == 0 {
+                    rota.fruitless = rota.fruitless.saturating_add(1);
+                }
                 break;
             }
-            rota.fruitless = 0;
-            rota.heat(i);
+            if found == 0 {
+                // A member found after quiet looks is busy among quiet
+                // ones: it is looked at every poll. One found among busy
+                // neighbours is served by the turns.
+                if rota.fruitless >= HEAT_AFTER {
+                    rota.heat(i);
+                }
+                rota.fruitless = 0;
+            }
+            found += 1;
         }
         rota.next = i;
         true
@@ -1575,8 +1591,11 @@ mod tests {
             take_round(&servers[i], 0);
         }
         assert!(cq.done().unwrap().is_none());
-        // A busy pair: each of its messages after the first is found by
-        // the first poll.
+        // A busy pair among quiet ones: each of its messages after the
+        // first is found by the first poll.
+        for _ in 0..super::QUIET_AFTER {
+            assert!(cq.done().unwrap().is_none());
+        }
         let busy = 5;
         for k in 1..50u32 {
             let c = &mut clients[busy];
@@ -1596,7 +1615,7 @@ mod tests {
         let quiet = PAIRS - 3;
         let c = &mut clients[quiet];
         post_round(&c.vi, &mut c.buf, 1);
-        let turn = PAIRS * super::QUIET_EVERY as usize;
+        let turn = (PAIRS + 1) * super::QUIET_EVERY as usize;
         let (n, polls) = until_notice(turn);
         assert_eq!(index(&n.vi), quiet);
         eprintln!("the quiet member's message was found by poll {polls} of at most {turn}");
