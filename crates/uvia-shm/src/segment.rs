@@ -31,6 +31,17 @@ unsafe impl Sync for Segment {}
 /// read-only).
 pub const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
+/// The system's page size.
+fn page_size() -> usize {
+    // SAFETY: a plain query.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as usize
+    } else {
+        4096
+    }
+}
+
 impl Segment {
     /// Creates a zero-filled segment of `len` bytes, close-on-exec, sealed
     /// with [`SEALS`].
@@ -52,6 +63,52 @@ impl Segment {
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_POPULATE,
         )
+    }
+
+    /// As [`create`](Self::create), but no page is made until it is
+    /// touched or [`populate`](Self::populate)d: a segment most of which a
+    /// quiet connection never uses costs only the pages it does.
+    pub fn create_lazy(name: &CStr, len: usize) -> io::Result<Segment> {
+        // SAFETY: `name` is a valid C string; flags are constants.
+        let fd = cvt(unsafe {
+            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        } as _)?;
+        // SAFETY: memfd_create returned a fresh descriptor we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        // SAFETY: plain system calls on our own descriptor.
+        cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } as _)?;
+        // SAFETY: as above.
+        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } as _)?;
+        Segment::map(fd, len, libc::PROT_READ | libc::PROT_WRITE, 0)
+    }
+
+    /// Makes the pages of `range` (bytes, rounded out to pages, cut at the
+    /// end) present and writable now, so the data path meets no fault
+    /// there. Only for a segment nobody else writes yet: where the kernel
+    /// lacks `MADV_POPULATE_WRITE` (before 5.14), each page is made by
+    /// writing a zero byte over the zero it holds.
+    pub fn populate(&self, range: std::ops::Range<usize>) {
+        let page = page_size();
+        let start = range.start / page * page;
+        let end = range.end.min(self.len).next_multiple_of(page).min(self.len);
+        if start >= end {
+            return;
+        }
+        // SAFETY: advice on pages of our own mapping, inside its length.
+        let r = unsafe {
+            libc::madvise(
+                self.as_ptr().add(start) as *mut libc::c_void,
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if r != 0 {
+            for at in (start..end).step_by(page) {
+                // SAFETY: inside the mapping; the segment is fresh and
+                // zero-filled, and nobody else writes it yet.
+                unsafe { std::ptr::write_volatile(self.as_ptr().add(at), 0) };
+            }
+        }
     }
 
     /// Maps, read-write, a segment a peer passed. It must be sealed against
@@ -188,6 +245,43 @@ mod tests {
             0
         );
         fd
+    }
+
+    /// Which of the segment's pages are resident.
+    fn resident(seg: &Segment) -> Vec<bool> {
+        let page = page_size();
+        let mut v = vec![0u8; seg.len().div_ceil(page)];
+        // SAFETY: our own mapping, its length, and a vector of one byte per page.
+        let r =
+            unsafe { libc::mincore(seg.as_ptr() as *mut libc::c_void, seg.len(), v.as_mut_ptr()) };
+        assert_eq!(r, 0, "mincore: {}", io::Error::last_os_error());
+        v.iter().map(|b| b & 1 != 0).collect()
+    }
+
+    #[test]
+    fn a_lazy_segment_has_only_the_pages_populated_or_touched() {
+        let page = page_size();
+        let seg = Segment::create_lazy(c"lazy", 8 * page).unwrap();
+        assert!(
+            resident(&seg).iter().all(|&r| !r),
+            "no page before any is asked for"
+        );
+        // Ranges round out to pages and stop at the end.
+        seg.populate(page + 1..2 * page + 1);
+        seg.populate(7 * page + 5..100 * page);
+        let want = [false, true, true, false, false, false, false, true];
+        assert_eq!(resident(&seg), want);
+        // Populated pages read as zero; a touch makes another page.
+        // SAFETY: inside the 8-page mapping, which only this test uses.
+        unsafe {
+            assert_eq!(*seg.as_ptr().add(page + 9), 0);
+            *seg.as_ptr().add(4 * page) = 7;
+        }
+        assert!(resident(&seg)[4]);
+        // What one mapping made, another of the same memory sees.
+        let other = Segment::open_exact(dup(seg.fd()), 8 * page).unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { *other.as_ptr().add(4 * page) }, 7);
     }
 
     #[test]
