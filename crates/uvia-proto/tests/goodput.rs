@@ -101,8 +101,11 @@ fn goodput_of_64k_messages_under_loss() {
                 );
             }
             if loss == 0.05 {
+                // 69% when the window counted every frame from the oldest
+                // unacknowledged one: a loss then stopped the stream for
+                // the two round trips its repair took, behind the queue.
                 assert!(
-                    share >= 0.5,
+                    share >= 0.8,
                     "{level:?}: {:.0}% of lossless at 5% loss",
                     share * 100.0
                 );

@@ -75,7 +75,7 @@ impl Conn {
     fn establish(&mut self, peer_id: u32, attrs: ConnAttrs) {
         self.peer_id = peer_id;
         self.peer = Some(attrs);
-        self.rcv = SeqWindow::new(attrs.initial_psn, self.cfg.window);
+        self.rcv = SeqWindow::new(attrs.initial_psn, self.cfg.window * super::SPAN);
         let frame = self.cfg.max_frame.min(attrs.max_frame);
         self.frag = frame.saturating_sub(DATA_HEADER_LEN as u32).max(1);
     }

@@ -296,6 +296,13 @@ pub struct Stats {
 /// Disconnects a closing side sends before it stops waiting for an answer.
 const CLOSE_TRIES: u32 = 3;
 
+/// How far past the oldest unacknowledged frame a sender may go, in
+/// windows: [`Config::window`] bounds the frames in flight and not yet
+/// acknowledged, and a lost frame's retransmission, which waits behind
+/// every frame queued before it, does not stop the stream while it travels.
+/// The receiver keeps this many windows of arrivals.
+const SPAN: u32 = 4;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Client: the request goes out until an answer comes (each time
@@ -442,6 +449,9 @@ pub struct Conn {
     snd_nxt: u32,
     inflight: VecDeque<Sent>,
     inflight_bytes: u32,
+    /// Frames in flight not yet acknowledged (cumulatively or selectively):
+    /// what [`Config::window`] bounds.
+    pipe: u32,
     /// Frames marked lost, waiting to go again.
     lost: u32,
     largest_acked: Option<u32>,
@@ -497,7 +507,7 @@ impl Conn {
     fn new(now: Instant, cfg: Config, local_id: u32, initial_psn: u32) -> Conn {
         let rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
         Conn {
-            rcv: SeqWindow::new(0, cfg.window),
+            rcv: SeqWindow::new(0, cfg.window * SPAN),
             cfg,
             state: State::Closed,
             local_id,
@@ -520,6 +530,7 @@ impl Conn {
             snd_nxt: initial_psn,
             inflight: VecDeque::new(),
             inflight_bytes: 0,
+            pipe: 0,
             lost: 0,
             largest_acked: None,
             rtt,
@@ -757,6 +768,7 @@ impl Conn {
         self.responses.clear();
         self.inflight.clear();
         self.inflight_bytes = 0;
+        self.pipe = 0;
         self.lost = 0;
         self.in_msgs.clear();
         self.timers.stop(Timer::Rto);

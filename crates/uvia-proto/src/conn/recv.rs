@@ -207,7 +207,7 @@ impl Conn {
     ) -> bool {
         let reliable = self.cfg.level.is_reliable();
         let at = h.msn.wrapping_sub(self.in_base);
-        if at >= self.cfg.window {
+        if at >= self.cfg.window * super::SPAN {
             // Below the base (already completed) or absurdly far ahead.
             self.stats.dropped += 1;
             return false;

@@ -115,6 +115,7 @@ impl Conn {
             self.inflight[i].lost = false;
             self.inflight[i].acked = true;
             self.inflight_bytes = self.inflight_bytes.saturating_sub(s.len);
+            self.pipe = self.pipe.saturating_sub(1);
             self.lost -= 1;
         };
         let psn = self.snd_una.wrapping_add(i as u32);
@@ -144,7 +145,8 @@ impl Conn {
     fn send_new(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
         let reliable = self.cfg.level.is_reliable();
         if reliable
-            && (self.inflight.len() as u32 >= self.cfg.window
+            && (self.pipe >= self.cfg.window
+                || self.inflight.len() as u32 >= self.cfg.window * super::SPAN
                 || self.inflight_bytes >= self.cfg.window_bytes)
         {
             return None;
@@ -201,6 +203,7 @@ impl Conn {
                 probe: false,
             });
             self.inflight_bytes += len;
+            self.pipe += 1;
             if !self.timers.is_set(Timer::Rto) {
                 self.timers.set(Timer::Rto, now + self.rtt.rto());
             }
@@ -428,6 +431,7 @@ impl Conn {
 
     fn frame_acked(&mut self, now: Instant, s: &Sent) {
         self.inflight_bytes = self.inflight_bytes.saturating_sub(s.len);
+        self.pipe = self.pipe.saturating_sub(1);
         if s.transmissions == 1 {
             self.rtt.sample(now.saturating_duration_since(s.sent_at));
         }
