@@ -627,7 +627,7 @@ impl Cq {
         }
         // Quiet members in turn, while they have moved: when many are busy
         // (a round of messages to all of them), one poll finds a run of
-        // them. The first found is looked at by every poll from then on.
+        // them.
         let n = members.len();
         let mut i = rota.next;
         let mut found = 0;
