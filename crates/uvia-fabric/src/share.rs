@@ -28,6 +28,7 @@
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
+use uvia_shm::segment::page_size;
 use uvia_shm::Segment;
 
 /// Fewest bytes of whole pages worth remapping. Messages up to 16 KiB of
@@ -72,16 +73,6 @@ impl Remap {
 /// Live remaps (held by their registrations), to find one a new
 /// registration lies in.
 static REMAPS: Mutex<Vec<Weak<Remap>>> = Mutex::new(Vec::new());
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
-}
 
 /// The memfd behind the whole pages of `[buf, buf + len)`, remapping them
 /// if they are private anonymous memory; `None` (the range stays as it is)

@@ -32,7 +32,7 @@ unsafe impl Sync for Segment {}
 pub const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 /// The system's page size.
-fn page_size() -> usize {
+pub fn page_size() -> usize {
     // SAFETY: a plain query.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if n > 0 {
@@ -42,23 +42,28 @@ fn page_size() -> usize {
     }
 }
 
+/// A memfd of `len` zero bytes, close-on-exec, sealed with [`SEALS`].
+fn sealed_memfd(name: &CStr, len: usize) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is a valid C string; flags are constants.
+    let fd = cvt(unsafe {
+        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    } as _)?;
+    // SAFETY: memfd_create returned a fresh descriptor we now own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    // SAFETY: plain system calls on our own descriptor.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } as _)?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } as _)?;
+    Ok(fd)
+}
+
 impl Segment {
     /// Creates a zero-filled segment of `len` bytes, close-on-exec, sealed
     /// with [`SEALS`].
     pub fn create(name: &CStr, len: usize) -> io::Result<Segment> {
-        // SAFETY: `name` is a valid C string; flags are constants.
-        let fd = cvt(unsafe {
-            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        } as _)?;
-        // SAFETY: memfd_create returned a fresh descriptor we now own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-        // SAFETY: plain system calls on our own descriptor.
-        cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } as _)?;
-        // SAFETY: as above.
-        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } as _)?;
         // Our own memory: populating it spares the data path the first faults.
         Segment::map(
-            fd,
+            sealed_memfd(name, len)?,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_POPULATE,
@@ -69,17 +74,12 @@ impl Segment {
     /// touched or [`populate`](Self::populate)d: a segment most of which a
     /// quiet connection never uses costs only the pages it does.
     pub fn create_lazy(name: &CStr, len: usize) -> io::Result<Segment> {
-        // SAFETY: `name` is a valid C string; flags are constants.
-        let fd = cvt(unsafe {
-            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        } as _)?;
-        // SAFETY: memfd_create returned a fresh descriptor we now own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-        // SAFETY: plain system calls on our own descriptor.
-        cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } as _)?;
-        // SAFETY: as above.
-        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } as _)?;
-        Segment::map(fd, len, libc::PROT_READ | libc::PROT_WRITE, 0)
+        Segment::map(
+            sealed_memfd(name, len)?,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            0,
+        )
     }
 
     /// Makes the pages of `range` (bytes, rounded out to pages, cut at the
