@@ -153,6 +153,12 @@ pub trait Medium: Send + Sync {
     /// Sleeps until a frame may be ready or `timeout` passes (`None`: no
     /// limit). Spurious wake-ups are allowed.
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Sleeps in the receive itself until a frame arrives or about
+    /// `timeout` passes, then receives as [`recv`](Self::recv) does.
+    fn recv_wait(&self, batch: &mut RecvBatch, timeout: Duration) -> io::Result<usize> {
+        self.wait(Some(timeout))?;
+        self.recv(batch)
+    }
     /// A descriptor that becomes readable when frames arrive.
     fn fd(&self) -> RawFd;
     fn stats(&self) -> MediumStats {
@@ -189,6 +195,9 @@ impl<M: Medium + ?Sized> Medium for Box<M> {
     }
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
         (**self).wait(timeout)
+    }
+    fn recv_wait(&self, batch: &mut RecvBatch, timeout: Duration) -> io::Result<usize> {
+        (**self).recv_wait(batch, timeout)
     }
     fn fd(&self) -> RawFd {
         (**self).fd()

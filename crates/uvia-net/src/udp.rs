@@ -133,6 +133,9 @@ pub struct UdpMedium {
     local: SocketAddr,
     /// The peer of a connected socket: set once, by [`Medium::connect`].
     peer: OnceLock<SocketAddr>,
+    /// The receive timeout last set on the socket, in milliseconds (0:
+    /// none), for [`Medium::recv_wait`].
+    rcv_timeout_ms: AtomicU64,
     caps: Caps,
     /// Cleared when the kernel refuses a segmented send.
     gso: AtomicBool,
@@ -320,6 +323,7 @@ impl UdpMedium {
             fd,
             local,
             peer: OnceLock::new(),
+            rcv_timeout_ms: AtomicU64::new(0),
             caps: Caps {
                 name: "udp",
                 max_frame,
@@ -348,7 +352,7 @@ impl UdpMedium {
     /// One datagram with `recvfrom`: the cheapest look at the socket (no
     /// message header to copy in), usable when datagrams are never
     /// coalesced (receive offload off).
-    fn recv_one(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+    fn recv_one(&self, batch: &mut RecvBatch, flags: libc::c_int) -> io::Result<usize> {
         // SAFETY: sockaddr_storage is plain data.
         let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
         let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -366,7 +370,7 @@ impl UdpMedium {
                 self.fd.as_raw_fd(),
                 batch.buf.as_mut_ptr() as *mut libc::c_void,
                 cap,
-                libc::MSG_DONTWAIT,
+                flags,
                 name,
                 name_len,
             )
@@ -397,12 +401,11 @@ impl UdpMedium {
     /// message headers.
     fn send_one(&self, f: &OutFrame<'_>) -> io::Result<()> {
         let to = ip_of(f.to);
-        let (ss, len) = to_raw(&to);
         let connected = self.peer.get() == Some(&to);
         loop {
             uvia_trace::mark!(SyscallEnter);
             // SAFETY: `f.bytes` is a live slice; `ss` holds an address of
-            // `len` bytes (not passed on a socket connected to `to`).
+            // `len` bytes (built only for a socket not connected to `to`).
             let r = unsafe {
                 if connected {
                     libc::send(
@@ -412,6 +415,7 @@ impl UdpMedium {
                         0,
                     )
                 } else {
+                    let (ss, len) = to_raw(&to);
                     libc::sendto(
                         self.fd.as_raw_fd(),
                         f.bytes.as_ptr() as *const libc::c_void,
@@ -582,7 +586,7 @@ impl Medium for UdpMedium {
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         batch.clear();
         if !batch.wide && !self.caps.gro {
-            return self.recv_one(batch);
+            return self.recv_one(batch, libc::MSG_DONTWAIT);
         }
         // One datagram at a time while they come one at a time (a ping-pong:
         // asking for more costs a second look in the kernel per message);
@@ -698,6 +702,41 @@ impl Medium for UdpMedium {
 
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
         crate::wait_readable(self.fd.as_raw_fd(), timeout)
+    }
+
+    /// On a connected socket whose datagrams are never coalesced: one
+    /// `recvfrom` that sleeps (bounded by `SO_RCVTIMEO`, set only when the
+    /// bound changes), where a `poll` and a receive would be two calls.
+    fn recv_wait(&self, batch: &mut RecvBatch, timeout: Duration) -> io::Result<usize> {
+        if self.caps.gro || self.peer.get().is_none() {
+            self.wait(Some(timeout))?;
+            return self.recv(batch);
+        }
+        // Whole milliseconds (the kernel counts the bound in ticks): the
+        // naps of a waiter are then the same few values, set once each.
+        let ms = timeout.as_micros().div_ceil(1000).clamp(1, 1 << 30) as u64;
+        if self.rcv_timeout_ms.swap(ms, Ordering::Relaxed) != ms {
+            let tv = libc::timeval {
+                tv_sec: (ms / 1000) as libc::time_t,
+                tv_usec: ((ms % 1000) * 1000) as libc::suseconds_t,
+            };
+            // SAFETY: `tv` is a valid timeval of the size given.
+            let r = unsafe {
+                libc::setsockopt(
+                    self.fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    &tv as *const _ as *const libc::c_void,
+                    size_of::<libc::timeval>() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                self.rcv_timeout_ms.store(0, Ordering::Relaxed);
+                return Err(io::Error::last_os_error());
+            }
+        }
+        batch.clear();
+        self.recv_one(batch, 0)
     }
 
     fn fd(&self) -> RawFd {

@@ -77,6 +77,11 @@ pub(crate) struct CqShared {
     /// False once `futex_waitv` failed (an old kernel): waiters sleep in
     /// `poll` from then on.
     futex_ok: AtomicBool,
+    /// Waiters asleep in a VI's receive ([`Cq::sleep_in_recv`]), and
+    /// whether waits may still sleep so (false once another thread's
+    /// notice found one there).
+    recv_sleepers: AtomicU32,
+    recv_ok: AtomicBool,
     /// How long [`Cq::wait`] polls before it sleeps, in nanoseconds.
     spin_ns: AtomicU64,
     /// Threads in [`Cq::wait`]'s sleep phase: they drive the attached VIs.
@@ -239,6 +244,10 @@ const SLEEP_SLICE: Duration = Duration::from_millis(20);
 /// dead peer is seen within about this; a network VI's timers cut it
 /// short when due).
 const IDLE_SLICE: Duration = Duration::from_millis(250);
+
+/// The longest sleep in a VI's receive ([`Cq::sleep_in_recv`]); the kernel
+/// rounds it up to a tick.
+const RECV_NAP: Duration = Duration::from_millis(1);
 
 /// A `poll` sleeper's lists ([`Cq::sleep_poll`]): its VIs and the
 /// descriptors it sleeps on. Empty between sleeps (no VI is kept alive by
@@ -405,6 +414,12 @@ impl CqShared {
             }
         }
         if others(Asleep::Poll) {
+            if self.recv_sleepers.load(Ordering::SeqCst) > 0 {
+                // Another thread made a notice while the waiter sleeps in
+                // a receive, which this cannot wake: waits here sleep
+                // where the eventfd reaches them from now on.
+                self.recv_ok.store(false, Ordering::Relaxed);
+            }
             write_eventfd(self.efd.as_raw_fd());
         }
     }
@@ -473,6 +488,8 @@ impl Cq {
                 word: AtomicU32::new(0),
                 lone: Mutex::new(None),
                 futex_ok: AtomicBool::new(true),
+                recv_sleepers: AtomicU32::new(0),
+                recv_ok: AtomicBool::new(true),
                 spin_ns: AtomicU64::new(DEFAULT_WAIT_SPIN.as_nanos() as u64),
                 in_wait: AtomicU32::new(0),
                 slice_ns: AtomicU64::new(SLEEP_SLICE.as_nanos() as u64),
@@ -822,6 +839,7 @@ impl Cq {
         // One clock read a nap (the first is the one taken above): a wait
         // that a message ends reads the clock once.
         let mut t0 = start;
+        let mut first = true;
         loop {
             let nap = match end {
                 Some(end) => match end.checked_duration_since(t0) {
@@ -831,8 +849,9 @@ impl Cq {
                 None => naps,
             };
             if !self.sleep_futex(nap, look_at_peers) {
-                self.sleep_poll(nap);
+                self.sleep_poll(nap, first);
             }
+            first = false;
             if let Some(c) = self.done()? {
                 return Ok(c);
             }
@@ -974,17 +993,20 @@ impl Cq {
     /// timers run here when nothing woke the sleeper (its waiter is then
     /// its only driver); a frame's wake-up goes to the frame first, and
     /// progress looks at the timers every few calls.
-    fn sleep_poll(&self, nap: Duration) {
+    ///
+    /// With `in_recv` (a wait's first sleep), a CQ of one network VI sleeps
+    /// in that VI's receive instead, where it can ([`Self::sleep_in_recv`]).
+    fn sleep_poll(&self, nap: Duration, in_recv: bool) {
         let _counted = Counted::new(&self.s, Asleep::Poll);
         let mut own = Scratch::default();
         let mut kept = self.s.scratch.try_lock().ok();
         let sc = kept.as_deref_mut().unwrap_or(&mut own);
-        self.sleep_poll_with(nap, sc);
+        self.sleep_poll_with(nap, in_recv, sc);
         sc.members.clear();
         sc.fds.clear();
     }
 
-    fn sleep_poll_with(&self, nap: Duration, sc: &mut Scratch) {
+    fn sleep_poll_with(&self, nap: Duration, in_recv: bool, sc: &mut Scratch) {
         // Network VIs have no doorbell: their frames wake the waiter
         // through their sockets (or the ready set that holds them), and
         // their timers a look when the first is due.
@@ -1007,6 +1029,9 @@ impl Cq {
             }
         }
         if ready || self.ready() {
+            return;
+        }
+        if in_recv && set.is_none() && sc.members.len() == 1 && self.sleep_in_recv(&sc.members[0], nap) {
             return;
         }
         let pollin = |fd| libc::pollfd {
@@ -1045,6 +1070,33 @@ impl Cq {
                 }
             }
         }
+    }
+
+    /// Sleeps up to `nap` (at most [`RECV_NAP`]) in the receive of `vi`,
+    /// this CQ's one member, which takes in what arrives: one system call
+    /// where `poll` and a receive are two, about a microsecond of a
+    /// blocking ping-pong's round trip. False if the VI cannot (see
+    /// `NetVi::lend_recv`) or this CQ no longer sleeps so.
+    ///
+    /// What it gives up, and how little: the eventfd does not wake such a
+    /// sleep. A notice another thread makes meanwhile waits for the sleep's
+    /// end, at most [`RECV_NAP`] rounded up to kernel ticks, and turns
+    /// these sleeps off for the CQ for good ([`CqShared::wake`]); the
+    /// kernel bounds the sleep in whole ticks, so only a wait's first
+    /// sleep is made so, and the VI lends its receive only while its
+    /// frames arrive without loss (a retransmission's timer is not kept
+    /// waiting a tick).
+    fn sleep_in_recv(&self, vi: &Arc<ViShared>, nap: Duration) -> bool {
+        if !self.s.recv_ok.load(Ordering::Relaxed) {
+            return false;
+        }
+        // Counted before the last look at the notices: a notice published
+        // after it finds the count (see `wake`).
+        let _in_recv = InWait::new(&self.s.recv_sleepers);
+        if self.ready() {
+            return true;
+        }
+        Vi::sleep_in_recv(vi, nap.min(RECV_NAP)).is_some()
     }
 
     /// The eventfd to put in an epoll set. It becomes readable after

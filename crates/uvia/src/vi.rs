@@ -1118,6 +1118,25 @@ impl Vi {
         t.progress(&vi, q)
     }
 
+    /// Sleeps up to `nap` in the receive of the VI's own medium, then
+    /// moves the VI forward with what arrived: a CQ waiter over this VI
+    /// alone makes one system call where a `poll` and a receive are two.
+    /// `None` (nothing slept) if the VI has no such medium now.
+    pub(crate) fn sleep_in_recv(s: &Arc<ViShared>, nap: std::time::Duration) -> Option<bool> {
+        let vi = Vi { s: s.clone() };
+        let (medium, mut batch) = match &mut vi.lock().t {
+            Transport::Net(t) => t.lend_recv()?,
+            _ => return None,
+        };
+        let n = medium.recv_wait(&mut batch, nap).unwrap_or(0);
+        let mut g = vi.lock();
+        let ViInner { q, t } = &mut *g;
+        match t {
+            Transport::Net(t) => Some(t.slept_in_recv(&vi, q, &medium, batch, n)),
+            _ => Some(false),
+        }
+    }
+
     /// Runs the VI's protocol timers (a CQ waiter that has slept).
     pub(crate) fn run_timers(s: Arc<ViShared>) {
         let vi = Vi { s };

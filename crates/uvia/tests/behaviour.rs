@@ -844,6 +844,40 @@ fn cq_notices_name_the_vi_and_queue(link: &Link) {
     assert!(p.b.buf.as_slice()[128..140].iter().all(|&x| x == 2));
 }
 
+/// A thread asleep on a CQ wakes for a notice that another thread's post
+/// makes, round after round. (A network VI's waiter may sleep in the VI's
+/// receive, which the CQ's eventfd does not reach: the notice ends that
+/// sleep within its bound, and later waits sleep where it does.)
+fn a_cq_waiter_wakes_for_another_threads_notice(link: &Link) {
+    for level in link.levels() {
+        let mut p = link.pair_with(|t| ViAttributes::new(t).reliability(level), true);
+        let (cq_a, cq_b) = (p.a.cq.clone().unwrap(), p.b.cq.clone().unwrap());
+        for round in 0..4u8 {
+            p.b.post_recv(0, 64);
+            let waiter = std::thread::spawn({
+                let cq = cq_a.clone();
+                move || cq.wait(Some(T))
+            });
+            // The waiter asleep by then, in its first sleep or a later one.
+            std::thread::sleep([Duration::from_millis(1), SHORT][round as usize % 2]);
+            p.a.buf.as_mut_slice()[..8].fill(round);
+            p.a.send(0, 8);
+            let c = waiter
+                .join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{level:?} round {round}: {e}"));
+            assert_eq!((c.vi.id(), c.queue), (p.a.vi.id(), Queue::Send));
+            let d = c.vi.send_done().expect("the notice names a completed send");
+            assert_eq!(d.result(), Ok(8), "{level:?} round {round}");
+            let r = cq_b.wait(Some(T)).unwrap();
+            assert_eq!(r.queue, Queue::Recv);
+            let d = r.vi.recv_done().expect("the notice names a completed receive");
+            assert_eq!(d.result(), Ok(8), "{level:?} round {round}");
+            assert!(p.b.buf.as_slice()[..8].iter().all(|&x| x == round));
+        }
+    }
+}
+
 /// A wait with a timeout returns when it passes, and the descriptor waited
 /// for stays posted.
 fn a_wait_times_out_and_the_descriptor_stays(link: &Link) {
@@ -1068,6 +1102,7 @@ on_every_medium! {
     rdma_write_to_a_vi_without_it_is_refused:                   run run run;
     rdma_write_with_immediate_consumes_a_receive:               run run run;
     cq_notices_name_the_vi_and_queue:                           run run run;
+    a_cq_waiter_wakes_for_another_threads_notice:               run run run;
     a_wait_times_out_and_the_descriptor_stays:                  run run run;
     disconnect_flushes_both_sides:                              run run run;
     disconnect_fails_sends_waiting_for_the_peer:                run run run;

@@ -601,6 +601,18 @@ impl Conn {
         self.stats
     }
 
+    /// An acknowledgement is owed the peer: its timer runs, or it is due.
+    #[inline]
+    pub fn owes_ack(&self) -> bool {
+        self.ack_pending > 0 || self.ack_now
+    }
+
+    /// Frames sent again so far ([`Stats::retransmitted`]).
+    #[inline]
+    pub fn retransmitted(&self) -> u64 {
+        self.stats.retransmitted
+    }
+
     /// True once the handshake is done and until the connection ends.
     pub fn is_connected(&self) -> bool {
         matches!(self.state, State::Accepting | State::Connected)

@@ -17,6 +17,7 @@ use crate::nic::NicShared;
 use crate::provider::TransportOps;
 use crate::vi::{check_rdma, prepare, EntryState, Posted, Queue, Queues, SlotQueue, Vi};
 use crate::vi::{ViAttributes, ViState};
+use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
@@ -100,7 +101,15 @@ pub(crate) struct NetVi {
     peer_live: Option<Arc<PeerLive>>,
     /// When this connection last told `peer_live` it heard the peer.
     told: Option<Instant>,
+    /// The engine's count of frames sent again when last looked at, and
+    /// the sleeps since it last grew ([`lend_recv`](Self::lend_recv)).
+    sent_again: u64,
+    quiet_sleeps: u32,
 }
+
+/// Sleeps in `poll` after a retransmission before a waiter may sleep in
+/// the receive again ([`NetVi::lend_recv`]).
+const QUIET_SLEEPS: u32 = 64;
 
 /// What a sleeping waiter of a network VI waits on: a frame on its own
 /// medium or the Nic's, or its engine's next timer.
@@ -138,6 +147,8 @@ impl NetVi {
             joined: false,
             peer_live: None,
             told: None,
+            sent_again: 0,
+            quiet_sleeps: QUIET_SLEEPS,
         })
     }
 
@@ -352,6 +363,71 @@ impl NetVi {
         at
     }
 
+    /// For a waiter that sleeps in the receive itself: the joined
+    /// connection's own medium and its receive batch, lent out until
+    /// [`slept_in_recv`](Self::slept_in_recv) (meanwhile other polls of
+    /// the VI leave the medium to the sleeper). `None` where frames may
+    /// come elsewhere (connecting, or no medium of its own) or deferred
+    /// frames wait to go.
+    ///
+    /// The kernel bounds such a sleep in whole ticks (4 to 8 ms at 250 Hz),
+    /// a `poll` to the millisecond: not while an acknowledgement is owed
+    /// (the peer would send again), nor while frames are being lost (a
+    /// retransmission is not to wait the difference). After a
+    /// retransmission, [`QUIET_SLEEPS`] sleeps go by in `poll` first.
+    pub(crate) fn lend_recv(&mut self) -> Option<(Arc<dyn Medium>, RecvBatch)> {
+        if !self.joined || self.deferred > 0 || self.conn.owes_ack() {
+            return None;
+        }
+        let sent_again = self.conn.retransmitted();
+        if sent_again != self.sent_again {
+            self.sent_again = sent_again;
+            self.quiet_sleeps = 0;
+        }
+        if self.quiet_sleeps < QUIET_SLEEPS {
+            self.quiet_sleeps += 1;
+            return None;
+        }
+        let own = self.own.clone()?;
+        let batch = self.own_batch.take()?;
+        Some((own, batch))
+    }
+
+    /// Takes back what [`lend_recv`](Self::lend_recv) lent, with `n`
+    /// frames the sleeper received into the batch, and moves the VI
+    /// forward with them. True if anything moved.
+    pub(crate) fn slept_in_recv(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        medium: &Arc<dyn Medium>,
+        batch: RecvBatch,
+        n: usize,
+    ) -> bool {
+        // The connection may have been replaced meanwhile: the frames were
+        // an earlier one's, and its batch goes with it.
+        let same = self.own.as_ref().is_some_and(|m| Arc::ptr_eq(m, medium));
+        let Some(nic) = NetNic::of(&vi.s.nic).filter(|_| same) else {
+            return false;
+        };
+        let now = Instant::now();
+        for i in 0..n {
+            let (from, bytes) = batch.frame(i);
+            match nic.parse(bytes) {
+                Ok((dst, src, repr)) if dst == self.id => self.input(vi, q, from, src, &repr, now),
+                _ => {
+                    nic.malformed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.own_batch = Some(batch);
+        // What a sleep that ended without frames owes: the timers.
+        if n == 0 && self.conn.poll_timeout().is_some_and(|t| t <= now) {
+            self.timers_due(now);
+        }
+        self.output(vi, q, now) | (n > 0)
+    }
+
     /// Hands the engine every receive descriptor posted before it existed.
     pub(super) fn adopt_recvs(&mut self, q: &mut Queues) {
         for e in q.rq.iter_mut() {
@@ -384,15 +460,22 @@ impl NetVi {
         let k = self.tx_lens.len();
         if k > 0 {
             uvia_trace::mark!(ProtoBuilt);
-            let empty = OutFrame {
-                to: self.peer,
-                bytes: &[],
-            };
-            let mut frames: [OutFrame<'_>; TX_BATCH] = [empty; TX_BATCH];
-            for (i, &n) in self.tx_lens.iter().enumerate() {
-                frames[i].bytes = &self.tx[i * frame..i * frame + n];
+            // Only the `k` frames built are written: a batch's worth of
+            // addresses and slices (some 1.8 KB) written on every send was
+            // a tenth of a ping-pong's path through the library.
+            let mut frames = [const { MaybeUninit::<OutFrame<'_>>::uninit() }; TX_BATCH];
+            for (slot, (i, &n)) in frames.iter_mut().zip(self.tx_lens.iter().enumerate()) {
+                slot.write(OutFrame {
+                    to: self.peer,
+                    bytes: &self.tx[i * frame..i * frame + n],
+                });
             }
-            let _ = medium.send(&frames[..k]);
+            // SAFETY: the first `k` slots were written just above (`tx_lens`
+            // has `k` entries, at most TX_BATCH), and an `OutFrame` has no
+            // destructor to skip.
+            let frames =
+                unsafe { std::slice::from_raw_parts(frames.as_ptr().cast::<OutFrame<'_>>(), k) };
+            let _ = medium.send(frames);
         }
         k
     }
