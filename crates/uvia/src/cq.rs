@@ -245,9 +245,6 @@ const SLEEP_SLICE: Duration = Duration::from_millis(20);
 /// short when due).
 const IDLE_SLICE: Duration = Duration::from_millis(250);
 
-/// The longest sleep in a VI's receive ([`Cq::sleep_in_recv`]); the kernel
-/// rounds it up to a tick.
-const RECV_NAP: Duration = Duration::from_millis(1);
 
 /// A `poll` sleeper's lists ([`Cq::sleep_poll`]): its VIs and the
 /// descriptors it sleeps on. Empty between sleeps (no VI is kept alive by
@@ -1072,7 +1069,7 @@ impl Cq {
         }
     }
 
-    /// Sleeps up to `nap` (at most [`RECV_NAP`]) in the receive of `vi`,
+    /// Sleeps up to `nap` (at most [`RECV_NAP`](crate::vi::RECV_NAP)) in the receive of `vi`,
     /// this CQ's one member, which takes in what arrives: one system call
     /// where `poll` and a receive are two, about a microsecond of a
     /// blocking ping-pong's round trip. False if the VI cannot (see
@@ -1080,7 +1077,7 @@ impl Cq {
     ///
     /// What it gives up, and how little: the eventfd does not wake such a
     /// sleep. A notice another thread makes meanwhile waits for the sleep's
-    /// end, at most [`RECV_NAP`] rounded up to kernel ticks, and turns
+    /// end, at most [`RECV_NAP`](crate::vi::RECV_NAP) rounded up to kernel ticks, and turns
     /// these sleeps off for the CQ for good ([`CqShared::wake`]); the
     /// kernel bounds the sleep in whole ticks, so only a wait's first
     /// sleep is made so, and the VI lends its receive only while its
@@ -1096,7 +1093,7 @@ impl Cq {
         if self.ready() {
             return true;
         }
-        Vi::sleep_in_recv(vi, nap.min(RECV_NAP)).is_some()
+        Vi::sleep_in_recv(vi, nap.min(crate::vi::RECV_NAP)).is_some()
     }
 
     /// The eventfd to put in an epoll set. It becomes readable after

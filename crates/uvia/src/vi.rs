@@ -131,6 +131,9 @@ impl ViAttributes {
 pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(20);
 /// A sleeping waiter looks at its peer's health this often.
 const SLEEP_SLICE: Duration = Duration::from_millis(20);
+/// The longest sleep in a network VI's receive ([`Vi::sleep_in_recv`]); the
+/// kernel rounds it up to whole ticks.
+pub(crate) const RECV_NAP: Duration = Duration::from_millis(1);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum EntryState {
@@ -912,6 +915,9 @@ impl Vi {
         // Sleep phase: announce, re-check, sleep on what the transport names.
         let mut look_at_peer = false;
         let mut timers = false;
+        // The first sleep of a network VI may be in its receive (see
+        // `Vi::sleep_in_recv`); later ones in `poll`, to the millisecond.
+        let mut first = true;
         loop {
             let sleep = {
                 let mut g = self.lock();
@@ -957,6 +963,9 @@ impl Vi {
                 None => SLEEP_SLICE,
             };
             let nap = left.min(SLEEP_SLICE);
+            if std::mem::take(&mut first) && Vi::sleep_in_recv(&self.s, nap.min(RECV_NAP)).is_some() {
+                continue;
+            }
             let t0 = Instant::now();
             timers = sleep.runs_timers();
             sleep.sleep(&self.s.nic, nap);
@@ -1119,9 +1128,12 @@ impl Vi {
     }
 
     /// Sleeps up to `nap` in the receive of the VI's own medium, then
-    /// moves the VI forward with what arrived: a CQ waiter over this VI
-    /// alone makes one system call where a `poll` and a receive are two.
-    /// `None` (nothing slept) if the VI has no such medium now.
+    /// moves the VI forward with what arrived: a waiter on this VI (or a
+    /// CQ of it alone) makes one system call where a `poll` and a receive
+    /// are two. `None` (nothing slept) if the VI has no such medium now
+    /// (`NetVi::lend_recv`). Nothing but a frame or the time ends such a
+    /// sleep, and the kernel counts the time in whole ticks: callers make
+    /// only a wait's first sleep so, and bound it by [`RECV_NAP`].
     pub(crate) fn sleep_in_recv(s: &Arc<ViShared>, nap: std::time::Duration) -> Option<bool> {
         let vi = Vi { s: s.clone() };
         let (medium, mut batch) = match &mut vi.lock().t {
