@@ -245,7 +245,6 @@ const SLEEP_SLICE: Duration = Duration::from_millis(20);
 /// short when due).
 const IDLE_SLICE: Duration = Duration::from_millis(250);
 
-
 /// A `poll` sleeper's lists ([`Cq::sleep_poll`]): its VIs and the
 /// descriptors it sleeps on. Empty between sleeps (no VI is kept alive by
 /// them); their room stays.
@@ -1028,7 +1027,11 @@ impl Cq {
         if ready || self.ready() {
             return;
         }
-        if in_recv && set.is_none() && sc.members.len() == 1 && self.sleep_in_recv(&sc.members[0], nap) {
+        if in_recv
+            && set.is_none()
+            && sc.members.len() == 1
+            && self.sleep_in_recv(&sc.members[0], nap)
+        {
             return;
         }
         let pollin = |fd| libc::pollfd {

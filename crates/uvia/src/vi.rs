@@ -963,7 +963,8 @@ impl Vi {
                 None => SLEEP_SLICE,
             };
             let nap = left.min(SLEEP_SLICE);
-            if std::mem::take(&mut first) && Vi::sleep_in_recv(&self.s, nap.min(RECV_NAP)).is_some() {
+            if std::mem::take(&mut first) && Vi::sleep_in_recv(&self.s, nap.min(RECV_NAP)).is_some()
+            {
                 continue;
             }
             let t0 = Instant::now();

@@ -871,7 +871,9 @@ fn a_cq_waiter_wakes_for_another_threads_notice(link: &Link) {
             assert_eq!(d.result(), Ok(8), "{level:?} round {round}");
             let r = cq_b.wait(Some(T)).unwrap();
             assert_eq!(r.queue, Queue::Recv);
-            let d = r.vi.recv_done().expect("the notice names a completed receive");
+            let d =
+                r.vi.recv_done()
+                    .expect("the notice names a completed receive");
             assert_eq!(d.result(), Ok(8), "{level:?} round {round}");
             assert!(p.b.buf.as_slice()[..8].iter().all(|&x| x == round));
         }
