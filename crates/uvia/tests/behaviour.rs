@@ -1168,3 +1168,66 @@ fn a_job_key_keeps_two_jobs_apart_on_udp() {
 fn a_job_key_keeps_two_jobs_apart_on_xdp() {
     a_job_key_keeps_two_jobs_apart(Medium::Xdp)
 }
+
+/// A receiver that destroys its VI as soon as its last message is in,
+/// half of its frames to the sender lost: the sender's send of that
+/// message completes (the receiver's Nic keeps the closing connection and
+/// answers the sender until it has the disconnect, which carries the
+/// acknowledgement), and does not fail at the idle timeout. (The fault
+/// injector drops what a Nic receives: the sender's Nic is the lossy one.)
+fn the_last_send_completes_when_its_receiver_leaves_at_once(medium: Medium) {
+    for seed in 1..=5 {
+        let lossy = NicOptions {
+            inject: Some(format!("loss=0.5,seed={seed}")),
+            ..NicOptions::default()
+        };
+        let link = match medium.link_with(&NicOptions::default(), &lossy) {
+            Ok(l) => l,
+            Err(why) => return println!("skipped: {why}"),
+        };
+        let disc = Discriminator::from_u64(unique());
+        let ptag = link.a.create_ptag().unwrap();
+        let vi = link
+            .a
+            .create_vi(ViAttributes::new(ptag), None, None)
+            .unwrap();
+        let buf = link.a.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+        vi.post_recv(Box::new(Descriptor::recv(&[buf.segment(0, 64)])))
+            .unwrap();
+        let (nic, d) = (link.b.clone(), disc.clone());
+        let server = std::thread::spawn(move || {
+            let ptag = nic.create_ptag().unwrap();
+            let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
+            let mut buf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
+            let mut req = nic.connect_wait(&d, Some(T)).unwrap();
+            req.accept(&vi).unwrap();
+            buf.as_mut_slice()[..8].fill(seed);
+            vi.post_send(Box::new(Descriptor::send(&[buf.segment(0, 8)])))
+                .unwrap();
+            vi.send_wait(Some(T + T))
+        });
+        vi.connect_request(&NetAddress::new(&link.b_host, disc), T)
+            .unwrap();
+        let r = vi.recv_wait(Some(T)).unwrap();
+        assert_eq!(r.result(), Ok(8), "{medium:?} seed {seed}");
+        assert!(buf.as_slice()[..8].iter().all(|&x| x == seed));
+        drop(vi);
+        let sent = server.join().unwrap().unwrap();
+        assert_eq!(
+            sent.result(),
+            Ok(8),
+            "{medium:?} seed {seed}: the sender's send"
+        );
+    }
+}
+
+#[test]
+fn the_last_send_completes_when_its_receiver_leaves_at_once_on_udp() {
+    the_last_send_completes_when_its_receiver_leaves_at_once(Medium::Udp)
+}
+
+#[test]
+#[ignore = "an xdp connection has no medium of its own: its Nic does not yet keep it while it closes"]
+fn the_last_send_completes_when_its_receiver_leaves_at_once_on_xdp() {
+    the_last_send_completes_when_its_receiver_leaves_at_once(Medium::Xdp)
+}

@@ -235,6 +235,16 @@ impl Conn {
                     self.disconnect_ack_due = false;
                     return Some(Repr::DisconnectAck.emit(buf, dst, src));
                 }
+                if self.disconnect_due {
+                    // The peer's data says it has not had the disconnect:
+                    // it goes again now, outside the tries.
+                    self.disconnect_due = false;
+                    let r = Repr::Disconnect {
+                        ack: self.rcv.base(),
+                        done: self.in_base,
+                    };
+                    return Some(r.emit(buf, dst, src));
+                }
                 if tries < CLOSE_TRIES && self.timers.due(Timer::Close, now) {
                     self.state = State::Closing { tries: tries + 1 };
                     self.timers

@@ -103,9 +103,11 @@ impl Conn {
                         // Our first word of the failure may have been lost.
                         self.nak = Some((NakCode::Failed, header.psn));
                     }
-                    if self.state == State::Closed && self.peer.is_some() {
-                        // Every copy of our disconnect was lost, and the
-                        // peer still waits for the ack it carries.
+                    if matches!(self.state, State::Closed | State::Closing { .. })
+                        && self.peer.is_some()
+                    {
+                        // The peer still sends: our disconnect (so far) was
+                        // lost, and it waits for the ack it carries.
                         self.disconnect_due = true;
                     }
                     self.stats.dropped += 1;

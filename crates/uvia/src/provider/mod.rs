@@ -395,15 +395,21 @@ impl Transport {
         dispatch!(self, t => t.wake_fd(nic), None => None)
     }
 
-    /// Ends the connection; the VI has none afterwards.
+    /// Ends the connection; the VI has none afterwards (a network one may
+    /// go on closing in the Nic, `NetVi::keep_closing`).
     pub fn disconnect(&mut self, vi: &Vi, q: &mut Queues) {
         dispatch!(self, t => t.disconnect(vi, q), None => ());
-        *self = Transport::None;
+        if let Transport::Net(t) = std::mem::replace(self, Transport::None) {
+            t.keep_closing(&vi.s.nic);
+        }
     }
 
     /// The VI is gone: its connection closes.
     pub fn drop_connection(mut self, nic: &NicShared) {
-        dispatch!(&mut self, t => t.close(nic), None => ())
+        dispatch!(&mut self, t => t.close(nic), None => ());
+        if let Transport::Net(t) = self {
+            t.keep_closing(nic);
+        }
     }
 }
 

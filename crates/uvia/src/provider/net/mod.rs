@@ -6,6 +6,7 @@
 //! listeners, and hands each arriving frame to the VI it names; the VI half
 //! (`vi`) drives one connection's engine.
 
+mod closing;
 mod deadlines;
 mod peers;
 mod share;
@@ -59,7 +60,7 @@ pub(crate) struct NetNic {
     pub max_frame: usize,
     /// The medium delivers frames intact or not at all: checksums are not
     /// verified here, and peers are told they may leave them out.
-    intact: bool,
+    pub(super) intact: bool,
     /// The medium lends its buffers: frames are parsed where they arrived
     /// and built where they leave from, with no copy in between.
     pub lends: bool,
@@ -87,6 +88,8 @@ pub(crate) struct NetNic {
     /// The device address, when it is shared with other processes of the
     /// user (a udp Nic on a port named).
     share: Option<Arc<Share>>,
+    /// Connections whose VI is gone, kept while they close ([`closing`]).
+    closer: Arc<closing::Closer>,
 }
 
 impl Drop for NetNic {
@@ -152,6 +155,7 @@ impl NetNic {
             medium,
             own_medium,
             share,
+            closer: Arc::default(),
         }
     }
 

@@ -8,6 +8,7 @@
 //! registered memory through [`ViMem`]; completions come back as engine
 //! events and are written into the descriptors here.
 
+use super::closing::Closing;
 use super::peers::{PeerLive, TELL_EVERY};
 use super::{NetNic, Noted, TX_BATCH};
 use crate::desc::{status, Descriptor, MemHandle, Op};
@@ -428,6 +429,28 @@ impl NetVi {
         self.output(vi, q, now) | (n > 0)
     }
 
+    /// After [`close`](TransportOps::close) or
+    /// [`disconnect`](TransportOps::disconnect): the connection, still
+    /// closing, goes to the Nic's closer, which answers the peer until it
+    /// has the disconnect ([`closing`](super::closing)). Only a joined
+    /// connection with a medium of its own can be kept so (its peer's
+    /// frames come there); another is let go, and its peer's idle timeout
+    /// covers a lost disconnect.
+    pub(crate) fn keep_closing(self: Box<Self>, nic: &NicShared) {
+        let Some(net) = NetNic::of(nic) else {
+            return;
+        };
+        let (Some(own), true) = (self.own.clone(), self.joined) else {
+            return;
+        };
+        if self.conn.is_closed() || self.conn.is_connected() {
+            return;
+        }
+        let NetVi { conn, peer, id, .. } = *self;
+        net.closer
+            .keep(Closing::new(conn, own, peer, id, net.intact));
+    }
+
     /// Hands the engine every receive descriptor posted before it existed.
     pub(super) fn adopt_recvs(&mut self, q: &mut Queues) {
         for e in q.rq.iter_mut() {
@@ -499,7 +522,7 @@ impl NetVi {
 }
 
 /// Memory of a VI whose descriptors are all gone: nothing to read or write.
-struct NoMemory;
+pub(super) struct NoMemory;
 
 impl Memory for NoMemory {
     fn read_send(&mut self, _: u32, _: u32, buf: &mut [u8]) {
@@ -704,16 +727,15 @@ impl TransportOps for NetVi {
         self.deferred > 0 && self.output(vi, q, Instant::now())
     }
 
-    /// The VI is gone: tell the peer (once; its idle timeout covers a lost
-    /// frame) and forget the connection id.
+    /// The VI is gone: tell the peer and forget the connection id (the
+    /// Nic may keep the connection while it closes, [`NetVi::keep_closing`]).
     fn close(&mut self, nic: &NicShared) {
         let Some(net) = NetNic::of(nic) else {
             return;
         };
         if self.conn.is_connected() {
-            // Acknowledge what arrived, then say goodbye (once; the peer's
-            // idle timeout covers a lost frame). Every descriptor is gone,
-            // so the engine has no payload to ask for.
+            // Acknowledge what arrived, then say goodbye. Every descriptor
+            // is gone, so the engine has no payload to ask for.
             let now = Instant::now();
             self.conn.close(now);
             let mut buf = [0u8; 256];
