@@ -1072,18 +1072,17 @@ impl Cq {
         }
     }
 
-    /// Sleeps up to `nap` (at most [`RECV_NAP`](crate::vi::RECV_NAP)) in the receive of `vi`,
-    /// this CQ's one member, which takes in what arrives: one system call
-    /// where `poll` and a receive are two, about a microsecond of a
-    /// blocking ping-pong's round trip. False if the VI cannot (see
-    /// `NetVi::lend_recv`) or this CQ no longer sleeps so.
+    /// Sleeps in the receive of `vi`, this CQ's one member, which takes in
+    /// what arrives ([`Vi::sleep_in_recv`]): one system call where `poll`
+    /// and a receive are two, about 7% of a blocking ping-pong's round
+    /// trip. False if the VI cannot or this CQ no longer sleeps so.
     ///
     /// What it gives up, and how little: the eventfd does not wake such a
     /// sleep. A notice another thread makes meanwhile waits for the sleep's
-    /// end, at most [`RECV_NAP`](crate::vi::RECV_NAP) rounded up to kernel ticks, and turns
-    /// these sleeps off for the CQ for good ([`CqShared::wake`]); the
-    /// kernel bounds the sleep in whole ticks, so only a wait's first
-    /// sleep is made so, and the VI lends its receive only while its
+    /// end (a kernel tick or two) and turns these sleeps off for the CQ for
+    /// good ([`CqShared::wake`]). The kernel bounds the sleep in whole
+    /// ticks, so only a wait's first sleep is made so, with 10 ms of the
+    /// wait left at least, and the VI lends its receive only while its
     /// frames arrive without loss (a retransmission's timer is not kept
     /// waiting a tick).
     fn sleep_in_recv(&self, vi: &Arc<ViShared>, nap: Duration) -> bool {
@@ -1096,7 +1095,7 @@ impl Cq {
         if self.ready() {
             return true;
         }
-        Vi::sleep_in_recv(vi, nap.min(crate::vi::RECV_NAP)).is_some()
+        Vi::sleep_in_recv(vi, nap).is_some()
     }
 
     /// The eventfd to put in an epoll set. It becomes readable after

@@ -134,6 +134,10 @@ const SLEEP_SLICE: Duration = Duration::from_millis(20);
 /// The longest sleep in a network VI's receive ([`Vi::sleep_in_recv`]); the
 /// kernel rounds it up to whole ticks.
 pub(crate) const RECV_NAP: Duration = Duration::from_millis(1);
+/// A wait sleeps in the receive only with at least this long left: the
+/// kernel's rounding (a tick or two, 4–8 ms at 250 Hz) must not carry it
+/// past the wait's timeout.
+const RECV_NAP_LEFT: Duration = Duration::from_millis(10);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum EntryState {
@@ -963,8 +967,7 @@ impl Vi {
                 None => SLEEP_SLICE,
             };
             let nap = left.min(SLEEP_SLICE);
-            if std::mem::take(&mut first) && Vi::sleep_in_recv(&self.s, nap.min(RECV_NAP)).is_some()
-            {
+            if std::mem::take(&mut first) && Vi::sleep_in_recv(&self.s, nap).is_some() {
                 continue;
             }
             let t0 = Instant::now();
@@ -1132,10 +1135,16 @@ impl Vi {
     /// moves the VI forward with what arrived: a waiter on this VI (or a
     /// CQ of it alone) makes one system call where a `poll` and a receive
     /// are two. `None` (nothing slept) if the VI has no such medium now
-    /// (`NetVi::lend_recv`). Nothing but a frame or the time ends such a
-    /// sleep, and the kernel counts the time in whole ticks: callers make
-    /// only a wait's first sleep so, and bound it by [`RECV_NAP`].
+    /// (`NetVi::lend_recv`), or if less than [`RECV_NAP_LEFT`] of the
+    /// wait's `nap` is left. Nothing but a frame or the time ends such a
+    /// sleep, and the kernel counts the time in whole ticks: it lasts
+    /// [`RECV_NAP`] rounded up so, and callers make only a wait's first
+    /// sleep so.
     pub(crate) fn sleep_in_recv(s: &Arc<ViShared>, nap: std::time::Duration) -> Option<bool> {
+        if nap < RECV_NAP_LEFT {
+            return None;
+        }
+        let nap = nap.min(RECV_NAP);
         let vi = Vi { s: s.clone() };
         let (medium, mut batch) = match &mut vi.lock().t {
             Transport::Net(t) => t.lend_recv()?,
