@@ -270,12 +270,15 @@ thread_local! {
     static ASLEEP_ON: Cell<Option<(*const CqShared, Asleep)>> = const { Cell::new(None) };
 }
 
-/// Counts a thread in [`Cq::wait`]'s sleep phase until dropped.
+/// Counts a thread in [`Cq::wait`]'s sleep phase (or asleep in a VI's
+/// receive) until dropped. Sequentially consistent: a waker that publishes
+/// a notice and then reads the count, and a sleeper that counts itself and
+/// then looks at the notices, cannot both miss each other.
 struct InWait<'a>(&'a AtomicU32);
 
 impl<'a> InWait<'a> {
     fn new(n: &'a AtomicU32) -> InWait<'a> {
-        n.fetch_add(1, Ordering::Relaxed);
+        n.fetch_add(1, Ordering::SeqCst);
         InWait(n)
     }
 }
