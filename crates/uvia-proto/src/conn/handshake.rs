@@ -197,6 +197,15 @@ impl Conn {
         Some(r.emit(buf, self.peer_id, self.local_id))
     }
 
+    /// Our disconnect, carrying the acknowledgement of what arrived.
+    fn disconnect_frame(&self, buf: &mut [u8]) -> usize {
+        let r = Repr::Disconnect {
+            ack: self.rcv.base(),
+            done: self.in_base,
+        };
+        r.emit(buf, self.peer_id, self.local_id)
+    }
+
     /// The next frame of a side not connected: a client's request; a
     /// closing side's last ack, its disconnect, or its answer to the
     /// peer's; after the end, the answer to a peer that missed it.
@@ -239,21 +248,13 @@ impl Conn {
                     // The peer's data says it has not had the disconnect:
                     // it goes again now, outside the tries.
                     self.disconnect_due = false;
-                    let r = Repr::Disconnect {
-                        ack: self.rcv.base(),
-                        done: self.in_base,
-                    };
-                    return Some(r.emit(buf, dst, src));
+                    return Some(self.disconnect_frame(buf));
                 }
                 if tries < CLOSE_TRIES && self.timers.due(Timer::Close, now) {
                     self.state = State::Closing { tries: tries + 1 };
                     self.timers
                         .set(Timer::Close, now + self.cfg.handshake_retry);
-                    let r = Repr::Disconnect {
-                        ack: self.rcv.base(),
-                        done: self.in_base,
-                    };
-                    return Some(r.emit(buf, dst, src));
+                    return Some(self.disconnect_frame(buf));
                 }
                 None
             }
@@ -264,11 +265,7 @@ impl Conn {
                 }
                 if self.disconnect_due {
                     self.disconnect_due = false;
-                    let r = Repr::Disconnect {
-                        ack: self.rcv.base(),
-                        done: self.in_base,
-                    };
-                    return Some(r.emit(buf, dst, src));
+                    return Some(self.disconnect_frame(buf));
                 }
                 if let Some((code, psn)) = self.nak.take() {
                     let ack = self.rcv.base();

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uvia_net::{Addr, Medium, OutFrame, RecvBatch};
-use uvia_proto::{wire, Conn};
+use uvia_proto::Conn;
 
 /// How long a closing connection is kept at most, whatever its engine
 /// says: its tries take a few hundred milliseconds.
@@ -84,11 +84,7 @@ impl Closing {
         if let Ok(n) = self.medium.recv(&mut self.batch) {
             for i in 0..n {
                 let (_, bytes) = self.batch.frame(i);
-                let parsed = match self.intact {
-                    true => wire::parse_intact(bytes),
-                    false => wire::parse(bytes),
-                };
-                if let Ok((dst, src, repr)) = parsed {
+                if let Ok((dst, src, repr)) = super::parse(self.intact, bytes) {
                     if dst == self.id {
                         self.heard = now;
                         self.conn.handle_frame(now, src, &repr, &mut NoMemory);

@@ -164,11 +164,7 @@ impl NetNic {
         &self,
         bytes: &'a [u8],
     ) -> Result<(u32, u32, Repr<'a>), wire::WireError> {
-        if self.intact {
-            wire::parse_intact(bytes)
-        } else {
-            wire::parse(bytes)
-        }
+        parse(self.intact, bytes)
     }
 
     /// Starts queueing requests for `discriminator` (and, on a shared
@@ -630,6 +626,15 @@ pub(crate) fn run_due_timers(nic: &NicShared) {
 /// of a CPU. `None` on another provider's Nic.
 pub(crate) fn timers_due_in(nic: &NicShared) -> Option<Duration> {
     NetNic::of(nic).map(|n| n.deadlines.due_in(Instant::now()))
+}
+
+/// Checks and parses a frame: its checksum is not looked at when the
+/// medium delivers frames `intact`.
+pub(super) fn parse(intact: bool, bytes: &[u8]) -> Result<(u32, u32, Repr<'_>), wire::WireError> {
+    match intact {
+        true => wire::parse_intact(bytes),
+        false => wire::parse(bytes),
+    }
 }
 
 impl NetNic {

@@ -348,16 +348,7 @@ impl NetVi {
                     }
                     continue;
                 }
-                match nic.parse(bytes) {
-                    Ok((dst, src, repr)) if dst == self.id => {
-                        self.input(vi, q, from, src, &repr, now)
-                    }
-                    // Only the peer's connection sends here, and only its
-                    // own frames: a late frame of an earlier connection.
-                    _ => {
-                        nic.malformed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+                self.input_joined(vi, q, nic, from, bytes, now);
             }
         }
         self.own_batch = Some(batch);
@@ -414,12 +405,7 @@ impl NetVi {
         let now = Instant::now();
         for i in 0..n {
             let (from, bytes) = batch.frame(i);
-            match nic.parse(bytes) {
-                Ok((dst, src, repr)) if dst == self.id => self.input(vi, q, from, src, &repr, now),
-                _ => {
-                    nic.malformed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            self.input_joined(vi, q, nic, from, bytes, now);
         }
         self.own_batch = Some(batch);
         // What a sleep that ended without frames owes: the timers.
@@ -449,6 +435,26 @@ impl NetVi {
         let NetVi { conn, peer, id, .. } = *self;
         net.closer
             .keep(Closing::new(conn, own, peer, id, net.intact));
+    }
+
+    /// Hands a frame from the joined connection's own medium to its
+    /// engine. Only the peer's connection sends there, and only its own
+    /// frames: anything else is a late frame of an earlier connection.
+    fn input_joined(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        nic: &NetNic,
+        from: Addr,
+        bytes: &[u8],
+        now: Instant,
+    ) {
+        match nic.parse(bytes) {
+            Ok((dst, src, repr)) if dst == self.id => self.input(vi, q, from, src, &repr, now),
+            _ => {
+                nic.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Hands the engine every receive descriptor posted before it existed.
