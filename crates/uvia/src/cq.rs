@@ -1207,6 +1207,7 @@ impl Cq {
 mod tests {
     use crate::vi::tests::connected_pair_with;
     use crate::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
     #[test]
@@ -1392,8 +1393,12 @@ mod tests {
         };
         let cq = cq_of(&sn);
         let (server, client) = (end_on(&sn, Some(&cq), Some(&cq)), end_on(&cn, None, None));
+        // One discriminator per pair: tests run side by side in one process.
+        static PAIRS: AtomicU64 = AtomicU64::new(0);
         let disc = Discriminator::from_u64(
-            (std::process::id() as u64) << 32 | 0x5eeb_0000 | (name.len() as u64),
+            (std::process::id() as u64) << 32
+                | 0x5eeb_0000
+                | PAIRS.fetch_add(1, Ordering::Relaxed),
         );
         let (n2, s2, d2) = (sn.clone(), server.vi.clone(), disc.clone());
         let t = std::thread::spawn(move || {

@@ -1252,7 +1252,13 @@ mod tests {
 
     #[test]
     fn the_connections_to_one_process_share_one_watch_of_its_state() {
-        let me = std::process::id() as i32;
+        // A child of its own: this process's watch is shared with the other
+        // tests' shm connections, which keep it alive past the drop below.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep starts");
+        let me = child.id() as i32;
         let a = StopWatch::of(me).expect("this process's state is readable");
         let b = StopWatch::of(me).expect("this process's state is readable");
         assert!(
@@ -1262,7 +1268,7 @@ mod tests {
         let state = a.read_state();
         assert!(
             matches!(state, Some(b'R' | b'S')),
-            "this process is running or sleeping, not {state:?}"
+            "the child is running or sleeping, not {state:?}"
         );
         assert!(!a.stopped_too_long());
         // Looked at once for both within the interval (unless this thread
@@ -1277,5 +1283,8 @@ mod tests {
         let c = StopWatch::of(me).unwrap();
         assert!(c.state.lock().unwrap().looked.is_none());
         assert_eq!(StopWatch::of(0).map(|_| ()), None, "no pid: no watch");
+        drop(c);
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
