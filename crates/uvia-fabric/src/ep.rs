@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use uvia::{
-    control, ConnectError, ControlSegment, Descriptor, MemHandle, PostError, Reliability, Segment,
-    Vi, ViAttributes, ViState, MAX_SEGMENTS,
+    control, ConnectError, ControlSegment, Descriptor, MemHandle, PostError, Queue, Reliability,
+    Segment, Vi, ViAttributes, ViState, MAX_SEGMENTS,
 };
 
 /// How long `fi_connect` waits for the peer's answer.
@@ -294,6 +294,19 @@ impl Ep {
             .ops
             .set(OpPool::new(va.send_queue_depth + va.recv_queue_depth));
         d.driver.add(&vi);
+        // Each bound CQ reads the queues that report to it (a CQ bound for
+        // both directions, both).
+        match (tx_cq, rx_cq) {
+            (Some(t), Some(r)) if std::ptr::eq(t, r) => t.attach(&vi, &[Queue::Recv, Queue::Send]),
+            (t, r) => {
+                if let Some(r) = r {
+                    r.attach(&vi, &[Queue::Recv]);
+                }
+                if let Some(t) = t {
+                    t.attach(&vi, &[Queue::Send]);
+                }
+            }
+        }
         let _ = self.vi.set(vi);
         Ok(())
     }
@@ -556,6 +569,15 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         }
         if let Some(vi) = ep.vi.take() {
             ep.domain().driver.remove(&vi);
+            // SAFETY: bound CQs are kept open by their counts.
+            for cq in [
+                ep.tx_cq.load(Ordering::Acquire),
+                ep.rx_cq.load(Ordering::Acquire),
+            ] {
+                if let Some(cq) = unsafe { cq.as_ref() } {
+                    cq.detach(&vi);
+                }
+            }
             vi.disconnect();
             // Descriptors still queued complete flushed: free their Ops.
             while let Some(d) = vi.send_done_raw().or_else(|| vi.recv_done_raw()) {

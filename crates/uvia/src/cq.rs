@@ -544,6 +544,12 @@ impl Cq {
     /// A direct CQ's walk: each attached queue once, starting one VI
     /// further than the last walk, until `f` returns something.
     fn walk<R>(&self, mut f: impl FnMut(&Vi, Queue) -> Option<R>) -> Option<(Vi, R)> {
+        self.walk_vis(|vi, queues| queues.iter().find_map(|&q| f(vi, q)))
+    }
+
+    /// [`walk`](Self::walk) a VI at a time: `f` gets each attached VI with
+    /// the queues it reports here (one or both).
+    fn walk_vis<R>(&self, mut f: impl FnMut(&Vi, &[Queue]) -> Option<R>) -> Option<(Vi, R)> {
         let m = self.s.lock_members();
         let n = m.len();
         if n == 0 {
@@ -559,10 +565,13 @@ impl Cq {
                 continue;
             };
             let vi = Vi { s };
+            let (mut queues, mut k) = ([Queue::Recv; 2], 0);
             for q in self.queues_of(&vi.s).into_iter().flatten() {
-                if let Some(r) = f(&vi, q) {
-                    return Some((vi, r));
-                }
+                queues[k] = q;
+                k += 1;
+            }
+            if let Some(r) = f(&vi, &queues[..k]) {
+                return Some((vi, r));
             }
         }
         None
@@ -575,7 +584,7 @@ impl Cq {
     pub fn take_raw(&self) -> Result<Option<(Vi, Queue, NonNull<Descriptor>)>, WaitError> {
         if self.s.direct {
             return Ok(self
-                .walk(|vi, q| vi.done_raw(q).map(|d| (q, d)))
+                .walk_vis(|vi, queues| vi.done_raw_of(queues))
                 .map(|(vi, (q, d))| (vi, q, d)));
         }
         while let Some(c) = self.done()? {
@@ -1396,9 +1405,7 @@ mod tests {
         // One discriminator per pair: tests run side by side in one process.
         static PAIRS: AtomicU64 = AtomicU64::new(0);
         let disc = Discriminator::from_u64(
-            (std::process::id() as u64) << 32
-                | 0x5eeb_0000
-                | PAIRS.fetch_add(1, Ordering::Relaxed),
+            (std::process::id() as u64) << 32 | 0x5eeb_0000 | PAIRS.fetch_add(1, Ordering::Relaxed),
         );
         let (n2, s2, d2) = (sn.clone(), server.vi.clone(), disc.clone());
         let t = std::thread::spawn(move || {

@@ -35,6 +35,7 @@ pub use error::{
     ConnectError, CqError, MemError, OpenError, PostError, PtagError, Rejected, ViAttrError,
     WaitError,
 };
+pub use lock::SpinLock;
 pub use mem::{AccessError, MemAttributes, Ptag, RegionInfo};
 pub use nic::{MemoryRegion, Nic, NicAttributes, NicOptions, WeakNic, DEFAULT_IDLE_TIMEOUT};
 pub use vi::{Queue, Reliability, Vi, ViAttributes, ViState, DEFAULT_WAIT_SPIN};

@@ -21,19 +21,19 @@ const SPINS: u32 = 256;
 
 /// A spin lock whose waiters yield the core after [`SPINS`] tries.
 #[derive(Default)]
-pub(crate) struct SpinLock<T>(spin::Mutex<T>);
+pub struct SpinLock<T>(spin::Mutex<T>);
 
 /// The lock held; released when dropped.
-pub(crate) struct Guard<'a, T>(spin::MutexGuard<'a, T>);
+pub struct Guard<'a, T>(spin::MutexGuard<'a, T>);
 
 impl<T> SpinLock<T> {
-    pub(crate) const fn new(value: T) -> SpinLock<T> {
+    pub const fn new(value: T) -> SpinLock<T> {
         SpinLock(spin::Mutex::new(value))
     }
 
     /// Takes the lock: one compare-and-swap when it is free.
     #[inline]
-    pub(crate) fn lock(&self) -> Guard<'_, T> {
+    pub fn lock(&self) -> Guard<'_, T> {
         match self.0.try_lock() {
             Some(g) => Guard(g),
             None => self.lock_contended(),
@@ -57,13 +57,13 @@ impl<T> SpinLock<T> {
     }
 
     /// The value, through exclusive access (no lock needed).
-    pub(crate) fn get_mut(&mut self) -> &mut T {
+    pub fn get_mut(&mut self) -> &mut T {
         self.0.get_mut()
     }
 
     /// The lock if it is free now.
     #[inline]
-    pub(crate) fn try_lock(&self) -> Option<Guard<'_, T>> {
+    pub fn try_lock(&self) -> Option<Guard<'_, T>> {
         self.0.try_lock().map(Guard)
     }
 }
