@@ -418,16 +418,18 @@ impl Cq {
     /// (its done call) while none is found.
     fn take(&self) -> Option<NonNull<Descriptor>> {
         let m = self.members.lock();
-        let n = m.len();
-        let start = match n {
-            0 => return None,
-            1 => 0,
-            _ => self.next.fetch_add(1, Ordering::Relaxed) % n,
-        };
-        (0..n).find_map(|k| {
-            let m = &m[(start + k) % n];
-            m.vi.done_raw_of(&m.queues[..m.n]).map(|(_, d)| d)
-        })
+        let look = |m: &Member| m.vi.done_raw_of(&m.queues[..m.n]).map(|(_, d)| d);
+        match &m[..] {
+            [] => None,
+            // The usual case (an endpoint per CQ): no turn to take, and no
+            // division on the path.
+            [one] => look(one),
+            all => {
+                let start = self.next.fetch_add(1, Ordering::Relaxed) % all.len();
+                let (a, b) = all.split_at(start);
+                b.iter().chain(a).find_map(look)
+            }
+        }
     }
 
     fn entry_size(&self) -> usize {

@@ -852,15 +852,17 @@ impl Vi {
     pub fn done_raw_of(&self, queues: &[Queue]) -> Option<(Queue, NonNull<Descriptor>)> {
         let mut g = self.lock();
         let ViInner { q, t } = &mut *g;
-        if let Some(r) = queues
-            .iter()
-            .find_map(|&queue| self.pop(q, queue, false).map(|d| (queue, d)))
-        {
-            return Some(r);
+        for &queue in queues {
+            if let Some(d) = self.pop(q, queue, false) {
+                return Some((queue, d));
+            }
         }
-        queues
-            .iter()
-            .find_map(|&queue| t.poll(self, q, queue, false).map(|d| (queue, d)))
+        for &queue in queues {
+            if let Some(d) = t.poll(self, q, queue, false) {
+                return Some((queue, d));
+            }
+        }
+        None
     }
 
     /// True if the head of `queue` has completed, after moving forward
