@@ -118,10 +118,10 @@ pub struct Taken {
 /// finds its queue full as well.
 ///
 /// A slot is claimed with one compare-and-swap of its flag, from a cursor
-/// that follows the last claim (completions come back in about the order
-/// of the posts, so the slot after the last one claimed is almost always
-/// free), and given back with a plain store: the lock and list a free list
-/// needs were four atomic read-modify-writes a message, two on each side.
+/// that follows the last claim or the last slot given back (either is
+/// almost always free), and given back with a plain store: the lock and
+/// list a free list needs were four atomic read-modify-writes a message,
+/// two on each side.
 pub struct OpPool {
     slots: Box<[UnsafeCell<MaybeUninit<Op>>]>,
     busy: Box<[AtomicBool]>,
@@ -181,9 +181,13 @@ impl OpPool {
         None
     }
 
-    /// Gives slot `i` back, its operation read.
+    /// Gives slot `i` back, its operation read, and makes it the next
+    /// claim's first look: a ping-pong then reuses one slot, warm in the
+    /// cache, where following the cursor walked all of them (a slot is
+    /// three cache lines; a pool of 512 is 96 KiB, more than the L1).
     fn release(&self, i: u32) {
         self.busy[i as usize].store(false, Ordering::Release);
+        self.next.store(i as usize, Ordering::Relaxed);
     }
 
     /// Fills a free slot in place with `fill` and gives up the slot to the
