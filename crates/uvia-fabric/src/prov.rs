@@ -64,6 +64,9 @@ impl Provider {
 /// libfabric's entry point: called once when it loads the library.
 #[no_mangle]
 pub extern "C" fn fi_prov_ini() -> *mut fi_provider {
+    // Only libfabric's loader calls this, in the library's own copy of the
+    // standard library (the Rust tests link the crate and never call it).
+    guard::every_panic_is_guarded();
     guard::catch("fi_prov_ini", || {
         define_params();
         PROVIDER.as_ptr()

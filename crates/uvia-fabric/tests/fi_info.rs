@@ -151,6 +151,8 @@ fn a_panic_in_getinfo_is_an_error_not_an_abort() {
     assert!(!o.status.success(), "{o:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("getinfo: internal error (panic)"), "{err}");
+    // One line, not the default hook's report first.
+    assert!(!err.contains("panicked at"), "{err}");
 }
 
 /// `fi_pingpong -e msg` on shm, sizes 1 B to 8 MiB.

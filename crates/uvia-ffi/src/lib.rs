@@ -14,6 +14,15 @@
 //! set and cleared on every call: about 3.5 ns a call (the thread-local
 //! lookup of a shared library), the whole cost of the guard.
 //!
+//! A face loaded into a C program can skip that flag
+//! ([`Boundary::every_panic_is_guarded`]): a shared library carries its own
+//! copy of the standard library, so every panic its hook sees is the
+//! library's own, and a program's thread runs the library's code only
+//! inside its entries, all guarded. The library's own threads (all named
+//! `uvia-...`) are told apart by name and reported in full. The flag then
+//! matters only where the face is linked into a Rust program (its tests),
+//! whose own panics must still reach the hook before.
+//!
 //! A face's test variable (`UVIA_VIPL_TEST_PANIC`, `UVIA_FI_TEST_PANIC`), a
 //! comma-separated list of function names, makes the first guarded run of
 //! each named one panic, so that tests can see the above.
@@ -22,8 +31,12 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
+
+/// Every panic this copy of the standard library sees comes from inside a
+/// guarded body ([`Boundary::every_panic_is_guarded`]).
+static ALL_GUARDED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Set while this thread runs a guarded body.
@@ -61,22 +74,36 @@ impl Boundary {
         self.test_var
     }
 
+    /// Declares that every panic of this copy of the standard library
+    /// happens inside a guarded body, so guarded runs need not mark
+    /// themselves (see the module's text). For a shared library's entry
+    /// point, called by a C program's loader: never in a Rust program,
+    /// whose own panics would then lose their report.
+    pub fn every_panic_is_guarded(&self) {
+        ALL_GUARDED.store(true, Ordering::Relaxed);
+    }
+
     /// Runs `f`; if it panics, writes one line naming `what` to stderr and
     /// returns `None`.
     pub fn catch<R>(&self, what: &str, f: impl FnOnce() -> R) -> Option<R> {
         self.init.call_once(|| self.start());
-        let r = GUARDED.with(|g| {
-            let outer = g.replace(true);
-            // AssertUnwindSafe: after a panic the call's objects are left as
-            // the panic left them; the faces' locks carry on after poisoning
-            // (`lock`), and the caller is told the call failed.
-            let r = panic::catch_unwind(AssertUnwindSafe(|| {
-                self.test_panic(what);
-                f()
-            }));
-            g.set(outer);
-            r
+        // AssertUnwindSafe: after a panic the call's objects are left as
+        // the panic left them; the faces' locks carry on after poisoning
+        // (`lock`), and the caller is told the call failed.
+        let body = AssertUnwindSafe(|| {
+            self.test_panic(what);
+            f()
         });
+        let r = if ALL_GUARDED.load(Ordering::Relaxed) {
+            panic::catch_unwind(body)
+        } else {
+            GUARDED.with(|g| {
+                let outer = g.replace(true);
+                let r = panic::catch_unwind(body);
+                g.set(outer);
+                r
+            })
+        };
         match r {
             Ok(v) => Some(v),
             Err(payload) => {
@@ -107,7 +134,9 @@ impl Boundary {
         HOOK.call_once(|| {
             let previous = panic::take_hook();
             panic::set_hook(Box::new(move |info| {
-                if GUARDED.try_with(Cell::get).unwrap_or(false) {
+                if GUARDED.try_with(Cell::get).unwrap_or(false)
+                    || (ALL_GUARDED.load(Ordering::Relaxed) && !library_thread())
+                {
                     let at = info
                         .location()
                         .map(|l| format!(" at {}:{}", l.file(), l.line()))
@@ -148,6 +177,15 @@ impl Boundary {
             panic!("provoked by {}", self.test_var);
         }
     }
+}
+
+/// This thread is one the library started (they are all named `uvia-...`),
+/// not a program's thread inside a guarded call. Its panics are reported in
+/// full: not all of its work runs in a guarded body.
+fn library_thread() -> bool {
+    std::thread::current()
+        .name()
+        .is_some_and(|n| n.starts_with("uvia-"))
 }
 
 /// Locks `m`, carrying on after a panic elsewhere poisoned it.
