@@ -21,13 +21,17 @@
 //! A remap outlives its registration: the pages stay the memfd's until the
 //! program unmaps them (`free` of a large block, `munmap`), since the
 //! program may still be using them and no call could put them back without
-//! the same race with its writes. A later registration over such pages
-//! copies them into a new memfd; one over pages a live registration has
-//! remapped shares that registration's memfd.
+//! the same race with its writes. The remap is kept while the program has
+//! it mapped, so a later registration over the same pages shares its memfd
+//! instead of copying them again: `ofi_rxm` registers a rendezvous
+//! message's buffer for each message, and a copy into a new memfd (which
+//! the peer then maps afresh) made every 1 MiB MPI message take 2 to 4 ms.
+//! A remap the program no longer has wholly mapped is let go at the next
+//! registration (once no registration holds it), which frees its memory.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, Weak};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 use uvia_shm::segment::page_size;
 use uvia_shm::Segment;
 
@@ -48,8 +52,10 @@ pub struct Remap {
     seg: Segment,
     start: usize,
     len: usize,
-    /// The memfd's inode, to recognise its lines in `/proc/self/maps`.
+    /// The memfd's inode and device, to recognise its mappings in
+    /// `/proc/self/maps`.
     ino: u64,
+    dev: (u32, u32),
 }
 
 impl Remap {
@@ -70,9 +76,9 @@ impl Remap {
     }
 }
 
-/// Live remaps (held by their registrations), to find one a new
-/// registration lies in.
-static REMAPS: Mutex<Vec<Weak<Remap>>> = Mutex::new(Vec::new());
+/// Remaps held by registrations or still mapped by the program, to find
+/// one a new registration lies in.
+static REMAPS: Mutex<Vec<Arc<Remap>>> = Mutex::new(Vec::new());
 
 /// The memfd behind the whole pages of `[buf, buf + len)`, remapping them
 /// if they are private anonymous memory; `None` (the range stays as it is)
@@ -94,15 +100,26 @@ pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
         return None;
     }
     let mut t = REMAPS.lock().unwrap_or_else(|p| p.into_inner());
-    t.retain(|w| w.strong_count() > 0);
+    // A registration over a kept remap (the same buffer registered again)
+    // is answered by a few queries of single mappings, where the whole map
+    // of a large program (an MPI rank's runs to a thousand lines) took
+    // half a millisecond to read.
+    if let Some(q) = MapQuery::open() {
+        if let Some(found) = q.kept(&mut t, lo, hi) {
+            return found;
+        }
+    }
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    // A live remap the program still has mapped is shared (or, overlapped
-    // in part, leaves the range alone); one whose pages it unmapped while
+    // Kept: a remap a registration holds, or one the program still has
+    // wholly mapped (a later registration may share it).
+    t.retain(|r| Arc::strong_count(r) > 1 || still_mapped(&maps, r.start, r.start + r.len, r.ino));
+    // A remap the program still has mapped is shared (or, overlapped in
+    // part, leaves the range alone); one whose pages it unmapped while
     // registered names other memory now and is passed over.
-    for r in t.iter().filter_map(Weak::upgrade) {
+    for r in t.iter() {
         let (a, b) = (r.start.max(lo), (r.start + r.len).min(hi));
         if a < b && still_mapped(&maps, a, b, r.ino) {
-            return (r.start <= lo && hi <= r.start + r.len).then_some(r);
+            return (r.start <= lo && hi <= r.start + r.len).then(|| r.clone());
         }
     }
     if !remappable(&maps, lo, hi) {
@@ -113,14 +130,15 @@ pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
     let seg = unsafe { remap(lo, hi - lo) }.ok()?;
     // fstat of our own descriptor does not fail; were it to, inode 0 matches
     // no line of the map and the remap would only never be shared.
-    let ino = inode(seg.fd()).unwrap_or(0);
+    let (ino, dev) = inode(seg.fd()).unwrap_or((0, (0, 0)));
     let r = Arc::new(Remap {
         seg,
         start: lo,
         len: hi - lo,
         ino,
+        dev,
     });
-    t.push(Arc::downgrade(&r));
+    t.push(r.clone());
     Some(r)
 }
 
@@ -383,11 +401,140 @@ fn covered(maps: &str, lo: usize, hi: usize, ok: impl Fn(&str, u64, &str) -> boo
     false
 }
 
-fn inode(fd: i32) -> Option<u64> {
+fn inode(fd: i32) -> Option<(u64, (u32, u32))> {
     // SAFETY: zeroed stat is a valid out-parameter.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `st` is valid for the call; `fd` is our segment's.
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_ino)
+    (unsafe { libc::fstat(fd, &mut st) } == 0)
+        .then(|| (st.st_ino, (libc::major(st.st_dev), libc::minor(st.st_dev))))
+}
+
+/// `struct procmap_query` of `linux/fs.h` (Linux 6.11): one mapping of
+/// this process, by address. Written out here because the libc crate and
+/// older system headers do not have it; its size is checked in the tests
+/// against the ioctl number, which encodes it.
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong = 0xc068_6611;
+const VMA_WRITABLE: u64 = 0x02;
+const VMA_SHARED: u64 = 0x08;
+
+/// The kernel answered a query with "no such ioctl" once: read the text.
+static NO_QUERY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `/proc/self/maps` opened for [`PROCMAP_QUERY`].
+struct MapQuery(OwnedFd);
+
+impl MapQuery {
+    /// `None` where the kernel has no such query (before 6.11).
+    fn open() -> Option<MapQuery> {
+        if NO_QUERY.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        // SAFETY: a constant path; the descriptor is checked and owned.
+        let fd = unsafe {
+            libc::open(
+                c"/proc/self/maps".as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        // SAFETY: a fresh descriptor we own.
+        (fd >= 0).then(|| MapQuery(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// The mapping that covers `addr`: (end, flags, inode, device);
+    /// `Ok(None)` where nothing is mapped.
+    fn at(&self, addr: usize) -> io::Result<Option<(usize, u64, u64, (u32, u32))>> {
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_addr: addr as u64,
+            ..ProcmapQuery::default()
+        };
+        // SAFETY: `q` is the struct the ioctl reads and writes, its size
+        // in its first field; no name or build id is asked for.
+        if unsafe { libc::ioctl(self.0.as_raw_fd(), PROCMAP_QUERY, &mut q) } < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENOENT) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        Ok(Some((
+            q.vma_end as usize,
+            q.vma_flags,
+            q.inode,
+            (q.dev_major, q.dev_minor),
+        )))
+    }
+
+    /// True when `[lo, hi)` is wholly mapped, shared and writable, by the
+    /// memfd of `r`.
+    fn mapped_by(&self, r: &Remap, lo: usize, hi: usize) -> io::Result<bool> {
+        let mut at = lo;
+        while at < hi {
+            let Some((end, flags, ino, dev)) = self.at(at)? else {
+                return Ok(false);
+            };
+            let shared_rw = flags & (VMA_SHARED | VMA_WRITABLE) == VMA_SHARED | VMA_WRITABLE;
+            if !shared_rw || ino != r.ino || dev != r.dev || end <= at {
+                return Ok(false);
+            }
+            at = end;
+        }
+        Ok(true)
+    }
+
+    /// [`share`]'s answer from the kept remaps, if they give one: the remap
+    /// `[lo, hi)` lies in (`Some(Some)`), or `Some(None)` where the range
+    /// overlaps one only in part. Lets go of remaps no registration holds
+    /// and the program no longer maps. `None`: no kept remap touches the
+    /// range (or the query failed), so the caller reads the whole map.
+    fn kept(&self, t: &mut Vec<Arc<Remap>>, lo: usize, hi: usize) -> Option<Option<Arc<Remap>>> {
+        let mut failed = false;
+        let mut check = |r: &Remap, a: usize, b: usize| match self.mapped_by(r, a, b) {
+            Ok(yes) => yes,
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::ENOTTY) || e.raw_os_error() == Some(libc::EINVAL)
+                {
+                    NO_QUERY.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                failed = true;
+                true
+            }
+        };
+        t.retain(|r| Arc::strong_count(r) > 1 || check(r, r.start, r.start + r.len));
+        let mut found = None;
+        for r in t.iter() {
+            let (a, b) = (r.start.max(lo), (r.start + r.len).min(hi));
+            if a < b && check(r, a, b) {
+                found = Some((r.start <= lo && hi <= r.start + r.len).then(|| r.clone()));
+                break;
+            }
+        }
+        if failed {
+            return None;
+        }
+        found
+    }
 }
 
 #[cfg(test)]
@@ -458,14 +605,59 @@ mod tests {
         assert!(Arc::ptr_eq(&r, &r2));
         // SAFETY: as above.
         assert!(unsafe { share(r.start().add(r.len() - 4096), MIN_SHARE + 8192) }.is_none());
+        let (ino, fd) = (r.ino, r.fd());
         drop((r, r2));
-        // Once its registrations are gone, the pages can be remapped again,
-        // contents kept.
+        // Once its registrations are gone the remap is kept while the
+        // buffer is: registering the buffer again shares the same memfd,
+        // contents kept, with no copy.
         let want = v.clone();
         // SAFETY: as above.
-        let r3 = unsafe { share(v.as_ptr(), len) }.expect("an old remap remaps");
-        assert_eq!(r3.len() % page_size(), 0);
+        let r3 = unsafe { share(v.as_ptr().add(10), len) }.expect("a kept remap is shared");
+        assert_eq!(
+            (r3.ino, r3.fd()),
+            (ino, fd),
+            "the same memfd, not a new copy"
+        );
         assert_eq!(v, want);
+    }
+
+    /// A kept remap whose pages the program unmaps is let go at the next
+    /// registration: its memory goes back.
+    #[test]
+    fn a_kept_remap_goes_with_its_pages() {
+        if !hold_available() {
+            return;
+        }
+        let len = 1 << 20;
+        let p = anon(len);
+        // SAFETY: our mapping, which no other thread touches.
+        let r = unsafe { share(p as *const u8, len) }.expect("anonymous memory remaps");
+        let kept = Arc::downgrade(&r);
+        drop(r);
+        let q = anon(len);
+        // SAFETY: as above.
+        let again = unsafe { share(p as *const u8, len) }.expect("still mapped: kept");
+        assert!(kept.upgrade().is_some_and(|k| Arc::ptr_eq(&k, &again)));
+        drop(again);
+        // SAFETY: the test's own mapping, no longer used.
+        unsafe { libc::munmap(p, len) };
+        // SAFETY: as above, another mapping of ours.
+        let other = unsafe { share(q as *const u8, len) };
+        assert!(other.is_some());
+        assert!(kept.upgrade().is_none(), "the unmapped remap was let go");
+        drop(other);
+        // SAFETY: as above.
+        unsafe { libc::munmap(q, len) };
+    }
+
+    /// The hand-written `struct procmap_query` has the size its ioctl
+    /// number encodes (bits 16 to 29).
+    #[test]
+    fn the_map_query_struct_has_the_kernels_size() {
+        assert_eq!(
+            std::mem::size_of::<ProcmapQuery>() as libc::c_ulong,
+            (PROCMAP_QUERY >> 16) & 0x3fff
+        );
     }
 
     /// A fresh private anonymous mapping of `len` bytes, for the test to unmap.
