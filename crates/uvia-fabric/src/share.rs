@@ -441,6 +441,15 @@ const VMA_SHARED: u64 = 0x08;
 /// The kernel answered a query with "no such ioctl" once: read the text.
 static NO_QUERY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// One mapping as [`PROCMAP_QUERY`] reports it: where it ends, its
+/// `VMA_*` flags, and the inode and device of its file.
+struct Mapping {
+    end: usize,
+    flags: u64,
+    ino: u64,
+    dev: (u32, u32),
+}
+
 /// `/proc/self/maps` opened for [`PROCMAP_QUERY`].
 struct MapQuery(OwnedFd);
 
@@ -461,9 +470,8 @@ impl MapQuery {
         (fd >= 0).then(|| MapQuery(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
-    /// The mapping that covers `addr`: (end, flags, inode, device);
-    /// `Ok(None)` where nothing is mapped.
-    fn at(&self, addr: usize) -> io::Result<Option<(usize, u64, u64, (u32, u32))>> {
+    /// The mapping that covers `addr`; `Ok(None)` where nothing is mapped.
+    fn at(&self, addr: usize) -> io::Result<Option<Mapping>> {
         let mut q = ProcmapQuery {
             size: std::mem::size_of::<ProcmapQuery>() as u64,
             query_addr: addr as u64,
@@ -478,12 +486,12 @@ impl MapQuery {
                 _ => Err(e),
             };
         }
-        Ok(Some((
-            q.vma_end as usize,
-            q.vma_flags,
-            q.inode,
-            (q.dev_major, q.dev_minor),
-        )))
+        Ok(Some(Mapping {
+            end: q.vma_end as usize,
+            flags: q.vma_flags,
+            ino: q.inode,
+            dev: (q.dev_major, q.dev_minor),
+        }))
     }
 
     /// True when `[lo, hi)` is wholly mapped, shared and writable, by the
@@ -491,14 +499,14 @@ impl MapQuery {
     fn mapped_by(&self, r: &Remap, lo: usize, hi: usize) -> io::Result<bool> {
         let mut at = lo;
         while at < hi {
-            let Some((end, flags, ino, dev)) = self.at(at)? else {
+            let Some(m) = self.at(at)? else {
                 return Ok(false);
             };
-            let shared_rw = flags & (VMA_SHARED | VMA_WRITABLE) == VMA_SHARED | VMA_WRITABLE;
-            if !shared_rw || ino != r.ino || dev != r.dev || end <= at {
+            let shared_rw = m.flags & (VMA_SHARED | VMA_WRITABLE) == VMA_SHARED | VMA_WRITABLE;
+            if !shared_rw || m.ino != r.ino || m.dev != r.dev || m.end <= at {
                 return Ok(false);
             }
-            at = end;
+            at = m.end;
         }
         Ok(true)
     }
