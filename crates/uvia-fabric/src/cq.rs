@@ -5,6 +5,7 @@
 //! entries in the format the program asked for. Every posted operation is an [`Op`]: the descriptor
 //! and what the completion must hand back.
 
+use crate::defer::Deferred;
 use crate::domain::Domain;
 use crate::guard::{self, lock};
 use crate::inject::Bounce;
@@ -17,7 +18,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use uvia::{status, Descriptor, Queue, SpinLock, Vi};
 
@@ -234,11 +235,13 @@ impl OpPool {
     }
 }
 
-/// An endpoint's VI as a CQ reads it: the queues it reports here.
+/// An endpoint's VI as a CQ reads it: the queues it reports here, and
+/// its receives waiting for a read (on shm).
 struct Member {
     vi: Vi,
     queues: [Queue; 2],
     n: usize,
+    deferred: Option<Arc<Deferred>>,
 }
 
 /// A completion queue. `#[repr(C)]` with libfabric's `fid_cq` first.
@@ -254,6 +257,10 @@ pub struct Cq {
     members: SpinLock<Vec<Member>>,
     /// Where the next read starts, with several members (a hint).
     next: AtomicUsize,
+    /// Threads asleep in `fi_cq_sread` on this CQ: a receive posted
+    /// meanwhile is posted at once rather than left for their next read
+    /// (`defer`).
+    pub sleepers: AtomicUsize,
     format: fi_cq_format,
     /// Failed operations, read with `fi_cq_readerr`.
     errors: Mutex<VecDeque<fi_cq_err_entry>>,
@@ -369,6 +376,7 @@ pub unsafe extern "C" fn open(
             cq: ucq,
             members: SpinLock::new(Vec::new()),
             next: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
             format,
             errors: Mutex::new(VecDeque::new()),
             erred: AtomicBool::new(false),
@@ -401,11 +409,12 @@ impl Cq {
 
     /// Reads `vi`'s completions from `queues` (an endpoint bound here
     /// was enabled).
-    pub fn attach(&self, vi: &Vi, queues: &[Queue]) {
+    pub fn attach(&self, vi: &Vi, queues: &[Queue], deferred: Option<Arc<Deferred>>) {
         let mut m = Member {
             vi: vi.clone(),
             queues: [Queue::Recv; 2],
             n: queues.len().min(2),
+            deferred,
         };
         m.queues[..m.n].copy_from_slice(&queues[..m.n]);
         self.members.lock().push(m);
@@ -417,12 +426,56 @@ impl Cq {
         self.members.lock().retain(|m| m.vi.id() != vi.id());
     }
 
+    /// Queues the error entry of a failed operation for `fi_cq_readerr`.
+    fn push_error(&self, op: &Taken, flags: u64, len: usize, data: u64) {
+        let st = op.status;
+        lock(&self.errors).push_back(fi_cq_err_entry {
+            op_context: op.context,
+            flags,
+            len,
+            buf: op.buf,
+            data,
+            tag: 0,
+            olen: 0,
+            err: error_code(st),
+            prov_errno: (st & (status::ERROR_MASK | status::DONE)) as c_int,
+            err_data: std::ptr::null_mut(),
+            err_data_size: 0,
+        });
+        self.erred.store(true, Ordering::Release);
+    }
+
+    /// Posts every member's receives waiting for a read; true if one was
+    /// refused (its error entry is then queued).
+    pub fn post_deferred(&self) -> bool {
+        let refused: Vec<NonNull<Descriptor>> = {
+            let m = self.members.lock();
+            m.iter()
+                .filter_map(|m| m.deferred.as_ref().and_then(|df| df.flush(&m.vi)))
+                .collect()
+        };
+        for d in &refused {
+            // SAFETY: every descriptor posted here is an Op; a refused
+            // receive is ours again.
+            let op = unsafe { Op::take(*d) };
+            self.push_error(&op, op.flags, 0, 0);
+        }
+        !refused.is_empty()
+    }
+
     /// A completed operation off any member's queue, one member further
     /// on than the last read started; drives each member's progress
     /// (its done call) while none is found.
     fn take(&self) -> Option<NonNull<Descriptor>> {
         let m = self.members.lock();
-        let look = |m: &Member| m.vi.done_raw_of(&m.queues[..m.n]).map(|(_, d)| d);
+        // Receives waiting for a read are posted first (a refused one is
+        // reported as a flushed receive).
+        let look = |m: &Member| {
+            if let Some(refused) = m.deferred.as_ref().and_then(|df| df.flush(&m.vi)) {
+                return Some(refused);
+            }
+            m.vi.done_raw_of(&m.queues[..m.n]).map(|(_, d)| d)
+        };
         match &m[..] {
             [] => None,
             // The usual case (an endpoint per CQ): no turn to take, and no
@@ -487,22 +540,7 @@ impl Cq {
                 continue;
             }
             if st & status::ERROR_MASK != 0 {
-                let mut errors = lock(&self.errors);
-                errors.push_back(fi_cq_err_entry {
-                    op_context: op.context,
-                    flags,
-                    len,
-                    buf: op.buf,
-                    data,
-                    tag: 0,
-                    olen: 0,
-                    err: error_code(st),
-                    prov_errno: (st & (status::ERROR_MASK | status::DONE)) as c_int,
-                    err_data: std::ptr::null_mut(),
-                    err_data_size: 0,
-                });
-                self.erred.store(true, Ordering::Release);
-                drop(errors);
+                self.push_error(&op, flags, len, data);
                 break;
             }
             // SAFETY: the caller's buffer holds `count` entries of the
@@ -619,6 +657,10 @@ unsafe extern "C" fn sread(
         let deadline = (timeout_ms >= 0)
             .then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms as u64));
         loop {
+            // Counted a sleeper before the look that precedes the sleep: a
+            // receive posted from then on is posted at once
+            // (`Ep::submit_recv`), not left for the read after the wake-up.
+            let asleep = Sleeper::enter(&q.sleepers);
             match q.read_entries(buf, count, None) {
                 Err(e) if e == -FI_EAGAIN => {}
                 r => return r,
@@ -632,7 +674,9 @@ unsafe extern "C" fn sread(
             // The core's wait spins, then sleeps on the CQ; the notice it
             // takes is the first entry.
             // A silent operation's notice yields no entry: wait on.
-            match q.cq.wait(Some(left)) {
+            let woke = q.cq.wait(Some(left));
+            drop(asleep);
+            match woke {
                 Ok(c) => match q.read_entries(buf, count, Some(c)) {
                     Err(e) if e == -FI_EAGAIN => {}
                     r => return r,
@@ -642,6 +686,23 @@ unsafe extern "C" fn sread(
             }
         }
     })
+}
+
+/// A thread counted in a CQ's sleepers while it lives.
+struct Sleeper<'a>(&'a AtomicUsize);
+
+impl<'a> Sleeper<'a> {
+    fn enter(count: &'a AtomicUsize) -> Sleeper<'a> {
+        // Sequentially consistent: see `defer::Deferred::flush`.
+        count.fetch_add(1, Ordering::SeqCst);
+        Sleeper(count)
+    }
+}
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// `fi_control` on a CQ: `FI_GETWAIT` hands out the fd to sleep on (an
@@ -706,6 +767,11 @@ impl Cq {
         self.cq.drain_eventfd();
         if let Some(w) = self.wait_fd.get() {
             w.add(&self.cq);
+        }
+        // Receives waiting for a read are posted, so that a message they
+        // match counts as work below; one refused is work too (its error).
+        if self.post_deferred() {
+            return Err(-FI_EAGAIN);
         }
         if self.cq.arm() {
             return Err(-FI_EAGAIN);

@@ -11,11 +11,12 @@
 //! The EQ then reports `FI_SHUTDOWN` when the VI fails.
 
 use crate::cq::{Cq, Op, OpPool};
+use crate::defer::Deferred;
 use crate::domain::Domain;
 use crate::eq::{Eq, Outcome, Tracked};
 use crate::guard;
 use crate::inject::{Bounce, INJECT_SIZE};
-use crate::medium;
+use crate::medium::{self, Medium};
 use crate::mr;
 use crate::nosys;
 use crate::pep::{self, ConnReq};
@@ -23,6 +24,7 @@ use crate::prov;
 use crate::sys::*;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddrV4;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -49,6 +51,9 @@ pub struct Ep {
     bounce: OnceLock<Bounce>,
     /// Room for the operations in flight on both queues, made with the VI.
     ops: OnceLock<OpPool>,
+    /// On shm, receives posted at the next read of the receive CQ (see
+    /// `defer`); made with the VI.
+    deferred: OnceLock<Arc<Deferred>>,
     peer: Mutex<Option<SocketAddrV4>>,
     /// Its connection as the EQ tracks it, once connecting or accepted.
     tracked: Mutex<Option<Arc<Mutex<Tracked>>>>,
@@ -207,6 +212,7 @@ pub unsafe extern "C" fn open(
             vi: OnceLock::new(),
             bounce: OnceLock::new(),
             ops: OnceLock::new(),
+            deferred: OnceLock::new(),
             peer: Mutex::new(None),
             tracked: Mutex::new(None),
         });
@@ -294,16 +300,25 @@ impl Ep {
             .ops
             .set(OpPool::new(va.send_queue_depth + va.recv_queue_depth));
         d.driver.add(&vi);
+        // On shm the receiver places messages only in its own reads, so a
+        // receive may wait for the next one (see `defer`).
+        let deferred = (d.medium == Medium::Shm).then(|| {
+            let df = Arc::new(Deferred::default());
+            let _ = self.deferred.set(df.clone());
+            df
+        });
         // Each bound CQ reads the queues that report to it (a CQ bound for
-        // both directions, both).
+        // both directions, both), and posts the deferred receives first.
         match (tx_cq, rx_cq) {
-            (Some(t), Some(r)) if std::ptr::eq(t, r) => t.attach(&vi, &[Queue::Recv, Queue::Send]),
+            (Some(t), Some(r)) if std::ptr::eq(t, r) => {
+                t.attach(&vi, &[Queue::Recv, Queue::Send], deferred)
+            }
             (t, r) => {
                 if let Some(r) = r {
-                    r.attach(&vi, &[Queue::Recv]);
+                    r.attach(&vi, &[Queue::Recv], deferred);
                 }
                 if let Some(t) = t {
-                    t.attach(&vi, &[Queue::Send]);
+                    t.attach(&vi, &[Queue::Send], None);
                 }
             }
         }
@@ -406,6 +421,30 @@ impl Ep {
         let mut op = Op::new(desc, context, FI_RECV | FI_MSG, 0);
         op.buf = buf;
         let d = self.place(op)?;
+        self.submit_recv(vi, d)
+    }
+
+    /// Gives a receive's operation to its VI, or on shm to the next read
+    /// of its CQ ([`Deferred`]); an endpoint that failed refuses it now.
+    fn submit_recv(&self, vi: &Vi, d: NonNull<Descriptor>) -> Result<isize, c_int> {
+        if let Some(df) = self.deferred.get() {
+            if vi.state() == ViState::Error {
+                // SAFETY: never queued: still ours.
+                let _ = unsafe { Op::take(d) };
+                return Err(-FI_EIO);
+            }
+            df.push(d);
+            // A thread asleep in the CQ's blocking read would not post it
+            // before its wake-up: post it now (with any before it). A
+            // refusal is reported by that CQ's next read.
+            // SAFETY: a bound CQ is kept open by its count.
+            if let Some(cq) = unsafe { self.rx_cq.load(Ordering::Acquire).as_ref() } {
+                if cq.sleepers.load(Ordering::SeqCst) > 0 {
+                    cq.post_deferred();
+                }
+            }
+            return Ok(0);
+        }
         // SAFETY: as in post_send.
         match unsafe { vi.post_recv_raw(d, false) } {
             Ok(()) => Ok(0),
@@ -447,15 +486,7 @@ impl Ep {
                 op.silent = false;
             })
             .ok_or(-FI_EAGAIN)?;
-        // SAFETY: as in post_send.
-        match unsafe { vi.post_recv_raw(d, false) } {
-            Ok(()) => Ok(0),
-            Err(e) => {
-                // SAFETY: refused, so never queued: still ours.
-                let _ = unsafe { Op::take(d) };
-                Err(post_error(&e))
-            }
-        }
+        self.submit_recv(vi, d)
     }
 }
 
@@ -569,6 +600,13 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         }
         if let Some(vi) = ep.vi.take() {
             ep.domain().driver.remove(&vi);
+            // Receives never posted: free their operations.
+            if let Some(df) = ep.deferred.get() {
+                for d in df.take_all() {
+                    // SAFETY: every descriptor queued there is an Op.
+                    let _ = unsafe { Op::take(d) };
+                }
+            }
             // SAFETY: bound CQs are kept open by their counts.
             for cq in [
                 ep.tx_cq.load(Ordering::Acquire),

@@ -14,6 +14,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod cq;
+pub mod defer;
 pub mod domain;
 pub mod drive;
 pub mod ep;

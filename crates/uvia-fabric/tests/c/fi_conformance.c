@@ -1004,6 +1004,52 @@ static void t_cq_wait_fd(void)
     side_close(&server);
 }
 
+/* A message that arrives before its receive is posted, as an event loop
+ * meets it: the receive posted late, then fi_trywait and a sleep on the
+ * CQ's fd. fi_trywait must not allow a sleep while the message waits for
+ * the receive (on shm a receive is posted by the CQ's next read, and
+ * fi_trywait is one); the fd then wakes the loop, and the read finds it. */
+static void t_cq_wait_fd_late_recv(void)
+{
+    struct side server, client;
+    pair_open(&server, &client);
+    struct region r, l;
+    region_reg(&server, &r, 4096, FI_RECV);
+    region_reg(&client, &l, 4096, FI_SEND);
+    int fd = -1;
+    REQUIRE_RET(fi_control(&server.cq->fid, FI_GETWAIT, &fd), 0);
+    REQUIRE(fd >= 0);
+    fill(l.buf, 100, 7);
+    REQUIRE_RET(fi_send(client.ep, l.buf, 100, l.desc, 0, NULL), 0);
+    sleep_ms(20);
+    int ctx;
+    REQUIRE_RET(fi_recv(server.ep, r.buf, 4096, r.desc, 0, &ctx), 0);
+    struct fid *fids[1] = {&server.cq->fid};
+    struct fi_cq_data_entry e;
+    ssize_t n = -FI_EAGAIN;
+    int slept_in_vain = 0;
+    for (long long end = now_ms() + 5000; n == -FI_EAGAIN && now_ms() < end;) {
+        /* The fd wakes the sleep within the second (on a network medium
+         * the sender's retry brings the message again). */
+        if (fi_trywait(server.fabric, fids, 1) == 0 && !readable(fd, 1000))
+            slept_in_vain++;
+        n = fi_cq_read(server.cq, &e, 1);
+    }
+    CHECKF(n == 1, "the message sent before its receive: fi_cq_read %s after 5 s", ret_name(n));
+    CHECKF(slept_in_vain == 0, "fi_trywait allowed %d sleeps of a second with the message there",
+           slept_in_vain);
+    if (n == 1) {
+        CHECK(e.op_context == &ctx);
+        CHECK_EQ(e.len, 100);
+        CHECK_PATTERN(r.buf, 100, 7);
+    }
+    CQ_EXPECT(client.cq, &e, 10000);
+    region_close(&r);
+    region_close(&l);
+    side_close(&client);
+    side_close(&server);
+}
+
 static const size_t pp_sizes[] = {8, 4096, 65536, 1 << 20};
 enum { PP_ROUNDS = 10, PP_MAX = 1 << 20 };
 
@@ -1398,6 +1444,7 @@ static const struct test tests[] = {
     {"wait", "eq_sread", t_eq_sread, 0},
     {"wait", "eq_wait_fd", t_eq_wait_fd, 0},
     {"wait", "cq_wait_fd", t_cq_wait_fd, 0},
+    {"wait", "cq_wait_fd_late_recv", t_cq_wait_fd_late_recv, 0},
     {"wait", "pingpong_sread", t_pingpong_sread, 25},
     {"fail", "peer_killed_mid_transfer", t_peer_killed, 25},
     {NULL, NULL, NULL, 0},

@@ -1,0 +1,143 @@
+//! Receives posted at the next CQ read: on shm an `fi_recv` queues its
+//! operation here, and the next read of the CQ that the receive queue
+//! reports to posts it to the VI before it looks for messages.
+//!
+//! A ping-pong reposts its receive between taking a message and answering
+//! it (`fi_pingpong` does, and `ofi_rxm` reposts its buffers as it handles
+//! each completion), so the post (the VI's lock, the descriptor's checks,
+//! its queue slot: about 200 instructions) sat on the path of every
+//! message. Queued here it costs a lock and a push, and the post runs in
+//! the read that then waits for the answer, while the message travels.
+//!
+//! Nothing is received earlier or later for it. On shm the receiver
+//! places each message itself, in its own reads (`FI_PROGRESS_MANUAL`):
+//! a message that comes before its receive is posted waits in the ring for
+//! one (the VI's receiver-not-ready retry), and every read posts what waits
+//! here before it looks at the ring. Network media place messages in
+//! their drive thread too, so their receives are posted at once.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use uvia::{status, Descriptor, PostError, SpinLock, Vi};
+
+/// An endpoint's receives waiting for the next CQ read.
+#[derive(Default)]
+pub struct Deferred {
+    pending: SpinLock<Vec<Pending>>,
+    /// `pending` is not empty: read without its lock on every CQ read.
+    any: AtomicBool,
+}
+
+/// A receive's descriptor (its operation's, see `cq::Op`).
+struct Pending(NonNull<Descriptor>);
+
+// SAFETY: the descriptor is the endpoint's pool slot, handed from the
+// posting thread to the reading one under the lock.
+unsafe impl Send for Pending {}
+
+impl Deferred {
+    /// Queues a receive the endpoint has checked; posted by the next
+    /// [`flush`](Self::flush).
+    pub fn push(&self, d: NonNull<Descriptor>) {
+        let mut p = self.pending.lock();
+        p.push(Pending(d));
+        self.any.store(true, Ordering::SeqCst);
+    }
+
+    /// Posts the waiting receives to `vi`, in order. A receive the VI
+    /// refuses for a reason other than a full queue comes back completed
+    /// with the matching error status, for the CQ to report (the ones after
+    /// it wait for the next flush); on a full queue the rest wait for the
+    /// next.
+    pub fn flush(&self, vi: &Vi) -> Option<NonNull<Descriptor>> {
+        // Sequentially consistent, as `push`'s store: a blocking read counts
+        // itself a sleeper before it flushes, and a post looks at the
+        // sleepers after it pushes (`Cq::sleepers`), so one of the two sees
+        // the other's step.
+        if !self.any.load(Ordering::SeqCst) {
+            return None;
+        }
+        let mut p = self.pending.lock();
+        let mut posted = 0;
+        let mut refused = None;
+        for d in p.iter() {
+            // SAFETY: an operation of the endpoint's pool, given up to us
+            // by `push` and to the queue now.
+            match unsafe { vi.post_recv_raw(d.0, false) } {
+                Ok(()) => posted += 1,
+                Err(PostError::QueueFull(..)) => break,
+                Err(e) => {
+                    let why = match e {
+                        PostError::Segment { .. } => status::PROTECTION_ERROR,
+                        PostError::TooLong { .. } => status::LENGTH_ERROR,
+                        PostError::Format(_) => status::FORMAT_ERROR,
+                        _ => status::DESC_FLUSHED_ERROR,
+                    };
+                    // SAFETY: refused, so ours: its status tells the CQ.
+                    unsafe { (*d.0.as_ptr()).cs.status = status::DONE | status::OP_RECEIVE | why };
+                    refused = Some(d.0);
+                    posted += 1;
+                    break;
+                }
+            }
+        }
+        p.drain(..posted);
+        self.any.store(!p.is_empty(), Ordering::Release);
+        refused
+    }
+
+    /// Takes back every waiting receive (the endpoint closes).
+    pub fn take_all(&self) -> Vec<NonNull<Descriptor>> {
+        let mut p = self.pending.lock();
+        self.any.store(false, Ordering::Release);
+        p.drain(..).map(|d| d.0).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uvia::{MemAttributes, Nic, ViAttributes};
+
+    /// Receives wait until a flush, go to the VI in the order they came,
+    /// and those that find its queue full wait for the next flush.
+    #[test]
+    fn receives_are_posted_in_order_by_the_flushes_as_room_allows() {
+        let nic = Nic::open("shm").unwrap();
+        let ptag = nic.create_ptag().unwrap();
+        let region = nic.alloc_region(4096, MemAttributes::new(ptag)).unwrap();
+        let vi = nic
+            .create_vi(ViAttributes::new(ptag).queue_depths(4, 2), None, None)
+            .unwrap();
+        let descs: Vec<NonNull<Descriptor>> = (0..3)
+            .map(|i| {
+                let d = Box::new(Descriptor::recv(&[region.segment(i * 64, 64)]));
+                NonNull::from(Box::leak(d))
+            })
+            .collect();
+        let df = Deferred::default();
+        assert!(df.flush(&vi).is_none(), "nothing waits");
+        for &d in &descs {
+            df.push(d);
+        }
+        // Room for two: the first two are posted, the third waits.
+        assert!(df.flush(&vi).is_none());
+        assert!(df.any.load(Ordering::Acquire), "the third still waits");
+        assert_eq!(df.pending.lock().len(), 1);
+        assert_eq!(df.pending.lock()[0].0, descs[2]);
+        // The endpoint closes: what waits comes back, and the VI gives
+        // back the two it holds (flushed as it goes).
+        assert_eq!(df.take_all(), vec![descs[2]]);
+        assert!(!df.any.load(Ordering::Acquire));
+        vi.disconnect();
+        let mut back = Vec::new();
+        while let Some(d) = vi.recv_done_raw() {
+            back.push(d);
+        }
+        assert_eq!(back, descs[..2].to_vec(), "posted in the order pushed");
+        for d in descs {
+            // SAFETY: leaked above, taken back from the VI or the list.
+            drop(unsafe { Box::from_raw(d.as_ptr()) });
+        }
+    }
+}
