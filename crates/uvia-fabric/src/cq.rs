@@ -261,6 +261,12 @@ pub struct Cq {
     /// meanwhile is posted at once rather than left for their next read
     /// (`defer`).
     pub sleepers: AtomicUsize,
+    /// The last `fi_cq_read` returned entries: the next one posts no
+    /// deferred receive. `ofi_rxm` reads its CQ until it comes back empty,
+    /// and the receives it reposted for the messages just taken would
+    /// otherwise be posted in that read, on the way to its answer; the read
+    /// after it posts them, with the answer sent.
+    just_read: AtomicBool,
     format: fi_cq_format,
     /// Failed operations, read with `fi_cq_readerr`.
     errors: Mutex<VecDeque<fi_cq_err_entry>>,
@@ -377,6 +383,7 @@ pub unsafe extern "C" fn open(
             members: SpinLock::new(Vec::new()),
             next: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
+            just_read: AtomicBool::new(false),
             format,
             errors: Mutex::new(VecDeque::new()),
             erred: AtomicBool::new(false),
@@ -466,12 +473,17 @@ impl Cq {
     /// A completed operation off any member's queue, one member further
     /// on than the last read started; drives each member's progress
     /// (its done call) while none is found.
-    fn take(&self) -> Option<NonNull<Descriptor>> {
+    fn take(&self, post: bool) -> Option<NonNull<Descriptor>> {
         let m = self.members.lock();
-        // Receives waiting for a read are posted first (a refused one is
-        // reported as a flushed receive).
+        // Receives waiting for a read are posted first, with `post` (a
+        // refused one is reported as a flushed receive).
         let look = |m: &Member| {
-            if let Some(refused) = m.deferred.as_ref().and_then(|df| df.flush(&m.vi)) {
+            if let Some(refused) = m
+                .deferred
+                .as_ref()
+                .filter(|_| post)
+                .and_then(|df| df.flush(&m.vi))
+            {
                 return Some(refused);
             }
             m.vi.done_raw_of(&m.queues[..m.n]).map(|(_, d)| d)
@@ -499,13 +511,20 @@ impl Cq {
 
     /// Up to `count` entries into `buf`: their number, `-FI_EAGAIN` for
     /// none, `-FI_EAVAIL` when an error waits at the head.
-    /// `first` is a notice a blocking wait already took.
+    /// `first` is a notice a blocking wait already took. `polling`: an
+    /// `fi_cq_read`, which may leave deferred receives to the next read
+    /// (see `just_read`); a blocking read always posts them.
     fn read_entries(
         &self,
         buf: *mut c_void,
         count: usize,
         mut first: Option<uvia::CqCompletion>,
+        polling: bool,
     ) -> Result<isize, c_int> {
+        let post = !(polling && self.just_read.load(Ordering::Relaxed));
+        if !post {
+            self.just_read.store(false, Ordering::Relaxed);
+        }
         let mut n = 0;
         while n < count {
             if self.erred.load(Ordering::Acquire) {
@@ -513,7 +532,7 @@ impl Cq {
             }
             let d = match first.take() {
                 Some(c) => c.vi.done_raw(c.queue),
-                None => match self.take() {
+                None => match self.take(post) {
                     Some(d) => Some(d),
                     None => break,
                 },
@@ -572,6 +591,9 @@ impl Cq {
             n += 1;
         }
         if n > 0 {
+            if polling {
+                self.just_read.store(true, Ordering::Relaxed);
+            }
             Ok(n as isize)
         } else if self.erred.load(Ordering::Acquire) {
             Err(-(FI_EAVAIL as c_int))
@@ -632,7 +654,7 @@ unsafe extern "C" fn read(cq: *mut fid_cq, buf: *mut c_void, count: usize) -> is
         if buf.is_null() && count > 0 {
             return Err(err::EINVAL);
         }
-        q.read_entries(buf, count, None)
+        q.read_entries(buf, count, None, true)
     })
 }
 
@@ -652,7 +674,7 @@ unsafe extern "C" fn sread(
         // No room for an entry: waiting would take a notice and have
         // nowhere to put it, losing the completion. Look once, as a read.
         if count == 0 {
-            return q.read_entries(buf, 0, None);
+            return q.read_entries(buf, 0, None, false);
         }
         let deadline = (timeout_ms >= 0)
             .then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms as u64));
@@ -661,7 +683,7 @@ unsafe extern "C" fn sread(
             // receive posted from then on is posted at once
             // (`Ep::submit_recv`), not left for the read after the wake-up.
             let asleep = Sleeper::enter(&q.sleepers);
-            match q.read_entries(buf, count, None) {
+            match q.read_entries(buf, count, None, false) {
                 Err(e) if e == -FI_EAGAIN => {}
                 r => return r,
             }
@@ -677,7 +699,7 @@ unsafe extern "C" fn sread(
             let woke = q.cq.wait(Some(left));
             drop(asleep);
             match woke {
-                Ok(c) => match q.read_entries(buf, count, Some(c)) {
+                Ok(c) => match q.read_entries(buf, count, Some(c), false) {
                     Err(e) if e == -FI_EAGAIN => {}
                     r => return r,
                 },
