@@ -301,8 +301,9 @@ impl Ep {
             .set(OpPool::new(va.send_queue_depth + va.recv_queue_depth));
         d.driver.add(&vi);
         // On shm the receiver places messages only in its own reads, so a
-        // receive may wait for the next one (see `defer`).
-        let deferred = (d.medium == Medium::Shm).then(|| {
+        // receive may wait for the next one (see `defer`); without a CQ for
+        // receives there is no such read, and receives are posted at once.
+        let deferred = (d.medium == Medium::Shm && rx_cq.is_some()).then(|| {
             let df = Arc::new(Deferred::default());
             let _ = self.deferred.set(df.clone());
             df
