@@ -77,8 +77,27 @@ impl Remap {
 }
 
 /// Remaps held by registrations or still mapped by the program, to find
-/// one a new registration lies in.
+/// one a new registration lies in; the ones shared last at the back.
 static REMAPS: Mutex<Vec<Arc<Remap>>> = Mutex::new(Vec::new());
+
+/// Most remaps kept with no registration holding them. Each holds a
+/// descriptor and a mapping of its memfd: a program that registers many
+/// buffers in turn must not run out of descriptors for its own use. The
+/// ones shared least recently go first (their pages stay shared; a later
+/// registration over them copies them again).
+const KEEP_UNHELD: usize = 64;
+
+/// Lets go of the least recently shared unheld remaps beyond
+/// [`KEEP_UNHELD`].
+fn trim(t: &mut Vec<Arc<Remap>>) {
+    let unheld = t.iter().filter(|r| Arc::strong_count(r) == 1).count();
+    let mut excess = unheld.saturating_sub(KEEP_UNHELD);
+    t.retain(|r| {
+        let drop = excess > 0 && Arc::strong_count(r) == 1;
+        excess -= drop as usize;
+        !drop
+    });
+}
 
 /// The memfd behind the whole pages of `[buf, buf + len)`, remapping them
 /// if they are private anonymous memory; `None` (the range stays as it is)
@@ -100,6 +119,7 @@ pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
         return None;
     }
     let mut t = REMAPS.lock().unwrap_or_else(|p| p.into_inner());
+    trim(&mut t);
     // A registration over a kept remap (the same buffer registered again)
     // is answered by a few queries of single mappings, where the whole map
     // of a large program (an MPI rank's runs to a thousand lines) took
@@ -531,17 +551,25 @@ impl MapQuery {
         };
         t.retain(|r| Arc::strong_count(r) > 1 || check(r, r.start, r.start + r.len));
         let mut found = None;
-        for r in t.iter() {
+        for (i, r) in t.iter().enumerate() {
             let (a, b) = (r.start.max(lo), (r.start + r.len).min(hi));
             if a < b && check(r, a, b) {
-                found = Some((r.start <= lo && hi <= r.start + r.len).then(|| r.clone()));
+                found = Some((i, r.start <= lo && hi <= r.start + r.len));
                 break;
             }
         }
         if failed {
             return None;
         }
-        found
+        Some(match found? {
+            // Shared again: the most recently used now.
+            (i, true) => {
+                let r = t.remove(i);
+                t.push(r.clone());
+                Some(r)
+            }
+            (_, false) => None,
+        })
     }
 }
 
@@ -656,6 +684,44 @@ mod tests {
         drop(other);
         // SAFETY: as above.
         unsafe { libc::munmap(q, len) };
+    }
+
+    /// Unheld remaps beyond the bound go, the least recently shared first;
+    /// held ones stay whatever their number.
+    #[test]
+    fn trim_keeps_the_bound_of_unheld_remaps() {
+        if !hold_available() {
+            return;
+        }
+        let len = 1 << 20;
+        let p = anon(len);
+        // SAFETY: our mapping, which no other thread touches.
+        let r = unsafe { share(p as *const u8, len) }.expect("anonymous memory remaps");
+        let held = r.clone();
+        let mut t: Vec<Arc<Remap>> = vec![held];
+        // The same remap many times over, unheld: only the bound stays.
+        for _ in 0..KEEP_UNHELD + 10 {
+            t.insert(
+                0,
+                Arc::new(Remap {
+                    seg: Segment::create(c"uvia-test", 4096).unwrap(),
+                    start: 0,
+                    len: 0,
+                    ino: 0,
+                    dev: (0, 0),
+                }),
+            );
+        }
+        trim(&mut t);
+        assert_eq!(
+            t.len(),
+            KEEP_UNHELD + 1,
+            "the bound of unheld, and the held one"
+        );
+        assert!(t.iter().any(|x| Arc::ptr_eq(x, &r)), "the held remap stays");
+        drop((t, r));
+        // SAFETY: the test's own mapping, no longer used.
+        unsafe { libc::munmap(p, len) };
     }
 
     /// The hand-written `struct procmap_query` has the size its ioctl
