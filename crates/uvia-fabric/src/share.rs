@@ -87,6 +87,31 @@ static REMAPS: Mutex<Vec<Arc<Remap>>> = Mutex::new(Vec::new());
 /// registration over them copies them again).
 const KEEP_UNHELD: usize = 64;
 
+/// [`share`]'s answer from the kept remaps, `mapped(r, a, b)` telling
+/// whether the program still maps `[a, b)` with `r`'s memfd: the remap
+/// `[lo, hi)` lies in (`Some(Some)`, now the most recently shared), or
+/// `Some(None)` where the range overlaps one only in part; `None` where no
+/// kept remap the program still maps touches it. First lets go of the
+/// remaps no registration holds and the program no longer maps wholly (one
+/// whose pages it unmapped names other memory now).
+fn find_kept(
+    t: &mut Vec<Arc<Remap>>,
+    lo: usize,
+    hi: usize,
+    mut mapped: impl FnMut(&Remap, usize, usize) -> bool,
+) -> Option<Option<Arc<Remap>>> {
+    t.retain(|r| Arc::strong_count(r) > 1 || mapped(r, r.start, r.start + r.len));
+    let (i, inside) = t.iter().enumerate().find_map(|(i, r)| {
+        let (a, b) = (r.start.max(lo), (r.start + r.len).min(hi));
+        (a < b && mapped(r, a, b)).then_some((i, r.start <= lo && hi <= r.start + r.len))
+    })?;
+    Some(inside.then(|| {
+        let r = t.remove(i);
+        t.push(r.clone());
+        r
+    }))
+}
+
 /// Lets go of the least recently shared unheld remaps beyond
 /// [`KEEP_UNHELD`].
 fn trim(t: &mut Vec<Arc<Remap>>) {
@@ -130,17 +155,8 @@ pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
         }
     }
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    // Kept: a remap a registration holds, or one the program still has
-    // wholly mapped (a later registration may share it).
-    t.retain(|r| Arc::strong_count(r) > 1 || still_mapped(&maps, r.start, r.start + r.len, r.ino));
-    // A remap the program still has mapped is shared (or, overlapped in
-    // part, leaves the range alone); one whose pages it unmapped while
-    // registered names other memory now and is passed over.
-    for r in t.iter() {
-        let (a, b) = (r.start.max(lo), (r.start + r.len).min(hi));
-        if a < b && still_mapped(&maps, a, b, r.ino) {
-            return (r.start <= lo && hi <= r.start + r.len).then(|| r.clone());
-        }
+    if let Some(found) = find_kept(&mut t, lo, hi, |r, a, b| still_mapped(&maps, a, b, r.ino)) {
+        return found;
     }
     if !remappable(&maps, lo, hi) {
         return None;
@@ -531,45 +547,27 @@ impl MapQuery {
         Ok(true)
     }
 
-    /// [`share`]'s answer from the kept remaps, if they give one: the remap
-    /// `[lo, hi)` lies in (`Some(Some)`), or `Some(None)` where the range
-    /// overlaps one only in part. Lets go of remaps no registration holds
-    /// and the program no longer maps. `None`: no kept remap touches the
-    /// range (or the query failed), so the caller reads the whole map.
+    /// [`find_kept`] with the mappings queried one by one; `None` also
+    /// where a query failed (the caller then reads the whole map).
     fn kept(&self, t: &mut Vec<Arc<Remap>>, lo: usize, hi: usize) -> Option<Option<Arc<Remap>>> {
         let mut failed = false;
-        let mut check = |r: &Remap, a: usize, b: usize| match self.mapped_by(r, a, b) {
+        let found = find_kept(t, lo, hi, |r, a, b| match self.mapped_by(r, a, b) {
             Ok(yes) => yes,
             Err(e) => {
                 if e.raw_os_error() == Some(libc::ENOTTY) || e.raw_os_error() == Some(libc::EINVAL)
                 {
                     NO_QUERY.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
+                // Kept, and no answer from here: the caller reads the map.
                 failed = true;
                 true
             }
-        };
-        t.retain(|r| Arc::strong_count(r) > 1 || check(r, r.start, r.start + r.len));
-        let mut found = None;
-        for (i, r) in t.iter().enumerate() {
-            let (a, b) = (r.start.max(lo), (r.start + r.len).min(hi));
-            if a < b && check(r, a, b) {
-                found = Some((i, r.start <= lo && hi <= r.start + r.len));
-                break;
-            }
-        }
+        });
         if failed {
-            return None;
+            None
+        } else {
+            found
         }
-        Some(match found? {
-            // Shared again: the most recently used now.
-            (i, true) => {
-                let r = t.remove(i);
-                t.push(r.clone());
-                Some(r)
-            }
-            (_, false) => None,
-        })
     }
 }
 
@@ -686,6 +684,54 @@ mod tests {
         unsafe { libc::munmap(q, len) };
     }
 
+    /// A dummy remap of `[start, start + len)` (no mapping of the program's).
+    fn dummy(start: usize, len: usize) -> Arc<Remap> {
+        Arc::new(Remap {
+            seg: Segment::create(c"uvia-test", 4096).unwrap(),
+            start,
+            len,
+            ino: 0,
+            dev: (0, 0),
+        })
+    }
+
+    /// The kept remaps' rules, whichever way the map is read: an unheld
+    /// remap no longer mapped goes, a range inside one shares it (which
+    /// becomes the most recently shared), one overlapping in part gets
+    /// none, and one touching none is left to the caller.
+    #[test]
+    fn find_kept_shares_prunes_and_refuses_partial_overlaps() {
+        let (a, b, gone) = (
+            dummy(0x10000, 0x10000),
+            dummy(0x40000, 0x10000),
+            dummy(0x80000, 0x10000),
+        );
+        let mut t = vec![a.clone(), b.clone(), gone.clone()];
+        let gone_start = gone.start;
+        drop(gone);
+        let mapped = |r: &Remap, _: usize, _: usize| r.start != gone_start;
+        let r = find_kept(&mut t, 0x11000, 0x18000, mapped).expect("touches a");
+        assert!(
+            r.is_some_and(|r| Arc::ptr_eq(&r, &a)),
+            "inside a: shares it"
+        );
+        assert_eq!(t.len(), 2, "the unheld remap no longer mapped went");
+        assert!(Arc::ptr_eq(&t[1], &a), "a is now the most recently shared");
+        assert_eq!(
+            find_kept(&mut t, 0x4f000, 0x52000, mapped).map(|r| r.is_none()),
+            Some(true)
+        );
+        assert!(
+            find_kept(&mut t, 0x100000, 0x110000, mapped).is_none(),
+            "touches none"
+        );
+        assert!(
+            find_kept(&mut t, 0x41000, 0x42000, |_, _, _| false).is_none(),
+            "b unmapped"
+        );
+        assert!(Arc::ptr_eq(&t[0], &b), "held remaps stay, mapped or not");
+    }
+
     /// Unheld remaps beyond the bound go, the least recently shared first;
     /// held ones stay whatever their number.
     #[test]
@@ -701,16 +747,7 @@ mod tests {
         let mut t: Vec<Arc<Remap>> = vec![held];
         // The same remap many times over, unheld: only the bound stays.
         for _ in 0..KEEP_UNHELD + 10 {
-            t.insert(
-                0,
-                Arc::new(Remap {
-                    seg: Segment::create(c"uvia-test", 4096).unwrap(),
-                    start: 0,
-                    len: 0,
-                    ino: 0,
-                    dev: (0, 0),
-                }),
-            );
+            t.insert(0, dummy(0, 0));
         }
         trim(&mut t);
         assert_eq!(

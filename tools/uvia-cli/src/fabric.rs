@@ -169,28 +169,6 @@ pub fn pingpong(
     iters: usize,
     timeout: Duration,
 ) -> Result<FiResult> {
-    let mut tries = 0;
-    loop {
-        let port = next_port();
-        match pingpong_on(port, dir, provider, ep, domain, size, iters, timeout) {
-            Err(e) if tries < 5 && e.to_string().contains("Address already in use") => tries += 1,
-            r => return r,
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn pingpong_on(
-    port: u16,
-    dir: &ProviderDir,
-    provider: &str,
-    ep: &str,
-    domain: Option<&str>,
-    size: usize,
-    iters: usize,
-    timeout: Duration,
-) -> Result<FiResult> {
-    let port = port.to_string();
     let mut common: Vec<String> = ["-p", provider, "-e", ep, "-I"]
         .iter()
         .map(|s| s.to_string())
@@ -203,34 +181,44 @@ fn pingpong_on(
         common.push(d.into());
     }
     let deadline = Instant::now() + timeout;
-    let mut server_args = common.clone();
-    server_args.extend(["-B".to_string(), port.clone()]);
-    let server = spawn(dir.path(), 0, &server_args)?;
-    let mut client_args = common;
-    client_args.extend(["-P".to_string(), port, "127.0.0.1".to_string()]);
-    // The server opens its control socket some time after it starts; the
-    // client does not retry, so it is started again while refused.
-    let mut tries = 0;
-    let client = loop {
-        std::thread::sleep(Duration::from_millis(if tries == 0 { 150 } else { 100 }));
-        let (ok, out, err) = finish(spawn(dir.path(), 1, &client_args)?, deadline);
-        tries += 1;
-        if ok || !err.contains("Connection refused") || tries >= 30 {
-            break (ok, out, err);
+    let mut ports_tried = 0;
+    loop {
+        let port = next_port().to_string();
+        let mut server_args = common.clone();
+        server_args.extend(["-B".to_string(), port.clone()]);
+        let mut server = spawn(dir.path(), 0, &server_args)?;
+        let mut client_args = common.clone();
+        client_args.extend(["-P".to_string(), port, "127.0.0.1".to_string()]);
+        // The server opens its control socket some time after it starts;
+        // the client does not retry, so it is started again while refused
+        // and the server still runs.
+        let mut tries = 0;
+        let client = loop {
+            std::thread::sleep(Duration::from_millis(if tries == 0 { 150 } else { 100 }));
+            let (ok, out, err) = finish(spawn(dir.path(), 1, &client_args)?, deadline);
+            tries += 1;
+            let server_gone = matches!(server.try_wait(), Ok(Some(_)));
+            if ok || !err.contains("Connection refused") || server_gone || tries >= 30 {
+                break (ok, out, err);
+            }
+        };
+        let (s_ok, _s_out, s_err) = finish(server, deadline);
+        let (c_ok, c_out, c_err) = client;
+        if !s_ok && s_err.contains("Address already in use") && ports_tried < 5 {
+            ports_tried += 1;
+            continue;
         }
-    };
-    let (s_ok, _s_out, s_err) = finish(server, deadline);
-    let (c_ok, c_out, c_err) = client;
-    if !c_ok || !s_ok {
-        let why = |e: &str| e.lines().last().unwrap_or("no message").trim().to_string();
-        bail!(
-            "fi_pingpong -p '{provider}' -e {ep}{} failed: client: {}; server: {}",
-            domain.map(|d| format!(" -d {d}")).unwrap_or_default(),
-            if c_ok { "ok".into() } else { why(&c_err) },
-            if s_ok { "ok".into() } else { why(&s_err) },
-        );
+        if !c_ok || !s_ok {
+            let why = |e: &str| e.lines().last().unwrap_or("no message").trim().to_string();
+            bail!(
+                "fi_pingpong -p '{provider}' -e {ep}{} failed: client: {}; server: {}",
+                domain.map(|d| format!(" -d {d}")).unwrap_or_default(),
+                if c_ok { "ok".into() } else { why(&c_err) },
+                if s_ok { "ok".into() } else { why(&s_err) },
+            );
+        }
+        return parse(&c_out);
     }
-    parse(&c_out)
 }
 
 /// The libfabric provider's comparisons, each in `pairs` interleaved pairs.

@@ -960,48 +960,67 @@ static void t_eq_wait_fd(void)
     side_close(&s);
 }
 
+/* A connected pair for the CQ wait-fd tests: a 4 KiB receive region on
+ * the server, a send region on the client, and the server CQ's fd. */
+struct fd_pair {
+    struct side server, client;
+    struct region r, l;
+    int fd;
+};
+
+static void fd_pair_open(struct fd_pair *p)
+{
+    pair_open(&p->server, &p->client);
+    region_reg(&p->server, &p->r, 4096, FI_RECV);
+    region_reg(&p->client, &p->l, 4096, FI_SEND);
+    p->fd = -1;
+    REQUIRE_RET(fi_control(&p->server.cq->fid, FI_GETWAIT, &p->fd), 0);
+    REQUIRE(p->fd >= 0);
+}
+
+/* Waits for the client's send to complete, then closes the pair. */
+static void fd_pair_close(struct fd_pair *p)
+{
+    struct fi_cq_data_entry e;
+    CQ_EXPECT(p->client.cq, &e, 10000);
+    region_close(&p->r);
+    region_close(&p->l);
+    side_close(&p->client);
+    side_close(&p->server);
+}
+
 /* A CQ's fd (FI_GETWAIT on a CQ with a wait object): quiet after
  * fi_trywait says the program may sleep, readable once a peer's message
  * arrives, and the read then finds the receive. */
 static void t_cq_wait_fd(void)
 {
-    struct side server, client;
-    pair_open(&server, &client);
-    struct region r, l;
-    region_reg(&server, &r, 4096, FI_RECV);
-    region_reg(&client, &l, 4096, FI_SEND);
-    int fd = -1;
-    REQUIRE_RET(fi_control(&server.cq->fid, FI_GETWAIT, &fd), 0);
-    REQUIRE(fd >= 0);
+    struct fd_pair p;
+    fd_pair_open(&p);
     int ctx;
-    REQUIRE_RET(fi_recv(server.ep, r.buf, 4096, r.desc, 0, &ctx), 0);
-    struct fid *fids[1] = {&server.cq->fid};
+    REQUIRE_RET(fi_recv(p.server.ep, p.r.buf, 4096, p.r.desc, 0, &ctx), 0);
+    struct fid *fids[1] = {&p.server.cq->fid};
     /* fi_trywait(3): -FI_EAGAIN asks the program to read the CQ and try
      * again (on udp a frame of the handshake may still be arriving); the
      * reads find nothing, and the wait is allowed within a second. */
-    int tw = fi_trywait(server.fabric, fids, 1);
+    int tw = fi_trywait(p.server.fabric, fids, 1);
     for (int i = 0; i < 1000 && tw == -FI_EAGAIN; i++) {
         struct fi_cq_data_entry none;
-        CHECK_RET(fi_cq_read(server.cq, &none, 1), -FI_EAGAIN);
+        CHECK_RET(fi_cq_read(p.server.cq, &none, 1), -FI_EAGAIN);
         sleep_ms(1);
-        tw = fi_trywait(server.fabric, fids, 1);
+        tw = fi_trywait(p.server.fabric, fids, 1);
     }
     CHECK_RET(tw, 0);
-    CHECK(!readable(fd, 0));
-    fill(l.buf, 100, 9);
-    REQUIRE_RET(fi_send(client.ep, l.buf, 100, l.desc, 0, NULL), 0);
-    CHECKF(readable(fd, 5000), "the fd stayed quiet for 5 s with a message on its way");
+    CHECK(!readable(p.fd, 0));
+    fill(p.l.buf, 100, 9);
+    REQUIRE_RET(fi_send(p.client.ep, p.l.buf, 100, p.l.desc, 0, NULL), 0);
+    CHECKF(readable(p.fd, 5000), "the fd stayed quiet for 5 s with a message on its way");
     struct fi_cq_data_entry e;
-    if (CQ_EXPECT(server.cq, &e, 1000) == 0) {
+    if (CQ_EXPECT(p.server.cq, &e, 1000) == 0) {
         CHECK(e.op_context == &ctx);
         CHECK_EQ(e.len, 100);
-        CHECK_PATTERN(r.buf, 100, 9);
+        CHECK_PATTERN(p.r.buf, 100, 9);
     }
-    CQ_EXPECT(client.cq, &e, 10000);
-    region_close(&r);
-    region_close(&l);
-    side_close(&client);
-    side_close(&server);
+    fd_pair_close(&p);
 }
 
 /* A message that arrives before its receive is posted, as an event loop
@@ -1011,29 +1030,23 @@ static void t_cq_wait_fd(void)
  * fi_trywait is one); the fd then wakes the loop, and the read finds it. */
 static void t_cq_wait_fd_late_recv(void)
 {
-    struct side server, client;
-    pair_open(&server, &client);
-    struct region r, l;
-    region_reg(&server, &r, 4096, FI_RECV);
-    region_reg(&client, &l, 4096, FI_SEND);
-    int fd = -1;
-    REQUIRE_RET(fi_control(&server.cq->fid, FI_GETWAIT, &fd), 0);
-    REQUIRE(fd >= 0);
-    fill(l.buf, 100, 7);
-    REQUIRE_RET(fi_send(client.ep, l.buf, 100, l.desc, 0, NULL), 0);
+    struct fd_pair p;
+    fd_pair_open(&p);
+    fill(p.l.buf, 100, 7);
+    REQUIRE_RET(fi_send(p.client.ep, p.l.buf, 100, p.l.desc, 0, NULL), 0);
     sleep_ms(20);
     int ctx;
-    REQUIRE_RET(fi_recv(server.ep, r.buf, 4096, r.desc, 0, &ctx), 0);
-    struct fid *fids[1] = {&server.cq->fid};
+    REQUIRE_RET(fi_recv(p.server.ep, p.r.buf, 4096, p.r.desc, 0, &ctx), 0);
+    struct fid *fids[1] = {&p.server.cq->fid};
     struct fi_cq_data_entry e;
     ssize_t n = -FI_EAGAIN;
     int slept_in_vain = 0;
     for (long long end = now_ms() + 5000; n == -FI_EAGAIN && now_ms() < end;) {
         /* The fd wakes the sleep within the second (on a network medium
          * the sender's retry brings the message again). */
-        if (fi_trywait(server.fabric, fids, 1) == 0 && !readable(fd, 1000))
+        if (fi_trywait(p.server.fabric, fids, 1) == 0 && !readable(p.fd, 1000))
             slept_in_vain++;
-        n = fi_cq_read(server.cq, &e, 1);
+        n = fi_cq_read(p.server.cq, &e, 1);
     }
     CHECKF(n == 1, "the message sent before its receive: fi_cq_read %s after 5 s", ret_name(n));
     CHECKF(slept_in_vain == 0, "fi_trywait allowed %d sleeps of a second with the message there",
@@ -1041,13 +1054,9 @@ static void t_cq_wait_fd_late_recv(void)
     if (n == 1) {
         CHECK(e.op_context == &ctx);
         CHECK_EQ(e.len, 100);
-        CHECK_PATTERN(r.buf, 100, 7);
+        CHECK_PATTERN(p.r.buf, 100, 7);
     }
-    CQ_EXPECT(client.cq, &e, 10000);
-    region_close(&r);
-    region_close(&l);
-    side_close(&client);
-    side_close(&server);
+    fd_pair_close(&p);
 }
 
 static const size_t pp_sizes[] = {8, 4096, 65536, 1 << 20};
