@@ -1059,6 +1059,47 @@ static void t_cq_wait_fd_late_recv(void)
     fd_pair_close(&p);
 }
 
+/* A receive whose descriptor names no registration (its region closed)
+ * fails: at once (-FI_EINVAL), or where receives are posted by the CQ's
+ * next read (shm) as that read's error entry (FI_EACCES) with the
+ * receive's context. Nothing else is lost: a good receive posted after it
+ * takes the peer's message. */
+static void t_recv_with_a_stale_desc(void)
+{
+    struct side server, client;
+    pair_open(&server, &client);
+    struct region stale, r, l;
+    region_reg(&server, &stale, 4096, FI_RECV);
+    region_reg(&server, &r, 4096, FI_RECV);
+    region_reg(&client, &l, 4096, FI_SEND);
+    void *stale_desc = stale.desc;
+    region_close(&stale);
+    int bad, good;
+    struct fi_cq_data_entry e;
+    ssize_t ret = fi_recv(server.ep, r.buf, 4096, stale_desc, 0, &bad);
+    if (ret == 0) {
+        struct fi_cq_err_entry err;
+        CHECK_RET(cq_take(server.cq, &e, &err, 5000), -FI_EAVAIL);
+        CHECK_EQ(err.err, FI_EACCES);
+        CHECK(err.op_context == &bad);
+    } else {
+        CHECK_RET(ret, -FI_EINVAL);
+    }
+    REQUIRE_RET(fi_recv(server.ep, r.buf, 4096, r.desc, 0, &good), 0);
+    fill(l.buf, 64, 5);
+    REQUIRE_RET(fi_send(client.ep, l.buf, 64, l.desc, 0, NULL), 0);
+    if (CQ_EXPECT(server.cq, &e, 5000) == 0) {
+        CHECK(e.op_context == &good);
+        CHECK_EQ(e.len, 64);
+        CHECK_PATTERN(r.buf, 64, 5);
+    }
+    CQ_EXPECT(client.cq, &e, 10000);
+    region_close(&r);
+    region_close(&l);
+    side_close(&client);
+    side_close(&server);
+}
+
 static const size_t pp_sizes[] = {8, 4096, 65536, 1 << 20};
 enum { PP_ROUNDS = 10, PP_MAX = 1 << 20 };
 
@@ -1454,6 +1495,7 @@ static const struct test tests[] = {
     {"wait", "eq_wait_fd", t_eq_wait_fd, 0},
     {"wait", "cq_wait_fd", t_cq_wait_fd, 0},
     {"wait", "cq_wait_fd_late_recv", t_cq_wait_fd_late_recv, 0},
+    {"mr", "recv_with_a_stale_desc", t_recv_with_a_stale_desc, 0},
     {"wait", "pingpong_sread", t_pingpong_sread, 25},
     {"fail", "peer_killed_mid_transfer", t_peer_killed, 25},
     {NULL, NULL, NULL, 0},
