@@ -204,7 +204,7 @@ unsafe fn remap(lo: usize, len: usize) -> io::Result<Segment> {
     let _hold = WriteHold::new(lo, len, pagemap.is_some())?;
     let used = match &pagemap {
         Some(f) => pages_in_use(f, lo, len)?,
-        None => [0..len].to_vec(),
+        None => std::iter::once(0..len).collect(),
     };
     // SAFETY: the runs lie in the caller's mapped range and hold pages in
     // use, so reading them meets no held fault of this thread's own.
