@@ -163,7 +163,7 @@ pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
     }
     // SAFETY: the range is mapped read-write private anonymous memory (or
     // an earlier remap's, checked above).
-    let seg = unsafe { remap(lo, hi - lo) }.ok()?;
+    let seg = unsafe { remap(lo, hi - lo, private_only(&maps, lo, hi)) }.ok()?;
     // fstat of our own descriptor does not fail; were it to, inode 0 matches
     // no line of the map and the remap would only never be shared.
     let (ino, dev) = inode(seg.fd()).unwrap_or((0, (0, 0)));
@@ -187,11 +187,18 @@ pub unsafe fn share(buf: *const u8, len: usize) -> Option<Arc<Remap>> {
 /// it has just cleared, on the path of a connection's first message:
 /// copying the whole chunk into new pages took 20 to 45 ms a registration.
 ///
+/// The page map tells which pages are in use only of private memory (a
+/// page of an earlier remap's memfd that this process has not mapped yet
+/// reads as absent there, yet holds data): with `private` false (the range
+/// is partly an earlier remap), every page is looked at.
+///
 /// # Safety
 /// As [`share`], for the page-aligned range `[lo, lo + len)`.
-unsafe fn remap(lo: usize, len: usize) -> io::Result<Segment> {
+unsafe fn remap(lo: usize, len: usize, private: bool) -> io::Result<Segment> {
     let seg = Segment::create_lazy(c"uvia-mr", len)?;
-    let pagemap = std::fs::File::open("/proc/self/pagemap").ok();
+    let pagemap = private
+        .then(|| std::fs::File::open("/proc/self/pagemap").ok())
+        .flatten();
     // Signals wait on this thread while the hold lasts: a handler that
     // wrote to the pages here would wait for the thread it interrupted.
     // (Declared first, so it is dropped after the hold.)
@@ -207,7 +214,10 @@ unsafe fn remap(lo: usize, len: usize) -> io::Result<Segment> {
         None => std::iter::once(0..len).collect(),
     };
     // SAFETY: the runs lie in the caller's mapped range and hold pages in
-    // use, so reading them meets no held fault of this thread's own.
+    // use, so reading them meets no held fault of this thread's own. (A
+    // page in use is made absent again only by unmapping it or advising
+    // it away, which no program does to memory it is registering; this
+    // thread would then wait in its fault for good.)
     let full = unsafe { nonzero_pages(lo, &used) };
     for r in &full {
         // SAFETY: a run of the caller's range, read by the kernel into
@@ -527,6 +537,14 @@ pub fn remappable(maps: &str, lo: usize, hi: usize) -> bool {
         let anon = perms == "rw-p" && inode == 0 && (path.is_empty() || path == "[heap]");
         let ours = perms == "rw-s" && path.starts_with("/memfd:uvia-mr");
         anon || ours
+    })
+}
+
+/// True when `maps` shows `[lo, hi)` wholly covered by private anonymous
+/// memory, none of it an earlier remap's.
+fn private_only(maps: &str, lo: usize, hi: usize) -> bool {
+    covered(maps, lo, hi, |perms, inode, path| {
+        perms == "rw-p" && inode == 0 && (path.is_empty() || path == "[heap]")
     })
 }
 
@@ -1039,6 +1057,41 @@ mod tests {
         // SAFETY: the remap's own mapping of the memfd.
         assert_eq!(unsafe { *r.seg.as_ptr().add(3 * ps + 5) }, 77);
         drop(r);
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p as *mut libc::c_void, len) };
+    }
+
+    /// Pages of an earlier remap that this process never touched through
+    /// its own mapping (data the memfd got another way: a peer's RDMA
+    /// write into the shared pages) are kept when the range is remapped
+    /// again after the first remap was let go.
+    #[test]
+    fn a_remap_of_an_earlier_remap_keeps_pages_not_mapped_here() {
+        if !hold_available() {
+            return;
+        }
+        let ps = page_size();
+        let len = 32 * ps;
+        let p = anon(len) as *mut u8;
+        // SAFETY: our mapping, `len` bytes, no other user.
+        unsafe { *p = 1 };
+        // SAFETY: as above.
+        let r = unsafe { share(p, len) }.expect("anonymous memory remaps");
+        // Written through the memfd's other mapping, as a peer would: the
+        // program's own page table has no entry for page 20.
+        // SAFETY: the remap's segment mapping, `len` bytes.
+        unsafe { *r.seg.as_ptr().add(20 * ps + 3) = 42 };
+        // The remap is let go (as `trim` does to old unheld ones) while the
+        // program still maps its memfd.
+        REMAPS.lock().unwrap().retain(|k| !Arc::ptr_eq(k, &r));
+        drop(r);
+        // SAFETY: as above.
+        let r2 = unsafe { share(p, len) }.expect("an earlier remap remaps");
+        // SAFETY: our mapping, now the new memfd's.
+        let b = unsafe { std::slice::from_raw_parts(p, len) };
+        assert_eq!(b[0], 1);
+        assert_eq!(b[20 * ps + 3], 42, "a page never mapped here is kept");
+        drop(r2);
         // SAFETY: our mapping.
         unsafe { libc::munmap(p as *mut libc::c_void, len) };
     }
