@@ -1085,8 +1085,18 @@ mod tests {
         // program still maps its memfd.
         REMAPS.lock().unwrap().retain(|k| !Arc::ptr_eq(k, &r));
         drop(r);
-        // SAFETY: as above.
-        let r2 = unsafe { share(p, len) }.expect("an earlier remap remaps");
+        // On a thread of its own: a remap that read a page its own hold
+        // keeps absent would wait for good; the test then fails, not hangs.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let at = p as usize;
+        std::thread::spawn(move || {
+            // SAFETY: as above.
+            let _ = tx.send(unsafe { share(at as *const u8, len) });
+        });
+        let r2 = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the remap finishes")
+            .expect("an earlier remap remaps");
         // SAFETY: our mapping, now the new memfd's.
         let b = unsafe { std::slice::from_raw_parts(p, len) };
         assert_eq!(b[0], 1);
