@@ -8,7 +8,8 @@
 //! (`Nic::alloc_region`), and `fi_mr_reg` hands us the caller's memory,
 //! not a chance to allocate it. So at registration the pages that hold
 //! data are copied into a new memfd, which is then mapped `MAP_SHARED |
-//! MAP_FIXED` at the same addresses: same addresses, same contents, now shareable.
+//! MAP_FIXED` at the same addresses: same addresses, same contents, now
+//! shareable.
 //! Another thread's writes to the pages meanwhile are held, not lost: the
 //! pages are write-protected through a userfaultfd for the copy and the
 //! remap, and a writer sleeps in its page fault until the new mapping is
@@ -969,6 +970,7 @@ mod tests {
         }
         // SAFETY: as above.
         let r = unsafe { share(p, len) }.expect("anonymous memory remaps");
+        // SAFETY: a stat of zeros is a valid out-parameter.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: our own descriptor and an out-parameter.
         assert_eq!(unsafe { libc::fstat(r.fd(), &mut st) }, 0);
@@ -1025,8 +1027,8 @@ mod tests {
         // program still maps its memfd.
         REMAPS.lock().unwrap().retain(|k| !Arc::ptr_eq(k, &r));
         drop(r);
-        // On a thread of its own: a remap that read a page its own hold
-        // keeps absent would wait for good; the test then fails, not hangs.
+        // On a thread of its own, so that a remap that never returns (one
+        // waiting on its own hold) fails the test instead of hanging it.
         let (tx, rx) = std::sync::mpsc::channel();
         let at = p as usize;
         std::thread::spawn(move || {
