@@ -67,11 +67,11 @@ impl Deferred {
                 Ok(()) => posted += 1,
                 Err(PostError::QueueFull(..)) => break,
                 Err(e) => {
-                    let why = match e {
-                        PostError::Segment { .. } => status::PROTECTION_ERROR,
-                        PostError::TooLong { .. } => status::LENGTH_ERROR,
-                        PostError::Format(_) => status::FORMAT_ERROR,
-                        _ => status::DESC_FLUSHED_ERROR,
+                    // Refused for the VI's state: flushed, as the VI's
+                    // own receives are when it leaves the connected state.
+                    let why = match e.status_bits() {
+                        0 => status::DESC_FLUSHED_ERROR,
+                        bits => bits,
                     };
                     // SAFETY: refused, so ours: its status tells the CQ.
                     unsafe { (*d.0.as_ptr()).cs.status = status::DONE | status::OP_RECEIVE | why };

@@ -8,8 +8,8 @@ use crate::{addr, put, timeout, unwind, vip};
 use std::ffi::{c_ulong, c_void};
 use std::ptr::NonNull;
 use uvia::{
-    status, AccessError, CqError, Descriptor, MemHandle, PostError, Queue, Reliability,
-    RemoteViAttributes, ViAttrError, ViAttributes as CoreVi, ViState, WaitError,
+    status, CqError, Descriptor, MemHandle, PostError, Queue, Reliability, RemoteViAttributes,
+    ViAttrError, ViAttributes as CoreVi, ViState, WaitError,
 };
 
 /// The VI behind a handle, or the call's error.
@@ -244,22 +244,6 @@ pub unsafe extern "C" fn VipSetViAttributes(
 
 // ---- Data transfer ----
 
-/// The status bits a refused descriptor is given.
-fn refusal_bits(e: &PostError) -> u32 {
-    match e {
-        PostError::Format(_) => status::FORMAT_ERROR,
-        PostError::Segment { error, .. } => match error {
-            AccessError::RdmaWriteDisabled(_) | AccessError::RdmaReadDisabled(_) => {
-                status::RDMA_PROT_ERROR
-            }
-            _ => status::PROTECTION_ERROR,
-        },
-        PostError::TooLong { .. } => status::LENGTH_ERROR,
-        PostError::NotEnabled(_) => status::RDMA_PROT_ERROR,
-        _ => 0,
-    }
-}
-
 /// Posts a program's descriptor on one queue of a VI.
 unsafe fn post(vh: *mut c_void, d: *mut Descriptor, mh: u32, q: Queue) -> VipReturn {
     // SAFETY: forwarded.
@@ -339,7 +323,7 @@ unsafe fn post(vh: *mut c_void, d: *mut Descriptor, mh: u32, q: Queue) -> VipRet
 unsafe fn refuse(v: &ViH, vh: *mut c_void, d: *mut Descriptor, e: &PostError) -> VipReturn {
     // SAFETY: per the contract.
     let op = unsafe {
-        (*d).cs.status = status::DONE | refusal_bits(e);
+        (*d).cs.status = status::DONE | e.status_bits();
         (*d).cs.control & uvia::control::OP_MASK
     };
     notify::report(AsyncError {

@@ -107,6 +107,27 @@ pub enum PostError {
     AlreadyPosted,
 }
 
+impl PostError {
+    /// The error bits of the status a face gives a refused descriptor
+    /// that it reports as completed (VIA's completion errors); 0 where the
+    /// refusal is not about the descriptor (the VI's state, a full queue).
+    pub fn status_bits(&self) -> u32 {
+        use crate::desc::status;
+        match self {
+            PostError::Format(_) => status::FORMAT_ERROR,
+            PostError::Segment { error, .. } => match error {
+                AccessError::RdmaWriteDisabled(_) | AccessError::RdmaReadDisabled(_) => {
+                    status::RDMA_PROT_ERROR
+                }
+                _ => status::PROTECTION_ERROR,
+            },
+            PostError::TooLong { .. } => status::LENGTH_ERROR,
+            PostError::NotEnabled(_) => status::RDMA_PROT_ERROR,
+            _ => 0,
+        }
+    }
+}
+
 /// A post that was refused hands its descriptor back with the reason.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
@@ -190,4 +211,36 @@ pub enum CqError {
     TooSmall(usize),
     #[error("CQ still has {0} VI queue(s) attached")]
     InUse(usize),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desc::status;
+
+    /// A refusal about the descriptor is the matching VIA completion
+    /// error; one about the VI or its queue is no error of the descriptor.
+    #[test]
+    fn a_refusal_is_the_status_of_its_reason() {
+        let seg = |error| PostError::Segment { index: 1, error };
+        assert_eq!(PostError::Format("x").status_bits(), status::FORMAT_ERROR);
+        assert_eq!(
+            seg(AccessError::NotRegistered(3)).status_bits(),
+            status::PROTECTION_ERROR
+        );
+        assert_eq!(
+            seg(AccessError::RdmaWriteDisabled(3)).status_bits(),
+            status::RDMA_PROT_ERROR
+        );
+        assert_eq!(
+            PostError::TooLong { len: 9, max: 8 }.status_bits(),
+            status::LENGTH_ERROR
+        );
+        assert_eq!(
+            PostError::NotEnabled("RDMA read").status_bits(),
+            status::RDMA_PROT_ERROR
+        );
+        assert_eq!(PostError::QueueFull("receive", 4).status_bits(), 0);
+        assert_eq!(PostError::ViError.status_bits(), 0);
+    }
 }
