@@ -17,10 +17,10 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use uvia::{status, Descriptor, Queue, SpinLock, Vi};
+use uvia::{status, CountGuard, Descriptor, Queue, SpinLock, Vi};
 
 /// One posted operation: the descriptor first, so the descriptor a done
 /// call hands back is the operation.
@@ -260,7 +260,7 @@ pub struct Cq {
     /// Threads asleep in `fi_cq_sread` on this CQ: a receive posted
     /// meanwhile is posted at once rather than left for their next read
     /// (`defer`).
-    pub sleepers: AtomicUsize,
+    pub sleepers: AtomicU32,
     /// The last `fi_cq_read` returned entries: the next one posts no
     /// deferred receive. `ofi_rxm` reads its CQ until it comes back empty,
     /// and the receives it reposted for the messages just taken would
@@ -382,7 +382,7 @@ pub unsafe extern "C" fn open(
             cq: ucq,
             members: SpinLock::new(Vec::new()),
             next: AtomicUsize::new(0),
-            sleepers: AtomicUsize::new(0),
+            sleepers: AtomicU32::new(0),
             just_read: AtomicBool::new(false),
             format,
             errors: Mutex::new(VecDeque::new()),
@@ -682,7 +682,7 @@ unsafe extern "C" fn sread(
             // Counted a sleeper before the look that precedes the sleep: a
             // receive posted from then on is posted at once
             // (`Ep::submit_recv`), not left for the read after the wake-up.
-            let asleep = Sleeper::enter(&q.sleepers);
+            let asleep = CountGuard::new(&q.sleepers);
             match q.read_entries(buf, count, None, false) {
                 Err(e) if e == -FI_EAGAIN => {}
                 r => return r,
@@ -708,23 +708,6 @@ unsafe extern "C" fn sread(
             }
         }
     })
-}
-
-/// A thread counted in a CQ's sleepers while it lives.
-struct Sleeper<'a>(&'a AtomicUsize);
-
-impl<'a> Sleeper<'a> {
-    fn enter(count: &'a AtomicUsize) -> Sleeper<'a> {
-        // Sequentially consistent: see `defer::Deferred::flush`.
-        count.fetch_add(1, Ordering::SeqCst);
-        Sleeper(count)
-    }
-}
-
-impl Drop for Sleeper<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// `fi_control` on a CQ: `FI_GETWAIT` hands out the fd to sleep on (an

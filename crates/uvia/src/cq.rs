@@ -29,6 +29,7 @@
 //! and, every millisecond, the Nic's due timers; a waiter sleeps on the set
 //! instead of on every socket.
 
+use crate::count::CountGuard;
 use crate::desc::Descriptor;
 use crate::error::{CqError, WaitError};
 use crate::lock::{Guard, SpinLock};
@@ -268,25 +269,6 @@ thread_local! {
     /// notices its own progress makes wake nobody (it looks at the notices
     /// before it sleeps).
     static ASLEEP_ON: Cell<Option<(*const CqShared, Asleep)>> = const { Cell::new(None) };
-}
-
-/// Counts a thread in [`Cq::wait`]'s sleep phase (or asleep in a VI's
-/// receive) until dropped. Sequentially consistent: a waker that publishes
-/// a notice and then reads the count, and a sleeper that counts itself and
-/// then looks at the notices, cannot both miss each other.
-struct InWait<'a>(&'a AtomicU32);
-
-impl<'a> InWait<'a> {
-    fn new(n: &'a AtomicU32) -> InWait<'a> {
-        n.fetch_add(1, Ordering::SeqCst);
-        InWait(n)
-    }
-}
-
-impl Drop for InWait<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// Counts this thread as a sleeper of `cq` (and marks it, see [`ASLEEP_ON`])
@@ -836,7 +818,7 @@ impl Cq {
         }
         // Sleep phase: arming looks at progress once more, and after a
         // wake-up the notice is usually there for the look that follows.
-        let _driving = InWait::new(&self.s.in_wait);
+        let _driving = CountGuard::new(&self.s.in_wait);
         let slice = Duration::from_nanos(self.s.slice_ns.load(Ordering::Relaxed));
         // Each nap that ends with nothing doubles the next, up to
         // IDLE_SLICE: a waiter over many idle shm VIs, each wake-up of which
@@ -1103,7 +1085,7 @@ impl Cq {
         }
         // Counted before the last look at the notices: a notice published
         // after it finds the count (see `wake`).
-        let _in_recv = InWait::new(&self.s.recv_sleepers);
+        let _in_recv = CountGuard::new(&self.s.recv_sleepers);
         if self.ready() {
             return true;
         }

@@ -15,6 +15,7 @@
 
 pub mod cm;
 mod copy;
+mod count;
 pub mod cq;
 pub mod desc;
 pub mod error;
@@ -26,6 +27,7 @@ mod ready;
 pub mod vi;
 
 pub use cm::{ConnRequest, Discriminator, NetAddress, RemoteViAttributes, MAX_PRIVATE_DATA};
+pub use count::CountGuard;
 pub use cq::{Cq, CqCompletion};
 pub use desc::{
     control, status, CompletionError, ControlSegment, Descriptor, MemHandle, Op, Segment,
