@@ -1266,9 +1266,12 @@ mod tests {
             "a second connection opened its own watch"
         );
         let state = a.read_state();
+        // (A child just started may still sleep uninterruptibly, in its
+        // exec, on a busy machine: 'D'.)
         assert!(
-            matches!(state, Some(b'R' | b'S')),
-            "the child is running or sleeping, not {state:?}"
+            matches!(state, Some(b'R' | b'S' | b'D')),
+            "the child is running or sleeping, not {:?}",
+            state.map(char::from)
         );
         assert!(!a.stopped_too_long());
         // Looked at once for both within the interval (unless this thread
