@@ -5,13 +5,17 @@ use crate::drive::Driver;
 use crate::fabric::Fabric;
 use crate::guard;
 use crate::medium::{self, Medium};
+use crate::mr::Sharing;
 use crate::nosys;
 use crate::pep::ConnReq;
 use crate::prov;
+use crate::share::MIN_SHARE;
 use crate::sys::*;
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use uvia::{Nic, NicOptions, Ptag};
+use std::sync::{Arc, Mutex};
+use uvia::{Nic, NicOptions, Ptag, Segment};
 
 /// A domain. `#[repr(C)]` with libfabric's `fid_domain` first.
 #[repr(C)]
@@ -26,6 +30,9 @@ pub struct Domain {
     /// Its endpoints' VIs, driven between the program's calls where the
     /// Nic needs it.
     pub driver: Driver,
+    /// Its regions whose pages are to be shared with peers on first need
+    /// (shm), by handle, until they are.
+    pub unshared: Mutex<HashMap<u32, Arc<Sharing>>>,
     /// Objects opened on it and not yet closed; it closes only at zero.
     pub refs: AtomicUsize,
 }
@@ -116,6 +123,7 @@ pub unsafe extern "C" fn open(
             nic,
             ptag,
             driver,
+            unshared: Mutex::new(HashMap::new()),
             refs: AtomicUsize::new(0),
         });
         f.refs.fetch_add(1, Ordering::AcqRel);
@@ -126,6 +134,22 @@ pub unsafe extern "C" fn open(
 }
 
 impl Domain {
+    /// Shares the regions of `segs` a peer should map (a send's or an RDMA
+    /// write's sources of [`MIN_SHARE`] bytes or more) and has not yet,
+    /// before the descriptor that names them is posted.
+    pub fn share_sources(&self, segs: &[Segment]) {
+        if self.medium != Medium::Shm {
+            return;
+        }
+        for s in segs.iter().filter(|s| s.length as usize >= MIN_SHARE) {
+            let pending = guard::lock(&self.unshared).get(&s.handle.0).cloned();
+            if let Some(p) = pending {
+                p.share(&self.nic);
+                guard::lock(&self.unshared).remove(&s.handle.0);
+            }
+        }
+    }
+
     /// The domain behind a `fid_domain` libfabric hands back.
     ///
     /// # Safety

@@ -800,6 +800,7 @@ unsafe extern "C" fn sendv(
         // SAFETY: libfabric passes the fid it was given; iov/desc `count`.
         let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
         let (segs, n, total) = unsafe { segments(iov, desc, count) }?;
+        ep.domain().share_sources(&segs[..n]);
         ep.post_send(Op::new(
             Descriptor::send(&segs[..n]),
             context,
@@ -824,6 +825,7 @@ unsafe extern "C" fn senddata(
         let v = one(buf, len, desc);
         let mut d = desc;
         let (segs, n, total) = unsafe { segments(&v, &mut d, 1) }?;
+        ep.domain().share_sources(&segs[..n]);
         let desc = Descriptor::send(&segs[..n]).with_immediate(data as u32);
         ep.post_send(Op::new(desc, context, FI_SEND | FI_MSG, total))
     })
@@ -853,6 +855,7 @@ unsafe extern "C" fn sendmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) ->
             };
         }
         let (segs, n, total) = unsafe { segments(m.msg_iov, m.desc, m.iov_count) }?;
+        ep.domain().share_sources(&segs[..n]);
         let desc = with_data(Descriptor::send(&segs[..n]));
         ep.post_send(Op::new(desc, m.context, FI_SEND | FI_MSG, total))
     })
@@ -936,6 +939,7 @@ unsafe fn rma(
     let (mut desc, flags) = if read {
         (Descriptor::rdma_read(remote, &segs[..n]), FI_RMA | FI_READ)
     } else {
+        ep.domain().share_sources(&segs[..n]);
         (
             Descriptor::rdma_write(remote, &segs[..n]),
             FI_RMA | FI_WRITE,

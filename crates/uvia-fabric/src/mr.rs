@@ -2,6 +2,14 @@
 //! domain's Nic, under the domain's tag, with the RDMA enable bits the
 //! access flags ask for. Its descriptor (`fi_mr_desc`) and its key
 //! (`fi_mr_key`) are both the uvia memory handle.
+//!
+//! On shm a region's pages are made mappable by the peer (`share`) when
+//! they are first the source of a large send or RDMA write, not at
+//! registration: most registrations never are (`ofi_rxm`'s buffer pools,
+//! which it registers on a connection's first message; the buffers its
+//! rendezvous reads, which the target side reads itself), and the move
+//! cost each of them a copy, a remap and a fault on every page written
+//! after it.
 
 use crate::domain::Domain;
 use crate::guard;
@@ -12,8 +20,8 @@ use crate::share::{self, Remap};
 use crate::sys::*;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use uvia::{MemAttributes, MemHandle};
+use std::sync::{Arc, Mutex};
+use uvia::{MemAttributes, MemHandle, Nic};
 
 /// A memory region. `#[repr(C)]` with libfabric's `fid_mr` first.
 #[repr(C)]
@@ -21,9 +29,42 @@ pub struct Mr {
     pub fid: fid_mr,
     domain: *const Domain,
     handle: MemHandle,
-    /// The memfd the region's whole pages were moved into (shm), kept open
-    /// while the region is registered.
-    _shared: Option<Arc<Remap>>,
+    /// Its pages' move into a memfd (shm), made on first need and kept
+    /// open while the region is registered.
+    sharing: Option<Arc<Sharing>>,
+}
+
+/// A region on shm whose whole pages are moved into a memfd when first
+/// needed: before the first send or RDMA write of [`share::MIN_SHARE`]
+/// bytes or more from it posts (`Domain::share_sources`).
+pub struct Sharing {
+    buf: usize,
+    len: usize,
+    handle: MemHandle,
+    /// `None` until tried; then the memfd, or `None` where the pages
+    /// cannot be moved (they stay as they are, read by cross-memory attach).
+    remap: Mutex<Option<Option<Arc<Remap>>>>,
+}
+
+impl Sharing {
+    /// Moves the region's pages into a memfd, once, and tells the Nic.
+    pub fn share(&self, nic: &Nic) {
+        let mut r = guard::lock(&self.remap);
+        if r.is_some() {
+            return;
+        }
+        // SAFETY: the range was registered and stays allocated while it is
+        // (fi_mr_reg's contract); writes to it meanwhile are held (`share`).
+        let remap = unsafe { share::share(self.buf as *const u8, self.len) };
+        if let Some(m) = &remap {
+            // SAFETY: a remap's memfd is sealed (a `Segment`), mapped at its
+            // start for its length, and kept open by `self` as long as the
+            // region is registered. A region deregistered meanwhile is
+            // refused, which is what it should be.
+            let _ = unsafe { nic.set_region_backing(self.handle, m.fd(), m.start(), m.len()) };
+        }
+        *r = Some(remap);
+    }
 }
 
 static FI_OPS: fi_ops = fi_ops {
@@ -83,36 +124,28 @@ unsafe extern "C" fn reg(
         let attrs = MemAttributes::new(domain.ptag)
             .rdma_write(access & FI_REMOTE_WRITE != 0)
             .rdma_read(access & FI_REMOTE_READ != 0);
-        // On shm, large caller buffers are made mappable by the peer (see
-        // `share`); anything that cannot be is registered as it is.
-        let shared = if domain.medium == Medium::Shm && prov::settings().share_mr {
-            // SAFETY: the range is what the program registers; fi_mr_reg's
-            // caller does not write it meanwhile (the consequence for one
-            // that does is in the provider's docs).
-            unsafe { share::share(buf as *const u8, len) }
-        } else {
-            None
-        };
         // SAFETY: the program keeps the memory allocated while registered
-        // (fi_mr_reg's contract); a remap's memfd is sealed (a `Segment`),
-        // mapped at its start for its length, and kept open by the region.
-        let h = unsafe {
-            match &shared {
-                Some(r) => domain.nic.register_shared_mem(
-                    buf as *mut u8,
-                    len,
-                    attrs,
-                    r.fd(),
-                    r.start(),
-                    r.len(),
-                ),
-                None => domain.nic.register_mem(buf as *mut u8, len, attrs),
-            }
-        }
-        .map_err(|e| match e {
-            uvia::MemError::TableFull(_) => err::ENOMEM,
-            _ => err::EINVAL,
-        })?;
+        // (fi_mr_reg's contract).
+        let h = unsafe { domain.nic.register_mem(buf as *mut u8, len, attrs) }.map_err(
+            |e| match e {
+                uvia::MemError::TableFull(_) => err::ENOMEM,
+                _ => err::EINVAL,
+            },
+        )?;
+        // On shm, a range large enough is made mappable by the peer when it
+        // is first needed (see the module's docs).
+        let sharing =
+            (domain.medium == Medium::Shm && prov::settings().share_mr && len >= share::MIN_SHARE)
+                .then(|| {
+                    let s = Arc::new(Sharing {
+                        buf: buf as usize,
+                        len,
+                        handle: h,
+                        remap: Mutex::new(None),
+                    });
+                    guard::lock(&domain.unshared).insert(h.0, s.clone());
+                    s
+                });
         let m = Box::new(Mr {
             fid: fid_mr {
                 fid: fid {
@@ -125,7 +158,7 @@ unsafe extern "C" fn reg(
             },
             domain,
             handle: h,
-            _shared: shared,
+            sharing,
         });
         domain.refs.fetch_add(1, Ordering::AcqRel);
         // SAFETY: checked non-NULL above.
@@ -200,6 +233,9 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         let m = unsafe { Box::from_raw(p as *mut Mr) };
         // SAFETY: a region keeps its domain open.
         let domain = unsafe { &*m.domain };
+        if m.sharing.is_some() {
+            guard::lock(&domain.unshared).remove(&m.handle.0);
+        }
         let _ = domain.nic.deregister_mem(m.handle);
         domain.refs.fetch_sub(1, Ordering::AcqRel);
         Ok(())

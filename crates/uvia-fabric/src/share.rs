@@ -6,7 +6,8 @@
 //! No kernel interface lets another process map a process's private
 //! memory; a memfd is what memory the Nic allocates already is
 //! (`Nic::alloc_region`), and `fi_mr_reg` hands us the caller's memory,
-//! not a chance to allocate it. So at registration the pages that hold
+//! not a chance to allocate it. So when a registered range is first the
+//! source of a large message (`Domain::share_sources`), the pages that hold
 //! data are copied into a new memfd, which is then mapped `MAP_SHARED |
 //! MAP_FIXED` at the same addresses: same addresses, same contents, now
 //! shareable.
@@ -39,10 +40,10 @@ use uvia_shm::Segment;
 /// Fewest bytes of whole pages worth remapping. Messages up to 16 KiB of
 /// memory a peer cannot map go inline through the ring anyway
 /// (`INLINE_MAX_UNMAPPED` in the shm provider); a remap pays a copy of the
-/// range and two system calls at registration.
+/// range and two system calls.
 pub const MIN_SHARE: usize = 64 << 10;
 
-/// Most bytes one registration remaps: the copy at registration takes
+/// Most bytes one registration remaps: the copy takes
 /// about 50 ms a GiB and holds the pages twice until the remap, so larger
 /// ranges are left as they are (and read by cross-memory attach).
 pub const MAX_SHARE: usize = 1 << 30;

@@ -65,6 +65,10 @@ pub enum MemError {
     /// The memfd window given with a range is empty, wraps or has no descriptor.
     #[error("the shared window of a registration names no memory")]
     BadBacking,
+    /// [`Nic::set_region_backing`](crate::Nic::set_region_backing) on a
+    /// region that has its window already.
+    #[error("region {0:#x} has a shared window already")]
+    AlreadyBacked(u32),
 }
 
 /// Creating a VI or changing its attributes failed.

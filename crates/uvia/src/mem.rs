@@ -7,6 +7,7 @@
 //! take the table's mutex.
 
 use crate::desc::MemHandle;
+use crate::error::MemError;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -218,6 +219,23 @@ impl RegionTable {
         Some(info)
     }
 
+    /// Gives region `h`, registered without one, the memfd behind it: the
+    /// posts after this name it to peers (those before keep their view).
+    pub(crate) fn set_backing(&self, h: MemHandle, back: Backing) -> Result<(), MemError> {
+        let _a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
+        let info = self.lookup(h).ok_or(MemError::NotRegistered(h.0))?;
+        if info.fd >= 0 {
+            return Err(MemError::AlreadyBacked(h.0));
+        }
+        let s = &self.slots[(h.0 & ((1 << INDEX_BITS) - 1)) as usize];
+        s.fd_base.store(back.base, Ordering::Relaxed);
+        s.fd_len.store(back.len, Ordering::Relaxed);
+        // Release: a lookup that sees the descriptor (Acquire) sees the
+        // window above; one that does not sees none.
+        s.fd.store(back.fd, Ordering::Release);
+        Ok(())
+    }
+
     pub(crate) fn set_attributes(&self, h: MemHandle, attrs: MemAttributes) -> Option<()> {
         let _a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
         self.lookup(h)?;
@@ -293,7 +311,8 @@ impl RegionTable {
                 enable_rdma_write: flags & FLAG_RDMA_WRITE != 0,
                 enable_rdma_read: flags & FLAG_RDMA_READ != 0,
             },
-            fd: s.fd.load(Ordering::Relaxed),
+            // Acquire: pairs with `set_backing`, which stores the window first.
+            fd: s.fd.load(Ordering::Acquire),
             fd_base: s.fd_base.load(Ordering::Relaxed),
             fd_len: s.fd_len.load(Ordering::Relaxed),
             serial: s.serial.load(Ordering::Relaxed),
@@ -371,6 +390,27 @@ mod tests {
             t.check(h, Ptag(1), 0x1000, 1),
             Err(AccessError::NotRegistered(h.0))
         );
+    }
+
+    #[test]
+    fn a_window_given_after_registration_is_seen_once() {
+        let t = RegionTable::new(2);
+        let a = MemAttributes::new(Ptag(1));
+        let h = t.insert(0x1000, 0x2000, a, Backing::NONE).unwrap();
+        assert_eq!(t.lookup(h).unwrap().fd, -1);
+        let back = Backing {
+            fd: 7,
+            base: 0x1000,
+            len: 0x2000,
+        };
+        assert_eq!(t.set_backing(h, back), Ok(()));
+        let r = t.lookup(h).unwrap();
+        assert_eq!((r.fd, r.fd_base, r.fd_len), (7, 0x1000, 0x2000));
+        let other = Backing { fd: 8, ..back };
+        assert_eq!(t.set_backing(h, other), Err(MemError::AlreadyBacked(h.0)));
+        assert_eq!(t.lookup(h).unwrap().fd, 7, "the first window stays");
+        t.remove(h).unwrap();
+        assert_eq!(t.set_backing(h, back), Err(MemError::NotRegistered(h.0)));
     }
 
     #[test]

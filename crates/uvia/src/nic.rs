@@ -287,6 +287,36 @@ impl Nic {
         unsafe { self.register_backed(addr, len, attrs, back) }
     }
 
+    /// Gives region `h`, registered with [`register_mem`](Self::register_mem),
+    /// the memfd its memory has been moved into since: from the next post
+    /// on, the `shm` provider lets a peer map the part of the region that
+    /// lies in the window, as if it had been registered with
+    /// [`register_shared_mem`](Self::register_shared_mem). Descriptors
+    /// posted before keep reading the memory as before.
+    ///
+    /// # Safety
+    /// As for [`register_shared_mem`](Self::register_shared_mem): `fd` a
+    /// memfd sealed against shrinking, mapped shared at `fd_addr` for
+    /// `fd_len` bytes, open until the region is deregistered.
+    pub unsafe fn set_region_backing(
+        &self,
+        h: MemHandle,
+        fd: std::os::fd::RawFd,
+        fd_addr: *mut u8,
+        fd_len: usize,
+    ) -> Result<(), MemError> {
+        let f = fd_addr as u64;
+        if fd < 0 || fd_len == 0 || f.checked_add(fd_len as u64).is_none() {
+            return Err(MemError::BadBacking);
+        }
+        let back = Backing {
+            fd,
+            base: f,
+            len: fd_len as u64,
+        };
+        self.s.regions.set_backing(h, back)
+    }
+
     unsafe fn register_backed(
         &self,
         addr: *mut u8,

@@ -1211,13 +1211,14 @@ static void t_pingpong_sread(void)
 
 /* ---- mr: caller memory shared with the peer ----------------------------- */
 
-/* uvia: on shm, fi_mr_reg moves the whole pages of a private anonymous
- * buffer into shared memory at the same addresses (unless
- * FI_UVIA_SHARE_MR=0, or the process may not hold writes with a
- * userfaultfd), so the peer copies a large message straight out of them;
- * the partial pages at the edges are read as before. These rounds send a
- * buffer that starts and ends inside a page, through registration, fork,
- * deregistration and free(), and check every byte at the peer. */
+/* uvia: on shm, the first large send from a registered region moves the
+ * whole pages of its private anonymous buffer into shared memory at the
+ * same addresses (unless FI_UVIA_SHARE_MR=0, or the process may not hold
+ * writes with a userfaultfd), so the peer copies a large message straight
+ * out of them; the partial pages at the edges are read as before.
+ * Registration alone moves nothing. These rounds send a buffer that starts
+ * and ends inside a page, through registration, fork, deregistration and
+ * free(), and check every byte at the peer. */
 enum { SHARE_LEN = (1 << 20) + 1000, SHARE_OFF = 100, SHARE_ROUNDS = 4 };
 
 static void shared_pages_peer(struct chan *c)
@@ -1305,10 +1306,13 @@ static void t_shared_pages(void)
     fill(buf, SHARE_LEN, 1);
     struct fid_mr *mr = share_reg(&s, buf);
     CHECK_PATTERN(buf, SHARE_LEN, 1);
+    CHECKF(!memfd_backed(buf + SHARE_LEN / 2), "pages shared at registration");
+    share_send(&s, &p, buf, fi_mr_desc(mr));
+    CHECK_PATTERN(buf, SHARE_LEN, 1);
     int shared = memfd_backed(buf + SHARE_LEN / 2);
     CHECKF(shared == asked || (asked && geteuid() != 0),
-           "pages shared: %d, asked for: %d (shm, FI_UVIA_SHARE_MR not 0)", shared, asked);
-    share_send(&s, &p, buf, fi_mr_desc(mr));
+           "pages shared after a send: %d, asked for: %d (shm, FI_UVIA_SHARE_MR not 0)", shared,
+           asked);
 
     /* A child forked while the buffer is registered sees its bytes; the
      * parent's later writes are what the peer gets. uvia: with the pages
