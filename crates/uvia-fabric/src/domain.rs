@@ -9,7 +9,6 @@ use crate::mr::Sharing;
 use crate::nosys;
 use crate::pep::ConnReq;
 use crate::prov;
-use crate::share::MIN_SHARE;
 use crate::sys::*;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
@@ -30,8 +29,12 @@ pub struct Domain {
     /// Its endpoints' VIs, driven between the program's calls where the
     /// Nic needs it.
     pub driver: Driver,
-    /// Its regions whose pages are to be shared with peers on first need
-    /// (shm), by handle, until they are.
+    /// Messages longer than this from a registered region make its pages
+    /// shared with peers first (`share`): the Nic's `shared_window_from`,
+    /// `None` where no peer maps memory or `FI_UVIA_SHARE_MR=0`.
+    pub share_from: Option<usize>,
+    /// Its regions whose pages are to be shared with peers on first need,
+    /// by handle, until they are.
     pub unshared: Mutex<HashMap<u32, Arc<Sharing>>>,
     /// Objects opened on it and not yet closed; it closes only at zero.
     pub refs: AtomicUsize,
@@ -104,6 +107,10 @@ pub unsafe extern "C" fn open(
                 .map_err(|_| err::ENODEV)?,
         };
         let ptag = nic.create_ptag().map_err(|_| err::ENOMEM)?;
+        let share_from = nic
+            .attributes()
+            .shared_window_from
+            .filter(|_| prov::settings().share_mr);
         let driver = Driver::new(
             nic.attributes().needs_driving,
             prov::settings().drive_thread,
@@ -123,6 +130,7 @@ pub unsafe extern "C" fn open(
             nic,
             ptag,
             driver,
+            share_from,
             unshared: Mutex::new(HashMap::new()),
             refs: AtomicUsize::new(0),
         });
@@ -134,14 +142,18 @@ pub unsafe extern "C" fn open(
 }
 
 impl Domain {
-    /// Shares the regions of `segs` a peer should map (a send's or an RDMA
-    /// write's sources of [`MIN_SHARE`] bytes or more) and has not yet,
-    /// before the descriptor that names them is posted.
+    /// Shares the regions of `segs`, a send's or an RDMA write's sources,
+    /// that have not been yet, before the descriptor that names them is
+    /// posted, when the message is one the peer copies out of a mapping of
+    /// them (longer than `share_from`).
     pub fn share_sources(&self, segs: &[Segment]) {
-        if self.medium != Medium::Shm {
+        let Some(from) = self.share_from else {
+            return;
+        };
+        if segs.iter().map(|s| s.length as usize).sum::<usize>() <= from {
             return;
         }
-        for s in segs.iter().filter(|s| s.length as usize >= MIN_SHARE) {
+        for s in segs.iter().filter(|s| s.length > 0) {
             let pending = guard::lock(&self.unshared).get(&s.handle.0).cloned();
             if let Some(p) = pending {
                 p.share(&self.nic);

@@ -4,18 +4,17 @@
 //! (`fi_mr_key`) are both the uvia memory handle.
 //!
 //! On shm a region's pages are made mappable by the peer (`share`) when
-//! they are first the source of a large send or RDMA write, not at
-//! registration: most registrations never are (`ofi_rxm`'s buffer pools,
-//! which it registers on a connection's first message; the buffers its
-//! rendezvous reads, which the target side reads itself), and the move
-//! cost each of them a copy, a remap and a fault on every page written
-//! after it.
+//! they are first the source of a send or RDMA write the peer reads by
+//! reference (longer than the Nic's `shared_window_from`, 16 KiB), not at
+//! registration: many registrations never are (`ofi_rxm`'s receive pool,
+//! and its send pool until a message needs more than its eager size, both
+//! registered on a connection's first message; the buffers its rendezvous
+//! reads, which the target side reads itself), and the move cost each of
+//! them a copy, a remap and a fault on every page written after it.
 
 use crate::domain::Domain;
 use crate::guard;
-use crate::medium::Medium;
 use crate::nosys;
-use crate::prov;
 use crate::share::{self, Remap};
 use crate::sys::*;
 use std::ffi::{c_int, c_void};
@@ -35,8 +34,8 @@ pub struct Mr {
 }
 
 /// A region on shm whose whole pages are moved into a memfd when first
-/// needed: before the first send or RDMA write of [`share::MIN_SHARE`]
-/// bytes or more from it posts (`Domain::share_sources`).
+/// needed: before the first send or RDMA write from it posts that the peer
+/// reads by reference (`Domain::share_sources`).
 pub struct Sharing {
     buf: usize,
     len: usize,
@@ -134,18 +133,16 @@ unsafe extern "C" fn reg(
         )?;
         // On shm, a range large enough is made mappable by the peer when it
         // is first needed (see the module's docs).
-        let sharing =
-            (domain.medium == Medium::Shm && prov::settings().share_mr && len >= share::MIN_SHARE)
-                .then(|| {
-                    let s = Arc::new(Sharing {
-                        buf: buf as usize,
-                        len,
-                        handle: h,
-                        remap: Mutex::new(None),
-                    });
-                    guard::lock(&domain.unshared).insert(h.0, s.clone());
-                    s
-                });
+        let sharing = (domain.share_from.is_some() && len >= share::MIN_SHARE).then(|| {
+            let s = Arc::new(Sharing {
+                buf: buf as usize,
+                len,
+                handle: h,
+                remap: Mutex::new(None),
+            });
+            guard::lock(&domain.unshared).insert(h.0, s.clone());
+            s
+        });
         let m = Box::new(Mr {
             fid: fid_mr {
                 fid: fid {

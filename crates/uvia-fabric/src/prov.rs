@@ -109,7 +109,7 @@ const PARAMS: [(&CStr, fi_param_type, &CStr); 6] = [
     (
         c"share_mr",
         FI_PARAM_BOOL,
-        c"On shm, the first send or RDMA write of 64 KiB or more from a registered region moves its whole pages (64 KiB to 1 GiB) of private anonymous memory into shared memory at the same addresses, so the peer copies large messages straight out of them; other threads' writes to the pages during the move wait for it (a userfaultfd holds them: root, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1, else the memory is left as it is), a forked child then shares those pages rather than copying them, and they stay shared after fi_close (default: 1; 0 leaves registered memory as it is, and large messages are read with process_vm_readv or sent through the ring in pieces)",
+        c"On shm, the first send or RDMA write longer than 16 KiB from a registered region moves its whole pages (64 KiB to 1 GiB) of private anonymous memory into shared memory at the same addresses, so the peer copies large messages straight out of them; other threads' writes to the pages during the move wait for it (a userfaultfd holds them: root, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1, else the memory is left as it is), a forked child then shares those pages rather than copying them, and they stay shared after fi_close (default: 1; 0 leaves registered memory as it is, and large messages are read with process_vm_readv or sent through the ring in pieces)",
     ),
 ];
 

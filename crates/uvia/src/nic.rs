@@ -28,6 +28,13 @@ pub struct NicAttributes {
     pub max_registered_regions: usize,
     /// Largest message sent inline in the ring; larger ones are copied once, by reference.
     pub inline_threshold: usize,
+    /// Largest message the provider carries itself from memory a peer
+    /// cannot map; a longer one from memory with a shared window
+    /// ([`Nic::register_shared_mem`], [`Nic::set_region_backing`]) is copied
+    /// once out of the peer's mapping of it, and from other memory read by
+    /// cross-memory attach. `None` where no peer maps memory (the network
+    /// providers).
+    pub shared_window_from: Option<usize>,
     pub reliability_levels: &'static [Reliability],
     pub rdma_read: bool,
     pub rdma_write: bool,
@@ -60,6 +67,7 @@ impl NicAttributes {
             max_ptags: 256,
             max_registered_regions: 4096,
             inline_threshold: 0,
+            shared_window_from: None,
             reliability_levels: &[
                 Reliability::Unreliable,
                 Reliability::ReliableDelivery,

@@ -1211,14 +1211,15 @@ static void t_pingpong_sread(void)
 
 /* ---- mr: caller memory shared with the peer ----------------------------- */
 
-/* uvia: on shm, the first large send from a registered region moves the
- * whole pages of its private anonymous buffer into shared memory at the
- * same addresses (unless FI_UVIA_SHARE_MR=0, or the process may not hold
- * writes with a userfaultfd), so the peer copies a large message straight
- * out of them; the partial pages at the edges are read as before.
- * Registration alone moves nothing. These rounds send a buffer that starts
- * and ends inside a page, through registration, fork, deregistration and
- * free(), and check every byte at the peer. */
+/* uvia: on shm, the first send longer than 16 KiB from a registered region
+ * (one the peer reads by reference) moves the whole pages of its private
+ * anonymous buffer into shared memory at the same addresses (unless
+ * FI_UVIA_SHARE_MR=0, or the process may not hold writes with a
+ * userfaultfd), so the peer copies a large message straight out of them;
+ * the partial pages at the edges are read as before. Registration alone
+ * moves nothing. These rounds send a buffer that starts and ends inside a
+ * page, through registration, fork, deregistration and free(), and check
+ * every byte at the peer. */
 enum { SHARE_LEN = (1 << 20) + 1000, SHARE_OFF = 100, SHARE_ROUNDS = 4 };
 
 static void shared_pages_peer(struct chan *c)
