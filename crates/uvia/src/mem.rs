@@ -142,6 +142,20 @@ impl Backing {
         base: 0,
         len: 0,
     };
+
+    /// Memfd `fd` mapped at `addr` for `len` bytes; refused if it names no
+    /// memory (no descriptor, empty, or wrapping the address space).
+    pub fn window(fd: i32, addr: *mut u8, len: usize) -> Result<Backing, MemError> {
+        let base = addr as u64;
+        if fd < 0 || len == 0 || base.checked_add(len as u64).is_none() {
+            return Err(MemError::BadBacking);
+        }
+        Ok(Backing {
+            fd,
+            base,
+            len: len as u64,
+        })
+    }
 }
 
 /// The Nic's region table.

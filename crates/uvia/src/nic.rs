@@ -282,15 +282,7 @@ impl Nic {
         fd_addr: *mut u8,
         fd_len: usize,
     ) -> Result<MemHandle, MemError> {
-        let f = fd_addr as u64;
-        if fd < 0 || fd_len == 0 || f.checked_add(fd_len as u64).is_none() {
-            return Err(MemError::BadBacking);
-        }
-        let back = Backing {
-            fd,
-            base: f,
-            len: fd_len as u64,
-        };
+        let back = Backing::window(fd, fd_addr, fd_len)?;
         // SAFETY: the caller's promise, passed on.
         unsafe { self.register_backed(addr, len, attrs, back) }
     }
@@ -313,15 +305,7 @@ impl Nic {
         fd_addr: *mut u8,
         fd_len: usize,
     ) -> Result<(), MemError> {
-        let f = fd_addr as u64;
-        if fd < 0 || fd_len == 0 || f.checked_add(fd_len as u64).is_none() {
-            return Err(MemError::BadBacking);
-        }
-        let back = Backing {
-            fd,
-            base: f,
-            len: fd_len as u64,
-        };
+        let back = Backing::window(fd, fd_addr, fd_len)?;
         self.s.regions.set_backing(h, back)
     }
 
@@ -580,6 +564,42 @@ mod tests {
             Nic::open("ib0"),
             Err(OpenError::UnknownProvider(_))
         ));
+    }
+
+    #[test]
+    fn a_window_is_given_once_to_a_registered_region_and_must_name_memory() {
+        let nic = Nic::open("shm").unwrap();
+        let attrs = MemAttributes::new(nic.create_ptag().unwrap());
+        let mut buf = vec![0u8; 8192];
+        let p = buf.as_mut_ptr();
+        // SAFETY: a live buffer, deregistered before it is dropped.
+        let h = unsafe { nic.register_mem(p, 8192, attrs) }.unwrap();
+        assert_eq!(nic.query_mem(h).unwrap().fd, -1);
+        // SAFETY: each refused before it is used; the fd below is a memfd
+        // standing in for the region's (no peer maps it in this test).
+        unsafe {
+            assert_eq!(
+                nic.set_region_backing(h, -1, p, 8192),
+                Err(MemError::BadBacking)
+            );
+            assert_eq!(
+                nic.set_region_backing(h, 3, p, 0),
+                Err(MemError::BadBacking)
+            );
+            let seg = uvia_shm::Segment::create(c"window-test", 8192).unwrap();
+            let fd = seg.fd();
+            assert_eq!(nic.set_region_backing(h, fd, p, 8192), Ok(()));
+            assert_eq!(nic.query_mem(h).unwrap().fd, fd);
+            assert_eq!(
+                nic.set_region_backing(h, fd, p, 8192),
+                Err(MemError::AlreadyBacked(h.0))
+            );
+            nic.deregister_mem(h).unwrap();
+            assert_eq!(
+                nic.set_region_backing(h, fd, p, 8192),
+                Err(MemError::NotRegistered(h.0))
+            );
+        }
     }
 
     #[test]
