@@ -847,8 +847,16 @@ impl Vi {
 
     /// [`done_raw`](Self::done_raw) over several queues of this VI under
     /// one hold of its lock: a finished head of any of them first, else one
-    /// poll of each in turn. A direct CQ reporting both queues of a VI
-    /// looks here, one lock where a done call per queue took two.
+    /// poll of the transport, then their heads again. A direct CQ reporting
+    /// both queues of a VI looks here, one lock where a done call per queue
+    /// took two.
+    ///
+    /// One poll moves every queue of the VI forward (a network transport's
+    /// poll is its progress: a receive system call; shm's looks at the ring
+    /// and at what waits for an acknowledgement), so it is made once, for
+    /// the receive queue when it is among `queues` (shm's fast path takes a
+    /// message there); a poll per queue made two receive calls on every
+    /// empty look of a network VI.
     pub fn done_raw_of(&self, queues: &[Queue]) -> Option<(Queue, NonNull<Descriptor>)> {
         let mut g = self.lock();
         let ViInner { q, t } = &mut *g;
@@ -857,8 +865,16 @@ impl Vi {
                 return Some((queue, d));
             }
         }
-        for &queue in queues {
-            if let Some(d) = t.poll(self, q, queue, false) {
+        let first = match queues {
+            [] => return None,
+            _ if queues.contains(&Queue::Recv) => Queue::Recv,
+            [one, ..] => *one,
+        };
+        if let Some(d) = t.poll(self, q, first, false) {
+            return Some((first, d));
+        }
+        for &queue in queues.iter().filter(|&&x| x != first) {
+            if let Some(d) = self.pop(q, queue, false) {
                 return Some((queue, d));
             }
         }
