@@ -1,6 +1,6 @@
 //! What the integration tests share: the provider as libfabric loads it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub mod mpi;
 pub mod pingpong;
@@ -28,5 +28,28 @@ impl ProviderDir {
 impl Drop for ProviderDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Removes the programs named `<name>-<pid>` that earlier test runs
+/// compiled into `tmp` and whose process is gone (each run compiles its
+/// own: test binaries run side by side).
+pub fn remove_stale(tmp: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    let prefix = format!("{name}-");
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(pid) = file
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix.as_str()))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }

@@ -114,7 +114,9 @@ pub fn repo() -> PathBuf {
 /// folder under `name`.
 pub fn build_suite(mpicc: &Path, name: &str) -> Result<PathBuf, String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_suite.c");
-    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    super::remove_stale(tmp, name);
+    let exe = tmp.join(format!("{name}-{}", std::process::id()));
     let o = Command::new(mpicc)
         .args(["-O2", "-Wall", "-Wextra", "-Werror"])
         .arg(&src)

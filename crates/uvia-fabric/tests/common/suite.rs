@@ -13,7 +13,7 @@ pub fn suite() -> &'static Path {
     BUILT.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
         let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        remove_stale(tmp);
+        super::remove_stale(tmp, "fi_conformance");
         let exe = tmp.join(format!("fi_conformance-{}", std::process::id()));
         let o = Command::new("cc")
             .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
@@ -31,27 +31,6 @@ pub fn suite() -> &'static Path {
         );
         exe
     })
-}
-
-/// Removes the suites compiled by earlier test runs whose process is gone
-/// (each run compiles its own: test binaries run side by side).
-fn remove_stale(tmp: &Path) {
-    let Ok(entries) = std::fs::read_dir(tmp) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("fi_conformance-"))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
 }
 
 /// Runs the suite over `domain`, with `env` added to its environment, and
