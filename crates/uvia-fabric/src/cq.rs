@@ -458,7 +458,7 @@ impl Cq {
         let refused: Vec<NonNull<Descriptor>> = {
             let m = self.members.lock();
             m.iter()
-                .filter_map(|m| m.deferred.as_ref().and_then(|df| df.flush(&m.vi)))
+                .filter_map(|m| m.deferred.as_ref().and_then(|df| df.flush(&m.vi, true)))
                 .collect()
         };
         for d in &refused {
@@ -473,7 +473,7 @@ impl Cq {
     /// A completed operation off any member's queue, one member further
     /// on than the last read started; drives each member's progress
     /// (its done call) while none is found.
-    fn take(&self, post: bool) -> Option<NonNull<Descriptor>> {
+    fn take(&self, post: bool, sleeping: bool) -> Option<NonNull<Descriptor>> {
         let m = self.members.lock();
         // Receives waiting for a read are posted first, with `post` (a
         // refused one is reported as a flushed receive).
@@ -482,7 +482,7 @@ impl Cq {
                 .deferred
                 .as_ref()
                 .filter(|_| post)
-                .and_then(|df| df.flush(&m.vi))
+                .and_then(|df| df.flush(&m.vi, sleeping))
             {
                 return Some(refused);
             }
@@ -532,7 +532,7 @@ impl Cq {
             }
             let d = match first.take() {
                 Some(c) => c.vi.done_raw(c.queue),
-                None => match self.take(post) {
+                None => match self.take(post, !polling) {
                     Some(d) => Some(d),
                     None => break,
                 },

@@ -17,7 +17,7 @@
 //! their drive thread too, so their receives are posted at once.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use uvia::{status, Descriptor, PostError, SpinLock, Vi};
 
 /// An endpoint's receives waiting for the next CQ read.
@@ -37,24 +37,30 @@ unsafe impl Send for Pending {}
 
 impl Deferred {
     /// Queues a receive the endpoint has checked; posted by the next
-    /// [`flush`](Self::flush).
-    pub fn push(&self, d: NonNull<Descriptor>) {
+    /// [`flush`](Self::flush). True if `sleepers` (the CQ's threads in a
+    /// blocking read) counted one: the caller then posts it at once.
+    ///
+    /// The count is read under the queue's lock, and a blocking read counts
+    /// itself before it takes the lock to look (`flush` with `sleeping`):
+    /// whichever of the two takes the lock second sees the other's step.
+    /// (A sequentially consistent flag did the same and cost a fenced
+    /// store on every receive.)
+    pub fn push(&self, d: NonNull<Descriptor>, sleepers: Option<&AtomicU32>) -> bool {
         let mut p = self.pending.lock();
         p.push(Pending(d));
-        self.any.store(true, Ordering::SeqCst);
+        self.any.store(true, Ordering::Release);
+        sleepers.is_some_and(|n| n.load(Ordering::Relaxed) > 0)
     }
 
     /// Posts the waiting receives to `vi`, in order. A receive the VI
     /// refuses for a reason other than a full queue comes back completed
     /// with the matching error status, for the CQ to report (the ones after
     /// it wait for the next flush); on a full queue the rest wait for the
-    /// next.
-    pub fn flush(&self, vi: &Vi) -> Option<NonNull<Descriptor>> {
-        // Sequentially consistent, as `push`'s store: a blocking read counts
-        // itself a sleeper before it flushes, and a post looks at the
-        // sleepers after it pushes (`Cq::sleepers`), so one of the two sees
-        // the other's step.
-        if !self.any.load(Ordering::SeqCst) {
+    /// next. `sleeping`: a blocking read about to sleep, which looks under
+    /// the lock (see [`push`](Self::push)); a polling one looks at the flag
+    /// first, and a push it misses is posted by its next read.
+    pub fn flush(&self, vi: &Vi, sleeping: bool) -> Option<NonNull<Descriptor>> {
+        if !sleeping && !self.any.load(Ordering::Acquire) {
             return None;
         }
         let mut p = self.pending.lock();
@@ -116,12 +122,14 @@ mod tests {
             })
             .collect();
         let df = Deferred::default();
-        assert!(df.flush(&vi).is_none(), "nothing waits");
-        for &d in &descs {
-            df.push(d);
-        }
+        assert!(df.flush(&vi, false).is_none(), "nothing waits");
+        let sleepers = AtomicU32::new(0);
+        assert!(!df.push(descs[0], Some(&sleepers)), "nobody sleeps");
+        sleepers.store(1, Ordering::Relaxed);
+        assert!(df.push(descs[1], Some(&sleepers)), "a sleeper is seen");
+        assert!(!df.push(descs[2], None), "no CQ: nobody to see");
         // Room for two: the first two are posted, the third waits.
-        assert!(df.flush(&vi).is_none());
+        assert!(df.flush(&vi, true).is_none());
         assert!(df.any.load(Ordering::Acquire), "the third still waits");
         assert_eq!(df.pending.lock().len(), 1);
         assert_eq!(df.pending.lock()[0].0, descs[2]);

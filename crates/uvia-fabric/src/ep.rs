@@ -434,13 +434,13 @@ impl Ep {
                 let _ = unsafe { Op::take(d) };
                 return Err(-FI_EIO);
             }
-            df.push(d);
+            // SAFETY: a bound CQ is kept open by its count.
+            let cq = unsafe { self.rx_cq.load(Ordering::Acquire).as_ref() };
             // A thread asleep in the CQ's blocking read would not post it
             // before its wake-up: post it now (with any before it). A
             // refusal is reported by that CQ's next read.
-            // SAFETY: a bound CQ is kept open by its count.
-            if let Some(cq) = unsafe { self.rx_cq.load(Ordering::Acquire).as_ref() } {
-                if cq.sleepers.load(Ordering::SeqCst) > 0 {
+            if df.push(d, cq.map(|c| &c.sleepers)) {
+                if let Some(cq) = cq {
                     cq.post_deferred();
                 }
             }

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fnmatch.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1209,6 +1210,93 @@ static void t_pingpong_sread(void)
     side_close(&s);
 }
 
+/* A message that arrives before any receive is posted waits; a receive
+ * posted by another thread while this one sleeps in fi_cq_sread takes it,
+ * and the sleeper wakes with the completion (well before its timeout).
+ * uvia: on shm a receive is queued for the CQ's next read, and one queued
+ * while a thread sleeps in a blocking read is posted at once. */
+enum { ASLEEP_LEN = 64, ASLEEP_ROUNDS = 20 };
+
+static void asleep_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    side_connect(&s, &a, NULL, 0, NULL, 0);
+    struct region tx;
+    region_reg(&s, &tx, ASLEEP_LEN, FI_SEND);
+    for (unsigned seed = 1; seed <= ASLEEP_ROUNDS; seed++) {
+        step_wait(c);
+        fill(tx.buf, ASLEEP_LEN, seed);
+        REQUIRE_RET(fi_send(s.ep, tx.buf, ASLEEP_LEN, tx.desc, 0, NULL), 0);
+        struct fi_cq_data_entry e;
+        if (CQ_EXPECT(s.cq, &e, 10000) != 0)
+            h_finish();
+    }
+    step_wait(c);
+    region_close(&tx);
+    side_close(&s);
+}
+
+struct sleeper {
+    struct fid_cq *cq;
+    struct fi_cq_data_entry e;
+    ssize_t n;
+    long long took;
+};
+
+static void *sleep_in_sread(void *arg)
+{
+    struct sleeper *z = arg;
+    long long t0 = now_ms();
+    z->n = fi_cq_sread(z->cq, &z->e, 1, NULL, 5000);
+    z->took = now_ms() - t0;
+    return NULL;
+}
+
+static void t_recv_posted_while_asleep(void)
+{
+    struct peer p;
+    peer_start(&p, asleep_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, NULL, 0);
+    side_domain(&s, req);
+    region_reg(&s, &g_target, ASLEEP_LEN, FI_RECV);
+    side_endpoint(&s);
+    REQUIRE_RET(fi_accept(s.ep, NULL, 0), 0);
+    uint8_t ev[sizeof(struct fi_eq_cm_entry) + 64];
+    if (EQ_EXPECT(s.eq, FI_CONNECTED, ev, sizeof ev, 10000) < 0)
+        h_finish();
+    for (unsigned seed = 1; seed <= ASLEEP_ROUNDS; seed++) {
+        /* The message is sent with no receive posted. */
+        step_send(&p.c);
+        struct sleeper z = {.cq = s.cq};
+        pthread_t t;
+        REQUIRE(pthread_create(&t, NULL, sleep_in_sread, &z) == 0);
+        /* Long enough for the message to arrive and the reader to sleep;
+         * rounds vary it so that some receives land as it goes to sleep. */
+        usleep(seed % 4 == 0 ? 0 : 1000 * (seed % 4) * 10);
+        memset(g_target.buf, 0, ASLEEP_LEN);
+        REQUIRE_RET(fi_recv(s.ep, g_target.buf, ASLEEP_LEN, g_target.desc, 0, NULL), 0);
+        REQUIRE(pthread_join(t, NULL) == 0);
+        CHECKF(z.n == 1, "round %u: fi_cq_sread: %s", seed, ret_name(z.n));
+        if (z.n != 1)
+            break;
+        CHECKF(z.e.flags & FI_RECV, "round %u: a receive's completion", seed);
+        CHECKF(z.took < 3000, "round %u: woke after %lld ms", seed, z.took);
+        CHECK_EQ(z.e.len, ASLEEP_LEN);
+        CHECK_PATTERN(g_target.buf, ASLEEP_LEN, seed);
+    }
+    step_send(&p.c);
+    peer_end(&p, 15000);
+    CHECK_RET(fi_close(&s.ep->fid), 0);
+    s.ep = NULL;
+    region_close(&g_target);
+    side_close(&s);
+}
+
 /* ---- mr: caller memory shared with the peer ----------------------------- */
 
 /* uvia: on shm, the first send longer than 16 KiB from a registered region
@@ -1502,6 +1590,7 @@ static const struct test tests[] = {
     {"wait", "cq_wait_fd_late_recv", t_cq_wait_fd_late_recv, 0},
     {"mr", "recv_with_a_stale_desc", t_recv_with_a_stale_desc, 0},
     {"wait", "pingpong_sread", t_pingpong_sread, 25},
+    {"wait", "recv_posted_while_asleep", t_recv_posted_while_asleep, 25},
     {"fail", "peer_killed_mid_transfer", t_peer_killed, 25},
     {NULL, NULL, NULL, 0},
 };
