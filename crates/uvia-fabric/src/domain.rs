@@ -5,15 +5,13 @@ use crate::drive::Driver;
 use crate::fabric::Fabric;
 use crate::guard;
 use crate::medium::{self, Medium};
-use crate::mr::Sharing;
+use crate::mr::Unshared;
 use crate::nosys;
 use crate::pep::ConnReq;
 use crate::prov;
 use crate::sys::*;
-use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use uvia::{Nic, NicOptions, Ptag, Segment};
 
 /// A domain. `#[repr(C)]` with libfabric's `fid_domain` first.
@@ -34,8 +32,8 @@ pub struct Domain {
     /// `None` where no peer maps memory or `FI_UVIA_SHARE_MR=0`.
     pub share_from: Option<usize>,
     /// Its regions whose pages are to be shared with peers on first need,
-    /// by handle, until they are.
-    pub unshared: Mutex<HashMap<u32, Arc<Sharing>>>,
+    /// until they are.
+    pub unshared: Unshared,
     /// Objects opened on it and not yet closed; it closes only at zero.
     pub refs: AtomicUsize,
 }
@@ -131,7 +129,7 @@ pub unsafe extern "C" fn open(
             ptag,
             driver,
             share_from,
-            unshared: Mutex::new(HashMap::new()),
+            unshared: Unshared::default(),
             refs: AtomicUsize::new(0),
         });
         f.refs.fetch_add(1, Ordering::AcqRel);
@@ -154,10 +152,8 @@ impl Domain {
             return;
         }
         for s in segs.iter().filter(|s| s.length > 0) {
-            let pending = guard::lock(&self.unshared).get(&s.handle.0).cloned();
-            if let Some(p) = pending {
+            if let Some(p) = self.unshared.take(s.handle) {
                 p.share(&self.nic);
-                guard::lock(&self.unshared).remove(&s.handle.0);
             }
         }
     }

@@ -17,8 +17,9 @@ use crate::guard;
 use crate::nosys;
 use crate::share::{self, Remap};
 use crate::sys::*;
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use uvia::{MemAttributes, MemHandle, Nic};
 
@@ -43,6 +44,34 @@ pub struct Sharing {
     /// `None` until tried; then the memfd, or `None` where the pages
     /// cannot be moved (they stay as they are, read by cross-memory attach).
     remap: Mutex<Option<Option<Arc<Remap>>>>,
+}
+
+/// A domain's regions whose pages are to move on first need, by handle,
+/// until a send takes them. A send that finds none waiting reads one word.
+#[derive(Default)]
+pub struct Unshared {
+    map: Mutex<HashMap<u32, Arc<Sharing>>>,
+    len: AtomicUsize,
+}
+
+impl Unshared {
+    fn insert(&self, s: Arc<Sharing>) {
+        let mut m = guard::lock(&self.map);
+        m.insert(s.handle.0, s);
+        self.len.store(m.len(), Ordering::Release);
+    }
+
+    /// Takes region `h`'s pending move, if it waits: the caller makes it
+    /// (another send from the region meanwhile goes as from unmoved memory).
+    pub fn take(&self, h: MemHandle) -> Option<Arc<Sharing>> {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut m = guard::lock(&self.map);
+        let s = m.remove(&h.0);
+        self.len.store(m.len(), Ordering::Release);
+        s
+    }
 }
 
 impl Sharing {
@@ -140,7 +169,7 @@ unsafe extern "C" fn reg(
                 handle: h,
                 remap: Mutex::new(None),
             });
-            guard::lock(&domain.unshared).insert(h.0, s.clone());
+            domain.unshared.insert(s.clone());
             s
         });
         let m = Box::new(Mr {
@@ -231,7 +260,7 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         // SAFETY: a region keeps its domain open.
         let domain = unsafe { &*m.domain };
         if m.sharing.is_some() {
-            guard::lock(&domain.unshared).remove(&m.handle.0);
+            domain.unshared.take(m.handle);
         }
         let _ = domain.nic.deregister_mem(m.handle);
         domain.refs.fetch_sub(1, Ordering::AcqRel);
