@@ -20,7 +20,7 @@ use crate::sys::*;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use uvia::{MemAttributes, MemHandle, Nic};
 
 /// A memory region. `#[repr(C)]` with libfabric's `fid_mr` first.
@@ -41,9 +41,9 @@ pub struct Sharing {
     buf: usize,
     len: usize,
     handle: MemHandle,
-    /// `None` until tried; then the memfd, or `None` where the pages
-    /// cannot be moved (they stay as they are, read by cross-memory attach).
-    remap: Mutex<Option<Option<Arc<Remap>>>>,
+    /// Unset until tried; then the memfd, or `None` where the pages cannot
+    /// be moved (they stay as they are, read by cross-memory attach).
+    remap: OnceLock<Option<Arc<Remap>>>,
 }
 
 /// A domain's regions whose pages are to move on first need, by handle,
@@ -77,21 +77,20 @@ impl Unshared {
 impl Sharing {
     /// Moves the region's pages into a memfd, once, and tells the Nic.
     pub fn share(&self, nic: &Nic) {
-        let mut r = guard::lock(&self.remap);
-        if r.is_some() {
-            return;
-        }
-        // SAFETY: the range was registered and stays allocated while it is
-        // (fi_mr_reg's contract); writes to it meanwhile are held (`share`).
-        let remap = unsafe { share::share(self.buf as *const u8, self.len) };
-        if let Some(m) = &remap {
-            // SAFETY: a remap's memfd is sealed (a `Segment`), mapped at its
-            // start for its length, and kept open by `self` as long as the
-            // region is registered. A region deregistered meanwhile is
-            // refused, which is what it should be.
-            let _ = unsafe { nic.set_region_backing(self.handle, m.fd(), m.start(), m.len()) };
-        }
-        *r = Some(remap);
+        self.remap.get_or_init(|| {
+            // SAFETY: the range was registered and stays allocated while it
+            // is (fi_mr_reg's contract); writes to it meanwhile are held
+            // (`share`).
+            let remap = unsafe { share::share(self.buf as *const u8, self.len) };
+            if let Some(m) = &remap {
+                // SAFETY: a remap's memfd is sealed (a `Segment`), mapped at
+                // its start for its length, and kept open by `self` as long
+                // as the region is registered. A region deregistered
+                // meanwhile is refused, which is what it should be.
+                let _ = unsafe { nic.set_region_backing(self.handle, m.fd(), m.start(), m.len()) };
+            }
+            remap
+        });
     }
 }
 
@@ -167,7 +166,7 @@ unsafe extern "C" fn reg(
                 buf: buf as usize,
                 len,
                 handle: h,
-                remap: Mutex::new(None),
+                remap: OnceLock::new(),
             });
             domain.unshared.insert(s.clone());
             s
