@@ -1261,14 +1261,8 @@ static void t_recv_posted_while_asleep(void)
     peer_start(&p, asleep_peer);
     struct side s;
     serve(&s, &p, FI_WAIT_UNSPEC);
-    struct fi_info *req = take_request(&s, NULL, 0);
-    side_domain(&s, req);
+    side_accept(&s, take_request(&s, NULL, 0), NULL, 0, NULL);
     region_reg(&s, &g_target, ASLEEP_LEN, FI_RECV);
-    side_endpoint(&s);
-    REQUIRE_RET(fi_accept(s.ep, NULL, 0), 0);
-    uint8_t ev[sizeof(struct fi_eq_cm_entry) + 64];
-    if (EQ_EXPECT(s.eq, FI_CONNECTED, ev, sizeof ev, 10000) < 0)
-        h_finish();
     for (unsigned seed = 1; seed <= ASLEEP_ROUNDS; seed++) {
         /* The message is sent with no receive posted. */
         step_send(&p.c);
@@ -1380,13 +1374,7 @@ static void t_shared_pages(void)
     peer_start(&p, shared_pages_peer);
     struct side s;
     serve(&s, &p, FI_WAIT_UNSPEC);
-    struct fi_info *req = take_request(&s, NULL, 0);
-    side_domain(&s, req);
-    side_endpoint(&s);
-    REQUIRE_RET(fi_accept(s.ep, NULL, 0), 0);
-    uint8_t ev[sizeof(struct fi_eq_cm_entry) + 64];
-    if (EQ_EXPECT(s.eq, FI_CONNECTED, ev, sizeof ev, 10000) < 0)
-        h_finish();
+    side_accept(&s, take_request(&s, NULL, 0), NULL, 0, NULL);
 
     /* Registration keeps the bytes where they were. */
     uint8_t *raw = malloc(SHARE_LEN + 2 * SHARE_OFF);
@@ -1498,14 +1486,9 @@ static void t_peer_killed(void)
     peer_start(&p, killed_peer);
     struct side s;
     serve(&s, &p, FI_WAIT_UNSPEC);
-    struct fi_info *req = take_request(&s, NULL, 0);
-    side_domain(&s, req);
+    side_accept(&s, take_request(&s, NULL, 0), NULL, 0, NULL);
     region_reg(&s, &g_target, STREAM_LEN, FI_SEND);
-    side_endpoint(&s);
-    REQUIRE_RET(fi_accept(s.ep, NULL, 0), 0);
     uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
-    if (EQ_EXPECT(s.eq, FI_CONNECTED, buf, sizeof buf, 10000) < 0)
-        h_finish();
     int outstanding = 0, sent = 0, errors = 0, shutdown = 0, post_failed = 0, killed = 0;
     long long killed_at = 0, deadline = now_ms() + 15000;
     while (now_ms() < deadline) {
