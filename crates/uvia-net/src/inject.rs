@@ -4,7 +4,7 @@
 //! the same input. Faults apply on the receive side, so a waiter never
 //! sleeps past the moment a held-back frame is due.
 
-use crate::{Addr, Caps, Medium, MediumStats, OutFrame, RecvBatch};
+use crate::{Addr, Caps, GatherFrame, Medium, MediumStats, OutFrame, RecvBatch};
 use std::io;
 use std::os::fd::RawFd;
 use std::str::FromStr;
@@ -274,6 +274,10 @@ impl<M: Medium> Medium for Inject<M> {
         self.inner.send(frames)
     }
 
+    fn send_gathered(&self, frames: &[GatherFrame<'_>]) -> io::Result<()> {
+        self.inner.send_gathered(frames)
+    }
+
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         batch.clear();
         let mut st = self.lock();
@@ -358,6 +362,7 @@ mod tests {
                 gro: false,
                 intact: true,
                 lends: false,
+                gathers: false,
             },
             queue: Mutex::new((0..frames).map(|i| vec![i as u8; 40]).collect()),
         }

@@ -91,6 +91,9 @@ pub struct Caps {
     /// and [`Medium::send_built`] work, with no copy between the medium's
     /// buffers and the caller's.
     pub lends: bool,
+    /// [`Medium::send_gathered`] works: a frame's payload is taken from
+    /// where it lies (the kernel copies it once, from there).
+    pub gathers: bool,
 }
 
 /// A frame to send.
@@ -98,6 +101,16 @@ pub struct Caps {
 pub struct OutFrame<'a> {
     pub to: Addr,
     pub bytes: &'a [u8],
+}
+
+/// A frame in two pieces, sent as one: its `head` (the header, built in
+/// the caller's transmit buffer) and its `tail` (the payload, left in the
+/// memory it came from).
+#[derive(Clone, Copy, Debug)]
+pub struct GatherFrame<'a> {
+    pub to: Addr,
+    pub head: &'a [u8],
+    pub tail: &'a [u8],
 }
 
 /// Counters of a medium.
@@ -119,6 +132,13 @@ pub trait Medium: Send + Sync {
     /// the peer (ICMP unreachable) are swallowed and counted: the protocol
     /// above copes with loss. `Err` is a local failure.
     fn send(&self, frames: &[OutFrame<'_>]) -> io::Result<()>;
+    /// Sends frames as [`send`](Self::send) does, each gathered from its
+    /// two pieces by the kernel: a large payload is not copied into a frame
+    /// buffer first. Only media whose caps say `gathers` have it.
+    fn send_gathered(&self, frames: &[GatherFrame<'_>]) -> io::Result<()> {
+        let _ = frames;
+        Err(io::ErrorKind::Unsupported.into())
+    }
     /// Receives what has arrived, without blocking, into `batch` (cleared
     /// first). Returns the number of frames.
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize>;
@@ -175,6 +195,9 @@ impl<M: Medium + ?Sized> Medium for Box<M> {
     }
     fn send(&self, frames: &[OutFrame<'_>]) -> io::Result<()> {
         (**self).send(frames)
+    }
+    fn send_gathered(&self, frames: &[GatherFrame<'_>]) -> io::Result<()> {
+        (**self).send_gathered(frames)
     }
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         (**self).recv(batch)

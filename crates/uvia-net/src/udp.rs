@@ -8,7 +8,7 @@
 //! never sleeps. Nothing is allocated per call: message headers, I/O vectors
 //! and control buffers live in fixed arrays on the stack.
 
-use crate::{Addr, Caps, Medium, MediumStats, OutFrame, RecvBatch};
+use crate::{Addr, Caps, GatherFrame, Medium, MediumStats, OutFrame, RecvBatch};
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -334,6 +334,7 @@ impl UdpMedium {
                 // computes and checks it; loopback cannot corrupt).
                 intact: true,
                 lends: false,
+                gathers: true,
             },
             gso: AtomicBool::new(opts.gso),
             frames_sent: AtomicU64::new(0),
@@ -445,15 +446,40 @@ impl UdpMedium {
         Ok(())
     }
 
+    /// Sends every frame in batches of datagrams (segmented where runs of
+    /// equal-size frames allow).
+    fn send_all<F: Pieces>(&self, mut frames: &[F]) -> io::Result<()> {
+        if let Some(f) = frames.iter().find(|f| !matches!(f.to(), Addr::Ip(_))) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the udp medium sends to IP addresses, not {}", f.to()),
+            ));
+        }
+        while !frames.is_empty() {
+            let gso = self.gso.load(Ordering::Relaxed);
+            match self.send_chunk(frames, gso) {
+                Ok(n) => frames = &frames[n..],
+                Err(e) if gso && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
+                    // The kernel or device refuses segmentation: send plain
+                    // datagrams from now on.
+                    self.gso.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Sends up to `BATCH` datagrams built from `frames` (all to one
-    /// address per datagram); returns how many frames went.
-    fn send_chunk(&self, frames: &[OutFrame<'_>], gso: bool) -> io::Result<usize> {
+    /// address per datagram); returns how many frames went. A frame is one
+    /// or two pieces ([`Pieces`]), each an I/O vector of its datagram.
+    fn send_chunk<F: Pieces>(&self, frames: &[F], gso: bool) -> io::Result<usize> {
         const CMSG_SPACE: usize = 32;
         #[repr(C, align(8))]
         struct Cmsg([u8; CMSG_SPACE]);
         // SAFETY: these are plain C structures; zero is a valid initial value.
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-        let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
+        let mut iovs: [libc::iovec; 2 * BATCH] = unsafe { zeroed() };
         let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
         let mut cmsgs: [Cmsg; BATCH] = unsafe { zeroed() };
         let mut n_iov = 0;
@@ -461,33 +487,37 @@ impl UdpMedium {
         let mut i = 0;
         while i < frames.len() && n_msg < BATCH && n_iov < BATCH {
             let f = &frames[i];
-            let to = ip_of(f.to);
+            let to = ip_of(f.to());
             // A run of equal-size frames to one address (the last may be
             // shorter) goes as one segmented datagram.
-            let seg = f.bytes.len();
+            let seg = f.len();
             let mut run = 1;
             if gso && seg > 0 {
                 let mut total = seg;
                 while i + run < frames.len()
                     && run < GSO_MAX_SEGMENTS
                     && n_iov + run < BATCH
-                    && frames[i + run].to == f.to
-                    && frames[i + run].bytes.len() <= seg
-                    && total + frames[i + run].bytes.len() <= MAX_DATAGRAM
-                    && frames[i + run - 1].bytes.len() == seg
+                    && frames[i + run].to() == f.to()
+                    && frames[i + run].len() <= seg
+                    && total + frames[i + run].len() <= MAX_DATAGRAM
+                    && frames[i + run - 1].len() == seg
                 {
-                    total += frames[i + run].bytes.len();
+                    total += frames[i + run].len();
                     run += 1;
                 }
             }
             let first_iov = n_iov;
             for k in 0..run {
-                let b = frames[i + k].bytes;
-                iovs[n_iov] = libc::iovec {
-                    iov_base: b.as_ptr() as *mut libc::c_void,
-                    iov_len: b.len(),
-                };
-                n_iov += 1;
+                let (head, tail) = frames[i + k].pieces();
+                for b in [head, tail] {
+                    if !b.is_empty() {
+                        iovs[n_iov] = libc::iovec {
+                            iov_base: b.as_ptr() as *mut libc::c_void,
+                            iov_len: b.len(),
+                        };
+                        n_iov += 1;
+                    }
+                }
             }
             let (ss, len) = to_raw(&to);
             names[n_msg] = ss;
@@ -495,7 +525,7 @@ impl UdpMedium {
             h.msg_name = &mut names[n_msg] as *mut _ as *mut libc::c_void;
             h.msg_namelen = len;
             h.msg_iov = &mut iovs[first_iov];
-            h.msg_iovlen = run as _;
+            h.msg_iovlen = (n_iov - first_iov) as _;
             if run > 1 {
                 let c = &mut cmsgs[n_msg];
                 h.msg_control = c.0.as_mut_ptr() as *mut libc::c_void;
@@ -549,6 +579,35 @@ impl UdpMedium {
     }
 }
 
+/// A frame as [`UdpMedium::send_chunk`] takes it: whole, or a head and a
+/// tail that the kernel gathers into one datagram.
+trait Pieces {
+    fn to(&self) -> Addr;
+    fn pieces(&self) -> (&[u8], &[u8]);
+    fn len(&self) -> usize {
+        let (h, t) = self.pieces();
+        h.len() + t.len()
+    }
+}
+
+impl Pieces for OutFrame<'_> {
+    fn to(&self) -> Addr {
+        self.to
+    }
+    fn pieces(&self) -> (&[u8], &[u8]) {
+        (self.bytes, &[])
+    }
+}
+
+impl Pieces for GatherFrame<'_> {
+    fn to(&self) -> Addr {
+        self.to
+    }
+    fn pieces(&self) -> (&[u8], &[u8]) {
+        (self.head, self.tail)
+    }
+}
+
 impl Medium for UdpMedium {
     fn caps(&self) -> &Caps {
         &self.caps
@@ -558,29 +617,17 @@ impl Medium for UdpMedium {
         Addr::Ip(self.local)
     }
 
-    fn send(&self, mut frames: &[OutFrame<'_>]) -> io::Result<()> {
-        if let Some(f) = frames.iter().find(|f| !matches!(f.to, Addr::Ip(_))) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("the udp medium sends to IP addresses, not {}", f.to),
-            ));
-        }
+    fn send(&self, frames: &[OutFrame<'_>]) -> io::Result<()> {
         if let [f] = frames {
-            return self.send_one(f);
-        }
-        while !frames.is_empty() {
-            let gso = self.gso.load(Ordering::Relaxed);
-            match self.send_chunk(frames, gso) {
-                Ok(n) => frames = &frames[n..],
-                Err(e) if gso && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
-                    // The kernel or device refuses segmentation: send plain
-                    // datagrams from now on.
-                    self.gso.store(false, Ordering::Relaxed);
-                }
-                Err(e) => return Err(e),
+            if matches!(f.to, Addr::Ip(_)) {
+                return self.send_one(f);
             }
         }
-        Ok(())
+        self.send_all(frames)
+    }
+
+    fn send_gathered(&self, frames: &[GatherFrame<'_>]) -> io::Result<()> {
+        self.send_all(frames)
     }
 
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
@@ -808,18 +855,54 @@ mod tests {
         assert_eq!(got, data, "identical and in order ({ip})");
     }
 
+    /// As [`exchange`], each frame sent in two pieces (a head and a tail
+    /// from elsewhere in memory, as the VIs lend payloads), some with an
+    /// empty tail.
+    fn exchange_gathered(ip: &str, opts: UdpOptions) {
+        let (a, b) = pair(ip, opts);
+        let mut sizes = vec![1200; 40];
+        sizes.push(300);
+        sizes.extend([1, 64, 1472, 9000, 1472, 1472, 60_000]);
+        sizes.extend(vec![1000; 100]);
+        let data = frames(&sizes);
+        // The tails live in one buffer of their own, the heads in `data`.
+        let tails: Vec<u8> = data.iter().flat_map(|d| d[d.len() / 3..].to_vec()).collect();
+        let mut at = 0;
+        let out: Vec<GatherFrame<'_>> = data
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let cut = if i % 7 == 3 { d.len() } else { d.len() / 3 };
+                let tail = &tails[at..at + d.len() - d.len() / 3];
+                at += tail.len();
+                GatherFrame {
+                    to: b.local_addr(),
+                    head: &d[..cut],
+                    tail: if cut == d.len() { &[] } else { tail },
+                }
+            })
+            .collect();
+        assert!(a.caps().gathers);
+        a.send_gathered(&out).unwrap();
+        let got = collect(&b, data.len());
+        assert_eq!(got.len(), data.len(), "every frame arrives ({ip})");
+        assert_eq!(got, data, "identical and in order ({ip})");
+    }
+
     #[test]
     fn frames_arrive_identical_and_in_order_v4_and_v6_with_and_without_offloads() {
         for ip in ["127.0.0.1", "::1"] {
-            exchange(ip, UdpOptions::default());
-            exchange(
-                ip,
+            for opts in [
+                UdpOptions::default(),
                 UdpOptions {
                     gso: false,
                     gro: false,
                     ..UdpOptions::default()
                 },
-            );
+            ] {
+                exchange(ip, opts.clone());
+                exchange_gathered(ip, opts);
+            }
         }
     }
 

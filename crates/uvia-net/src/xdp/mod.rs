@@ -518,6 +518,7 @@ impl XdpMedium {
                 // never corrupts).
                 intact: true,
                 lends: true,
+                gathers: false,
             },
             frames_sent: AtomicU64::new(0),
             frames_received: AtomicU64::new(0),

@@ -24,7 +24,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uvia_net::{Addr, Medium, OutFrame, RecvBatch};
+use uvia_net::{Addr, GatherFrame, Medium, OutFrame, RecvBatch};
 use uvia_proto::wire::{NakCode, Repr};
 use uvia_proto::{Conn, Event, Memory, Outcome, SendKind, SendOp};
 
@@ -476,6 +476,11 @@ impl NetVi {
     fn send_copied(&mut self, medium: &dyn Medium, now: Instant, mem: &mut ViMem<'_>) -> usize {
         let frame = self.tx.len() / TX_BATCH;
         self.tx_lens.clear();
+        // Large payloads stay in registered memory for the kernel to
+        // gather, where the medium can and the engine writes no checksum
+        // over the frame (it would read the payload from the frame).
+        mem.lend = medium.caps().gathers && self.conn.peer_attrs().is_some_and(|a| a.intact);
+        mem.n_lent = 0;
         while self.tx_lens.len() < TX_BATCH {
             let at = self.tx_lens.len() * frame;
             match self
@@ -486,8 +491,12 @@ impl NetVi {
                 None => break,
             }
         }
+        mem.lend = false;
         let k = self.tx_lens.len();
-        if k > 0 {
+        if mem.n_lent > 0 {
+            uvia_trace::mark!(ProtoBuilt);
+            self.send_gathered(medium, mem.lent(), frame);
+        } else if k > 0 {
             uvia_trace::mark!(ProtoBuilt);
             // Only the `k` frames built are written: a batch's worth of
             // addresses and slices (some 1.8 KB) written on every send was
@@ -507,6 +516,45 @@ impl NetVi {
             let _ = medium.send(frames);
         }
         k
+    }
+
+    /// Sends the `tx_lens` frames just built, the payloads `lent` gathered
+    /// from where they lie: each lent payload ends its frame.
+    fn send_gathered(&self, medium: &dyn Medium, lent: &[Lent], frame: usize) {
+        let mut frames = [const { MaybeUninit::<GatherFrame<'_>>::uninit() }; TX_BATCH];
+        let mut lent = lent.iter().peekable();
+        for (i, &n) in self.tx_lens.iter().enumerate() {
+            let bytes = &self.tx[i * frame..i * frame + n];
+            let range = bytes.as_ptr_range();
+            let (head, tail) = match lent.next_if(|l| range.contains(&l.at)) {
+                Some(l) => {
+                    let head = l.at as usize - range.start as usize;
+                    debug_assert_eq!(head + l.len, n, "a lent payload ends its frame");
+                    // SAFETY: `l.src` is registered memory of a posted send
+                    // (or an RDMA read's source, checked), readable for
+                    // `l.len` bytes; it stays posted (or registered, unless
+                    // the program breaks the contract) while the VI's lock
+                    // is held, through the send below.
+                    (&bytes[..head], unsafe {
+                        std::slice::from_raw_parts(l.src, l.len)
+                    })
+                }
+                None => (bytes, &[][..]),
+            };
+            frames[i].write(GatherFrame {
+                to: self.peer,
+                head,
+                tail,
+            });
+        }
+        // SAFETY: the first `tx_lens.len()` slots were written above.
+        let frames = unsafe {
+            std::slice::from_raw_parts(
+                frames.as_ptr().cast::<GatherFrame<'_>>(),
+                self.tx_lens.len(),
+            )
+        };
+        let _ = medium.send_gathered(frames);
     }
 
     /// Up to a batch of the engine's frames, each built straight in the
@@ -556,7 +604,27 @@ pub(super) struct ViMem<'a> {
     attrs: &'a ViAttributes,
     sq: &'a SlotQueue,
     rq: &'a SlotQueue,
+    /// Payloads of [`LEND_FROM`] bytes or more that lie in one piece are
+    /// noted in `lent` instead of copied into the frame (the medium gathers
+    /// them): set while frames are built for a medium that gathers.
+    lend: bool,
+    lent: [MaybeUninit<Lent>; TX_BATCH],
+    n_lent: usize,
 }
+
+/// A payload left where it lies: the `len` bytes at `src` belong at `at`,
+/// the end of a frame in the transmit buffer.
+#[derive(Clone, Copy)]
+struct Lent {
+    at: *const u8,
+    src: *const u8,
+    len: usize,
+}
+
+/// Least payload left in place for the medium to gather rather than copied
+/// into its frame: below it a copy costs less than the kernel's second I/O
+/// vector.
+const LEND_FROM: usize = 4096;
 
 impl<'a> ViMem<'a> {
     fn new(vi: &'a Vi, q: &'a Queues) -> ViMem<'a> {
@@ -565,8 +633,45 @@ impl<'a> ViMem<'a> {
             attrs: &q.attrs,
             sq: &q.sq,
             rq: &q.rq,
+            lend: false,
+            lent: [const { MaybeUninit::uninit() }; TX_BATCH],
+            n_lent: 0,
         }
     }
+
+    /// Notes `src..src + buf.len()` as the payload that belongs in `buf`
+    /// if payloads are being lent and this one is large enough; false if
+    /// the caller must copy it.
+    fn lend(&mut self, buf: &[u8], src: *const u8) -> bool {
+        if !self.lend || buf.len() < LEND_FROM || self.n_lent == TX_BATCH {
+            return false;
+        }
+        self.lent[self.n_lent].write(Lent {
+            at: buf.as_ptr(),
+            src,
+            len: buf.len(),
+        });
+        self.n_lent += 1;
+        true
+    }
+
+    /// The payloads noted since lending was turned on, in the order their
+    /// frames were built.
+    fn lent(&self) -> &[Lent] {
+        // SAFETY: the first `n_lent` entries were written by `lend`.
+        unsafe { std::slice::from_raw_parts(self.lent.as_ptr().cast::<Lent>(), self.n_lent) }
+    }
+}
+
+/// Where the entry's bytes `offset..offset + len` lie, if in one range.
+fn one_piece(e: &Posted, offset: usize, len: usize) -> Option<*const u8> {
+    let mut at = None;
+    let mut pieces = 0;
+    self::pieces(e, offset, len, |p, _, _| {
+        at = Some(p as *const u8);
+        pieces += 1;
+    });
+    at.filter(|_| pieces == 1)
 }
 
 /// The entry of `q` whose id is `id`: ids are consecutive from the front.
@@ -618,7 +723,13 @@ fn scatter_at(e: &Posted, offset: usize, data: &[u8]) {
 impl Memory for ViMem<'_> {
     fn read_send(&mut self, msn: u32, offset: u32, buf: &mut [u8]) {
         match entry(self.sq, msn) {
-            Some(e) if e.still_registered(self.regions) => gather_at(e, offset as usize, buf),
+            Some(e) if e.still_registered(self.regions) => {
+                let lent = self.lend
+                    && one_piece(e, offset as usize, buf.len()).is_some_and(|p| self.lend(buf, p));
+                if !lent {
+                    gather_at(e, offset as usize, buf)
+                }
+            }
             // Deregistered under a posted descriptor: the caller broke the
             // contract; send zeros rather than touch freed memory.
             _ => buf.fill(0),
@@ -677,6 +788,9 @@ impl Memory for ViMem<'_> {
         {
             // Deregistered since the request was checked: zeros, not freed memory.
             buf.fill(0);
+            return;
+        }
+        if self.lend(buf, raddr as *const u8) {
             return;
         }
         // SAFETY: as in `rdma_write`, for reading.
