@@ -895,6 +895,9 @@ fn anatomy_compare(
 
 fn verdict(h: &Headline) -> String {
     match (&h.error, h.pass) {
+        // A side that was not there to run (a peer or MPI not installed or
+        // not named), with the reason in the error.
+        (Some(e), _) if e.starts_with("skipped") => "skipped".into(),
         (Some(_), _) => "FAILED".into(),
         (None, Some(true)) => "met".into(),
         (None, Some(false)) => "not met".into(),

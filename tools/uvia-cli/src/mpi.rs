@@ -395,7 +395,7 @@ impl Setup {
         let mpich = match mpich_root {
             Some(r) => mpich(r, &dir.0).map_err(|e| format!("{e:#}")),
             None => Err(
-                "no MPICH named (--mpich FOLDER: a virtual environment with \
+                "skipped: no MPICH named (--mpich FOLDER: a virtual environment with \
                          `pip install mpich`; scripts/bench makes one)"
                     .into(),
             ),
@@ -622,7 +622,10 @@ fn headlines(s: &Study) -> Vec<Headline> {
                     .find(|c| c.key == k)
                     .ok_or_else(|| format!("no variant {k}"))?;
                 match &c.error {
-                    Some(e) => Err(format!("{}: {e}", c.label)),
+                    Some(e) => match e.strip_prefix("skipped: ") {
+                        Some(why) => Err(format!("skipped: {}: {why}", c.label)),
+                        None => Err(format!("{}: {e}", c.label)),
+                    },
                     None => Ok(c.rounds_p50_ns[i].clone()),
                 }
             };
