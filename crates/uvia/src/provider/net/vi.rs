@@ -519,27 +519,31 @@ impl NetVi {
         k
     }
 
-    /// Sends the `tx_lens` frames just built, the payloads `lent` gathered
-    /// from where they lie: each lent payload ends its frame.
-    fn send_gathered(&self, medium: &dyn Medium, lent: &[Lent], frame: usize) {
+    /// Sends the `tx_lens` frames just built (`frame` bytes apart in `tx`),
+    /// the payloads `lent` gathered from where they lie. The engine writes
+    /// a data frame's payload last; a lent payload that would not end its
+    /// frame is copied into it instead, so a frame never goes short.
+    fn send_gathered(&mut self, medium: &dyn Medium, lent: &[Lent], frame: usize) {
+        let mut tails: [Option<(usize, &[u8])>; TX_BATCH] = [None; TX_BATCH];
+        let base = self.tx.as_ptr() as usize;
+        for l in lent {
+            let off = l.at as usize - base;
+            let i = off / frame;
+            // SAFETY: `l.src` is registered memory of a posted send (or an
+            // RDMA read's source, checked), readable for `l.len` bytes; it
+            // stays posted (or registered, unless the program breaks the
+            // contract) while the VI's lock is held, through the send below.
+            let src = unsafe { std::slice::from_raw_parts(l.src, l.len) };
+            match self.tx_lens.get(i) {
+                Some(&n) if off + l.len == i * frame + n => tails[i] = Some((off - i * frame, src)),
+                _ => self.tx[off..off + l.len].copy_from_slice(src),
+            }
+        }
         let mut frames = [const { MaybeUninit::<GatherFrame<'_>>::uninit() }; TX_BATCH];
-        let mut lent = lent.iter().peekable();
         for (i, &n) in self.tx_lens.iter().enumerate() {
             let bytes = &self.tx[i * frame..i * frame + n];
-            let range = bytes.as_ptr_range();
-            let (head, tail) = match lent.next_if(|l| range.contains(&l.at)) {
-                Some(l) => {
-                    let head = l.at as usize - range.start as usize;
-                    debug_assert_eq!(head + l.len, n, "a lent payload ends its frame");
-                    // SAFETY: `l.src` is registered memory of a posted send
-                    // (or an RDMA read's source, checked), readable for
-                    // `l.len` bytes; it stays posted (or registered, unless
-                    // the program breaks the contract) while the VI's lock
-                    // is held, through the send below.
-                    (&bytes[..head], unsafe {
-                        std::slice::from_raw_parts(l.src, l.len)
-                    })
-                }
+            let (head, tail) = match tails[i] {
+                Some((head, tail)) => (&bytes[..head], tail),
                 None => (bytes, &[][..]),
             };
             frames[i].write(GatherFrame {
