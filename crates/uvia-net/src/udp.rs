@@ -866,7 +866,10 @@ mod tests {
         sizes.extend(vec![1000; 100]);
         let data = frames(&sizes);
         // The tails live in one buffer of their own, the heads in `data`.
-        let tails: Vec<u8> = data.iter().flat_map(|d| d[d.len() / 3..].to_vec()).collect();
+        let tails: Vec<u8> = data
+            .iter()
+            .flat_map(|d| d[d.len() / 3..].to_vec())
+            .collect();
         let mut at = 0;
         let out: Vec<GatherFrame<'_>> = data
             .iter()
