@@ -55,6 +55,18 @@ static void listener_address(struct chan *c, struct sockaddr_in *a)
         h_finish();
 }
 
+/* The peer's side of serve() up to the connection: opens `s` and connects
+ * it to the listener with the request's private data, returning the
+ * accept's length (copied into `got`, at most `cap` bytes). */
+static size_t peer_connect(struct chan *c, struct side *s, const void *data, size_t len,
+                           void *got, size_t cap)
+{
+    struct sockaddr_in a;
+    listener_address(c, &a);
+    side_open(s, FI_WAIT_UNSPEC);
+    return side_connect(s, &a, data, len, got, cap);
+}
+
 /* A one-byte step between the two processes. */
 static void step_send(struct chan *c)
 {
@@ -247,12 +259,9 @@ static void post_two_receives(struct side *s)
 
 static void writedata_peer(struct chan *c)
 {
-    struct sockaddr_in a;
     struct side s;
     struct remote r;
-    listener_address(c, &a);
-    side_open(&s, FI_WAIT_UNSPEC);
-    REQUIRE(side_connect(&s, &a, NULL, 0, &r, sizeof r) == sizeof r);
+    REQUIRE(peer_connect(c, &s, NULL, 0, &r, sizeof r) == sizeof r);
     CHECK_EQ(r.len, RMA_LEN);
     struct region l;
     region_reg(&s, &l, RMA_LEN, FI_WRITE | FI_SEND);
@@ -343,12 +352,9 @@ static void t_writedata(void)
 
 static void read_peer(struct chan *c)
 {
-    struct sockaddr_in a;
     struct side s;
     struct remote r;
-    listener_address(c, &a);
-    side_open(&s, FI_WAIT_UNSPEC);
-    REQUIRE(side_connect(&s, &a, NULL, 0, &r, sizeof r) == sizeof r);
+    REQUIRE(peer_connect(c, &s, NULL, 0, &r, sizeof r) == sizeof r);
     CHECK_EQ(r.len, READ_LEN);
     struct region l;
     region_reg(&s, &l, READ_LEN, FI_READ);
@@ -414,12 +420,9 @@ static int g_try_read;
 
 static void no_permission_peer(struct chan *c)
 {
-    struct sockaddr_in a;
     struct side s;
     struct remote r;
-    listener_address(c, &a);
-    side_open(&s, FI_WAIT_UNSPEC);
-    REQUIRE(side_connect(&s, &a, NULL, 0, &r, sizeof r) == sizeof r);
+    REQUIRE(peer_connect(c, &s, NULL, 0, &r, sizeof r) == sizeof r);
     struct region l;
     region_reg(&s, &l, 4096, FI_READ | FI_WRITE);
     fill(l.buf, 4096, 4);
@@ -896,11 +899,8 @@ static int readable(int fd, int ms)
 
 static void wait_fd_peer(struct chan *c)
 {
-    struct sockaddr_in a;
     struct side s;
-    listener_address(c, &a);
-    side_open(&s, FI_WAIT_UNSPEC);
-    side_connect(&s, &a, request_data, sizeof request_data, NULL, 0);
+    peer_connect(c, &s, request_data, sizeof request_data, NULL, 0);
     step_wait(c);
     side_close(&s);
 }
@@ -1133,11 +1133,8 @@ static void sread_both(struct fid_cq *cq, int want_send, struct fi_cq_data_entry
 
 static void pingpong_peer(struct chan *c)
 {
-    struct sockaddr_in a;
     struct side s;
-    listener_address(c, &a);
-    side_open(&s, FI_WAIT_UNSPEC);
-    side_connect(&s, &a, NULL, 0, NULL, 0);
+    peer_connect(c, &s, NULL, 0, NULL, 0);
     struct region tx, rx;
     region_reg(&s, &tx, PP_MAX, FI_SEND);
     region_reg(&s, &rx, PP_MAX, FI_RECV);
@@ -1219,11 +1216,8 @@ enum { ASLEEP_LEN = 64, ASLEEP_ROUNDS = 20 };
 
 static void asleep_peer(struct chan *c)
 {
-    struct sockaddr_in a;
     struct side s;
-    listener_address(c, &a);
-    side_open(&s, FI_WAIT_UNSPEC);
-    side_connect(&s, &a, NULL, 0, NULL, 0);
+    peer_connect(c, &s, NULL, 0, NULL, 0);
     struct region tx;
     region_reg(&s, &tx, ASLEEP_LEN, FI_SEND);
     for (unsigned seed = 1; seed <= ASLEEP_ROUNDS; seed++) {
@@ -1306,11 +1300,8 @@ enum { SHARE_LEN = (1 << 20) + 1000, SHARE_OFF = 100, SHARE_ROUNDS = 4 };
 
 static void shared_pages_peer(struct chan *c)
 {
-    struct sockaddr_in a;
     struct side s;
-    listener_address(c, &a);
-    side_open(&s, FI_WAIT_UNSPEC);
-    side_connect(&s, &a, NULL, 0, NULL, 0);
+    peer_connect(c, &s, NULL, 0, NULL, 0);
     struct region rx;
     region_reg(&s, &rx, SHARE_LEN, FI_RECV);
     for (unsigned seed = 1; seed <= SHARE_ROUNDS; seed++) {
@@ -1456,11 +1447,8 @@ enum { STREAM_LEN = 256 * 1024, STREAM_DEPTH = 8 };
 
 static void killed_peer(struct chan *c)
 {
-    struct sockaddr_in a;
     struct side s;
-    listener_address(c, &a);
-    side_open(&s, FI_WAIT_UNSPEC);
-    side_connect(&s, &a, NULL, 0, NULL, 0);
+    peer_connect(c, &s, NULL, 0, NULL, 0);
     struct region rx;
     region_reg(&s, &rx, STREAM_LEN * STREAM_DEPTH, FI_RECV);
     for (int i = 0; i < STREAM_DEPTH; i++)
