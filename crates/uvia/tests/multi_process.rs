@@ -1699,12 +1699,17 @@ mod raw {
     /// (at most 32), the private data (at most 64).
     const HELLO_LEN: usize = 24 + 32 + uvia::MAX_PRIVATE_DATA;
     /// The shm protocol's version (`VERSION` in the provider's `conn.rs`).
-    const SHM_VERSION: u8 = 3;
+    const SHM_VERSION: u8 = 4;
+    /// Bytes of the segment's header.
+    pub const HEADER: usize = 128;
+    /// Bytes of one side's block: 128 of doorbell and flags, 256 of the
+    /// offer of a shared copy.
+    pub const BLOCK: usize = 384;
 
-    /// The connection segment's size: a 128-byte header, two 128-byte side
-    /// blocks, two rings of 1024 lines.
+    /// The connection segment's size: the header, two side blocks, two
+    /// rings of 1024 lines.
     pub fn segment_len() -> usize {
-        3 * 128 + 2 * ring_bytes(1024).next_multiple_of(RING_ALIGN)
+        HEADER + 2 * BLOCK + 2 * ring_bytes(1024).next_multiple_of(RING_ALIGN)
     }
 
     /// A request for discriminator `d` from a Reliable Delivery VI with the
@@ -1873,7 +1878,7 @@ fn hostile_connection_requests_are_refused() {
     let seg = uvia_shm::Segment::open_exact(good.try_clone().unwrap(), len).unwrap();
     // SAFETY: the client's side block starts after the 128-byte header, its
     // doorbell first; the mapping is the full layout long.
-    let bell = unsafe { &*(seg.as_ptr().add(128) as *const uvia_shm::Doorbell) };
+    let bell = unsafe { &*(seg.as_ptr().add(raw::HEADER) as *const uvia_shm::Doorbell) };
     bell.arm(uvia_shm::doorbell::EVENTFD);
     let full = raw::eventfd();
     raw::fill(&full);
@@ -2041,7 +2046,8 @@ fn a_piece_out_of_order_fails_the_connection() {
     // blocks (`layout` in the provider's conn.rs).
     // SAFETY: the segment is the full layout long, the ring's offset is
     // aligned, and this side is the ring's only producer.
-    let mut tx = unsafe { uvia_shm::Producer::new(seg.as_ptr().add(3 * 128), 1024) };
+    let mut tx =
+        unsafe { uvia_shm::Producer::new(seg.as_ptr().add(raw::HEADER + 2 * raw::BLOCK), 1024) };
     const PIECE: usize = 16 << 10;
     let p = tx.reserve(24 + PIECE).expect("room in an empty ring");
     let mut hdr = [0u8; 24];
@@ -2059,7 +2065,8 @@ fn a_piece_out_of_order_fails_the_connection() {
     // The server's side block (after the header and ours) starts with its
     // doorbell: wake it if it sleeps.
     // SAFETY: the mapping is the full layout long.
-    let bell = unsafe { &*(seg.as_ptr().add(2 * 128) as *const uvia_shm::Doorbell) };
+    let bell =
+        unsafe { &*(seg.as_ptr().add(raw::HEADER + raw::BLOCK) as *const uvia_shm::Doorbell) };
     bell.ring();
     peer.join();
     drop(s);

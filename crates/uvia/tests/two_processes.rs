@@ -303,6 +303,102 @@ fn scatter_and_gather_keep_the_byte_order() {
     peer.join();
 }
 
+/// Large messages: the receiver shares its copy with a sender that polls for
+/// its send's completion (each copies chunks), and copies alone for one that
+/// sleeps. Chunks that straddle segments on both sides keep the byte order.
+#[test]
+fn a_large_message_is_copied_by_both_ends_or_by_the_receiver_alone() {
+    /// (bytes, the sender polls its send's completion).
+    const CASES: [(usize, bool); 4] = [
+        (1 << 20, true),
+        ((512 << 10) + 4099, true),
+        ((1 << 20) - 77, false),
+        (1 << 20, true),
+    ];
+    /// The sender's three segments and the receiver's two: uneven, at odd offsets.
+    fn send_segs(r: &MemoryRegion, n: usize) -> Vec<Segment> {
+        let cuts = [0, n / 5, n / 2 + 1, n];
+        (0..3)
+            .map(|i| r.segment(i * (1 << 20) + 3 * i, cuts[i + 1] - cuts[i]))
+            .collect()
+    }
+    fn fill(r: &mut MemoryRegion, n: usize, seed: u8) {
+        let data = pattern(n, seed);
+        let cuts = [0, n / 5, n / 2 + 1, n];
+        for i in 0..3 {
+            let at = i * (1 << 20) + 3 * i;
+            r.as_mut_slice()[at..at + cuts[i + 1] - cuts[i]]
+                .copy_from_slice(&data[cuts[i]..cuts[i + 1]]);
+        }
+    }
+    fn recv_into(e: &End, r: &MemoryRegion, n: usize) -> Vec<u8> {
+        let first = n / 3 + 5;
+        let segs = [r.segment(4099, first), r.segment(2 << 20, n - first)];
+        e.vi.post_recv(Box::new(Descriptor::recv(&segs))).unwrap();
+        assert_eq!(e.vi.recv_wait(Some(T)).unwrap().result(), Ok(n as u32));
+        let mut got = r.as_slice()[4099..4099 + first].to_vec();
+        got.extend_from_slice(&r.as_slice()[2 << 20..(2 << 20) + n - first]);
+        got
+    }
+    fn send_from(e: &End, r: &MemoryRegion, n: usize, poll: bool) {
+        e.vi.post_send(Box::new(Descriptor::send(&send_segs(r, n))))
+            .unwrap();
+        let d = if poll {
+            loop {
+                if let Some(d) = e.vi.send_done() {
+                    break d;
+                }
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(20));
+            e.vi.send_wait(Some(T)).unwrap()
+        };
+        assert_eq!(d.result(), Ok(n as u32));
+    }
+    let region = |e: &End| {
+        e.nic
+            .alloc_region(4 << 20, MemAttributes::new(e.ptag))
+            .unwrap()
+    };
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let e = end(&inst, ViAttributes::new);
+        let mut r = region(&e);
+        accept(&e, a.parse().unwrap());
+        for (i, (n, poll)) in CASES.into_iter().enumerate() {
+            let got = recv_into(&e, &r, n);
+            assert!(
+                got == pattern(n, i as u8),
+                "case {i}: the server got other bytes"
+            );
+            fill(&mut r, n, 100 + i as u8);
+            send_from(&e, &r, n, poll);
+        }
+        until_peer_leaves(&e);
+        return;
+    }
+    let inst = instance("share");
+    let peer = Peer::spawn(
+        "a_large_message_is_copied_by_both_ends_or_by_the_receiver_alone",
+        &inst,
+        "131",
+    );
+    let e = end(&inst, ViAttributes::new);
+    let mut r = region(&e);
+    connect(&e, 131);
+    for (i, (n, poll)) in CASES.into_iter().enumerate() {
+        fill(&mut r, n, i as u8);
+        send_from(&e, &r, n, poll);
+        let got = recv_into(&e, &r, n);
+        assert!(
+            got == pattern(n, 100 + i as u8),
+            "case {i}: the client got other bytes"
+        );
+    }
+    e.vi.disconnect();
+    peer.join();
+}
+
 /// The target exposes its buffer: the client learns address and handle from
 /// a first message, then writes, reads and tries what it may not.
 #[test]

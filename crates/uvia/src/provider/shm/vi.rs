@@ -6,7 +6,7 @@
 //! receive buffers, serves the peer's RDMA, and notices the peer's
 //! consumption of this side's messages.
 
-use super::conn::{block_in, write_range};
+use super::conn::{block_in, claim_chunk, span_pieces, write_range};
 use super::conn::{
     flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, INLINE_MAX_UNMAPPED, MSG_HEADER, PIECE,
     PIECES_FROM, RANGE_BYTES,
@@ -69,6 +69,9 @@ pub(crate) struct ShmVi {
     sent_pieces: u64,
     /// The message arriving in pieces, from its first piece to its last.
     inbound: Option<Inbound>,
+    /// This side cannot write into the peer's memory (cross-memory attach
+    /// refused): it no longer claims chunks of the peer's shared copies.
+    no_help: bool,
 }
 
 /// A message arriving in pieces ([`flag::FRAG`]) between its first piece and
@@ -219,6 +222,7 @@ impl ShmVi {
             armed_check_at: None,
             sent_pieces: 0,
             inbound: None,
+            no_help: false,
         }
     }
 
@@ -587,6 +591,87 @@ impl ShmVi {
         true
     }
 
+    /// Copies chunks of the message of ours the peer is taking, when it has
+    /// offered to share the copy ([`Help`](super::conn::Help)): straight
+    /// from the send's memory into the receive buffer the peer named, by
+    /// cross-memory attach. True if a chunk was copied.
+    fn help_peer(&mut self, vi: &Vi, q: &Queues) -> bool {
+        if self.no_help {
+            return false;
+        }
+        let conn = &self.conn;
+        let help = &conn.peers().help;
+        let mut moved = false;
+        loop {
+            let w = help.claim.load(Ordering::Acquire);
+            let offer = (w >> 32) as u32;
+            // A cheap look first: an offer this side cannot take is left alone.
+            if offer == 0 || w as u32 >= help.nchunks.load(Ordering::Relaxed) {
+                return moved;
+            }
+            let Some(c) = claim_chunk(help, offer, help.nchunks.load(Ordering::Relaxed)) else {
+                return moved;
+            };
+            // The chunk is ours: the offer stays as it is until its bit is set.
+            let id = help.id.load(Ordering::Relaxed);
+            let len = help.len.load(Ordering::Relaxed) as usize;
+            let chunk = help.chunk.load(Ordering::Relaxed) as usize;
+            let nranges = (help.nranges.load(Ordering::Relaxed) as usize).min(MAX_SEGMENTS);
+            let at = c as usize * chunk;
+            let k = chunk.min(len.saturating_sub(at));
+            let mut dst = [RemoteRange { addr: 0, len: 0 }; MAX_SEGMENTS];
+            let mut nd = 0;
+            span_pieces(
+                help.ranges[..nranges]
+                    .iter()
+                    .map(|r| r[1].load(Ordering::Relaxed) as usize),
+                at,
+                k,
+                |i, off, n| {
+                    dst[nd] = RemoteRange {
+                        addr: help.ranges[i][0].load(Ordering::Relaxed) + off as u64,
+                        len: n as u64,
+                    };
+                    nd += 1;
+                },
+            );
+            let e = (0..q.sq_sent)
+                .map(|i| &q.sq[i])
+                .find(|e| e.id == id && e.state == EntryState::InFlight);
+            let mut written = false;
+            if let Some(e) = e.filter(|e| {
+                e.total as usize == len && k > 0 && e.still_registered(&vi.s.nic.regions)
+            }) {
+                let mut src = [LocalRange {
+                    ptr: std::ptr::null_mut(),
+                    len: 0,
+                }; MAX_SEGMENTS];
+                let mut ns = 0;
+                span_pieces(e.ranges().iter().map(|r| r.len), at, k, |i, off, n| {
+                    src[ns] = LocalRange {
+                        ptr: e.ranges[i].ptr.wrapping_add(off),
+                        len: n,
+                    };
+                    ns += 1;
+                });
+                // SAFETY: the source is this send's registered memory, still
+                // registered; the destination is what the peer offered.
+                written = unsafe { cma::write(conn.peer_pid, &src[..ns], &dst[..nd], k) }.is_ok();
+                if !written {
+                    self.no_help = true;
+                }
+            }
+            // Release: the chunk's bytes are in place before its bit.
+            if written {
+                help.done.fetch_or(1 << c, Ordering::Release);
+            } else {
+                help.failed.fetch_or(1 << c, Ordering::Release);
+                return moved;
+            }
+            moved = true;
+        }
+    }
+
     /// Completes sends the peer has consumed, with the error it reported, if any.
     fn reap_acks(&mut self, vi: &Vi, q: &mut Queues) -> bool {
         let conn = &self.conn;
@@ -629,6 +714,7 @@ impl ShmVi {
         let conn = &mut self.conn;
         let failed = &mut self.failed;
         let inbound = &mut self.inbound;
+        let stopped = || self.stopped.as_ref().is_some_and(|w| w.stopped_too_long());
         loop {
             let rec = match conn.rx.peek() {
                 Ok(Some(r)) => {
@@ -710,7 +796,7 @@ impl ShmVi {
                             }
                         } else {
                             let ok = if by_ref {
-                                conn.gather(&remote[..nr], e.ranges())
+                                conn.gather_shared(h.id, &remote[..nr], e.ranges(), stopped)
                             } else {
                                 scatter(&inline[..h.len as usize], e.ranges());
                                 true
@@ -751,7 +837,12 @@ impl ShmVi {
                                 // side's registered regions, tag and enable bits.
                                 let ok = unsafe {
                                     match (write, by_ref) {
-                                        (true, true) => conn.gather(&remote[..nr], &target[..nt]),
+                                        (true, true) => conn.gather_shared(
+                                            h.id,
+                                            &remote[..nr],
+                                            &target[..nt],
+                                            stopped,
+                                        ),
                                         (true, false) => {
                                             std::ptr::copy_nonoverlapping(
                                                 inline.as_ptr(),
@@ -1078,6 +1169,7 @@ impl TransportOps for ShmVi {
         }
         let mut moved = false;
         if self.awaiting_ack > 0 {
+            moved |= self.help_peer(vi, q);
             moved |= self.reap_acks(vi, q);
         } else if self.failed.is_none() && self.conn.mine().error.load(Ordering::Acquire) != 0 {
             // The peer reported an error for a send that completed when it
