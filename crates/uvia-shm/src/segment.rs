@@ -140,6 +140,20 @@ impl Segment {
         Segment::map(fd, size, libc::PROT_READ, 0)
     }
 
+    /// Maps a peer's segment for reading and writing. It must be sealed
+    /// against shrinking and at most `max_len` bytes long; it is mapped at
+    /// its size, lazily.
+    pub fn open_writable(fd: OwnedFd, max_len: usize) -> io::Result<Segment> {
+        let size = sealed_size(&fd)?;
+        if size > max_len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("shared segment is {size} bytes, more than {max_len}"),
+            ));
+        }
+        Segment::map(fd, size, libc::PROT_READ | libc::PROT_WRITE, 0)
+    }
+
     /// A read-only descriptor for the same memory, to hand to a peer that
     /// may read but not write (or resize) it.
     pub fn read_only_fd(&self) -> io::Result<OwnedFd> {

@@ -6,7 +6,7 @@
 //! receive buffers, serves the peer's RDMA, and notices the peer's
 //! consumption of this side's messages.
 
-use super::conn::{block_in, claim_chunk, span_pieces, write_range};
+use super::conn::{block_in, claim_chunk, write_range};
 use super::conn::{
     flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, INLINE_MAX_UNMAPPED, MSG_HEADER, PIECE,
     PIECES_FROM, RANGE_BYTES,
@@ -599,76 +599,43 @@ impl ShmVi {
         if self.no_help {
             return false;
         }
-        let conn = &self.conn;
-        let help = &conn.peers().help;
+        // A cheap look first: no offer, or none this side can take.
+        let help = &self.conn.peers().help;
+        let w = help.claim.load(Ordering::Acquire);
+        if w >> 32 == 0 || w as u32 >= help.nchunks.load(Ordering::Relaxed) {
+            return false;
+        }
+        let seg = self.seg.clone();
+        let help = &block_in(&seg, 1 - self.conn.side()).help;
         let mut moved = false;
         loop {
             let w = help.claim.load(Ordering::Acquire);
-            let offer = (w >> 32) as u32;
-            // A cheap look first: an offer this side cannot take is left alone.
-            if offer == 0 || w as u32 >= help.nchunks.load(Ordering::Relaxed) {
-                return moved;
-            }
-            let Some(c) = claim_chunk(help, offer, help.nchunks.load(Ordering::Relaxed)) else {
+            let n = help.nchunks.load(Ordering::Relaxed);
+            let Some(c) = claim_chunk(help, (w >> 32) as u32, n) else {
                 return moved;
             };
             // The chunk is ours: the offer stays as it is until its bit is set.
             let id = help.id.load(Ordering::Relaxed);
             let len = help.len.load(Ordering::Relaxed) as usize;
             let chunk = help.chunk.load(Ordering::Relaxed) as usize;
-            let nranges = (help.nranges.load(Ordering::Relaxed) as usize).min(MAX_SEGMENTS);
             let at = c as usize * chunk;
             let k = chunk.min(len.saturating_sub(at));
-            let mut dst = [RemoteRange { addr: 0, len: 0 }; MAX_SEGMENTS];
-            let mut nd = 0;
-            span_pieces(
-                help.ranges[..nranges]
-                    .iter()
-                    .map(|r| r[1].load(Ordering::Relaxed) as usize),
-                at,
-                k,
-                |i, off, n| {
-                    dst[nd] = RemoteRange {
-                        addr: help.ranges[i][0].load(Ordering::Relaxed) + off as u64,
-                        len: n as u64,
-                    };
-                    nd += 1;
-                },
-            );
             let e = (0..q.sq_sent)
                 .map(|i| &q.sq[i])
-                .find(|e| e.id == id && e.state == EntryState::InFlight);
-            let mut written = false;
-            if let Some(e) = e.filter(|e| {
-                e.total as usize == len && k > 0 && e.still_registered(&vi.s.nic.regions)
-            }) {
-                let mut src = [LocalRange {
-                    ptr: std::ptr::null_mut(),
-                    len: 0,
-                }; MAX_SEGMENTS];
-                let mut ns = 0;
-                span_pieces(e.ranges().iter().map(|r| r.len), at, k, |i, off, n| {
-                    src[ns] = LocalRange {
-                        ptr: e.ranges[i].ptr.wrapping_add(off),
-                        len: n,
-                    };
-                    ns += 1;
+                .find(|e| e.id == id && e.state == EntryState::InFlight)
+                .filter(|e| {
+                    e.total as usize == len && k > 0 && e.still_registered(&vi.s.nic.regions)
                 });
-                // SAFETY: the source is this send's registered memory, still
-                // registered; the destination is what the peer offered.
-                written = unsafe { cma::write(conn.peer_pid, &src[..ns], &dst[..nd], k) }.is_ok();
-                if !written {
-                    self.no_help = true;
-                }
-            }
+            let written = e.is_some_and(|e| self.conn.write_chunk(help, e.ranges(), at, k));
             // Release: the chunk's bytes are in place before its bit.
             if written {
                 help.done.fetch_or(1 << c, Ordering::Release);
+                moved = true;
             } else {
                 help.failed.fetch_or(1 << c, Ordering::Release);
+                self.no_help = true;
                 return moved;
             }
-            moved = true;
         }
     }
 
@@ -796,7 +763,13 @@ impl ShmVi {
                             }
                         } else {
                             let ok = if by_ref {
-                                conn.gather_shared(h.id, &remote[..nr], e.ranges(), stopped)
+                                conn.gather_shared(
+                                    h.id,
+                                    &remote[..nr],
+                                    e.ranges(),
+                                    &e.src[..e.nranges as usize],
+                                    stopped,
+                                )
                             } else {
                                 scatter(&inline[..h.len as usize], e.ranges());
                                 true
@@ -841,6 +814,7 @@ impl ShmVi {
                                             h.id,
                                             &remote[..nr],
                                             &target[..nt],
+                                            &[],
                                             stopped,
                                         ),
                                         (true, false) => {
