@@ -443,9 +443,14 @@ pub fn parse_sockperf(out: &str) -> Result<Sockperf> {
 /// A port for the next run: this process's own range (apart from `uvia
 /// fabric`'s), a fresh one per run (a server's port lingers in TIME_WAIT).
 fn next_port() -> u16 {
+    // Each run a port of its own for the whole bench (a full run makes
+    // about 150 of them): a server that reused one could find it still held
+    // by an earlier connection and fail to listen. Below Linux's ephemeral
+    // ports (32768 up), so no client's own port takes it either.
+    const SPAN: u32 = 400;
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let base = 40000 + (std::process::id() % 500) as u16 * 40;
-    base + NEXT.fetch_add(1, Ordering::Relaxed) % 40
+    let base = 10_000 + (std::process::id() % (22_000 / SPAN)) * SPAN;
+    (base + NEXT.fetch_add(1, Ordering::Relaxed) as u32 % SPAN) as u16
 }
 
 /// A command line as one would type it (for the report).
@@ -533,6 +538,13 @@ fn client_server(
         Instant::now()
     };
     let (s_ok, s_out, s_err) = crate::fabric::finish(srv, srv_deadline);
+    if !c_ok && server_ends && !s_ok {
+        bail!(
+            "{prog}: client: {}; server: {}",
+            why(&c_out, &c_err),
+            why(&s_out, &s_err)
+        );
+    }
     if !c_ok {
         bail!("{prog}: client: {}", why(&c_out, &c_err));
     }
