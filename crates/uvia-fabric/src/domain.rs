@@ -31,6 +31,10 @@ pub struct Domain {
     /// shared with peers first (`share`): the Nic's `shared_window_from`,
     /// `None` where no peer maps memory or `FI_UVIA_SHARE_MR=0`.
     pub share_from: Option<usize>,
+    /// Receives this long or longer have their regions shared too (the
+    /// Nic's `shared_copy_from`): the sender writes its part of the copy
+    /// into a mapping of them.
+    pub share_recv_from: Option<usize>,
     /// Its regions whose pages are to be shared with peers on first need,
     /// until they are.
     pub unshared: Unshared,
@@ -109,6 +113,10 @@ pub unsafe extern "C" fn open(
             .attributes()
             .shared_window_from
             .filter(|_| prov::settings().share_mr);
+        let share_recv_from = nic
+            .attributes()
+            .shared_copy_from
+            .filter(|_| share_from.is_some());
         let driver = Driver::new(
             nic.attributes().needs_driving,
             prov::settings().drive_thread,
@@ -129,6 +137,7 @@ pub unsafe extern "C" fn open(
             ptag,
             driver,
             share_from,
+            share_recv_from,
             unshared: Unshared::default(),
             refs: AtomicUsize::new(0),
         });
@@ -149,6 +158,24 @@ impl Domain {
             return;
         };
         if segs.iter().map(|s| s.length as usize).sum::<usize>() <= from {
+            return;
+        }
+        for s in segs.iter().filter(|s| s.length > 0) {
+            if let Some(p) = self.unshared.take(s.handle) {
+                p.share(&self.nic);
+            }
+        }
+    }
+
+    /// Shares the regions of `segs`, a receive's buffers, when it can take
+    /// a message whose copy the sender shares (`share_recv_from`): the
+    /// sender then writes its chunks into a mapping of them, not by
+    /// cross-memory attach.
+    pub fn share_destinations(&self, segs: &[Segment]) {
+        let Some(from) = self.share_recv_from else {
+            return;
+        };
+        if segs.iter().map(|s| s.length as usize).sum::<usize>() < from {
             return;
         }
         for s in segs.iter().filter(|s| s.length > 0) {

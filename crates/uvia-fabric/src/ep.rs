@@ -877,7 +877,10 @@ unsafe extern "C" fn recv(
         if len > 0 && buf.is_null() {
             return Err(err::EINVAL);
         }
-        ep.post_recv_one(buf, len, mr::handle(desc), context)
+        let handle = mr::handle(desc);
+        ep.domain()
+            .share_destinations(&[Segment::local(buf as *const u8, handle, len)]);
+        ep.post_recv_one(buf, len, handle, context)
     })
 }
 
@@ -893,6 +896,7 @@ unsafe extern "C" fn recvv(
         // SAFETY: as in sendv.
         let ep = unsafe { Ep::from_fid(ep as *mut fid) }?;
         let (segs, n, _) = unsafe { segments(iov, desc, count) }?;
+        ep.domain().share_destinations(&segs[..n]);
         let buf = if n > 0 {
             segs[0].addr as *mut c_void
         } else {

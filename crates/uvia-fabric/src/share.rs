@@ -7,7 +7,9 @@
 //! memory; a memfd is what memory the Nic allocates already is
 //! (`Nic::alloc_region`), and `fi_mr_reg` hands us the caller's memory,
 //! not a chance to allocate it. So when a registered range is first the
-//! source of a large message (`Domain::share_sources`), the pages that hold
+//! source of a large message (`Domain::share_sources`), or the buffer of a
+//! receive long enough for the sender to share the copy
+//! (`Domain::share_destinations`), the pages that hold
 //! data are copied into a new memfd, which is then mapped `MAP_SHARED |
 //! MAP_FIXED` at the same addresses: same addresses, same contents, now
 //! shareable.

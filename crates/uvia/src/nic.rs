@@ -35,6 +35,12 @@ pub struct NicAttributes {
     /// cross-memory attach. `None` where no peer maps memory (the network
     /// providers).
     pub shared_window_from: Option<usize>,
+    /// Smallest message whose copy the receiver shares with a polling
+    /// sender, which writes its part straight into the receive buffer:
+    /// into a mapping of it where the buffer lies in a memfd (memory the
+    /// Nic allocated, or with a shared window), else by cross-memory
+    /// attach. `None` where no peer maps memory.
+    pub shared_copy_from: Option<usize>,
     pub reliability_levels: &'static [Reliability],
     pub rdma_read: bool,
     pub rdma_write: bool,
@@ -68,6 +74,7 @@ impl NicAttributes {
             max_registered_regions: 4096,
             inline_threshold: 0,
             shared_window_from: None,
+            shared_copy_from: None,
             reliability_levels: &[
                 Reliability::Unreliable,
                 Reliability::ReliableDelivery,

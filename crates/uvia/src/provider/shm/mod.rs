@@ -93,6 +93,7 @@ pub(crate) fn open(name: &str, opts: &NicOptions) -> Result<Opened, OpenError> {
     let attrs = NicAttributes {
         inline_threshold: INLINE_MAX,
         shared_window_from: Some(conn::INLINE_MAX_UNMAPPED),
+        shared_copy_from: Some(conn::SHARE_COPY_FROM),
         host_local: true,
         ..NicAttributes::common(name, "shm", instance.clone())
     };
