@@ -593,8 +593,10 @@ impl ShmVi {
 
     /// Copies chunks of the message of ours the peer is taking, when it has
     /// offered to share the copy ([`Help`](super::conn::Help)): straight
-    /// from the send's memory into the receive buffer the peer named, by
-    /// cross-memory attach. True if a chunk was copied.
+    /// from the send's memory into the receive buffer the peer named
+    /// ([`ShmConn::write_chunk`]). True if a chunk was copied. A chunk it
+    /// cannot write is handed back to the peer, and this side stops
+    /// claiming on this connection.
     fn help_peer(&mut self, vi: &Vi, q: &Queues) -> bool {
         if self.no_help {
             return false;
