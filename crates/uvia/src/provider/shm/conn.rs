@@ -6,7 +6,9 @@
 //! rings of cache lines, one per direction. A message is one ring record:
 //! a small header and either the data itself (inline, built in place by the
 //! sender) or, for large transfers, the sender's address ranges, which the
-//! receiver copies in one step from its mapping of the sender's region. A
+//! receiver copies in one step from its mapping of the sender's region
+//! (from [`SHARE_COPY_FROM`] on, sharing the chunks of that copy with a
+//! sender that polls, [`Help`]). A
 //! large message from memory the peer cannot map goes through the ring in
 //! pieces instead, the sender copying the next piece in while the receiver
 //! copies the last one out. This module owns the layout and the message
