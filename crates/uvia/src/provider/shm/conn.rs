@@ -68,10 +68,13 @@ pub(crate) const MAX_PEER_REGIONS: usize = 4096;
 /// receiver copying alone: 256 KiB 0.91–1.04x (its copy stays in the
 /// caches), 512 KiB 1.05–1.26x, 1 MiB 1.75–2.2x, 2 MiB 1.8–2.0x.
 pub(crate) const SHARE_COPY_FROM: usize = 512 << 10;
-/// Least bytes of one chunk of a shared copy (a chunk is at least a 64th of
-/// the message, so that its bits fit one word). With 16 KiB chunks the
+/// Least bytes of one chunk of a shared copy (a chunk is at least a
+/// [`MAX_CHUNKS`]th of the message). With 16 KiB chunks the
 /// claims cost more than they balance: 1 MiB 1.3–1.6x, not 1.75–2.2x.
 const SHARE_CHUNK: usize = 64 << 10;
+/// Most chunks of one shared copy: their bits share a word with the offer
+/// they belong to ([`Help::done`]).
+const MAX_CHUNKS: usize = 32;
 
 /// What side X of a connection observes; written by the other side.
 #[repr(C, align(128))]
@@ -101,9 +104,12 @@ pub(crate) struct Help {
     /// both sides with a compare-and-swap, so that a claim names its offer
     /// and the fields below stay as they are while a claimed chunk is copied.
     pub claim: AtomicU64,
-    /// Chunks of the open offer the sender has written (bit per chunk).
+    /// `(offer << 32) | chunks`: the chunks of the open offer the sender
+    /// has written, a bit each ([`mark_chunk`]). The offer in the word
+    /// keeps a sender that claimed a chunk, stopped and came back after the
+    /// receiver gave up on it from marking the next offer's chunk.
     pub done: AtomicU64,
-    /// Chunks the sender claimed and could not write.
+    /// The chunks the sender claimed and could not write, as `done`.
     pub failed: AtomicU64,
     /// The message: the sender's ring message id and its bytes.
     pub id: AtomicU32,
@@ -714,7 +720,7 @@ impl ShmConn {
         if len < SHARE_COPY_FROM || local.len() > MAX_SEGMENTS || len > u32::MAX as usize {
             return self.gather(ranges, local);
         }
-        let chunk = SHARE_CHUNK.max(len.div_ceil(64).next_multiple_of(4096));
+        let chunk = SHARE_CHUNK.max(len.div_ceil(MAX_CHUNKS).next_multiple_of(4096));
         let n = len.div_ceil(chunk) as u32;
         self.offers = self.offers.wrapping_add(1).max(1);
         let offer = self.offers;
@@ -741,8 +747,8 @@ impl ShmConn {
             slot[1].store(r.len as u64, Ordering::Relaxed);
             slot[2].store(tag, Ordering::Relaxed);
         }
-        help.done.store(0, Ordering::Relaxed);
-        help.failed.store(0, Ordering::Relaxed);
+        help.done.store((offer as u64) << 32, Ordering::Relaxed);
+        help.failed.store((offer as u64) << 32, Ordering::Relaxed);
         // Release: the fields above are in place before a claim can succeed.
         help.claim.store((offer as u64) << 32, Ordering::Release);
         let span = |c: u32| {
@@ -759,9 +765,8 @@ impl ShmConn {
         let theirs = chunk_mask(n) & !mine;
         let mut spins = 0u32;
         // Acquire: the sender's bytes of a chunk are in place before its bit.
-        while (help.done.load(Ordering::Acquire) | help.failed.load(Ordering::Acquire)) & theirs
-            != theirs
-        {
+        let marked = |w: &AtomicU64| chunks_of(w.load(Ordering::Acquire), offer);
+        while (marked(&help.done) | marked(&help.failed)) & theirs != theirs {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
             // The sender copies a claimed chunk at once: only one that died
@@ -774,7 +779,7 @@ impl ShmConn {
                 break;
             }
         }
-        let mut redo = theirs & !help.done.load(Ordering::Acquire);
+        let mut redo = theirs & !marked(&help.done);
         while redo != 0 {
             let c = redo.trailing_zeros();
             redo &= redo - 1;
@@ -885,12 +890,32 @@ pub(crate) fn claim_chunk(help: &Help, offer: u32, n: u32) -> Option<u32> {
     }
 }
 
-/// The bits of chunks `0..n` (`n` <= 64).
+/// The bits of chunks `0..n` (`n` <= [`MAX_CHUNKS`]).
 pub(crate) fn chunk_mask(n: u32) -> u64 {
-    if n >= 64 {
-        u64::MAX
+    (1u64 << n.min(MAX_CHUNKS as u32)) - 1
+}
+
+/// The chunk bits of `w`, a [`Help::done`] or [`Help::failed`] word, if it
+/// belongs to `offer`.
+fn chunks_of(w: u64, offer: u32) -> u64 {
+    if (w >> 32) as u32 == offer {
+        w & 0xffff_ffff
     } else {
-        (1u64 << n) - 1
+        0
+    }
+}
+
+/// Sets chunk `c`'s bit in `word` (the sender's [`Help::done`] or
+/// [`Help::failed`]) if the word still belongs to `offer`, the offer the
+/// chunk was claimed from. Release: the chunk's bytes are in place before
+/// its bit.
+pub(crate) fn mark_chunk(word: &AtomicU64, offer: u32, c: u32) {
+    let mut w = word.load(Ordering::Relaxed);
+    while (w >> 32) as u32 == offer {
+        match word.compare_exchange_weak(w, w | 1 << c, Ordering::Release, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(now) => w = now,
+        }
     }
 }
 
@@ -1336,7 +1361,7 @@ mod tests {
                     } else {
                         &help.failed
                     };
-                    bits.fetch_or(1 << c, Ordering::Release);
+                    mark_chunk(bits, (w >> 32) as u32, c);
                 }
             });
             let ok = conn.gather_shared(5, &ranges, &local, &[], || gone);
@@ -1360,6 +1385,21 @@ mod tests {
         (0..(1usize << 20) + 12_345)
             .map(|i| (i * 7 + i / 4099) as u8)
             .collect()
+    }
+
+    #[test]
+    fn a_chunk_marked_for_an_earlier_offer_is_not_counted() {
+        let w = AtomicU64::new(7 << 32);
+        mark_chunk(&w, 7, 3);
+        assert_eq!(chunks_of(w.load(Ordering::Relaxed), 7), 1 << 3);
+        // The receiver opens offer 8; a sender back from a stop marks a
+        // chunk it claimed from offer 7.
+        w.store(8 << 32, Ordering::Relaxed);
+        mark_chunk(&w, 7, 5);
+        assert_eq!(chunks_of(w.load(Ordering::Relaxed), 8), 0);
+        assert_eq!(chunks_of(w.load(Ordering::Relaxed), 7), 0);
+        assert_eq!(chunk_mask(32), 0xffff_ffff);
+        assert_eq!(chunk_mask(3), 0b111);
     }
 
     #[test]

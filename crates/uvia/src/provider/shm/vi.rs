@@ -6,7 +6,7 @@
 //! receive buffers, serves the peer's RDMA, and notices the peer's
 //! consumption of this side's messages.
 
-use super::conn::{block_in, claim_chunk, write_range};
+use super::conn::{block_in, claim_chunk, mark_chunk, write_range};
 use super::conn::{
     flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, INLINE_MAX_UNMAPPED, MSG_HEADER, PIECE,
     PIECES_FROM, RANGE_BYTES,
@@ -612,8 +612,9 @@ impl ShmVi {
         let mut moved = false;
         loop {
             let w = help.claim.load(Ordering::Acquire);
+            let offer = (w >> 32) as u32;
             let n = help.nchunks.load(Ordering::Relaxed);
-            let Some(c) = claim_chunk(help, (w >> 32) as u32, n) else {
+            let Some(c) = claim_chunk(help, offer, n) else {
                 return moved;
             };
             // The chunk is ours: the offer stays as it is until its bit is set.
@@ -629,12 +630,11 @@ impl ShmVi {
                     e.total as usize == len && k > 0 && e.still_registered(&vi.s.nic.regions)
                 });
             let written = e.is_some_and(|e| self.conn.write_chunk(help, e.ranges(), at, k));
-            // Release: the chunk's bytes are in place before its bit.
             if written {
-                help.done.fetch_or(1 << c, Ordering::Release);
+                mark_chunk(&help.done, offer, c);
                 moved = true;
             } else {
-                help.failed.fetch_or(1 << c, Ordering::Release);
+                mark_chunk(&help.failed, offer, c);
                 self.no_help = true;
                 return moved;
             }
