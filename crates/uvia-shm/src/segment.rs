@@ -130,20 +130,16 @@ impl Segment {
     /// read-only). It must be sealed against shrinking and at most `max_len`
     /// bytes long; it is mapped at its size, lazily.
     pub fn open_read_only(fd: OwnedFd, max_len: usize) -> io::Result<Segment> {
-        let size = sealed_size(&fd)?;
-        if size > max_len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("shared segment is {size} bytes, more than {max_len}"),
-            ));
-        }
-        Segment::map(fd, size, libc::PROT_READ, 0)
+        Segment::open_sealed(fd, max_len, libc::PROT_READ)
     }
 
-    /// Maps a peer's segment for reading and writing. It must be sealed
-    /// against shrinking and at most `max_len` bytes long; it is mapped at
-    /// its size, lazily.
+    /// [`open_read_only`](Self::open_read_only), mapped for reading and
+    /// writing.
     pub fn open_writable(fd: OwnedFd, max_len: usize) -> io::Result<Segment> {
+        Segment::open_sealed(fd, max_len, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    fn open_sealed(fd: OwnedFd, max_len: usize, prot: libc::c_int) -> io::Result<Segment> {
         let size = sealed_size(&fd)?;
         if size > max_len {
             return Err(io::Error::new(
@@ -151,7 +147,7 @@ impl Segment {
                 format!("shared segment is {size} bytes, more than {max_len}"),
             ));
         }
-        Segment::map(fd, size, libc::PROT_READ | libc::PROT_WRITE, 0)
+        Segment::map(fd, size, prot, 0)
     }
 
     /// A read-only descriptor for the same memory, to hand to a peer that

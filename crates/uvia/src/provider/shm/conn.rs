@@ -686,18 +686,7 @@ impl ShmConn {
             };
             nw += 1;
         });
-        let mut dst = [LocalRange {
-            ptr: std::ptr::null_mut(),
-            len: 0,
-        }; MAX_SEGMENTS];
-        let mut nd = 0;
-        span_pieces(local.iter().map(|r| r.len), at, n, |i, off, k| {
-            dst[nd] = LocalRange {
-                ptr: local[i].ptr.wrapping_add(off),
-                len: k,
-            };
-            nd += 1;
-        });
+        let (dst, nd) = local_span(local, at, n);
         self.gather(&wire[..nw], &dst[..nd])
     }
 
@@ -814,18 +803,7 @@ impl ShmConn {
             },
         );
         for &(tag, addr, n, mo) in &dst[..nd] {
-            let mut from = [LocalRange {
-                ptr: std::ptr::null_mut(),
-                len: 0,
-            }; MAX_SEGMENTS];
-            let mut nf = 0;
-            span_pieces(src.iter().map(|r| r.len), mo, n, |i, off, m| {
-                from[nf] = LocalRange {
-                    ptr: src[i].ptr.wrapping_add(off),
-                    len: m,
-                };
-                nf += 1;
-            });
+            let (from, nf) = local_span(src, mo, n);
             if tag == 0 {
                 let to = [RemoteRange {
                     addr,
@@ -921,7 +899,7 @@ pub(crate) fn mark_chunk(word: &AtomicU64, offer: u32, c: u32) {
 
 /// Calls `f(i, off, k)` for each piece of bytes `at..at + n` of a list of
 /// ranges of lengths `lens`: `k` bytes from offset `off` in range `i`.
-pub(crate) fn span_pieces(
+fn span_pieces(
     lens: impl Iterator<Item = usize>,
     mut at: usize,
     mut n: usize,
@@ -940,6 +918,28 @@ pub(crate) fn span_pieces(
         n -= k;
         at = 0;
     }
+}
+
+/// Bytes `at..at + n` of the concatenation of `ranges`, as ranges of
+/// their own (at most one per range, so at most [`MAX_SEGMENTS`]).
+pub(crate) fn local_span(
+    ranges: &[LocalRange],
+    at: usize,
+    n: usize,
+) -> ([LocalRange; MAX_SEGMENTS], usize) {
+    let mut out = [LocalRange {
+        ptr: std::ptr::null_mut(),
+        len: 0,
+    }; MAX_SEGMENTS];
+    let mut k = 0;
+    span_pieces(ranges.iter().map(|r| r.len), at, n, |i, off, len| {
+        out[k] = LocalRange {
+            ptr: ranges[i].ptr.wrapping_add(off),
+            len,
+        };
+        k += 1;
+    });
+    (out, k)
 }
 
 /// Walks a list of local ranges, handing out consecutive pieces.

@@ -6,7 +6,7 @@
 //! receive buffers, serves the peer's RDMA, and notices the peer's
 //! consumption of this side's messages.
 
-use super::conn::{block_in, claim_chunk, mark_chunk, write_range};
+use super::conn::{block_in, claim_chunk, local_span, mark_chunk, write_range};
 use super::conn::{
     flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, INLINE_MAX_UNMAPPED, MSG_HEADER, PIECE,
     PIECES_FROM, RANGE_BYTES,
@@ -1016,26 +1016,12 @@ fn serve_piece(
 
 /// Calls `f(address, offset, length)` for each part of bytes `[at, at + n)`
 /// of the concatenation of `ranges`, `offset` counting from `at`.
-fn for_span(
-    ranges: &[LocalRange],
-    mut at: usize,
-    mut n: usize,
-    mut f: impl FnMut(*mut u8, usize, usize),
-) {
+fn for_span(ranges: &[LocalRange], at: usize, n: usize, mut f: impl FnMut(*mut u8, usize, usize)) {
+    let (parts, k) = local_span(ranges, at, n);
     let mut done = 0;
-    for r in ranges {
-        if n == 0 {
-            break;
-        }
-        if at >= r.len {
-            at -= r.len;
-            continue;
-        }
-        let k = (r.len - at).min(n);
-        f(r.ptr.wrapping_add(at), done, k);
-        done += k;
-        n -= k;
-        at = 0;
+    for p in &parts[..k] {
+        f(p.ptr, done, p.len);
+        done += p.len;
     }
 }
 
