@@ -362,8 +362,9 @@ impl Nic {
         self.s
             .regions
             .remove(h)
-            .map(|_| ())
-            .ok_or(MemError::NotRegistered(h.0))
+            .ok_or(MemError::NotRegistered(h.0))?;
+        self.s.provider.regions_changed(&self.s);
+        Ok(())
     }
 
     /// What a handle names.
@@ -380,7 +381,9 @@ impl Nic {
         self.s
             .regions
             .set_attributes(h, attrs)
-            .ok_or(MemError::NotRegistered(h.0))
+            .ok_or(MemError::NotRegistered(h.0))?;
+        self.s.provider.regions_changed(&self.s);
+        Ok(())
     }
 
     /// Allocates `len` zeroed, page-aligned bytes and registers them.

@@ -1699,12 +1699,13 @@ mod raw {
     /// (at most 32), the private data (at most 64).
     const HELLO_LEN: usize = 24 + 32 + uvia::MAX_PRIVATE_DATA;
     /// The shm protocol's version (`VERSION` in the provider's `conn.rs`).
-    const SHM_VERSION: u8 = 4;
+    const SHM_VERSION: u8 = 5;
     /// Bytes of the segment's header.
     pub const HEADER: usize = 128;
     /// Bytes of one side's block: 128 of doorbell and flags, 256 of the
-    /// offer of a shared copy.
-    pub const BLOCK: usize = 384;
+    /// offer of a shared copy, 128 each of the direct writes' busy word
+    /// and grants.
+    pub const BLOCK: usize = 640;
 
     /// The connection segment's size: the header, two side blocks, two
     /// rings of 1024 lines.

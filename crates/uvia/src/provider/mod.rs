@@ -111,6 +111,11 @@ pub(crate) trait NicOps {
     /// device shared with other processes) starts doing so. `nic` is the
     /// Nic, held weakly so that closing it ends that service.
     fn opened(&self, _nic: &std::sync::Weak<NicShared>) {}
+
+    /// A region of `nic` was deregistered or its tag or enable bits
+    /// changed: a provider whose peers write into its regions themselves
+    /// withdraws that leave before the caller goes on.
+    fn regions_changed(&self, _nic: &NicShared) {}
 }
 
 /// What one connected VI's transport does. The shared VI code calls these
@@ -261,6 +266,14 @@ impl NicProvider {
         match self {
             NicProvider::Shm(n) => n.opened(nic),
             NicProvider::Net(n) => n.opened(nic),
+        }
+    }
+
+    /// See [`NicOps::regions_changed`].
+    pub fn regions_changed(&self, nic: &NicShared) {
+        match self {
+            NicProvider::Shm(n) => n.regions_changed(nic),
+            NicProvider::Net(n) => n.regions_changed(nic),
         }
     }
 }

@@ -93,6 +93,26 @@ impl Agent {
         });
     }
 
+    /// Withdraws the grants of every connection of `nic` (see
+    /// [`conn::revoke`](super::conn::revoke)).
+    pub fn revoke(&self, nic: &crate::nic::NicShared) {
+        let conns: Vec<(Arc<Segment>, usize)> = self
+            .served
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|s| {
+                s.vi
+                    .upgrade()
+                    .is_some_and(|vi| std::ptr::eq(Arc::as_ptr(&vi.nic), nic))
+            })
+            .filter_map(|s| Some((s.seg.upgrade()?, s.side)))
+            .collect();
+        for (seg, side) in conns {
+            super::conn::revoke(&seg, side);
+        }
+    }
+
     fn run(&self) {
         loop {
             // A peer that checks the descriptor makes it non-blocking (the

@@ -28,7 +28,7 @@ use uvia_shm::{
 };
 
 pub(crate) const SEG_MAGIC: u64 = u64::from_le_bytes(*b"UVIA-SHM");
-pub(crate) const VERSION: u8 = 4;
+pub(crate) const VERSION: u8 = 5;
 /// Lines per ring direction (64 KiB).
 pub(crate) const RING_LINES: usize = 1024;
 /// Largest payload sent inline; larger ones go by reference (one copy).
@@ -90,6 +90,44 @@ pub(crate) struct SideBlock {
     pub want: AtomicU32,
     /// X's offer to the peer to copy part of the large message X is taking.
     pub help: Help,
+    /// Set by the peer while it writes into X's memory itself ([`Grants`]).
+    pub busy: Busy,
+    /// The peer's grants to X of its memory ([`Grants`]).
+    pub grants: Grants,
+}
+
+/// Set by the initiator while it writes into the target's memory, on a
+/// line of its own: the initiator keeps it in its cache.
+#[repr(C, align(128))]
+pub(crate) struct Busy {
+    pub busy: AtomicU32,
+}
+
+/// RDMA writes placed by the initiator: a target that has placed an RDMA
+/// write into one of its regions from the ring, and may let the peer place
+/// the next ones itself, grants the region (its memfd, writable, with the
+/// window of target addresses it holds) over the rendezvous socket, once
+/// per connection. The initiator then writes an RDMA write into that window
+/// directly and completes it at once, while the target computes or sleeps,
+/// as a NIC would; the target's protection checks were made when it granted
+/// (region registered, its tag the VI's, RDMA write enabled on both).
+///
+/// Withdrawing (a region deregistered or changed, the VI disconnected): the
+/// target adds one to the initiator's [`Grants::revoked`] and then waits for
+/// [`Busy::busy`] to clear; the initiator sets `busy` and then reads
+/// `revoked` before it writes. Both are read-modify-writes of sequential
+/// consistency, so either the initiator sees the withdrawal and goes
+/// through the ring (where the target checks), or the target sees it busy
+/// and waits for the write to end: no direct write lands after the
+/// withdrawal returns (within [`REVOKE_WAIT`] of a stopped peer).
+///
+/// These words are the target's, on a line the initiator only reads.
+#[repr(C, align(128))]
+pub(crate) struct Grants {
+    /// Grant messages the target has sent on the socket.
+    pub sent: AtomicU32,
+    /// Withdrawals of every grant so far.
+    pub revoked: AtomicU32,
 }
 
 /// A receiver's offer to the sender to copy chunks of one large message
@@ -134,7 +172,7 @@ struct SegHeader {
 const HEADER_BYTES: usize = std::mem::size_of::<SegHeader>();
 const BLOCK_BYTES: usize = std::mem::size_of::<SideBlock>();
 // The raw peers of tests/multi_process.rs build this layout by hand.
-const _: () = assert!(HEADER_BYTES == 128 && BLOCK_BYTES == 384);
+const _: () = assert!(HEADER_BYTES == 128 && BLOCK_BYTES == 640);
 
 fn layout(lines: usize) -> (usize, usize, usize) {
     let ring = ring_bytes(lines).next_multiple_of(RING_ALIGN);
@@ -190,6 +228,35 @@ pub(crate) struct WireRange {
 const REGION_MAGIC: [u8; 4] = *b"UVRG";
 /// Tag of an announcement of a region the peer may write ([`Help`]).
 const WRITABLE_MAGIC: [u8; 4] = *b"UVRW";
+/// Tag of a grant of a window the peer may write RDMA writes into itself
+/// ([`Grants`]): the tag, the handle, the withdrawals the target had seen,
+/// four zero bytes, then the window's first and end target addresses and
+/// the target address of the memfd's first byte.
+const GRANT_MAGIC: [u8; 4] = *b"UVRD";
+const GRANT_BYTES: usize = 40;
+/// Longest wait of a withdrawal ([`Grants`]) for a direct write in
+/// progress: a write is one copy of at most [`DIRECT_MAX`] bytes, so only a
+/// peer stopped in the middle of one makes it wait this long; the
+/// withdrawal then goes on.
+pub(crate) const REVOKE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Largest RDMA write the initiator places itself ([`Grants`]); larger ones
+/// go through the ring, where the target shares the copy with the sender
+/// ([`SHARE_COPY_FROM`]).
+pub(crate) const DIRECT_MAX: usize = SHARE_COPY_FROM - 1;
+
+/// A window of the peer's memory this side may write RDMA writes into
+/// itself ([`Grants`]).
+struct Window {
+    /// The target addresses it covers, `[start, end)`.
+    start: u64,
+    end: u64,
+    /// The target address of the mapping's first byte.
+    base: u64,
+    /// The withdrawals the target had made when it granted the window: a
+    /// grant from before the last withdrawal is stale.
+    epoch: u32,
+    seg: Segment,
+}
 
 /// A message header as parsed from (or written to) a ring record.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -354,6 +421,18 @@ pub(crate) struct ShmConn {
     peer_regions_writable: HashMap<u32, (u32, Segment)>,
     /// The last shared copy this side offered ([`Help::claim`]'s high half).
     offers: u32,
+    /// Windows of the peer's memory granted to this side, by handle.
+    windows: HashMap<u32, Window>,
+    /// Grant messages read from the socket.
+    grants_read: u32,
+    /// The withdrawals seen, as of the windows kept.
+    seen_revoked: u32,
+    /// Handles of this side's regions granted to the peer since the
+    /// withdrawal count `grant_epoch`.
+    granted: Vec<u32>,
+    grant_epoch: u32,
+    /// This side has granted the peer a window once.
+    granted_any: bool,
     side: usize,
     seg: Arc<Segment>,
 }
@@ -437,6 +516,12 @@ impl ShmConn {
             peer_regions: HashMap::new(),
             peer_regions_writable: HashMap::new(),
             offers: 0,
+            windows: HashMap::new(),
+            grants_read: 0,
+            seen_revoked: 0,
+            granted: Vec::new(),
+            grant_epoch: 0,
+            granted_any: false,
             side,
             seg,
         }
@@ -573,33 +658,7 @@ impl ShmConn {
         } else {
             &self.peer_regions
         }) {
-            let mut m = [0u8; 16];
-            let (n, mut fds) = self
-                .stream
-                .recv(&mut m, Some(std::time::Duration::ZERO))
-                .ok()??;
-            let w = m[0..4] == WRITABLE_MAGIC;
-            if n != 12 || !(w || m[0..4] == REGION_MAGIC) || fds.len() != 1 {
-                return None;
-            }
-            let h = u32::from_le_bytes([m[4], m[5], m[6], m[7]]);
-            let s = u32::from_le_bytes([m[8], m[9], m[10], m[11]]);
-            let fd = fds.remove(0);
-            let seg = if w {
-                Segment::open_writable(fd, MAX_SHARED_REGION)
-            } else {
-                Segment::open_read_only(fd, MAX_SHARED_REGION)
-            }
-            .ok()?;
-            let map = if w {
-                &mut self.peer_regions_writable
-            } else {
-                &mut self.peer_regions
-            };
-            if map.len() >= MAX_PEER_REGIONS && !map.contains_key(&h) {
-                return None;
-            }
-            map.insert(h, (s, seg));
+            self.take_announcement()?;
         }
         let map = if writable {
             &self.peer_regions_writable
@@ -607,6 +666,198 @@ impl ShmConn {
             &self.peer_regions
         };
         map.get(&handle.0).map(|(_, seg)| seg)
+    }
+
+    /// Reads the next announcement waiting on the socket and files it.
+    /// `None` if none waits or it is malformed; a region that cannot be
+    /// used is read and not filed.
+    fn take_announcement(&mut self) -> Option<()> {
+        let mut m = [0u8; GRANT_BYTES + 8];
+        let (n, mut fds) = self
+            .stream
+            .recv(&mut m, Some(std::time::Duration::ZERO))
+            .ok()??;
+        if fds.len() != 1 || n < 12 {
+            return None;
+        }
+        let fd = fds.remove(0);
+        let u32_at = |o: usize| u32::from_le_bytes([m[o], m[o + 1], m[o + 2], m[o + 3]]);
+        let u64_at = |o: usize| u64::from(u32_at(o)) | u64::from(u32_at(o + 4)) << 32;
+        let h = u32_at(4);
+        if m[0..4] == GRANT_MAGIC {
+            if n != GRANT_BYTES {
+                return None;
+            }
+            self.grants_read = self.grants_read.wrapping_add(1);
+            let (epoch, start, end, base) = (u32_at(8), u64_at(16), u64_at(24), u64_at(32));
+            let seg = Segment::open_writable(fd, MAX_SHARED_REGION).ok()?;
+            let fits = base <= start && start < end && end - base <= seg.len() as u64;
+            if fits && (self.windows.len() < MAX_PEER_REGIONS || self.windows.contains_key(&h)) {
+                let w = Window {
+                    start,
+                    end,
+                    base,
+                    epoch,
+                    seg,
+                };
+                self.windows.insert(h, w);
+            }
+            return Some(());
+        }
+        let w = m[0..4] == WRITABLE_MAGIC;
+        if n != 12 || !(w || m[0..4] == REGION_MAGIC) {
+            return None;
+        }
+        let s = u32_at(8);
+        let seg = if w {
+            Segment::open_writable(fd, MAX_SHARED_REGION)
+        } else {
+            Segment::open_read_only(fd, MAX_SHARED_REGION)
+        }
+        .ok()?;
+        let map = if w {
+            &mut self.peer_regions_writable
+        } else {
+            &mut self.peer_regions
+        };
+        if map.len() >= MAX_PEER_REGIONS && !map.contains_key(&h) {
+            return None;
+        }
+        map.insert(h, (s, seg));
+        Some(())
+    }
+
+    /// Places an RDMA write of `len` bytes from `src` at the peer's address
+    /// `raddr` in its region `handle` itself, if the peer granted this side
+    /// a window that holds it ([`Grants`]). `false` if it did not (the
+    /// caller sends the write through the ring, where the peer checks it).
+    ///
+    /// # Safety
+    /// `src` is readable for `len` bytes in all.
+    #[inline]
+    pub unsafe fn write_direct(
+        &mut self,
+        handle: MemHandle,
+        raddr: u64,
+        src: &[LocalRange],
+        len: usize,
+    ) -> bool {
+        let side = self.side;
+        let mine = &block_in(&self.seg, side).grants;
+        let revoked = mine.revoked.load(Ordering::Acquire);
+        let news = mine.sent.load(Ordering::Acquire) != self.grants_read;
+        if revoked != self.seen_revoked {
+            self.windows.clear();
+            self.seen_revoked = revoked;
+        }
+        if news {
+            self.read_grants();
+        }
+        let grants = &block_in(&self.seg, side).grants;
+        let Some(w) = self.windows.get(&handle.0) else {
+            return false;
+        };
+        let fits = raddr >= w.start
+            && raddr
+                .checked_add(len as u64)
+                .is_some_and(|end| end <= w.end);
+        if w.epoch != self.seen_revoked || !fits {
+            return false;
+        }
+        let busy = &block_in(&self.seg, 1 - side).busy.busy;
+        // Sequentially consistent: the target's withdrawal adds to `revoked`
+        // and then reads `busy` ([`Grants`]).
+        busy.swap(1, Ordering::SeqCst);
+        if grants.revoked.load(Ordering::SeqCst) != self.seen_revoked {
+            busy.store(0, Ordering::Release);
+            return false;
+        }
+        // SAFETY: `[raddr, raddr + len)` lies in the window, which lies in
+        // the mapping (checked when the grant was read); `src` is the
+        // caller's.
+        unsafe {
+            let mut at = w.seg.as_ptr().add((raddr - w.base) as usize);
+            for r in src {
+                crate::copy::copy(at, r.ptr, r.len);
+                at = at.add(r.len);
+            }
+        }
+        busy.store(0, Ordering::Release);
+        true
+    }
+
+    /// Reads the grants the peer has sent ([`Grants::sent`]).
+    #[cold]
+    fn read_grants(&mut self) {
+        let sent = block_in(&self.seg, self.side).grants.sent.load(Ordering::Acquire);
+        while self.grants_read != sent {
+            if self.take_announcement().is_none() {
+                // Not there or malformed: what is written is read next time.
+                return;
+            }
+        }
+    }
+
+    /// True when region `handle` was granted to the peer and no
+    /// withdrawal followed: the look before [`grant`](Self::grant).
+    #[inline]
+    pub fn granted(&self, handle: MemHandle) -> bool {
+        self.granted.contains(&handle.0)
+            && self.peers().grants.revoked.load(Ordering::Relaxed) == self.grant_epoch
+    }
+
+    /// Grants the peer this side's region `handle` for RDMA writes it
+    /// places itself, once per connection ([`Grants`]): called after an
+    /// RDMA write from the ring was placed in it, with `regions` this
+    /// side's and `ptag` the VI's. Nothing if the region cannot be mapped
+    /// by the peer or does not allow RDMA write, or the grant cannot be sent.
+    #[cold]
+    pub fn grant(
+        &mut self,
+        regions: &crate::mem::RegionTable,
+        handle: MemHandle,
+        ptag: crate::mem::Ptag,
+        grants: &std::sync::atomic::AtomicU32,
+    ) {
+        // Read before the region is looked up: a withdrawal that follows a
+        // deregistration after the lookup makes this grant stale.
+        let epoch = self.peers().grants.revoked.load(Ordering::SeqCst);
+        if epoch != self.grant_epoch {
+            self.granted.clear();
+            self.grant_epoch = epoch;
+        }
+        if self.granted.contains(&handle.0) || self.granted.len() >= MAX_PEER_REGIONS {
+            return;
+        }
+        let window = || {
+            let r = regions.lookup(handle)?;
+            let start = r.start.max(r.fd_base);
+            let end = (r.start + r.len).min(r.fd_base + r.fd_len);
+            let ok = r.fd >= 0 && r.attrs.enable_rdma_write && r.attrs.ptag == ptag;
+            (ok && start < end).then_some((r, start, end))
+        };
+        if window().is_none() {
+            return;
+        }
+        // Counted before the lookup that decides: a region's change
+        // withdraws nothing on a Nic that never tried a grant
+        // (`ShmNic::withdraw_grants`).
+        grants.fetch_add(1, Ordering::SeqCst);
+        let Some((r, start, end)) = window() else {
+            return;
+        };
+        let mut m = [0u8; GRANT_BYTES];
+        m[0..4].copy_from_slice(&GRANT_MAGIC);
+        m[4..8].copy_from_slice(&handle.0.to_le_bytes());
+        m[8..12].copy_from_slice(&epoch.to_le_bytes());
+        m[16..24].copy_from_slice(&start.to_le_bytes());
+        m[24..32].copy_from_slice(&end.to_le_bytes());
+        m[32..40].copy_from_slice(&r.fd_base.to_le_bytes());
+        if self.stream.send(&m, &[r.fd]).is_ok() {
+            self.peers().grants.sent.fetch_add(1, Ordering::Release);
+            self.granted.push(handle.0);
+            self.granted_any = true;
+        }
     }
 
     /// Copies the data a by-reference message names into `local`, in order.
@@ -842,6 +1093,9 @@ impl ShmConn {
 
     /// Tells the peer this side is going away and closes the socket.
     pub fn close(&self) {
+        if self.granted_any {
+            revoke(&self.seg, self.side);
+        }
         self.peers().closed.store(1, Ordering::Release);
         self.wake_peer();
         self.stream.shutdown();
@@ -999,6 +1253,21 @@ fn reopen_read_only(fd: RawFd) -> io::Result<OwnedFd> {
 /// Side `side`'s control block in a connection segment (checked or created
 /// by this module, so at least the full layout long).
 #[inline(always)]
+/// Withdraws every grant side `side` of segment `seg` gave its peer
+/// ([`Grants`]) and waits for a direct write in progress to end (at most
+/// [`REVOKE_WAIT`]). (A grant being sent meanwhile carries the count from
+/// before, so the peer finds it stale.)
+pub(crate) fn revoke(seg: &Segment, side: usize) {
+    block_in(seg, 1 - side)
+        .grants
+        .revoked.fetch_add(1, Ordering::SeqCst);
+    let busy = &block_in(seg, side).busy.busy;
+    let start = std::time::Instant::now();
+    while busy.load(Ordering::SeqCst) != 0 && start.elapsed() < REVOKE_WAIT {
+        std::thread::yield_now();
+    }
+}
+
 pub(crate) fn block_in(seg: &Segment, side: usize) -> &SideBlock {
     debug_assert!(side < 2 && seg.len() >= HEADER_BYTES + 2 * BLOCK_BYTES);
     // SAFETY: both blocks lie inside the segment after the header, aligned to

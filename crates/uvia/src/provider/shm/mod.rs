@@ -26,6 +26,7 @@ use conn::ShmConn;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uvia_shm::socket::hex_name;
@@ -65,6 +66,9 @@ pub(crate) struct ShmNic {
     listeners: Mutex<HashMap<Vec<u8>, Listener>>,
     /// The job key its requests carry and its listeners require (0: none).
     job: u64,
+    /// Grants of its regions to peers tried so far (`conn::Grants`):
+    /// while none was, a region's change withdraws nothing.
+    pub(crate) grants: AtomicU32,
 }
 
 /// `shm` (instance `0`) or `shm:<instance>`.
@@ -102,6 +106,7 @@ pub(crate) fn open(name: &str, opts: &NicOptions) -> Result<Opened, OpenError> {
         dir,
         listeners: Mutex::new(HashMap::new()),
         job: crate::nic::job_key(opts),
+        grants: AtomicU32::new(0),
     };
     Ok((attrs, NicProvider::Shm(nic)))
 }
@@ -289,6 +294,27 @@ impl NicOps for ShmNic {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(discriminator.as_bytes());
+    }
+
+    fn regions_changed(&self, nic: &crate::nic::NicShared) {
+        self.withdraw_grants(nic);
+    }
+}
+
+impl ShmNic {
+    /// [`NicOps::regions_changed`]: withdraws every grant of the Nic's
+    /// connections, once a grant was tried.
+    fn withdraw_grants(&self, nic: &crate::nic::NicShared) {
+        // After the region table's change, before the count: a grant
+        // counts itself before it looks the region up (`ShmConn::grant`),
+        // so either it finds the change or this finds the count.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.grants.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        if let Ok(a) = agent::get() {
+            a.revoke(nic);
+        }
     }
 }
 

@@ -8,13 +8,13 @@
 
 use super::conn::{block_in, claim_chunk, local_span, mark_chunk, write_range};
 use super::conn::{
-    flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, INLINE_MAX_UNMAPPED, MSG_HEADER, PIECE,
+    flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, DIRECT_MAX, INLINE_MAX_UNMAPPED, MSG_HEADER, PIECE,
     PIECES_FROM, RANGE_BYTES,
 };
 use crate::desc::{control, status, Descriptor, Op, Segment, MAX_SEGMENTS};
 use crate::error::PostError;
 use crate::nic::NicShared;
-use crate::provider::TransportOps;
+use crate::provider::{NicProvider, TransportOps};
 use crate::vi::{check_rdma, prepare, EntryState, Posted, Queue, Queues, Reliability, Vi, ViState};
 use std::path::PathBuf;
 use std::ptr::NonNull;
@@ -463,6 +463,22 @@ impl ShmVi {
             return self.write_pieces(vi, q, i);
         }
         let conn = &mut self.conn;
+        // An RDMA write into a window the peer granted is placed here, once
+        // everything sent before it has been consumed (so it lands after
+        // them), and completes at once (`conn::Grants`).
+        if e.op == Op::RdmaWrite
+            && e.imm.is_none()
+            && e.total as usize <= DIRECT_MAX
+            && conn.tx.consumed() >= conn.tx.head()
+            && e.still_registered(&vi.s.nic.regions)
+            // SAFETY: the local ranges were checked against registered
+            // memory when posted, and are still registered.
+            && unsafe { conn.write_direct(e.remote.1, e.remote.0, e.ranges(), e.total as usize) }
+        {
+            uvia_trace::mark!(ProtoBuilt);
+            vi.complete_send(e, 0);
+            return true;
+        }
         let inline_max = if mappable {
             INLINE_MAX
         } else {
@@ -849,6 +865,15 @@ impl ShmVi {
                                 };
                                 if !ok {
                                     report = status::TRANSPORT_ERROR;
+                                } else if write && !conn.granted(h.rhandle) {
+                                    if let NicProvider::Shm(n) = &vi.s.nic.provider {
+                                        conn.grant(
+                                            &vi.s.nic.regions,
+                                            h.rhandle,
+                                            attrs.ptag,
+                                            &n.grants,
+                                        );
+                                    }
                                 }
                             }
                         }
