@@ -961,3 +961,94 @@ fn a_killed_peer_fails_every_outstanding_descriptor() {
         );
     }
 }
+
+/// Reads `len` bytes another process writes into `p`, byte by byte.
+fn read_shared(p: *const u8, len: usize) -> Vec<u8> {
+    // SAFETY: `p` points into a live region of at least `len` bytes; the
+    // peer writes it concurrently, so every byte is read as it is now.
+    (0..len)
+        .map(|i| unsafe { std::ptr::read_volatile(p.add(i)) })
+        .collect()
+}
+
+/// An RDMA write into a region whose earlier write the target placed is
+/// placed by the initiator itself: it is complete at the post, while the
+/// target makes no call at all (it watches its memory, as a one-sided
+/// protocol does). Once the target deregisters the region, a write goes
+/// back through the target's checks, fails, and the memory stays as it was.
+#[test]
+fn rdma_writes_complete_while_the_target_makes_no_call_and_stop_at_deregistration() {
+    const ROUNDS: u8 = 100;
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let e = end(&inst, |p| ViAttributes::new(p).rdma(true, false));
+        let mut ctl = e.nic.alloc_region(64, MemAttributes::new(e.ptag)).unwrap();
+        accept(&e, a.parse().unwrap());
+        let window = e.buf.addr();
+        ctl.as_mut_slice()[..8].copy_from_slice(&(window as u64).to_le_bytes());
+        ctl.as_mut_slice()[8..12].copy_from_slice(&e.buf.handle().0.to_le_bytes());
+        e.vi.post_send(Box::new(Descriptor::send(&[ctl.segment(0, 12)])))
+            .unwrap();
+        assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(12));
+        // No call from here until the last write has landed.
+        let last = pattern(64, ROUNDS - 1);
+        let start = Instant::now();
+        while read_shared(window, 64) != last {
+            assert!(start.elapsed() < T, "the last RDMA write never landed");
+            std::hint::spin_loop();
+        }
+        e.nic.deregister_mem(e.buf.handle()).unwrap();
+        e.vi.post_send(Box::new(Descriptor::send(&[ctl.segment(0, 1)])))
+            .unwrap();
+        assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(1));
+        // The initiator's next write is refused here; the VI then fails.
+        e.vi.post_recv(Box::new(Descriptor::recv(&[ctl.segment(0, 64)])))
+            .unwrap();
+        assert!(e.vi.recv_wait(Some(T)).unwrap().error().is_some());
+        assert_eq!(e.vi.state(), ViState::Error);
+        assert_eq!(
+            read_shared(window, 64),
+            last,
+            "a write after deregistration landed"
+        );
+        return;
+    }
+    let inst = instance("direct");
+    let _peer = Peer::spawn(
+        "rdma_writes_complete_while_the_target_makes_no_call_and_stop_at_deregistration",
+        &inst,
+        "141",
+    );
+    let mut e = end(&inst, |p| ViAttributes::new(p).rdma(true, false));
+    connect(&e, 141);
+    let r = recv(&e, 0, 64);
+    assert_eq!(r.result(), Ok(12));
+    let s = e.buf.as_slice();
+    let addr = u64::from_le_bytes(s[..8].try_into().unwrap());
+    let handle = MemHandle(u32::from_le_bytes(s[8..12].try_into().unwrap()));
+    for k in 0..ROUNDS {
+        e.buf.as_mut_slice()[4096..4096 + 64].copy_from_slice(&pattern(64, k));
+        let wr = Descriptor::rdma_write(Segment::remote(addr, handle), &[e.buf.segment(4096, 64)]);
+        e.vi.post_send(Box::new(wr)).unwrap();
+        if k == 0 {
+            // The first goes through the ring: the target's agent places it
+            // and grants the region.
+            assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(64));
+        } else {
+            let d =
+                e.vi.send_done()
+                    .expect("a granted write completes at the post");
+            assert_eq!(d.result(), Ok(64), "write {k}");
+        }
+    }
+    // The target deregistered the region.
+    assert_eq!(recv(&e, 0, 64).result(), Ok(1));
+    e.buf.as_mut_slice()[4096..4096 + 64].copy_from_slice(&pattern(64, 200));
+    let wr = Descriptor::rdma_write(Segment::remote(addr, handle), &[e.buf.segment(4096, 64)]);
+    e.vi.post_send(Box::new(wr)).unwrap();
+    let d = e.vi.send_wait(Some(T)).unwrap();
+    assert!(
+        d.error().is_some(),
+        "a write after deregistration completed: {d:?}"
+    );
+}

@@ -102,8 +102,7 @@ impl Agent {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|s| {
-                s.vi
-                    .upgrade()
+                s.vi.upgrade()
                     .is_some_and(|vi| std::ptr::eq(Arc::as_ptr(&vi.nic), nic))
             })
             .filter_map(|s| Some((s.seg.upgrade()?, s.side)))

@@ -789,7 +789,10 @@ impl ShmConn {
     /// Reads the grants the peer has sent ([`Grants::sent`]).
     #[cold]
     fn read_grants(&mut self) {
-        let sent = block_in(&self.seg, self.side).grants.sent.load(Ordering::Acquire);
+        let sent = block_in(&self.seg, self.side)
+            .grants
+            .sent
+            .load(Ordering::Acquire);
         while self.grants_read != sent {
             if self.take_announcement().is_none() {
                 // Not there or malformed: what is written is read next time.
@@ -1260,7 +1263,8 @@ fn reopen_read_only(fd: RawFd) -> io::Result<OwnedFd> {
 pub(crate) fn revoke(seg: &Segment, side: usize) {
     block_in(seg, 1 - side)
         .grants
-        .revoked.fetch_add(1, Ordering::SeqCst);
+        .revoked
+        .fetch_add(1, Ordering::SeqCst);
     let busy = &block_in(seg, side).busy.busy;
     let start = std::time::Instant::now();
     while busy.load(Ordering::SeqCst) != 0 && start.elapsed() < REVOKE_WAIT {

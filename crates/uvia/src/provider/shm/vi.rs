@@ -8,8 +8,8 @@
 
 use super::conn::{block_in, claim_chunk, local_span, mark_chunk, write_range};
 use super::conn::{
-    flag, kind, MsgHeader, ShmConn, WireRange, INLINE_MAX, DIRECT_MAX, INLINE_MAX_UNMAPPED, MSG_HEADER, PIECE,
-    PIECES_FROM, RANGE_BYTES,
+    flag, kind, MsgHeader, ShmConn, WireRange, DIRECT_MAX, INLINE_MAX, INLINE_MAX_UNMAPPED,
+    MSG_HEADER, PIECE, PIECES_FROM, RANGE_BYTES,
 };
 use crate::desc::{control, status, Descriptor, Op, Segment, MAX_SEGMENTS};
 use crate::error::PostError;
