@@ -233,6 +233,14 @@ struct RunArgs {
     /// root). For udp, xdp, kernel-udp and kernel-tcp.
     #[arg(long)]
     netns: bool,
+    /// One-sided ping-pong (shm, polling, ping-pong only): each message is
+    /// an RDMA write into the peer's registered buffer that ends in an 8-byte
+    /// flag word, and each side waits by watching its own buffer's flag
+    /// with no receive descriptor, as a one-sided protocol does (UCX's
+    /// `put_lat` measures the same). The writes are placed by the initiator
+    /// once the target has granted its buffer.
+    #[arg(long)]
+    rdma_write: bool,
 }
 
 #[derive(Args, Clone)]
@@ -422,6 +430,8 @@ struct PeerArgs {
     ip: std::net::IpAddr,
     #[arg(long)]
     iface: Option<String>,
+    #[arg(long)]
+    rdma_write: bool,
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -488,6 +498,12 @@ fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
     } else {
         Mode::Polling
     };
+    if a.rdma_write && (a.provider != Provider::Shm || a.blocking || kind != Kind::Pingpong) {
+        bail!(
+            "--rdma-write is a polling ping-pong on shm: the side that waits watches its \
+             memory, and only shm's writes land there while it makes no call"
+        );
+    }
     Ok(Plan {
         provider: a.provider,
         mode,
@@ -504,6 +520,7 @@ fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
         ip: std::net::Ipv4Addr::LOCALHOST.into(),
         iface: None,
         server_netns: None,
+        rdma_write: a.rdma_write,
     })
 }
 
@@ -565,6 +582,7 @@ fn anatomy_plan(a: &AnatomyArgs, provider: Provider, size: usize) -> Result<Plan
         reliability: a.reliability,
         inject: None,
         netns: a.netns,
+        rdma_write: false,
     };
     plan_from(&run, Kind::Pingpong, 64)
 }
@@ -790,6 +808,7 @@ fn main() {
                 ip: p.ip,
                 iface: p.iface,
                 server_netns: None,
+                rdma_write: p.rdma_write,
             };
             run::serve(&plan)
         })(),

@@ -845,8 +845,13 @@ fn peer_commands(p: &PeerDef, form: Form, size: usize, n: usize) -> String {
     }
 }
 
-/// The uvia run matching a comparison: its arguments.
-fn uvia_args(medium: Medium, form: Form, size: usize, n: usize) -> Vec<String> {
+/// The uvia run matching a comparison: its arguments. A one-sided peer's
+/// latency (UCT put: a store into the peer's memory that the peer watches)
+/// is matched by uvia's one-sided ping-pong (`--rdma-write`), a two-sided
+/// one's by send and receive.
+fn uvia_args(p: &PeerDef, form: Form, size: usize, n: usize) -> Vec<String> {
+    let medium = p.medium;
+    let one_sided = form == Form::Latency && matches!(p.tool, Tool::Uct { lat: "put_lat", .. });
     let kind = if form == Form::Stream {
         "bw"
     } else {
@@ -864,6 +869,7 @@ fn uvia_args(medium: Medium, form: Form, size: usize, n: usize) -> Vec<String> {
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(one_sided.then(|| "--rdma-write".to_string()))
     .collect()
 }
 
@@ -1032,7 +1038,7 @@ pub fn run_all(pb: &ProgressBar, o: &Options, timeout: Duration) -> PeersResult 
                 Stat::Mean
             };
             let n = iters(form, p.medium, size, o.quick);
-            let ua = uvia_args(p.medium, form, size, n);
+            let ua = uvia_args(p, form, size, n);
             let mut c = Comparison {
                 peer: p.name.into(),
                 medium: p.medium,
@@ -1226,10 +1232,18 @@ fn headlines(comps: &[Comparison]) -> Vec<Headline> {
         };
     let mut hs = Vec::new();
     let fastest = best(Medium::Shm, true, 8);
+    let uvia_form = |c: &Comparison| {
+        if c.uvia_command.contains("--rdma-write") {
+            "uvia's one-sided RDMA write"
+        } else {
+            "uvia's send"
+        }
+    };
     hs.push(from(
         format!(
-            "peers: shm 8 B one-way, uvia vs the fastest peer on shared memory ({})",
-            fastest.map(|c| c.peer.as_str()).unwrap_or("none measured")
+            "peers: shm 8 B one-way, uvia vs the fastest peer on shared memory ({}; {})",
+            fastest.map(|c| c.peer.as_str()).unwrap_or("none measured"),
+            fastest.map(uvia_form).unwrap_or("-")
         ),
         fastest,
         "ns",

@@ -103,6 +103,8 @@ pub struct Plan {
     /// Runs the server in this network namespace (`--netns`), with its
     /// address and interface.
     pub server_netns: Option<(String, std::net::IpAddr, String)>,
+    /// One-sided ping-pong: RDMA writes watched by the peer (`--rdma-write`).
+    pub rdma_write: bool,
 }
 
 /// VIA's reliability levels, as the tool names them.
@@ -220,6 +222,7 @@ fn config(plan: &Plan) -> EndpointConfig {
         reliability: plan.reliability.reliability(),
         inject: plan.inject.clone(),
         ip: plan.ip,
+        rdma_write: plan.rdma_write,
     }
 }
 
@@ -377,6 +380,9 @@ fn server_args(plan: &Plan) -> Vec<String> {
         a.push(c.to_string());
     }
     a.extend(["--reliability".into(), plan.reliability.name().into()]);
+    if plan.rdma_write {
+        a.push("--rdma-write".into());
+    }
     if let Some(f) = &plan.inject {
         a.extend(["--inject".into(), f.clone()]);
     }
@@ -619,7 +625,11 @@ pub fn run_sliced(
         r.cpu.server = c;
     }
     Ok(RunResult {
-        command: plan.kind.name().into(),
+        command: if plan.rdma_write {
+            "pingpong --rdma-write".into()
+        } else {
+            plan.kind.name().into()
+        },
         provider: plan.provider.name().into(),
         mode: mode_name(plan.mode).into(),
         results,

@@ -115,6 +115,7 @@ fn config(s: &Spec) -> EndpointConfig {
         },
         inject: None,
         ip: s.ip,
+        rdma_write: false,
     }
 }
 

@@ -36,6 +36,10 @@ pub struct EndpointConfig {
     /// The local address the kernel endpoints bind (127.0.0.1 by default;
     /// a test host's address with `--netns`).
     pub ip: std::net::IpAddr,
+    /// One-sided messages (uvia's shm): each one an RDMA write into the
+    /// peer's buffer that ends in a flag word the peer watches, no receive
+    /// descriptor.
+    pub rdma_write: bool,
 }
 
 /// One connected side. Messages are delivered whole and in order.

@@ -4,10 +4,11 @@
 
 use super::{Endpoint, EndpointConfig, Listener, Mode};
 use anyhow::{anyhow, bail, Context, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use uvia::{
-    Descriptor, Discriminator, MemAttributes, MemoryRegion, NetAddress, Nic, NicOptions, Vi,
-    ViAttributes,
+    Descriptor, Discriminator, MemAttributes, MemHandle, MemoryRegion, NetAddress, Nic, NicOptions,
+    Segment, Vi, ViAttributes, ViState,
 };
 
 /// Sends between two looks at the send completions.
@@ -19,12 +20,24 @@ const RECV_AHEAD: usize = 16;
 // at a time inside the library's calls, the last message's bytes stay put
 // until the next `recv`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest wait for one message (a peer that died is noticed sooner).
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Looks at the flag word between two calls into the VI while a one-sided
+/// receiver waits: they serve a write the peer sent through the ring
+/// (before the grant) and notice a peer that is gone.
+const SPINS_PER_CALL: u32 = 4096;
 
 struct Side {
     nic: Nic,
     vi: Vi,
     send: MemoryRegion,
     recv: MemoryRegion,
+    /// The largest message.
+    max: usize,
+    /// One-sided mode: where the flag word lies in both buffers (the last
+    /// 8 bytes of a cache line); a message of `n` bytes lands just before
+    /// it, at `flag_at - n`.
+    flag_at: usize,
     cfg: EndpointConfig,
 }
 
@@ -48,14 +61,19 @@ fn side(cfg: &EndpointConfig) -> Result<Side> {
         .with_context(|| format!("opening the Nic {:?}", cfg.nic))?;
     let ptag = nic.create_ptag()?;
     let max = cfg.max_size.max(1);
-    let send = nic.alloc_region(max, MemAttributes::new(ptag))?;
-    let recv = nic.alloc_region(max, MemAttributes::new(ptag))?;
+    // The flag word ends a cache line, so that a message of up to 56 bytes
+    // and its flag travel in one line.
+    let flag_at = max.next_multiple_of(64) + 56;
+    let len = if cfg.rdma_write { flag_at + 8 } else { max };
+    let send = nic.alloc_region(len, MemAttributes::new(ptag))?;
+    let recv = nic.alloc_region(len, MemAttributes::new(ptag).rdma_write(cfg.rdma_write))?;
     let ahead = recv_ahead(cfg);
     let depth = (cfg.window.max(1) as u32).max(ahead as u32) * 2;
     let attrs = ViAttributes::new(ptag)
         .reliability(cfg.reliability)
-        .max_transfer_size(max.max(1 << 20) as u32)
-        .queue_depths(depth, depth);
+        .max_transfer_size(len.max(1 << 20) as u32)
+        .queue_depths(depth, depth)
+        .rdma(cfg.rdma_write, false);
     let vi = nic.create_vi(attrs, None, None)?;
     if cfg.mode == Mode::Blocking {
         vi.set_wait_spin(Duration::ZERO);
@@ -66,12 +84,16 @@ fn side(cfg: &EndpointConfig) -> Result<Side> {
         vi,
         send,
         recv,
+        max,
+        flag_at,
         cfg: cfg.clone(),
     };
     s.send.as_mut_slice().fill(0x5a);
     s.recv.as_mut_slice().fill(0);
+    // (In one-sided mode the first receive takes the peer's buffer's
+    // address, which may be longer than the largest message.)
     for _ in 0..ahead {
-        s.vi.post_recv(Box::new(Descriptor::recv(&[s.recv.segment(0, max)])))
+        s.vi.post_recv(Box::new(Descriptor::recv(&[s.recv.segment(0, len)])))
             .map_err(|e| anyhow!("posting a receive: {e}"))?;
     }
     Ok(s)
@@ -107,7 +129,7 @@ impl Listener for ViaListener {
         self.side
             .nic
             .stop_listening(&Discriminator::from_u64(self.disc));
-        Ok(Box::new(ViaEndpoint::new(self.side)))
+        Ok(Box::new(ViaEndpoint::new(self.side)?))
     }
 }
 
@@ -122,7 +144,7 @@ pub fn connect(cfg: &EndpointConfig, info: &str) -> Result<Box<dyn Endpoint>> {
             CONNECT_TIMEOUT,
         )
         .with_context(|| format!("connecting to the server at {host}"))?;
-    Ok(Box::new(ViaEndpoint::new(side)))
+    Ok(Box::new(ViaEndpoint::new(side)?))
 }
 
 struct ViaEndpoint {
@@ -136,20 +158,90 @@ struct ViaEndpoint {
     /// The descriptor of the last message, re-posted on the next `recv`.
     current: Option<Box<Descriptor>>,
     last_len: usize,
+    /// One-sided mode: the peer's receive buffer, and the messages sent
+    /// and received so far (a message's number is in its flag word).
+    remote: Option<(u64, MemHandle)>,
+    sent: u32,
+    received: u32,
 }
 
 impl ViaEndpoint {
-    fn new(s: Side) -> ViaEndpoint {
+    fn new(s: Side) -> Result<ViaEndpoint> {
         let free = (0..s.cfg.window.max(1) + 1)
             .map(|_| Box::new(Descriptor::default()))
             .collect();
-        ViaEndpoint {
+        let mut ep = ViaEndpoint {
             s,
             free,
             in_flight: 0,
             posts: 0,
             current: None,
             last_len: 0,
+            remote: None,
+            sent: 0,
+            received: 0,
+        };
+        if ep.s.cfg.rdma_write {
+            ep.remote = Some(ep.exchange_buffers()?);
+        }
+        Ok(ep)
+    }
+
+    /// One-sided mode: tells the peer where this side's receive buffer is
+    /// (a send into its posted receive) and learns where the peer's is.
+    fn exchange_buffers(&mut self) -> Result<(u64, MemHandle)> {
+        let s = &mut self.s;
+        let mine = (s.recv.addr() as u64, s.recv.handle().0);
+        s.send.as_mut_slice()[..8].copy_from_slice(&mine.0.to_le_bytes());
+        s.send.as_mut_slice()[8..12].copy_from_slice(&mine.1.to_le_bytes());
+        s.vi.post_send(Box::new(Descriptor::send(&[s.send.segment(0, 12)])))
+            .map_err(|e| anyhow!("post send: {e}"))?;
+        s.vi.send_wait(Some(CONNECT_TIMEOUT))
+            .map_err(|e| anyhow!("sending this side's buffer: {e}"))?
+            .result()
+            .map_err(|e| anyhow!("sending this side's buffer: {e}"))?;
+        let d =
+            s.vi.recv_wait(Some(CONNECT_TIMEOUT))
+                .map_err(|e| anyhow!("waiting for the peer's buffer: {e}"))?;
+        if d.result() != Ok(12) {
+            bail!("the peer's buffer came as {:?}, not 12 bytes", d.result());
+        }
+        let b = s.recv.as_slice();
+        let addr = u64::from_le_bytes(b[..8].try_into()?);
+        let handle = MemHandle(u32::from_le_bytes(b[8..12].try_into()?));
+        Ok((addr, handle))
+    }
+
+    /// One-sided mode: waits for the next message's flag word in this
+    /// side's buffer, making a call into the VI every [`SPINS_PER_CALL`]
+    /// looks only.
+    fn recv_watching(&mut self) -> Result<usize> {
+        let want = self.received.wrapping_add(1);
+        // SAFETY: the flag word lies inside the receive region (`side`),
+        // 8-byte aligned; the peer writes it with plain stores, which an
+        // atomic load observes whole on this architecture's aligned words.
+        let flag =
+            unsafe { AtomicU64::from_ptr(self.s.recv.addr().add(self.s.flag_at) as *mut u64) };
+        let mut spins = 0u32;
+        let mut since: Option<std::time::Instant> = None;
+        loop {
+            let v = flag.load(Ordering::Acquire);
+            if (v >> 32) as u32 == want {
+                self.received = want;
+                self.last_len = (v & 0xffff_ffff) as usize;
+                return Ok(self.last_len);
+            }
+            spins += 1;
+            if spins.is_multiple_of(SPINS_PER_CALL) {
+                self.reap(false)?;
+                if self.s.vi.state() == ViState::Error {
+                    bail!("the connection failed while waiting for a message");
+                }
+                let t = since.get_or_insert_with(std::time::Instant::now);
+                if t.elapsed() > MESSAGE_TIMEOUT {
+                    bail!("no message in {MESSAGE_TIMEOUT:?}");
+                }
+            }
         }
     }
 
@@ -184,14 +276,15 @@ impl ViaEndpoint {
 
 impl Endpoint for ViaEndpoint {
     fn send_buf(&mut self) -> &mut [u8] {
-        self.s.send.as_mut_slice()
+        let max = self.s.max;
+        &mut self.s.send.as_mut_slice()[..max]
     }
 
     fn send(&mut self, len: usize) -> Result<()> {
-        if len > self.s.send.len() {
+        if len > self.s.max {
             bail!(
                 "message of {len} bytes is larger than the endpoint's {} byte buffer",
-                self.s.send.len()
+                self.s.max
             );
         }
         while self.in_flight >= self.s.cfg.window.max(1) {
@@ -201,7 +294,20 @@ impl Endpoint for ViaEndpoint {
             .free
             .pop()
             .ok_or_else(|| anyhow!("no free send descriptor"))?;
-        *d = Descriptor::send(&[self.s.send.segment(0, len)]);
+        *d = match self.remote {
+            None => Descriptor::send(&[self.s.send.segment(0, len)]),
+            Some((addr, handle)) => {
+                // The message, then its flag word: `(number << 32) | length`.
+                self.sent = self.sent.wrapping_add(1);
+                let at = self.s.flag_at;
+                let flag = (self.sent as u64) << 32 | len as u64;
+                self.s.send.as_mut_slice()[at..at + 8].copy_from_slice(&flag.to_le_bytes());
+                Descriptor::rdma_write(
+                    Segment::remote(addr + (at - len) as u64, handle),
+                    &[self.s.send.segment(0, len), self.s.send.segment(at, 8)],
+                )
+            }
+        };
         self.s
             .vi
             .post_send(d)
@@ -217,8 +323,11 @@ impl Endpoint for ViaEndpoint {
     }
 
     fn recv(&mut self) -> Result<usize> {
+        if self.remote.is_some() {
+            return self.recv_watching();
+        }
         if let Some(mut d) = self.current.take() {
-            *d = Descriptor::recv(&[self.s.recv.segment(0, self.s.recv.len())]);
+            *d = Descriptor::recv(&[self.s.recv.segment(0, self.s.max)]);
             self.s
                 .vi
                 .post_recv(d)
@@ -245,6 +354,10 @@ impl Endpoint for ViaEndpoint {
     }
 
     fn recv_buf(&self) -> &[u8] {
+        if self.remote.is_some() {
+            let at = self.s.flag_at;
+            return &self.s.recv.as_slice()[at - self.last_len..at];
+        }
         match &self.current {
             Some(_) => &self.s.recv.as_slice()[..self.last_len],
             None => &[],

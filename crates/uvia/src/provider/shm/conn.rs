@@ -247,6 +247,8 @@ pub(crate) const DIRECT_MAX: usize = SHARE_COPY_FROM - 1;
 /// A window of the peer's memory this side may write RDMA writes into
 /// itself ([`Grants`]).
 struct Window {
+    /// The target's handle of the region.
+    handle: u32,
     /// The target addresses it covers, `[start, end)`.
     start: u64,
     end: u64,
@@ -421,8 +423,10 @@ pub(crate) struct ShmConn {
     peer_regions_writable: HashMap<u32, (u32, Segment)>,
     /// The last shared copy this side offered ([`Help::claim`]'s high half).
     offers: u32,
-    /// Windows of the peer's memory granted to this side, by handle.
-    windows: HashMap<u32, Window>,
+    /// Windows of the peer's memory granted to this side, one per handle,
+    /// and the one the last direct write used (looked at first).
+    windows: Vec<Window>,
+    hot: usize,
     /// Grant messages read from the socket.
     grants_read: u32,
     /// The withdrawals seen, as of the windows kept.
@@ -516,7 +520,8 @@ impl ShmConn {
             peer_regions: HashMap::new(),
             peer_regions_writable: HashMap::new(),
             offers: 0,
-            windows: HashMap::new(),
+            windows: Vec::new(),
+            hot: 0,
             grants_read: 0,
             seen_revoked: 0,
             granted: Vec::new(),
@@ -692,15 +697,19 @@ impl ShmConn {
             let (epoch, start, end, base) = (u32_at(8), u64_at(16), u64_at(24), u64_at(32));
             let seg = Segment::open_writable(fd, MAX_SHARED_REGION).ok()?;
             let fits = base <= start && start < end && end - base <= seg.len() as u64;
-            if fits && (self.windows.len() < MAX_PEER_REGIONS || self.windows.contains_key(&h)) {
-                let w = Window {
-                    start,
-                    end,
-                    base,
-                    epoch,
-                    seg,
-                };
-                self.windows.insert(h, w);
+            let w = Window {
+                handle: h,
+                start,
+                end,
+                base,
+                epoch,
+                seg,
+            };
+            match self.windows.iter().position(|w| w.handle == h) {
+                _ if !fits => {}
+                Some(i) => self.windows[i] = w,
+                None if self.windows.len() < MAX_PEER_REGIONS => self.windows.push(w),
+                None => {}
             }
             return Some(());
         }
@@ -754,9 +763,17 @@ impl ShmConn {
             self.read_grants();
         }
         let grants = &block_in(&self.seg, side).grants;
-        let Some(w) = self.windows.get(&handle.0) else {
-            return false;
-        };
+        if self
+            .windows
+            .get(self.hot)
+            .is_none_or(|w| w.handle != handle.0)
+        {
+            match self.windows.iter().position(|w| w.handle == handle.0) {
+                Some(i) => self.hot = i,
+                None => return false,
+            }
+        }
+        let w = &self.windows[self.hot];
         let fits = raddr >= w.start
             && raddr
                 .checked_add(len as u64)

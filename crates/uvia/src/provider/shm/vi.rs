@@ -333,6 +333,85 @@ impl ShmVi {
         Some(Ok(()))
     }
 
+    /// An RDMA write into a window the peer granted (`conn::Grants`), in
+    /// few instructions: placed here and complete at the post, with nothing
+    /// queued ahead of it and everything sent before consumed. `None`
+    /// leaves the descriptor to the general path (which places it here too
+    /// when it can, or sends it through the ring).
+    ///
+    /// # Safety
+    /// As for [`Vi::post_send_raw`].
+    #[inline]
+    unsafe fn rdma_write_fast(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        d: NonNull<Descriptor>,
+        owned: bool,
+    ) -> Option<Result<(), PostError>> {
+        // SAFETY: the caller guarantees a valid control segment.
+        let cs = unsafe { &mut (*d.as_ptr()).cs };
+        let n = cs.seg_count as usize;
+        const MAX_LOCAL: usize = 2;
+        if cs.control != control::OP_RDMAWRITE
+            || !(2..=MAX_LOCAL + 1).contains(&n)
+            || q.sq_sent != q.sq.len()
+            || self.conn.tx.consumed() < self.conn.tx.head()
+        {
+            return None;
+        }
+        // SAFETY: `n` segments follow the control segment (caller's contract).
+        let segs: &[Segment] = unsafe {
+            std::slice::from_raw_parts((d.as_ptr() as *const u8).add(32) as *const Segment, n)
+        };
+        let regions = &vi.s.nic.regions;
+        let mut local = [LocalRange {
+            ptr: std::ptr::null_mut(),
+            len: 0,
+        }; MAX_LOCAL];
+        let mut total = 0u64;
+        for (l, s) in local.iter_mut().zip(&segs[1..]) {
+            if !regions.allows(s.handle, q.attrs.ptag, s.addr, s.length as u64) {
+                return None;
+            }
+            *l = LocalRange {
+                ptr: s.addr as *mut u8,
+                len: s.length as usize,
+            };
+            total += s.length as u64;
+        }
+        if total > DIRECT_MAX as u64 || total > q.attrs.max_transfer_size as u64 {
+            return None;
+        }
+        let id = q.next_id;
+        let slot = q.sq.next_free()?;
+        let remote = segs[0];
+        // SAFETY: the local ranges were checked against registered memory above.
+        if !unsafe {
+            self.conn
+                .write_direct(remote.handle, remote.addr, &local[..n - 1], total as usize)
+        } {
+            return None;
+        }
+        uvia_trace::mark!(ProtoBuilt);
+        cs.length = total as u32;
+        cs.status = status::DONE | status::OP_RDMA_WRITE;
+        slot.desc = d;
+        slot.owned = owned;
+        slot.op = Op::RdmaWrite;
+        slot.total = total;
+        slot.nranges = 0;
+        slot.id = id;
+        slot.state = EntryState::Done;
+        q.sq.commit();
+        q.sq_sent += 1;
+        q.next_id = id.wrapping_add(1);
+        if let Some(cq) = &vi.s.send_cq {
+            cq.notify(&vi.s, Queue::Send);
+        }
+        Some(Ok(()))
+    }
+
     /// [`TransportOps::send_copy`]: the inline send of the fast path
     /// above, from the caller's bytes and without a descriptor.
     #[inline]
@@ -1088,6 +1167,10 @@ impl TransportOps for ShmVi {
     ) -> Result<(), PostError> {
         // SAFETY: forwarded from the caller.
         if let Some(r) = unsafe { self.send_inline_fast(vi, q, d, owned) } {
+            return r;
+        }
+        // SAFETY: forwarded from the caller.
+        if let Some(r) = unsafe { self.rdma_write_fast(vi, q, d, owned) } {
             return r;
         }
         let (attrs, id) = (q.attrs, q.next_id);
