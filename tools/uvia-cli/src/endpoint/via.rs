@@ -231,6 +231,11 @@ impl ViaEndpoint {
                 self.last_len = (v & 0xffff_ffff) as usize;
                 return Ok(self.last_len);
             }
+            // A pause between looks: a look every few cycles keeps taking
+            // the line back from the writer's store (measured at 8 B on
+            // shm: 80 ns one way without it, 65-75 with one pause, 85 with
+            // two).
+            std::hint::spin_loop();
             spins += 1;
             if spins.is_multiple_of(SPINS_PER_CALL) {
                 self.reap(false)?;
