@@ -40,7 +40,8 @@ python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
 # MPI over the provider: Open MPI (its ofi MTL) with ready-made MPI programs
 # (mpi4py for Debian's python3, NetPIPE), and unshare for the test hosts'
 # launcher agent.
-command -v mpicc >/dev/null 2>&1 || need_pkgs+=(openmpi-bin libopenmpi-dev)
+# (openmpi-bin alone brings mpicc without mpi.h: the header is checked.)
+echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1 || need_pkgs+=(openmpi-bin libopenmpi-dev)
 /usr/bin/python3 -c 'import mpi4py' >/dev/null 2>&1 || need_pkgs+=(python3-mpi4py)
 command -v NPopenmpi >/dev/null 2>&1 || need_pkgs+=(netpipe-openmpi)
 command -v unshare >/dev/null 2>&1 || need_pkgs+=(util-linux)
