@@ -157,11 +157,13 @@ pub(crate) mod fence {
 /// Withdrawing (a region deregistered or changed, the VI disconnected): the
 /// target adds one to the initiator's [`Grants::revoked`] and then waits for
 /// [`Busy::busy`] to clear; the initiator sets `busy` and then reads
-/// `revoked` before it writes. Both are read-modify-writes of sequential
-/// consistency, so either the initiator sees the withdrawal and goes
-/// through the ring (where the target checks), or the target sees it busy
-/// and waits for the write to end: no direct write lands after the
-/// withdrawal returns (within [`REVOKE_WAIT`] of a stopped peer).
+/// `revoked` before it writes. With a full barrier between the store and
+/// the load on each side (a sequentially consistent read-modify-write, or
+/// on the initiator's side the withdrawal's [`fence`]), either the
+/// initiator sees the withdrawal and goes through the ring (where the
+/// target checks), or the target sees it busy and waits for the write to
+/// end: no direct write lands after the withdrawal returns (within
+/// [`REVOKE_WAIT`] of a stopped peer).
 ///
 /// These words are the target's, on a line the initiator only reads.
 #[repr(C, align(128))]
@@ -808,7 +810,7 @@ impl ShmConn {
         if news {
             self.read_grants();
         }
-        let grants = &block_in(&self.seg, side).grants;
+        let mine = &block_in(&self.seg, side).grants;
         if self
             .windows
             .get(self.hot)
@@ -837,7 +839,7 @@ impl ShmConn {
         } else {
             busy.swap(1, Ordering::SeqCst);
         }
-        if grants.revoked.load(Ordering::SeqCst) != self.seen_revoked {
+        if mine.revoked.load(Ordering::SeqCst) != self.seen_revoked {
             busy.store(0, Ordering::Release);
             return false;
         }
