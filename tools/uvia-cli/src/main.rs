@@ -88,8 +88,11 @@ enum Cmd {
     /// kernel UDP (sockperf), against uvia's udp provider at reliable
     /// delivery. Every side pinned to cores 0 and 1; one-way latency at
     /// 8 B and 1 KiB, bandwidth at 4 KiB, 64 KiB and 1 MiB; each ratio is
-    /// uvia / peer, the median of the pair ratios. A peer that is missing
-    /// or fails is listed with the reason. Also a section of `uvia bench`.
+    /// uvia / peer, the median of the pair ratios. UCT put, a one-sided
+    /// store the peer watches, is matched by uvia's one-sided ping-pong
+    /// (`uvia pingpong --rdma-write`), every other peer by send and receive.
+    /// A peer that is missing or fails is listed with the reason. Also a
+    /// section of `uvia bench`.
     Peers(PeersArgs),
     /// Where the time of one message goes: a ping-pong traced by the
     /// library's checkpoints and the kernel's tracepoints (BPF), each stage's
