@@ -108,6 +108,53 @@ fn pingpong(provider: &str, extra: &[&str], mode: &str) {
     check_run_json(&json, "pingpong", provider, mode, &[8]);
 }
 
+/// The one-sided ping-pong on shm: every size through one run, the last
+/// reply's bytes checked by the tool; refused with a reason elsewhere.
+#[test]
+fn pingpong_rdma_write_on_shm_and_refused_where_it_cannot_run() {
+    let _traffic = traffic();
+    let json = tmp("pp-shm-rdma.json");
+    let out = uvia()
+        .args([
+            "pingpong",
+            "--provider",
+            "shm",
+            "--rdma-write",
+            "--sizes",
+            "1,8,100,4K",
+            "--iters",
+            "2000",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "uvia pingpong --rdma-write failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_run_json(
+        &json,
+        "pingpong --rdma-write",
+        "shm",
+        "polling",
+        &[1, 8, 100, 4096],
+    );
+    for bad in [
+        &["-p", "udp", "--rdma-write"][..],
+        &["-p", "shm", "--rdma-write", "--blocking"][..],
+    ] {
+        let out = uvia().arg("pingpong").args(bad).output().unwrap();
+        assert!(!out.status.success(), "{bad:?} ran");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--rdma-write is a polling ping-pong on shm"),
+            "{bad:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn pingpong_kernel_udp() {
     pingpong("kernel-udp", &[], "polling");
