@@ -1052,3 +1052,67 @@ fn rdma_writes_complete_while_the_target_makes_no_call_and_stop_at_deregistratio
         "a write after deregistration completed: {d:?}"
     );
 }
+
+/// Once the connection broke (here on an RDMA write the target refuses),
+/// a write into a window the target granted before neither lands nor
+/// completes as done.
+#[test]
+fn a_granted_window_takes_no_write_after_the_connection_broke() {
+    if let Some(a) = peer_arg() {
+        let inst = instance("");
+        let e = end(&inst, |p| ViAttributes::new(p).rdma(true, false));
+        let mut ctl = e.nic.alloc_region(64, MemAttributes::new(e.ptag)).unwrap();
+        accept(&e, a.parse().unwrap());
+        let window = e.buf.addr();
+        ctl.as_mut_slice()[..8].copy_from_slice(&(window as u64).to_le_bytes());
+        ctl.as_mut_slice()[8..12].copy_from_slice(&e.buf.handle().0.to_le_bytes());
+        e.vi.post_send(Box::new(Descriptor::send(&[ctl.segment(0, 12)])))
+            .unwrap();
+        assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(12));
+        // The refused write breaks the connection: this receive is flushed.
+        e.vi.post_recv(Box::new(Descriptor::recv(&[ctl.segment(0, 64)])))
+            .unwrap();
+        assert!(e.vi.recv_wait(Some(T)).unwrap().error().is_some());
+        // Give a write after the break every chance to land.
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(read_shared(window, 64), pattern(64, 1));
+        return;
+    }
+    let inst = instance("broken");
+    let _peer = Peer::spawn(
+        "a_granted_window_takes_no_write_after_the_connection_broke",
+        &inst,
+        "142",
+    );
+    let mut e = end(&inst, |p| {
+        ViAttributes::new(p)
+            .rdma(true, false)
+            .reliability(Reliability::ReliableDelivery)
+    });
+    connect(&e, 142);
+    assert_eq!(recv(&e, 0, 64).result(), Ok(12));
+    let s = e.buf.as_slice();
+    let addr = u64::from_le_bytes(s[..8].try_into().unwrap());
+    let handle = MemHandle(u32::from_le_bytes(s[8..12].try_into().unwrap()));
+    let write = |e: &mut End, seed: u8, h: MemHandle| {
+        e.buf.as_mut_slice()[4096..4096 + 64].copy_from_slice(&pattern(64, seed));
+        let wr = Descriptor::rdma_write(Segment::remote(addr, h), &[e.buf.segment(4096, 64)]);
+        e.vi.post_send(Box::new(wr))
+    };
+    // The first through the ring (granting the window), the second placed here.
+    for seed in 0..2 {
+        write(&mut e, seed, handle).unwrap();
+        assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(64));
+    }
+    // A write the target refuses: the connection breaks. The next write is
+    // posted once the target has refused it, before this side has looked.
+    write(&mut e, 9, MemHandle(handle.0 ^ 0x5a5a)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    write(&mut e, 7, handle).unwrap();
+    assert!(e.vi.send_wait(Some(T)).unwrap().error().is_some());
+    let d = e.vi.send_wait(Some(T)).unwrap();
+    assert!(
+        d.error().is_some(),
+        "a write after the break completed: {d:?}"
+    );
+}

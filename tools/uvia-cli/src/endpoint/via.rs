@@ -214,7 +214,10 @@ impl ViaEndpoint {
 
     /// One-sided mode: waits for the next message's flag word in this
     /// side's buffer, making a call into the VI every [`SPINS_PER_CALL`]
-    /// looks only.
+    /// looks only. The writes the initiator places copy the message and
+    /// then the flag, so the flag comes last; a write the target places
+    /// (the first, before its grant) is one copy whose stores may land in
+    /// any order, which only the warm-up's bytes can meet.
     fn recv_watching(&mut self) -> Result<usize> {
         let want = self.received.wrapping_add(1);
         // SAFETY: the flag word lies inside the receive region (`side`),
@@ -227,9 +230,16 @@ impl ViaEndpoint {
         loop {
             let v = flag.load(Ordering::Acquire);
             if (v >> 32) as u32 == want {
+                let len = (v & 0xffff_ffff) as usize;
+                if len > self.s.max {
+                    bail!(
+                        "the peer wrote a {len} byte message into a {} byte buffer",
+                        self.s.max
+                    );
+                }
                 self.received = want;
-                self.last_len = (v & 0xffff_ffff) as usize;
-                return Ok(self.last_len);
+                self.last_len = len;
+                return Ok(len);
             }
             // A pause between looks: a look every few cycles keeps taking
             // the line back from the writer's store (measured at 8 B on

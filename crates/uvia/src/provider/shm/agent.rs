@@ -18,7 +18,7 @@
 //! call, whose doorbell wakes it) never asks, so the data path keeps no
 //! system call.
 
-use super::conn::block_in;
+use super::conn::{self, block_in};
 use crate::provider::Transport;
 use crate::vi::{Vi, ViInner, ViShared, ViState};
 use std::io;
@@ -34,6 +34,8 @@ struct Served {
     vi: Weak<ViShared>,
     seg: Weak<Segment>,
     side: usize,
+    /// The peer process (a withdrawal waits on its writes while it lives).
+    peer_pid: i32,
 }
 
 /// This process's agent: the eventfd its peers signal, and the connected
@@ -83,20 +85,22 @@ impl Agent {
 
     /// Serves `vi`'s connection (side `side` of segment `seg`) from now on,
     /// until either is dropped.
-    pub fn enlist(&self, vi: &Arc<ViShared>, seg: &Arc<Segment>, side: usize) {
+    pub fn enlist(&self, vi: &Arc<ViShared>, seg: &Arc<Segment>, side: usize, peer_pid: i32) {
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
         served.retain(|s| s.vi.strong_count() > 0 && s.seg.strong_count() > 0);
         served.push(Served {
             vi: Arc::downgrade(vi),
             seg: Arc::downgrade(seg),
             side,
+            peer_pid,
         });
     }
 
     /// Withdraws the grants of every connection of `nic` (see
-    /// [`conn::revoke`](super::conn::revoke)).
+    /// [`conn::revoke`]): all counts first, then one barrier, then the
+    /// waits.
     pub fn revoke(&self, nic: &crate::nic::NicShared) {
-        let conns: Vec<(Arc<Segment>, usize)> = self
+        let conns: Vec<(Arc<Segment>, usize, i32)> = self
             .served
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -105,10 +109,17 @@ impl Agent {
                 s.vi.upgrade()
                     .is_some_and(|vi| std::ptr::eq(Arc::as_ptr(&vi.nic), nic))
             })
-            .filter_map(|s| Some((s.seg.upgrade()?, s.side)))
+            .filter_map(|s| Some((s.seg.upgrade()?, s.side, s.peer_pid)))
             .collect();
-        for (seg, side) in conns {
-            super::conn::revoke(&seg, side);
+        let mut light = false;
+        for (seg, side, _) in &conns {
+            light |= conn::revoke_start(seg, *side);
+        }
+        if light {
+            conn::fence::global();
+        }
+        for (seg, side, pid) in &conns {
+            conn::revoke_wait(seg, *side, *pid);
         }
     }
 

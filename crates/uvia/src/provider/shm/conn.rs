@@ -138,10 +138,15 @@ pub(crate) mod fence {
         })
     }
 
-    /// A full barrier on every CPU running a registered process.
+    /// A full barrier on every CPU running a registered process. Should
+    /// this process be refused the command (a system-call filter the peer
+    /// does not have), the slow global barrier, and failing that a nap far
+    /// longer than a store takes to leave a CPU's store buffer.
     pub fn global() {
-        // Cannot fail for a kernel that registered the peer (`register`).
-        membarrier(GLOBAL_EXPEDITED);
+        const GLOBAL: libc::c_int = 1 << 0;
+        if membarrier(GLOBAL_EXPEDITED) != 0 && membarrier(GLOBAL) != 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }
 
@@ -162,8 +167,8 @@ pub(crate) mod fence {
 /// on the initiator's side the withdrawal's [`fence`]), either the
 /// initiator sees the withdrawal and goes through the ring (where the
 /// target checks), or the target sees it busy and waits for the write to
-/// end: no direct write lands after the withdrawal returns (within
-/// [`REVOKE_WAIT`] of a stopped peer).
+/// end, however long the peer is stopped in the middle of it (a dead peer
+/// ends the wait): no direct write lands after the withdrawal returns.
 ///
 /// These words are the target's, on a line the initiator only reads.
 #[repr(C, align(128))]
@@ -278,11 +283,11 @@ const WRITABLE_MAGIC: [u8; 4] = *b"UVRW";
 /// the target address of the memfd's first byte.
 const GRANT_MAGIC: [u8; 4] = *b"UVRD";
 const GRANT_BYTES: usize = 40;
-/// Longest wait of a withdrawal ([`Grants`]) for a direct write in
-/// progress: a write is one copy of at most [`DIRECT_MAX`] bytes, so only a
-/// peer stopped in the middle of one makes it wait this long; the
-/// withdrawal then goes on.
-pub(crate) const REVOKE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// The nap of a withdrawal ([`Grants`]) that waits for a direct write in
+/// progress after a thousand yields: a write is one copy of at most
+/// [`DIRECT_MAX`] bytes, so only a peer stopped in the middle of one makes
+/// it wait this long, and between two naps it looks whether the peer died.
+const REVOKE_NAP: std::time::Duration = std::time::Duration::from_millis(1);
 /// Largest RDMA write the initiator places itself ([`Grants`]); larger ones
 /// go through the ring, where the target shares the copy with the sender
 /// ([`SHARE_COPY_FROM`]).
@@ -730,6 +735,10 @@ impl ShmConn {
             .stream
             .recv(&mut m, Some(std::time::Duration::ZERO))
             .ok()??;
+        if n >= 4 && m[0..4] == GRANT_MAGIC {
+            // Counted even when malformed, so that `read_grants` stops.
+            self.grants_read = self.grants_read.wrapping_add(1);
+        }
         if fds.len() != 1 || n < 12 {
             return None;
         }
@@ -741,7 +750,6 @@ impl ShmConn {
             if n != GRANT_BYTES {
                 return None;
             }
-            self.grants_read = self.grants_read.wrapping_add(1);
             let (epoch, start, end, base) = (u32_at(8), u64_at(16), u64_at(24), u64_at(32));
             let seg = Segment::open_writable(fd, MAX_SHARED_REGION).ok()?;
             let fits = base <= start && start < end && end - base <= seg.len() as u64;
@@ -804,7 +812,9 @@ impl ShmConn {
         let revoked = mine.revoked.load(Ordering::Acquire);
         let news = mine.sent.load(Ordering::Acquire) != self.grants_read;
         if revoked != self.seen_revoked {
-            self.windows.clear();
+            // Grants read since (by `mapped`) may carry the new count already.
+            self.windows.retain(|w| w.epoch == revoked);
+            self.hot = 0;
             self.seen_revoked = revoked;
         }
         if news {
@@ -876,10 +886,31 @@ impl ShmConn {
             .load(Ordering::Acquire);
         while self.grants_read != sent {
             if self.take_announcement().is_none() {
-                // Not there or malformed: what is written is read next time.
+                // Not there, or a malformed message in the way: stop looking
+                // until the peer grants again (a grant missed here leaves
+                // its region's writes to the ring), not a system call a write.
+                self.grants_read = sent;
                 return;
             }
         }
+    }
+
+    /// Withdraws the grants this side gave the peer, if it gave any, and
+    /// waits for a write of the peer's in progress ([`revoke`]).
+    pub fn withdraw(&self) {
+        if self.granted_any {
+            revoke(&self.seg, self.side, self.peer_pid);
+        }
+    }
+
+    /// Neither side has reported an error or closed: the connection may
+    /// still carry a write placed by this side ([`write_direct`]).
+    ///
+    /// [`write_direct`]: Self::write_direct
+    #[inline]
+    pub fn unbroken(&self) -> bool {
+        let mine = self.mine();
+        mine.error.load(Ordering::Acquire) == 0 && mine.closed.load(Ordering::Acquire) == 0
     }
 
     /// True when region `handle` was granted to the peer and no
@@ -901,7 +932,7 @@ impl ShmConn {
         regions: &crate::mem::RegionTable,
         handle: MemHandle,
         ptag: crate::mem::Ptag,
-        grants: &std::sync::atomic::AtomicU32,
+        grants: &std::sync::atomic::AtomicBool,
     ) {
         // Read before the region is looked up: a withdrawal that follows a
         // deregistration after the lookup makes this grant stale.
@@ -926,7 +957,8 @@ impl ShmConn {
         // Counted before the lookup that decides: a region's change
         // withdraws nothing on a Nic that never tried a grant
         // (`ShmNic::withdraw_grants`).
-        grants.fetch_add(1, Ordering::SeqCst);
+        grants.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
         let Some((r, start, end)) = window() else {
             return;
         };
@@ -1177,9 +1209,7 @@ impl ShmConn {
 
     /// Tells the peer this side is going away and closes the socket.
     pub fn close(&self) {
-        if self.granted_any {
-            revoke(&self.seg, self.side);
-        }
+        self.withdraw();
         self.peers().closed.store(1, Ordering::Release);
         self.wake_peer();
         self.stream.shutdown();
@@ -1334,29 +1364,56 @@ fn reopen_read_only(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(r) })
 }
 
-/// Side `side`'s control block in a connection segment (checked or created
-/// by this module, so at least the full layout long).
-#[inline(always)]
 /// Withdraws every grant side `side` of segment `seg` gave its peer
-/// ([`Grants`]) and waits for a direct write in progress to end (at most
-/// [`REVOKE_WAIT`]). (A grant being sent meanwhile carries the count from
-/// before, so the peer finds it stale.)
-pub(crate) fn revoke(seg: &Segment, side: usize) {
+/// ([`Grants`]), without waiting: the first half of [`revoke`]. A grant
+/// being sent meanwhile carries the count from before, so the peer finds it
+/// stale. True when the peer writes with the light barrier ([`fence`]),
+/// which must then run before [`revoke_wait`].
+pub(crate) fn revoke_start(seg: &Segment, side: usize) -> bool {
     block_in(seg, 1 - side)
         .grants
         .revoked
         .fetch_add(1, Ordering::SeqCst);
-    let b = &block_in(seg, side).busy;
-    if b.light.load(Ordering::SeqCst) != 0 {
-        fence::global();
-    }
-    let busy = &b.busy;
-    let start = std::time::Instant::now();
-    while busy.load(Ordering::SeqCst) != 0 && start.elapsed() < REVOKE_WAIT {
-        std::thread::yield_now();
+    block_in(seg, side).busy.light.load(Ordering::SeqCst) != 0
+}
+
+/// The second half of [`revoke`]: waits for a direct write in progress of
+/// the peer (process `peer_pid`) to end, however long the peer is stopped
+/// in the middle of it (the memory must not change after its withdrawal
+/// returns, as a NIC's DMA must be over when a deregistration returns); a
+/// dead peer ends the wait.
+pub(crate) fn revoke_wait(seg: &Segment, side: usize, peer_pid: i32) {
+    let busy = &block_in(seg, side).busy.busy;
+    let mut spins = 0u32;
+    while busy.load(Ordering::SeqCst) != 0 {
+        spins += 1;
+        if spins < 1000 {
+            std::thread::yield_now();
+            continue;
+        }
+        // SAFETY: signal 0 only asks whether the process exists.
+        if unsafe { libc::kill(peer_pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        {
+            return;
+        }
+        std::thread::sleep(REVOKE_NAP);
     }
 }
 
+/// Withdraws every grant side `side` of segment `seg` gave its peer and
+/// waits for a direct write in progress to end ([`revoke_start`],
+/// [`fence`], [`revoke_wait`]).
+pub(crate) fn revoke(seg: &Segment, side: usize, peer_pid: i32) {
+    if revoke_start(seg, side) {
+        fence::global();
+    }
+    revoke_wait(seg, side, peer_pid);
+}
+
+/// Side `side`'s control block in a connection segment (checked or created
+/// by this module, so at least the full layout long).
+#[inline(always)]
 pub(crate) fn block_in(seg: &Segment, side: usize) -> &SideBlock {
     debug_assert!(side < 2 && seg.len() >= HEADER_BYTES + 2 * BLOCK_BYTES);
     // SAFETY: both blocks lie inside the segment after the header, aligned to

@@ -26,7 +26,7 @@ use conn::ShmConn;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uvia_shm::socket::hex_name;
@@ -66,9 +66,9 @@ pub(crate) struct ShmNic {
     listeners: Mutex<HashMap<Vec<u8>, Listener>>,
     /// The job key its requests carry and its listeners require (0: none).
     job: u64,
-    /// Grants of its regions to peers tried so far (`conn::Grants`):
-    /// while none was, a region's change withdraws nothing.
-    pub(crate) grants: AtomicU32,
+    /// Set by the first grant of its regions to a peer that was tried
+    /// (`conn::Grants`): until then a region's change withdraws nothing.
+    pub(crate) grants: AtomicBool,
 }
 
 /// `shm` (instance `0`) or `shm:<instance>`.
@@ -106,7 +106,7 @@ pub(crate) fn open(name: &str, opts: &NicOptions) -> Result<Opened, OpenError> {
         dir,
         listeners: Mutex::new(HashMap::new()),
         job: crate::nic::job_key(opts),
-        grants: AtomicU32::new(0),
+        grants: AtomicBool::new(false),
     };
     Ok((attrs, NicProvider::Shm(nic)))
 }
@@ -209,8 +209,10 @@ impl NicOps for ShmNic {
         let conn = ShmConn::new(seg.clone(), 0, stream, pid, Some(peer_agent), peer_fds);
         let mut t = ShmVi::new(conn, seg.clone());
         t.server_socket = Some(path);
+        // Enlisted first: a grant made once it is installed must be found
+        // by a withdrawal (`Agent::revoke`).
+        agent.enlist(&vi.s, &seg, 0, pid);
         vi.install(&mut vi.lock(), Transport::Shm(t), theirs.clone());
-        agent.enlist(&vi.s, &seg, 0);
         Ok(theirs)
     }
 
@@ -309,7 +311,7 @@ impl ShmNic {
         // counts itself before it looks the region up (`ShmConn::grant`),
         // so either it finds the change or this finds the count.
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.grants.load(Ordering::SeqCst) == 0 {
+        if !self.grants.load(Ordering::SeqCst) {
             return;
         }
         if let Ok(a) = agent::get() {
@@ -368,13 +370,14 @@ impl Answer {
             Some(self.peer_agent),
             self.eventfds,
         );
+        // Enlisted first, as in `connect`.
+        agent.enlist(&vi.s, &seg, 1, req.peer_pid);
         vi.install(
             &mut g,
             Transport::Shm(ShmVi::new(conn, seg.clone())),
             req.remote.clone(),
         );
         drop(g);
-        agent.enlist(&vi.s, &seg, 1);
         Ok(())
     }
 

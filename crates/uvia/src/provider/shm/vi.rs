@@ -249,6 +249,8 @@ impl ShmVi {
     }
 
     fn fail(&mut self, vi: &Vi, q: &mut Queues, inflight_bits: u32) {
+        // A broken connection takes no more writes from the peer.
+        self.conn.withdraw();
         vi.fail(q, inflight_bits);
         self.awaiting_ack = 0;
         self.sent_pieces = 0;
@@ -357,6 +359,8 @@ impl ShmVi {
             || !(2..=MAX_LOCAL + 1).contains(&n)
             || q.sq_sent != q.sq.len()
             || self.conn.tx.consumed() < self.conn.tx.head()
+            || self.failed.is_some()
+            || !self.conn.unbroken()
         {
             return None;
         }
@@ -549,6 +553,7 @@ impl ShmVi {
             && e.imm.is_none()
             && e.total as usize <= DIRECT_MAX
             && conn.tx.consumed() >= conn.tx.head()
+            && conn.unbroken()
             && e.still_registered(&vi.s.nic.regions)
             // SAFETY: the local ranges were checked against registered
             // memory when posted, and are still registered.
@@ -944,7 +949,11 @@ impl ShmVi {
                                 };
                                 if !ok {
                                     report = status::TRANSPORT_ERROR;
-                                } else if write && !conn.granted(h.rhandle) {
+                                } else if write
+                                    && imm.is_none()
+                                    && h.len as usize <= DIRECT_MAX
+                                    && !conn.granted(h.rhandle)
+                                {
                                     if let NicProvider::Shm(n) = &vi.s.nic.provider {
                                         conn.grant(
                                             &vi.s.nic.regions,
@@ -1248,7 +1257,10 @@ impl TransportOps for ShmVi {
             moved = true;
         }
         moved |= self.serve_incoming(vi, q);
-        if q.sq_sent < q.sq.len() {
+        // Nothing more is started once the connection broke: what is queued
+        // is flushed below (an RDMA write placed here would land and
+        // complete after the break).
+        if q.sq_sent < q.sq.len() && self.failed.is_none() {
             let before = q.sq_sent;
             self.send_queued(vi, q);
             moved |= q.sq_sent != before;
