@@ -812,10 +812,8 @@ impl ShmConn {
         let revoked = mine.revoked.load(Ordering::Acquire);
         let news = mine.sent.load(Ordering::Acquire) != self.grants_read;
         if revoked != self.seen_revoked {
-            // Grants read since (by `mapped`) may carry the new count already.
-            self.windows.retain(|w| w.epoch == revoked);
-            self.hot = 0;
-            self.seen_revoked = revoked;
+            // (Grants read since, by `mapped`, may carry the new count.)
+            self.drop_withdrawn_windows();
         }
         if news {
             self.read_grants();
@@ -865,6 +863,20 @@ impl ShmConn {
         }
         busy.store(0, Ordering::Release);
         true
+    }
+
+    /// Unmaps the windows a withdrawal made stale ([`Grants`]).
+    #[cold]
+    pub fn drop_withdrawn_windows(&mut self) {
+        let revoked = block_in(&self.seg, self.side)
+            .grants
+            .revoked
+            .load(Ordering::Acquire);
+        if revoked != self.seen_revoked {
+            self.windows.retain(|w| w.epoch == revoked);
+            self.hot = 0;
+            self.seen_revoked = revoked;
+        }
     }
 
     /// Reads the grants the peer has sent ([`Grants::sent`]).
@@ -969,7 +981,20 @@ impl ShmConn {
         m[16..24].copy_from_slice(&start.to_le_bytes());
         m[24..32].copy_from_slice(&end.to_le_bytes());
         m[32..40].copy_from_slice(&r.fd_base.to_le_bytes());
-        if self.stream.send(&m, &[r.fd]).is_ok() {
+        // The descriptor the lookup named is the region's only while the
+        // region is registered (its owner closes it after): a copy taken
+        // while it still is cannot be another file that took the number.
+        // SAFETY: dup of a descriptor number; the result is checked.
+        let fd = unsafe { libc::fcntl(r.fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if fd < 0 {
+            return;
+        }
+        // SAFETY: a fresh descriptor we own.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        if !regions.is_current(handle, r.serial) {
+            return;
+        }
+        if self.stream.send(&m, &[fd.as_raw_fd()]).is_ok() {
             self.peers().grants.sent.fetch_add(1, Ordering::Release);
             self.granted.push(handle.0);
             self.granted_any = true;
@@ -1755,9 +1780,11 @@ mod tests {
         let side = conn.side();
         let claimed = std::sync::atomic::AtomicU32::new(0);
         let over = std::sync::atomic::AtomicBool::new(false);
+        let running = std::sync::atomic::AtomicBool::new(false);
         let ok = std::thread::scope(|s| {
             s.spawn(|| {
                 let help = &block_in(&seg, side).help;
+                running.store(true, Ordering::Release);
                 while !over.load(Ordering::Acquire) {
                     let w = help.claim.load(Ordering::Acquire);
                     let nc = help.nchunks.load(Ordering::Relaxed);
@@ -1779,6 +1806,11 @@ mod tests {
                     mark_chunk(bits, (w >> 32) as u32, c);
                 }
             });
+            // The copy takes microseconds: the stand-in must be running
+            // when the offer opens, or it claims nothing on a busy machine.
+            while !running.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
             let ok = conn.gather_shared(5, &ranges, &local, &[], || gone);
             over.store(true, Ordering::Release);
             ok

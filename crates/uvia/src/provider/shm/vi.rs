@@ -1340,6 +1340,8 @@ impl TransportOps for ShmVi {
 
     /// Looks at the peer's health; fails the VI if it is gone.
     fn check_peer(&mut self, vi: &Vi, q: &mut Queues) -> bool {
+        // Windows the peer withdrew go now, not at this side's next write.
+        self.conn.drop_withdrawn_windows();
         let conn = &self.conn;
         let closed = conn.mine().closed.load(Ordering::Acquire) != 0;
         if closed || conn.stream.peer_gone() {
