@@ -971,6 +971,39 @@ fn read_shared(p: *const u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The target's side of the RDMA-write tests: accepts the initiator on
+/// discriminator `d` and sends it where its buffer (the window) is; the
+/// window's address and a control region for later messages.
+fn offer_window(e: &End, d: u64) -> (*mut u8, MemoryRegion) {
+    let mut ctl = e.nic.alloc_region(64, MemAttributes::new(e.ptag)).unwrap();
+    accept(e, d);
+    let window = e.buf.addr();
+    ctl.as_mut_slice()[..8].copy_from_slice(&(window as u64).to_le_bytes());
+    ctl.as_mut_slice()[8..12].copy_from_slice(&e.buf.handle().0.to_le_bytes());
+    e.vi.post_send(Box::new(Descriptor::send(&[ctl.segment(0, 12)])))
+        .unwrap();
+    assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(12));
+    (window, ctl)
+}
+
+/// The initiator's side of [`offer_window`]: the window's address and handle.
+fn learn_window(e: &End) -> (u64, MemHandle) {
+    assert_eq!(recv(e, 0, 64).result(), Ok(12));
+    let s = e.buf.as_slice();
+    let addr = u64::from_le_bytes(s[..8].try_into().unwrap());
+    (
+        addr,
+        MemHandle(u32::from_le_bytes(s[8..12].try_into().unwrap())),
+    )
+}
+
+/// Posts an RDMA write of 64 bytes of `pattern(64, seed)` to `addr` in `h`.
+fn write_pattern(e: &mut End, addr: u64, h: MemHandle, seed: u8) -> Result<(), Rejected> {
+    e.buf.as_mut_slice()[4096..4096 + 64].copy_from_slice(&pattern(64, seed));
+    let wr = Descriptor::rdma_write(Segment::remote(addr, h), &[e.buf.segment(4096, 64)]);
+    e.vi.post_send(Box::new(wr))
+}
+
 /// An RDMA write into a region whose earlier write the target placed is
 /// placed by the initiator itself: it is complete at the post, while the
 /// target makes no call at all (it watches its memory, as a one-sided
@@ -982,14 +1015,7 @@ fn rdma_writes_complete_while_the_target_makes_no_call_and_stop_at_deregistratio
     if let Some(a) = peer_arg() {
         let inst = instance("");
         let e = end(&inst, |p| ViAttributes::new(p).rdma(true, false));
-        let mut ctl = e.nic.alloc_region(64, MemAttributes::new(e.ptag)).unwrap();
-        accept(&e, a.parse().unwrap());
-        let window = e.buf.addr();
-        ctl.as_mut_slice()[..8].copy_from_slice(&(window as u64).to_le_bytes());
-        ctl.as_mut_slice()[8..12].copy_from_slice(&e.buf.handle().0.to_le_bytes());
-        e.vi.post_send(Box::new(Descriptor::send(&[ctl.segment(0, 12)])))
-            .unwrap();
-        assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(12));
+        let (window, ctl) = offer_window(&e, a.parse().unwrap());
         // No call from here until the last write has landed.
         let last = pattern(64, ROUNDS - 1);
         let start = Instant::now();
@@ -1021,15 +1047,9 @@ fn rdma_writes_complete_while_the_target_makes_no_call_and_stop_at_deregistratio
     );
     let mut e = end(&inst, |p| ViAttributes::new(p).rdma(true, false));
     connect(&e, 141);
-    let r = recv(&e, 0, 64);
-    assert_eq!(r.result(), Ok(12));
-    let s = e.buf.as_slice();
-    let addr = u64::from_le_bytes(s[..8].try_into().unwrap());
-    let handle = MemHandle(u32::from_le_bytes(s[8..12].try_into().unwrap()));
+    let (addr, handle) = learn_window(&e);
     for k in 0..ROUNDS {
-        e.buf.as_mut_slice()[4096..4096 + 64].copy_from_slice(&pattern(64, k));
-        let wr = Descriptor::rdma_write(Segment::remote(addr, handle), &[e.buf.segment(4096, 64)]);
-        e.vi.post_send(Box::new(wr)).unwrap();
+        write_pattern(&mut e, addr, handle, k).unwrap();
         if k == 0 {
             // The first goes through the ring: the target's agent places it
             // and grants the region.
@@ -1043,9 +1063,7 @@ fn rdma_writes_complete_while_the_target_makes_no_call_and_stop_at_deregistratio
     }
     // The target deregistered the region.
     assert_eq!(recv(&e, 0, 64).result(), Ok(1));
-    e.buf.as_mut_slice()[4096..4096 + 64].copy_from_slice(&pattern(64, 200));
-    let wr = Descriptor::rdma_write(Segment::remote(addr, handle), &[e.buf.segment(4096, 64)]);
-    e.vi.post_send(Box::new(wr)).unwrap();
+    write_pattern(&mut e, addr, handle, 200).unwrap();
     let d = e.vi.send_wait(Some(T)).unwrap();
     assert!(
         d.error().is_some(),
@@ -1061,14 +1079,7 @@ fn a_granted_window_takes_no_write_after_the_connection_broke() {
     if let Some(a) = peer_arg() {
         let inst = instance("");
         let e = end(&inst, |p| ViAttributes::new(p).rdma(true, false));
-        let mut ctl = e.nic.alloc_region(64, MemAttributes::new(e.ptag)).unwrap();
-        accept(&e, a.parse().unwrap());
-        let window = e.buf.addr();
-        ctl.as_mut_slice()[..8].copy_from_slice(&(window as u64).to_le_bytes());
-        ctl.as_mut_slice()[8..12].copy_from_slice(&e.buf.handle().0.to_le_bytes());
-        e.vi.post_send(Box::new(Descriptor::send(&[ctl.segment(0, 12)])))
-            .unwrap();
-        assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(12));
+        let (window, ctl) = offer_window(&e, a.parse().unwrap());
         // The refused write breaks the connection: this receive is flushed.
         e.vi.post_recv(Box::new(Descriptor::recv(&[ctl.segment(0, 64)])))
             .unwrap();
@@ -1090,25 +1101,17 @@ fn a_granted_window_takes_no_write_after_the_connection_broke() {
             .reliability(Reliability::ReliableDelivery)
     });
     connect(&e, 142);
-    assert_eq!(recv(&e, 0, 64).result(), Ok(12));
-    let s = e.buf.as_slice();
-    let addr = u64::from_le_bytes(s[..8].try_into().unwrap());
-    let handle = MemHandle(u32::from_le_bytes(s[8..12].try_into().unwrap()));
-    let write = |e: &mut End, seed: u8, h: MemHandle| {
-        e.buf.as_mut_slice()[4096..4096 + 64].copy_from_slice(&pattern(64, seed));
-        let wr = Descriptor::rdma_write(Segment::remote(addr, h), &[e.buf.segment(4096, 64)]);
-        e.vi.post_send(Box::new(wr))
-    };
+    let (addr, handle) = learn_window(&e);
     // The first through the ring (granting the window), the second placed here.
     for seed in 0..2 {
-        write(&mut e, seed, handle).unwrap();
+        write_pattern(&mut e, addr, handle, seed).unwrap();
         assert_eq!(e.vi.send_wait(Some(T)).unwrap().result(), Ok(64));
     }
     // A write the target refuses: the connection breaks. The next write is
     // posted once the target has refused it, before this side has looked.
-    write(&mut e, 9, MemHandle(handle.0 ^ 0x5a5a)).unwrap();
+    write_pattern(&mut e, addr, MemHandle(handle.0 ^ 0x5a5a), 9).unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    write(&mut e, 7, handle).unwrap();
+    write_pattern(&mut e, addr, handle, 7).unwrap();
     assert!(e.vi.send_wait(Some(T)).unwrap().error().is_some());
     let d = e.vi.send_wait(Some(T)).unwrap();
     assert!(

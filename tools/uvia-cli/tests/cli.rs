@@ -85,27 +85,29 @@ fn check_run_json(
 fn pingpong(provider: &str, extra: &[&str], mode: &str) {
     let _traffic = traffic();
     let json = tmp(&format!("pp-{provider}-{mode}.json"));
-    let out = uvia()
-        .args([
-            "pingpong",
-            "--provider",
-            provider,
-            "--sizes",
-            "8",
-            "--iters",
-            "2000",
-        ])
-        .args(extra)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
+    let mut args = vec![
+        "pingpong",
+        "--provider",
+        provider,
+        "--sizes",
+        "8",
+        "--iters",
+        "2000",
+    ];
+    args.extend(extra);
+    run_with_json(&args, &json);
+    check_run_json(&json, "pingpong", provider, mode, &[8]);
+}
+
+/// Runs `uvia <args> --json <json>` and asserts that it succeeded.
+fn run_with_json(args: &[&str], json: &std::path::Path) {
+    let out = uvia().args(args).arg("--json").arg(json).output().unwrap();
     assert!(
         out.status.success(),
-        "uvia pingpong failed: {}",
+        "uvia {} failed: {}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
-    check_run_json(&json, "pingpong", provider, mode, &[8]);
 }
 
 /// The one-sided ping-pong on shm: every size through one run, the last
@@ -114,8 +116,8 @@ fn pingpong(provider: &str, extra: &[&str], mode: &str) {
 fn pingpong_rdma_write_on_shm_and_refused_where_it_cannot_run() {
     let _traffic = traffic();
     let json = tmp("pp-shm-rdma.json");
-    let out = uvia()
-        .args([
+    run_with_json(
+        &[
             "pingpong",
             "--provider",
             "shm",
@@ -124,15 +126,8 @@ fn pingpong_rdma_write_on_shm_and_refused_where_it_cannot_run() {
             "1,8,100,4K",
             "--iters",
             "2000",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "uvia pingpong --rdma-write failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &json,
     );
     check_run_json(
         &json,
@@ -170,8 +165,8 @@ fn pingpong_kernel_udp_blocking_large() {
     // 100 KiB messages are split into several datagrams and put back together.
     let _traffic = traffic();
     let json = tmp("pp-udp-large.json");
-    let out = uvia()
-        .args([
+    run_with_json(
+        &[
             "pingpong",
             "--provider",
             "kernel-udp",
@@ -180,15 +175,8 @@ fn pingpong_kernel_udp_blocking_large() {
             "1,100K",
             "--iters",
             "200",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &json,
     );
     check_run_json(
         &json,

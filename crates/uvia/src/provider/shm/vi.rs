@@ -319,20 +319,19 @@ impl ShmVi {
         conn.wake_peer();
         cs.length = len as u32;
         cs.status = status::DONE | status::OP_SEND;
-        slot.desc = d;
-        slot.owned = owned;
-        slot.op = Op::SendRecv;
-        slot.total = len as u64;
-        slot.nranges = 0;
-        slot.id = id;
-        slot.state = EntryState::Done;
-        q.sq.commit();
-        q.sq_sent += 1;
-        q.next_id = id.wrapping_add(1);
-        if let Some(cq) = &vi.s.send_cq {
-            cq.notify(&vi.s, Queue::Send);
-        }
+        done_at_post(slot, d, owned, Op::SendRecv, len as u64, id);
+        queue_done_at_post(vi, q, id);
         Some(Ok(()))
+    }
+
+    /// Whether an RDMA write may be placed here now: everything sent before
+    /// has been consumed (so it lands after them), and the connection is
+    /// not broken (by either side's error, or a close).
+    #[inline(always)]
+    fn may_write_directly(&self) -> bool {
+        self.conn.tx.consumed() >= self.conn.tx.head()
+            && self.failed.is_none()
+            && self.conn.unbroken()
     }
 
     /// An RDMA write into a window the peer granted (`conn::Grants`), in
@@ -358,9 +357,7 @@ impl ShmVi {
         if cs.control != control::OP_RDMAWRITE
             || !(2..=MAX_LOCAL + 1).contains(&n)
             || q.sq_sent != q.sq.len()
-            || self.conn.tx.consumed() < self.conn.tx.head()
-            || self.failed.is_some()
-            || !self.conn.unbroken()
+            || !self.may_write_directly()
         {
             return None;
         }
@@ -400,19 +397,8 @@ impl ShmVi {
         uvia_trace::mark!(ProtoBuilt);
         cs.length = total as u32;
         cs.status = status::DONE | status::OP_RDMA_WRITE;
-        slot.desc = d;
-        slot.owned = owned;
-        slot.op = Op::RdmaWrite;
-        slot.total = total;
-        slot.nranges = 0;
-        slot.id = id;
-        slot.state = EntryState::Done;
-        q.sq.commit();
-        q.sq_sent += 1;
-        q.next_id = id.wrapping_add(1);
-        if let Some(cq) = &vi.s.send_cq {
-            cq.notify(&vi.s, Queue::Send);
-        }
+        done_at_post(slot, d, owned, Op::RdmaWrite, total, id);
+        queue_done_at_post(vi, q, id);
         Some(Ok(()))
     }
 
@@ -545,15 +531,14 @@ impl ShmVi {
         if !mappable && e.op != Op::RdmaRead && e.total as usize >= PIECES_FROM {
             return self.write_pieces(vi, q, i);
         }
+        let direct = self.may_write_directly();
         let conn = &mut self.conn;
-        // An RDMA write into a window the peer granted is placed here, once
-        // everything sent before it has been consumed (so it lands after
-        // them), and completes at once (`conn::Grants`).
+        // An RDMA write into a window the peer granted is placed here
+        // (`conn::Grants`), and completes at once.
         if e.op == Op::RdmaWrite
             && e.imm.is_none()
             && e.total as usize <= DIRECT_MAX
-            && conn.tx.consumed() >= conn.tx.head()
-            && conn.unbroken()
+            && direct
             && e.still_registered(&vi.s.nic.regions)
             // SAFETY: the local ranges were checked against registered
             // memory when posted, and are still registered.
@@ -995,6 +980,38 @@ impl ShmVi {
                 return true;
             }
         }
+    }
+}
+
+/// Fills the send-queue slot of descriptor `d`, finished during its post
+/// (the fast paths: an inline send, an RDMA write placed here), as done.
+#[inline(always)]
+fn done_at_post(
+    slot: &mut Posted,
+    d: NonNull<Descriptor>,
+    owned: bool,
+    op: Op,
+    total: u64,
+    id: u32,
+) {
+    slot.desc = d;
+    slot.owned = owned;
+    slot.op = op;
+    slot.total = total;
+    slot.nranges = 0;
+    slot.id = id;
+    slot.state = EntryState::Done;
+}
+
+/// Queues the slot [`done_at_post`] filled, written and done, and tells the
+/// send CQ.
+#[inline(always)]
+fn queue_done_at_post(vi: &Vi, q: &mut Queues, id: u32) {
+    q.sq.commit();
+    q.sq_sent += 1;
+    q.next_id = id.wrapping_add(1);
+    if let Some(cq) = &vi.s.send_cq {
+        cq.notify(&vi.s, Queue::Send);
     }
 }
 
