@@ -661,7 +661,7 @@ fn run_peer(p: &PeerDef, form: Form, size: usize, n: usize, timeout: Duration) -
             args.extend([s("-B"), port.clone()]);
             client.extend([s("-P"), port, s("127.0.0.1")]);
             let out = client_server("fi_pingpong", &args, &client, &[], true, timeout)?;
-            let r = crate::fabric::parse(&out)?;
+            let r = crate::fabric::parse(&out, size)?;
             Ok(if form == Form::Latency {
                 r.mean_ns
             } else {
@@ -1646,8 +1646,9 @@ mod tests {
 
     #[test]
     fn parses_fi_pingpong_at_one_mebibyte() {
-        let r = crate::fabric::parse(&sample("fi_pingpong-rxd-1m.txt")).unwrap();
-        assert!((r.mean_ns - 17_195_090.0).abs() < 1.0);
+        let r = crate::fabric::parse(&sample("fi_pingpong-rxd-1m.txt"), 1 << 20).unwrap();
+        // 1 MiB at 60.98 MB/s; the line prints 17195.09 us.
+        assert!((r.mean_ns - 17_195_409.0).abs() < 1.0, "{}", r.mean_ns);
         assert_eq!(r.mbytes_per_s, 60.98);
     }
 
