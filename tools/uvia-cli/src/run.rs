@@ -655,17 +655,25 @@ fn pingpong_client(
     let pause = Duration::from_micros(interval_us);
     crate::tracefile::begin(slice, iters)?;
     let m = CpuMeter::start();
+    // One clock read per round trip: the read that ends a round trip
+    // starts the next. Each fenced read of the time-stamp counter costs
+    // some 10 ns here, and a read to end one round trip and another to
+    // start the next both sat between a reply and the next send, in the
+    // time measured (as UCX's perftest, which reads its clock once per
+    // iteration, does not).
+    let mut t0 = clock::ticks();
     for _ in 0..iters {
-        let t0 = clock::ticks();
         uvia_trace::mark!(AppClock);
         ep.send(size)?;
         let n = ep.recv()?;
         let t1 = clock::ticks();
         uvia_trace::mark!(AppClock);
         ticks.push(t1.wrapping_sub(t0));
+        t0 = t1;
         expect_len(n, size)?;
         if interval_us > 0 {
             std::thread::sleep(pause);
+            t0 = clock::ticks();
         }
     }
     let cpu = m.stop();
