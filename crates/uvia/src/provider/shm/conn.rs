@@ -69,9 +69,18 @@ pub(crate) const MAX_PEER_REGIONS: usize = 4096;
 /// caches), 512 KiB 1.05–1.26x, 1 MiB 1.75–2.2x, 2 MiB 1.8–2.0x.
 pub(crate) const SHARE_COPY_FROM: usize = 512 << 10;
 /// Least bytes of one chunk of a shared copy (a chunk is at least a
-/// [`MAX_CHUNKS`]th of the message). With 16 KiB chunks the
-/// claims cost more than they balance: 1 MiB 1.3–1.6x, not 1.75–2.2x.
+/// [`MAX_CHUNKS`]th of the message) where the sender writes its chunks by
+/// cross-memory attach. With 16 KiB chunks the claims cost more than they
+/// balance: 1 MiB 1.3–1.6x, not 1.75–2.2x.
 const SHARE_CHUNK: usize = 64 << 10;
+/// The same where the sender writes its chunks into a mapping of the
+/// receive (a memfd). Each claim moves the offer's line between the two
+/// cores, and on a host whose cores copy 512 KiB in 3 us that trip is a
+/// share of a chunk's copy: `uvia pingpong -p shm`, 64 KiB / 256 KiB
+/// chunks alternated, 3 rounds, one-way p50: 512 KiB 3.4–3.8 / 3.1 us,
+/// 1 MiB 8.8–10.0 / 8.2–8.3 us, 2 MiB 17.7–18.1 / 16.8 us (128 KiB in
+/// between); `uvia bw` 512 KiB 181–193 / 211–217 GB/s.
+const SHARE_CHUNK_MAPPED: usize = 256 << 10;
 /// Most chunks of one shared copy: their bits share a word with the offer
 /// they belong to ([`Help::done`]).
 const MAX_CHUNKS: usize = 32;
@@ -1101,17 +1110,14 @@ impl ShmConn {
         if len < SHARE_COPY_FROM || local.len() > MAX_SEGMENTS || len > u32::MAX as usize {
             return self.gather(ranges, local);
         }
-        let chunk = SHARE_CHUNK.max(len.div_ceil(MAX_CHUNKS).next_multiple_of(4096));
-        let n = len.div_ceil(chunk) as u32;
         self.offers = self.offers.wrapping_add(1).max(1);
         let offer = self.offers;
         let seg = self.seg.clone();
         let help = &block_in(&seg, self.side).help;
         help.id.store(id, Ordering::Relaxed);
         help.len.store(len as u32, Ordering::Relaxed);
-        help.chunk.store(chunk as u32, Ordering::Relaxed);
-        help.nchunks.store(n, Ordering::Relaxed);
         help.nranges.store(local.len() as u32, Ordering::Relaxed);
+        let mut mapped = true;
         for (i, (slot, r)) in help.ranges.iter().zip(local).enumerate() {
             // The sender writes into a writable mapping of the region where
             // the receive lies in a memfd, else by cross-memory attach.
@@ -1122,12 +1128,24 @@ impl ShmConn {
                 {
                     (s.offset, (s.handle.0 as u64) << 32 | s.serial as u64)
                 }
-                _ => (r.ptr as u64, 0),
+                _ => {
+                    mapped = false;
+                    (r.ptr as u64, 0)
+                }
             };
             slot[0].store(addr, Ordering::Relaxed);
             slot[1].store(r.len as u64, Ordering::Relaxed);
             slot[2].store(tag, Ordering::Relaxed);
         }
+        let least = if mapped {
+            SHARE_CHUNK_MAPPED
+        } else {
+            SHARE_CHUNK
+        };
+        let chunk = least.max(len.div_ceil(MAX_CHUNKS).next_multiple_of(4096));
+        let n = len.div_ceil(chunk) as u32;
+        help.chunk.store(chunk as u32, Ordering::Relaxed);
+        help.nchunks.store(n, Ordering::Relaxed);
         help.done.store((offer as u64) << 32, Ordering::Relaxed);
         help.failed.store((offer as u64) << 32, Ordering::Relaxed);
         // Release: the fields above are in place before a claim can succeed.
