@@ -284,12 +284,16 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
     // second) it is 0.01 us, so the rdm row measures the messages, with
     // the connection still inside it. Short runs of 8 B on shm take a
     // tenth of a second either way, so the quick run keeps the full
-    // counts. The same for 1 MiB: the first messages map the peer's
-    // pages, and 1,000 take a fifth of a second.
+    // counts. The same for 1 MiB: the first messages move the program's
+    // buffers into shared memory and fault in the peer's mappings of
+    // them, some 2 ms (`-I 10` runs take 1.8 ms more than ten round trips
+    // of 9 us), which 1,000 round trips turned into 1 us of a 10 us
+    // transfer; 5,000 (a tenth of a second) make it 0.2 us, as `uvia bw`,
+    // the row's baseline, leaves its own first messages out as a warm-up.
     let iters = 100_000;
     let rdm_iters = 2_000_000;
     let udp_iters = if quick { 5_000 } else { 20_000 };
-    let big_iters = 1_000;
+    let big_iters = 5_000;
     let fi = |p: &str, ep: &str, d: Option<&str>, size: usize, n: usize| {
         pingpong(&dir, p, ep, d, size, n, timeout)
     };
