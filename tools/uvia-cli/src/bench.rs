@@ -172,7 +172,7 @@ pub(crate) fn sub(args: &[String], timeout: Duration) -> Result<RunResult> {
 
 /// Runs `<exe> <args> --json FILE` as a child process under a time limit;
 /// returns the JSON it wrote, or its error.
-fn sub_json(exe: &Path, args: &[String], timeout: Duration) -> Result<String> {
+pub(crate) fn sub_json(exe: &Path, args: &[String], timeout: Duration) -> Result<String> {
     let tmp = std::env::temp_dir().join(format!(
         "uvia-bench-{}-{}.json",
         std::process::id(),
@@ -276,6 +276,22 @@ impl Headline {
             .iter()
             .map(|p| (p.contender, p.baseline))
             .collect()
+    }
+
+    /// The same pairs judged by their worst ratio (the smallest: for a
+    /// target of "at least"), as a comparison of its own.
+    pub(crate) fn worst(&self, name: &str, target: &str, pass: impl Fn(f64) -> bool) -> Headline {
+        let worst = self.pairs.iter().map(|p| p.ratio).reduce(f64::min);
+        Headline {
+            name: name.into(),
+            ratio_is: format!("{} (the smallest of the pairs)", self.ratio_is),
+            unit: self.unit.clone(),
+            target: target.into(),
+            pairs: self.pairs.clone(),
+            ratio: worst,
+            pass: worst.map(pass),
+            error: self.error.clone(),
+        }
     }
 
     /// A comparison that could not run, with the reason.
@@ -431,9 +447,13 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
     let scale = if quick { "0.05" } else { "1" };
     let timeout = Duration::from_secs(if quick { 60 } else { 300 });
     let mpi_rounds = crate::mpi::rounds(pairs);
+    let scale_pairs = if quick { 1 } else { pairs };
     let total = 1
         + CONFIGS.len() as u64 * 2
-        + (9 + 5) * pairs as u64
+        // Headlines: shm 4, udp 6, xdp 4, the libfabric provider 5; and
+        // the scale runs, shm and udp.
+        + (14 + 5) * pairs as u64
+        + 2 * scale_pairs as u64
         + (mpi_rounds * crate::mpi::variants().len()) as u64
         + 3
         + 1
@@ -589,24 +609,73 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
         |c, b| c / b,
         |r| r >= 1.5,
     ));
-    let lossy_iters = if quick { "500" } else { "3000" };
+    // Bandwidth against kernel UDP busy-poll on the same loopback.
+    let bw_of = |c: &Config, size: &str, iters: &str| -> Result<f64> {
+        Ok(first(&sub(&args("bw", c, size, &["--iters", iters]), timeout)?)?.mbytes_per_s)
+    };
+    for (size, name, iters, want) in [
+        (
+            "1M",
+            "udp 1 MiB bandwidth vs kernel UDP busy-poll 1 MiB (reliable delivery)",
+            if quick { "200" } else { "1000" },
+            1.0,
+        ),
+        (
+            "64K",
+            "udp 64 KiB bandwidth vs kernel UDP busy-poll 64 KiB (reliable delivery)",
+            if quick { "2000" } else { "10000" },
+            1.2,
+        ),
+    ] {
+        headline.push(interleave(
+            &pb,
+            name,
+            "udp MB/s / kernel UDP MB/s",
+            "MB/s",
+            &format!(">= {want}x"),
+            pairs,
+            || bw_of(udp_p, size, iters),
+            || bw_of(udp, size, iters),
+            |c, b| c / b,
+            |r| r >= want,
+        ));
+    }
+    // Goodput at injected loss: each pair a lossy run (seed 1, 2, ... so
+    // that the pairs lose different frames) and a lossless one.
+    let lossy_iters = if quick { "3000" } else { "20000" };
     let goodput = |extra: &[&str]| -> Result<f64> {
         let mut a = vec!["--iters", lossy_iters];
         a.extend_from_slice(extra);
         Ok(first(&sub(&args("bw", udp_p, "64K", &a), timeout)?)?.mbytes_per_s)
     };
-    headline.push(interleave(
-        &pb,
-        "udp 64 KiB goodput at 5% injected loss vs lossless (reliable delivery)",
-        "MB/s at 5% loss / MB/s lossless",
-        "MB/s",
-        ">= 0.5x",
-        pairs,
-        || goodput(&["--inject", "loss=0.05,seed=7"]),
-        || goodput(&[]),
-        |c, b| c / b,
-        |r| r >= 0.5,
-    ));
+    for (loss, pct, want, worst) in [(0.05, 5, 0.8, Some(0.6)), (0.01, 1, 0.95, None)] {
+        let seed = std::cell::Cell::new(0u32);
+        let h = interleave(
+            &pb,
+            &format!("udp 64 KiB goodput at {pct}% injected loss vs lossless (reliable delivery)"),
+            &format!("MB/s at {pct}% loss / MB/s lossless"),
+            "MB/s",
+            &format!(">= {want}x"),
+            pairs,
+            || {
+                seed.set(seed.get() + 1);
+                goodput(&["--inject", &format!("loss={loss},seed={}", seed.get())])
+            },
+            || goodput(&[]),
+            |c, b| c / b,
+            |r| r >= want,
+        );
+        if let Some(w) = worst {
+            headline.push(h.clone());
+            headline.push(h.worst(
+                &format!("udp 64 KiB goodput at {pct}% injected loss, the worst pair"),
+                &format!(">= {w}x"),
+                |r| r >= w,
+            ));
+        } else {
+            headline.push(h);
+        }
+    }
 
     // The xdp provider against kernel UDP between two test hosts made for
     // each measurement (root only; skipped with the reason otherwise).
@@ -626,6 +695,18 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
             "xdp 64 B message rate vs one-send-per-message kernel UDP, two test hosts",
             "xdp msgs/s / kernel UDP msgs/s",
             "msgs/s",
+            ">= 2x",
+        ),
+        (
+            "xdp 8 B one-way p50 vs the bare AF_XDP medium 8 B, two test hosts (reliable delivery)",
+            "xdp p50 / AF_XDP medium p50",
+            "ns",
+            "<= 1.1x",
+        ),
+        (
+            "xdp 64 KiB bandwidth vs kernel UDP 64 KiB, two test hosts (reliable delivery)",
+            "xdp MB/s / kernel UDP MB/s",
+            "MB/s",
             ">= 2x",
         ),
     ];
@@ -668,6 +749,37 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
                 |c, b| c / b,
                 |r| r >= 2.0,
             ));
+            let (n, r, u, t) = xdp_names[2];
+            let bare_rounds = if quick { 20_000 } else { 100_000 };
+            headline.push(interleave(
+                &pb,
+                n,
+                r,
+                u,
+                t,
+                pairs,
+                || netns_p50(&xdp, &std::cell::RefCell::new(None)),
+                || Ok(Stats::of(&limit::xdp_medium(8, bare_rounds)?).p50),
+                |c, b| c / b,
+                |r| r <= 1.1,
+            ));
+            let (n, r, u, t) = xdp_names[3];
+            let xdp_bw = |c: &Config| -> Result<f64> {
+                let a = ["--iters", if quick { "1000" } else { "5000" }, "--netns"];
+                Ok(first(&sub(&args("bw", c, "64K", &a), timeout)?)?.mbytes_per_s)
+            };
+            headline.push(interleave(
+                &pb,
+                n,
+                r,
+                u,
+                t,
+                pairs,
+                || xdp_bw(&xdp),
+                || xdp_bw(udp),
+                |c, b| c / b,
+                |r| r >= 2.0,
+            ));
             for (label, provider, kept) in [
                 (NETNS_XDP, "xdp", last_xdp),
                 (NETNS_UDP_BP, "kernel-udp", last_udp),
@@ -691,6 +803,10 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
             }
         }
     }
+
+    // Many connected VIs (`uvia scale`): a pair of runs per provider in
+    // the quick bench, `pairs` in the full one.
+    headline.extend(crate::scale::headlines(&pb, scale_pairs, timeout));
 
     // The libfabric provider under libfabric's own ping-pong, against
     // libfabric's native providers and uvia's own tools.
@@ -906,10 +1022,11 @@ fn verdict(h: &Headline) -> String {
 }
 
 fn fmt_val(v: f64, unit: &str) -> String {
-    if unit == "ns" {
-        fmt_ns(v)
-    } else {
-        format!("{v:.0} {unit}")
+    match unit {
+        "ns" => fmt_ns(v),
+        // Small figures (seconds, CPU percent) keep their tenths.
+        _ if v.abs() < 100.0 => format!("{v:.2} {unit}"),
+        _ => format!("{v:.0} {unit}"),
     }
 }
 
@@ -1331,4 +1448,41 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
         }
     }
     (text, md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_pair_is_judged_on_its_own() {
+        let h = Headline::from_pairs(
+            "goodput",
+            "lossy / lossless",
+            "MB/s",
+            ">= 0.8x",
+            Ok(vec![(90.0, 100.0), (55.0, 100.0), (85.0, 100.0)]),
+            |c, b| c / b,
+            |r| r >= 0.8,
+        );
+        assert_eq!(h.ratio, Some(0.85));
+        assert_eq!(h.pass, Some(true));
+        let w = h.worst("goodput, the worst pair", ">= 0.6x", |r| r >= 0.6);
+        assert_eq!(w.ratio, Some(0.55));
+        assert_eq!(w.pass, Some(false));
+        assert_eq!(w.pair_values().len(), 3);
+        // No pairs: no worst either, and the reason carried over.
+        let none = Headline::from_pairs(
+            "goodput",
+            "lossy / lossless",
+            "MB/s",
+            ">= 0.8x",
+            Err("the run failed".into()),
+            |c, b| c / b,
+            |r| r >= 0.8,
+        );
+        let w = none.worst("worst", ">= 0.6x", |r| r >= 0.6);
+        assert_eq!((w.ratio, w.pass), (None, None));
+        assert_eq!(w.error.as_deref(), Some("the run failed"));
+    }
 }

@@ -13,7 +13,7 @@ use crate::pin;
 use crate::stats::{median, Stats};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const CORE_A: usize = 0;
@@ -383,8 +383,112 @@ pub fn cross_core_copy(size: usize, reps: usize) -> Result<Vec<f64>> {
     Ok(out)
 }
 
+/// How long a side of the AF_XDP probe waits for a frame before it gives
+/// the run up (a frame lost on the veth pair would stop the ping-pong).
+const FRAME_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits (spinning) for a frame on `m`: `Ok(false)` once `stop` is set.
+fn xdp_take(
+    m: &uvia_net::xdp::XdpMedium,
+    batch: &mut uvia_net::RecvBatch,
+    stop: &AtomicBool,
+) -> Result<bool> {
+    use uvia_net::Medium;
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if m.recv(batch)? > 0 {
+            return Ok(true);
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(4096) {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            if start.elapsed() > FRAME_WAIT {
+                bail!("no frame in {FRAME_WAIT:?}: the AF_XDP medium lost one");
+            }
+        }
+    }
+}
+
+/// The bare AF_XDP medium: a ping-pong of `size`-byte frames between an
+/// xdp medium in each of two test hosts made for it (a veth pair, the
+/// mode the xdp provider picks), with no protocol engine and no VI above
+/// them: the floor under `uvia pingpong -p xdp --netns`. The two ends are
+/// threads of this process pinned to cores 0 and 1. One-way times in ns,
+/// one per measured round trip, after a tenth as many warm-up rounds.
+/// Root only; the test hosts are removed afterwards.
+pub fn xdp_medium(size: usize, rounds: usize) -> Result<Vec<f64>> {
+    use uvia_net::netns::{Side, TestHosts};
+    use uvia_net::xdp::{XdpMedium, XdpOptions};
+    use uvia_net::{Medium, OutFrame, RecvBatch};
+    TestHosts::available().map_err(|why| anyhow::anyhow!("{why}"))?;
+    if rounds == 0 {
+        bail!("the AF_XDP probe wants at least 1 round trip");
+    }
+    let hosts = TestHosts::create("lim").map_err(|e| anyhow::anyhow!("making test hosts: {e}"))?;
+    let open = |side| -> Result<XdpMedium> {
+        let _inside = hosts.enter(side)?;
+        let iface = hosts.iface(side);
+        XdpMedium::open(
+            &iface,
+            &XdpOptions {
+                queue: 0,
+                mode: None,
+            },
+        )
+        .map_err(|e| anyhow::anyhow!("opening an AF_XDP socket on {iface}: {e}"))
+    };
+    let (a, b) = (open(Side::A)?, open(Side::B)?);
+    let max = a.caps().max_frame;
+    if size == 0 || size > max {
+        bail!("the AF_XDP probe's frames hold 1 to {max} bytes, not {size}");
+    }
+    let (to_a, to_b) = (a.local_addr(), b.local_addr());
+    let payload = vec![0x5a_u8; size];
+    let warm = (rounds / 10).max(10);
+    let (stop, never) = (AtomicBool::new(false), AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let echo = s.spawn(|| -> Result<()> {
+            pin::pin_to(CORE_B)?;
+            let mut batch = RecvBatch::new(64, max);
+            while xdp_take(&b, &mut batch, &stop)? {
+                b.send(&[OutFrame {
+                    to: to_a,
+                    bytes: &payload,
+                }])?;
+            }
+            Ok(())
+        });
+        let _pin = PinA::new();
+        let mut batch = RecvBatch::new(64, max);
+        let mut out = Vec::with_capacity(rounds);
+        let run = (|| -> Result<()> {
+            for i in 0..warm + rounds {
+                let t0 = clock::ticks();
+                a.send(&[OutFrame {
+                    to: to_b,
+                    bytes: &payload,
+                }])?;
+                xdp_take(&a, &mut batch, &never)?;
+                let t1 = clock::ticks();
+                if i >= warm {
+                    out.push(clock::to_ns(t1.wrapping_sub(t0)) / 2.0);
+                }
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let echoed = echo
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the probe's echo thread panicked")));
+        run.and(echoed).map(|()| out)
+    })
+}
+
 /// How each probe is measured, for the report.
-pub const HOW: &str = "How each limit is measured. Cache-line ping-pong: two processes on cores 0 and 1 bounce one 64-byte line (each spins on a load until the other's store), one-way = round trip / 2, several runs, p50 the median of their medians. Futex hand-off: the same bounce, but each side sleeps in FUTEX_WAIT on a shared word until the other stores and calls FUTEX_WAKE. memcpy: one process copies between two page-aligned private buffers, both written beforehand and one untimed copy first, about 64 MiB of copies per run, the median of 5 runs (the buffers are placed so that the destination is not a few bytes past a 4 KiB multiple from the source, where the CPU's 4 KiB aliasing slows the string copy twenty-fold). Cross-core copy: the process on core 1 writes the buffer in shared memory, the one on core 0 copies it into a page-aligned private buffer and hands it back; each copy is timed, the median taken. MB/s are 10^6 B/s; times from the TSC.";
+pub const HOW: &str = "How each limit is measured. Cache-line ping-pong: two processes on cores 0 and 1 bounce one 64-byte line (each spins on a load until the other's store), one-way = round trip / 2, several runs, p50 the median of their medians. Futex hand-off: the same bounce, but each side sleeps in FUTEX_WAIT on a shared word until the other stores and calls FUTEX_WAKE. memcpy: one process copies between two page-aligned private buffers, both written beforehand and one untimed copy first, about 64 MiB of copies per run, the median of 5 runs (the buffers are placed so that the destination is not a few bytes past a 4 KiB multiple from the source, where the CPU's 4 KiB aliasing slows the string copy twenty-fold). Cross-core copy: the process on core 1 writes the buffer in shared memory, the one on core 0 copies it into a page-aligned private buffer and hands it back; each copy is timed, the median taken. AF_XDP medium (root only): two network namespaces joined by a veth pair, an AF_XDP socket in each (the mode the xdp provider picks), 8-byte frames bounced between two threads on cores 0 and 1 with no protocol above them, one-way = round trip / 2, the floor under uvia's xdp provider between the same two test hosts. MB/s are 10^6 B/s; times from the TSC.";
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct MinP50 {
@@ -411,6 +515,13 @@ pub struct LimitResult {
     pub futex_one_way_ns: P50,
     pub memcpy: Vec<SizeMbps>,
     pub cross_core_copy: Vec<SizeMbps>,
+    /// The bare AF_XDP medium between two test hosts, 8-byte frames
+    /// ([`xdp_medium`]); `None` where it could not run.
+    #[serde(default)]
+    pub xdp_medium_one_way_ns: Option<MinP50>,
+    /// Why the AF_XDP probe did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp_medium_skipped: Option<String>,
 }
 
 /// The JSON of `uvia limit --futex`: the futex hand-off alone.
@@ -460,6 +571,19 @@ pub fn run_all(quick: bool) -> Result<LimitResult> {
             mbytes_per_s: median(&cross_core_copy(size, reps)?),
         });
     }
+    let (xdp, xdp_skipped) = match xdp_medium(8, if quick { 20_000 } else { 100_000 }) {
+        Ok(v) => {
+            let s = Stats::of(&v);
+            (
+                Some(MinP50 {
+                    p50: s.p50,
+                    min: s.min,
+                }),
+                None,
+            )
+        }
+        Err(why) => (None, Some(format!("{why:#}"))),
+    };
     Ok(LimitResult {
         command: "limit".into(),
         cacheline_one_way_ns: MinP50 {
@@ -469,6 +593,8 @@ pub fn run_all(quick: bool) -> Result<LimitResult> {
         futex_one_way_ns: P50 { p50: fut.p50 },
         memcpy,
         cross_core_copy: cross,
+        xdp_medium_one_way_ns: xdp,
+        xdp_medium_skipped: xdp_skipped,
     })
 }
 

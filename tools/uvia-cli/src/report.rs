@@ -179,6 +179,12 @@ pub fn limit_rows(r: &LimitResult) -> Vec<Vec<String>> {
             format!("{:.0} MB/s", m.mbytes_per_s),
         ]);
     }
+    let xdp = "AF_XDP medium ping-pong 8 B, two test hosts, one-way p50";
+    match (&r.xdp_medium_one_way_ns, &r.xdp_medium_skipped) {
+        (Some(m), _) => rows.push(vec![xdp.into(), fmt_ns(m.p50)]),
+        (None, Some(why)) => rows.push(vec![xdp.into(), format!("skipped: {why}")]),
+        (None, None) => {}
+    }
     rows
 }
 

@@ -172,7 +172,7 @@ pub fn run(o: &ScaleOpts) -> Result<ScaleRun> {
 }
 
 /// Every count's figures, and the counts that failed with their reasons.
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct ScaleRun {
     pub results: Vec<ScaleResult>,
     pub failed: Vec<String>,
@@ -564,4 +564,115 @@ fn raise_fd_limit(n: usize) {
             libc::setrlimit(libc::RLIMIT_NOFILE, &r);
         }
     }
+}
+
+/// The bench's comparisons of many VIs: for each provider, `pairs` runs
+/// of 1,000 VI pairs and of a lone pair (`uvia scale --vis 1000,1` as a
+/// child process): one pair's 8 B p50 among the 1,000 against the lone
+/// pair's, and, of the 1,000, the set-up time (udp), the idle blocked
+/// wait's CPU and the server's memory per VI, each against its bound.
+pub(crate) fn headlines(
+    pb: &indicatif::ProgressBar,
+    pairs: usize,
+    timeout: Duration,
+) -> Vec<crate::bench::Headline> {
+    use crate::bench::{interleave, Headline};
+    use std::cell::RefCell;
+    let mut out = Vec::new();
+    for p in ["shm", "udp"] {
+        // The 1,000's figures of each run, and the lone pair's p50.
+        let many: RefCell<Vec<ScaleResult>> = RefCell::new(Vec::new());
+        let lone = RefCell::new(0.0);
+        let run = || -> Result<f64> {
+            let args: Vec<String> = [
+                "scale",
+                "--provider",
+                p,
+                "--vis",
+                "1000,1",
+                "--iters",
+                "20000",
+                "--idle-secs",
+                "1",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let text = crate::bench::sub_json(&crate::self_exe()?, &args, timeout)?;
+            let r: ScaleRun =
+                serde_json::from_str(&text).context("parsing the scale run's JSON")?;
+            if let Some(f) = r.failed.first() {
+                bail!("{f}");
+            }
+            let of = |n: usize| {
+                r.results
+                    .iter()
+                    .find(|x| x.vis == n)
+                    .cloned()
+                    .ok_or_else(|| anyhow!("no result for {n} VI pairs"))
+            };
+            let (m, one) = (of(1000)?, of(1)?);
+            *lone.borrow_mut() = one.one_pair.p50;
+            let p50 = m.one_pair.p50;
+            many.borrow_mut().push(m);
+            Ok(p50)
+        };
+        out.push(interleave(
+            pb,
+            &format!("{p}: one pair's 8 B p50 among 1,000 VI pairs on one CQ vs a lone pair"),
+            "p50 with 999 pairs idle / p50 alone",
+            "ns",
+            "<= 1.2x",
+            pairs,
+            run,
+            || Ok(*lone.borrow()),
+            |c, b| c / b,
+            |r| r <= 1.2,
+        ));
+        let many = many.into_inner();
+        let against = |name: String,
+                       ratio_is: &str,
+                       unit: &str,
+                       target: &str,
+                       v: &dyn Fn(&ScaleResult) -> f64,
+                       bound: f64,
+                       pass: fn(f64) -> bool| {
+            let values = if many.is_empty() {
+                Err("the scale runs failed (see the comparison above)".to_string())
+            } else {
+                Ok(many.iter().map(|r| (v(r), bound)).collect())
+            };
+            Headline::from_pairs(&name, ratio_is, unit, target, values, |c, b| c / b, pass)
+        };
+        if p == "udp" {
+            out.push(against(
+                "udp: connecting 1,000 VI pairs, one after another, vs 1 s".into(),
+                "seconds / 1 s",
+                "s",
+                "<= 1x",
+                &|r| r.connect_s,
+                1.0,
+                |r| r <= 1.0,
+            ));
+        }
+        out.push(against(
+            format!("{p}: CPU of an idle blocked CQ wait over 1,000 VIs vs 2%"),
+            "CPU % / 2%",
+            "%",
+            "< 1x",
+            &|r| r.idle_cpu * 100.0,
+            2.0,
+            |r| r < 1.0,
+        ));
+        out.push(against(
+            format!("{p}: server memory per VI among 1,000 vs 64 KiB"),
+            "KiB per VI / 64 KiB",
+            "KiB",
+            "<= 1x",
+            &|r| r.server_bytes_per_vi / 1024.0,
+            64.0,
+            |r| r <= 1.0,
+        ));
+    }
+    out
 }

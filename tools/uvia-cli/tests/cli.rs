@@ -290,6 +290,22 @@ fn limit_json_shape() {
         vec![65536, 1 << 20]
     );
     assert!(m.iter().chain(&c).all(|x| x.1.is_finite() && x.1 > 0.0));
+    // The bare AF_XDP medium between two test hosts: measured where they
+    // can be made (root), else the reason it was skipped.
+    let xdp = &v["xdp_medium_one_way_ns"];
+    match uvia_net::netns::TestHosts::available() {
+        Ok(()) => {
+            let p50 = xdp["p50"].as_f64().unwrap_or(0.0);
+            assert!(p50 > 100.0 && p50 < 1e6, "{v}");
+            assert!(xdp["min"].as_f64().is_some_and(|m| m > 0.0 && m <= p50));
+        }
+        Err(_) => {
+            assert!(xdp.is_null(), "{v}");
+            assert!(v["xdp_medium_skipped"]
+                .as_str()
+                .is_some_and(|w| !w.is_empty()));
+        }
+    }
 }
 
 #[test]
