@@ -448,12 +448,14 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
     let timeout = Duration::from_secs(if quick { 60 } else { 300 });
     let mpi_rounds = crate::mpi::rounds(pairs);
     let scale_pairs = if quick { 1 } else { pairs };
+    let stream_runs = if quick { 1 } else { 3 };
     let total = 1
         + CONFIGS.len() as u64 * 2
         // Headlines: shm 4, udp 6, xdp 4, the libfabric provider 5; and
         // the scale runs, shm and udp.
         + (14 + 5) * pairs as u64
         + 2 * scale_pairs as u64
+        + 2 * stream_runs as u64
         + (mpi_rounds * crate::mpi::variants().len()) as u64
         + 3
         + 1
@@ -898,6 +900,8 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
         }
     };
     pb.inc(1);
+    // Streams through the udp provider against the bound of two CPUs.
+    headline.extend(anatomy_streams(quick, stream_runs, out, &pb));
     pb.finish_and_clear();
 
     let res = BenchResult {
@@ -1007,6 +1011,99 @@ fn anatomy_compare(
     let timeout = Duration::from_secs(if quick { 120 } else { 600 });
     let text = sub_json(&bin, &args, timeout).map_err(|e| format!("{e:#}"))?;
     serde_json::from_str(&text).map_err(|e| format!("reading its JSON: {e}"))
+}
+
+/// `uvia anatomy --stream 16 -p udp` at 64 KiB and 1 KiB, `runs` times
+/// each from the build with checkpoints: the measured throughput against
+/// the bound of two CPUs (size over the busier side's time per message,
+/// its layers summed), with the layer that bounds the stream named.
+fn anatomy_streams(quick: bool, runs: usize, out: &Path, pb: &ProgressBar) -> Vec<Headline> {
+    let names = [("64K", "64 KiB", 1usize << 16), ("1K", "1 KiB", 1 << 10)];
+    let name = |what: &str| format!("udp {what} stream (anatomy --stream 16) vs the two-CPU bound");
+    let (ratio_is, unit, target) = (
+        "measured MB/s / the two-CPU bound's MB/s",
+        "MB/s",
+        ">= 0.9x",
+    );
+    // SAFETY: geteuid has no preconditions.
+    let bin = if unsafe { libc::geteuid() } != 0 {
+        Err("the kernel's tracepoints need root".to_string())
+    } else {
+        traced_build(quick, pb)
+    };
+    let bin = match bin {
+        Ok(b) => b,
+        Err(why) => {
+            pb.inc((names.len() * runs) as u64);
+            return names
+                .iter()
+                .map(|(_, what, _)| {
+                    Headline::skipped(
+                        &name(what),
+                        ratio_is,
+                        unit,
+                        target,
+                        format!("skipped: {why}"),
+                    )
+                })
+                .collect();
+        }
+    };
+    let timeout = Duration::from_secs(if quick { 120 } else { 600 });
+    names
+        .iter()
+        .map(|&(arg, what, size)| {
+            pb.set_message(format!("anatomy: a udp stream of {what} messages"));
+            let mut pairs = Vec::new();
+            let mut bound_by = None;
+            let mut error = None;
+            for _ in 0..runs {
+                let dir = out.join(format!("stream-{arg}"));
+                let args: Vec<String> = ["anatomy", "-p", "udp", "--size", arg, "--stream", "16"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .chain(["--plot-dir".to_string(), dir.display().to_string()])
+                    .collect();
+                let r = sub_json(&bin, &args, timeout).and_then(|text| {
+                    serde_json::from_str::<crate::anatomy::stream::StreamOut>(&text)
+                        .context("reading its JSON")
+                });
+                pb.inc(1);
+                match r {
+                    Ok(s) if s.size == size && s.two_cpu_max_bytes_per_s > 0.0 => {
+                        pairs.push((
+                            s.measured_bytes_per_s / 1e6,
+                            s.two_cpu_max_bytes_per_s / 1e6,
+                        ));
+                        bound_by = s
+                            .layers
+                            .get(s.bottleneck)
+                            .map(|l| format!("{} ({})", l.name, l.side));
+                    }
+                    Ok(_) => error = Some("its report has no two-CPU bound".to_string()),
+                    Err(e) => error = Some(format!("{e:#}")),
+                }
+            }
+            // The report names the layer that bounds the stream.
+            let name = match &bound_by {
+                Some(b) => format!("{}; its slowest layer: {b}", name(what)),
+                None => name(what),
+            };
+            let pairs = match error {
+                Some(e) if pairs.is_empty() => Err(e),
+                _ => Ok(pairs),
+            };
+            Headline::from_pairs(
+                &name,
+                ratio_is,
+                unit,
+                target,
+                pairs,
+                |c, b| c / b,
+                |r| r >= 0.9,
+            )
+        })
+        .collect()
 }
 
 fn verdict(h: &Headline) -> String {
