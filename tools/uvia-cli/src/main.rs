@@ -257,7 +257,7 @@ struct BwArgs {
 
 #[derive(Args)]
 struct BenchArgs {
-    /// A short run (under a minute): fewer sizes and iterations.
+    /// A short run (about a minute and a half): fewer sizes and iterations.
     #[arg(long)]
     quick: bool,
     /// Folder for report.md, results.json and the SVG plots.
