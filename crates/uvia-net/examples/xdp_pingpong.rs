@@ -1,37 +1,21 @@
-//! The floor under the xdp provider: a ping-pong of small frames between
-//! two xdp media, one on each end of a pair of test hosts, with no protocol
-//! engine and no VI above them. Whatever `uvia pingpong --provider xdp`
-//! measures beyond this is uvia's own cost.
+//! The floor under the xdp provider, alone: `uvia_net::xdp::pingpong`
+//! (a ping-pong of small frames between two xdp media, one on each end of
+//! a pair of test hosts, with no protocol engine and no VI above them; also
+//! `uvia limit`'s AF_XDP probe), with the send system call's time when
+//! checkpoints are compiled in.
 //!
 //! `cargo run --release -p uvia-net --example xdp_pingpong [-- SIZE [ITERS [native|generic]]]`
 //! (root; makes and removes its own test hosts).
 
-use std::sync::Barrier;
+use std::sync::OnceLock;
 use std::time::Instant;
-use uvia_net::netns::{Side, TestHosts};
-use uvia_net::xdp::{bpf::Mode, XdpMedium, XdpOptions};
-use uvia_net::{Medium, OutFrame, RecvBatch};
+use uvia_net::netns::TestHosts;
+use uvia_net::xdp::{bpf::Mode, pingpong};
 
-fn pin(core: usize) {
-    // SAFETY: CPU_SET writes inside the zeroed set; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
-fn open(hosts: &TestHosts, side: Side, mode: Option<Mode>) -> XdpMedium {
-    let _in = hosts.enter(side).expect("entering the test host");
-    XdpMedium::open(&hosts.iface(side), &XdpOptions { queue: 0, mode })
-        .expect("opening the xdp medium")
-}
-
-/// Waits (spinning) for one frame on `m`.
-fn take(m: &XdpMedium, batch: &mut RecvBatch) {
-    while m.recv(batch).expect("recv") == 0 {
-        std::hint::spin_loop();
-    }
+/// Nanoseconds since the first call.
+fn now_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 fn main() {
@@ -49,45 +33,22 @@ fn main() {
         Some(other) => panic!("mode {other:?}: want native or generic"),
     };
     let warmup = iters / 10;
-    let hosts = TestHosts::create("xpp").expect("making test hosts");
-    let a = open(&hosts, Side::A, mode);
-    let b = open(&hosts, Side::B, mode);
-    let (to_a, to_b) = (a.local_addr(), b.local_addr());
-    let payload = vec![0x5a_u8; size];
-    let ready = Barrier::new(2);
-    let mut rtts = std::thread::scope(|s| {
-        s.spawn(|| {
-            pin(1);
-            let mut batch = RecvBatch::new(64, 2048);
-            ready.wait();
-            for _ in 0..warmup + iters {
-                take(&b, &mut batch);
-                let f = [OutFrame {
-                    to: to_a,
-                    bytes: &payload,
-                }];
-                b.send(&f).expect("send");
-            }
-        });
-        pin(0);
-        let mut batch = RecvBatch::new(64, 2048);
-        let mut rtts = Vec::with_capacity(iters);
-        ready.wait();
-        uvia_trace::start(16 * (warmup + iters));
-        for i in 0..warmup + iters {
-            let t = Instant::now();
-            let f = [OutFrame {
-                to: to_b,
-                bytes: &payload,
-            }];
-            a.send(&f).expect("send");
-            take(&a, &mut batch);
-            if i >= warmup {
-                rtts.push(t.elapsed().as_nanos() as u64);
-            }
-        }
-        rtts
-    });
+    // SAFETY: CPU_SET writes inside the zeroed set; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+    now_ns();
+    uvia_trace::start(16 * (warmup + iters));
+    let spec = pingpong::Spec {
+        size,
+        rounds: iters,
+        warm: warmup,
+        mode,
+        echo_core: Some(1),
+    };
+    let mut rtts = pingpong::run(&spec, now_ns).expect("the ping-pong");
     // With checkpoints compiled in (`--features uvia-trace/enabled`): how
     // long the transmitting system call takes, receive work included.
     let t = uvia_trace::take();
@@ -128,9 +89,9 @@ fn main() {
     }
     rtts.sort_unstable();
     let q = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize] as f64 / 2e3;
+    let mode = mode.map_or("the provider's".to_string(), |m| format!("{m:?}"));
     println!(
-        "xdp medium ping-pong, {size} B, {iters} round trips ({:?} mode): one-way p50 {:.2} us, p99 {:.2} us, min {:.2} us",
-        a.mode(),
+        "xdp medium ping-pong, {size} B, {iters} round trips ({mode} mode): one-way p50 {:.2} us, p99 {:.2} us, min {:.2} us",
         q(0.5),
         q(0.99),
         q(0.0)

@@ -13,7 +13,7 @@ use crate::pin;
 use crate::stats::{median, Stats};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const CORE_A: usize = 0;
@@ -383,110 +383,24 @@ pub fn cross_core_copy(size: usize, reps: usize) -> Result<Vec<f64>> {
     Ok(out)
 }
 
-/// How long a side of the AF_XDP probe waits for a frame before it gives
-/// the run up (a frame lost on the veth pair would stop the ping-pong).
-const FRAME_WAIT: Duration = Duration::from_secs(2);
-
-/// Waits (spinning) for a frame on `m`: `Ok(false)` once `stop` is set.
-fn xdp_take(
-    m: &uvia_net::xdp::XdpMedium,
-    batch: &mut uvia_net::RecvBatch,
-    stop: &AtomicBool,
-) -> Result<bool> {
-    use uvia_net::Medium;
-    let start = Instant::now();
-    let mut spins = 0u32;
-    loop {
-        if m.recv(batch)? > 0 {
-            return Ok(true);
-        }
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(4096) {
-            if stop.load(Ordering::Relaxed) {
-                return Ok(false);
-            }
-            if start.elapsed() > FRAME_WAIT {
-                bail!("no frame in {FRAME_WAIT:?}: the AF_XDP medium lost one");
-            }
-        }
-    }
-}
-
-/// The bare AF_XDP medium: a ping-pong of `size`-byte frames between an
-/// xdp medium in each of two test hosts made for it (a veth pair, the
-/// mode the xdp provider picks), with no protocol engine and no VI above
-/// them: the floor under `uvia pingpong -p xdp --netns`. The two ends are
-/// threads of this process pinned to cores 0 and 1. One-way times in ns,
-/// one per measured round trip, after a tenth as many warm-up rounds.
-/// Root only; the test hosts are removed afterwards.
+/// The bare AF_XDP medium (`uvia_net::xdp::pingpong`): `size`-byte frames
+/// bounced between AF_XDP sockets in two test hosts made for it, with no
+/// protocol above them, this thread on core 0 and the echo on core 1: the
+/// floor under `uvia pingpong -p xdp --netns`. One-way times in ns, one
+/// per measured round trip, after a tenth as many warm-up rounds. Root
+/// only; the test hosts are removed afterwards.
 pub fn xdp_medium(size: usize, rounds: usize) -> Result<Vec<f64>> {
-    use uvia_net::netns::{Side, TestHosts};
-    use uvia_net::xdp::{XdpMedium, XdpOptions};
-    use uvia_net::{Medium, OutFrame, RecvBatch};
-    TestHosts::available().map_err(|why| anyhow::anyhow!("{why}"))?;
-    if rounds == 0 {
-        bail!("the AF_XDP probe wants at least 1 round trip");
-    }
-    let hosts = TestHosts::create("lim").map_err(|e| anyhow::anyhow!("making test hosts: {e}"))?;
-    let open = |side| -> Result<XdpMedium> {
-        let _inside = hosts.enter(side)?;
-        let iface = hosts.iface(side);
-        XdpMedium::open(
-            &iface,
-            &XdpOptions {
-                queue: 0,
-                mode: None,
-            },
-        )
-        .map_err(|e| anyhow::anyhow!("opening an AF_XDP socket on {iface}: {e}"))
+    use uvia_net::xdp::pingpong;
+    let spec = pingpong::Spec {
+        size,
+        rounds,
+        warm: (rounds / 10).max(10),
+        mode: None,
+        echo_core: Some(CORE_B),
     };
-    let (a, b) = (open(Side::A)?, open(Side::B)?);
-    let max = a.caps().max_frame;
-    if size == 0 || size > max {
-        bail!("the AF_XDP probe's frames hold 1 to {max} bytes, not {size}");
-    }
-    let (to_a, to_b) = (a.local_addr(), b.local_addr());
-    let payload = vec![0x5a_u8; size];
-    let warm = (rounds / 10).max(10);
-    let (stop, never) = (AtomicBool::new(false), AtomicBool::new(false));
-    std::thread::scope(|s| {
-        let echo = s.spawn(|| -> Result<()> {
-            // Unpinned where the host lacks the core, as the other probes.
-            let _ = pin::pin_to(CORE_B);
-            let mut batch = RecvBatch::new(64, max);
-            while xdp_take(&b, &mut batch, &stop)? {
-                b.send(&[OutFrame {
-                    to: to_a,
-                    bytes: &payload,
-                }])?;
-            }
-            Ok(())
-        });
-        let _pin = PinA::new();
-        let mut batch = RecvBatch::new(64, max);
-        let mut out = Vec::with_capacity(rounds);
-        let run = (|| -> Result<()> {
-            for i in 0..warm + rounds {
-                let t0 = clock::ticks();
-                a.send(&[OutFrame {
-                    to: to_b,
-                    bytes: &payload,
-                }])?;
-                xdp_take(&a, &mut batch, &never)?;
-                let t1 = clock::ticks();
-                if i >= warm {
-                    out.push(clock::to_ns(t1.wrapping_sub(t0)) / 2.0);
-                }
-            }
-            Ok(())
-        })();
-        stop.store(true, Ordering::Relaxed);
-        let echoed = echo
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("the probe's echo thread panicked")));
-        // An echo that failed is why this side waited in vain: its error first.
-        echoed.and(run).map(|()| out)
-    })
+    let _pin = PinA::new();
+    let rtts = pingpong::run(&spec, clock::ticks)?;
+    Ok(rtts.into_iter().map(|t| clock::to_ns(t) / 2.0).collect())
 }
 
 /// How each probe is measured, for the report.

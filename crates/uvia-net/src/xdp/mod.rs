@@ -12,6 +12,7 @@
 //! Addresses are MAC addresses; like M-VIA, the medium reaches only its LAN.
 
 pub mod bpf;
+pub mod pingpong;
 mod ring;
 
 use crate::{Addr, Caps, MacAddr, Medium, MediumStats, OutFrame, RecvBatch};
