@@ -892,7 +892,14 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
     // Where the time goes: the anatomy comparison, from a build with
     // checkpoints.
     pb.set_message("anatomy: kernel UDP and uvia's providers, category by category");
-    let (anatomy, anatomy_skipped) = match anatomy_compare(quick, out, &pb) {
+    // The build with checkpoints both parts below run, or why there is none.
+    // SAFETY: geteuid has no preconditions.
+    let traced = if unsafe { libc::geteuid() } != 0 {
+        Err("the kernel's tracepoints need root".to_string())
+    } else {
+        traced_build(quick, &pb)
+    };
+    let (anatomy, anatomy_skipped) = match anatomy_compare(&traced, quick, out, &pb) {
         Ok(c) => (Some(c), None),
         Err(why) => {
             pb.println(format!("anatomy: skipped: {why}"));
@@ -901,7 +908,7 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
     };
     pb.inc(1);
     // Streams through the udp provider against the bound of two CPUs.
-    headline.extend(anatomy_streams(quick, stream_runs, out, &pb));
+    headline.extend(anatomy_streams(&traced, quick, stream_runs, out, &pb));
     pb.finish_and_clear();
 
     let res = BenchResult {
@@ -990,15 +997,12 @@ fn traced_build(quick: bool, pb: &ProgressBar) -> std::result::Result<PathBuf, S
 /// `uvia anatomy --compare` at 1 byte from the build with checkpoints, its
 /// plots into `out`; the error is why there is none.
 fn anatomy_compare(
+    traced: &std::result::Result<PathBuf, String>,
     quick: bool,
     out: &Path,
     pb: &ProgressBar,
 ) -> std::result::Result<Compare, String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("the kernel's tracepoints need root".into());
-    }
-    let bin = traced_build(quick, pb)?;
+    let bin = traced.clone()?;
     pb.set_message("anatomy: kernel UDP and uvia's providers, category by category");
     let mut args: Vec<String> = ["anatomy", "--compare", "--size", "1", "--plot-dir"]
         .iter()
@@ -1017,7 +1021,13 @@ fn anatomy_compare(
 /// each from the build with checkpoints: the measured throughput against
 /// the bound of two CPUs (size over the busier side's time per message,
 /// its layers summed), with the layer that bounds the stream named.
-fn anatomy_streams(quick: bool, runs: usize, out: &Path, pb: &ProgressBar) -> Vec<Headline> {
+fn anatomy_streams(
+    traced: &std::result::Result<PathBuf, String>,
+    quick: bool,
+    runs: usize,
+    out: &Path,
+    pb: &ProgressBar,
+) -> Vec<Headline> {
     let names = [("64K", "64 KiB", 1usize << 16), ("1K", "1 KiB", 1 << 10)];
     let name = |what: &str| format!("udp {what} stream (anatomy --stream 16) vs the two-CPU bound");
     let (ratio_is, unit, target) = (
@@ -1025,13 +1035,7 @@ fn anatomy_streams(quick: bool, runs: usize, out: &Path, pb: &ProgressBar) -> Ve
         "MB/s",
         ">= 0.9x",
     );
-    // SAFETY: geteuid has no preconditions.
-    let bin = if unsafe { libc::geteuid() } != 0 {
-        Err("the kernel's tracepoints need root".to_string())
-    } else {
-        traced_build(quick, pb)
-    };
-    let bin = match bin {
+    let bin = match traced {
         Ok(b) => b,
         Err(why) => {
             pb.inc((names.len() * runs) as u64);
@@ -1064,7 +1068,7 @@ fn anatomy_streams(quick: bool, runs: usize, out: &Path, pb: &ProgressBar) -> Ve
                     .map(|s| s.to_string())
                     .chain(["--plot-dir".to_string(), dir.display().to_string()])
                     .collect();
-                let r = sub_json(&bin, &args, timeout).and_then(|text| {
+                let r = sub_json(bin, &args, timeout).and_then(|text| {
                     serde_json::from_str::<crate::anatomy::stream::StreamOut>(&text)
                         .context("reading its JSON")
                 });
