@@ -67,6 +67,8 @@ pub struct Tracked {
     pub outcome: Mutex<Option<Outcome>>,
     /// FI_CONNECTED was queued: the VI is watched for failure.
     connected: bool,
+    /// When an EQ read last drove the VI to look for a disconnect.
+    looked: Option<Instant>,
 }
 
 // SAFETY: `fid` and `context` are only copied into events (the endpoint
@@ -85,6 +87,7 @@ impl Tracked {
             vi,
             outcome: Mutex::new(None),
             connected,
+            looked: None,
         }
     }
 }
@@ -123,6 +126,10 @@ pub struct Eq {
 /// round of an 8-byte ping-pong. An event then waits up to this long more,
 /// which a connection's setup (milliseconds) does not notice.
 const LISTEN_EVERY: Duration = Duration::from_micros(100);
+/// How often EQ reads drive a connected VI to notice its peer's
+/// disconnect: seldom enough that a program reading its EQ in its data
+/// loop (ofi_rxm's connection progress) costs its VIs nothing measurable.
+const WATCH_EVERY: Duration = Duration::from_millis(1);
 
 /// What a program sleeps on for an EQ: an eventfd whose count is non-zero
 /// exactly while events are queued (written on every push and drained when
@@ -308,7 +315,19 @@ impl Eq {
                     });
                     false
                 }
-                None if t.connected && t.vi.state() == uvia::ViState::Error => {
+                // A program waiting for FI_SHUTDOWN may read nothing but
+                // the EQ: the VI learns of its peer's disconnect only when
+                // driven and looking, so the look does both (unless a CQ
+                // wait holds the VI: it sees the disconnect itself).
+                None if t.connected && {
+                    let now = Instant::now();
+                    if t.looked.is_none_or(|at| now - at >= WATCH_EVERY) {
+                        t.looked = Some(now);
+                        t.vi.try_watch();
+                    }
+                    t.vi.state() == uvia::ViState::Error
+                } =>
+                {
                     self.push(Event::Cm {
                         event: FI_SHUTDOWN,
                         fid: t.fid,

@@ -1142,6 +1142,18 @@ impl Vi {
     /// if one does, or waits on one of its CQs (it is driving the VI itself). For a thread that drives
     /// VIs in the background and must never wait on a polling one.
     pub fn try_drive(&self) -> bool {
+        self.try_drive_looking(false)
+    }
+
+    /// [`try_drive`](Self::try_drive), then a look at the peer's health
+    /// (it may cost a system call), which progress makes only now and
+    /// then: for a program that waits on a connection's events (a
+    /// disconnect) and makes no done call in between.
+    pub fn try_watch(&self) -> bool {
+        self.try_drive_looking(true)
+    }
+
+    fn try_drive_looking(&self, look: bool) -> bool {
         // A thread asleep in a wait on one of the VI's CQs drives it itself
         // (it wakes on the VI's input and runs its timers): a frame taken
         // here would reach it through one more wake-up, a thread later.
@@ -1155,6 +1167,9 @@ impl Vi {
         let ViInner { q, t } = &mut *g;
         t.progress(self, q);
         t.run_timers(self, q);
+        if look {
+            t.check_peer(self, q);
+        }
         true
     }
 

@@ -451,9 +451,9 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
     let stream_runs = if quick { 1 } else { 3 };
     let total = 1
         + CONFIGS.len() as u64 * 2
-        // Headlines: shm 4, udp 6, xdp 4, the libfabric provider 5; and
+        // Headlines: shm 4, udp 6, xdp 4, the libfabric provider 6; and
         // the scale runs, shm and udp.
-        + (14 + 5) * pairs as u64
+        + (14 + 6) * pairs as u64
         + 2 * scale_pairs as u64
         + 2 * stream_runs as u64
         + (mpi_rounds * crate::mpi::variants().len()) as u64

@@ -1649,7 +1649,6 @@ mod tests {
         let r = crate::fabric::parse(&sample("fi_pingpong-rxd-1m.txt"), 1 << 20).unwrap();
         // 1 MiB at 60.98 MB/s; the line prints 17195.09 us.
         assert!((r.mean_ns - 17_195_409.0).abs() < 1.0, "{}", r.mean_ns);
-        assert_eq!(r.mbytes_per_s, 60.98);
     }
 
     #[test]

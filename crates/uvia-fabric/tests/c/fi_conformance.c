@@ -165,6 +165,41 @@ static void t_accept_with_data(void)
     side_close(&s);
 }
 
+/* Connects, then closes its endpoint (an fi_shutdown first, as a program
+ * that is done would) and its objects. */
+static void closing_peer(struct chan *c)
+{
+    struct side s;
+    peer_connect(c, &s, NULL, 0, NULL, 0);
+    step_wait(c);
+    CHECK_RET(fi_shutdown(s.ep, 0), 0);
+    side_close(&s);
+    step_send(c);
+}
+
+/* A peer's shutdown reaches a side that reads nothing but its EQ (no CQ
+ * read drives its endpoint) as FI_SHUTDOWN, within a bounded time. */
+static void t_shutdown_seen_by_eq_reads(void)
+{
+    struct peer p;
+    peer_start(&p, closing_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, NULL, 0);
+    side_accept(&s, req, NULL, 0, NULL);
+    step_send(&p.c);
+    step_wait(&p.c);
+    long long t0 = now_ms();
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    if (EQ_EXPECT(s.eq, FI_SHUTDOWN, buf, sizeof buf, 3000) >= 0) {
+        struct fi_eq_cm_entry *e = (struct fi_eq_cm_entry *)buf;
+        CHECK(e->fid == &s.ep->fid);
+        h_note("FI_SHUTDOWN %lld ms after the peer closed", now_ms() - t0);
+    }
+    peer_end(&p, 10000);
+    side_close(&s);
+}
+
 static void reject_peer(struct chan *c)
 {
     struct sockaddr_in a;
@@ -1540,6 +1575,7 @@ static const struct test tests[] = {
     {"cm", "accept_with_private_data", t_accept_with_data, 0},
     {"cm", "reject_with_private_data", t_reject_with_data, 0},
     {"cm", "private_data_limits", t_private_data_limits, 0},
+    {"cm", "shutdown_seen_by_eq_reads", t_shutdown_seen_by_eq_reads, 0},
     {"rma", "writedata_consumes_a_receive", t_writedata, 0},
     {"rma", "read", t_read, 0},
     {"rma", "write_without_remote_write", t_write_without_permission, 0},
