@@ -64,10 +64,12 @@ enum Cmd {
     /// The libfabric provider under libfabric's own ping-pong
     /// (fi_pingpong, from libfabric-bin): uvia on udp against libfabric's
     /// tcp provider, uvia and uvia;ofi_rxm on shm against libfabric's shm
-    /// provider, and the provider against uvia's own pingpong and bw, in
-    /// interleaved pairs (also a section of `uvia bench`). Needs the
-    /// provider built beside this program (cargo build --release -p
-    /// uvia-fabric) or named by UVIA_FI_LIB.
+    /// provider, and the provider against uvia's own pingpong (8 B, 1 MiB)
+    /// and, streaming 1 MiB messages (fi_msg_bw, built here with cc from
+    /// tools/uvia-cli/c), against uvia bw, in interleaved pairs (also a
+    /// section of `uvia bench`). Needs the provider built beside this
+    /// program (cargo build --release -p uvia-fabric) or named by
+    /// UVIA_FI_LIB.
     Fabric(FabricArgs),
     /// MPI over uvia, source document 001's study redone with real MPIs:
     /// Open MPI (and MPICH with --mpich) over uvia;ofi_rxm on udp and shm
