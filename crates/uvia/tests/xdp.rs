@@ -289,10 +289,18 @@ fn a_second_open_of_an_xdp_queue_fails_clearly() {
     let _on_a = hosts.enter(Side::A).unwrap();
     let name = format!("xdp:{}", hosts.iface(Side::A));
     let first = Nic::open(&name).unwrap();
+    // This process's own medium serves it: no wait for a release that
+    // cannot come (another process's open waits some seconds first).
+    let t0 = std::time::Instant::now();
     let err = Nic::open(&name).expect_err("the queue is served already");
     assert!(
         err.to_string().contains("served by another AF_XDP socket"),
         "{err}"
+    );
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        t0.elapsed()
     );
     // Another process on the same host (it starts in this thread's namespace).
     Peer::spawn("a_second_open_of_an_xdp_queue_fails_clearly", "", &name).join();

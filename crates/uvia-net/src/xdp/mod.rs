@@ -41,10 +41,12 @@ const RING_SLOTS: u32 = 2048;
 /// Most frames one receive call takes.
 const BATCH: usize = 64;
 /// How long opening waits for a queue that a closed socket still holds:
-/// the kernel lets it go from a work queue, which on a loaded machine ran
-/// more than 500 ms after a killed process's exit (`uvia torture` under the
-/// test suite, which opens the queue again at once).
-const BIND_WAIT: Duration = Duration::from_secs(2);
+/// the kernel lets it go from a work queue, whose worker competes with the
+/// programs that poll. On a 2-vCPU host under the test suite it ran more
+/// than 2 s after a killed process's exit (`uvia torture`, which opens the
+/// queue again at once). A queue this process's own media serve is
+/// reported busy at once ([`QueueClaim`]).
+const BIND_WAIT: Duration = Duration::from_secs(10);
 /// Wake-ups in a row that move no frame before a send leaves the rest in
 /// the ring for the next one.
 const KICKS_WITHOUT_PROGRESS: u32 = 8;
@@ -168,6 +170,58 @@ struct Rx {
     fill: Producer<u64>,
 }
 
+/// A queue of an interface in a network namespace (the inode of the
+/// thread's `/proc/thread-self/ns/net`: interface indices repeat between
+/// namespaces).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct QueueKey {
+    netns: u64,
+    ifindex: u32,
+    queue: u32,
+}
+
+impl QueueKey {
+    fn here(ifindex: u32, queue: u32) -> QueueKey {
+        use std::os::unix::fs::MetadataExt;
+        let netns = std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino());
+        QueueKey {
+            netns,
+            ifindex,
+            queue,
+        }
+    }
+}
+
+/// The queues this process's open media serve.
+static HELD: Mutex<Vec<QueueKey>> = Mutex::new(Vec::new());
+
+/// A medium's claim on its queue, so that another open of it in this
+/// process fails at once: the socket that holds it will not close while
+/// the open waits, as a socket of a process that exited does.
+struct QueueClaim(QueueKey);
+
+impl QueueClaim {
+    fn new(key: QueueKey) -> QueueClaim {
+        HELD.lock().unwrap_or_else(|p| p.into_inner()).push(key);
+        QueueClaim(key)
+    }
+
+    fn held(key: QueueKey) -> bool {
+        HELD.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&key)
+    }
+}
+
+impl Drop for QueueClaim {
+    fn drop(&mut self) {
+        let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = held.iter().position(|k| *k == self.0) {
+            held.swap_remove(i);
+        }
+    }
+}
+
 /// An AF_XDP socket on one queue of an interface, with its XDP program.
 pub struct XdpMedium {
     // Field order is drop order: the program goes first, so no frame is
@@ -186,6 +240,8 @@ pub struct XdpMedium {
     frames_sent: AtomicU64,
     frames_received: AtomicU64,
     wakeups: AtomicU64,
+    // Last: the socket has closed when the claim goes.
+    _claim: QueueClaim,
 }
 
 fn setsockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
@@ -441,14 +497,21 @@ impl XdpMedium {
         };
         // Zero-copy where the driver offers it, else copy mode. A socket
         // closed a moment ago may still hold the queue: the kernel releases
-        // it from a work queue, so a busy queue is asked again for a while.
+        // it from a work queue, so a busy queue is asked again for a while,
+        // unless a medium of this process serves it.
+        let key = QueueKey::here(ifindex, opts.queue);
+        let ours = QueueClaim::held(key);
         let start = Instant::now();
         loop {
             let r = bind(libc::XDP_USE_NEED_WAKEUP)
                 .or_else(|_| bind(libc::XDP_USE_NEED_WAKEUP | libc::XDP_COPY));
             match r {
                 Ok(()) => break,
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < BIND_WAIT => {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EBUSY)
+                        && !ours
+                        && start.elapsed() < BIND_WAIT =>
+                {
                     std::thread::sleep(Duration::from_millis(2));
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
@@ -527,6 +590,7 @@ impl XdpMedium {
             frames_sent: AtomicU64::new(0),
             frames_received: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
+            _claim: QueueClaim::new(key),
         })
     }
 
