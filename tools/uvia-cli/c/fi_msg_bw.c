@@ -187,10 +187,14 @@ static struct fi_info *get_info(const struct opts *o, const char *node, uint64_t
 /* Waits for the event `want` on the side's EQ; the entry's info, if any. */
 static struct fi_info *expect_event(struct side *s, uint32_t want, const char *name)
 {
-    struct fi_eq_cm_entry e;
+    /* Room for private data a provider may add to the event. */
+    union {
+        struct fi_eq_cm_entry e;
+        uint8_t bytes[sizeof(struct fi_eq_cm_entry) + 512];
+    } buf;
     uint32_t ev = 0;
     for (;;) {
-        ssize_t n = fi_eq_sread(s->eq, &ev, &e, sizeof e, 1000, 0);
+        ssize_t n = fi_eq_sread(s->eq, &ev, &buf, sizeof buf, 1000, 0);
         /* (EINTR: the sender ended and SIGCHLD came in.) */
         if (n == -FI_EAGAIN || n == -FI_EINTR)
             continue;
@@ -203,7 +207,7 @@ static struct fi_info *expect_event(struct side *s, uint32_t want, const char *n
             die("fi_eq_sread waiting for %s: %s", name, fi_strerror((int)-n));
         if (ev != want)
             die("waiting for %s, got event %u", name, ev);
-        return e.info;
+        return buf.e.info;
     }
 }
 
