@@ -838,12 +838,27 @@ fn mpi_study_measures_every_open_mpi_variant_or_says_why() {
         }
     }
     let heads = v["headline"].as_array().unwrap();
-    assert_eq!(heads.len(), 4);
+    assert_eq!(heads.len(), 5);
     assert!(
         heads[0]["ratio"].as_f64().is_some_and(|r| r > 0.0),
         "{}",
         heads[0]
     );
+    // Across two test hosts (root, AF_XDP): measured, or skipped with why.
+    let across = &heads[4];
+    assert!(across["name"]
+        .as_str()
+        .unwrap()
+        .contains("across two test hosts"));
+    let measured = across["ratio"].as_f64().is_some_and(|r| r > 0.0);
+    let skipped = across["error"]
+        .as_str()
+        .is_some_and(|e| e.starts_with("skipped: "));
+    assert!(measured || skipped, "{across}");
+    // Where test hosts can be made (root), as the limit probe's AF_XDP.
+    if uvia_net::netns::TestHosts::available().is_ok() {
+        assert!(measured, "{across}");
+    }
     assert!(
         text.contains("no ack: software acks over datagrams"),
         "{text}"
