@@ -77,9 +77,10 @@ enum Cmd {
     /// datagrams (udp;ofi_rxd), eager copies against rendezvous, polling
     /// against blocking, and beside them Open MPI over tcp;ofi_rxm and its
     /// own TCP and shared-memory paths; one-way latency by size, 1 B to
-    /// 1 MiB, in interleaved rounds (also a section of `uvia bench`). Needs
-    /// Open MPI (openmpi-bin, libopenmpi-dev) and the provider built beside
-    /// this program.
+    /// 1 MiB, in interleaved rounds (also a section of `uvia bench`); as
+    /// root, Open MPI over uvia on xdp across two test hosts against Open
+    /// MPI's TCP path there. Needs Open MPI (openmpi-bin, libopenmpi-dev)
+    /// and the provider built beside this program.
     Mpi(MpiArgs),
     /// uvia against what a user would pick instead, each measured by its
     /// own tool in the same run, in interleaved pairs with the matching
