@@ -94,10 +94,10 @@ fn bad_input_is_refused_clearly() {
     let dir = ProviderDir::new("msg-bw-bad");
     let o = run(&dir, &["-S", "0"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o.stderr).contains("-S must be a number of at least 1"));
+    assert!(text(&o.stderr).contains("-S must be a number from 1 to"));
     let o = run(&dir, &["-W", "lots"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o.stderr).contains("-W must be a number"));
+    assert!(text(&o.stderr).contains("-W must be a number from 1 to 4096"));
     // A domain the provider does not have: the receiver says so, and the
     // sender does not wait for it.
     let t0 = std::time::Instant::now();

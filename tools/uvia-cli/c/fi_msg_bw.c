@@ -104,12 +104,14 @@ static void on_alarm(int sig)
 static void on_child(int sig)
 {
     (void)sig;
+    int saved = errno;
     int st = 0;
     pid_t p = waitpid(-1, &st, WNOHANG);
     if (p > 0 && (!WIFEXITED(st) || WEXITSTATUS(st) != 0))
         _exit(1);
     if (p > 0)
         signal(SIGCHLD, SIG_DFL);
+    errno = saved;
 }
 
 static void usage(FILE *f)
@@ -131,14 +133,14 @@ static void usage(FILE *f)
             "  -t SECS    give up after SECS (default 120)\n");
 }
 
-static long number(const char *s, const char *what, long min)
+static long number(const char *s, const char *what, long min, long max)
 {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v < min) {
-        fprintf(stderr, "fi_msg_bw: %s must be a number of at least %ld, not \"%s\"\n", what,
-                min, s);
+    if (errno != 0 || *end != '\0' || v < min || v > max) {
+        fprintf(stderr, "fi_msg_bw: %s must be a number from %ld to %ld, not \"%s\"\n", what,
+                min, max, s);
         exit(2);
     }
     return v;
@@ -174,13 +176,19 @@ static struct fi_info *get_info(const struct opts *o, const char *node, uint64_t
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     hints->fabric_attr->prov_name = strdup(o->prov);
+    /* Queues for the window and the acknowledgement: a provider that has
+     * no such depth says so here rather than refusing posts later. */
+    hints->tx_attr->size = (size_t)o->window + 1;
+    hints->rx_attr->size = (size_t)o->window + 1;
     if (o->domain != NULL)
         hints->domain_attr->name = strdup(o->domain);
     int r = fi_getinfo(FI_VERSION(1, 17), node, NULL, flags, hints, &info);
     fi_freeinfo(hints);
     if (r != 0)
-        die("fi_getinfo for provider %s%s%s: %s (FI_PROVIDER_PATH set?)", o->prov,
-            o->domain ? ", domain " : "", o->domain ? o->domain : "", fi_strerror(-r));
+        die("fi_getinfo for provider %s%s%s: %s (is it on FI_PROVIDER_PATH, with that domain "
+            "and queues %d deep for -W %d?)",
+            o->prov, o->domain ? ", domain " : "", o->domain ? o->domain : "", fi_strerror(-r),
+            o->window + 1, o->window);
     return info;
 }
 
@@ -252,14 +260,18 @@ static void close_side(struct side *s)
     free(s->buf);
 }
 
-/* One completion from `cq` (spinning); its length. */
-static size_t reap(struct fid_cq *cq, const char *what)
+/* One completion from `cq` (spinning); its length, and its context in
+ * `ctx` if asked. */
+static size_t reap_ctx(struct fid_cq *cq, const char *what, void **ctx)
 {
     struct fi_cq_msg_entry e;
     for (;;) {
         ssize_t n = fi_cq_read(cq, &e, 1);
-        if (n == 1)
+        if (n == 1) {
+            if (ctx != NULL)
+                *ctx = e.op_context;
             return e.len;
+        }
         if (n == -FI_EAGAIN)
             continue;
         if (n == -FI_EAVAIL) {
@@ -269,6 +281,11 @@ static size_t reap(struct fid_cq *cq, const char *what)
         }
         die("fi_cq_read (%s): %s", what, fi_strerror((int)-n));
     }
+}
+
+static size_t reap(struct fid_cq *cq, const char *what)
+{
+    return reap_ctx(cq, what, NULL);
 }
 
 /* The pattern of message `i`: its number, then bytes that depend on it. */
@@ -289,17 +306,18 @@ static void check(const char *p, size_t n, uint64_t i)
             die("message %llu arrived as number %llu (out of order or lost)",
                 (unsigned long long)i, (unsigned long long)got);
     }
-    for (size_t k = sizeof i; k < n; k++)
+    for (size_t k = n >= sizeof i ? sizeof i : 0; k < n; k++)
         if (p[k] != (char)(i * 131 + k * 7 + k / 4099))
             die("message %llu: byte %zu differs from what was sent", (unsigned long long)i, k);
 }
 
-static void post_recv(struct side *s, const struct opts *o, long i)
+/* Posts a receive into slot `slot` (with -c; else the one buffer), the
+ * slot plus one its context. The queue was asked for the window's depth,
+ * so a refusal is an error, not a wait. */
+static void post_recv(struct side *s, const struct opts *o, size_t slot)
 {
-    char *at = s->buf + (o->check ? (size_t)(i % o->window) * o->size : 0);
-    ssize_t r;
-    while ((r = fi_recv(s->ep, at, o->size, fi_mr_desc(s->mr), 0, NULL)) == -FI_EAGAIN)
-        ;
+    char *at = s->buf + (o->check ? slot * o->size : 0);
+    ssize_t r = fi_recv(s->ep, at, o->size, fi_mr_desc(s->mr), 0, (void *)(uintptr_t)(slot + 1));
     if (r != 0)
         die("fi_recv: %s", fi_strerror((int)-r));
 }
@@ -362,18 +380,24 @@ static int receiver(const struct opts *o, int wfd, pid_t child)
     long total = o->warm + nb * per;
     long posted = 0;
     for (; posted < o->window && posted < total; posted++)
-        post_recv(&s, o, posted);
+        post_recv(&s, o, (size_t)posted);
     CALL(fi_accept(s.ep, NULL, 0));
     expect_event(&s, FI_CONNECTED, "the connection");
 
     for (long i = 0; i < total; i++) {
-        size_t n = reap(s.rxcq, "a receive");
+        void *ctx = NULL;
+        size_t n = reap_ctx(s.rxcq, "a receive", &ctx);
+        size_t slot = ctx != NULL ? (uintptr_t)ctx - 1 : 0;
         if (n != o->size)
             die("message %ld: %zu bytes where %zu were sent", i, n, o->size);
+        /* (Messages on a connected endpoint arrive in order: the number
+         * checks that too.) */
         if (o->check)
-            check(s.buf + (size_t)(i % o->window) * o->size, n, (uint64_t)i);
-        if (posted < total)
-            post_recv(&s, o, posted++);
+            check(s.buf + slot * o->size, n, (uint64_t)i);
+        if (posted < total) {
+            post_recv(&s, o, slot);
+            posted++;
+        }
         long timed = i + 1 - o->warm;
         if (i + 1 == o->warm || (timed > 0 && timed % per == 0))
             send_ack(&s);
@@ -412,6 +436,19 @@ static int sender(const struct opts *o, int rfd)
     batches(o, &nb, &per);
     long sent = 0;
     int in_flight = 0;
+    /* With -c, which slots a send still reads: a send's context names its
+     * slot (plus one), as completions need not come in order. */
+    char *busy = calloc((size_t)o->window, 1);
+    if (busy == NULL)
+        die("allocating %d bytes", o->window);
+#define DONE_ONE()                                                                   \
+    do {                                                                             \
+        void *ctx_ = NULL;                                                           \
+        reap_ctx(s.txcq, "a send", &ctx_);                                           \
+        if (ctx_ != NULL)                                                            \
+            busy[(uintptr_t)ctx_ - 1] = 0;                                           \
+        in_flight--;                                                                 \
+    } while (0)
     double timed_s = 0;
     for (long b = -1; b < nb; b++) {
         long count = b < 0 ? o->warm : per;
@@ -419,33 +456,37 @@ static int sender(const struct opts *o, int rfd)
             continue;
         double t0 = now_s();
         for (long k = 0; k < count; k++, sent++) {
-            while (in_flight >= o->window) {
-                reap(s.txcq, "a send");
-                in_flight--;
-            }
+            while (in_flight >= o->window)
+                DONE_ONE();
             char *at = s.buf;
+            void *ctx = NULL;
             if (o->check) {
-                at += (size_t)(sent % o->window) * o->size;
+                size_t slot = (size_t)(sent % o->window);
+                while (busy[slot])
+                    DONE_ONE();
+                busy[slot] = 1;
+                ctx = (void *)(uintptr_t)(slot + 1);
+                at += slot * o->size;
                 fill(at, o->size, (uint64_t)sent);
             }
             ssize_t r;
-            while ((r = fi_send(s.ep, at, o->size, fi_mr_desc(s.mr), 0, NULL)) == -FI_EAGAIN) {
-                if (in_flight > 0) {
-                    reap(s.txcq, "a send");
-                    in_flight--;
-                }
+            while ((r = fi_send(s.ep, at, o->size, fi_mr_desc(s.mr), 0, ctx)) == -FI_EAGAIN) {
+                if (in_flight > 0)
+                    DONE_ONE();
             }
             if (r != 0)
                 die("fi_send of message %ld: %s", sent, fi_strerror((int)-r));
             in_flight++;
         }
-        for (; in_flight > 0; in_flight--)
-            reap(s.txcq, "a send");
+        while (in_flight > 0)
+            DONE_ONE();
         reap(s.rxcq, "the acknowledgement");
         CALL(fi_recv(s.ep, &s.ack, sizeof s.ack, fi_mr_desc(s.ack_mr), 0, NULL));
         if (b >= 0)
             timed_s += now_s() - t0;
     }
+#undef DONE_ONE
+    free(busy);
     long msgs = nb * per;
     printf("size %zu iters %ld seconds %.6f MB/s %.3f msgs/s %.1f\n", o->size, msgs, timed_s,
            timed_s > 0 ? (double)o->size * (double)msgs / timed_s / 1e6 : 0.0,
@@ -478,31 +519,31 @@ int main(int argc, char **argv)
             o.domain = optarg;
             break;
         case 'S':
-            o.size = (size_t)number(optarg, "-S", 1);
+            o.size = (size_t)number(optarg, "-S", 1, 1L << 32);
             break;
         case 'I':
-            o.iters = number(optarg, "-I", 1);
+            o.iters = number(optarg, "-I", 1, 1L << 40);
             break;
         case 'w':
-            o.warm = number(optarg, "-w", 0);
+            o.warm = number(optarg, "-w", 0, 1L << 40);
             break;
         case 'W':
-            o.window = (int)number(optarg, "-W", 1);
+            o.window = (int)number(optarg, "-W", 1, 4096);
             break;
         case 'b':
-            o.batches = number(optarg, "-b", 1);
+            o.batches = number(optarg, "-b", 1, 1L << 40);
             break;
         case 'c':
             o.check = 1;
             break;
         case 's':
-            o.server_core = (int)number(optarg, "-s", 0);
+            o.server_core = (int)number(optarg, "-s", 0, CPU_SETSIZE - 1);
             break;
         case 'C':
-            o.client_core = (int)number(optarg, "-C", 0);
+            o.client_core = (int)number(optarg, "-C", 0, CPU_SETSIZE - 1);
             break;
         case 't':
-            o.timeout = (unsigned)number(optarg, "-t", 1);
+            o.timeout = (unsigned)number(optarg, "-t", 1, 86400);
             break;
         case 'h':
             usage(stdout);
@@ -520,9 +561,8 @@ int main(int argc, char **argv)
         o.warm = o.iters / 10;
         o.warm = o.warm < 10 ? 10 : o.warm > 10000 ? 10000 : o.warm;
     }
-    if (o.window > 4096 || (o.check && o.size > ((size_t)1 << 34) / (size_t)o.window)) {
-        fprintf(stderr, "fi_msg_bw: -W at most 4096, and with -c the window's buffers "
-                        "(-W x -S) at most 16 GiB\n");
+    if (o.check && o.size > ((size_t)1 << 34) / (size_t)o.window) {
+        fprintf(stderr, "fi_msg_bw: with -c the window's buffers (-W x -S) are at most 16 GiB\n");
         return 2;
     }
     int fds[2];
