@@ -330,7 +330,11 @@ impl Eq {
                 // driven and looking, so the look does both (unless a CQ
                 // wait holds the VI: it sees the disconnect itself).
                 None if t.connected && {
-                    if t.looked.is_none_or(|at| now - at >= every) {
+                    // Only a connection still up is looked at: one this side
+                    // shut down itself reports no FI_SHUTDOWN for it.
+                    if t.vi.state() == uvia::ViState::Connected
+                        && t.looked.is_none_or(|at| now - at >= every)
+                    {
                         t.looked = Some(now);
                         t.vi.try_watch();
                     }

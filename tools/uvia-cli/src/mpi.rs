@@ -794,6 +794,7 @@ fn across_hosts(setup: &Setup, pb: &ProgressBar, rounds: usize, quick: bool) -> 
     };
     let mut pairs = Vec::new();
     let mut error = None;
+    let made = std::cell::Cell::new(0usize);
     for r in 0..rounds {
         pb.set_message(format!(
             "mpi: across two test hosts (round {}/{rounds})",
@@ -806,6 +807,7 @@ fn across_hosts(setup: &Setup, pb: &ProgressBar, rounds: usize, quick: bool) -> 
                 run(&tcp_job, false).map_err(|e| format!("Open MPI's TCP path: {e:#}"))
             };
             pb.inc(1);
+            made.set(made.get() + 1);
             got
         };
         let got = if r % 2 == 0 {
@@ -817,6 +819,8 @@ fn across_hosts(setup: &Setup, pb: &ProgressBar, rounds: usize, quick: bool) -> 
             Ok(p) => pairs.push(p),
             Err(e) => {
                 error = Some(e);
+                // The runs not made, for the progress bar.
+                pb.inc((rounds * ACROSS_RUNS).saturating_sub(made.get()) as u64);
                 break;
             }
         }

@@ -240,8 +240,15 @@ pub struct XdpMedium {
     frames_sent: AtomicU64,
     frames_received: AtomicU64,
     wakeups: AtomicU64,
-    // Last: the socket has closed when the claim goes.
-    _claim: QueueClaim,
+    /// Taken first when the medium drops ([`Drop`]): from then on another
+    /// open in this process waits for the queue as for any closed socket's.
+    claim: Option<QueueClaim>,
+}
+
+impl Drop for XdpMedium {
+    fn drop(&mut self) {
+        self.claim.take();
+    }
 }
 
 fn setsockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
@@ -523,6 +530,9 @@ impl XdpMedium {
                 Err(e) => return Err(XdpError::io("binding the AF_XDP socket to the queue", e)),
             }
         }
+        // Bound: this process's other opens of the queue fail at once from
+        // here (dropped with the socket if what follows fails).
+        let claim = QueueClaim::new(key);
 
         let bpf_err = |what: &'static str, e: io::Error| match e.raw_os_error() {
             Some(libc::ENOSYS) => XdpError::Unsupported {
@@ -590,7 +600,7 @@ impl XdpMedium {
             frames_sent: AtomicU64::new(0),
             frames_received: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
-            _claim: QueueClaim::new(key),
+            claim: Some(claim),
         })
     }
 
