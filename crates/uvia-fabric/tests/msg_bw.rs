@@ -13,23 +13,7 @@ fn program() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/uvia-cli/c/fi_msg_bw.c");
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        common::remove_stale(tmp, "fi_msg_bw");
-        let exe = tmp.join(format!("fi_msg_bw-{}", std::process::id()));
-        let o = Command::new("cc")
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&exe)
-            .arg("-lfabric")
-            .output()
-            .expect("cc (apt-get install gcc libc6-dev)");
-        assert!(
-            o.status.success(),
-            "fi_msg_bw does not compile (libfabric-dev installed?):\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        exe
+        common::compile_c("fi_msg_bw", &[src], &["-O2"])
     })
 }
 

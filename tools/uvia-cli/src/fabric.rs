@@ -392,9 +392,12 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
         Err(e) => Err(anyhow!("{e:#}")),
     };
     let mean = |r: Result<FiResult>| r.map(|r| r.mean_ns);
-    let uvia = |args: &[&str]| crate::bench::measure(args, timeout);
-    let (iters_s, bw_iters) = (iters.to_string(), (big_iters * 2).to_string());
-    let big_iters_s = big_iters.to_string();
+    // `uvia pingpong` or `uvia bw` (`kind`) on shm, one size.
+    let uvia = |kind: &str, size: &str, n: usize| {
+        let n = n.to_string();
+        let a = [kind, "--provider", "shm", "--sizes", size, "--iters", &n];
+        crate::bench::measure(&a, timeout)
+    };
     type Side<'a> = Box<dyn FnMut() -> Result<f64> + 'a>;
     type Meets = Box<dyn Fn(f64) -> bool>;
     // Each comparison: contender, baseline, and whether a ratio meets it.
@@ -416,50 +419,17 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
         ),
         (
             Box::new(|| mean(fi("uvia", "msg", Some("shm"), 8, iters))),
-            Box::new(|| {
-                let a = [
-                    "pingpong",
-                    "--provider",
-                    "shm",
-                    "--sizes",
-                    "8",
-                    "--iters",
-                    &iters_s,
-                ];
-                uvia(&a).map(|s| s.lat_ns.mean)
-            }),
+            Box::new(|| uvia("pingpong", "8", iters).map(|s| s.lat_ns.mean)),
             Box::new(|r| r <= 1.2),
         ),
         (
             Box::new(|| fi_bw(1 << 20, big_iters * 2)),
-            Box::new(|| {
-                let a = [
-                    "bw",
-                    "--provider",
-                    "shm",
-                    "--sizes",
-                    "1M",
-                    "--iters",
-                    &bw_iters,
-                ];
-                uvia(&a).map(|s| s.mbytes_per_s)
-            }),
+            Box::new(|| uvia("bw", "1M", big_iters * 2).map(|s| s.mbytes_per_s)),
             Box::new(|r| r >= 0.8),
         ),
         (
             Box::new(|| mean(fi("uvia", "msg", Some("shm"), 1 << 20, big_iters))),
-            Box::new(|| {
-                let a = [
-                    "pingpong",
-                    "--provider",
-                    "shm",
-                    "--sizes",
-                    "1M",
-                    "--iters",
-                    &big_iters_s,
-                ];
-                uvia(&a).map(|s| s.lat_ns.mean)
-            }),
+            Box::new(|| uvia("pingpong", "1M", big_iters).map(|s| s.lat_ns.mean)),
             Box::new(|r| r <= 1.2),
         ),
     ];

@@ -1,6 +1,7 @@
 //! What the integration tests share: the provider as libfabric loads it.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 pub mod mpi;
 pub mod pingpong;
@@ -52,4 +53,28 @@ pub fn remove_stale(tmp: &Path, name: &str) {
             let _ = std::fs::remove_file(e.path());
         }
     }
+}
+
+/// Compiles the C `sources` with the `cc` on PATH against the installed
+/// libfabric into `<tmp>/<name>-<pid>` (removing earlier runs' stale
+/// copies); fails the test with the compiler's words if it does not build.
+pub fn compile_c(name: &str, sources: &[PathBuf], flags: &[&str]) -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    remove_stale(tmp, name);
+    let exe = tmp.join(format!("{name}-{}", std::process::id()));
+    let o = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
+        .args(flags)
+        .args(sources)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-lfabric")
+        .output()
+        .expect("cc (apt-get install gcc libc6-dev)");
+    assert!(
+        o.status.success(),
+        "{name} does not compile (libfabric-dev installed?):\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    exe
 }

@@ -12,24 +12,11 @@ pub fn suite() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        super::remove_stale(tmp, "fi_conformance");
-        let exe = tmp.join(format!("fi_conformance-{}", std::process::id()));
-        let o = Command::new("cc")
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
-            .arg(src.join("fi_conformance.c"))
-            .arg(src.join("harness.c"))
-            .arg("-o")
-            .arg(&exe)
-            .arg("-lfabric")
-            .output()
-            .expect("cc (apt-get install gcc libc6-dev)");
-        assert!(
-            o.status.success(),
-            "the suite does not compile (libfabric-dev installed?):\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        exe
+        super::compile_c(
+            "fi_conformance",
+            &[src.join("fi_conformance.c"), src.join("harness.c")],
+            &["-O1", "-g"],
+        )
     })
 }
 
