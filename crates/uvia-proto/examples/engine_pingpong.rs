@@ -1,10 +1,12 @@
 //! The engine's own cost per message: two connections in one thread pass an
 //! 8-byte message back and forth with no medium between them (frames are
 //! parsed and handed over in memory). Prints nanoseconds per one-way message
-//! (post, frame, checksum, parse, handle, complete); profile it with
-//! `perf record` to see where the engine's time goes.
+//! (post, frame, parse, handle, complete) as the network providers run it:
+//! both sides' media deliver frames intact, so data frames carry no
+//! checksum (`--crc` puts the engine's CRC-32 back on every frame). Profile
+//! it with `perf record` to see where the engine's time goes.
 //!
-//!     cargo run --release -p uvia-proto --example engine_pingpong [ROUND_TRIPS]
+//!     cargo run --release -p uvia-proto --example engine_pingpong [ROUND_TRIPS] [--crc]
 
 use std::time::Instant;
 use uvia_proto::wire::{self, NakCode};
@@ -34,10 +36,21 @@ impl Memory for Buf {
 }
 
 /// Moves every frame `from` has to send into `to`.
-fn pass(from: &mut Conn, to: &mut Conn, mem_from: &mut Buf, mem_to: &mut Buf, frame: &mut [u8]) {
+fn pass(
+    from: &mut Conn,
+    to: &mut Conn,
+    mem_from: &mut Buf,
+    mem_to: &mut Buf,
+    frame: &mut [u8],
+    crc: bool,
+) {
     let now = Instant::now();
     while let Some(n) = from.poll_transmit(now, frame, mem_from) {
-        if let Ok((_, src, repr)) = wire::parse(&frame[..n]) {
+        let parsed = match crc {
+            true => wire::parse(&frame[..n]),
+            false => wire::parse_intact(&frame[..n]),
+        };
+        if let Ok((_, src, repr)) = parsed {
             to.handle_frame(now, src, &repr, mem_to);
         }
     }
@@ -45,12 +58,15 @@ fn pass(from: &mut Conn, to: &mut Conn, mem_from: &mut Buf, mem_to: &mut Buf, fr
 }
 
 fn main() {
-    let rounds: u32 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let crc = args.iter().any(|a| a == "--crc");
+    let rounds: u32 = args
+        .iter()
+        .find_map(|a| a.parse().ok())
         .unwrap_or(2_000_000);
     let cfg = Config {
         level: Level::ReliableDelivery,
+        intact: !crc,
         ..Config::default()
     };
     let now = Instant::now();
@@ -64,8 +80,8 @@ fn main() {
     };
     let mut b = Conn::accept(now, cfg, 2, 900, 1, attrs);
     let (mut ma, mut mb) = (Buf([1; 64]), Buf([0; 64]));
-    pass(&mut b, &mut a, &mut mb, &mut ma, &mut frame);
-    pass(&mut a, &mut b, &mut ma, &mut mb, &mut frame);
+    pass(&mut b, &mut a, &mut mb, &mut ma, &mut frame, crc);
+    pass(&mut a, &mut b, &mut ma, &mut mb, &mut frame, crc);
     let op = SendOp {
         kind: SendKind::Send,
         len: 8,
@@ -75,7 +91,7 @@ fn main() {
     let one_way = |x: &mut Conn, y: &mut Conn, mx: &mut Buf, my: &mut Buf, f: &mut [u8]| {
         y.post_recv(64).expect("post receive");
         x.post_send(Instant::now(), op).expect("post send");
-        pass(x, y, mx, my, f);
+        pass(x, y, mx, my, f, crc);
         while y.poll_event().is_some() {}
     };
     for _ in 0..rounds {
@@ -83,5 +99,6 @@ fn main() {
         one_way(&mut b, &mut a, &mut mb, &mut ma, &mut frame);
     }
     let ns = start.elapsed().as_nanos() as f64 / (2.0 * rounds as f64);
-    println!("engine one-way message (reliable delivery, 8 B): {ns:.0} ns");
+    let frames = if crc { "checksummed" } else { "intact" };
+    println!("engine one-way message (reliable delivery, 8 B, {frames} frames): {ns:.0} ns");
 }

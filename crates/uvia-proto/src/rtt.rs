@@ -4,27 +4,37 @@
 
 use std::time::Duration;
 
+/// Kept in whole nanoseconds: a sample is taken on nearly every ack, and
+/// `Duration`'s arithmetic (seconds and nanoseconds apart, each product and
+/// quotient normalised) cost more than the rest of the estimate.
 #[derive(Clone, Debug)]
 pub struct RttEstimator {
-    srtt: Option<Duration>,
-    rttvar: Duration,
-    /// The smallest sample: the path's round trip without queueing.
-    min_rtt: Option<Duration>,
+    /// Smoothed round trip (0: no sample yet; a real sample of 0 ns is
+    /// taken as 1).
+    srtt: u64,
+    rttvar: u64,
+    /// The smallest sample: the path's round trip without queueing (0: none).
+    min_rtt: u64,
     /// The timeout from the samples, before back-off.
-    base: Duration,
+    base: u64,
     /// Expirations in a row without progress: each doubles the timeout.
     backoff: u32,
-    min: Duration,
-    max: Duration,
+    min: u64,
+    max: u64,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl RttEstimator {
     pub fn new(initial: Duration, min: Duration, max: Duration) -> RttEstimator {
+        let (min, max) = (nanos(min), nanos(max).max(nanos(min)));
         RttEstimator {
-            srtt: None,
-            rttvar: Duration::ZERO,
-            min_rtt: None,
-            base: initial.clamp(min, max),
+            srtt: 0,
+            rttvar: 0,
+            min_rtt: 0,
+            base: nanos(initial).clamp(min, max),
             backoff: 0,
             min,
             max,
@@ -33,22 +43,23 @@ impl RttEstimator {
 
     /// Takes one measured round trip.
     pub fn sample(&mut self, r: Duration) {
-        if self.min_rtt.is_none_or(|m| r < m) {
-            self.min_rtt = Some(r);
+        // (Round trips beyond 2^62 ns, some 146 years, saturate.)
+        let r = nanos(r).clamp(1, 1 << 62);
+        if self.min_rtt == 0 || r < self.min_rtt {
+            self.min_rtt = r;
         }
-        match self.srtt {
-            None => {
-                self.srtt = Some(r);
-                self.rttvar = r / 2;
-            }
-            Some(s) => {
-                let dev = s.abs_diff(r);
-                self.rttvar = (self.rttvar * 3 + dev) / 4;
-                self.srtt = Some((s * 7 + r) / 8);
-            }
+        if self.srtt == 0 {
+            self.srtt = r;
+            self.rttvar = r / 2;
+        } else {
+            let dev = self.srtt.abs_diff(r);
+            self.rttvar = (self.rttvar * 3 + dev) / 4;
+            self.srtt = (self.srtt * 7 + r) / 8;
         }
-        let s = self.srtt.unwrap_or(r);
-        self.base = (s + self.rttvar * 4).clamp(self.min, self.max);
+        self.base = self
+            .srtt
+            .saturating_add(self.rttvar.saturating_mul(4))
+            .clamp(self.min, self.max);
     }
 
     /// Doubles the timeout after it expired (up to the maximum).
@@ -62,7 +73,7 @@ impl RttEstimator {
     }
 
     pub fn rto(&self) -> Duration {
-        (self.base * (1u32 << self.backoff)).min(self.max)
+        Duration::from_nanos(self.base.saturating_mul(1 << self.backoff).min(self.max))
     }
 
     /// How much later than a later-sent frame's ack a frame's own ack may
@@ -70,15 +81,15 @@ impl RttEstimator {
     /// the smallest round trip, at least `floor` (RACK's choice: a queue
     /// that lengthens every round trip says nothing about reordering).
     pub fn reorder_window(&self, floor: Duration) -> Duration {
-        self.min_rtt.map_or(floor, |m| (m / 4).max(floor))
+        self.min_rtt().map_or(floor, |m| (m / 4).max(floor))
     }
 
     pub fn min_rtt(&self) -> Option<Duration> {
-        self.min_rtt
+        (self.min_rtt > 0).then(|| Duration::from_nanos(self.min_rtt))
     }
 
     pub fn srtt(&self) -> Option<Duration> {
-        self.srtt
+        (self.srtt > 0).then(|| Duration::from_nanos(self.srtt))
     }
 }
 

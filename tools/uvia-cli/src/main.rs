@@ -462,6 +462,12 @@ fn parse_list(s: &str) -> Result<Vec<usize>> {
 /// which keeps naming this very binary even when a rebuild replaces the file
 /// on disk in the middle of a long `bench`.
 pub fn self_exe() -> Result<PathBuf> {
+    // Under a profiler that loads the program itself (valgrind), the
+    // process's own executable is the profiler's: UVIA_SELF_EXE names this
+    // program for the processes it starts.
+    if let Some(p) = std::env::var_os("UVIA_SELF_EXE").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
     let proc = PathBuf::from("/proc/self/exe");
     if proc.exists() {
         return Ok(proc);

@@ -355,6 +355,19 @@ impl NetNic {
         now: Instant,
         reply: &mut [u8],
     ) {
+        // The polling VI's own frames, from the address its peer's
+        // connection sends from, go straight to it: the endpoint would find
+        // the same connection under its lock and in its table.
+        if let Some((vi, q, t)) = me {
+            if t.takes_from(from) {
+                if let Ok((dst, src, repr)) = self.parse(bytes) {
+                    if dst == t.id {
+                        t.input(vi, q, from, src, &repr, now);
+                        return;
+                    }
+                }
+            }
+        }
         let ev = self.endpoint.lock().handle(now, from, bytes, reply);
         match ev {
             Some(EndpointEvent::Frame { id, src, repr }) => {

@@ -195,6 +195,13 @@ impl NetVi {
         nic.joined(self.id, from);
     }
 
+    /// True if frames from `from` are this connection's peer's, as the
+    /// Nic's endpoint would find: joined, the peer's connection sends from
+    /// there (the endpoint learned the same address in [`join`](Self::join)).
+    pub(super) fn takes_from(&self, from: Addr) -> bool {
+        self.joined && self.peer == from
+    }
+
     /// Hands a frame to this VI's engine.
     pub(super) fn input(
         &mut self,
@@ -259,8 +266,12 @@ impl NetVi {
             self.own = own;
             if k > 0 {
                 // After the call: a burst is judged by the gap between the
-                // end of one transmission and the next post.
-                self.last_tx = Some(Instant::now());
+                // end of one transmission and the next post. An answer's
+                // frames take the time the call began instead: a clock read
+                // (some 30 ns here) off every ping-pong message's path, and
+                // the post after an answer only looks further from it, so
+                // it goes at once rather than waiting for a burst.
+                self.last_tx = Some(if self.answering { now } else { Instant::now() });
                 self.answering = false;
                 sent = true;
             }
