@@ -189,22 +189,12 @@ fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-fn be64(b: &[u8], at: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(x)
-}
-
 fn put16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_be_bytes());
 }
 
 fn put32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_be_bytes());
-}
-
-fn put64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_be_bytes());
 }
 
 /// The CRC-32 of a frame with its checksum field taken as zero.
@@ -291,63 +281,6 @@ impl<T: AsRef<[u8]>> Frame<T> {
     fn data(&self) -> &[u8] {
         debug_assert_eq!(self.kind, Kind::Data, "a data field of another kind");
         self.b()
-    }
-
-    /// Packet sequence number in the sender's stream.
-    fn psn(&self) -> u32 {
-        be32(self.data(), field::data::PSN.start)
-    }
-
-    /// Piggybacked cumulative ack.
-    fn ack(&self) -> u32 {
-        be32(self.data(), field::data::ACK.start)
-    }
-
-    /// Message sequence number.
-    fn msn(&self) -> u32 {
-        be32(self.data(), field::data::MSN.start)
-    }
-
-    /// The operation's byte, not yet checked against [`Op`].
-    fn op(&self) -> u8 {
-        self.data()[field::data::OP]
-    }
-
-    /// The data frame's flags ([`data_flags`]), not the header's.
-    fn data_flags(&self) -> u8 {
-        self.data()[field::data::FLAGS]
-    }
-
-    /// Offset of the fragment's payload in its message.
-    fn offset(&self) -> u32 {
-        be32(self.data(), field::data::OFFSET.start)
-    }
-
-    /// Length of the whole message (of the read, for read requests).
-    fn total(&self) -> u32 {
-        be32(self.data(), field::data::TOTAL.start)
-    }
-
-    fn imm(&self) -> u32 {
-        be32(self.data(), field::data::IMM.start)
-    }
-
-    fn rkey(&self) -> u32 {
-        be32(self.data(), field::data::RKEY.start)
-    }
-
-    fn raddr(&self) -> u64 {
-        be64(self.data(), field::data::RADDR.start)
-    }
-
-    /// Receive sequence number.
-    fn rsn(&self) -> u32 {
-        be32(self.data(), field::data::RSN.start)
-    }
-
-    /// Piggybacked count of the peer's messages completed here.
-    fn done(&self) -> u32 {
-        be32(self.data(), field::data::DONE.start)
     }
 }
 
@@ -597,20 +530,27 @@ pub struct DataHeader {
 
 impl DataHeader {
     fn parse<T: AsRef<[u8]>>(f: &Frame<T>) -> Result<DataHeader, WireError> {
-        let op = Op::from_u8(f.op()).ok_or(WireError::Malformed("data operation"))?;
+        use field::data;
+        // One length check for the whole header (the frame's check made
+        // sure of it) rather than one per field: every data frame comes
+        // through here.
+        let b: &[u8; DATA_HEADER_LEN] = f.data()[..DATA_HEADER_LEN]
+            .try_into()
+            .map_err(|_| WireError::Truncated)?;
+        let op = Op::from_u8(b[data::OP]).ok_or(WireError::Malformed("data operation"))?;
         Ok(DataHeader {
-            psn: f.psn(),
-            ack: f.ack(),
-            msn: f.msn(),
+            psn: at32(b, data::PSN.start),
+            ack: at32(b, data::ACK.start),
+            msn: at32(b, data::MSN.start),
             op,
-            flags: f.data_flags(),
-            offset: f.offset(),
-            total: f.total(),
-            imm: f.imm(),
-            rkey: f.rkey(),
-            raddr: f.raddr(),
-            rsn: f.rsn(),
-            done: f.done(),
+            flags: b[data::FLAGS],
+            offset: at32(b, data::OFFSET.start),
+            total: at32(b, data::TOTAL.start),
+            imm: at32(b, data::IMM.start),
+            rkey: at32(b, data::RKEY.start),
+            raddr: u64::from_be_bytes(fixed(b, data::RADDR.start)),
+            rsn: at32(b, data::RSN.start),
+            done: at32(b, data::DONE.start),
         })
     }
 
@@ -620,20 +560,39 @@ impl DataHeader {
     pub fn emit(&self, b: &mut [u8], dst: u32, src: u32) {
         use field::data;
         emit_header(b, Kind::Data, dst, src);
-        put32(b, data::PSN.start, self.psn);
-        put32(b, data::ACK.start, self.ack);
-        put32(b, data::MSN.start, self.msn);
+        // As in `parse`: one length check, then fields at fixed places.
+        let b: &mut [u8; DATA_HEADER_LEN] = (&mut b[..DATA_HEADER_LEN])
+            .try_into()
+            .expect("a data header's room");
+        let mut put = |at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+        put(data::PSN.start, self.psn);
+        put(data::ACK.start, self.ack);
+        put(data::MSN.start, self.msn);
+        put(data::OFFSET.start, self.offset);
+        put(data::TOTAL.start, self.total);
+        put(data::IMM.start, self.imm);
+        put(data::RKEY.start, self.rkey);
+        put(data::RSN.start, self.rsn);
+        put(data::DONE.start, self.done);
         b[data::OP] = self.op as u8;
         b[data::FLAGS] = self.flags;
-        put16(b, data::RESERVED.start, 0);
-        put32(b, data::OFFSET.start, self.offset);
-        put32(b, data::TOTAL.start, self.total);
-        put32(b, data::IMM.start, self.imm);
-        put32(b, data::RKEY.start, self.rkey);
-        put64(b, data::RADDR.start, self.raddr);
-        put32(b, data::RSN.start, self.rsn);
-        put32(b, data::DONE.start, self.done);
+        b[data::RESERVED].fill(0);
+        b[data::RADDR].copy_from_slice(&self.raddr.to_be_bytes());
     }
+}
+
+/// `N` bytes of a fixed-size header at `at` (constant at every call, so
+/// the bounds are checked when compiling).
+#[inline(always)]
+fn fixed<const L: usize, const N: usize>(b: &[u8; L], at: usize) -> [u8; N] {
+    let mut x = [0u8; N];
+    x.copy_from_slice(&b[at..at + N]);
+    x
+}
+
+#[inline(always)]
+fn at32<const L: usize>(b: &[u8; L], at: usize) -> u32 {
+    u32::from_be_bytes(fixed(b, at))
 }
 
 /// A parsed frame.
@@ -868,12 +827,15 @@ impl<'a> TryFrom<&'a [u8]> for PrivateData {
 }
 
 fn emit_header(b: &mut [u8], kind: Kind, dst: u32, src: u32) {
+    let b: &mut [u8; HEADER_LEN] = (&mut b[..HEADER_LEN])
+        .try_into()
+        .expect("a frame header's room");
     b[field::VERSION] = VERSION;
     b[field::KIND] = kind as u8;
-    put16(b, field::FLAGS.start, 0);
-    put32(b, field::DST.start, dst);
-    put32(b, field::SRC.start, src);
-    put32(b, field::CHECKSUM.start, 0);
+    b[field::FLAGS].fill(0);
+    b[field::DST].copy_from_slice(&dst.to_be_bytes());
+    b[field::SRC].copy_from_slice(&src.to_be_bytes());
+    b[field::CHECKSUM].fill(0);
 }
 
 impl<'a> Repr<'a> {

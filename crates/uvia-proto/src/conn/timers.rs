@@ -271,8 +271,12 @@ impl Conn {
         let Some((rack, rack_rtt)) = self.rack else {
             return;
         };
-        let wait = rack_rtt + self.rtt.reorder_window(Duration::from_micros(20));
         self.timers.stop(Timer::Loss);
+        if self.inflight.is_empty() {
+            // Everything acknowledged (a ping-pong's every ack).
+            return;
+        }
+        let wait = rack_rtt + self.rtt.reorder_window(Duration::from_micros(20));
         for s in self.inflight.iter_mut() {
             if s.acked || s.lost || s.order >= rack {
                 continue;
