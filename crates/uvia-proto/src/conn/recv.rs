@@ -129,12 +129,10 @@ impl Conn {
         mem: &mut dyn Memory,
     ) -> bool {
         let reliable = self.cfg.level.is_reliable();
-        if reliable && self.next_whole_send(h, payload) {
-            if mem.write_recv(h.rsn, 0, payload) {
-                return self.took_whole_send(now, h, payload.len() as u32);
-            }
-            // The descriptor's memory went away: the general path below
-            // finds the same and completes it with the error.
+        // (Where the descriptor's memory went away, the write fails and the
+        // general path below finds the same and completes it with the error.)
+        if reliable && self.next_whole_send(h, payload) && mem.write_recv(h.rsn, 0, payload) {
+            return self.took_whole_send(now, h, payload.len() as u32);
         }
         if !reliable {
             if !self.rcv.in_window(h.psn) {
