@@ -43,8 +43,9 @@ impl RttEstimator {
 
     /// Takes one measured round trip.
     pub fn sample(&mut self, r: Duration) {
-        // (Round trips beyond 2^62 ns, some 146 years, saturate.)
-        let r = nanos(r).clamp(1, 1 << 62);
+        // (Round trips beyond 2^60 ns, some 36 years, saturate: the sums
+        // below then stay within 64 bits.)
+        let r = nanos(r).clamp(1, 1 << 60);
         if self.min_rtt == 0 || r < self.min_rtt {
             self.min_rtt = r;
         }
@@ -115,5 +116,18 @@ mod tests {
             r.back_off();
         }
         assert_eq!(r.rto(), ms(100), "clamped to the maximum");
+    }
+
+    /// Absurd samples and bounds saturate instead of overflowing.
+    #[test]
+    fn extreme_samples_saturate() {
+        let mut r = RttEstimator::new(Duration::MAX, Duration::ZERO, Duration::MAX);
+        for _ in 0..20 {
+            r.sample(Duration::MAX);
+            r.back_off();
+        }
+        assert!(r.rto() >= Duration::from_nanos(1 << 60));
+        r.sample(Duration::ZERO);
+        assert_eq!(r.min_rtt(), Some(Duration::from_nanos(1)));
     }
 }
