@@ -25,3 +25,15 @@ pub use endpoint::{
     Endpoint, EndpointConfig, EndpointEvent, EndpointStats, Incoming, RendezvousError,
 };
 pub use wire::{PrivateData, PrivateDataTooLong};
+
+/// A xorshift generator for the crate's randomized tests: the same
+/// sequence from the same seed, no dependency.
+#[cfg(test)]
+pub(crate) fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}

@@ -272,13 +272,7 @@ mod tests {
     /// any mix of arrivals, duplicates, advances and far jumps.
     #[test]
     fn the_gap_count_matches_the_bits() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::xorshift(0x9e37_79b9_7f4a_7c15u64);
         let mut w = SeqWindow::new(u32::MAX - 300, 256);
         for _ in 0..200_000 {
             let r = next();

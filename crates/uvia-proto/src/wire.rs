@@ -1086,13 +1086,7 @@ mod tests {
     /// in `fuzz/` run this far longer; this keeps a floor in every test run.)
     #[test]
     fn arbitrary_bytes_never_panic_and_parsed_frames_round_trip() {
-        let mut x = 0x1234_5678_9abc_def0u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::xorshift(0x1234_5678_9abc_def0u64);
         let mut seed = vec![0u8; Repr::Disconnect { ack: 1, done: 2 }.buffer_len()];
         Repr::Disconnect { ack: 1, done: 2 }.emit(&mut seed, 3, 4);
         let mut parsed = 0;
