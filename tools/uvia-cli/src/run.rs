@@ -472,6 +472,7 @@ pub(crate) fn spawn_server(
     on_eof: impl FnOnce(Option<String>) + Send + 'static,
 ) -> Result<Server> {
     let exe = crate::self_exe()?;
+    let shown = exe.display().to_string();
     let mut cmd = match netns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -487,7 +488,7 @@ pub(crate) fn spawn_server(
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .context("starting the server process")?;
+        .with_context(|| format!("starting the server process ({shown})"))?;
     let stdout = child
         .stdout
         .take()
