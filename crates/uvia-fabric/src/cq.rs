@@ -112,11 +112,11 @@ pub struct Taken {
     pub immediate: u32,
 }
 
-/// An endpoint's operations: a slot for each entry of its VI's two
-/// queues, made when it is enabled, so that a post allocates nothing (a
-/// boxed `Op`, 64-byte aligned like its descriptor, took malloc's slow
-/// aligned path on every message). A post that finds every slot in use
-/// finds its queue full as well.
+/// The operations of one of an endpoint's queues: a slot for each entry of
+/// the VI's queue, made when the endpoint is enabled, so that a post
+/// allocates nothing (a boxed `Op`, 64-byte aligned like its descriptor,
+/// took malloc's slow aligned path on every message). A post that finds
+/// every slot in use finds its queue full as well.
 ///
 /// A slot is claimed with one compare-and-swap of its flag, from a cursor
 /// that follows the last claim or the last slot given back (either is

@@ -49,14 +49,27 @@ pub struct Ep {
     vi: OnceLock<Vi>,
     /// Bounce buffers for injected operations, made with the VI.
     bounce: OnceLock<Bounce>,
-    /// Room for the operations in flight on both queues, made with the VI.
-    ops: OnceLock<OpPool>,
+    /// Room for the operations in flight on each queue, made with the VI.
+    ops: OnceLock<Pools>,
     /// On shm, receives posted at the next read of the receive CQ (see
     /// `defer`); made with the VI.
     deferred: OnceLock<Arc<Deferred>>,
     peer: Mutex<Option<SocketAddrV4>>,
     /// Its connection as the EQ tracks it, once connecting or accepted.
     tracked: Mutex<Option<Arc<Mutex<Tracked>>>>,
+}
+
+/// An endpoint's operations in flight: a pool for each of its VI's
+/// queues, as deep as the queue. A post that finds its pool full finds its
+/// queue full, and gets `-FI_EAGAIN` as a full queue gives: on shm, where
+/// receives wait for the next CQ read before they reach the VI (`defer`),
+/// the receive pool is what bounds them. (`ofi_rxm` posts a fresh buffer
+/// in place of one it keeps, and counts on a full queue to refuse the
+/// extra: with one pool for both queues, receives took every slot and no
+/// send could be posted again.)
+struct Pools {
+    send: OpPool,
+    recv: OpPool,
 }
 
 static FI_OPS: fi_ops = fi_ops {
@@ -296,9 +309,10 @@ impl Ep {
             Bounce::new(&d.nic, d.ptag, vi.attributes().send_queue_depth).ok_or(err::ENOMEM)?;
         let _ = self.bounce.set(bounce);
         let va = vi.attributes();
-        let _ = self
-            .ops
-            .set(OpPool::new(va.send_queue_depth + va.recv_queue_depth));
+        let _ = self.ops.set(Pools {
+            send: OpPool::new(va.send_queue_depth),
+            recv: OpPool::new(va.recv_queue_depth),
+        });
         d.driver.add(&vi);
         // On shm the receiver places messages only in its own reads, so a
         // receive may wait for the next one (see `defer`); without a CQ for
@@ -341,10 +355,12 @@ impl Ep {
         t
     }
 
-    /// Places `op` in the endpoint's pool: its descriptor for the queue.
-    fn place(&self, op: Op) -> Result<std::ptr::NonNull<Descriptor>, c_int> {
+    /// Places `op` in the pool of its queue (`recv`: the receive queue):
+    /// its descriptor for the queue.
+    fn place(&self, op: Op, recv: bool) -> Result<std::ptr::NonNull<Descriptor>, c_int> {
         let ops = self.ops.get().ok_or(-(FI_EOPBADSTATE as c_int))?;
-        ops.post(op).map_err(|op| {
+        let pool = if recv { &ops.recv } else { &ops.send };
+        pool.post(op).map_err(|op| {
             // Never posted: its bounce slot, if any, goes back.
             if let Some(b) = self.bounce.get().filter(|_| !op.bounce.is_null()) {
                 b.release(op.slot);
@@ -356,7 +372,7 @@ impl Ep {
     /// Posts `op` on the send queue.
     fn post_send(&self, op: Op) -> Result<isize, c_int> {
         let vi = self.vi()?;
-        let d = self.place(op)?;
+        let d = self.place(op, false)?;
         // SAFETY: the Op's slot stays taken until the CQ read takes it back.
         match unsafe { vi.post_send_raw(d, false) } {
             Ok(()) => Ok(0),
@@ -421,7 +437,7 @@ impl Ep {
         let vi = self.vi()?;
         let mut op = Op::new(desc, context, FI_RECV | FI_MSG, 0);
         op.buf = buf;
-        let d = self.place(op)?;
+        let d = self.place(op, true)?;
         self.submit_recv(vi, d)
     }
 
@@ -471,6 +487,7 @@ impl Ep {
         let vi = self.vi()?;
         let ops = self.ops.get().ok_or(-(FI_EOPBADSTATE as c_int))?;
         let d = ops
+            .recv
             .post_with(|op| {
                 op.desc.cs = ControlSegment {
                     seg_count: (len > 0) as u16,

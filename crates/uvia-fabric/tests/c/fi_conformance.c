@@ -1136,6 +1136,69 @@ static void t_recv_with_a_stale_desc(void)
     side_close(&server);
 }
 
+/* A receive beyond the endpoint's receive queue size is refused with
+ * -FI_EAGAIN, as a full queue refuses it (uvia: on shm too, where a receive
+ * waits for the next CQ read before it reaches the VI, and after that read),
+ * and the receives take no room from sends: the endpoint still sends, and
+ * its first receive takes the peer's message. (ofi_rxm posts a fresh buffer
+ * in place of one it keeps and counts on this refusal; when receives could
+ * fill the room of sends too, MPI over shm hung at 1 MiB.) */
+static void t_recv_queue_full(void)
+{
+    struct side server, client;
+    pair_open(&server, &client);
+    size_t depth = server.info->rx_attr->size;
+    REQUIRE(depth > 0 && depth <= 4096);
+    struct region r, s, c;
+    region_reg(&server, &r, 64, FI_RECV);
+    region_reg(&server, &s, 64, FI_SEND);
+    region_reg(&client, &c, 64, FI_SEND | FI_RECV);
+    int ctx[2];
+    size_t posted = 0;
+    ssize_t ret;
+    while (posted <= depth &&
+           (ret = fi_recv(server.ep, r.buf, 64, r.desc, 0, &ctx[posted > 0])) == 0)
+        posted++;
+    CHECK_RET(ret, -FI_EAGAIN);
+    CHECK_EQ(posted, depth);
+    struct fi_cq_data_entry e;
+    CHECK_RET(fi_cq_read(server.cq, &e, 1), -FI_EAGAIN);
+    CHECK_RET(fi_recv(server.ep, r.buf, 64, r.desc, 0, NULL), -FI_EAGAIN);
+    /* Sends go out with every receive slot taken. */
+    REQUIRE_RET(fi_recv(client.ep, c.buf, 64, c.desc, 0, NULL), 0);
+    fill(s.buf, 64, 7);
+    REQUIRE_RET(fi_send(server.ep, s.buf, 64, s.desc, 0, NULL), 0);
+    int got_send = 0, got_recv = 0;
+    for (long long end = now_ms() + 10000; (!got_send || !got_recv) && now_ms() < end;) {
+        struct fi_cq_err_entry err;
+        if (cq_take(server.cq, &e, &err, 1) == 1)
+            got_send = 1;
+        if (cq_take(client.cq, &e, &err, 1) == 1 && (e.flags & FI_RECV)) {
+            CHECK_EQ(e.len, 64);
+            CHECK_PATTERN(c.buf, 64, 7);
+            got_recv = 1;
+        }
+    }
+    CHECKF(got_send && got_recv, "the send with a full receive queue: sent %d, received %d",
+           got_send, got_recv);
+    /* The client's message takes the server's first receive. */
+    fill(c.buf, 64, 8);
+    REQUIRE_RET(fi_send(client.ep, c.buf, 64, c.desc, 0, NULL), 0);
+    if (CQ_EXPECT(server.cq, &e, 5000) == 0) {
+        CHECK(e.op_context == &ctx[0]);
+        CHECK_PATTERN(r.buf, 64, 8);
+    }
+    /* A receive taken back leaves room for one more. */
+    CHECK_RET(fi_recv(server.ep, r.buf, 64, r.desc, 0, NULL), 0);
+    CHECK_RET(fi_recv(server.ep, r.buf, 64, r.desc, 0, NULL), -FI_EAGAIN);
+    CQ_EXPECT(client.cq, &e, 10000);
+    region_close(&r);
+    region_close(&s);
+    region_close(&c);
+    side_close(&client);
+    side_close(&server);
+}
+
 static const size_t pp_sizes[] = {8, 4096, 65536, 1 << 20};
 enum { PP_ROUNDS = 10, PP_MAX = 1 << 20 };
 
@@ -1596,6 +1659,7 @@ static const struct test tests[] = {
     {"wait", "cq_wait_fd", t_cq_wait_fd, 0},
     {"wait", "cq_wait_fd_late_recv", t_cq_wait_fd_late_recv, 0},
     {"mr", "recv_with_a_stale_desc", t_recv_with_a_stale_desc, 0},
+    {"queue", "recv_queue_full", t_recv_queue_full, 0},
     {"wait", "pingpong_sread", t_pingpong_sread, 25},
     {"wait", "recv_posted_while_asleep", t_recv_posted_while_asleep, 25},
     {"fail", "peer_killed_mid_transfer", t_peer_killed, 25},
