@@ -64,9 +64,10 @@ pub struct Ep {
 /// queue full, and gets `-FI_EAGAIN` as a full queue gives: on shm, where
 /// receives wait for the next CQ read before they reach the VI (`defer`),
 /// the receive pool is what bounds them. (`ofi_rxm` posts a fresh buffer
-/// in place of one it keeps, and counts on a full queue to refuse the
-/// extra: with one pool for both queues, receives took every slot and no
-/// send could be posted again.)
+/// in place of one it keeps, twice for a rendezvous request that came
+/// before its receive, and counts on a full queue to refuse the extra:
+/// with one pool for both queues, receives took every slot and no send
+/// could be posted again.)
 struct Pools {
     send: OpPool,
     recv: OpPool,

@@ -1141,8 +1141,9 @@ static void t_recv_with_a_stale_desc(void)
  * waits for the next CQ read before it reaches the VI, and after that read),
  * and the receives take no room from sends: the endpoint still sends, and
  * its first receive takes the peer's message. (ofi_rxm posts a fresh buffer
- * in place of one it keeps and counts on this refusal; when receives could
- * fill the room of sends too, MPI over shm hung at 1 MiB.) */
+ * in place of one it keeps, twice for an unexpected rendezvous request, and
+ * counts on this refusal; when receives could fill the room of sends too,
+ * MPI over shm hung at 1 MiB.) */
 static void t_recv_queue_full(void)
 {
     struct side server, client;
