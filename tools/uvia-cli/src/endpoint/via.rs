@@ -3,12 +3,13 @@
 //! allocation in the measured loop).
 
 use super::{Endpoint, EndpointConfig, Listener, Mode};
+use crate::sock::{SpinDeadline, IO_TIMEOUT};
 use anyhow::{anyhow, bail, Context, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use uvia::{
     Descriptor, Discriminator, MemAttributes, MemHandle, MemoryRegion, NetAddress, Nic, NicOptions,
-    Segment, Vi, ViAttributes, ViState,
+    Reliability, Segment, Vi, ViAttributes, ViState,
 };
 
 /// Sends between two looks at the send completions.
@@ -260,6 +261,18 @@ impl ViaEndpoint {
         }
     }
 
+    /// Why a wait may have ended empty-handed, for its error.
+    fn lost_hint(&self) -> &'static str {
+        match self.s.cfg.reliability {
+            Reliability::Unreliable => {
+                " (at the unreliable level a message lost or refused for want of a \
+                 posted receive is gone: no retransmission; use --reliability delivery)"
+            }
+            _ if self.s.vi.state() == ViState::Error => " (the connection failed)",
+            _ => "",
+        }
+    }
+
     /// Counts a post; takes back what has completed every few posts: off
     /// the message's path, and a network provider's posts in between leave
     /// together.
@@ -273,6 +286,7 @@ impl ViaEndpoint {
     }
 
     fn reap(&mut self, block: bool) -> Result<()> {
+        let mut idle = SpinDeadline::new();
         loop {
             let d = if block && self.s.cfg.mode == Mode::Blocking {
                 Some(
@@ -294,7 +308,11 @@ impl ViaEndpoint {
                         return Ok(());
                     }
                 }
-                None if block => continue,
+                None if block => {
+                    if idle.expired() {
+                        bail!("no send completed in {IO_TIMEOUT:?}{}", self.lost_hint());
+                    }
+                }
                 None => return Ok(()),
             }
         }
@@ -372,11 +390,17 @@ impl Endpoint for ViaEndpoint {
                 .vi
                 .recv_wait(Some(Duration::from_secs(30)))
                 .map_err(|e| anyhow!("receive wait: {e}"))?,
-            Mode::Polling => loop {
-                if let Some(d) = self.s.vi.recv_done() {
-                    break d;
+            Mode::Polling => {
+                let mut idle = SpinDeadline::new();
+                loop {
+                    if let Some(d) = self.s.vi.recv_done() {
+                        break d;
+                    }
+                    if idle.expired() {
+                        bail!("no message in {IO_TIMEOUT:?}{}", self.lost_hint());
+                    }
                 }
-            },
+            }
         };
         let n = d
             .result()
