@@ -170,7 +170,7 @@ pub fn assert_passed(what: &str, o: &Output, ranks: usize, hosts: &[&str]) {
         .lines()
         .filter(|l| l.ends_with(&format!(" ok ({ranks} ranks)")))
         .count();
-    assert_eq!(parts, 7, "{what}: {out}");
+    assert_eq!(parts, 9, "{what}: {out}");
     for h in hosts {
         assert!(
             out.lines()
