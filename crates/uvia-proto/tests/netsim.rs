@@ -174,6 +174,44 @@ fn a_silent_peer_ends_in_error_within_the_timeout() {
     }
 }
 
+/// An idle connection that another connection to the same Nic keeps alive
+/// has its timers come due about every half idle timeout, where one that
+/// keeps itself alive has them every keep-alive interval: a provider looks
+/// at a thousand such VIs half as often or less.
+#[test]
+fn a_connection_another_keeps_alive_is_looked_at_less_often() {
+    // The default timeouts (the suite's idle timeout is two keep-alives).
+    let cfg = Config {
+        level: Level::ReliableDelivery,
+        ..Config::default()
+    };
+    let mut looks = [0; 2];
+    for (k, elsewhere) in [None, Some(Duration::from_millis(100))]
+        .into_iter()
+        .enumerate()
+    {
+        let mut s = Sim::new(9, cfg.clone(), Faults::default());
+        assert!(s.connect(Duration::from_secs(1)));
+        s.elsewhere[0] = elsewhere;
+        let before = s.timer_looks[0];
+        let span = s.sides[0].cfg.idle_timeout * 4;
+        assert!(!s.run_until(span, |s| s.sides[0].failed()), "stays up");
+        looks[k] = s.timer_looks[0] - before;
+    }
+    let own = (cfg.idle_timeout * 4).as_secs_f64() / cfg.keepalive.as_secs_f64();
+    assert!(
+        looks[0] as f64 >= own * 0.9,
+        "keeping itself alive: {} looks in four idle timeouts",
+        looks[0]
+    );
+    assert!(
+        looks[1] * 2 <= looks[0],
+        "kept alive elsewhere: {} looks against {} on its own",
+        looks[1],
+        looks[0]
+    );
+}
+
 #[test]
 fn a_connection_another_keeps_alive_sends_no_keep_alives_and_fails_with_the_nic() {
     let mut s = Sim::new(7, config(Level::ReliableDelivery), Faults::default());

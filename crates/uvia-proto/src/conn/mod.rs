@@ -441,6 +441,10 @@ pub struct Conn {
     last_rx: Instant,
     /// When our last keep-alive went.
     last_ping: Option<Instant>,
+    /// The last keep-alive to the peer's Nic went from another connection
+    /// ([`heard_elsewhere`](Self::heard_elsewhere)): this one's keep-alive
+    /// timer waits longer ([`arm_liveness`](Self::arm_liveness)).
+    kept_elsewhere: bool,
 
     // Sending.
     msgs: VecDeque<OutMsg>,
@@ -526,6 +530,7 @@ impl Conn {
             stats: Stats::default(),
             last_rx: now,
             last_ping: None,
+            kept_elsewhere: false,
             msgs: VecDeque::new(),
             frame_cursor: 0,
             responses: VecDeque::new(),

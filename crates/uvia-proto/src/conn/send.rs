@@ -59,6 +59,7 @@ impl Conn {
             self.pong_due = false;
             let flags = if ping_due {
                 self.last_ping = Some(now);
+                self.kept_elsewhere = false;
                 self.arm_liveness();
                 ack_flags::PING
             } else {

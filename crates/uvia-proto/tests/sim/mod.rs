@@ -333,6 +333,8 @@ pub struct Sim {
     /// from it and pinging it this often (as a provider tells a
     /// connection when its timers come due; see `Conn::heard_elsewhere`).
     pub elsewhere: [Option<Duration>; 2],
+    /// Times each side's timers came due (a provider's look at the VI).
+    pub timer_looks: [u64; 2],
     buf: Vec<u8>,
     reply: [u8; wire::MAX_REPLY_LEN],
 }
@@ -371,6 +373,7 @@ impl Sim {
             rate: 1.25e9,
             link_free: [start, start],
             elsewhere: [None, None],
+            timer_looks: [0, 0],
             buf: vec![0; 1 << 17],
             reply: [0; wire::MAX_REPLY_LEN],
         };
@@ -580,6 +583,7 @@ impl Sim {
         for (i, s) in self.sides.iter_mut().enumerate() {
             if let Some(c) = s.conn.as_mut() {
                 if c.poll_timeout().is_some_and(|d| d <= self.now) {
+                    self.timer_looks[i] += 1;
                     if let Some(every) = self.elsewhere[i] {
                         let since = (self.now - self.start).as_nanos() % every.as_nanos();
                         let heard = self.now - Duration::from_nanos(since as u64);
