@@ -356,11 +356,13 @@ impl Ep {
         t
     }
 
-    /// Places `op` in the pool of its queue (`recv`: the receive queue):
-    /// its descriptor for the queue.
-    fn place(&self, op: Op, recv: bool) -> Result<std::ptr::NonNull<Descriptor>, c_int> {
+    /// Places `op` in the pool of `queue`: its descriptor for the queue.
+    fn place(&self, op: Op, queue: Queue) -> Result<std::ptr::NonNull<Descriptor>, c_int> {
         let ops = self.ops.get().ok_or(-(FI_EOPBADSTATE as c_int))?;
-        let pool = if recv { &ops.recv } else { &ops.send };
+        let pool = match queue {
+            Queue::Send => &ops.send,
+            Queue::Recv => &ops.recv,
+        };
         pool.post(op).map_err(|op| {
             // Never posted: its bounce slot, if any, goes back.
             if let Some(b) = self.bounce.get().filter(|_| !op.bounce.is_null()) {
@@ -373,7 +375,7 @@ impl Ep {
     /// Posts `op` on the send queue.
     fn post_send(&self, op: Op) -> Result<isize, c_int> {
         let vi = self.vi()?;
-        let d = self.place(op, false)?;
+        let d = self.place(op, Queue::Send)?;
         // SAFETY: the Op's slot stays taken until the CQ read takes it back.
         match unsafe { vi.post_send_raw(d, false) } {
             Ok(()) => Ok(0),
@@ -438,7 +440,7 @@ impl Ep {
         let vi = self.vi()?;
         let mut op = Op::new(desc, context, FI_RECV | FI_MSG, 0);
         op.buf = buf;
-        let d = self.place(op, true)?;
+        let d = self.place(op, Queue::Recv)?;
         self.submit_recv(vi, d)
     }
 

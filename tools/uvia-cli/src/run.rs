@@ -614,12 +614,12 @@ pub fn run_sliced(
             // Prefer the server's own account when it failed first; one that
             // comes after the client's failure is most likely its echo (the
             // client's VI went away), said after the client's own.
-            let first = last_error.lock().unwrap().clone();
-            if let Some(m) = first {
+            let server_error = || last_error.lock().unwrap().clone();
+            if let Some(m) = server_error() {
                 return Err(e.context(format!("the server failed: {m}")));
             }
             std::thread::sleep(Duration::from_millis(100));
-            if let Some(m) = last_error.lock().unwrap().clone() {
+            if let Some(m) = server_error() {
                 return Err(anyhow!("{e:#}; then the server: {m}"));
             }
             return Err(e);
