@@ -472,8 +472,8 @@ impl Cq {
 
     /// A completed operation off any member's queue, one member further
     /// on than the last read started; drives each member's progress
-    /// (its done call) while none is found.
-    fn take(&self, post: bool, sleeping: bool) -> Option<NonNull<Descriptor>> {
+    /// (its done call) while none is found, if `poll`.
+    fn take(&self, post: bool, sleeping: bool, poll: bool) -> Option<NonNull<Descriptor>> {
         let m = self.members.lock();
         // Receives waiting for a read are posted first, with `post` (a
         // refused one is reported as a flushed receive).
@@ -486,7 +486,12 @@ impl Cq {
             {
                 return Some(refused);
             }
-            m.vi.done_raw_of(&m.queues[..m.n]).map(|(_, d)| d)
+            let queues = &m.queues[..m.n];
+            match poll {
+                true => m.vi.done_raw_of(queues),
+                false => m.vi.finished_raw_of(queues),
+            }
+            .map(|(_, d)| d)
         };
         match &m[..] {
             [] => None,
@@ -532,7 +537,10 @@ impl Cq {
             }
             let d = match first.take() {
                 Some(c) => c.vi.done_raw(c.queue),
-                None => match self.take(post, !polling) {
+                // Once this read has found something, the transport has
+                // just been polled: the looks after it take only what has
+                // already completed.
+                None => match self.take(post, !polling, n == 0) {
                     Some(d) => Some(d),
                     None => break,
                 },
