@@ -3,7 +3,7 @@
 //! acks and naks say about the frames in flight.
 
 use super::{
-    Conn, Event, FailReason, Level, Memory, OutKind, OutMsg, Outcome, RnrPolicy, Sent, Timer,
+    Conn, Event, FailReason, Level, Memory, OutKind, OutMsg, Outcome, RnrPolicy, Sent, State, Timer,
 };
 use crate::seq;
 use crate::wire::{
@@ -26,6 +26,28 @@ impl Conn {
         let n = self.transmit(now, buf, mem)?;
         self.stats.frames_sent += 1;
         Some(n)
+    }
+
+    /// False only if [`poll_transmit`](Self::poll_transmit) would build
+    /// nothing at `now`: no handshake or control frame, acknowledgement,
+    /// keep-alive or answer owed, nothing lost to send again, no fragment
+    /// waiting to be framed. A few loads, against a transmission call's
+    /// setup (on AF_XDP, taking a frame from the ring and giving it back):
+    /// most calls after an arrival have nothing to send. True may still
+    /// build nothing (a full window, an earlier message awaited).
+    pub fn may_transmit(&self, now: Instant) -> bool {
+        if self.state != State::Connected {
+            return true;
+        }
+        self.confirm_due
+            || self.nak.is_some()
+            || self.pong_due
+            || (self.ack_now && self.cfg.level.is_reliable())
+            || self.timers.expired(Timer::KeepAlive, now)
+            || (!self.timers.is_set(Timer::Rnr)
+                && (self.lost > 0
+                    || self.frame_cursor < self.msgs.len()
+                    || self.responses.iter().any(|m| !m.fully_framed())))
     }
 
     fn transmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {

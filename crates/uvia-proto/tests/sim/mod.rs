@@ -431,9 +431,13 @@ impl Sim {
                 let Some(conn) = side.conn.as_mut() else {
                     break;
                 };
+                // Every frame of every run checks the engine's promise: a
+                // connection that says it has nothing to send sends nothing.
+                let may = conn.may_transmit(self.now);
                 let Some(n) = conn.poll_transmit(self.now, &mut self.buf, &mut side.mem) else {
                     break;
                 };
+                assert!(may, "side {i} built a frame after may_transmit said none");
                 let bytes = self.buf[..n].to_vec();
                 self.inject(1 - i, bytes);
             }
