@@ -871,12 +871,8 @@ impl Vi {
         if let Some(d) = t.poll(self, q, first, false) {
             return Some((first, d));
         }
-        for &queue in queues.iter().filter(|&&x| x != first) {
-            if let Some(d) = self.pop(q, queue, false) {
-                return Some((queue, d));
-            }
-        }
-        None
+        // What the poll moved forward on the other queues.
+        self.pop_of(q, queues)
     }
 
     /// Like [`done_raw_of`](Self::done_raw_of) without the transport's poll:

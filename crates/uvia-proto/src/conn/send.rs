@@ -44,10 +44,12 @@ impl Conn {
             || self.pong_due
             || (self.ack_now && self.cfg.level.is_reliable())
             || self.timers.expired(Timer::KeepAlive, now)
-            || (!self.timers.is_set(Timer::Rnr)
-                && (self.lost > 0
-                    || self.frame_cursor < self.msgs.len()
-                    || self.responses.iter().any(|m| !m.fully_framed())))
+            || (!self.timers.is_set(Timer::Rnr) && (self.lost > 0 || self.unframed()))
+    }
+
+    /// A message or read response has fragments not yet framed.
+    fn unframed(&self) -> bool {
+        self.frame_cursor < self.msgs.len() || self.responses.iter().any(|m| !m.fully_framed())
     }
 
     fn transmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
@@ -203,8 +205,7 @@ impl Conn {
         }
         let psn = self.snd_nxt;
         self.snd_nxt = psn.wrapping_add(1);
-        let more =
-            self.frame_cursor < self.msgs.len() || self.responses.iter().any(|m| !m.fully_framed());
+        let more = self.unframed();
         let flags = if last && !more && self.cfg.level == Level::ReliableReception {
             // Reliable reception completes on the peer's word: ask for it now.
             data_flags::ACK_NOW
