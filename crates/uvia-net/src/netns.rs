@@ -93,13 +93,20 @@ impl TestHosts {
         let pid = std::process::id();
         let seq = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let id = format!("{clean}{:x}", (pid << 4) ^ seq);
+        // A /24 inside 10.0.0.0/8 of the namespaces only, one per pair of
+        // hosts on this machine: a launcher agent finds a host by its
+        // address, so two pairs made at once must not share one.
+        let net = claim_net(((pid ^ seq.wrapping_mul(97)) % NETS) as u8 + 1)?;
         let hosts = TestHosts {
             names: [format!("uvia-{id}-a"), format!("uvia-{id}-b")],
-            // A /24 per run from the pid, inside 10.0.0.0/8 of the namespaces only.
-            net: ((pid ^ seq.wrapping_mul(97)) % 250) as u8 + 1,
+            net,
             alike,
         };
-        hosts.build()?;
+        if let Err(e) = hosts.build() {
+            // Dropping removes what was made and gives the /24 back.
+            drop(hosts);
+            return Err(e);
+        }
         Ok(hosts)
     }
 
@@ -171,6 +178,59 @@ impl TestHosts {
 
 static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// How many /24s test hosts take from: 10.199.1.0 to 10.199.250.0.
+const NETS: u32 = 250;
+
+/// Where each pair of test hosts claims its /24: a file named for it,
+/// holding the claiming process's id.
+const CLAIMS: &str = "/run/uvia-test-hosts";
+
+fn claim_path(net: u8) -> std::path::PathBuf {
+    std::path::Path::new(CLAIMS).join(format!("10.199.{net}"))
+}
+
+/// Claims a /24 no other pair of test hosts on this machine holds, trying
+/// `first` and then the next ones. A claim is a file made only if absent,
+/// so two processes never take the same one; a claim whose process has
+/// died (killed before it could remove its hosts) is taken over.
+fn claim_net(first: u8) -> Result<u8, NetnsError> {
+    use std::io::Write;
+    std::fs::create_dir_all(CLAIMS)?;
+    let me = std::process::id();
+    for i in 0..NETS {
+        let net = ((u32::from(first) - 1 + i) % NETS) as u8 + 1;
+        let path = claim_path(net);
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut f) => {
+                    f.write_all(me.to_string().as_bytes())?;
+                    return Ok(net);
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                    let dead = holder.trim().parse::<libc::pid_t>().is_ok_and(|p| {
+                        // SAFETY: signal 0 only checks that the process exists.
+                        let gone = unsafe { libc::kill(p, 0) } != 0;
+                        gone && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+                    });
+                    if !dead {
+                        break;
+                    }
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Err(NetnsError::Unavailable(format!(
+        "all {NETS} test host networks 10.199.x.0/24 are held (claims in {CLAIMS})"
+    )))
+}
+
 /// Returns the thread to the namespace it came from when dropped.
 pub struct NsGuard {
     back: OwnedFd,
@@ -201,6 +261,7 @@ impl Drop for TestHosts {
                 eprintln!("uvia-net: removing test host {n}: {e}");
             }
         }
+        let _ = std::fs::remove_file(claim_path(self.net));
     }
 }
 
@@ -218,6 +279,34 @@ mod tests {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default()
+    }
+
+    /// Two pairs made at once never share a /24, even when both start
+    /// from the same one; a claim left by a dead process is taken over, and
+    /// dropping the hosts gives their /24 back.
+    #[test]
+    fn each_pair_of_hosts_has_a_network_of_its_own() {
+        if let Err(why) = TestHosts::available() {
+            println!("skipped: {why}");
+            return;
+        }
+        let one = TestHosts::create("claim").unwrap();
+        let first = one.net;
+        let next = claim_net(first).unwrap();
+        assert_ne!(next, first);
+        assert_eq!(
+            std::fs::read_to_string(claim_path(first)).unwrap(),
+            std::process::id().to_string()
+        );
+        // A claim whose process has exited is free again.
+        let mut child = Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        std::fs::write(claim_path(next), dead.to_string()).unwrap();
+        assert_eq!(claim_net(next).unwrap(), next);
+        std::fs::remove_file(claim_path(next)).unwrap();
+        drop(one);
+        assert!(!claim_path(first).exists());
     }
 
     #[test]
