@@ -94,6 +94,7 @@ pub(crate) struct NetNic {
 
 impl Drop for NetNic {
     fn drop(&mut self) {
+        self.closer.nic_gone();
         if let Some(s) = &self.share {
             s.stop();
         }
@@ -244,6 +245,12 @@ impl NetNic {
         self.vis.lock().remove(&id);
     }
 
+    /// Connection `id`'s VI is gone, but the connection stays in the
+    /// endpoint while it closes ([`closing`]): its frames go to the closer.
+    fn forget_vi(&self, id: u32) {
+        self.vis.lock().remove(&id);
+    }
+
     /// Reads what has arrived and hands each frame to its VI. `me` is the
     /// calling VI, already locked. Returns true if any frame arrived. Only
     /// one caller polls at a time; the others return at once (they are
@@ -378,6 +385,8 @@ impl NetNic {
                     }
                 }
                 let Some(target) = self.vis.lock().get(&id).and_then(Weak::upgrade) else {
+                    // A connection whose VI is gone, closing.
+                    self.closer.deliver(id, now, src, &repr);
                     return;
                 };
                 self.hand_to(target, from, src, &repr, me, now);

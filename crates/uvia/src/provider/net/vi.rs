@@ -436,22 +436,47 @@ impl NetVi {
     /// [`disconnect`](TransportOps::disconnect): the connection, still
     /// closing, goes to the Nic's closer, which answers the peer until it
     /// has the disconnect ([`closing`](super::closing)). Only a joined
-    /// connection with a medium of its own can be kept so (its peer's
-    /// frames come there); another is let go, and its peer's idle timeout
+    /// connection can be kept so: with a medium of its own, that medium
+    /// goes with it; without, it stays in the Nic's endpoint (see
+    /// [`kept_on_nic`](Self::kept_on_nic)) and its frames reach the closer
+    /// through the Nic's. Another is let go, and its peer's idle timeout
     /// covers a lost disconnect.
     pub(crate) fn keep_closing(self: Box<Self>, nic: &NicShared) {
         let Some(net) = NetNic::of(nic) else {
             return;
         };
-        let (Some(own), true) = (self.own.clone(), self.joined) else {
-            return;
-        };
-        if self.conn.is_closed() || self.conn.is_connected() {
+        if !self.joined || self.conn.is_closed() || self.conn.is_connected() {
             return;
         }
-        let NetVi { conn, peer, id, .. } = *self;
-        net.closer
-            .keep(Closing::new(conn, own, peer, id, net.intact));
+        let NetVi {
+            conn,
+            peer,
+            id,
+            own,
+            ..
+        } = *self;
+        let c = match own {
+            Some(own) => Closing::new(conn, own, peer, id, net.intact),
+            None => Closing::on_nic(conn, peer, id, net.intact),
+        };
+        net.closer.keep(c, net);
+    }
+
+    /// True if the connection, closing, is to stay in the Nic's endpoint
+    /// after its VI is gone: its frames come to the Nic's medium and
+    /// [`keep_closing`](Self::keep_closing) keeps it.
+    fn kept_on_nic(&self) -> bool {
+        self.own.is_none() && self.joined && !self.conn.is_closed() && !self.conn.is_connected()
+    }
+
+    /// The VI lets go of its connection id: the Nic forgets it, or, for a
+    /// connection [kept on the Nic](Self::kept_on_nic), forgets only the VI.
+    fn leave(&self, net: &NetNic) {
+        if self.kept_on_nic() {
+            net.forget_vi(self.id);
+        } else {
+            net.unregister(self.id);
+        }
     }
 
     /// Hands a frame from the joined connection's own medium to its
@@ -894,7 +919,7 @@ impl TransportOps for NetVi {
                 };
             }
         }
-        net.unregister(self.id);
+        self.leave(net);
     }
 
     /// The descriptor a CQ waiter polls for this VI's frames.
@@ -1066,7 +1091,7 @@ impl TransportOps for NetVi {
         self.conn.close(now);
         self.output(vi, q, now);
         if let Some(nic) = NetNic::of(&vi.s.nic) {
-            nic.unregister(self.id);
+            self.leave(nic);
         }
     }
 }
