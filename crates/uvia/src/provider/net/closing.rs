@@ -197,20 +197,16 @@ impl Closer {
     }
 
     /// A frame the Nic's endpoint found for connection `id`, whose VI is
-    /// gone: true if `id` is closing here and took it. Never waits for the
+    /// gone: taken by `id` if it is closing here. Never waits for the
     /// thread (which may be sending through the medium the caller is
     /// reading): a frame that finds the list busy is dropped, and the peer
     /// sends it again.
-    pub(super) fn deliver(&self, id: u32, now: Instant, src: u32, repr: &Repr<'_>) -> bool {
+    pub(super) fn deliver(&self, id: u32, now: Instant, src: u32, repr: &Repr<'_>) {
         let Ok(mut list) = self.list.try_lock() else {
-            return false;
+            return;
         };
-        match list.iter_mut().find(|c| c.id == id && c.own.is_none()) {
-            Some(c) => {
-                c.take(now, src, repr);
-                true
-            }
-            None => false,
+        if let Some(c) = list.iter_mut().find(|c| c.id == id && c.own.is_none()) {
+            c.take(now, src, repr);
         }
     }
 
