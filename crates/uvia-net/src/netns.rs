@@ -96,12 +96,9 @@ impl TestHosts {
         // A /24 inside 10.0.0.0/8 of the namespaces only, one per pair of
         // hosts on this machine: a launcher agent finds a host by its
         // address, so two pairs made at once must not share one.
-        let net = claim_net(((pid ^ seq.wrapping_mul(97)) % NETS) as u8 + 1)?;
-        let hosts = TestHosts {
-            names: [format!("uvia-{id}-a"), format!("uvia-{id}-b")],
-            net,
-            alike,
-        };
+        let names = [format!("uvia-{id}-a"), format!("uvia-{id}-b")];
+        let net = claim_net(((pid ^ seq.wrapping_mul(97)) % NETS) as u8 + 1, &names)?;
+        let hosts = TestHosts { names, net, alike };
         if let Err(e) = hosts.build() {
             // Dropping removes what was made and gives the /24 back.
             drop(hosts);
@@ -190,10 +187,12 @@ fn claim_path(net: u8) -> std::path::PathBuf {
 }
 
 /// Claims a /24 no other pair of test hosts on this machine holds, trying
-/// `first` and then the next ones. A claim is a file made only if absent,
-/// so two processes never take the same one; a claim whose process has
-/// died (killed before it could remove its hosts) is taken over.
-fn claim_net(first: u8) -> Result<u8, NetnsError> {
+/// `first` and then the next ones, for the hosts `names`. A claim is a file
+/// made only if absent, holding the claiming process's id and the hosts'
+/// names, so two processes never take the same one; a claim whose process
+/// has died (killed before it could remove its hosts) is taken over, and
+/// the hosts it names, still holding the addresses, are removed first.
+fn claim_net(first: u8, names: &[String; 2]) -> Result<u8, NetnsError> {
     use std::io::Write;
     std::fs::create_dir_all(CLAIMS)?;
     let me = std::process::id();
@@ -207,18 +206,27 @@ fn claim_net(first: u8) -> Result<u8, NetnsError> {
                 .open(&path)
             {
                 Ok(mut f) => {
-                    f.write_all(me.to_string().as_bytes())?;
+                    f.write_all(format!("{me} {} {}", names[0], names[1]).as_bytes())?;
                     return Ok(net);
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                     let holder = std::fs::read_to_string(&path).unwrap_or_default();
-                    let dead = holder.trim().parse::<libc::pid_t>().is_ok_and(|p| {
-                        // SAFETY: signal 0 only checks that the process exists.
-                        let gone = unsafe { libc::kill(p, 0) } != 0;
-                        gone && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-                    });
+                    let mut words = holder.split_whitespace();
+                    let dead = words
+                        .next()
+                        .and_then(|w| w.parse::<libc::pid_t>().ok())
+                        .is_some_and(|p| {
+                            // SAFETY: signal 0 only checks that the process exists.
+                            let gone = unsafe { libc::kill(p, 0) } != 0;
+                            gone && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+                        });
                     if !dead {
                         break;
+                    }
+                    for stale in words.filter(|w| w.starts_with("uvia-")) {
+                        if std::path::Path::new("/run/netns").join(stale).exists() {
+                            let _ = ip(&["netns", "del", stale]);
+                        }
                     }
                     let _ = std::fs::remove_file(&path);
                 }
@@ -282,8 +290,8 @@ mod tests {
     }
 
     /// Two pairs made at once never share a /24, even when both start
-    /// from the same one; a claim left by a dead process is taken over, and
-    /// dropping the hosts gives their /24 back.
+    /// from the same one; a claim left by a dead process is taken over (its
+    /// hosts removed), and dropping the hosts gives their /24 back.
     #[test]
     fn each_pair_of_hosts_has_a_network_of_its_own() {
         if let Err(why) = TestHosts::available() {
@@ -292,18 +300,23 @@ mod tests {
         }
         let one = TestHosts::create("claim").unwrap();
         let first = one.net;
-        let next = claim_net(first).unwrap();
+        let stale = format!("uvia-stale{}-a", std::process::id());
+        let names = [stale.clone(), "uvia-never-b".to_string()];
+        let next = claim_net(first, &names).unwrap();
         assert_ne!(next, first);
         assert_eq!(
             std::fs::read_to_string(claim_path(first)).unwrap(),
-            std::process::id().to_string()
+            format!("{} {} {}", std::process::id(), one.names[0], one.names[1])
         );
-        // A claim whose process has exited is free again.
+        // A claim whose process has exited is free again, and the hosts it
+        // names, left behind, are removed.
         let mut child = Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();
-        std::fs::write(claim_path(next), dead.to_string()).unwrap();
-        assert_eq!(claim_net(next).unwrap(), next);
+        ip(&["netns", "add", &stale]).unwrap();
+        std::fs::write(claim_path(next), format!("{dead} {stale} uvia-never-b")).unwrap();
+        assert_eq!(claim_net(next, &names).unwrap(), next);
+        assert!(!listed().contains(&stale), "{}", listed());
         std::fs::remove_file(claim_path(next)).unwrap();
         drop(one);
         assert!(!claim_path(first).exists());
