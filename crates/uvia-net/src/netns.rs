@@ -179,7 +179,7 @@ static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0)
 const NETS: u32 = 250;
 
 /// Where each pair of test hosts claims its /24: a file named for it,
-/// holding the claiming process's id.
+/// holding the claiming process's id and the hosts' names.
 const CLAIMS: &str = "/run/uvia-test-hosts";
 
 fn claim_path(net: u8) -> std::path::PathBuf {
