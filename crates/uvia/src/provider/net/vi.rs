@@ -445,7 +445,7 @@ impl NetVi {
         let Some(net) = NetNic::of(nic) else {
             return;
         };
-        if !self.joined || self.conn.is_closed() || self.conn.is_connected() {
+        if !self.is_closing_joined() {
             return;
         }
         let NetVi {
@@ -466,7 +466,12 @@ impl NetVi {
     /// after its VI is gone: its frames come to the Nic's medium and
     /// [`keep_closing`](Self::keep_closing) keeps it.
     fn kept_on_nic(&self) -> bool {
-        self.own.is_none() && self.joined && !self.conn.is_closed() && !self.conn.is_connected()
+        self.own.is_none() && self.is_closing_joined()
+    }
+
+    /// Joined to its peer and closing: what the closer keeps.
+    fn is_closing_joined(&self) -> bool {
+        self.joined && !self.conn.is_closed() && !self.conn.is_connected()
     }
 
     /// The VI lets go of its connection id: the Nic forgets it, or, for a
