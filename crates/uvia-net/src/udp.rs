@@ -13,7 +13,7 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -25,6 +25,11 @@ const UDP_GRO: libc::c_int = 104;
 const BATCH: usize = 64;
 /// Most segments the kernel takes in one GSO send.
 const GSO_MAX_SEGMENTS: usize = 64;
+/// Datagrams found queued in one read that switch receive offload on
+/// ([`UdpOptions::gro_while_streaming`]).
+const STREAM_DATAGRAMS: usize = 4;
+/// Reads in a row of one lone frame that switch it off again.
+const LONE_READS: u32 = 64;
 /// Most bytes of one UDP datagram (IPv4; IPv6 allows 20 more).
 const MAX_DATAGRAM: usize = 65_507;
 
@@ -90,6 +95,11 @@ pub struct UdpOptions {
     pub gso: bool,
     /// Use UDP receive offload.
     pub gro: bool,
+    /// Switch UDP receive offload on while datagrams queue up and off
+    /// again when they come one at a time (see [`UdpMedium::recv`]). Only
+    /// for a socket one reader at a time reads (a connection's own): the
+    /// switch is made by the reader. Ignored with `gro`.
+    pub gro_while_streaming: bool,
     /// Socket send and receive buffer sizes.
     pub buffer_bytes: usize,
 }
@@ -100,6 +110,7 @@ impl Default for UdpOptions {
             max_frame: None,
             gso: true,
             gro: true,
+            gro_while_streaming: false,
             buffer_bytes: 4 << 20,
         }
     }
@@ -139,6 +150,16 @@ pub struct UdpMedium {
     caps: Caps,
     /// Cleared when the kernel refuses a segmented send.
     gso: AtomicBool,
+    /// Receive offload may be switched on while streaming.
+    gro_adaptive: bool,
+    /// The socket's receive offload is on (switched by the reader).
+    gro_on: AtomicBool,
+    /// A coalesced datagram may be queued: every read needs its control
+    /// message. Set before the offload goes on; cleared by a read that
+    /// finds the queue empty once it is off again.
+    coalesced: AtomicBool,
+    /// Reads in a row, with the offload on, that found one lone frame.
+    lone_reads: AtomicU32,
     frames_sent: AtomicU64,
     frames_received: AtomicU64,
     datagrams_sent: AtomicU64,
@@ -355,6 +376,10 @@ impl UdpMedium {
                 gathers: true,
             },
             gso: AtomicBool::new(opts.gso),
+            gro_adaptive: opts.gro_while_streaming && !gro,
+            gro_on: AtomicBool::new(false),
+            coalesced: AtomicBool::new(false),
+            lone_reads: AtomicU32::new(0),
             frames_sent: AtomicU64::new(0),
             frames_received: AtomicU64::new(0),
             datagrams_sent: AtomicU64::new(0),
@@ -366,6 +391,50 @@ impl UdpMedium {
     /// The address and port it is bound to.
     pub fn local_ip(&self) -> SocketAddr {
         self.local
+    }
+
+    /// True while the socket's receive offload is on.
+    pub fn gro_active(&self) -> bool {
+        self.caps.gro || self.gro_on.load(Ordering::Relaxed)
+    }
+
+    /// Receive offload while streaming, after a read of `datagrams`
+    /// holding `frames`. A stream's segmented sends then arrive whole,
+    /// one datagram and one copy for up to 64 frames, where without it
+    /// the kernel splits them and a read takes each alone. But with it on
+    /// every read needs its control message, and a ping-pong's poll, a
+    /// `recvmsg` in place of a `recvfrom`, cost 0.4 us more a message. So
+    /// it goes on when a read finds [`STREAM_DATAGRAMS`] queued, and off
+    /// after [`LONE_READS`] reads in a row that found one lone frame;
+    /// reads go on taking the control message until the queue has been
+    /// found empty. Measured with `uvia bw -p udp` against the build
+    /// without it, alternated: 64 B messages 768k–863k a second against
+    /// 505k–536k, 1 KiB 619k–778k against 424k–484k; 8 B ping-pong the
+    /// same.
+    fn adapt_gro(&self, datagrams: usize, frames: usize) {
+        let on = self.gro_on.load(Ordering::Relaxed);
+        if datagrams >= STREAM_DATAGRAMS {
+            self.lone_reads.store(0, Ordering::Relaxed);
+            if !on {
+                // Reads take the control message before anything can
+                // come coalesced.
+                self.coalesced.store(true, Ordering::Relaxed);
+                if setsockopt_int(self.fd.as_raw_fd(), libc::SOL_UDP, UDP_GRO, 1).is_ok() {
+                    self.gro_on.store(true, Ordering::Relaxed);
+                }
+            }
+        } else if on && frames == 1 {
+            let lone = self.lone_reads.load(Ordering::Relaxed) + 1;
+            self.lone_reads.store(lone, Ordering::Relaxed);
+            if lone >= LONE_READS
+                && setsockopt_int(self.fd.as_raw_fd(), libc::SOL_UDP, UDP_GRO, 0).is_ok()
+            {
+                self.gro_on.store(false, Ordering::Relaxed);
+                self.lone_reads.store(0, Ordering::Relaxed);
+            }
+        } else {
+            self.lone_reads.store(0, Ordering::Relaxed);
+        }
     }
 
     /// One datagram with `recvfrom`: the cheapest look at the socket (no
@@ -650,7 +719,8 @@ impl Medium for UdpMedium {
 
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         batch.clear();
-        if !batch.wide && !self.caps.gro {
+        let coalesced = self.caps.gro || self.coalesced.load(Ordering::Relaxed);
+        if !batch.wide && !coalesced {
             return self.recv_one(batch, libc::MSG_DONTWAIT);
         }
         // One datagram at a time while they come one at a time (a ping-pong:
@@ -687,7 +757,15 @@ impl Medium for UdpMedium {
         if r < 0 {
             let e = io::Error::last_os_error();
             return match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                io::ErrorKind::WouldBlock => {
+                    // Nothing queued: once the offload is off, nothing
+                    // coalesced can come any more.
+                    if coalesced && self.gro_adaptive && !self.gro_on.load(Ordering::Relaxed) {
+                        self.coalesced.store(false, Ordering::Relaxed);
+                    }
+                    Ok(0)
+                }
+                io::ErrorKind::Interrupted => Ok(0),
                 _ => Err(e),
             };
         }
@@ -727,6 +805,9 @@ impl Medium for UdpMedium {
             }
         }
         batch.used = batch.buf.len();
+        if self.gro_adaptive {
+            self.adapt_gro(got, batch.frames.len());
+        }
         self.datagrams_received
             .fetch_add(got as u64, Ordering::Relaxed);
         self.frames_received
@@ -773,7 +854,7 @@ impl Medium for UdpMedium {
     /// `recvfrom` that sleeps (bounded by `SO_RCVTIMEO`, set only when the
     /// bound changes), where a `poll` and a receive would be two calls.
     fn recv_wait(&self, batch: &mut RecvBatch, timeout: Duration) -> io::Result<usize> {
-        if self.caps.gro || self.peer.get().is_none() {
+        if self.caps.gro || self.coalesced.load(Ordering::Relaxed) || self.peer.get().is_none() {
             self.wait(Some(timeout))?;
             return self.recv(batch);
         }
@@ -1031,6 +1112,64 @@ mod tests {
             peer.recv(&mut b).unwrap();
         }
         assert_eq!(b.frame(0), (own.local_addr(), &b"back"[..]));
+    }
+
+    #[test]
+    fn receive_offload_goes_on_for_a_stream_and_off_for_lone_frames() {
+        let opts = UdpOptions {
+            gro: false,
+            gro_while_streaming: true,
+            ..UdpOptions::default()
+        };
+        let (a, b) = pair("127.0.0.1", opts);
+        let send = |data: &[Vec<u8>]| {
+            let out: Vec<OutFrame<'_>> = data
+                .iter()
+                .map(|d| OutFrame {
+                    to: b.local_addr(),
+                    bytes: d,
+                })
+                .collect();
+            a.send(&out).unwrap();
+        };
+        assert!(!b.gro_active());
+        // A stream: runs of equal frames, sent segmented.
+        for round in 0..4 {
+            let mut sizes = vec![1000 + round; 40];
+            sizes.push(77);
+            let data = frames(&sizes);
+            send(&data);
+            assert_eq!(collect(&b, data.len()), data, "stream round {round}");
+            assert!(b.gro_active(), "a stream switches receive offload on");
+        }
+        assert!(b.datagrams_received.load(Ordering::Relaxed) < 4 * 41);
+        // Frames one at a time, each read alone, switch it off; reads keep
+        // the control message until one finds the queue empty.
+        let mut batch = RecvBatch::new(64, 65_536);
+        for i in 0..LONE_READS as usize + 2 {
+            let data = frames(&[100 + i]);
+            send(&data);
+            let start = Instant::now();
+            while b.recv(&mut batch).unwrap() == 0 {
+                assert!(start.elapsed() < Duration::from_secs(5), "lone frame {i}");
+            }
+            assert_eq!(
+                batch.iter().map(|(_, f)| f.to_vec()).collect::<Vec<_>>(),
+                data
+            );
+        }
+        assert!(!b.gro_active(), "lone frames switch it off");
+        assert!(b.coalesced.load(Ordering::Relaxed));
+        assert_eq!(b.recv(&mut batch).unwrap(), 0);
+        assert!(
+            !b.coalesced.load(Ordering::Relaxed),
+            "an empty queue ends it"
+        );
+        // A stream after that arrives whole again, offload back on.
+        let data = frames(&[1400; 30]);
+        send(&data);
+        assert_eq!(collect(&b, data.len()), data);
+        assert!(b.gro_active());
     }
 
     #[test]

@@ -487,12 +487,13 @@ pub fn template(runs: &[Vec<Ev>], k: usize) -> Result<Vec<Step>> {
 pub fn fifo(tl: &[Ev], steps: &[Step], k: usize) -> Result<Vec<Option<Vec<usize>>>> {
     let (sends, recvs) = ends(tl, k)?;
     let n = sends.len();
+    let carries = receives_that_returned(tl);
     let occ: Vec<Vec<usize>> = steps
         .iter()
         .map(|&(side, l)| {
             tl.iter()
                 .enumerate()
-                .filter(|(_, e)| e.side == side && e.label == l)
+                .filter(|&(i, e)| e.side == side && e.label == l && carries[i])
                 .map(|(i, _)| i)
                 .collect()
         })
@@ -545,6 +546,59 @@ pub fn fifo(tl: &[Ev], steps: &[Step], k: usize) -> Result<Vec<Option<Vec<usize>
         }
     }
     Ok(best)
+}
+
+/// False for the receiver's socket-receive events (the system call's
+/// entry and exit, the socket's receive and copy) of a call that returned
+/// nothing: a receiver that polls a socket makes many such calls, and only
+/// those followed by a frame found ([`Stage::RxFound`], before its next
+/// call) carry messages. A call that returns several messages at once (a
+/// batch of datagrams, or one datagram coalesced from a segmented send) is
+/// then the only candidate for each of them, shared, where the empty polls
+/// after it would each have been taken for the next message's own. True
+/// for every other event, and for all where the receiver reads no socket
+/// (the xdp medium's ring) or marks no frame found.
+fn receives_that_returned(tl: &[Ev]) -> Vec<bool> {
+    let mut keep = vec![true; tl.len()];
+    let recv_side = 1;
+    let has = |l: Label| tl.iter().any(|e| e.side == recv_side && e.label == l);
+    if !has(Label::Kernel(Point::SockRecvLength)) || !has(Label::Mark(Stage::RxFound)) {
+        return keep;
+    }
+    let per_call = |l: Label| {
+        matches!(
+            l,
+            Label::Kernel(
+                Point::SysEnter
+                    | Point::SysExit
+                    | Point::SockRecvLength
+                    | Point::SkbCopyDatagramIovec
+            )
+        )
+    };
+    let mut call: Vec<usize> = Vec::new();
+    let mut found = false;
+    let mut close = |call: &mut Vec<usize>, found: bool| {
+        if !found {
+            for &j in call.iter() {
+                keep[j] = false;
+            }
+        }
+        call.clear();
+    };
+    for (j, e) in tl.iter().enumerate().filter(|(_, e)| e.side == recv_side) {
+        if e.label == Label::Kernel(Point::SysEnter) {
+            close(&mut call, found);
+            found = false;
+        }
+        if e.label == Label::Mark(Stage::RxFound) {
+            found = true;
+        } else if per_call(e.label) {
+            call.push(j);
+        }
+    }
+    close(&mut call, found);
+    keep
 }
 
 /// A message's share of a CPU's time in one layer: (from, to, ns).
@@ -1491,6 +1545,51 @@ mod tests {
             .unwrap();
         // From the start of the call that returned it, not the hand-off.
         assert_eq!(find.ns, 400.0);
+    }
+
+    #[test]
+    fn only_the_receive_calls_that_returned_frames_carry_messages() {
+        let e = |ns: u64, side, label| Ev {
+            ns,
+            label,
+            side,
+            cost: 0.0,
+            stamped_first: false,
+        };
+        let (enter, len, exit) = (
+            Label::Kernel(Point::SysEnter),
+            Label::Kernel(Point::SockRecvLength),
+            Label::Kernel(Point::SysExit),
+        );
+        let found = Label::Mark(Stage::RxFound);
+        let tl = vec![
+            e(0, 0, Label::Mark(Stage::AppSend)),
+            e(5, 0, enter),
+            // A poll that finds nothing, one that returns frames (both of
+            // a coalesced send), and another empty one.
+            e(10, 1, enter),
+            e(11, 1, len),
+            e(12, 1, exit),
+            e(20, 1, enter),
+            e(21, 1, len),
+            e(22, 1, exit),
+            e(23, 1, found),
+            e(24, 1, Label::Mark(Stage::AppReceived)),
+            e(30, 1, enter),
+            e(31, 1, len),
+            e(32, 1, exit),
+            e(40, 1, Label::Mark(Stage::AppReceived)),
+        ];
+        let keep = receives_that_returned(&tl);
+        let dropped: Vec<u64> = (0..tl.len())
+            .filter(|&i| !keep[i])
+            .map(|i| tl[i].ns)
+            .collect();
+        assert_eq!(dropped, [10, 11, 12, 30, 31, 32]);
+        // A receiver that marks no frame found (kernel UDP's own loop
+        // here) keeps every call.
+        let bare: Vec<Ev> = tl.iter().filter(|x| x.label != found).cloned().collect();
+        assert!(receives_that_returned(&bare).iter().all(|&k| k));
     }
 
     fn ev(ns: u64, point: Point, tgid: u32, cpu: u32) -> uvia_trace::kernel::Event {
