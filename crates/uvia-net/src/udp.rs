@@ -933,14 +933,8 @@ mod tests {
             .collect()
     }
 
-    fn exchange(ip: &str, opts: UdpOptions) {
-        let (a, b) = pair(ip, opts);
-        // Runs that segment (equal sizes, a shorter tail) and lone frames.
-        let mut sizes = vec![1200; 40];
-        sizes.push(300);
-        sizes.extend([1, 64, 1472, 9000, 1472, 1472]);
-        sizes.extend(vec![1000; 100]);
-        let data = frames(&sizes);
+    /// Sends `data` from `a` to `b`, frame by frame in one call.
+    fn send_all_to(a: &UdpMedium, b: &UdpMedium, data: &[Vec<u8>]) {
         let out: Vec<OutFrame<'_>> = data
             .iter()
             .map(|d| OutFrame {
@@ -949,6 +943,17 @@ mod tests {
             })
             .collect();
         a.send(&out).unwrap();
+    }
+
+    fn exchange(ip: &str, opts: UdpOptions) {
+        let (a, b) = pair(ip, opts);
+        // Runs that segment (equal sizes, a shorter tail) and lone frames.
+        let mut sizes = vec![1200; 40];
+        sizes.push(300);
+        sizes.extend([1, 64, 1472, 9000, 1472, 1472]);
+        sizes.extend(vec![1000; 100]);
+        let data = frames(&sizes);
+        send_all_to(&a, &b, &data);
         let got = collect(&b, data.len());
         assert_eq!(got.len(), data.len(), "every frame arrives ({ip})");
         assert_eq!(got, data, "identical and in order ({ip})");
@@ -1122,16 +1127,7 @@ mod tests {
             ..UdpOptions::default()
         };
         let (a, b) = pair("127.0.0.1", opts);
-        let send = |data: &[Vec<u8>]| {
-            let out: Vec<OutFrame<'_>> = data
-                .iter()
-                .map(|d| OutFrame {
-                    to: b.local_addr(),
-                    bytes: d,
-                })
-                .collect();
-            a.send(&out).unwrap();
-        };
+        let send = |data: &[Vec<u8>]| send_all_to(&a, &b, data);
         assert!(!b.gro_active());
         // A stream: runs of equal frames, sent segmented.
         for round in 0..4 {
