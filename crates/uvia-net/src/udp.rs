@@ -96,9 +96,10 @@ pub struct UdpOptions {
     /// Use UDP receive offload.
     pub gro: bool,
     /// Switch UDP receive offload on while datagrams queue up and off
-    /// again when they come one at a time (see [`UdpMedium::recv`]). Only
-    /// for a socket one reader at a time reads (a connection's own): the
-    /// switch is made by the reader. Ignored with `gro`.
+    /// again when they come one at a time (the medium's receive does it,
+    /// see [`UdpMedium::gro_active`]). Only for a socket one reader at a
+    /// time reads (a connection's own): the switch is made by the reader.
+    /// Ignored with `gro`.
     pub gro_while_streaming: bool,
     /// Socket send and receive buffer sizes.
     pub buffer_bytes: usize,
