@@ -424,17 +424,20 @@ impl UdpMedium {
                     self.gro_on.store(true, Ordering::Relaxed);
                 }
             }
-        } else if on && frames == 1 {
-            let lone = self.lone_reads.load(Ordering::Relaxed) + 1;
-            self.lone_reads.store(lone, Ordering::Relaxed);
+        } else if on {
+            // Counted only while it is on: a read with it off writes nothing.
+            let lone = match frames {
+                1 => self.lone_reads.load(Ordering::Relaxed) + 1,
+                _ => 0,
+            };
             if lone >= LONE_READS
                 && setsockopt_int(self.fd.as_raw_fd(), libc::SOL_UDP, UDP_GRO, 0).is_ok()
             {
                 self.gro_on.store(false, Ordering::Relaxed);
                 self.lone_reads.store(0, Ordering::Relaxed);
+            } else {
+                self.lone_reads.store(lone, Ordering::Relaxed);
             }
-        } else {
-            self.lone_reads.store(0, Ordering::Relaxed);
         }
     }
 
