@@ -12,7 +12,7 @@ use crate::prov;
 use crate::sys::*;
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use uvia::{Nic, NicOptions, Ptag, Segment};
+use uvia::{MemHandle, Nic, NicOptions, Ptag, Segment};
 
 /// A domain. `#[repr(C)]` with libfabric's `fid_domain` first.
 #[repr(C)]
@@ -178,6 +178,24 @@ impl Domain {
         if segs.iter().map(|s| s.length as usize).sum::<usize>() < from {
             return;
         }
+        self.share_regions(segs);
+    }
+
+    /// [`share_destinations`](Self::share_destinations) for one buffer of
+    /// `len` bytes: inlined into `fi_recv`, where a small receive (every
+    /// message of a ping-pong) pays one compare, not a call.
+    #[inline]
+    pub fn share_destination(&self, buf: *const u8, handle: MemHandle, len: u32) {
+        if self
+            .share_recv_from
+            .is_some_and(|from| len as usize >= from)
+        {
+            self.share_regions(&[Segment::local(buf, handle, len)]);
+        }
+    }
+
+    #[cold]
+    fn share_regions(&self, segs: &[Segment]) {
         for s in segs.iter().filter(|s| s.length > 0) {
             if let Some(p) = self.unshared.take(s.handle) {
                 p.share(&self.nic);

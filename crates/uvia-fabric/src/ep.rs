@@ -898,8 +898,7 @@ unsafe extern "C" fn recv(
             return Err(err::EINVAL);
         }
         let handle = mr::handle(desc);
-        ep.domain()
-            .share_destinations(&[Segment::local(buf as *const u8, handle, len)]);
+        ep.domain().share_destination(buf as *const u8, handle, len);
         ep.post_recv_one(buf, len, handle, context)
     })
 }

@@ -871,8 +871,12 @@ impl Vi {
         if let Some(d) = t.poll(self, q, first, false) {
             return Some((first, d));
         }
-        // What the poll moved forward on the other queues.
-        self.pop_of(q, queues)
+        // What the poll moved forward on the other queues; with one queue
+        // there is none (the poll hands back its head when it completes).
+        match queues {
+            [_] => None,
+            _ => self.pop_of(q, queues),
+        }
     }
 
     /// Like [`done_raw_of`](Self::done_raw_of) without the transport's poll:
@@ -1650,6 +1654,54 @@ pub(crate) mod tests {
         while b.vi.recv_done_raw().is_none() {}
         // SAFETY: handed back by the disconnect.
         drop(unsafe { Box::from_raw(recv.as_ptr()) });
+    }
+
+    /// A look over one queue hands back what its poll completed, and a
+    /// look over both finds the other queue's head too (the receive's
+    /// poll moves the sends forward as well).
+    #[test]
+    fn a_look_over_one_queue_or_both_takes_what_the_poll_completed() {
+        let nic = Nic::open("shm").unwrap();
+        let (a, b) = connected_pair_with(&nic, None);
+        let raw = |d: Descriptor| std::ptr::NonNull::new(Box::into_raw(Box::new(d))).unwrap();
+        let look = |vi: &Vi, queues: &[Queue]| {
+            let t = std::time::Instant::now();
+            loop {
+                if let Some(found) = vi.done_raw_of(queues) {
+                    break found;
+                }
+                assert!(t.elapsed() < Duration::from_secs(5), "nothing completed");
+            }
+        };
+        let recv_b = raw(Descriptor::recv(&[b.buf.segment(0, 64)]));
+        let recv_a = raw(Descriptor::recv(&[a.buf.segment(0, 64)]));
+        let send_a = raw(Descriptor::send(&[a.buf.segment(64, 5)]));
+        // SAFETY: live descriptors, each handed back below before it is freed.
+        unsafe {
+            b.vi.post_recv_raw(recv_b, false).unwrap();
+            a.vi.post_recv_raw(recv_a, false).unwrap();
+            a.vi.post_send_raw(send_a, false).unwrap();
+        }
+        assert_eq!(look(&b.vi, &[Queue::Recv]), (Queue::Recv, recv_b));
+        assert_eq!(look(&a.vi, &[Queue::Send]), (Queue::Send, send_a));
+        assert!(a.vi.done_raw_of(&[Queue::Send]).is_none(), "taken once");
+        // Both queues: the answer's receive, then a send completed since.
+        b.send(b"back");
+        let send_a2 = raw(Descriptor::send(&[a.buf.segment(64, 3)]));
+        // SAFETY: as above.
+        unsafe { a.vi.post_send_raw(send_a2, false).unwrap() };
+        let mut got = vec![look(&a.vi, &[Queue::Recv, Queue::Send])];
+        got.push(look(&a.vi, &[Queue::Recv, Queue::Send]));
+        got.sort_by_key(|(q, _)| *q == Queue::Send);
+        assert_eq!(got, vec![(Queue::Recv, recv_a), (Queue::Send, send_a2)]);
+        // SAFETY: handed back: the program's again.
+        unsafe {
+            assert_eq!((*recv_b.as_ptr()).result(), Ok(5));
+            assert_eq!((*recv_a.as_ptr()).result(), Ok(4));
+            for d in [recv_a, recv_b, send_a, send_a2] {
+                drop(Box::from_raw(d.as_ptr()));
+            }
+        }
     }
 
     #[test]
