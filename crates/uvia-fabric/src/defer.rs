@@ -59,10 +59,18 @@ impl Deferred {
     /// next. `sleeping`: a blocking read about to sleep, which looks under
     /// the lock (see [`push`](Self::push)); a polling one looks at the flag
     /// first, and a push it misses is posted by its next read.
+    #[inline]
     pub fn flush(&self, vi: &Vi, sleeping: bool) -> Option<NonNull<Descriptor>> {
+        // The look every polling read makes, inlined into it: the call
+        // and its frame cost more than the flag.
         if !sleeping && !self.any.load(Ordering::Acquire) {
             return None;
         }
+        self.post_pending(vi)
+    }
+
+    #[inline(never)]
+    fn post_pending(&self, vi: &Vi) -> Option<NonNull<Descriptor>> {
         let mut p = self.pending.lock();
         let mut posted = 0;
         let mut refused = None;

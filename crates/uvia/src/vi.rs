@@ -787,6 +787,9 @@ impl Vi {
     ) -> Option<NonNull<Descriptor>> {
         let head = match queue {
             Queue::Send => q.sq.front(),
+            // Counted: an empty look at the receives (every poll's) reads
+            // one word, not the head's slot.
+            Queue::Recv if q.rq_done == 0 => return None,
             Queue::Recv => q.rq.front(),
         }?;
         if head.state != EntryState::Done || head.owned != owned {
@@ -860,8 +863,12 @@ impl Vi {
     pub fn done_raw_of(&self, queues: &[Queue]) -> Option<(Queue, NonNull<Descriptor>)> {
         let mut g = self.lock();
         let ViInner { q, t } = &mut *g;
-        if let Some(found) = self.pop_of(q, queues) {
-            return Some(found);
+        // A look at the receives alone with none completed (a polling
+        // read's usual case) goes straight to the poll.
+        if q.rq_done > 0 || queues != [Queue::Recv] {
+            if let Some(found) = self.pop_of(q, queues) {
+                return Some(found);
+            }
         }
         let first = match queues {
             [] => return None,
