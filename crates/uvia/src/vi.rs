@@ -520,6 +520,7 @@ impl Vi {
         self.s.tag.load(Ordering::Acquire)
     }
 
+    #[inline]
     pub fn state(&self) -> ViState {
         match self.s.state.load(Ordering::Acquire) {
             0 => ViState::Idle,
