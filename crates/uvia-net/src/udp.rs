@@ -399,6 +399,12 @@ impl UdpMedium {
         self.caps.gro || self.gro_on.load(Ordering::Relaxed)
     }
 
+    /// A queued datagram may hold several frames: a read must take the
+    /// control message that says where they split.
+    fn may_coalesce(&self) -> bool {
+        self.caps.gro || self.coalesced.load(Ordering::Relaxed)
+    }
+
     /// Receive offload while streaming, after a read of `datagrams`
     /// holding `frames`. A stream's segmented sends then arrive whole,
     /// one datagram and one copy for up to 64 frames, where without it
@@ -723,7 +729,7 @@ impl Medium for UdpMedium {
 
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         batch.clear();
-        let coalesced = self.caps.gro || self.coalesced.load(Ordering::Relaxed);
+        let coalesced = self.may_coalesce();
         if !batch.wide && !coalesced {
             return self.recv_one(batch, libc::MSG_DONTWAIT);
         }
@@ -858,7 +864,7 @@ impl Medium for UdpMedium {
     /// `recvfrom` that sleeps (bounded by `SO_RCVTIMEO`, set only when the
     /// bound changes), where a `poll` and a receive would be two calls.
     fn recv_wait(&self, batch: &mut RecvBatch, timeout: Duration) -> io::Result<usize> {
-        if self.caps.gro || self.coalesced.load(Ordering::Relaxed) || self.peer.get().is_none() {
+        if self.may_coalesce() || self.peer.get().is_none() {
             self.wait(Some(timeout))?;
             return self.recv(batch);
         }

@@ -864,9 +864,10 @@ impl Vi {
     pub fn done_raw_of(&self, queues: &[Queue]) -> Option<(Queue, NonNull<Descriptor>)> {
         let mut g = self.lock();
         let ViInner { q, t } = &mut *g;
-        // A look at the receives alone with none completed (a polling
-        // read's usual case) goes straight to the poll.
-        if q.rq_done > 0 || queues != [Queue::Recv] {
+        // A head can be taken only if a receive is counted done or the
+        // sends are looked at: a polling read over its receive queue
+        // usually finds neither and goes straight to the poll.
+        if q.rq_done > 0 || queues.contains(&Queue::Send) {
             if let Some(found) = self.pop_of(q, queues) {
                 return Some(found);
             }
