@@ -657,8 +657,9 @@ impl Vi {
     ///
     /// `Ok(false)`: the transport cannot send it this way now (the
     /// message is larger than its inline limit, sends are queued ahead,
-    /// the ring is full, or the reliability level needs an acknowledgement
-    /// per message); post a descriptor instead.
+    /// the ring is full, the reliability level needs an acknowledgement
+    /// per message (shm), or the VI holds as many unacknowledged copies as
+    /// it keeps (network)); post a descriptor instead.
     pub fn send_copy(&self, parts: &[&[u8]], imm: Option<u32>) -> Result<bool, PostError> {
         uvia_trace::mark!(AppSend);
         let mut g = self.lock();

@@ -18,6 +18,7 @@ use crate::nic::NicShared;
 use crate::provider::TransportOps;
 use crate::vi::{check_rdma, prepare, EntryState, Posted, Queue, Queues, SlotQueue, Vi};
 use crate::vi::{ViAttributes, ViState};
+use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
@@ -58,6 +59,22 @@ pub(crate) fn acks_sent(vi: &Vi) -> u64 {
         crate::provider::Transport::Net(n) => n.conn.stats().acks_sent,
         _ => 0,
     }
+}
+
+/// Largest message a network VI sends by copy ([`TransportOps::send_copy`]):
+/// libfabric's inject size, and what `ofi_rxm` injects (its header and a
+/// small payload).
+pub(crate) const COPY_MAX: usize = 256;
+
+/// Copied messages in flight per VI, at most: past it a copy is refused and
+/// the caller posts a descriptor (a bounded queue, as a send queue is).
+const COPIES_IN_FLIGHT: usize = 64;
+
+/// A message sent by copy: its bytes stay here until the peer acknowledges
+/// them, for the engine to read again if a frame of it is lost.
+struct Copied {
+    msn: u32,
+    bytes: [u8; COPY_MAX],
 }
 
 /// A VI's network connection.
@@ -106,6 +123,8 @@ pub(crate) struct NetVi {
     /// the sleeps since it last grew ([`lend_recv`](Self::lend_recv)).
     sent_again: u64,
     quiet_sleeps: u32,
+    /// Messages sent by copy and not yet acknowledged, oldest first.
+    copies: VecDeque<Copied>,
 }
 
 /// Sleeps in `poll` after a retransmission before a waiter may sleep in
@@ -150,6 +169,7 @@ impl NetVi {
             told: None,
             sent_again: 0,
             quiet_sleeps: QUIET_SLEEPS,
+            copies: VecDeque::new(),
         })
     }
 
@@ -215,7 +235,7 @@ impl NetVi {
         // Frames come from the own medium once it is connected to the
         // peer (the kernel checked the source), or through the endpoint,
         // which checked it.
-        let mut mem = ViMem::new(vi, q);
+        let mut mem = ViMem::new(vi, q, &self.copies);
         uvia_trace::mark!(ProtoIn);
         self.conn.handle_frame(now, src, repr, &mut mem);
         uvia_trace::mark!(ProtoPlaced);
@@ -246,7 +266,10 @@ impl NetVi {
         };
         let mut sent = false;
         loop {
-            let mut mem = ViMem::new(vi, q);
+            // Moved out for the call, as the medium is: the engine reads
+            // copied messages through `mem` while it borrows this VI.
+            let copies = std::mem::take(&mut self.copies);
+            let mut mem = ViMem::new(vi, q, &copies);
             self.deferred = 0;
             // A local send failure is a lost frame to the engine: the
             // reliable levels send it again, the unreliable one lost it.
@@ -269,6 +292,7 @@ impl NetVi {
                 _ => self.send_copied(&*nic.medium, now, &mut mem),
             };
             self.own = own;
+            self.copies = copies;
             if k > 0 {
                 // After the call: a burst is judged by the gap between the
                 // end of one transmission and the next post. An answer's
@@ -291,6 +315,29 @@ impl NetVi {
         }
     }
 
+    /// Sends a message just given to the engine, or holds its frames for
+    /// the burst it is part of. Doorbell coalescing: a post that follows
+    /// the last transmission closely is part of a burst; its frames leave
+    /// with the burst, at the caller's next done or wait call (or once a
+    /// batch is full), in one system call. A lone post goes at once, and so
+    /// does the first post after a message arrived: that is an answer (a
+    /// ping-pong's reply comes well within the burst gap of the previous
+    /// send).
+    fn posted(&mut self, vi: &Vi, q: &mut Queues, now: Instant) {
+        let burst = !self.answering
+            && self
+                .last_tx
+                .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
+        if burst && (self.deferred as usize) < TX_BATCH - 1 {
+            if self.deferred == 0 {
+                crate::cq::holds_frames(&vi.s);
+            }
+            self.deferred += 1;
+            return;
+        }
+        self.output(vi, q, now);
+    }
+
     /// Writes engine completions into the descriptors.
     fn events(&mut self, vi: &Vi, q: &mut Queues) -> bool {
         let mut moved = false;
@@ -298,6 +345,12 @@ impl NetVi {
             moved = true;
             match ev {
                 Event::SendDone { msn, outcome } => {
+                    // Sends complete in posting order: a copied one is the
+                    // oldest copy, and has no descriptor to complete.
+                    if self.copies.front().is_some_and(|c| c.msn == msn) {
+                        self.copies.pop_front();
+                        continue;
+                    }
                     let first = q.sq.front().map(|e| e.id).unwrap_or(msn);
                     let i = msn.wrapping_sub(first) as usize;
                     if i < q.sq.len() {
@@ -336,6 +389,7 @@ impl NetVi {
                 }
                 Event::Disconnected | Event::Failed(_) => {
                     // Every descriptor was completed by the engine first.
+                    self.copies.clear();
                     vi.set_state(ViState::Error);
                 }
             }
@@ -651,6 +705,9 @@ impl Memory for NoMemory {
 /// The engine's view of a VI's descriptors and of the Nic's registered
 /// memory.
 pub(super) struct ViMem<'a> {
+    /// The VI's messages sent by copy: read in place of a descriptor's
+    /// memory.
+    copies: &'a VecDeque<Copied>,
     regions: &'a RegionTable,
     attrs: &'a ViAttributes,
     sq: &'a SlotQueue,
@@ -678,8 +735,9 @@ struct Lent {
 const LEND_FROM: usize = 4096;
 
 impl<'a> ViMem<'a> {
-    fn new(vi: &'a Vi, q: &'a Queues) -> ViMem<'a> {
+    fn new(vi: &'a Vi, q: &'a Queues, copies: &'a VecDeque<Copied>) -> ViMem<'a> {
         ViMem {
+            copies,
             regions: &vi.s.nic.regions,
             attrs: &q.attrs,
             sq: &q.sq,
@@ -726,6 +784,19 @@ fn one_piece(e: &Posted, offset: usize, len: usize) -> Option<*const u8> {
 }
 
 /// The entry of `q` whose id is `id`: ids are consecutive from the front.
+/// The copied message `msn`, if it is one. Copies are taken only while no
+/// descriptor is on the send queue, so their numbers are consecutive but
+/// where a descriptor's message came between two of them: the position
+/// the number gives is tried first, then the rest.
+fn copied(copies: &VecDeque<Copied>, msn: u32) -> Option<&Copied> {
+    let first = copies.front()?.msn;
+    let i = msn.wrapping_sub(first) as usize;
+    match copies.get(i) {
+        Some(c) if c.msn == msn => Some(c),
+        _ => copies.iter().find(|c| c.msn == msn),
+    }
+}
+
 fn entry(q: &SlotQueue, id: u32) -> Option<&Posted> {
     let first = q.front()?.id;
     let i = id.wrapping_sub(first) as usize;
@@ -773,6 +844,11 @@ fn scatter_at(e: &Posted, offset: usize, data: &[u8]) {
 
 impl Memory for ViMem<'_> {
     fn read_send(&mut self, msn: u32, offset: u32, buf: &mut [u8]) {
+        if let Some(c) = copied(self.copies, msn) {
+            let at = offset as usize;
+            buf.copy_from_slice(&c.bytes[at..at + buf.len()]);
+            return;
+        }
         match entry(self.sq, msn) {
             Some(e) if e.still_registered(self.regions) => {
                 let lent = self.lend
@@ -1059,25 +1135,47 @@ impl TransportOps for NetVi {
         slot.state = EntryState::InFlight;
         q.sq.commit();
         q.sq_sent = q.sq.len();
-        // Doorbell coalescing: a post that follows the last transmission
-        // closely is part of a burst; its frames leave with the burst, at
-        // the caller's next done or wait call (or once a batch is full), in
-        // one system call. A lone post goes at once, and so does the first
-        // post after a message arrived: that is an answer (a ping-pong's
-        // reply comes well within the burst gap of the previous send).
-        let burst = !self.answering
-            && self
-                .last_tx
-                .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
-        if burst && (self.deferred as usize) < TX_BATCH - 1 {
-            if self.deferred == 0 {
-                crate::cq::holds_frames(&vi.s);
-            }
-            self.deferred += 1;
-            return Ok(());
-        }
-        self.output(vi, q, now);
+        self.posted(vi, q, now);
         Ok(())
+    }
+
+    /// Sends a message by copy: its bytes go into the VI's own storage
+    /// and the engine frames them from there (again, if a frame is lost),
+    /// until the peer acknowledges it. No descriptor and no completion: a
+    /// failure shows as the connection's. Refused (the caller posts a
+    /// descriptor) above [`COPY_MAX`] bytes, with [`COPIES_IN_FLIGHT`]
+    /// copies unacknowledged, or while a descriptor is on the send queue:
+    /// a send-queue entry is found by its message's number counted from
+    /// the first entry's, so the queue's messages stay consecutive.
+    fn send_copy(&mut self, vi: &Vi, q: &mut Queues, bytes: &[&[u8]], imm: Option<u32>) -> bool {
+        let len: usize = bytes.iter().map(|b| b.len()).sum();
+        if len > COPY_MAX || !q.sq.is_empty() || self.copies.len() >= COPIES_IN_FLIGHT {
+            return false;
+        }
+        let now = Instant::now();
+        let op = SendOp {
+            kind: SendKind::Send,
+            len: len as u32,
+            imm,
+        };
+        // Refused by the engine (not connected, too long for the peer): the
+        // caller's post reports why.
+        let Ok(msn) = self.conn.post_send(now, op) else {
+            return false;
+        };
+        let mut c = Copied {
+            msn,
+            bytes: [0; COPY_MAX],
+        };
+        let mut at = 0;
+        for b in bytes {
+            c.bytes[at..at + b.len()].copy_from_slice(b);
+            at += b.len();
+        }
+        self.copies.push_back(c);
+        uvia_trace::mark!(ViPosted);
+        self.posted(vi, q, now);
+        true
     }
 
     /// Tells the engine of a receive descriptor just queued at the back.
