@@ -64,7 +64,7 @@ pub(crate) fn acks_sent(vi: &Vi) -> u64 {
 /// Largest message a network VI sends by copy ([`TransportOps::send_copy`]):
 /// libfabric's inject size, and what `ofi_rxm` injects (its header and a
 /// small payload).
-pub(crate) const COPY_MAX: usize = 256;
+const COPY_MAX: usize = 256;
 
 /// Copied messages in flight per VI, at most: past it a copy is refused and
 /// the caller posts a descriptor (a bounded queue, as a send queue is).
@@ -783,7 +783,6 @@ fn one_piece(e: &Posted, offset: usize, len: usize) -> Option<*const u8> {
     at.filter(|_| pieces == 1)
 }
 
-/// The entry of `q` whose id is `id`: ids are consecutive from the front.
 /// The copied message `msn`, if it is one. Copies are taken only while no
 /// descriptor is on the send queue, so their numbers are consecutive but
 /// where a descriptor's message came between two of them: the position
@@ -797,6 +796,7 @@ fn copied(copies: &VecDeque<Copied>, msn: u32) -> Option<&Copied> {
     }
 }
 
+/// The entry of `q` whose id is `id`: ids are consecutive from the front.
 fn entry(q: &SlotQueue, id: u32) -> Option<&Posted> {
     let first = q.front()?.id;
     let i = id.wrapping_sub(first) as usize;
