@@ -235,7 +235,7 @@ impl NetVi {
         // Frames come from the own medium once it is connected to the
         // peer (the kernel checked the source), or through the endpoint,
         // which checked it.
-        let mut mem = ViMem::new(vi, q, &self.copies);
+        let mut mem = ViMem::new(vi, q, None);
         uvia_trace::mark!(ProtoIn);
         self.conn.handle_frame(now, src, repr, &mut mem);
         uvia_trace::mark!(ProtoPlaced);
@@ -267,9 +267,10 @@ impl NetVi {
         let mut sent = false;
         loop {
             // Moved out for the call, as the medium is: the engine reads
-            // copied messages through `mem` while it borrows this VI.
-            let copies = std::mem::take(&mut self.copies);
-            let mut mem = ViMem::new(vi, q, &copies);
+            // copied messages through `mem` while it borrows this VI (none
+            // on a VI that sends none: nothing moved on its path).
+            let copies = (!self.copies.is_empty()).then(|| std::mem::take(&mut self.copies));
+            let mut mem = ViMem::new(vi, q, copies.as_ref());
             self.deferred = 0;
             // A local send failure is a lost frame to the engine: the
             // reliable levels send it again, the unreliable one lost it.
@@ -292,7 +293,9 @@ impl NetVi {
                 _ => self.send_copied(&*nic.medium, now, &mut mem),
             };
             self.own = own;
-            self.copies = copies;
+            if let Some(c) = copies {
+                self.copies = c;
+            }
             if k > 0 {
                 // After the call: a burst is judged by the gap between the
                 // end of one transmission and the next post. An answer's
@@ -705,9 +708,9 @@ impl Memory for NoMemory {
 /// The engine's view of a VI's descriptors and of the Nic's registered
 /// memory.
 pub(super) struct ViMem<'a> {
-    /// The VI's messages sent by copy: read in place of a descriptor's
-    /// memory.
-    copies: &'a VecDeque<Copied>,
+    /// The VI's messages sent by copy, when it has any: read in place of
+    /// a descriptor's memory.
+    copies: Option<&'a VecDeque<Copied>>,
     regions: &'a RegionTable,
     attrs: &'a ViAttributes,
     sq: &'a SlotQueue,
@@ -735,7 +738,7 @@ struct Lent {
 const LEND_FROM: usize = 4096;
 
 impl<'a> ViMem<'a> {
-    fn new(vi: &'a Vi, q: &'a Queues, copies: &'a VecDeque<Copied>) -> ViMem<'a> {
+    fn new(vi: &'a Vi, q: &'a Queues, copies: Option<&'a VecDeque<Copied>>) -> ViMem<'a> {
         ViMem {
             copies,
             regions: &vi.s.nic.regions,
@@ -844,7 +847,7 @@ fn scatter_at(e: &Posted, offset: usize, data: &[u8]) {
 
 impl Memory for ViMem<'_> {
     fn read_send(&mut self, msn: u32, offset: u32, buf: &mut [u8]) {
-        if let Some(c) = copied(self.copies, msn) {
+        if let Some(c) = self.copies.and_then(|c| copied(c, msn)) {
             let at = offset as usize;
             buf.copy_from_slice(&c.bytes[at..at + buf.len()]);
             return;
