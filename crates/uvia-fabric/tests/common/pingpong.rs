@@ -26,11 +26,14 @@ pub fn pingpong(
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = ProviderDir::new(test);
     // A control port of this run's and this test's own, so parallel runs
-    // do not meet.
+    // do not meet, below the kernel's ephemeral range (32768 and up by
+    // default), where any program's outgoing connection may hold a port;
+    // a port held all the same (the server's bind fails) gives way to the
+    // next one.
     let salt = test
         .bytes()
         .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
-    let port = (20000 + std::process::id().wrapping_add(salt) % 20000).to_string();
+    let first = std::process::id().wrapping_add(salt) % 12_000;
     let run = |extra: &[&str]| {
         let mut c = Command::new("fi_pingpong");
         c.args([
@@ -46,11 +49,21 @@ pub fn pingpong(
         c.spawn()
             .expect("fi_pingpong (apt-get install libfabric-bin)")
     };
-    let server = run(&["-B", &port]);
-    // The client retries nothing: give the server its control socket first.
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let client = run(&["-P", &port, "127.0.0.1"]).wait_with_output().unwrap();
-    let server = server.wait_with_output().unwrap();
+    let held = |o: &Output| String::from_utf8_lossy(&o.stderr).contains("Address already in use");
+    let mut attempt = 0;
+    let (client, server) = loop {
+        let port = (20_000 + (first + attempt * 997) % 12_000).to_string();
+        let server = run(&["-B", &port]);
+        // The client retries nothing: give the server its control socket first.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let client = run(&["-P", &port, "127.0.0.1"]).wait_with_output().unwrap();
+        let server = server.wait_with_output().unwrap();
+        attempt += 1;
+        if held(&server) && !client.status.success() && attempt < 3 {
+            continue;
+        }
+        break (client, server);
+    };
     let out = text(&client);
     assert!(
         client.status.success(),
