@@ -46,6 +46,16 @@ impl Medium {
         self.link_with(&NicOptions::default(), &NicOptions::default())
     }
 
+    /// [`link`](Self::link) with the fault injector dropping `loss` of
+    /// what `b` receives (seeded with `seed`).
+    fn lossy_link(self, loss: f64, seed: u8) -> Result<Link, String> {
+        let lossy = NicOptions {
+            inject: Some(format!("loss={loss},seed={seed}")),
+            ..NicOptions::default()
+        };
+        self.link_with(&NicOptions::default(), &lossy)
+    }
+
     /// [`link`](Self::link) with each Nic's settings.
     fn link_with(self, a: &NicOptions, b: &NicOptions) -> Result<Link, String> {
         let open = |name: &str, opts| {
@@ -401,11 +411,7 @@ fn copied_sends_keep_their_place_among_posted_ones(link: &Link) {
 /// message's bytes again from the VI's own storage, intact.
 fn copied_sends_survive_loss(medium: Medium) {
     for seed in 1..=3 {
-        let lossy = NicOptions {
-            inject: Some(format!("loss=0.2,seed={seed}")),
-            ..NicOptions::default()
-        };
-        let link = match medium.link_with(&NicOptions::default(), &lossy) {
+        let link = match medium.lossy_link(0.2, seed) {
             Ok(l) => l,
             Err(why) => return println!("skipped: {why}"),
         };
@@ -1270,11 +1276,7 @@ fn a_job_key_keeps_two_jobs_apart_on_xdp() {
 /// injector drops what a Nic receives: the sender's Nic is the lossy one.)
 fn the_last_send_completes_when_its_receiver_leaves_at_once(medium: Medium) {
     for seed in 1..=5 {
-        let lossy = NicOptions {
-            inject: Some(format!("loss=0.5,seed={seed}")),
-            ..NicOptions::default()
-        };
-        let link = match medium.link_with(&NicOptions::default(), &lossy) {
+        let link = match medium.lossy_link(0.5, seed) {
             Ok(l) => l,
             Err(why) => return println!("skipped: {why}"),
         };
