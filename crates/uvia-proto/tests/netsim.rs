@@ -213,6 +213,54 @@ fn a_connection_another_keeps_alive_is_looked_at_less_often() {
 }
 
 #[test]
+fn a_kept_connection_has_no_liveness_timers_answers_pings_and_fails_when_told() {
+    let mut s = Sim::new(11, config(Level::ReliableDelivery), Faults::default());
+    assert!(s.connect(Duration::from_secs(1)));
+    // Side 1's Nic is kept alive by another connection: this one keeps
+    // no timer while nothing is in flight. Side 0 keeps its own.
+    s.sides[1].conn().set_kept(true);
+    assert!(s.sides[1].conn().is_kept());
+    // What the handshake left (its last acknowledgement) goes first.
+    assert!(!s.run_until(Duration::from_millis(50), |_| false));
+    assert_eq!(s.sides[1].conn().poll_timeout(), None, "no timer armed");
+    let idle = s.sides[0].cfg.idle_timeout;
+    let looks = s.timer_looks;
+    let acks = s.sides[1].conn().stats().acks_sent;
+    assert!(
+        !s.run_until(idle * 4, |s| s.sides[0].failed() || s.sides[1].failed()),
+        "both stay up for four idle timeouts"
+    );
+    assert_eq!(
+        s.timer_looks[1], looks[1],
+        "the kept side's timers never came due"
+    );
+    assert!(
+        s.timer_looks[0] > looks[0],
+        "the other side kept itself alive"
+    );
+    // Its only frames are the answers to side 0's pings.
+    let answers = s.sides[1].conn().stats().acks_sent - acks;
+    assert!(answers > 0, "it answered the pings");
+    assert_eq!(s.sides[1].conn().poll_timeout(), None, "still none");
+    // Given back its watch, it counts from the last frame heard.
+    s.sides[1].conn().set_kept(false);
+    let heard = s.sides[1].conn().last_heard();
+    let next = s.sides[1].conn().poll_timeout().expect("armed again");
+    assert!(
+        next > heard && next <= heard + idle,
+        "from the last frame heard"
+    );
+    s.sides[1].conn().set_kept(true);
+    // Told that the Nic fell silent, it fails as its keeper did.
+    s.sides[1].conn().peer_silent();
+    assert!(s.run_until(Duration::from_millis(10), |s| s.sides[1].failed()));
+    assert!(s.sides[1]
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Failed(FailReason::PeerSilent))));
+}
+
+#[test]
 fn a_connection_another_keeps_alive_sends_no_keep_alives_and_fails_with_the_nic() {
     let mut s = Sim::new(7, config(Level::ReliableDelivery), Faults::default());
     assert!(s.connect(Duration::from_secs(1)));

@@ -445,6 +445,10 @@ pub struct Conn {
     /// ([`heard_elsewhere`](Self::heard_elsewhere)): this one's keep-alive
     /// timer waits longer ([`arm_liveness`](Self::arm_liveness)).
     kept_elsewhere: bool,
+    /// Another connection to the peer's Nic keeps it alive and watches it
+    /// for silence ([`set_kept`](Self::set_kept)): this one arms neither
+    /// its keep-alive nor its idle timeout.
+    kept: bool,
 
     // Sending.
     msgs: VecDeque<OutMsg>,
@@ -531,6 +535,7 @@ impl Conn {
             last_rx: now,
             last_ping: None,
             kept_elsewhere: false,
+            kept: false,
             msgs: VecDeque::new(),
             frame_cursor: 0,
             responses: VecDeque::new(),

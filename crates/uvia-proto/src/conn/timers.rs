@@ -183,6 +183,41 @@ impl Conn {
         self.arm_liveness();
     }
 
+    /// Another connection between the same two Nics keeps the peer's Nic
+    /// alive and fails when it falls silent (`true`), or this one does
+    /// (`false`, the default). A kept connection arms neither its
+    /// keep-alive nor its idle timeout, so of a thousand idle connections
+    /// to one Nic one has timers and the others none; it learns that the
+    /// Nic fell silent from [`peer_silent`](Self::peer_silent). Given back
+    /// its watch, it counts both from the last frame heard, here or (told
+    /// by [`heard_elsewhere`](Self::heard_elsewhere)) elsewhere.
+    pub fn set_kept(&mut self, kept: bool) {
+        if self.kept == kept {
+            return;
+        }
+        self.kept = kept;
+        if kept {
+            self.timers.stop(Timer::Idle);
+            self.timers.stop(Timer::KeepAlive);
+        } else {
+            self.arm_liveness();
+        }
+    }
+
+    /// True if another connection keeps the peer's Nic alive
+    /// ([`set_kept`](Self::set_kept)).
+    pub fn is_kept(&self) -> bool {
+        self.kept
+    }
+
+    /// The connection that keeps the peer's Nic found it silent for the
+    /// idle timeout: this one fails as that one did.
+    pub fn peer_silent(&mut self) {
+        if self.is_connected() {
+            self.fail(FailReason::PeerSilent, None);
+        }
+    }
+
     /// A frame came from the peer.
     pub(super) fn heard(&mut self, now: Instant) {
         self.last_rx = now;
@@ -199,7 +234,7 @@ impl Conn {
     /// and the others' timers come due every second interval or so, not
     /// every one (each a look at the VI while nothing happens).
     pub(super) fn arm_liveness(&mut self) {
-        if !self.is_connected() {
+        if !self.is_connected() || self.kept {
             return;
         }
         self.timers

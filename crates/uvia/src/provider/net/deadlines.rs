@@ -184,6 +184,15 @@ impl Deadlines {
         Some(Due::These(due))
     }
 
+    /// The next sweep walks every VI (at once, not when the walk is next
+    /// due): a connection that kept a peer's Nic alive let go, and another
+    /// is to take over before the peer's idle timeout.
+    pub(super) fn walk_soon(&self, now: Instant) {
+        let ns = self.nanos(now);
+        self.next_walk.fetch_min(ns, Ordering::AcqRel);
+        self.next_due.fetch_min(ns, Ordering::AcqRel);
+    }
+
     /// Connection `id` was due but in someone else's hands: it goes back on
     /// the short list, looked at again a sweep later in case they only
     /// passed by.

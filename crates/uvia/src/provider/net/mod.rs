@@ -11,6 +11,7 @@ mod deadlines;
 mod peers;
 mod share;
 mod vi;
+mod watch;
 #[cfg(test)]
 use vi::acks_sent;
 #[cfg(test)]
@@ -76,6 +77,8 @@ pub(crate) struct NetNic {
     rx: std::sync::Mutex<RxState>,
     /// When the VIs' timers are next due: what a sweep looks at.
     deadlines: Deadlines,
+    /// The VIs' sockets and the Nic's: which have frames, for a walk.
+    watch: watch::Watch,
     /// This Nic's token, announced in its connections' handshakes: peers
     /// know by it which of their connections end here.
     token: u64,
@@ -91,6 +94,10 @@ pub(crate) struct NetNic {
     /// Connections whose VI is gone, kept while they close ([`closing`]).
     closer: Arc<closing::Closer>,
 }
+
+/// Most connections with frames waiting that one sweep reads for their
+/// programs ([`watch`]); a later sweep takes the rest.
+const READY_MOST: usize = 256;
 
 impl Drop for NetNic {
     fn drop(&mut self) {
@@ -151,6 +158,7 @@ impl NetNic {
             }),
             malformed: AtomicU64::new(0),
             deadlines: Deadlines::new(Instant::now()),
+            watch: watch::Watch::new(),
             token: peers::new_token(),
             peers: peers::Peers::default(),
             medium,
@@ -308,8 +316,17 @@ impl NetNic {
         let Some(due) = self.deadlines.take_due(now, me) else {
             return;
         };
+        // The VIs whose sockets have frames are read too: one with no
+        // timers (its peer's Nic kept alive by another connection) is
+        // otherwise read only when its program polls it.
+        let mut ready = Vec::new();
+        self.watch.ready(&mut ready, READY_MOST);
+        ready.retain(|&id| id != me);
         let others: Vec<(u32, Arc<ViShared>)> = {
             let vis = self.vis.lock();
+            let ready = ready
+                .iter()
+                .filter_map(|&id| Some((id, vis.get(&id)?.upgrade()?)));
             match due {
                 Due::All => vis
                     .iter()
@@ -321,6 +338,7 @@ impl NetNic {
                 Due::These(ids) => ids
                     .iter()
                     .filter_map(|&id| Some((id, vis.get(&id)?.upgrade()?)))
+                    .chain(ready)
                     .collect(),
             }
         };
@@ -336,8 +354,14 @@ impl NetNic {
             let ViInner { q, t } = &mut *g;
             if let Transport::Net(t) = t {
                 t.noted.soon = false;
+                let shared = t.share_if_changed(now);
+                let frames = ready.contains(&id);
                 match t.conn.poll_timeout() {
                     Some(d) if d <= now => {
+                        t.progress(&vi, q);
+                        t.run_timers(&vi, q);
+                    }
+                    _ if frames || shared => {
                         t.progress(&vi, q);
                         t.run_timers(&vi, q);
                     }
@@ -733,7 +757,7 @@ impl NetNic {
                 .with_private(*private);
                 let ViInner { q, t } = &mut *g;
                 let mut n = NetVi::new(conn, to, id, nic.max_frame);
-                n.set_own(own.clone());
+                n.set_own(own.clone(), nic);
                 crate::cq::socket_changed(&vi.s);
                 n.adopt_recvs(q);
                 *t = Transport::Net(n);
@@ -865,7 +889,7 @@ impl Answer {
         let mut t = NetVi::new(conn, req.from, id, home.max_frame);
         // The accept goes from the connection's own medium, which tells the
         // client its address; the client's connection answers from its own.
-        t.set_own(home.own_socket());
+        t.set_own(home.own_socket(), home);
         crate::cq::socket_changed(&vi.s);
         t.adopt_recvs(&mut g.q);
         home.established(req.from, req.peer_id, id);

@@ -1,21 +1,33 @@
 //! Keep-alives shared by the connections to one peer Nic.
 //!
-//! Every connection keeps its peer alive on its own: after a keep-alive
-//! interval of silence it pings, and the peer answers. A server holding a
-//! thousand idle VIs from one client Nic then sends and takes about two
-//! thousand frames a second (a ping and its answer per VI per interval,
-//! each side), which keeps its CPU busy while nothing happens.
+//! Every connection could keep its peer alive on its own: after a
+//! keep-alive interval of silence it pings, and the peer answers. A server
+//! holding a thousand idle VIs from one client Nic then sends and takes
+//! about two thousand frames a second (a ping and its answer per VI per
+//! interval, each side), and looks at every VI as often, which keeps its
+//! CPU busy while nothing happens.
 //!
 //! A connection's end lives as long as the peer's Nic: a closing VI says so
 //! with its disconnect, and a process that dies takes its Nic with it. So
 //! the connections to one Nic (known by the token each side announces in
-//! its request or accept, [`uvia_proto::wire::ConnAttrs::nic`]) share what
-//! they know of it here: when one last heard a frame from it, and when one
-//! last pinged it. A connection whose timers come due counts those as its
-//! own ([`Conn::heard_elsewhere`]); only one whose keep-alive is still due
-//! after that pings, and the others' keep-alives then wait for the answer.
-//! A Nic that falls silent fails all of its connections together, one idle
-//! timeout after the last frame any of them heard.
+//! its request or accept, [`uvia_proto::wire::ConnAttrs::nic`]) share the
+//! watch over it here. One of them, the keeper, keeps the engine's
+//! keep-alive and idle timeout, counting every frame any of them heard
+//! ([`Conn::heard_elsewhere`]); the others arm neither ([`Conn::set_kept`])
+//! and have no timer at all while idle, so an idle second costs the Nic a
+//! look at one VI per peer, not at every VI. The keeper's pings go to
+//! whichever of the peer's connections it is paired with; the peer's Nic
+//! reads that one's socket at its next walk, timers or not
+//! ([`NetNic::sweep`](super::NetNic::sweep)). If the keeper finds the Nic
+//! silent for the idle timeout it fails, and the others fail with it at
+//! their next look.
+//!
+//! The keeper is the first connection to look once there is none: a
+//! keeper that closes or fails lets go, and one that has not looked for
+//! half an idle timeout (gone without a word, or so busy with traffic that
+//! its keep-alive never came due; an idle keeper looks every keep-alive
+//! interval, a quarter of it) is replaced by the next that looks. Every VI
+//! is looked at in the Nic's walk, at least once a second.
 //!
 //! Left alone: a peer VI destroyed with every try of its disconnect lost
 //! leaves an idle connection here that nothing tests any more until it
@@ -23,7 +35,7 @@
 
 use crate::lock::SpinLock;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use uvia_proto::Conn;
@@ -40,14 +52,29 @@ pub(super) struct PeerLive {
     epoch: Instant,
     heard: AtomicU64,
     pinged: AtomicU64,
+    /// The connection (its id on this Nic) that keeps the peer's Nic; 0:
+    /// none.
+    keeper: AtomicU32,
+    /// When the keeper last looked.
+    kept_at: AtomicU64,
+    /// The keeper found the Nic silent for the idle timeout: every
+    /// connection to it fails.
+    silent: AtomicBool,
+    /// A keeper that has not looked for this long is taken for gone
+    /// (nanoseconds): half the Nic's idle timeout.
+    lease: u64,
 }
 
 impl PeerLive {
-    fn new() -> PeerLive {
+    fn new(idle_timeout: Duration) -> PeerLive {
         PeerLive {
+            lease: (idle_timeout / 2).as_nanos() as u64,
             epoch: Instant::now(),
             heard: AtomicU64::new(0),
             pinged: AtomicU64::new(0),
+            keeper: AtomicU32::new(0),
+            kept_at: AtomicU64::new(0),
+            silent: AtomicBool::new(false),
         }
     }
 
@@ -64,17 +91,96 @@ impl PeerLive {
         self.heard.fetch_max(self.stamp(at), Ordering::Relaxed);
     }
 
-    /// Gives `conn` what the others know; if its keep-alive is still due
-    /// at `now`, it pings for all of them, and says so.
-    pub(super) fn share(&self, conn: &mut Conn, now: Instant) {
-        let heard = self.time(self.heard.load(Ordering::Relaxed));
+    /// The keeper, after taking over from one whose lease ran out by `now`.
+    fn keeper_at(&self, id: u32, now: Instant) -> u32 {
+        let k = self.keeper.load(Ordering::Acquire);
+        let lapsed = k != 0
+            && k != id
+            && self
+                .stamp(now)
+                .saturating_sub(self.kept_at.load(Ordering::Relaxed))
+                > self.lease;
+        if k != 0 && !lapsed {
+            return k;
+        }
+        match self
+            .keeper
+            .compare_exchange(k, id, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                self.kept_at.store(self.stamp(now), Ordering::Relaxed);
+                id
+            }
+            Err(other) => other,
+        }
+    }
+
+    /// True if connection `id`, whose engine keeps its own watch or not
+    /// (`kept`), must share at `now`: the Nic fell silent, or its part
+    /// changed. A few loads.
+    pub(super) fn must_share(&self, id: u32, kept: bool, now: Instant) -> bool {
+        if self.silent.load(Ordering::Relaxed) {
+            return true;
+        }
+        let k = self.keeper.load(Ordering::Relaxed);
+        if k == id {
+            return kept;
+        }
+        // Not the keeper: it must stand aside, or take over from none or
+        // from one gone quiet.
+        !kept
+            || k == 0
+            || self
+                .stamp(now)
+                .saturating_sub(self.kept_at.load(Ordering::Relaxed))
+                > self.lease
+    }
+
+    /// Gives connection `id`'s engine its part at `now`: keeper or kept,
+    /// failed if the Nic fell silent. The keeper counts what the others
+    /// heard and, if its keep-alive is still due after that, pings for all.
+    pub(super) fn share(&self, conn: &mut Conn, id: u32, now: Instant) {
+        if self.silent.load(Ordering::Relaxed) {
+            conn.peer_silent();
+            return;
+        }
+        if self.keeper_at(id, now) != id {
+            conn.set_kept(true);
+            return;
+        }
+        self.kept_at.store(self.stamp(now), Ordering::Relaxed);
+        let mut heard = self.time(self.heard.load(Ordering::Relaxed));
         let pinged = self.time(self.pinged.load(Ordering::Relaxed));
+        if conn.is_kept() {
+            // Taking over a watch nobody kept for a while: the peer has half
+            // an idle timeout to answer the first ping before it counts as
+            // silent.
+            let grace = now.checked_sub(Duration::from_nanos(self.lease));
+            heard = heard.max(grace);
+        }
         if let Some(heard) = heard {
             conn.heard_elsewhere(heard, pinged);
         }
+        conn.set_kept(false);
         if conn.keepalive_due(now) {
             self.pinged.fetch_max(self.stamp(now), Ordering::Relaxed);
         }
+    }
+
+    /// Connection `id` no longer watches the peer (it closed or failed;
+    /// `silent`: it failed because the Nic fell silent). A keeper lets go,
+    /// and one that found the Nic silent says so to the others (each
+    /// fails at its next look).
+    /// True if it was the keeper: another is to take over soon.
+    pub(super) fn leave(&self, id: u32, silent: bool) -> bool {
+        let was = self
+            .keeper
+            .compare_exchange(id, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+        if was && silent {
+            self.silent.store(true, Ordering::Release);
+        }
+        was
     }
 }
 
@@ -88,13 +194,18 @@ impl Peers {
     /// The record of the peer Nic `token`, which a connection to it holds
     /// while it lives. A record no connection holds is dropped when a new
     /// peer's is made.
-    pub(super) fn join(&self, token: u64) -> Arc<PeerLive> {
+    pub(super) fn join(&self, token: u64, idle_timeout: Duration) -> Arc<PeerLive> {
         let mut map = self.map.lock();
-        if let Some(p) = map.get(&token).and_then(Weak::upgrade) {
+        // A Nic found silent is a new peer if it is heard again.
+        if let Some(p) = map
+            .get(&token)
+            .and_then(Weak::upgrade)
+            .filter(|p| !p.silent.load(Ordering::Relaxed))
+        {
             return p;
         }
         map.retain(|_, w| w.strong_count() > 0);
-        let p = Arc::new(PeerLive::new());
+        let p = Arc::new(PeerLive::new(idle_timeout));
         map.insert(token, Arc::downgrade(&p));
         p
     }
@@ -122,15 +233,16 @@ mod tests {
     use crate::*;
     use std::time::{Duration, Instant};
 
-    /// Idle connections between two Nics, both sides driven as programs
-    /// drive them (a server's CQ wait, a client polling one of its VIs):
-    /// all stay connected through four idle timeouts on far fewer
-    /// keep-alives than one per connection, and each still carries a
-    /// message after.
-    #[test]
-    fn idle_connections_to_one_nic_share_one_keep_alive() {
-        const PAIRS: usize = 8;
-        let idle = Duration::from_millis(400);
+    type End = (Vi, MemoryRegion);
+
+    /// `pairs` connected VIs between two udp Nics whose idle timeout is
+    /// `idle`; the server's VIs report to `cq` unless `no_cq`, and each VI
+    /// has a 64-byte receive posted.
+    fn connect_pairs(
+        pairs: usize,
+        idle: Duration,
+        no_cq: bool,
+    ) -> (Nic, Nic, Cq, Vec<End>, Vec<End>) {
         let opts = NicOptions {
             idle_timeout: Some(idle),
             ..NicOptions::default()
@@ -146,8 +258,10 @@ mod tests {
                 .unwrap();
             (vi, buf)
         };
-        let servers: Vec<_> = (0..PAIRS).map(|_| end(&sn, Some(&cq))).collect();
-        let clients: Vec<_> = (0..PAIRS).map(|_| end(&cn, None)).collect();
+        let servers: Vec<_> = (0..pairs)
+            .map(|_| end(&sn, (!no_cq).then_some(&cq)))
+            .collect();
+        let clients: Vec<_> = (0..pairs).map(|_| end(&cn, None)).collect();
         let disc = Discriminator::from_u64((std::process::id() as u64) << 32 | 0x9ee5_0001);
         let (n2, d2) = (sn.clone(), disc.clone());
         let vis: Vec<Vi> = servers.iter().map(|(vi, _)| vi.clone()).collect();
@@ -162,6 +276,18 @@ mod tests {
             vi.connect_request(&to, Duration::from_secs(5)).unwrap();
         }
         t.join().unwrap();
+        (sn, cn, cq, servers, clients)
+    }
+
+    /// Idle connections between two Nics, both sides driven as programs
+    /// drive them (a server's CQ wait, a client polling one of its VIs):
+    /// all stay connected through four idle timeouts on the keep-alives of
+    /// one connection, and each still carries a message after.
+    #[test]
+    fn idle_connections_to_one_nic_share_one_keep_alive() {
+        const PAIRS: usize = 8;
+        let idle = Duration::from_millis(400);
+        let (_sn, _cn, cq, servers, clients) = connect_pairs(PAIRS, idle, false);
         let acks =
             |ends: &[(Vi, MemoryRegion)]| -> u64 { ends.iter().map(|(vi, _)| acks_sent(vi)).sum() };
         let before = acks(&servers) + acks(&clients);
@@ -179,15 +305,15 @@ mod tests {
         }
         // Unshared, each connection pings or answers about twice a
         // keep-alive interval (a quarter of the idle timeout): some 32
-        // acknowledgements each here. Shared, the pair of Nics needs that
-        // many in all.
+        // acknowledgements each here. Shared, one keeper on each side
+        // pings and the other answers: about as many for the pair of Nics.
         let keepalive = idle / 4;
-        let unshared = PAIRS as u64 * 2 * (span.as_millis() / keepalive.as_millis()) as u64;
+        let one = 2 * 2 * (span.as_millis() / keepalive.as_millis()) as u64;
         let sent = acks(&servers) + acks(&clients) - before;
         assert!(
-            sent <= unshared / 3,
+            sent <= one + one / 2,
             "{sent} keep-alives and answers over {PAIRS} idle connections in {span:?} \
-             (one each would be about {unshared})"
+             (one connection's would be about {one})"
         );
         // Every connection still carries a message (the server's CQ wait
         // reads them, the client's polls take the acknowledgements).
@@ -209,6 +335,134 @@ mod tests {
                     sent += 1;
                 }
             }
+        }
+    }
+
+    /// The VIs that kept the peer's Nic go one by one; each time another
+    /// takes the watch over, and the rest stay connected and carry
+    /// messages.
+    #[test]
+    fn the_watch_passes_on_when_its_keeper_goes() {
+        const PAIRS: usize = 4;
+        let idle = Duration::from_millis(400);
+        let (_sn, _cn, cq, mut servers, mut clients) = connect_pairs(PAIRS, idle, false);
+        let drive = |span: Duration, cq: &Cq, clients: &[End]| {
+            let start = Instant::now();
+            while start.elapsed() < span {
+                let _ = cq.wait(Some(Duration::from_millis(5)));
+                for (k, (vi, _)) in clients.iter().enumerate() {
+                    if let Some(d) = vi.recv_done() {
+                        panic!(
+                            "client {k} of {}: {:?} ({:?})",
+                            clients.len(),
+                            d.result(),
+                            vi.state()
+                        );
+                    }
+                }
+            }
+        };
+        drive(idle, &cq, &clients);
+        for _ in 0..PAIRS - 1 {
+            // Gone from both sides at once: the first made is the keeper
+            // on each (it joined first).
+            let (s, _) = servers.remove(0);
+            let (c, _) = clients.remove(0);
+            s.disconnect();
+            c.disconnect();
+            drive(idle * 3, &cq, &clients);
+            for (k, (vi, _)) in servers.iter().chain(&clients).enumerate() {
+                assert_eq!(
+                    vi.state(),
+                    ViState::Connected,
+                    "VI {k} after {:?} idle",
+                    idle * 3
+                );
+            }
+        }
+        let (vi, buf) = &clients[0];
+        vi.post_send(Box::new(Descriptor::send(&[buf.segment(0, 8)])))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let n = loop {
+            assert!(Instant::now() < deadline, "the message did not arrive");
+            if let Ok(n) = cq.wait(Some(Duration::from_millis(5))) {
+                break n;
+            }
+            let _ = vi.send_done();
+        };
+        assert_eq!(n.vi.recv_done().unwrap().result(), Ok(8));
+    }
+
+    /// A peer Nic that nobody drives any more (its program stopped, as a
+    /// killed one does) falls silent: every connection to it fails, kept
+    /// or keeper, about an idle timeout after it was last heard.
+    #[test]
+    fn every_connection_to_a_silent_nic_fails() {
+        const PAIRS: usize = 6;
+        let idle = Duration::from_millis(400);
+        let (_sn, _cn, cq, servers, _clients) = connect_pairs(PAIRS, idle, false);
+        let start = Instant::now();
+        let mut failed = None;
+        while start.elapsed() < idle * 8 {
+            let _ = cq.wait(Some(Duration::from_millis(5)));
+            if servers.iter().all(|(vi, _)| vi.state() == ViState::Error) {
+                failed = Some(start.elapsed());
+                break;
+            }
+        }
+        let states: Vec<_> = servers.iter().map(|(vi, _)| vi.state()).collect();
+        let failed = failed.unwrap_or_else(|| panic!("after {:?}: {states:?}", idle * 8));
+        // The keeper at the idle timeout; the others at the walk after it
+        // (at least once a second).
+        assert!(
+            failed <= idle + Duration::from_millis(1_500),
+            "all failed only after {failed:?}"
+        );
+        assert!(
+            failed >= idle / 2,
+            "failed after {failed:?}, before any timeout"
+        );
+    }
+
+    /// A message to a VI its program does not poll (no CQ, and the program
+    /// polls only another VI) is taken in by the Nic's walk and
+    /// acknowledged: the sender completes it, and it is there when the VI
+    /// is looked at.
+    #[test]
+    fn a_message_to_a_vi_nobody_polls_is_taken_in() {
+        let idle = Duration::from_millis(400);
+        let (_sn, _cn, _cq, servers, clients) = connect_pairs(3, idle, true);
+        // Idle first: the connections settle into keeper and kept.
+        let settle = Instant::now();
+        while settle.elapsed() < idle * 2 {
+            let _ = servers[0].0.recv_wait(Some(Duration::from_millis(5)));
+            let _ = clients[0].0.recv_done();
+        }
+        let (vi, buf) = &clients[2];
+        vi.post_send(Box::new(Descriptor::send(&[buf.segment(0, 8)])))
+            .unwrap();
+        let start = Instant::now();
+        let done = loop {
+            assert!(
+                start.elapsed() < idle * 4,
+                "the send did not complete in {:?}",
+                idle * 4
+            );
+            // The server's program waits on its first VI only.
+            let _ = servers[0].0.recv_wait(Some(Duration::from_millis(5)));
+            if let Some(d) = vi.send_done() {
+                break d;
+            }
+        };
+        assert_eq!(done.result(), Ok(8));
+        assert!(
+            start.elapsed() <= Duration::from_millis(1_500),
+            "taken in within a walk"
+        );
+        assert_eq!(servers[2].0.recv_done().unwrap().result(), Ok(8));
+        for (k, (vi, _)) in servers.iter().chain(&clients).enumerate() {
+            assert_eq!(vi.state(), ViState::Connected, "VI {k}");
         }
     }
 }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uvia_net::{Addr, GatherFrame, Medium, OutFrame, RecvBatch};
 use uvia_proto::wire::{NakCode, Repr};
-use uvia_proto::{Conn, Event, Memory, Outcome, SendKind, SendOp};
+use uvia_proto::{Conn, Event, FailReason, Memory, Outcome, SendKind, SendOp};
 
 /// A post this soon after the previous transmission joins a burst.
 const COALESCE: Duration = Duration::from_micros(5);
@@ -175,8 +175,9 @@ impl NetVi {
 
     /// Gives the connection a medium of its own (`None`: it uses the
     /// Nic's).
-    pub(super) fn set_own(&mut self, own: Option<Arc<dyn Medium>>) {
+    pub(super) fn set_own(&mut self, own: Option<Arc<dyn Medium>>, nic: &NetNic) {
         if let Some(m) = &own {
+            nic.watch.add(m.fd(), self.id);
             let slots = m.caps().max_batch.clamp(1, 16);
             self.own_batch = Some(RecvBatch::new(slots, 65_536));
         }
@@ -188,9 +189,34 @@ impl NetVi {
     /// connections to one Nic, one keeps it alive.
     fn timers_due(&mut self, now: Instant) {
         if let Some(p) = &self.peer_live {
-            p.share(&mut self.conn, now);
+            p.share(&mut self.conn, self.id, now);
         }
         self.conn.handle_timeout(now);
+    }
+
+    /// Takes this connection's part in watching the peer's Nic at `now` if
+    /// it changed (see [`peers`](super::peers)): it became the keeper or
+    /// stopped being it, or the Nic fell silent. True if it did.
+    pub(super) fn share_if_changed(&mut self, now: Instant) -> bool {
+        match &self.peer_live {
+            Some(p) if p.must_share(self.id, self.conn.is_kept(), now) => {
+                p.share(&mut self.conn, self.id, now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The connection stopped carrying the peer: it no longer takes part
+    /// in watching the peer's Nic (`silent`: it failed for the Nic's
+    /// silence, which the others then share).
+    fn stop_sharing(&mut self, nic: &NetNic, silent: bool) {
+        if let Some(p) = self.peer_live.take() {
+            if p.leave(self.id, silent) {
+                // The others look at once: one takes over, or all fail.
+                nic.deadlines.walk_soon(Instant::now());
+            }
+        }
     }
 
     /// The peer's connection has sent from `from`: its frames come from
@@ -201,7 +227,15 @@ impl NetVi {
             return;
         };
         if self.peer_live.is_none() {
-            self.peer_live = self.conn.peer_nic().map(|t| nic.peers.join(t));
+            self.peer_live = self
+                .conn
+                .peer_nic()
+                .map(|t| nic.peers.join(t, nic.idle_timeout));
+            // Keeper or kept from the start: of many connections made to
+            // one Nic, only the first keeps timers.
+            if let Some(p) = &self.peer_live {
+                p.share(&mut self.conn, self.id, Instant::now());
+            }
         }
         self.joined = true;
         self.peer = from;
@@ -393,8 +427,18 @@ impl NetVi {
                 Event::Disconnected | Event::Failed(_) => {
                     // Every descriptor was completed by the engine first.
                     self.copies.clear();
+                    if let Some(nic) = NetNic::of(&vi.s.nic) {
+                        let silent = matches!(ev, Event::Failed(FailReason::PeerSilent));
+                        self.stop_sharing(nic, silent);
+                    }
                     vi.set_state(ViState::Error);
                 }
+            }
+        }
+        // Closing at this side's word: it watches the peer no more.
+        if self.peer_live.is_some() && !self.conn.is_connected() {
+            if let Some(nic) = NetNic::of(&vi.s.nic) {
+                self.stop_sharing(nic, false);
             }
         }
         moved
@@ -1003,6 +1047,7 @@ impl TransportOps for NetVi {
                 };
             }
         }
+        self.stop_sharing(net, false);
         self.leave(net);
     }
 
