@@ -77,7 +77,7 @@ pub(crate) struct NetNic {
     rx: std::sync::Mutex<RxState>,
     /// When the VIs' timers are next due: what a sweep looks at.
     deadlines: Deadlines,
-    /// The VIs' sockets and the Nic's: which have frames, for a walk.
+    /// The VIs' own sockets: which have frames, for every sweep.
     watch: watch::Watch,
     /// This Nic's token, announced in its connections' handshakes: peers
     /// know by it which of their connections end here.
