@@ -77,7 +77,8 @@ pub(crate) struct NetNic {
     rx: std::sync::Mutex<RxState>,
     /// When the VIs' timers are next due: what a sweep looks at.
     deadlines: Deadlines,
-    /// The VIs' own sockets: which have frames, for every sweep.
+    /// The own sockets of the VIs with no timers: which have frames, for
+    /// every sweep.
     watch: watch::Watch,
     /// This Nic's token, announced in its connections' handshakes: peers
     /// know by it which of their connections end here.
@@ -354,7 +355,7 @@ impl NetNic {
             let ViInner { q, t } = &mut *g;
             if let Transport::Net(t) = t {
                 t.noted.soon = false;
-                let shared = t.share_if_changed(now);
+                let shared = t.share_if_changed(now, self);
                 let frames = ready.contains(&id);
                 match t.conn.poll_timeout() {
                     Some(d) if d <= now => {
@@ -757,7 +758,7 @@ impl NetNic {
                 .with_private(*private);
                 let ViInner { q, t } = &mut *g;
                 let mut n = NetVi::new(conn, to, id, nic.max_frame);
-                n.set_own(own.clone(), nic);
+                n.set_own(own.clone());
                 crate::cq::socket_changed(&vi.s);
                 n.adopt_recvs(q);
                 *t = Transport::Net(n);
@@ -889,7 +890,7 @@ impl Answer {
         let mut t = NetVi::new(conn, req.from, id, home.max_frame);
         // The accept goes from the connection's own medium, which tells the
         // client its address; the client's connection answers from its own.
-        t.set_own(home.own_socket(), home);
+        t.set_own(home.own_socket());
         crate::cq::socket_changed(&vi.s);
         t.adopt_recvs(&mut g.q);
         home.established(req.from, req.peer_id, id);

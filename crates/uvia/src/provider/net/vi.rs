@@ -119,6 +119,9 @@ pub(crate) struct NetVi {
     peer_live: Option<Arc<PeerLive>>,
     /// When this connection last told `peer_live` it heard the peer.
     told: Option<Instant>,
+    /// Its own medium is in the Nic's watch (while another connection
+    /// keeps the peer's Nic alive, and this one has no timers).
+    watched: bool,
     /// The engine's count of frames sent again when last looked at, and
     /// the sleeps since it last grew ([`lend_recv`](Self::lend_recv)).
     sent_again: u64,
@@ -167,6 +170,7 @@ impl NetVi {
             joined: false,
             peer_live: None,
             told: None,
+            watched: false,
             sent_again: 0,
             quiet_sleeps: QUIET_SLEEPS,
             copies: VecDeque::new(),
@@ -175,9 +179,8 @@ impl NetVi {
 
     /// Gives the connection a medium of its own (`None`: it uses the
     /// Nic's).
-    pub(super) fn set_own(&mut self, own: Option<Arc<dyn Medium>>, nic: &NetNic) {
+    pub(super) fn set_own(&mut self, own: Option<Arc<dyn Medium>>) {
         if let Some(m) = &own {
-            nic.watch.add(m.fd(), self.id);
             let slots = m.caps().max_batch.clamp(1, 16);
             self.own_batch = Some(RecvBatch::new(slots, 65_536));
         }
@@ -187,20 +190,39 @@ impl NetVi {
     /// Runs the engine's due timers, after counting what the Nic's other
     /// connections to the peer's Nic heard from it: of many idle
     /// connections to one Nic, one keeps it alive.
-    fn timers_due(&mut self, now: Instant) {
+    fn timers_due(&mut self, now: Instant, nic: &NetNic) {
         if let Some(p) = &self.peer_live {
             p.share(&mut self.conn, self.id, now);
+            self.watch_if_kept(nic);
         }
         self.conn.handle_timeout(now);
+    }
+
+    /// A connection without timers (kept) has its own medium in the Nic's
+    /// watch, so that a sweep reads what comes to it; one with timers reads
+    /// its medium at their looks, and its frames do not wake the watch.
+    fn watch_if_kept(&mut self, nic: &NetNic) {
+        let kept = self.conn.is_kept() && self.peer_live.is_some();
+        if kept == self.watched {
+            return;
+        }
+        if let Some(m) = &self.own {
+            match kept {
+                true => nic.watch.add(m.fd(), self.id),
+                false => nic.watch.remove(m.fd()),
+            }
+        }
+        self.watched = kept;
     }
 
     /// Takes this connection's part in watching the peer's Nic at `now` if
     /// it changed (see [`peers`](super::peers)): it became the keeper or
     /// stopped being it, or the Nic fell silent. True if it did.
-    pub(super) fn share_if_changed(&mut self, now: Instant) -> bool {
+    pub(super) fn share_if_changed(&mut self, now: Instant, nic: &NetNic) -> bool {
         match &self.peer_live {
             Some(p) if p.must_share(self.id, self.conn.is_kept(), now) => {
                 p.share(&mut self.conn, self.id, now);
+                self.watch_if_kept(nic);
                 true
             }
             _ => false,
@@ -216,6 +238,7 @@ impl NetVi {
                 // The others look at once: one takes over, or all fail.
                 nic.deadlines.walk_soon(Instant::now());
             }
+            self.watch_if_kept(nic);
         }
     }
 
@@ -235,6 +258,7 @@ impl NetVi {
             // one Nic, only the first keeps timers.
             if let Some(p) = &self.peer_live {
                 p.share(&mut self.conn, self.id, Instant::now());
+                self.watch_if_kept(nic);
             }
         }
         self.joined = true;
@@ -528,7 +552,7 @@ impl NetVi {
         self.own_batch = Some(batch);
         // What a sleep that ended without frames owes: the timers.
         if n == 0 && self.conn.poll_timeout().is_some_and(|t| t <= now) {
-            self.timers_due(now);
+            self.timers_due(now, nic);
         }
         self.output(vi, q, now) | (n > 0)
     }
@@ -1106,7 +1130,7 @@ impl TransportOps for NetVi {
         }
         if timers {
             if self.conn.poll_timeout().is_some_and(|t| t <= now) {
-                self.timers_due(now);
+                self.timers_due(now, nic);
                 moved = true;
             }
             nic.sweep(now, self.id);
@@ -1120,14 +1144,15 @@ impl TransportOps for NetVi {
     /// timers to the every-few-polls look.
     fn run_timers(&mut self, vi: &Vi, q: &mut Queues) {
         let now = Instant::now();
+        let Some(nic) = NetNic::of(&vi.s.nic) else {
+            return;
+        };
         if self.conn.poll_timeout().is_some_and(|t| t <= now) {
-            self.timers_due(now);
+            self.timers_due(now, nic);
         }
         // The sweep first: it resets the Nic's next deadline, which this
         // VI's output then notes its own in.
-        if let Some(nic) = NetNic::of(&vi.s.nic) {
-            nic.sweep(now, self.id);
-        }
+        nic.sweep(now, self.id);
         self.output(vi, q, now);
     }
 

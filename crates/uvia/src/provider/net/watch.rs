@@ -51,6 +51,17 @@ impl Watch {
         unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
     }
 
+    /// Stops watching `fd`.
+    pub(super) fn remove(&self, fd: RawFd) {
+        let Some(ep) = &self.ep else {
+            return;
+        };
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: a valid epoll descriptor and event struct; a descriptor
+        // not watched (ENOENT) stays so.
+        unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    }
+
     /// The connections whose sockets have frames waiting now, appended to
     /// `out`, at most `most` of them (each call of a level-triggered set
     /// names the next ones).
@@ -104,5 +115,9 @@ mod tests {
         let mut buf = [0u8; 8];
         b.recv(&mut buf).unwrap();
         assert!(ready().is_empty(), "read");
+        w.remove(b.as_raw_fd());
+        a.send_to(b"y", b.local_addr().unwrap()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(ready().is_empty(), "no longer watched");
     }
 }
