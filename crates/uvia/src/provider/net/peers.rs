@@ -17,8 +17,9 @@
 //! and have no timer at all while idle, so an idle second costs the Nic a
 //! look at one VI per peer, not at every VI. The keeper's pings go to
 //! whichever of the peer's connections it is paired with; the peer's Nic
-//! reads that one's socket at its next walk, timers or not
-//! ([`NetNic::sweep`](super::NetNic::sweep)). If the keeper finds the Nic
+//! reads that one's socket at its next sweep, timers or not (the sockets
+//! of connections without timers are in its [`watch`](super::watch),
+//! [`NetNic::sweep`](super::NetNic::sweep)). If the keeper finds the Nic
 //! silent for the idle timeout it fails, and the others fail with it at
 //! their next look.
 //!
