@@ -168,6 +168,25 @@ impl PeerLive {
         }
     }
 
+    /// Gives a connection that cannot be kept (its frames come through the
+    /// Nic's medium, read only by the Nic's pollers) what the others know:
+    /// it keeps its own watch, counting their frames and pings as its own,
+    /// and pings only if its keep-alive is still due after that.
+    pub(super) fn share_watching(&self, conn: &mut Conn, now: Instant) {
+        if self.silent.load(Ordering::Relaxed) {
+            conn.peer_silent();
+            return;
+        }
+        let heard = self.time(self.heard.load(Ordering::Relaxed));
+        let pinged = self.time(self.pinged.load(Ordering::Relaxed));
+        if let Some(heard) = heard {
+            conn.heard_elsewhere(heard, pinged);
+        }
+        if conn.keepalive_due(now) {
+            self.pinged.fetch_max(self.stamp(now), Ordering::Relaxed);
+        }
+    }
+
     /// Connection `id` no longer watches the peer (it closed or failed;
     /// `silent`: it failed because the Nic fell silent). A keeper lets go,
     /// and one that found the Nic silent says so to the others (each
