@@ -140,48 +140,35 @@ impl PeerLive {
     /// Gives connection `id`'s engine its part at `now`: keeper or kept,
     /// failed if the Nic fell silent. The keeper counts what the others
     /// heard and, if its keep-alive is still due after that, pings for all.
-    pub(super) fn share(&self, conn: &mut Conn, id: u32, now: Instant) {
+    /// `id` is `None` for a connection that cannot go without timers (its
+    /// frames come through the Nic's medium, which the watch does not
+    /// read): it keeps its own watch, counting the others' frames and
+    /// pings as its own, as a keeper does.
+    pub(super) fn share(&self, conn: &mut Conn, id: Option<u32>, now: Instant) {
         if self.silent.load(Ordering::Relaxed) {
             conn.peer_silent();
             return;
         }
-        if self.keeper_at(id, now) != id {
-            conn.set_kept(true);
-            return;
+        let mut floor = None;
+        if let Some(id) = id {
+            if self.keeper_at(id, now) != id {
+                conn.set_kept(true);
+                return;
+            }
+            self.kept_at.store(self.stamp(now), Ordering::Relaxed);
+            if conn.is_kept() {
+                // Taking over a watch nobody kept for a while: the peer has
+                // half an idle timeout to answer the first ping before it
+                // counts as silent.
+                floor = now.checked_sub(Duration::from_nanos(self.lease));
+            }
         }
-        self.kept_at.store(self.stamp(now), Ordering::Relaxed);
-        let mut heard = self.time(self.heard.load(Ordering::Relaxed));
+        let heard = self.time(self.heard.load(Ordering::Relaxed)).max(floor);
         let pinged = self.time(self.pinged.load(Ordering::Relaxed));
-        if conn.is_kept() {
-            // Taking over a watch nobody kept for a while: the peer has half
-            // an idle timeout to answer the first ping before it counts as
-            // silent.
-            let grace = now.checked_sub(Duration::from_nanos(self.lease));
-            heard = heard.max(grace);
-        }
         if let Some(heard) = heard {
             conn.heard_elsewhere(heard, pinged);
         }
         conn.set_kept(false);
-        if conn.keepalive_due(now) {
-            self.pinged.fetch_max(self.stamp(now), Ordering::Relaxed);
-        }
-    }
-
-    /// Gives a connection that cannot be kept (its frames come through the
-    /// Nic's medium, read only by the Nic's pollers) what the others know:
-    /// it keeps its own watch, counting their frames and pings as its own,
-    /// and pings only if its keep-alive is still due after that.
-    pub(super) fn share_watching(&self, conn: &mut Conn, now: Instant) {
-        if self.silent.load(Ordering::Relaxed) {
-            conn.peer_silent();
-            return;
-        }
-        let heard = self.time(self.heard.load(Ordering::Relaxed));
-        let pinged = self.time(self.pinged.load(Ordering::Relaxed));
-        if let Some(heard) = heard {
-            conn.heard_elsewhere(heard, pinged);
-        }
         if conn.keepalive_due(now) {
             self.pinged.fetch_max(self.stamp(now), Ordering::Relaxed);
         }

@@ -191,15 +191,23 @@ impl NetVi {
     /// connections to the peer's Nic heard from it: of many idle
     /// connections to one Nic, one keeps it alive.
     fn timers_due(&mut self, now: Instant, nic: &NetNic) {
-        if let Some(p) = &self.peer_live {
-            if self.own.is_some() {
-                p.share(&mut self.conn, self.id, now);
-                self.watch_if_kept(nic);
-            } else {
-                p.share_watching(&mut self.conn, now);
-            }
-        }
+        self.share(nic, now);
         self.conn.handle_timeout(now);
+    }
+
+    /// Takes this connection's part in watching the peer's Nic (see
+    /// [`peers`](super::peers)). Only a connection with a medium of its own
+    /// may be kept without timers (the Nic's watch reads own media): one
+    /// whose frames come through the Nic's (AF_XDP) keeps its own timers
+    /// and shares what it heard. (Kept without timers there, three
+    /// connections between two xdp Nics on a busy host lost all three now
+    /// and then, 2 runs of 28.)
+    fn share(&mut self, nic: &NetNic, now: Instant) {
+        if let Some(p) = &self.peer_live {
+            let id = self.own.is_some().then_some(self.id);
+            p.share(&mut self.conn, id, now);
+            self.watch_if_kept(nic);
+        }
     }
 
     /// A connection without timers (kept) has its own medium in the Nic's
@@ -220,22 +228,18 @@ impl NetVi {
     }
 
     /// Takes this connection's part in watching the peer's Nic at `now` if
-    /// it changed (see [`peers`](super::peers)): it became the keeper or
-    /// stopped being it, or the Nic fell silent. True if it did. Only a
-    /// connection with a medium of its own takes part (the watch reads own
-    /// media): one whose frames come through the Nic's (AF_XDP) keeps its
-    /// own timers and shares only what it heard, as before. (Kept without
-    /// timers there, three connections between two xdp Nics under a busy
-    /// host lost all three now and then, 2 runs of 28.)
+    /// it changed: it became the keeper or stopped being it, or the Nic
+    /// fell silent. True if it did.
     pub(super) fn share_if_changed(&mut self, now: Instant, nic: &NetNic) -> bool {
-        match &self.peer_live {
-            Some(p) if self.own.is_some() && p.must_share(self.id, self.conn.is_kept(), now) => {
-                p.share(&mut self.conn, self.id, now);
-                self.watch_if_kept(nic);
-                true
-            }
-            _ => false,
+        let changed = self.own.is_some()
+            && self
+                .peer_live
+                .as_ref()
+                .is_some_and(|p| p.must_share(self.id, self.conn.is_kept(), now));
+        if changed {
+            self.share(nic, now);
         }
+        changed
     }
 
     /// The connection stopped carrying the peer: it no longer takes part
@@ -265,10 +269,7 @@ impl NetVi {
                 .map(|t| nic.peers.join(t, nic.idle_timeout));
             // Keeper or kept from the start: of many connections made to
             // one Nic, only the first keeps timers.
-            if let Some(p) = self.peer_live.as_ref().filter(|_| self.own.is_some()) {
-                p.share(&mut self.conn, self.id, Instant::now());
-                self.watch_if_kept(nic);
-            }
+            self.share(nic, Instant::now());
         }
         self.joined = true;
         self.peer = from;
@@ -411,6 +412,7 @@ impl NetVi {
     /// Writes engine completions into the descriptors.
     fn events(&mut self, vi: &Vi, q: &mut Queues) -> bool {
         let mut moved = false;
+        let mut silent = false;
         while let Some(ev) = self.conn.poll_event() {
             moved = true;
             match ev {
@@ -460,18 +462,16 @@ impl NetVi {
                 Event::Disconnected | Event::Failed(_) => {
                     // Every descriptor was completed by the engine first.
                     self.copies.clear();
-                    if let Some(nic) = NetNic::of(&vi.s.nic) {
-                        let silent = matches!(ev, Event::Failed(FailReason::PeerSilent));
-                        self.stop_sharing(nic, silent);
-                    }
+                    silent = matches!(ev, Event::Failed(FailReason::PeerSilent));
                     vi.set_state(ViState::Error);
                 }
             }
         }
-        // Closing at this side's word: it watches the peer no more.
+        // Closed, failed or closing at this side's word: it watches the
+        // peer no more.
         if self.peer_live.is_some() && !self.conn.is_connected() {
             if let Some(nic) = NetNic::of(&vi.s.nic) {
-                self.stop_sharing(nic, false);
+                self.stop_sharing(nic, silent);
             }
         }
         moved
