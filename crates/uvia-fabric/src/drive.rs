@@ -10,7 +10,8 @@
 //! timeout the server's send fails with a transport error. So a domain on
 //! such a Nic keeps a thread that drives each of its VIs every
 //! millisecond, as the VIPL face's library thread does, and CQ reads drive
-//! them too (a busy reader runs the timers sooner than the thread).
+//! them too (a busy reader runs the timers sooner than the thread). While
+//! the reads drive, the thread sleeps longer ([`MAX_TICK`]).
 //!
 //! While the program reads its CQs the thread stays off the VIs: its drive
 //! would take a VI's lock from under a reader polling on the same core
@@ -27,6 +28,16 @@ use uvia::Vi;
 /// How often the thread drives the VIs: the core's CQ wait looks at
 /// network VIs' timers as often.
 const TICK: Duration = Duration::from_millis(1);
+
+/// The longest the thread sleeps while CQ reads drive the VIs. It shares
+/// the core of the thread that polls (it inherits its affinity), so each
+/// wake-up takes that core from the polling thread, some 950 times a second
+/// at [`TICK`] (counted on `fi_pingpong` over udp), and lands on a message
+/// in flight. While reads drive, the thread doubles its sleep up to this;
+/// the first tick without them brings it back to [`TICK`]. A program that
+/// stops reading has its timers run within this much (an acknowledgement
+/// it owes comes that much later; the peer's retransmission covers it).
+const MAX_TICK: Duration = Duration::from_millis(16);
 
 /// Least time between two drives from CQ reads: an empty read already
 /// takes in what arrived (the core's done call); this only adds the timers,
@@ -60,6 +71,9 @@ struct Shared {
     /// Counts the CQ reads' drives: the thread leaves the VIs alone for a
     /// tick in which it moved.
     reads_drove: AtomicU64,
+    /// The thread's wake-ups and its own drives (read by the tests).
+    wakes: AtomicU64,
+    thread_drove: AtomicU64,
 }
 
 impl Driver {
@@ -72,6 +86,8 @@ impl Driver {
             vis: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             reads_drove: AtomicU64::new(0),
+            wakes: AtomicU64::new(0),
+            thread_drove: AtomicU64::new(0),
         });
         let handle = thread.then(|| {
             let s = shared.clone();
@@ -79,13 +95,19 @@ impl Driver {
                 .name("uvia-fi-drive".into())
                 .spawn(move || {
                     let mut seen = u64::MAX;
+                    let mut tick = TICK;
                     while !s.stop.load(Ordering::Acquire) {
                         let now = s.reads_drove.load(Ordering::Relaxed);
-                        if now == seen {
+                        s.wakes.fetch_add(1, Ordering::Relaxed);
+                        tick = if now == seen {
                             s.drive();
-                        }
+                            s.thread_drove.fetch_add(1, Ordering::Relaxed);
+                            TICK
+                        } else {
+                            (tick * 2).min(MAX_TICK)
+                        };
                         seen = now;
-                        std::thread::park_timeout(TICK);
+                        std::thread::park_timeout(tick);
                     }
                 })
         });
@@ -160,5 +182,51 @@ impl Shared {
 impl Drop for Driver {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// While CQ reads drive, the thread wakes a few times where it woke
+    /// every millisecond; once they stop, it drives within its longest
+    /// sleep.
+    #[test]
+    fn the_thread_backs_off_while_reads_drive_and_drives_when_they_stop() {
+        let d = Driver::new(true, true);
+        let s = d.shared.clone();
+        // Reads drive every 50 us for 300 ms (the first round of
+        // wake-ups may fall before them).
+        std::thread::sleep(Duration::from_millis(5));
+        let start = Instant::now();
+        let (wakes0, drove0) = (
+            s.wakes.load(Ordering::Relaxed),
+            s.thread_drove.load(Ordering::Relaxed),
+        );
+        while start.elapsed() < Duration::from_millis(300) {
+            d.drive_from_read();
+        }
+        let wakes = s.wakes.load(Ordering::Relaxed) - wakes0;
+        let drove = s.thread_drove.load(Ordering::Relaxed) - drove0;
+        assert!(
+            s.reads_drove.load(Ordering::Relaxed) > 100,
+            "the reads drove"
+        );
+        // At TICK it would be about 300; at MAX_TICK about 19.
+        assert!(wakes < 60, "{wakes} wake-ups in 300 ms of reads");
+        assert!(drove <= 2, "the thread drove {drove} times while reads did");
+        // The reads stop: the thread drives within its longest sleep
+        // (and a margin for a loaded machine).
+        let before = s.thread_drove.load(Ordering::Relaxed);
+        let stop = Instant::now();
+        while s.thread_drove.load(Ordering::Relaxed) == before {
+            assert!(
+                stop.elapsed() < MAX_TICK * 2 + Duration::from_millis(200),
+                "the thread did not drive after the reads stopped"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        d.stop();
     }
 }
