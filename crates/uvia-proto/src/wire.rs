@@ -329,6 +329,100 @@ pub mod data_flags {
     /// The sender wants an acknowledgement at once (last frame of a burst,
     /// or a retransmission).
     pub const ACK_NOW: u8 = 4;
+    /// The frame carries several whole sends ([`bundle`](super::bundle)):
+    /// `msn` and `rsn` are the first's, `total` is how many.
+    pub const BUNDLE: u8 = 8;
+}
+
+/// Several small sends in one data frame: the payload is, for each, an
+/// entry header of [`ENTRY_LEN`] bytes and its bytes. The messages are
+/// consecutive (`msn`, `msn + 1`, ...) and consume consecutive receive
+/// descriptors (`rsn`, `rsn + 1`, ...).
+///
+/// ```text
+/// 0               2       3       4                               8
+/// +---------------+-------+-------+-------------------------------+
+/// |    length     | flags |   0   |        immediate data         |
+/// +---------------+-------+-------+-------------------------------+
+/// | the message's bytes ...
+/// ```
+///
+/// An entry's flags hold [`data_flags::IMM`](super::data_flags::IMM) when its
+/// immediate data is meaningful.
+pub mod bundle {
+    use super::{data_flags, WireError};
+
+    /// Bytes of an entry's header.
+    pub const ENTRY_LEN: usize = 8;
+
+    /// One message of a bundle.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Entry<'a> {
+        pub imm: Option<u32>,
+        pub bytes: &'a [u8],
+    }
+
+    /// Writes an entry's header for `len` bytes into `buf[..ENTRY_LEN]`.
+    pub fn emit_entry(buf: &mut [u8], len: u16, imm: Option<u32>) {
+        let b: &mut [u8; ENTRY_LEN] = (&mut buf[..ENTRY_LEN])
+            .try_into()
+            .expect("room for an entry");
+        b[0..2].copy_from_slice(&len.to_be_bytes());
+        b[2] = if imm.is_some() { data_flags::IMM } else { 0 };
+        b[3] = 0;
+        b[4..8].copy_from_slice(&imm.unwrap_or(0).to_be_bytes());
+    }
+
+    /// The `count` entries of `payload`, or why it is not a bundle of
+    /// them: an entry past the payload's end, bytes left over, or unknown
+    /// flags.
+    pub fn entries(payload: &[u8], count: u32) -> Entries<'_> {
+        Entries {
+            rest: payload,
+            left: count,
+        }
+    }
+
+    /// Iterator of [`entries`]; a malformed bundle yields one error, then
+    /// nothing.
+    pub struct Entries<'a> {
+        rest: &'a [u8],
+        left: u32,
+    }
+
+    impl<'a> Iterator for Entries<'a> {
+        type Item = Result<Entry<'a>, WireError>;
+
+        fn next(&mut self) -> Option<Self::Item> {
+            let bad = |e: &mut Self, why| {
+                e.left = 0;
+                e.rest = &[];
+                Some(Err(WireError::Malformed(why)))
+            };
+            if self.left == 0 {
+                if self.rest.is_empty() {
+                    return None;
+                }
+                return bad(self, "bytes after a bundle's last entry");
+            }
+            let Some((h, rest)) = self.rest.split_first_chunk::<ENTRY_LEN>() else {
+                return bad(self, "bundle entry truncated");
+            };
+            let len = u16::from_be_bytes([h[0], h[1]]) as usize;
+            if h[2] & !data_flags::IMM != 0 || h[3] != 0 {
+                return bad(self, "bundle entry flags");
+            }
+            if len > rest.len() {
+                return bad(self, "bundle entry past the frame");
+            }
+            let imm =
+                (h[2] & data_flags::IMM != 0).then(|| u32::from_be_bytes([h[4], h[5], h[6], h[7]]));
+            let (bytes, rest) = rest.split_at(len);
+            self.rest = rest;
+            self.left -= 1;
+            Some(Ok(Entry { imm, bytes }))
+        }
+    }
 }
 
 /// Ack frame flags.
@@ -913,8 +1007,11 @@ impl<'a> Repr<'a> {
             Kind::Data => {
                 let header = DataHeader::parse(&frame)?;
                 let payload = frame.payload();
+                // (A bundle's total counts its messages; its entries are
+                // checked where it is taken in.)
                 if payload.len() as u64 + header.offset as u64 > header.total as u64
                     && header.op != Op::ReadRequest
+                    && header.flags & data_flags::BUNDLE == 0
                 {
                     return Err(WireError::Malformed("fragment past message end"));
                 }
@@ -1869,5 +1966,59 @@ mod tests {
         };
         assert_eq!(full.buffer_len(), 28 + 8 * MAX_SACK);
         assert_eq!(parse(&bytes_of(&full)), Ok((DST, SRC, full)));
+    }
+
+    #[test]
+    fn bundle_entries_read_back_and_malformed_ones_are_named() {
+        let mut b = vec![0u8; 3 * bundle::ENTRY_LEN + 5 + 3];
+        bundle::emit_entry(&mut b[0..], 5, Some(0xdead_beef));
+        b[8..13].copy_from_slice(b"hello");
+        bundle::emit_entry(&mut b[13..], 0, None);
+        bundle::emit_entry(&mut b[21..], 3, None);
+        b[29..32].copy_from_slice(b"abc");
+        assert_eq!(
+            &b[0..8],
+            &[0, 5, data_flags::IMM, 0, 0xde, 0xad, 0xbe, 0xef]
+        );
+        let got: Vec<_> = bundle::entries(&b, 3).collect::<Result<_, _>>().unwrap();
+        assert_eq!(
+            got,
+            vec![
+                bundle::Entry {
+                    imm: Some(0xdead_beef),
+                    bytes: b"hello"
+                },
+                bundle::Entry {
+                    imm: None,
+                    bytes: b""
+                },
+                bundle::Entry {
+                    imm: None,
+                    bytes: b"abc"
+                },
+            ]
+        );
+        let err = |payload: &[u8], n| bundle::entries(payload, n).find_map(Result::err);
+        assert_eq!(
+            err(&b, 2),
+            Some(WireError::Malformed("bytes after a bundle's last entry"))
+        );
+        assert_eq!(
+            err(&b, 4),
+            Some(WireError::Malformed("bundle entry truncated"))
+        );
+        assert_eq!(
+            err(&b[..31], 3),
+            Some(WireError::Malformed("bundle entry past the frame"))
+        );
+        let mut flags = b.clone();
+        flags[2] |= 0x80;
+        assert_eq!(
+            err(&flags, 3),
+            Some(WireError::Malformed("bundle entry flags"))
+        );
+        // An error ends the entries.
+        assert_eq!(bundle::entries(&b, 4).count(), 4);
+        assert_eq!(bundle::entries(&b[..31], 3).count(), 3);
     }
 }

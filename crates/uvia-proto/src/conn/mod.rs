@@ -308,6 +308,13 @@ const CLOSE_TRIES: u32 = 3;
 /// The receiver keeps this many windows of arrivals.
 const SPAN: u32 = 4;
 
+/// Longest send that goes into a bundle with others: the per-frame costs a
+/// bundle shares (a medium's system call and its kernel path, the
+/// receiver's frame handling) outweigh a copy only for small messages.
+const BUNDLE_MAX_MSG: u32 = 256;
+/// Most sends in one bundle.
+const BUNDLE_MAX_COUNT: usize = 64;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Client: the request goes out until an answer comes (each time
@@ -393,6 +400,9 @@ struct Sent {
     msn: u32,
     offset: u32,
     len: u32,
+    /// Whole sends the frame carries from `msn` on: 1, or more for a
+    /// bundle (see [`wire::bundle`](crate::wire::bundle)).
+    count: u16,
     sent_at: Instant,
     /// Place of its latest transmission among all of this side's
     /// transmissions: "sent after" for time-based loss detection, exact

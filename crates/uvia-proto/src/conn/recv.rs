@@ -6,7 +6,7 @@ use super::{
     Conn, Event, FailReason, InMsg, Memory, OutKind, OutMsg, Outcome, RnrPolicy, State, Timer,
 };
 use crate::seq;
-use crate::wire::{ack_flags, data_flags, DataHeader, NakCode, Op, Repr};
+use crate::wire::{ack_flags, bundle, data_flags, DataHeader, NakCode, Op, Repr};
 use std::time::Instant;
 
 impl Conn {
@@ -159,6 +159,7 @@ impl Conn {
         }
         let accepted = match h.op {
             Op::ReadResponse => self.on_read_response(h, payload, mem),
+            _ if h.flags & data_flags::BUNDLE != 0 => self.on_bundle(now, h, payload, mem),
             _ => self.on_message_frame(now, h, payload, mem),
         };
         if !accepted {
@@ -182,7 +183,7 @@ impl Conn {
         h.psn == self.rcv.base()
             && !self.rcv.has_gap()
             && h.op == Op::Send
-            && h.flags & data_flags::CONSUMES != 0
+            && h.flags & (data_flags::CONSUMES | data_flags::BUNDLE) == data_flags::CONSUMES
             && h.offset == 0
             && h.total as usize == payload.len()
             && h.msn == self.in_base
@@ -208,7 +209,13 @@ impl Conn {
     /// bytes just taken in: an ack now, or one within the ack delay.
     fn owe_ack(&mut self, now: Instant, h: &DataHeader, len: u32) {
         self.newest_rx = Some(h.psn);
-        self.ack_pending += 1;
+        // A bundle counts its messages: the sender's completions (and the
+        // send queue they free) wait on this ack, not the frame alone.
+        self.ack_pending += if h.flags & data_flags::BUNDLE != 0 {
+            h.total.max(1)
+        } else {
+            1
+        };
         self.ack_bytes = self.ack_bytes.saturating_add(len);
         if h.flags & data_flags::ACK_NOW != 0
             || self.ack_pending >= self.cfg.ack_every
@@ -411,6 +418,52 @@ impl Conn {
         }
         let _ = now;
         self.deliver_in_order();
+        true
+    }
+
+    /// A bundle of whole sends (see [`wire::bundle`](crate::wire::bundle)),
+    /// each placed as a frame of its own would be. A send whose receive
+    /// descriptor is not posted yet stops the bundle there: the ones
+    /// before it are placed, and the frame is refused as not ready, to
+    /// come again; then the ones placed are skipped (completed) or placed
+    /// again (the same bytes in the same descriptor), so that a receiver
+    /// that posts fewer descriptors than a bundle holds still moves.
+    fn on_bundle(
+        &mut self,
+        now: Instant,
+        h: &DataHeader,
+        payload: &[u8],
+        mem: &mut dyn Memory,
+    ) -> bool {
+        let well_formed = h.op == Op::Send
+            && h.flags & data_flags::CONSUMES != 0
+            && h.offset == 0
+            && self.cfg.level.is_reliable()
+            && bundle::entries(payload, h.total).all(|e| e.is_ok());
+        if !well_formed {
+            self.stats.dropped += 1;
+            return false;
+        }
+        for (i, e) in bundle::entries(payload, h.total).flatten().enumerate() {
+            let (msn, rsn) = (h.msn.wrapping_add(i as u32), h.rsn.wrapping_add(i as u32));
+            if seq::lt(msn, self.in_base) {
+                continue;
+            }
+            if rsn.wrapping_sub(self.recv_base) as usize >= self.recvs.len() {
+                return self.not_ready(h.psn);
+            }
+            let one = DataHeader {
+                msn,
+                rsn,
+                flags: data_flags::CONSUMES | if e.imm.is_some() { data_flags::IMM } else { 0 },
+                total: e.bytes.len() as u32,
+                imm: e.imm.unwrap_or(0),
+                ..*h
+            };
+            if !self.on_message_frame(now, &one, e.bytes, mem) {
+                return false;
+            }
+        }
         true
     }
 

@@ -7,7 +7,8 @@ use super::{
 };
 use crate::seq;
 use crate::wire::{
-    self, ack_flags, data_flags, DataHeader, NakCode, Repr, SackList, DATA_HEADER_LEN, MAX_SACK,
+    self, ack_flags, bundle, data_flags, DataHeader, NakCode, Op, Repr, SackList, DATA_HEADER_LEN,
+    MAX_SACK,
 };
 use std::time::Instant;
 
@@ -130,7 +131,11 @@ impl Conn {
             let m = if s.response {
                 self.responses.iter().find(|m| m.msn == s.msn).cloned()
             } else {
-                self.msg_index(s.msn).map(|j| self.msgs[j].clone())
+                // A bundle's messages are all still queued: none completes
+                // before the frame's ack.
+                self.msg_index(s.msn)
+                    .filter(|&j| j + s.count as usize <= self.msgs.len())
+                    .map(|j| self.msgs[j].clone())
             };
             if let Some(m) = m {
                 break (i, s, m);
@@ -158,6 +163,11 @@ impl Conn {
         if self.lost == 0 {
             self.arm_probe(now);
         }
+        if s.count > 1 {
+            let j = self.msg_index(s.msn)?;
+            let n = self.emit_bundle(buf, psn, j, s.count as usize, data_flags::ACK_NOW, mem);
+            return Some(n);
+        }
         Some(self.emit_data(buf, psn, &m, s.offset, s.len, data_flags::ACK_NOW, mem))
     }
 
@@ -183,6 +193,10 @@ impl Conn {
         } else if self.frame_cursor < self.msgs.len() {
             if reliable && self.waits_for_earlier(self.frame_cursor) {
                 return None;
+            }
+            let k = self.bundle_len(self.frame_cursor);
+            if k > 1 {
+                return Some(self.send_bundle(now, buf, self.frame_cursor, k, mem));
             }
             (false, self.frame_cursor)
         } else {
@@ -219,6 +233,7 @@ impl Conn {
                 msn: m.msn,
                 offset,
                 len,
+                count: 1,
                 sent_at: now,
                 order,
                 transmissions: 1,
@@ -241,6 +256,122 @@ impl Conn {
             self.complete_sends();
         }
         Some(n)
+    }
+
+    /// How many queued sends from `i` on go out in one frame: 1 unless
+    /// several small whole sends wait together (a burst the VI held for
+    /// one system call), at reliable delivery, where a send completes on
+    /// its frame's ack. Consecutive sends only, each consuming the next
+    /// receive descriptor, all within the frame and within the messages
+    /// the receiver keeps ahead of its base.
+    fn bundle_len(&self, i: usize) -> usize {
+        if self.cfg.level != super::Level::ReliableDelivery {
+            return 1;
+        }
+        let Some(oldest) = self.msgs.front().map(|m| m.msn) else {
+            return 1;
+        };
+        let room = self.frag as usize;
+        let ahead = self.cfg.window * super::SPAN;
+        let first = &self.msgs[i];
+        let (msn, rsn) = (first.msn, first.rsn);
+        let mut bytes = 0;
+        let mut k = 0;
+        for m in self.msgs.range(i..) {
+            let fits = matches!(m.kind, OutKind::Send)
+                && !m.started
+                && m.len <= super::BUNDLE_MAX_MSG
+                && m.msn == msn.wrapping_add(k as u32)
+                && m.rsn.is_some()
+                && m.rsn == rsn.map(|r| r.wrapping_add(k as u32))
+                && m.msn.wrapping_sub(oldest) < ahead
+                && bytes + bundle::ENTRY_LEN + m.len as usize <= room;
+            if !fits || k == super::BUNDLE_MAX_COUNT {
+                break;
+            }
+            bytes += bundle::ENTRY_LEN + m.len as usize;
+            k += 1;
+        }
+        k.max(1)
+    }
+
+    /// Frames the `k` sends from `msgs[i]` on as one bundle.
+    fn send_bundle(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        i: usize,
+        k: usize,
+        mem: &mut dyn Memory,
+    ) -> usize {
+        let mut bytes = 0;
+        for m in self.msgs.range_mut(i..i + k) {
+            m.framed = m.len;
+            m.started = true;
+            m.unacked += 1;
+            bytes += m.len;
+        }
+        self.frame_cursor += k;
+        let psn = self.snd_nxt;
+        self.snd_nxt = psn.wrapping_add(1);
+        let order = self.next_order();
+        self.inflight.push_back(Sent {
+            response: false,
+            msn: self.msgs[i].msn,
+            offset: 0,
+            len: bytes,
+            count: k as u16,
+            sent_at: now,
+            order,
+            transmissions: 1,
+            acked: false,
+            lost: false,
+            probe: false,
+        });
+        self.inflight_bytes += bytes;
+        self.pipe += 1;
+        if !self.timers.is_set(Timer::Rto) {
+            self.timers.set(Timer::Rto, now + self.rtt.rto());
+        }
+        self.arm_probe(now);
+        self.emit_bundle(buf, psn, i, k, 0, mem)
+    }
+
+    /// Writes the bundle frame of the `k` sends from `msgs[i]` on.
+    fn emit_bundle(
+        &mut self,
+        buf: &mut [u8],
+        psn: u32,
+        i: usize,
+        k: usize,
+        flags: u8,
+        mem: &mut dyn Memory,
+    ) -> usize {
+        let first = &self.msgs[i];
+        let h = DataHeader {
+            psn,
+            ack: self.rcv.base(),
+            msn: first.msn,
+            op: Op::Send,
+            flags: flags | data_flags::BUNDLE | data_flags::CONSUMES,
+            offset: 0,
+            total: k as u32,
+            imm: 0,
+            rkey: 0,
+            raddr: 0,
+            rsn: first.rsn.unwrap_or(0),
+            done: self.in_base,
+        };
+        h.emit(buf, self.peer_id, self.local_id);
+        let mut at = DATA_HEADER_LEN;
+        for m in self.msgs.range(i..i + k) {
+            bundle::emit_entry(&mut buf[at..], m.len as u16, m.imm);
+            at += bundle::ENTRY_LEN;
+            let end = at + m.len as usize;
+            mem.read_send(m.msn, 0, &mut buf[at..end]);
+            at = end;
+        }
+        self.data_sent(buf, at)
     }
 
     /// True when message `i`, not started yet, must wait for an earlier
@@ -325,6 +456,12 @@ impl Conn {
             }
             OutKind::ReadRequest { .. } => {}
         }
+        self.data_sent(buf, end)
+    }
+
+    /// The end of writing a data frame of `end` bytes: its checksum, and
+    /// the ack it carries. Returns `end`.
+    fn data_sent(&mut self, buf: &mut [u8], end: usize) -> usize {
         // Left out (zero) when the peer's medium checks frames itself: on
         // the udp provider that is two CRCs off every message's path.
         if !self.peer.is_some_and(|p| p.intact) {
@@ -459,16 +596,15 @@ impl Conn {
         if s.transmissions == 1 {
             self.rtt.sample(now.saturating_duration_since(s.sent_at));
         }
-        let m = if s.response {
-            self.responses.iter_mut().find(|m| m.msn == s.msn)
-        } else {
-            match self.msg_index(s.msn) {
-                Some(i) => self.msgs.get_mut(i),
-                None => None,
+        if s.response {
+            if let Some(m) = self.responses.iter_mut().find(|m| m.msn == s.msn) {
+                m.unacked = m.unacked.saturating_sub(1);
             }
-        };
-        if let Some(m) = m {
-            m.unacked = m.unacked.saturating_sub(1);
+        } else if let Some(i) = self.msg_index(s.msn) {
+            let end = (i + s.count as usize).min(self.msgs.len());
+            for m in self.msgs.range_mut(i..end) {
+                m.unacked = m.unacked.saturating_sub(1);
+            }
         }
         // Responses fully acknowledged are done.
         while matches!(self.responses.front(), Some(r) if r.fully_framed() && r.unacked == 0) {
