@@ -27,8 +27,8 @@ fn size(i: u32) -> usize {
 }
 
 /// Posts `count` sends at once from side 0 (and as many receives on side
-/// 1) and returns the sender's frame count and the messages received, each
-/// checked byte for byte.
+/// 1). Returns the sender's frame count and the messages received (each
+/// checked byte for byte).
 fn burst(seed: u64, level: Level, faults: Faults, count: u32) -> (u64, Vec<u32>) {
     let mut s = Sim::new(seed, config(level), faults);
     assert!(s.connect(Duration::from_secs(3)), "connects (seed {seed})");
