@@ -13,9 +13,9 @@ mod share;
 mod vi;
 mod watch;
 #[cfg(test)]
-use vi::acks_sent;
-#[cfg(test)]
 pub(crate) use vi::held_frames;
+#[cfg(test)]
+use vi::{acks_sent, keeps_watch};
 
 use deadlines::{Deadlines, Due, Noted};
 use share::Share;

@@ -9,7 +9,7 @@
 //! events and are written into the descriptors here.
 
 use super::closing::Closing;
-use super::peers::{PeerLive, TELL_EVERY};
+use super::peers::{PeerLive, BUSY_FRAMES, TELL_EVERY};
 use super::{NetNic, Noted, TX_BATCH};
 use crate::desc::{status, Descriptor, MemHandle, Op};
 use crate::error::PostError;
@@ -58,6 +58,16 @@ pub(crate) fn acks_sent(vi: &Vi) -> u64 {
     match &vi.lock().t {
         crate::provider::Transport::Net(n) => n.conn.stats().acks_sent,
         _ => 0,
+    }
+}
+
+/// `vi`'s connection keeps the watch of its peer's Nic: it has timers and
+/// its socket is out of the Nic's watch (tests).
+#[cfg(test)]
+pub(crate) fn keeps_watch(vi: &Vi) -> bool {
+    match &vi.lock().t {
+        crate::provider::Transport::Net(n) => !n.conn.is_kept() && !n.watched,
+        _ => false,
     }
 }
 
@@ -119,6 +129,8 @@ pub(crate) struct NetVi {
     peer_live: Option<Arc<PeerLive>>,
     /// When this connection last told `peer_live` it heard the peer.
     told: Option<Instant>,
+    /// Frames taken in since then.
+    heard_frames: u32,
     /// Its own medium is in the Nic's watch (while another connection
     /// keeps the peer's Nic alive, and this one has no timers).
     watched: bool,
@@ -170,6 +182,7 @@ impl NetVi {
             joined: false,
             peer_live: None,
             told: None,
+            heard_frames: 0,
             watched: false,
             sent_again: 0,
             quiet_sleeps: QUIET_SLEEPS,
@@ -310,7 +323,21 @@ impl NetVi {
         if let Some(p) = &self.peer_live {
             if self.told.is_none_or(|t| now >= t + TELL_EVERY) {
                 self.told = Some(now);
-                p.heard(now);
+                self.heard_frames = 0;
+                p.heard_by(self.id, now);
+            }
+            // A connection kept without timers that takes in many frames
+            // within one tell takes the watch over (see `BUSY_FRAMES`),
+            // so that its datagrams wake no epoll set; it asks again after
+            // as many more.
+            self.heard_frames += 1;
+            if self.heard_frames >= BUSY_FRAMES && self.conn.is_kept() && self.own.is_some() {
+                self.heard_frames = 0;
+                if p.take_over(self.id, now) {
+                    if let Some(nic) = NetNic::of(&vi.s.nic) {
+                        self.share(&nic, now);
+                    }
+                }
             }
         }
         // A request comes from the peer's Nic, not from its connection:
