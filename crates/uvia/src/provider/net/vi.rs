@@ -335,7 +335,7 @@ impl NetVi {
                 self.heard_frames = 0;
                 if p.take_over(self.id, now) {
                     if let Some(nic) = NetNic::of(&vi.s.nic) {
-                        self.share(&nic, now);
+                        self.share(nic, now);
                     }
                 }
             }
