@@ -30,10 +30,10 @@
 //! interval, a quarter of it) is replaced by the next that looks. Every VI
 //! is looked at in the Nic's walk, at least once a second. A kept
 //! connection that carries traffic ([`BUSY_FRAMES`] frames within a tell)
-//! takes the watch over from a keeper that has not looked for
-//! [`TAKE_OVER_AFTER`] (a keeper's hearing from the peer is a look): its
-//! socket then leaves the watch, whose epoll set every datagram to a
-//! socket in it wakes; the old keeper stands aside at its next look.
+//! takes the watch over from a keeper that carried none for
+//! [`TAKE_OVER_AFTER`]: its socket then leaves the watch, whose epoll set
+//! every datagram to a socket in it wakes; the old keeper stands aside at
+//! its next look. (A keeper's hearing from the peer is a look.)
 //!
 //! Left alone: a peer VI destroyed with every try of its disconnect lost
 //! leaves an idle connection here that nothing tests any more until it
@@ -61,8 +61,10 @@ pub(super) const TELL_EVERY: Duration = Duration::from_millis(100);
 /// (Keep-alives and their answers are one or two frames.)
 pub(super) const BUSY_FRAMES: u32 = 16;
 
-/// How long a keeper may go without looking before a busy connection
-/// takes the watch over (two tells: a busy keeper looks at every tell).
+/// How long a keeper must have carried no traffic of its own before a
+/// busy connection takes the watch over from it: two busy connections to
+/// one peer do not take it from each other (a busy keeper says so every
+/// [`BUSY_FRAMES`] frames).
 pub(super) const TAKE_OVER_AFTER: Duration = Duration::from_millis(200);
 
 /// What the connections to one peer Nic know of it together. Times are
@@ -76,6 +78,9 @@ pub(super) struct PeerLive {
     keeper: AtomicU32,
     /// When the keeper last looked.
     kept_at: AtomicU64,
+    /// When the keeper last carried traffic of its own (see
+    /// [`take_over`](Self::take_over)).
+    busy_at: AtomicU64,
     /// The keeper found the Nic silent for the idle timeout: every
     /// connection to it fails.
     silent: AtomicBool,
@@ -93,6 +98,7 @@ impl PeerLive {
             pinged: AtomicU64::new(0),
             keeper: AtomicU32::new(0),
             kept_at: AtomicU64::new(0),
+            busy_at: AtomicU64::new(0),
             silent: AtomicBool::new(false),
         }
     }
@@ -119,18 +125,23 @@ impl PeerLive {
         }
     }
 
-    /// Connection `id`, kept and busy, takes the watch over at `now` from a
-    /// keeper that has not looked for [`TAKE_OVER_AFTER`] (or from none).
-    /// True if it did: it then shares as the keeper, and the old keeper
-    /// stands aside at its next look ([`must_share`](Self::must_share)).
-    pub(super) fn take_over(&self, id: u32, now: Instant) -> bool {
+    /// Connection `id` carried [`BUSY_FRAMES`] frames at `now`. If it is
+    /// kept, it takes the watch over from a keeper that carried none for
+    /// [`TAKE_OVER_AFTER`] (or from none), and true says it did: it then
+    /// shares as the keeper, and the old keeper stands aside at its next
+    /// look ([`must_share`](Self::must_share)). A busy keeper says so.
+    pub(super) fn busy(&self, id: u32, kept: bool, now: Instant) -> bool {
         let k = self.keeper.load(Ordering::Acquire);
-        if k == id || self.silent.load(Ordering::Relaxed) {
+        if k == id {
+            self.busy_at.store(self.stamp(now), Ordering::Relaxed);
+            return false;
+        }
+        if !kept || self.silent.load(Ordering::Relaxed) {
             return false;
         }
         let since = self
             .stamp(now)
-            .saturating_sub(self.kept_at.load(Ordering::Relaxed));
+            .saturating_sub(self.busy_at.load(Ordering::Relaxed));
         if k != 0 && since < TAKE_OVER_AFTER.as_nanos() as u64 {
             return false;
         }
@@ -140,6 +151,7 @@ impl PeerLive {
             .is_ok();
         if won {
             self.kept_at.store(self.stamp(now), Ordering::Relaxed);
+            self.busy_at.store(self.stamp(now), Ordering::Relaxed);
         }
         won
     }

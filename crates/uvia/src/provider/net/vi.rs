@@ -329,11 +329,11 @@ impl NetVi {
             // A connection kept without timers that takes in many frames
             // within one tell takes the watch over (see `BUSY_FRAMES`),
             // so that its datagrams wake no epoll set; it asks again after
-            // as many more.
+            // as many more. A busy keeper says so, and keeps it.
             self.heard_frames += 1;
-            if self.heard_frames >= BUSY_FRAMES && self.conn.is_kept() && self.own.is_some() {
+            if self.heard_frames >= BUSY_FRAMES && self.own.is_some() {
                 self.heard_frames = 0;
-                if p.take_over(self.id, now) {
+                if p.busy(self.id, self.conn.is_kept(), now) {
                     if let Some(nic) = NetNic::of(&vi.s.nic) {
                         self.share(nic, now);
                     }
