@@ -227,26 +227,7 @@ impl Conn {
             0
         };
         if reliable {
-            let order = self.next_order();
-            self.inflight.push_back(Sent {
-                response,
-                msn: m.msn,
-                offset,
-                len,
-                count: 1,
-                sent_at: now,
-                order,
-                transmissions: 1,
-                acked: false,
-                lost: false,
-                probe: false,
-            });
-            self.inflight_bytes += len;
-            self.pipe += 1;
-            if !self.timers.is_set(Timer::Rto) {
-                self.timers.set(Timer::Rto, now + self.rtt.rto());
-            }
-            self.arm_probe(now);
+            self.record_sent(now, response, m.msn, offset, len, 1);
         }
         let n = self.emit_data(buf, psn, &m, offset, len, flags, mem);
         if !reliable {
@@ -265,7 +246,8 @@ impl Conn {
     /// receive descriptor, all within the frame and within the messages
     /// the receiver keeps ahead of its base.
     fn bundle_len(&self, i: usize) -> usize {
-        if self.cfg.level != super::Level::ReliableDelivery {
+        // A lone message (a ping-pong's every one) goes as it is.
+        if i + 1 >= self.msgs.len() || self.cfg.level != super::Level::ReliableDelivery {
             return 1;
         }
         let Some(oldest) = self.msgs.front().map(|m| m.msn) else {
@@ -314,13 +296,30 @@ impl Conn {
         self.frame_cursor += k;
         let psn = self.snd_nxt;
         self.snd_nxt = psn.wrapping_add(1);
+        self.record_sent(now, false, self.msgs[i].msn, 0, bytes, k as u16);
+        self.emit_bundle(buf, psn, i, k, 0, mem)
+    }
+
+    /// Records a reliable frame sent for the first time at `now` (the next
+    /// packet number's): `len` payload bytes of `count` messages from
+    /// `msn` on, at `offset` of the first. It counts against the window
+    /// and has the retransmission and probe timers running.
+    fn record_sent(
+        &mut self,
+        now: Instant,
+        response: bool,
+        msn: u32,
+        offset: u32,
+        len: u32,
+        count: u16,
+    ) {
         let order = self.next_order();
         self.inflight.push_back(Sent {
-            response: false,
-            msn: self.msgs[i].msn,
-            offset: 0,
-            len: bytes,
-            count: k as u16,
+            response,
+            msn,
+            offset,
+            len,
+            count,
             sent_at: now,
             order,
             transmissions: 1,
@@ -328,13 +327,12 @@ impl Conn {
             lost: false,
             probe: false,
         });
-        self.inflight_bytes += bytes;
+        self.inflight_bytes += len;
         self.pipe += 1;
         if !self.timers.is_set(Timer::Rto) {
             self.timers.set(Timer::Rto, now + self.rtt.rto());
         }
         self.arm_probe(now);
-        self.emit_bundle(buf, psn, i, k, 0, mem)
     }
 
     /// Writes the bundle frame of the `k` sends from `msgs[i]` on.
