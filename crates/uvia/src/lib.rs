@@ -13,6 +13,7 @@
 //! the data path), `udp` (kernel UDP sockets, no privileges) and `xdp` (raw
 //! Ethernet through AF_XDP, root); see `provider` for the seam they plug into.
 
+mod bias;
 pub mod cm;
 mod copy;
 mod count;

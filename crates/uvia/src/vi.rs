@@ -8,11 +8,11 @@
 //! there is no thread behind the caller's back. Descriptors complete in
 //! order on each queue and carry their status like VIPL's.
 
+use crate::bias::{BiasedLock, Guard};
 use crate::cm::{Discriminator, NetAddress, RemoteViAttributes};
 use crate::cq::{Cq, CqShared};
 use crate::desc::{control, status, Descriptor, MemHandle, Op, Segment, MAX_SEGMENTS};
 use crate::error::{ConnectError, PostError, Rejected, ViAttrError, WaitError};
-use crate::lock::{Guard, SpinLock};
 use crate::mem::{AccessError, Ptag};
 use crate::nic::{Nic, NicShared};
 use crate::provider::Transport;
@@ -436,7 +436,7 @@ pub(crate) struct ViShared {
     state: AtomicU8,
     /// The program's word for this VI ([`Vi::set_tag`]).
     tag: AtomicUsize,
-    pub inner: SpinLock<ViInner>,
+    pub inner: BiasedLock<ViInner>,
 }
 
 /// A virtual interface. Clones name the same VI; it is destroyed when the
@@ -479,7 +479,7 @@ impl Vi {
                 recv_cq: recv_cq.map(|c| c.s.clone()),
                 state: AtomicU8::new(ViState::Idle as u8),
                 tag: AtomicUsize::new(0),
-                inner: SpinLock::new(ViInner {
+                inner: BiasedLock::new(ViInner {
                     q: Queues {
                         attrs,
                         remote: None,
@@ -582,7 +582,9 @@ impl Vi {
         self.lock().q.spin = spin;
     }
 
-    /// The VI's state lock (see [`SpinLock`]: a plain store releases it).
+    /// The VI's state lock (see [`BiasedLock`]: a plain store releases it,
+    /// and the thread that drives the VI comes to take it with no locked
+    /// instruction).
     /// Nothing sleeps or makes a long call while holding it.
     pub(crate) fn lock(&self) -> Guard<'_, ViInner> {
         self.s.inner.lock()
@@ -1118,6 +1120,9 @@ impl Vi {
     /// Makes `t` this VI's connection to a peer with attributes `remote`
     /// and moves it to Connected (a provider's connect or accept).
     pub(crate) fn install(&self, g: &mut ViInner, t: Transport, remote: RemoteViAttributes) {
+        // The bias on shm only (`bias`): network VIs are driven by
+        // whichever thread polls their Nic.
+        self.s.inner.allow_bias(matches!(t, Transport::Shm(_)));
         g.t = t;
         g.q.remote = Some(remote);
         self.set_state(ViState::Connected);
