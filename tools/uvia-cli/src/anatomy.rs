@@ -503,11 +503,11 @@ pub fn stages(
             measured: true,
         };
         if let Some(ns) = to_send {
-            let name = "client: clock read to the send call (half)";
+            let name = "client: loop to the send call (half)";
             out.insert(0, row(Stage::AppClock, Stage::AppSend, name, "send", ns));
         }
         if let Some(ns) = from_recv {
-            let name = "client: receive's return to the clock read (half)";
+            let name = "client: receive's return to the next send (half)";
             out.push(row(Stage::AppReceived, Stage::AppClock, name, "recv", ns));
         }
     }
@@ -515,9 +515,10 @@ pub fn stages(
 }
 
 /// The client's stretches inside the round trips it times that no
-/// message's chain holds: from reading its clock to its send call, and
-/// from its receive's return to reading its clock again. Half of each
-/// belongs to a one-way time (half the round trip), as their medians show.
+/// message's chain holds: from its receive's return to the mark before
+/// its next send, and from that mark to the send call (the clock is read
+/// after the send, outside the round trip). Half of each belongs to a
+/// one-way time (half the round trip), as their medians show.
 fn client_timer(runs: &[Vec<Ev>], step_ns: f64) -> [Option<f64>; 2] {
     let (mut to_send, mut from_recv) = (Vec::new(), Vec::new());
     for tl in runs {
@@ -577,8 +578,9 @@ pub fn path_events(runs: &[Vec<Ev>]) -> [f64; 2] {
 /// it out: each that starts a stage of a message of the common shape and
 /// is on the side that waits for the stage's end (a sender's checkpoint
 /// after the message has left runs while the receiver works), the
-/// server's turn-around counting half; and the client's two around its
-/// clock reads, each half.
+/// server's turn-around counting half; and the client's mark before its
+/// send, half (the one after its clock read runs while the message is on
+/// its way).
 pub fn path_marks(runs: &[Vec<Ev>]) -> f64 {
     let (chains, _) = chains(runs);
     let same = common_shape(&chains);
@@ -586,7 +588,7 @@ pub fn path_marks(runs: &[Vec<Ev>]) -> f64 {
         return 0.0;
     };
     let turn_around = (Label::Mark(Stage::AppReceived), Label::Mark(Stage::AppSend));
-    let mut n = 1.0;
+    let mut n = 0.5;
     for k in 0..c.labels.len().saturating_sub(1) {
         if matches!(c.labels[k], Label::Mark(_)) && c.sides[k] == c.sides[k + 1] {
             n += if (c.labels[k], c.labels[k + 1]) == turn_around {
@@ -1237,10 +1239,10 @@ mod tests {
         // Two system call events and five others fall in each message's stages.
         assert_eq!(path_events(std::slice::from_ref(&tl)), [2.0, 5.0]);
         // Checkpoints whose cost is on the path: the send call's and the
-        // receiver's rx-found, half the server's turn-around, and the two
-        // halves around the client's clock reads. The receiver's first
-        // rx-found (its poll's) and the sender's return are off it.
-        assert_eq!(path_marks(std::slice::from_ref(&tl)), 3.5);
+        // receiver's rx-found, half the server's turn-around, and half the
+        // client's mark before its send. The receiver's first rx-found
+        // (its poll's) and the sender's return are off it.
+        assert_eq!(path_marks(std::slice::from_ref(&tl)), 3.0);
         let (st, kept, all) = stages(&[tl], 2.0, 0.0, false);
         // The last message has no reply: its chain is one stage short.
         assert_eq!((kept, all), (9, 10));

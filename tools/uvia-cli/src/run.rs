@@ -663,24 +663,42 @@ fn pingpong_client(
     crate::tracefile::begin(slice, iters)?;
     let m = CpuMeter::start();
     // One clock read per round trip: the read that ends a round trip
-    // starts the next. Each fenced read of the time-stamp counter costs
-    // some 10 ns here, and a read to end one round trip and another to
-    // start the next both sat between a reply and the next send, in the
-    // time measured (as UCX's perftest, which reads its clock once per
-    // iteration, does not).
-    let mut t0 = clock::ticks();
-    for _ in 0..iters {
-        uvia_trace::mark!(AppClock);
-        ep.send(size)?;
-        let n = ep.recv()?;
-        let t1 = clock::ticks();
-        uvia_trace::mark!(AppClock);
-        ticks.push(t1.wrapping_sub(t0));
-        t0 = t1;
-        expect_len(n, size)?;
-        if interval_us > 0 {
+    // starts the next. Paced, a round trip runs from a read before the
+    // send to the read after its reply.
+    if interval_us > 0 {
+        let mut t0 = clock::ticks();
+        for _ in 0..iters {
+            uvia_trace::mark!(AppClock);
+            ep.send(size)?;
+            let n = ep.recv()?;
+            let t1 = clock::ticks();
+            uvia_trace::mark!(AppClock);
+            ticks.push(t1.wrapping_sub(t0));
+            expect_len(n, size)?;
             std::thread::sleep(pause);
             t0 = clock::ticks();
+        }
+    } else {
+        // Back to back, the clock is read after each send, while the
+        // message is on its way: a round trip is the time from one send's
+        // read to the next's. A fenced read of the time-stamp counter
+        // (some 10 ns here) between a reply and the next send would sit in
+        // the time measured; UCX's perftest likewise reads its clock once
+        // an iteration, after the send.
+        uvia_trace::mark!(AppClock);
+        ep.send(size)?;
+        let mut t0 = clock::ticks();
+        for i in 0..iters {
+            let n = ep.recv()?;
+            expect_len(n, size)?;
+            if i + 1 < iters {
+                uvia_trace::mark!(AppClock);
+                ep.send(size)?;
+            }
+            let t1 = clock::ticks();
+            uvia_trace::mark!(AppClock);
+            ticks.push(t1.wrapping_sub(t0));
+            t0 = t1;
         }
     }
     let cpu = m.stop();

@@ -424,9 +424,9 @@ fn anatomy(provider: &str, must_see: &[&str]) {
             "{s}"
         );
     }
-    // The path runs from the client's clock read, through the send call
-    // and the points named, to the application's return and the clock
-    // read that ends the round trip.
+    // The path runs from the client's mark before its send, through the
+    // send call and the points named, to the application's return and the
+    // client's next mark.
     assert_eq!(stages[0]["from"], "app-clock");
     assert_eq!(stages[0]["to"], "app-send");
     assert_eq!(stages[stages.len() - 1]["to"], "app-clock");
