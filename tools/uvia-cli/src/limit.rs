@@ -179,16 +179,23 @@ pub fn cacheline(rounds: usize) -> Result<Vec<f64>> {
         }
     })?;
     let mut out = Vec::with_capacity(rounds);
+    // The clock is read after each store, while the line is on its way (as
+    // `uvia pingpong` does): a fenced read between the reply and the next
+    // store would be in the time measured.
+    line.store(1, Ordering::Release);
+    let mut t0 = clock::ticks();
     for k in 0..total {
-        let t0 = clock::ticks();
-        line.store(2 * k + 1, Ordering::Release);
         while line.load(Ordering::Acquire) != 2 * k + 2 {
             peer.check()?;
+        }
+        if k + 1 < total {
+            line.store(2 * k + 3, Ordering::Release);
         }
         let t1 = clock::ticks();
         if k >= warm {
             out.push(clock::to_ns(t1.wrapping_sub(t0)) / 2.0);
         }
+        t0 = t1;
     }
     Ok(out)
 }
@@ -404,7 +411,7 @@ pub fn xdp_medium(size: usize, rounds: usize) -> Result<Vec<f64>> {
 }
 
 /// How each probe is measured, for the report.
-pub const HOW: &str = "How each limit is measured. Cache-line ping-pong: two processes on cores 0 and 1 bounce one 64-byte line (each spins on a load until the other's store), one-way = round trip / 2, several runs, p50 the median of their medians. Futex hand-off: the same bounce, but each side sleeps in FUTEX_WAIT on a shared word until the other stores and calls FUTEX_WAKE. memcpy: one process copies between two page-aligned private buffers, both written beforehand and one untimed copy first, about 64 MiB of copies per run, the median of 5 runs (the buffers are placed so that the destination is not a few bytes past a 4 KiB multiple from the source, where the CPU's 4 KiB aliasing slows the string copy twenty-fold). Cross-core copy: the process on core 1 writes the buffer in shared memory, the one on core 0 copies it into a page-aligned private buffer and hands it back; each copy is timed, the median taken. AF_XDP medium (root only): two network namespaces joined by a veth pair, an AF_XDP socket in each (the mode the xdp provider picks), 8-byte frames bounced between two threads on cores 0 and 1 with no protocol above them, one-way = round trip / 2, the floor under uvia's xdp provider between the same two test hosts. MB/s are 10^6 B/s; times from the TSC.";
+pub const HOW: &str = "How each limit is measured. Cache-line ping-pong: two processes on cores 0 and 1 bounce one 64-byte line (each spins on a load until the other's store), one-way = round trip / 2, the clock read once a round trip just after the store (while the line travels, as in uvia's ping-pong), several runs, p50 the median of their medians. Futex hand-off: the same bounce, but each side sleeps in FUTEX_WAIT on a shared word until the other stores and calls FUTEX_WAKE. memcpy: one process copies between two page-aligned private buffers, both written beforehand and one untimed copy first, about 64 MiB of copies per run, the median of 5 runs (the buffers are placed so that the destination is not a few bytes past a 4 KiB multiple from the source, where the CPU's 4 KiB aliasing slows the string copy twenty-fold). Cross-core copy: the process on core 1 writes the buffer in shared memory, the one on core 0 copies it into a page-aligned private buffer and hands it back; each copy is timed, the median taken. AF_XDP medium (root only): two network namespaces joined by a veth pair, an AF_XDP socket in each (the mode the xdp provider picks), 8-byte frames bounced between two threads on cores 0 and 1 with no protocol above them, one-way = round trip / 2, the floor under uvia's xdp provider between the same two test hosts. MB/s are 10^6 B/s; times from the TSC.";
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct MinP50 {
