@@ -521,13 +521,13 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
     let mut headline = Vec::new();
     headline.push(interleave(
         &pb,
-        "shm 8 B one-way p50 vs cache-line ping-pong",
+        "shm 8 B one-way p50 vs cache-line ping-pong (a line each way)",
         "shm p50 / cache-line p50",
         "ns",
         "<= 2.5x",
         pairs,
         || p50_of(shm_p, "pingpong", "8", pp_iters),
-        || Ok(Stats::of(&limit::cacheline(lim_rounds)?).p50),
+        || Ok(Stats::of(&limit::cacheline(lim_rounds, limit::Lines::EachWay)?).p50),
         |c, b| c / b,
         |r| r <= 2.5,
     ));
@@ -1273,7 +1273,7 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
     let cl = res
         .limit
         .as_ref()
-        .map(|l| l.cacheline_one_way_ns.p50)
+        .map(|l| l.cacheline_each_way_one_way_ns.p50)
         .filter(|x| *x > 0.0);
     let xc = res
         .limit
@@ -1367,14 +1367,14 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
         "/ UDP-bp",
     ];
     push(&mut text, "");
-    push(&mut text, "Ping-pong (x limit = one-way p50 / cache-line one-way p50; UDP-bp / this = kernel UDP busy-poll p50 / this p50)");
+    push(&mut text, "Ping-pong (x limit = one-way p50 / cache-line one-way p50, a line each way; UDP-bp / this = kernel UDP busy-poll p50 / this p50)");
     text += &text_table(&lat_head, &lat_rows);
     push(&mut text, "");
     push(&mut text, "Bandwidth (/ copy 1 MiB = MB/s / cross-core copy at 1 MiB; / UDP-bp = MB/s / kernel UDP busy-poll MB/s)");
     text += &text_table(&bw_head, &bw_rows);
     push(&mut md, "## Ping-pong: one-way latency");
     push(&mut md, "");
-    push(&mut md, "`x limit` = one-way p50 / cache-line one-way p50 (lower is better, 1 is the hardware). `UDP-bp / this` = kernel UDP busy-poll p50 / this p50 (how many times lower than UDP). `mean / p50` well above 1 means something on the path waits now and then (a sleep, a preemption, a retransmission) that the p50 hides. CPU is (user + system time) / wall time of each process over the measured loop.");
+    push(&mut md, "`x limit` = one-way p50 / cache-line one-way p50 with a line each way (lower is better, 1 is the hardware a message exchange runs on). `UDP-bp / this` = kernel UDP busy-poll p50 / this p50 (how many times lower than UDP). `mean / p50` well above 1 means something on the path waits now and then (a sleep, a preemption, a retransmission) that the p50 hides. CPU is (user + system time) / wall time of each process over the measured loop.");
     push(&mut md, "");
     md += &md_table(&lat_head, &lat_rows);
     push(&mut md, "");
@@ -1411,7 +1411,7 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
             .fold((f64::MAX, 0f64), |(a, b), x| (a.min(x), b.max(x)));
         if hi > 0.0 {
             lat.push(Series {
-                label: "limit: cache-line one-way p50".into(),
+                label: "limit: cache-line one-way p50, a line each way".into(),
                 points: vec![(lo, c / 1e3), (hi, c / 1e3)],
                 dashed: true,
             });

@@ -163,33 +163,45 @@ impl Drop for PinA {
     }
 }
 
-/// Cache-line ping-pong: one 64-byte aligned line, a tight spin with no pause
-/// instruction on either side. Returns one-way times in ns (round trip / 2),
-/// one per measured round trip (after a tenth as many warm-up rounds).
-pub fn cacheline(rounds: usize) -> Result<Vec<f64>> {
+/// Cache-line ping-pong: a tight spin with no pause instruction on either
+/// side, over one 64-byte aligned line both sides write in turn (`Lines::One`,
+/// the bare hop of a line between the cores) or a line each way, each
+/// written by one side only and watched by the other (`Lines::EachWay`: what
+/// a message exchange moves, as uvia's rings and every shared-memory
+/// messaging layer do; on this host about twice the other, as the reader of
+/// a line keeps taking it back from the writer). Returns one-way times in
+/// ns (round trip / 2), one per measured round trip (after a tenth as many
+/// warm-up rounds).
+pub fn cacheline(rounds: usize, lines: Lines) -> Result<Vec<f64>> {
     let sh = Shared::new(4096)?;
     let warm = (rounds / 10).max(100) as u64;
     let total = warm + rounds as u64;
     let _pin = PinA::new();
-    let line = sh.u64_at(0);
+    let ping = sh.u64_at(0);
+    // Two 128-byte blocks apart, so that the adjacent-line prefetcher does
+    // not pull one with the other.
+    let pong = match lines {
+        Lines::One => ping,
+        Lines::EachWay => sh.u64_at(256),
+    };
     let mut peer = Peer::fork(|| {
         for k in 0..total {
-            while line.load(Ordering::Acquire) != 2 * k + 1 {}
-            line.store(2 * k + 2, Ordering::Release);
+            while ping.load(Ordering::Acquire) != 2 * k + 1 {}
+            pong.store(2 * k + 2, Ordering::Release);
         }
     })?;
     let mut out = Vec::with_capacity(rounds);
     // The clock is read after each store, while the line is on its way (as
     // `uvia pingpong` does): a fenced read between the reply and the next
     // store would be in the time measured.
-    line.store(1, Ordering::Release);
+    ping.store(1, Ordering::Release);
     let mut t0 = clock::ticks();
     for k in 0..total {
-        while line.load(Ordering::Acquire) != 2 * k + 2 {
+        while pong.load(Ordering::Acquire) != 2 * k + 2 {
             peer.check()?;
         }
         if k + 1 < total {
-            line.store(2 * k + 3, Ordering::Release);
+            ping.store(2 * k + 3, Ordering::Release);
         }
         let t1 = clock::ticks();
         if k >= warm {
@@ -198,6 +210,13 @@ pub fn cacheline(rounds: usize) -> Result<Vec<f64>> {
         t0 = t1;
     }
     Ok(out)
+}
+
+/// Which lines [`cacheline`] bounces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lines {
+    One,
+    EachWay,
 }
 
 fn futex(word: &AtomicU32, op: i32, val: u32) {
@@ -411,7 +430,7 @@ pub fn xdp_medium(size: usize, rounds: usize) -> Result<Vec<f64>> {
 }
 
 /// How each probe is measured, for the report.
-pub const HOW: &str = "How each limit is measured. Cache-line ping-pong: two processes on cores 0 and 1 bounce one 64-byte line (each spins on a load until the other's store), one-way = round trip / 2, the clock read once a round trip just after the store (while the line travels, as in uvia's ping-pong), several runs, p50 the median of their medians. Futex hand-off: the same bounce, but each side sleeps in FUTEX_WAIT on a shared word until the other stores and calls FUTEX_WAKE. memcpy: one process copies between two page-aligned private buffers, both written beforehand and one untimed copy first, about 64 MiB of copies per run, the median of 5 runs (the buffers are placed so that the destination is not a few bytes past a 4 KiB multiple from the source, where the CPU's 4 KiB aliasing slows the string copy twenty-fold). Cross-core copy: the process on core 1 writes the buffer in shared memory, the one on core 0 copies it into a page-aligned private buffer and hands it back; each copy is timed, the median taken. AF_XDP medium (root only): two network namespaces joined by a veth pair, an AF_XDP socket in each (the mode the xdp provider picks), 8-byte frames bounced between two threads on cores 0 and 1 with no protocol above them, one-way = round trip / 2, the floor under uvia's xdp provider between the same two test hosts. MB/s are 10^6 B/s; times from the TSC.";
+pub const HOW: &str = "How each limit is measured. Cache-line ping-pong: two processes on cores 0 and 1 bounce one 64-byte line (each spins on a load until the other's store), one-way = round trip / 2, the clock read once a round trip just after the store (while the line travels, as in uvia's ping-pong), several runs, p50 the median of their medians. With a line each way, each side writes its own line and watches the other's, as a message exchange does (uvia's rings, and every shared-memory messaging layer): the floor the shm ping-pong is compared with, about twice the single line's here (the reader of a line keeps taking it back from its writer). Futex hand-off: the same bounce, but each side sleeps in FUTEX_WAIT on a shared word until the other stores and calls FUTEX_WAKE. memcpy: one process copies between two page-aligned private buffers, both written beforehand and one untimed copy first, about 64 MiB of copies per run, the median of 5 runs (the buffers are placed so that the destination is not a few bytes past a 4 KiB multiple from the source, where the CPU's 4 KiB aliasing slows the string copy twenty-fold). Cross-core copy: the process on core 1 writes the buffer in shared memory, the one on core 0 copies it into a page-aligned private buffer and hands it back; each copy is timed, the median taken. AF_XDP medium (root only): two network namespaces joined by a veth pair, an AF_XDP socket in each (the mode the xdp provider picks), 8-byte frames bounced between two threads on cores 0 and 1 with no protocol above them, one-way = round trip / 2, the floor under uvia's xdp provider between the same two test hosts. MB/s are 10^6 B/s; times from the TSC.";
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct MinP50 {
@@ -434,7 +453,12 @@ pub struct SizeMbps {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LimitResult {
     pub command: String,
+    /// One line bounced between the cores.
     pub cacheline_one_way_ns: MinP50,
+    /// A line each way ([`Lines::EachWay`]): the floor of a message
+    /// exchange, which the shm ping-pong is compared with.
+    #[serde(default)]
+    pub cacheline_each_way_one_way_ns: MinP50,
     pub futex_one_way_ns: P50,
     pub memcpy: Vec<SizeMbps>,
     pub cross_core_copy: Vec<SizeMbps>,
@@ -471,13 +495,20 @@ pub fn futex_only(rounds: usize) -> Result<FutexResult> {
 /// medians, min the smallest sample seen.
 pub fn run_all(quick: bool) -> Result<LimitResult> {
     let (runs, rounds) = if quick { (3, 50_000) } else { (5, 200_000) };
-    let mut p50s = Vec::new();
-    let mut min = f64::INFINITY;
-    for _ in 0..runs {
-        let s = Stats::of(&cacheline(rounds)?);
-        p50s.push(s.p50);
-        min = min.min(s.min);
-    }
+    let line = |lines| -> Result<MinP50> {
+        let mut p50s = Vec::new();
+        let mut min = f64::INFINITY;
+        for _ in 0..runs {
+            let s = Stats::of(&cacheline(rounds, lines)?);
+            p50s.push(s.p50);
+            min = min.min(s.min);
+        }
+        Ok(MinP50 {
+            p50: median(&p50s),
+            min,
+        })
+    };
+    let (one, each_way) = (line(Lines::One)?, line(Lines::EachWay)?);
     let fut = Stats::of(&futex_pingpong(if quick { 5_000 } else { 20_000 })?);
     let mut memcpy = Vec::new();
     for size in [64 << 10, 1 << 20, 16 << 20] {
@@ -509,10 +540,8 @@ pub fn run_all(quick: bool) -> Result<LimitResult> {
     };
     Ok(LimitResult {
         command: "limit".into(),
-        cacheline_one_way_ns: MinP50 {
-            p50: median(&p50s),
-            min,
-        },
+        cacheline_one_way_ns: one,
+        cacheline_each_way_one_way_ns: each_way,
         futex_one_way_ns: P50 { p50: fut.p50 },
         memcpy,
         cross_core_copy: cross,

@@ -155,12 +155,20 @@ pub fn run_table(r: &RunResult) -> String {
 pub fn limit_rows(r: &LimitResult) -> Vec<Vec<String>> {
     let mut rows = vec![
         vec![
-            "cache-line ping-pong, one-way p50".into(),
+            "cache-line ping-pong, one line, one-way p50".into(),
             fmt_ns(r.cacheline_one_way_ns.p50),
         ],
         vec![
-            "cache-line ping-pong, one-way min".into(),
+            "cache-line ping-pong, one line, one-way min".into(),
             fmt_ns(r.cacheline_one_way_ns.min),
+        ],
+        vec![
+            "cache-line ping-pong, a line each way, one-way p50".into(),
+            fmt_ns(r.cacheline_each_way_one_way_ns.p50),
+        ],
+        vec![
+            "cache-line ping-pong, a line each way, one-way min".into(),
+            fmt_ns(r.cacheline_each_way_one_way_ns.min),
         ],
         vec![
             "futex hand-off, one-way p50".into(),

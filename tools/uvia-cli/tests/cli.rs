@@ -263,6 +263,8 @@ fn limit_json_shape() {
     for x in [
         &v["cacheline_one_way_ns"]["p50"],
         &v["cacheline_one_way_ns"]["min"],
+        &v["cacheline_each_way_one_way_ns"]["p50"],
+        &v["cacheline_each_way_one_way_ns"]["min"],
         &v["futex_one_way_ns"]["p50"],
     ] {
         assert!(x.as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "{x}");
