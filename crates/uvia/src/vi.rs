@@ -317,6 +317,12 @@ impl SlotQueue {
         }
     }
 
+    /// No free slot: `next_free` would give none.
+    #[inline]
+    pub fn is_full(&self) -> bool {
+        self.len == self.slots.len()
+    }
+
     /// The free slot after the last entry, to fill before `commit`.
     pub fn next_free(&mut self) -> Option<&mut Posted> {
         if self.len == self.slots.len() {

@@ -384,8 +384,9 @@ impl ShmVi {
         if total > DIRECT_MAX as u64 || total > q.attrs.max_transfer_size as u64 {
             return None;
         }
-        let id = q.next_id;
-        let slot = q.sq.next_free()?;
+        if q.sq.is_full() {
+            return None;
+        }
         let remote = segs[0];
         // SAFETY: the local ranges were checked against registered memory above.
         if !unsafe {
@@ -394,7 +395,13 @@ impl ShmVi {
         } {
             return None;
         }
+        // The queue's bookkeeping after the copy, off the way to the peer.
         uvia_trace::mark!(ProtoBuilt);
+        let id = q.next_id;
+        let slot = q
+            .sq
+            .next_free()
+            .expect("a slot: the queue was not full above, under the VI's lock");
         cs.length = total as u32;
         cs.status = status::DONE | status::OP_RDMA_WRITE;
         done_at_post(slot, d, owned, Op::RdmaWrite, total, id);
@@ -1191,12 +1198,17 @@ impl TransportOps for ShmVi {
         d: NonNull<Descriptor>,
         owned: bool,
     ) -> Result<(), PostError> {
+        // SAFETY: forwarded from the caller: a valid control segment.
+        let control = unsafe { (*d.as_ptr()).cs.control };
+        // The one-sided write looked at first: its path is the shorter, and
+        // a peer watches for it.
+        if control == control::OP_RDMAWRITE {
+            // SAFETY: forwarded from the caller.
+            if let Some(r) = unsafe { self.rdma_write_fast(vi, q, d, owned) } {
+                return r;
+            }
         // SAFETY: forwarded from the caller.
-        if let Some(r) = unsafe { self.send_inline_fast(vi, q, d, owned) } {
-            return r;
-        }
-        // SAFETY: forwarded from the caller.
-        if let Some(r) = unsafe { self.rdma_write_fast(vi, q, d, owned) } {
+        } else if let Some(r) = unsafe { self.send_inline_fast(vi, q, d, owned) } {
             return r;
         }
         let (attrs, id) = (q.attrs, q.next_id);
