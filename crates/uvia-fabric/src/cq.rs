@@ -20,7 +20,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use uvia::{status, CountGuard, Descriptor, Queue, SpinLock, Vi};
+use uvia::{status, BiasedLock, CountGuard, Descriptor, Queue, SpinLock, Vi};
 
 /// One posted operation: the descriptor first, so the descriptor a done
 /// call hands back is the operation.
@@ -118,16 +118,20 @@ pub struct Taken {
 /// took malloc's slow aligned path on every message). A post that finds
 /// every slot in use finds its queue full as well.
 ///
-/// A slot is claimed with one compare-and-swap of its flag, from a cursor
-/// that follows the last claim or the last slot given back (either is
-/// almost always free), and given back with a plain store: the lock and
-/// list a free list needs were four atomic read-modify-writes a message,
-/// two on each side.
+/// A slot is claimed by setting its flag, from a cursor that follows the
+/// last claim or the last slot given back (either is almost always free),
+/// and given back with a plain store: the lock and list a free list needs
+/// were four atomic read-modify-writes a message, two on each side.
+/// Claims are serialized by a biased lock ([`BiasedLock`]): the thread
+/// that posts takes it with a store and a load, where a compare-and-swap
+/// of the flag was a locked instruction on the path of every `fi_recv`.
 pub struct OpPool {
     slots: Box<[UnsafeCell<MaybeUninit<Op>>]>,
     busy: Box<[AtomicBool]>,
     /// Where the next claim starts looking (a hint: any value is safe).
     next: AtomicUsize,
+    /// Held while a claim looks for a free flag and sets it.
+    claiming: BiasedLock<()>,
 }
 
 // SAFETY: a slot is touched only by whoever took its index off `free`: the
@@ -155,11 +159,19 @@ impl OpPool {
                 .collect(),
             busy: (0..slots).map(|_| AtomicBool::new(false)).collect(),
             next: AtomicUsize::new(0),
+            claiming: {
+                let l = BiasedLock::new(());
+                l.allow_bias(true);
+                l
+            },
         }
     }
 
     /// Takes a free slot; `None` when every slot is in use.
     fn claim(&self) -> Option<u32> {
+        // Only claims set a flag, one at a time; `release` only clears one
+        // that is set.
+        let _claiming = self.claiming.lock();
         let n = self.busy.len();
         // No `%` on the path: a division costs more than the rest.
         let mut i = self.next.load(Ordering::Relaxed);
@@ -170,10 +182,8 @@ impl OpPool {
             let b = &self.busy[i];
             // Acquire: the slot's last user gave it back (Release in
             // `release`) after it last read the operation there.
-            if !b.load(Ordering::Relaxed)
-                && b.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
+            if !b.load(Ordering::Acquire) {
+                b.store(true, Ordering::Relaxed);
                 self.next.store(i + 1, Ordering::Relaxed);
                 return Some(i as u32);
             }
@@ -856,6 +866,40 @@ mod tests {
         again.sort_unstable();
         assert_eq!(again, [0, 2]);
         assert!(OpPool::new(0).claim().is_none(), "an empty pool");
+    }
+
+    /// Threads that claim and give back at once (one of them claiming
+    /// most, so that it holds the claims' bias between the others'): no
+    /// slot is ever held by two.
+    #[test]
+    fn threads_claiming_at_once_never_share_a_slot() {
+        let pool = Arc::new(OpPool::new(4));
+        let holders: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
+        let start = Arc::new(std::sync::Barrier::new(3));
+        let threads: Vec<_> = (0..3u32)
+            .map(|t| {
+                let (pool, holders, start) = (pool.clone(), holders.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    let rounds = if t == 0 { 1_000_000 } else { 300_000 };
+                    let mut claimed = 0u32;
+                    for _ in 0..rounds {
+                        let Some(i) = pool.claim() else { continue };
+                        let h = &holders[i as usize];
+                        assert_eq!(h.swap(t + 1, Ordering::Relaxed), 0, "slot {i} held twice");
+                        std::hint::spin_loop();
+                        h.store(0, Ordering::Relaxed);
+                        pool.release(i);
+                        claimed += 1;
+                    }
+                    claimed
+                })
+            })
+            .collect();
+        let claimed: u32 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(claimed > 0);
+        let all: Vec<u32> = (0..4).map(|_| pool.claim().unwrap()).collect();
+        assert_eq!(all.len(), 4, "every slot back at the end");
     }
 
     #[test]

@@ -18,14 +18,27 @@
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use uvia::{status, Descriptor, PostError, SpinLock, Vi};
+use uvia::{status, BiasedLock, Descriptor, PostError, Vi};
 
 /// An endpoint's receives waiting for the next CQ read.
-#[derive(Default)]
 pub struct Deferred {
-    pending: SpinLock<Vec<Pending>>,
+    /// Biased ([`BiasedLock`]): the thread that posts the receives is
+    /// nearly always the one that reads the CQ, and the push is on the
+    /// message's path (`fi_recv` between taking a message and answering).
+    pending: BiasedLock<Vec<Pending>>,
     /// `pending` is not empty: read without its lock on every CQ read.
     any: AtomicBool,
+}
+
+impl Default for Deferred {
+    fn default() -> Deferred {
+        let pending = BiasedLock::default();
+        pending.allow_bias(true);
+        Deferred {
+            pending,
+            any: AtomicBool::new(false),
+        }
+    }
 }
 
 /// A receive's descriptor (its operation's, see `cq::Op`).

@@ -74,6 +74,13 @@ unsafe impl<T: Send> Send for BiasedLock<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for BiasedLock<T> {}
 
+impl<T: Default> Default for BiasedLock<T> {
+    /// A lock around `T::default()`, the bias not allowed.
+    fn default() -> BiasedLock<T> {
+        BiasedLock::new(T::default())
+    }
+}
+
 /// The lock held; released when dropped.
 pub struct Guard<'a, T> {
     lock: &'a BiasedLock<T>,

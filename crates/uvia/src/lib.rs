@@ -27,6 +27,7 @@ mod provider;
 mod ready;
 pub mod vi;
 
+pub use bias::BiasedLock;
 pub use cm::{ConnRequest, Discriminator, NetAddress, RemoteViAttributes, MAX_PRIVATE_DATA};
 pub use count::CountGuard;
 pub use cq::{Cq, CqCompletion};

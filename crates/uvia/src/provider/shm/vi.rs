@@ -398,10 +398,9 @@ impl ShmVi {
         // The queue's bookkeeping after the copy, off the way to the peer.
         uvia_trace::mark!(ProtoBuilt);
         let id = q.next_id;
-        let slot = q
-            .sq
-            .next_free()
-            .expect("a slot: the queue was not full above, under the VI's lock");
+        let slot =
+            q.sq.next_free()
+                .expect("a slot: the queue was not full above, under the VI's lock");
         cs.length = total as u32;
         cs.status = status::DONE | status::OP_RDMA_WRITE;
         done_at_post(slot, d, owned, Op::RdmaWrite, total, id);
