@@ -757,6 +757,60 @@ fn rdma_write_and_read_land_on_the_target(link: &Link) {
     }
 }
 
+/// Small RDMA writes of every shape land exactly, at aligned and odd
+/// target addresses, with the bytes around them untouched: 16 bytes as two
+/// ranges of 8 (a message and its flag word) or as one (on shm, once the
+/// target has granted its region, the writer places them with one store),
+/// and the shapes around them.
+fn small_rdma_writes_land_exactly(link: &Link) {
+    const AT: usize = 64 << 10;
+    let shapes: [&[usize]; 6] = [&[8, 8], &[16], &[4, 12], &[12, 4], &[8], &[1, 7, 8]];
+    for level in link.levels() {
+        if level == Reliability::Unreliable {
+            continue;
+        }
+        let mut p = link.pair(level);
+        // The background, by RDMA write too: on shm the first write is
+        // placed by the target, which then grants the region.
+        p.a.buf.as_mut_slice()[..256].fill(0xee);
+        p.a.post_send(Descriptor::rdma_write(
+            p.b.buf.remote(AT),
+            &[p.a.buf.segment(0, 256)],
+        ));
+        assert_eq!(p.a.send_wait().result(), Ok(256), "{level:?}: background");
+        for (k, shape) in shapes.iter().enumerate() {
+            for odd in [0, 3] {
+                let what = format!("{level:?}, {shape:?} at +{odd}");
+                let total: usize = shape.iter().sum();
+                let data = pattern(total, k as u8 * 2 + odd as u8);
+                // Each range from its own place in the source buffer.
+                let mut segs = Vec::new();
+                let (mut from, mut at) = (1024, 0);
+                for &n in shape.iter() {
+                    p.a.buf.as_mut_slice()[from..from + n].copy_from_slice(&data[at..at + n]);
+                    segs.push(p.a.buf.segment(from, n));
+                    from += n + 40;
+                    at += n;
+                }
+                let to = AT + 64 + k * 32 + odd;
+                p.a.post_send(Descriptor::rdma_write(p.b.buf.remote(to), &segs));
+                assert_eq!(p.a.send_wait().result(), Ok(total as u32), "{what}");
+                let b = p.b.buf.as_slice();
+                assert_eq!(&b[to..to + total], &data[..], "{what}: written");
+                assert_eq!(b[to - 1], 0xee, "{what}: the byte before");
+                assert_eq!(b[to + total], 0xee, "{what}: the byte after");
+                // Put the background back for the next shape.
+                p.a.buf.as_mut_slice()[..64].fill(0xee);
+                p.a.post_send(Descriptor::rdma_write(
+                    p.b.buf.remote(to - 8),
+                    &[p.a.buf.segment(0, total + 16)],
+                ));
+                assert_eq!(p.a.send_wait().result(), Ok(total as u32 + 16), "{what}");
+            }
+        }
+    }
+}
+
 /// What a refused RDMA request aims at.
 struct Refused {
     what: &'static str,
@@ -1199,6 +1253,7 @@ on_every_medium! {
     a_short_receive_is_a_length_error:                          run run run;
     deregistered_memory_under_a_posted_receive_is_not_written:  run run run;
     rdma_write_and_read_land_on_the_target:                     run run run;
+    small_rdma_writes_land_exactly:                             run run run;
     rdma_is_checked_on_the_target:                              run run run;
     rdma_write_to_a_vi_without_it_is_refused:                   run run run;
     rdma_write_with_immediate_consumes_a_receive:               run run run;
