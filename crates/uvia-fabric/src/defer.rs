@@ -6,8 +6,9 @@
 //! it (`fi_pingpong` does, and `ofi_rxm` reposts its buffers as it handles
 //! each completion), so the post (the VI's lock, the descriptor's checks,
 //! its queue slot: about 200 instructions) sat on the path of every
-//! message. Queued here it costs a lock and a push, and the post runs in
-//! the read that then waits for the answer, while the message travels.
+//! message. Queued here it costs a biased lock and a push, and the post
+//! runs in the read that then waits for the answer, while the message
+//! travels.
 //!
 //! Nothing is received earlier or later for it. On shm the receiver
 //! places each message itself, in its own reads (`FI_PROGRESS_MANUAL`):

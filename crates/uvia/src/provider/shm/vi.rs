@@ -1199,15 +1199,16 @@ impl TransportOps for ShmVi {
     ) -> Result<(), PostError> {
         // SAFETY: forwarded from the caller: a valid control segment.
         let control = unsafe { (*d.as_ptr()).cs.control };
-        // The one-sided write looked at first: its path is the shorter, and
-        // a peer watches for it.
-        if control == control::OP_RDMAWRITE {
+        // One fast path by the operation, the one-sided write's without
+        // the send's looks first: a peer may be watching for it.
+        let fast = if control == control::OP_RDMAWRITE {
             // SAFETY: forwarded from the caller.
-            if let Some(r) = unsafe { self.rdma_write_fast(vi, q, d, owned) } {
-                return r;
-            }
-        // SAFETY: forwarded from the caller.
-        } else if let Some(r) = unsafe { self.send_inline_fast(vi, q, d, owned) } {
+            unsafe { self.rdma_write_fast(vi, q, d, owned) }
+        } else {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.send_inline_fast(vi, q, d, owned) }
+        };
+        if let Some(r) = fast {
             return r;
         }
         let (attrs, id) = (q.attrs, q.next_id);
