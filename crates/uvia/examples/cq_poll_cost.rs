@@ -8,7 +8,9 @@
 //! Usage: `cq_poll_cost [N,...]` (default 1,32,100,1000).
 
 use std::time::{Duration, Instant};
-use uvia::{Descriptor, Discriminator, MemAttributes, NetAddress, Nic, Vi, ViAttributes};
+mod common;
+
+use uvia::{Descriptor, MemAttributes, Nic, Vi, ViAttributes};
 
 const POLLS: u32 = 1_000_000;
 
@@ -29,21 +31,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let a = nic.create_vi(ViAttributes::new(ptag), None, None)?;
             let b = nic.create_vi(ViAttributes::new(ptag), None, Some(&cq))?;
             b.post_recv(Box::new(Descriptor::recv(&[buf.segment(0, 64)])))?;
-            let disc =
-                Discriminator::from_u64(0xc0_0000 ^ (std::process::id() as u64) << 24 ^ k as u64);
-            let accept = {
-                let (nic, b, disc) = (nic.clone(), b.clone(), disc.clone());
-                std::thread::spawn(move || -> Result<(), String> {
-                    let mut req = nic
-                        .connect_wait(&disc, Some(Duration::from_secs(5)))
-                        .map_err(|e| e.to_string())?;
-                    req.accept(&b).map_err(|e| e.to_string())
-                })
-            };
-            a.connect_request(&NetAddress::new("0", disc), Duration::from_secs(5))?;
-            accept
-                .join()
-                .map_err(|_| "the accepting thread panicked")??;
+            common::connect(
+                &nic,
+                &a,
+                &b,
+                0xc0_0000 ^ (std::process::id() as u64) << 24 ^ k as u64,
+            )?;
             keep.push(a);
             keep.push(b);
         }

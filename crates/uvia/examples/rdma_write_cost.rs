@@ -8,8 +8,9 @@
 //!
 //! Usage: `rdma_write_cost [POSTS]` (default 10,000,000).
 
-use std::time::Duration;
-use uvia::{Descriptor, Discriminator, MemAttributes, NetAddress, Nic, ViAttributes};
+mod common;
+
+use uvia::{Descriptor, MemAttributes, Nic, ViAttributes};
 
 /// Posts between two looks at the send completions, as in `uvia pingpong`.
 const REAP_EVERY: usize = 16;
@@ -27,20 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .rdma(true, false);
     let a = nic.create_vi(attrs, None, None)?;
     let b = nic.create_vi(attrs, None, None)?;
-    let disc = Discriminator::from_u64(0x5a7d_0000 ^ std::process::id() as u64);
-    let accept = {
-        let (nic, b, disc) = (nic.clone(), b.clone(), disc.clone());
-        std::thread::spawn(move || -> Result<(), String> {
-            let mut req = nic
-                .connect_wait(&disc, Some(Duration::from_secs(5)))
-                .map_err(|e| e.to_string())?;
-            req.accept(&b).map_err(|e| e.to_string())
-        })
-    };
-    a.connect_request(&NetAddress::new("0", disc), Duration::from_secs(5))?;
-    accept
-        .join()
-        .map_err(|_| "the accepting thread panicked")??;
+    common::connect(&nic, &a, &b, 0x5a7d_0000 ^ std::process::id() as u64)?;
 
     let send = nic.alloc_region(64, MemAttributes::new(ptag))?;
     let target = nic.alloc_region(128, MemAttributes::new(ptag).rdma_write(true))?;

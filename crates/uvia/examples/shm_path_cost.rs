@@ -10,8 +10,10 @@
 //!
 //! Usage: `shm_path_cost [ROUND_TRIPS]` (default 1,000,000).
 
-use std::time::{Duration, Instant};
-use uvia::{Descriptor, Discriminator, MemAttributes, NetAddress, Nic, Vi, ViAttributes};
+use std::time::Instant;
+mod common;
+
+use uvia::{Descriptor, MemAttributes, Nic, Vi, ViAttributes};
 
 /// Sends between two looks at the send completions, as in `uvia pingpong`.
 const REAP_EVERY: usize = 16;
@@ -27,20 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let attrs = ViAttributes::new(ptag).queue_depths(64, 64);
     let a = nic.create_vi(attrs, None, None)?;
     let b = nic.create_vi(attrs, None, None)?;
-    let disc = Discriminator::from_u64(0x5a7c_0000 ^ std::process::id() as u64);
-    let accept = {
-        let (nic, b, disc) = (nic.clone(), b.clone(), disc.clone());
-        std::thread::spawn(move || -> Result<(), String> {
-            let mut req = nic
-                .connect_wait(&disc, Some(Duration::from_secs(5)))
-                .map_err(|e| e.to_string())?;
-            req.accept(&b).map_err(|e| e.to_string())
-        })
-    };
-    a.connect_request(&NetAddress::new("0", disc), Duration::from_secs(5))?;
-    accept
-        .join()
-        .map_err(|_| "the accepting thread panicked")??;
+    common::connect(&nic, &a, &b, 0x5a7c_0000 ^ std::process::id() as u64)?;
 
     let region = || nic.alloc_region(64, MemAttributes::new(ptag));
     let (send_a, recv_a, send_b, recv_b) = (region()?, region()?, region()?, region()?);

@@ -20,7 +20,7 @@
 //! (the other waits for the owner to leave), or the owner's second read
 //! sees `owner` cleared (it leaves `busy` and takes the ordinary lock): the
 //! asymmetric barrier of user-space read-copy-update, as the shm direct
-//! writes use it (`provider::shm::conn::fence`). A revocation costs a
+//! writes use it ([`crate::membarrier`]). A revocation costs a
 //! system call and an interrupt of the owner's CPU, so each one doubles
 //! the run that earns the bias back: a lock that two threads share for
 //! real soon stays ordinary.
@@ -29,6 +29,7 @@
 //! drive each other's VIs from whichever thread polls the Nic (and a
 //! library thread), and their path is a system call long.
 
+use crate::membarrier::{self, Scope};
 use std::cell::UnsafeCell;
 use std::hint::spin_loop;
 use std::ops::{Deref, DerefMut};
@@ -140,8 +141,10 @@ impl<T> BiasedLock<T> {
     /// Allows the bias, or takes it away (from the next take on; an owner
     /// keeps it until another thread takes the lock).
     pub fn allow_bias(&self, on: bool) {
-        self.allowed
-            .store(on && fence::register(), Ordering::Relaxed);
+        self.allowed.store(
+            on && membarrier::register(Scope::Private),
+            Ordering::Relaxed,
+        );
     }
 
     /// Takes the lock.
@@ -239,7 +242,7 @@ impl<T> BiasedLock<T> {
         let owner = self.owner.load(Ordering::Relaxed);
         if owner != 0 && owner != me {
             self.owner.store(0, Ordering::Relaxed);
-            fence::run();
+            membarrier::run(Scope::Private);
             // SAFETY: under `held`.
             let s = unsafe { &mut *self.streak.get() };
             s.needed = s.needed.saturating_mul(2).min(BIAS_AFTER_MAX);
@@ -309,43 +312,6 @@ impl<T> DerefMut for Guard<'_, T> {
     }
 }
 
-/// `membarrier(2)`'s private expedited barrier: a full barrier on every CPU
-/// that runs a thread of this process.
-mod fence {
-    use std::sync::OnceLock;
-
-    const QUERY: libc::c_int = 0;
-    const PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
-    const REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
-
-    fn membarrier(cmd: libc::c_int) -> libc::c_long {
-        // SAFETY: membarrier takes two integer arguments and no memory.
-        unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) }
-    }
-
-    /// Registers this process for the barrier, once; true when the kernel
-    /// has it (without it no lock is ever biased).
-    pub fn register() -> bool {
-        static REGISTERED: OnceLock<bool> = OnceLock::new();
-        *REGISTERED.get_or_init(|| {
-            let cmds = membarrier(QUERY);
-            cmds >= 0
-                && cmds & PRIVATE_EXPEDITED as libc::c_long != 0
-                && membarrier(REGISTER_PRIVATE_EXPEDITED) == 0
-        })
-    }
-
-    /// Runs the barrier. It cannot fail once registered (a bias exists only
-    /// then); should it, the slow global barrier, and failing that a nap far
-    /// longer than a store takes to leave a CPU's store buffer.
-    pub fn run() {
-        const GLOBAL: libc::c_int = 1 << 0;
-        if membarrier(PRIVATE_EXPEDITED) != 0 && membarrier(GLOBAL) != 0 {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,17 +329,26 @@ mod tests {
         *g = v + 1;
     }
 
-    #[test]
-    fn one_thread_earns_the_bias_and_another_takes_it_away() {
+    /// A lock this thread has taken [`BIAS_AFTER`] times; `None` where the
+    /// kernel has no barrier for the bias.
+    fn biased_here() -> Option<Arc<BiasedLock<u64>>> {
+        if !membarrier::register(Scope::Private) {
+            return None;
+        }
         let lock = Arc::new(BiasedLock::new(0u64));
         lock.allow_bias(true);
-        if !fence::register() {
-            eprintln!("skipped: this kernel has no private expedited membarrier");
-            return;
-        }
         for _ in 0..BIAS_AFTER {
             bump(&lock);
         }
+        Some(lock)
+    }
+
+    #[test]
+    fn one_thread_earns_the_bias_and_another_takes_it_away() {
+        let Some(lock) = biased_here() else {
+            eprintln!("skipped: this kernel has no private expedited membarrier");
+            return;
+        };
         assert!(
             lock.owned_here(),
             "{BIAS_AFTER} takes in a row earn the bias"
@@ -465,7 +440,7 @@ mod tests {
         done.store(true, Ordering::Relaxed);
         let (n, biased) = owner.join().unwrap();
         assert_eq!(*lock.lock(), n + tries.load(Ordering::Relaxed));
-        if fence::register() {
+        if membarrier::register(Scope::Private) {
             assert!(
                 biased > n / 20,
                 "the owner held the bias {biased} of {n} takes"
@@ -477,15 +452,10 @@ mod tests {
     /// off, and they get it once it leaves.
     #[test]
     fn an_owner_asleep_inside_holds_the_others_off() {
-        let lock = Arc::new(BiasedLock::new(0u64));
-        lock.allow_bias(true);
-        if !fence::register() {
+        let Some(lock) = biased_here() else {
             eprintln!("skipped: this kernel has no private expedited membarrier");
             return;
-        }
-        for _ in 0..BIAS_AFTER {
-            bump(&lock);
-        }
+        };
         assert!(lock.owned_here());
         let g = lock.lock();
         let other = lock.clone();

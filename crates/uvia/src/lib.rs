@@ -22,6 +22,7 @@ pub mod desc;
 pub mod error;
 mod lock;
 pub mod mem;
+mod membarrier;
 pub mod nic;
 mod provider;
 mod ready;

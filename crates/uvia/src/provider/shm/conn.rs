@@ -124,38 +124,17 @@ pub(crate) struct Busy {
 /// read-copy-update. Where the kernel lacks the command, the initiator
 /// keeps the locked exchange.
 pub(crate) mod fence {
-    use std::sync::OnceLock;
-
-    const QUERY: libc::c_int = 0;
-    const GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
-    const REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
-
-    fn membarrier(cmd: libc::c_int) -> libc::c_long {
-        // SAFETY: membarrier takes two integer arguments and no memory.
-        unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) }
-    }
+    use crate::membarrier::{self, Scope};
 
     /// Registers this process for global expedited barriers, once; true
     /// when the kernel has them.
     pub fn register() -> bool {
-        static REGISTERED: OnceLock<bool> = OnceLock::new();
-        *REGISTERED.get_or_init(|| {
-            let cmds = membarrier(QUERY);
-            cmds >= 0
-                && cmds & GLOBAL_EXPEDITED as libc::c_long != 0
-                && membarrier(REGISTER_GLOBAL_EXPEDITED) == 0
-        })
+        membarrier::register(Scope::Global)
     }
 
-    /// A full barrier on every CPU running a registered process. Should
-    /// this process be refused the command (a system-call filter the peer
-    /// does not have), the slow global barrier, and failing that a nap far
-    /// longer than a store takes to leave a CPU's store buffer.
+    /// A full barrier on every CPU running a registered process.
     pub fn global() {
-        const GLOBAL: libc::c_int = 1 << 0;
-        if membarrier(GLOBAL_EXPEDITED) != 0 && membarrier(GLOBAL) != 0 {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        membarrier::run(Scope::Global)
     }
 }
 

@@ -1,0 +1,25 @@
+//! What the cost examples share: connecting two VIs of one Nic to each
+//! other in one process.
+
+use std::time::Duration;
+use uvia::{Discriminator, NetAddress, Nic, Vi};
+
+/// Connects `a` to `b` (both of `nic`) under discriminator `disc`: `b`
+/// accepts on a thread of its own while `a` asks.
+pub fn connect(nic: &Nic, a: &Vi, b: &Vi, disc: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let disc = Discriminator::from_u64(disc);
+    let accept = {
+        let (nic, b, disc) = (nic.clone(), b.clone(), disc.clone());
+        std::thread::spawn(move || -> Result<(), String> {
+            let mut req = nic
+                .connect_wait(&disc, Some(Duration::from_secs(5)))
+                .map_err(|e| e.to_string())?;
+            req.accept(&b).map_err(|e| e.to_string())
+        })
+    };
+    a.connect_request(&NetAddress::new("0", disc), Duration::from_secs(5))?;
+    accept
+        .join()
+        .map_err(|_| "the accepting thread panicked")??;
+    Ok(())
+}
