@@ -4,7 +4,7 @@
 //! the same input. Faults apply on the receive side, so a waiter never
 //! sleeps past the moment a held-back frame is due.
 
-use crate::{Addr, Caps, GatherFrame, Medium, MediumStats, OutFrame, RecvBatch};
+use crate::{Addr, Caps, GatherFrame, Medium, MediumStats, OutFrame, Placed, Placement, RecvBatch};
 use std::io;
 use std::os::fd::RawFd;
 use std::str::FromStr;
@@ -309,6 +309,41 @@ impl<M: Medium> Medium for Inject<M> {
         r?;
         self.passed.fetch_add(batch.len() as u64, Ordering::Relaxed);
         Ok(batch.len())
+    }
+
+    /// Where loss is the only fault: the inner medium's placed receive, and
+    /// the loss applied to what it found (a frame dropped after placing
+    /// leaves junk where the caller expected it, as any other frame may).
+    /// Frames held, duplicated or corrupted need the injector's own copy.
+    unsafe fn recv_placed(
+        &self,
+        batch: &mut RecvBatch,
+        places: &[Placement],
+        expected: &dyn Fn(usize, &[u8], usize) -> bool,
+    ) -> io::Result<Placed> {
+        let f = &self.spec;
+        if f.dup > 0.0 || f.reorder > 0.0 || f.corrupt > 0.0 || !f.delay.is_zero() {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        // SAFETY: the caller's promise, passed on.
+        let found = unsafe { self.inner.recv_placed(batch, places, expected)? };
+        let mut st = self.lock();
+        let mut kept = Placed::default();
+        let mut i = 0;
+        batch.frames.retain(|_| {
+            let lose = st.rng.chance(f.loss);
+            if !lose {
+                if found.in_place(i) && kept.frames < 64 {
+                    kept.in_place |= 1 << kept.frames;
+                }
+                kept.frames += 1;
+            }
+            i += 1;
+            !lose
+        });
+        st.stats.dropped += (found.frames - kept.frames) as u64;
+        self.passed.fetch_add(kept.frames as u64, Ordering::Relaxed);
+        Ok(kept)
     }
 
     fn connect(&self, to: Addr) -> io::Result<()> {

@@ -113,6 +113,34 @@ pub struct GatherFrame<'a> {
     pub tail: &'a [u8],
 }
 
+/// Where [`Medium::recv_placed`] puts the datagram it expects: its first
+/// `head` bytes in the batch, the next `len` at `at`, anything after them
+/// in the batch again.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement {
+    pub head: usize,
+    pub at: *mut u8,
+    pub len: usize,
+}
+
+/// What [`Medium::recv_placed`] found: `frames` frames in the batch, as
+/// after [`Medium::recv`], but that a frame whose bit is set in `in_place`
+/// is only the head of the datagram expected at its place, whose payload
+/// lies there. Where a datagram was not the one expected, its place holds
+/// junk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Placed {
+    pub frames: usize,
+    pub in_place: u64,
+}
+
+impl Placed {
+    /// Frame `i` is a head whose payload lies at its place.
+    pub fn in_place(&self, i: usize) -> bool {
+        i < 64 && self.in_place & (1 << i) != 0
+    }
+}
+
 /// Counters of a medium.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MediumStats {
@@ -142,6 +170,28 @@ pub trait Medium: Send + Sync {
     /// Receives what has arrived, without blocking, into `batch` (cleared
     /// first). Returns the number of frames.
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize>;
+    /// Receives without blocking as many datagrams as there are places (at
+    /// most the batch's slots), each split as its [`Placement`] says: the
+    /// payload of a frame the caller expects goes straight where it
+    /// belongs. `expected(i, head, len)` is asked whether datagram `i`,
+    /// whose first bytes are `head` and whose length is `len`, is the
+    /// frame expected at place `i`; if not, or if it came coalesced with
+    /// others, it is put back together in the batch. Only a medium
+    /// connected to one peer has it; others say `Unsupported`.
+    ///
+    /// # Safety
+    ///
+    /// Each place's `at..at + len` must be memory the caller may write
+    /// and that nothing else touches during the call, the places apart.
+    unsafe fn recv_placed(
+        &self,
+        batch: &mut RecvBatch,
+        places: &[Placement],
+        expected: &dyn Fn(usize, &[u8], usize) -> bool,
+    ) -> io::Result<Placed> {
+        let _ = (batch, places, expected);
+        Err(io::ErrorKind::Unsupported.into())
+    }
     /// Hands each frame that has arrived (a batch at most) to `f` where
     /// the medium holds it, without copying, and without blocking. Returns
     /// the number of frames. Only media whose caps say `lends` have it.
@@ -201,6 +251,15 @@ impl<M: Medium + ?Sized> Medium for Box<M> {
     }
     fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         (**self).recv(batch)
+    }
+    unsafe fn recv_placed(
+        &self,
+        batch: &mut RecvBatch,
+        places: &[Placement],
+        expected: &dyn Fn(usize, &[u8], usize) -> bool,
+    ) -> io::Result<Placed> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { (**self).recv_placed(batch, places, expected) }
     }
     fn recv_lent(&self, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
         (**self).recv_lent(f)
@@ -352,6 +411,12 @@ impl RecvBatch {
         (a, &self.buf[at..at + n])
     }
 
+    /// The slot frame `i` lies in (for a placed receive, the datagram's
+    /// place: see [`Medium::recv_placed`]).
+    pub fn slot_of(&self, i: usize) -> usize {
+        self.frames[i].1 / self.slot_len
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (Addr, &[u8])> {
         (0..self.len()).map(|i| self.frame(i))
     }
@@ -366,6 +431,28 @@ impl RecvBatch {
         self.frames.push((from, used, bytes.len()));
         self.used += bytes.len();
         true
+    }
+
+    /// Notes the `len` bytes at `at` from `from` as one frame, or as
+    /// frames of `seg` bytes each where the kernel coalesced them (`seg`
+    /// nonzero and shorter).
+    pub(crate) fn push_split(
+        frames: &mut Vec<(Addr, usize, usize)>,
+        from: Addr,
+        at: usize,
+        len: usize,
+        seg: usize,
+    ) {
+        if seg == 0 || seg >= len {
+            frames.push((from, at, len));
+            return;
+        }
+        let mut off = 0;
+        while off < len {
+            let n = seg.min(len - off);
+            frames.push((from, at + off, n));
+            off += n;
+        }
     }
 
     /// The slot size: the largest datagram one receive takes.

@@ -8,7 +8,7 @@
 //! never sleeps. Nothing is allocated per call: message headers, I/O vectors
 //! and control buffers live in fixed arrays on the stack.
 
-use crate::{Addr, Caps, GatherFrame, Medium, MediumStats, OutFrame, RecvBatch};
+use crate::{Addr, Caps, GatherFrame, Medium, MediumStats, OutFrame, Placed, Placement, RecvBatch};
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -33,6 +33,8 @@ const LONE_READS: u32 = 64;
 /// Most bytes of one UDP datagram (IPv4; IPv6 allows 20 more).
 const MAX_DATAGRAM: usize = 65_507;
 
+/// Most datagrams of one placed receive ([`Medium::recv_placed`]).
+const PLACED_MAX: usize = 16;
 /// Control-message room per received datagram (one `UDP_GRO` int).
 const RECV_CMSG: usize = 64;
 
@@ -166,6 +168,27 @@ pub struct UdpMedium {
     datagrams_sent: AtomicU64,
     datagrams_received: AtomicU64,
     send_errors: AtomicU64,
+}
+
+/// The segment size of a datagram the kernel coalesced (receive offload),
+/// from its `UDP_GRO` control message; 0 if none.
+///
+/// # Safety
+///
+/// `h`'s control buffer must be one the kernel filled.
+unsafe fn gro_segment(h: &libc::msghdr) -> usize {
+    let mut seg = 0;
+    // SAFETY: the caller's promise; the macros walk within the buffer.
+    unsafe {
+        let mut cm = libc::CMSG_FIRSTHDR(h);
+        while !cm.is_null() {
+            if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                seg = std::ptr::read_unaligned(libc::CMSG_DATA(cm) as *const libc::c_int) as usize;
+            }
+            cm = libc::CMSG_NXTHDR(h, cm);
+        }
+    }
+    seg
 }
 
 fn setsockopt_int(
@@ -790,29 +813,10 @@ impl Medium for UdpMedium {
             let Some(from) = from_raw(&names[i]) else {
                 continue;
             };
-            let mut seg = 0usize;
-            // SAFETY: the kernel filled the control buffer it was given.
-            unsafe {
-                let mut cm = libc::CMSG_FIRSTHDR(h);
-                while !cm.is_null() {
-                    if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == UDP_GRO {
-                        seg = std::ptr::read_unaligned(libc::CMSG_DATA(cm) as *const libc::c_int)
-                            as usize;
-                    }
-                    cm = libc::CMSG_NXTHDR(h, cm);
-                }
-            }
+            // SAFETY: the kernel filled the header's control buffer.
+            let seg = unsafe { gro_segment(h) };
             let at = i * batch.slot_len;
-            if seg == 0 || seg >= len {
-                batch.frames.push((Addr::Ip(from), at, len));
-            } else {
-                let mut off = 0;
-                while off < len {
-                    let n = seg.min(len - off);
-                    batch.frames.push((Addr::Ip(from), at + off, n));
-                    off += n;
-                }
-            }
+            RecvBatch::push_split(&mut batch.frames, Addr::Ip(from), at, len, seg);
         }
         batch.used = batch.buf.len();
         if self.gro_adaptive {
@@ -823,6 +827,117 @@ impl Medium for UdpMedium {
         self.frames_received
             .fetch_add(batch.frames.len() as u64, Ordering::Relaxed);
         Ok(batch.frames.len())
+    }
+
+    /// One `recvmmsg` of a datagram per place, each into three I/O
+    /// vectors: the head into its slot of the batch, the payload into its
+    /// place, anything longer into the slot behind the head (as far as
+    /// leaves room to put it back together there). Control messages are
+    /// taken too: with receive offload on, a datagram may hold several
+    /// frames.
+    unsafe fn recv_placed(
+        &self,
+        batch: &mut RecvBatch,
+        places: &[Placement],
+        expected: &dyn Fn(usize, &[u8], usize) -> bool,
+    ) -> io::Result<Placed> {
+        let Some(&peer) = self.peer.get() else {
+            return Err(io::ErrorKind::Unsupported.into());
+        };
+        batch.clear();
+        let slot = batch.slot_len;
+        let n = places.len().min(batch.slots).min(PLACED_MAX);
+        if n == 0 {
+            return Ok(Placed::default());
+        }
+        if places[..n].iter().any(|p| p.head + p.len > slot) {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let base = batch.buf.as_mut_ptr();
+        // SAFETY: plain C structures; zero is a valid value.
+        let mut hdrs: [libc::mmsghdr; PLACED_MAX] = unsafe { zeroed() };
+        let mut iovs: [[libc::iovec; 3]; PLACED_MAX] = unsafe { zeroed() };
+        let mut cmsgs = [RecvCmsg([0; RECV_CMSG]); PLACED_MAX];
+        for (i, p) in places[..n].iter().enumerate() {
+            // SAFETY: slot `i < slots` lies within the buffer, and
+            // `head + len <= slot`.
+            let at = unsafe { base.add(i * slot) };
+            iovs[i] = [
+                libc::iovec {
+                    iov_base: at as *mut libc::c_void,
+                    iov_len: p.head,
+                },
+                libc::iovec {
+                    iov_base: p.at as *mut libc::c_void,
+                    iov_len: p.len,
+                },
+                libc::iovec {
+                    iov_base: unsafe { at.add(p.head) } as *mut libc::c_void,
+                    iov_len: slot - p.head - p.len,
+                },
+            ];
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_iov = iovs[i].as_mut_ptr();
+            h.msg_iovlen = 3;
+            h.msg_control = cmsgs[i].0.as_mut_ptr() as *mut libc::c_void;
+            h.msg_controllen = RECV_CMSG as _;
+        }
+        // SAFETY: the vectors point at the batch's slots and at the memory
+        // the caller lends (its promise); the headers at live locals.
+        let r = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                n as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Placed::default()),
+                _ => Err(e),
+            };
+        }
+        uvia_trace::mark!(RxFound);
+        let from = Addr::Ip(peer);
+        let mut in_place = 0u64;
+        for (i, p) in places[..r as usize].iter().enumerate() {
+            let h = &hdrs[i].msg_hdr;
+            let len = hdrs[i].msg_len as usize;
+            // SAFETY: the kernel filled the header's control buffer.
+            let seg = unsafe { gro_segment(h) };
+            let at = i * slot;
+            let whole = seg == 0 || seg >= len;
+            let head = len.min(p.head);
+            let k = batch.frames.len();
+            if whole && k < 64 && expected(i, &batch.buf[at..at + head], len) {
+                batch.frames.push((from, at, head));
+                in_place |= 1 << k;
+                continue;
+            }
+            // Put back together in the slot: the bytes after the placed
+            // ones move up behind them, the placed ones come back between.
+            let placed = len.saturating_sub(p.head).min(p.len);
+            let rest = len - head - placed;
+            let tail = at + p.head;
+            batch.buf.copy_within(tail..tail + rest, tail + placed);
+            // SAFETY: the kernel wrote `placed` bytes at `p.at`, memory
+            // the caller lends for the call, apart from the batch.
+            let got = unsafe { std::slice::from_raw_parts(p.at, placed) };
+            batch.buf[tail..tail + placed].copy_from_slice(got);
+            RecvBatch::push_split(&mut batch.frames, from, at, len, seg);
+        }
+        batch.used = batch.buf.len();
+        self.datagrams_received
+            .fetch_add(r as u64, Ordering::Relaxed);
+        self.frames_received
+            .fetch_add(batch.frames.len() as u64, Ordering::Relaxed);
+        Ok(Placed {
+            frames: batch.frames.len(),
+            in_place,
+        })
     }
 
     /// Connects the socket to `to`: from now on the kernel hands it only
@@ -1021,6 +1136,74 @@ mod tests {
                 exchange_gathered(ip, opts);
             }
         }
+    }
+
+    /// A placed receive: datagrams said to be the ones expected leave their
+    /// head in the batch and the rest at their places; the others (a short
+    /// one, one of another length, one said not to be expected) come back
+    /// whole and identical, whatever junk they left at their places.
+    #[test]
+    fn placed_receives_split_the_expected_and_return_the_rest_whole() {
+        // One datagram a frame: segmented sends could arrive coalesced,
+        // and come back as several frames of one datagram.
+        let one_each = UdpOptions {
+            gso: false,
+            ..UdpOptions::default()
+        };
+        let (a, b) = pair("127.0.0.1", one_each);
+        b.connect(a.local_addr()).unwrap();
+        const HEAD: usize = 64;
+        const LEN: usize = 20_000;
+        // 0, 2 and 5 as expected; 1 short; 3 longer than its place; 4 of
+        // the right length but refused by the caller.
+        let sizes = [
+            HEAD + LEN,
+            40,
+            HEAD + LEN,
+            HEAD + LEN + 3000,
+            HEAD + LEN,
+            HEAD + LEN,
+        ];
+        let data = frames(&sizes);
+        let mut places_mem = vec![0u8; sizes.len() * LEN];
+        let base = places_mem.as_mut_ptr();
+        let places: Vec<Placement> = (0..sizes.len())
+            .map(|i| Placement {
+                head: HEAD,
+                // SAFETY: within `places_mem`.
+                at: unsafe { base.add(i * LEN) },
+                len: LEN,
+            })
+            .collect();
+        send_all_to(&a, &b, &data);
+        let mut batch = RecvBatch::new(16, 65_536);
+        let mut got = Vec::new();
+        let mut whole = Vec::new();
+        let start = Instant::now();
+        while got.len() < sizes.len() && start.elapsed() < Duration::from_secs(5) {
+            let k = got.len();
+            let expected = |i: usize, head: &[u8], len: usize| {
+                let i = k + i;
+                i != 4 && len == HEAD + LEN && head == &data[i][..HEAD]
+            };
+            // SAFETY: each place is its own piece of `places_mem`, alive
+            // and untouched by anything else during the call.
+            let p = unsafe { b.recv_placed(&mut batch, &places[k..], &expected) }.unwrap();
+            for f in 0..p.frames {
+                let (_, bytes) = batch.frame(f);
+                let i = k + batch.slot_of(f);
+                if p.in_place(f) {
+                    let mut back = bytes.to_vec();
+                    back.extend_from_slice(&places_mem[i * LEN..(i + 1) * LEN]);
+                    got.push(back);
+                } else {
+                    whole.push(i);
+                    got.push(bytes.to_vec());
+                }
+            }
+        }
+        assert_eq!(got, data, "every datagram, identical and in order");
+        assert_eq!(whole, [1, 3, 4], "which came back whole");
     }
 
     #[test]

@@ -1174,6 +1174,24 @@ pub fn parse_intact(bytes: &[u8]) -> Result<(u32, u32, Repr<'_>), WireError> {
     Ok((f.dst_conn(), f.src_conn(), Repr::parse(f)?))
 }
 
+/// Like [`parse_intact`], for a data frame received in two pieces: its
+/// first [`DATA_HEADER_LEN`] bytes in `head`, its payload where the
+/// receive placed it (see [`Conn::expected`](crate::Conn::expected)).
+pub fn parse_placed<'a>(head: &[u8], payload: &'a [u8]) -> Result<(u32, u32, Repr<'a>), WireError> {
+    let f = Frame::new_intact(head)?;
+    if f.kind() != Kind::Data || head.len() != DATA_HEADER_LEN {
+        return Err(WireError::Malformed("placed frame is not a data header"));
+    }
+    let header = DataHeader::parse(&f)?;
+    if payload.len() as u64 + header.offset as u64 > header.total as u64
+        || header.op == Op::ReadRequest
+        || header.flags & data_flags::BUNDLE != 0
+    {
+        return Err(WireError::Malformed("placed frame past its message"));
+    }
+    Ok((f.dst_conn(), f.src_conn(), Repr::Data { header, payload }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

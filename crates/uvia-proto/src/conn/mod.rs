@@ -15,6 +15,9 @@
 //! what each expiry does).
 
 mod handshake;
+mod place;
+
+pub use place::{Expected, Place, PLACE_FROM};
 mod recv;
 mod send;
 mod timers;
@@ -510,6 +513,9 @@ pub struct Conn {
     /// The psn of the newest data frame taken in: its range leads the
     /// selective acks.
     newest_rx: Option<u32>,
+    /// The frame expected after the newest one taken in, where a large
+    /// message is in progress ([`expected`](Self::expected)).
+    next_in: Option<place::Expected>,
     /// Payload bytes received since the last ack.
     ack_bytes: u32,
     ack_now: bool,
@@ -573,6 +579,7 @@ impl Conn {
             recvs_bound: 0,
             ack_pending: 0,
             newest_rx: None,
+            next_in: None,
             ack_bytes: 0,
             ack_now: false,
             pong_due: false,

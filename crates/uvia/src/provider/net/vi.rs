@@ -25,9 +25,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uvia_net::{Addr, GatherFrame, Medium, OutFrame, RecvBatch};
-use uvia_proto::wire::{NakCode, Repr};
-use uvia_proto::{Conn, Event, FailReason, Memory, Outcome, SendKind, SendOp};
+use uvia_net::{Addr, GatherFrame, Medium, OutFrame, Placed, Placement, RecvBatch};
+use uvia_proto::wire::{self, NakCode, Repr, DATA_HEADER_LEN};
+use uvia_proto::{Conn, Event, Expected, FailReason, Memory, Outcome, Place, SendKind, SendOp};
 
 /// A post this soon after the previous transmission joins a burst.
 const COALESCE: Duration = Duration::from_micros(5);
@@ -507,17 +507,38 @@ impl NetVi {
     /// Reads the VI's own medium and hands the frames to its engine.
     /// Returns the time the frames were taken in, if any arrived.
     fn poll_own(&mut self, vi: &Vi, q: &mut Queues, nic: &NetNic) -> Option<Instant> {
-        let own = self.own.as_ref()?;
         let mut batch = self.own_batch.take()?;
+        let placed = self.recv_placed(vi, q, nic, &mut batch);
+        let Some(own) = self.own.as_ref() else {
+            self.own_batch = Some(batch);
+            return None;
+        };
         // Borrowed for the call, not cloned: no reference count touched
         // per poll.
-        let n = own.recv(&mut batch).unwrap_or(0);
+        let (n, placed, places) = match placed {
+            Some((Ok(p), places)) => (p.frames, p, Some(places)),
+            Some((Err(_), _)) => (0, Placed::default(), None),
+            None => (own.recv(&mut batch).unwrap_or(0), Placed::default(), None),
+        };
         let mut at = None;
         if n > 0 {
             let now = Instant::now();
             at = Some(now);
             for i in 0..n {
                 let (from, bytes) = batch.frame(i);
+                if let Some(p) = places
+                    .as_ref()
+                    .filter(|_| placed.in_place(i))
+                    .map(|p| p.at[batch.slot_of(i)])
+                {
+                    // SAFETY: the receive wrote the payload's bytes at
+                    // its place, the memory `recv_placed` resolved.
+                    let payload = unsafe { std::slice::from_raw_parts(p.at, p.len) };
+                    if let Ok((_, src, repr)) = wire::parse_placed(bytes, payload) {
+                        self.input(vi, q, from, src, &repr, now);
+                    }
+                    continue;
+                }
                 if !self.joined {
                     // Connecting, and taking frames from anyone: the
                     // endpoint says which are the peer's.
@@ -531,6 +552,66 @@ impl NetVi {
         }
         self.own_batch = Some(batch);
         at
+    }
+
+    /// Where a large message is coming in on the joined connection's own
+    /// medium: one receive that puts the payloads of the frames expected
+    /// next (`Conn::expected`, as many as the batch has slots) where they
+    /// belong, each frame that came as expected left as its head in
+    /// `batch` (see [`Placed`]). `None` where nothing is expected or the
+    /// medium (or the memory, in more than one piece) does not allow it:
+    /// the caller receives as usual.
+    fn recv_placed(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        nic: &NetNic,
+        batch: &mut RecvBatch,
+    ) -> Option<(std::io::Result<Placed>, Places)> {
+        if !self.joined || !nic.intact {
+            return None;
+        }
+        let first = self.conn.expected()?;
+        let mem = ViMem::new(vi, q, None);
+        let mut places = Places::default();
+        let mut next = Some(first);
+        while let Some(exp) = next.filter(|_| places.n < PLACES) {
+            let Some(at) = mem.place(&exp) else {
+                break;
+            };
+            places.exp[places.n] = Some(exp);
+            places.at[places.n] = Placement {
+                head: DATA_HEADER_LEN,
+                at,
+                len: exp.len as usize,
+            };
+            places.n += 1;
+            next = exp.next();
+        }
+        if places.n == 0 {
+            return None;
+        }
+        // A reference count per frame of 8 KiB or more.
+        let own = self.own.clone()?;
+        let id = self.id;
+        let exps = &places.exp;
+        let expected = |i: usize, head: &[u8], n: usize| {
+            let Some(exp) = exps[i] else {
+                return false;
+            };
+            let len = exp.len as usize;
+            n == DATA_HEADER_LEN + len
+                && matches!(wire::parse_placed(head, &[]),
+                    Ok((dst, _, Repr::Data { header, .. })) if dst == id && exp.matches(&header, len))
+        };
+        // SAFETY: each place is a posted descriptor's (or a checked
+        // region's) memory, which stays so under the VI's lock, held for
+        // the call; the places are consecutive pieces of messages, apart;
+        // the engine has not written there (their frames have not
+        // arrived) and the program may not read them before the
+        // descriptor completes.
+        let r = unsafe { own.recv_placed(batch, &places.at[..places.n], &expected) };
+        Some((r, places))
     }
 
     /// For a waiter that sleeps in the receive itself: the joined
@@ -827,6 +908,31 @@ pub(super) struct ViMem<'a> {
     n_lent: usize,
 }
 
+/// Most frames placed by one receive ([`NetVi::recv_placed`]).
+const PLACES: usize = 16;
+
+/// The frames a placed receive expects, and their places.
+struct Places {
+    n: usize,
+    exp: [Option<Expected>; PLACES],
+    at: [Placement; PLACES],
+}
+
+impl Default for Places {
+    fn default() -> Places {
+        let none = Placement {
+            head: 0,
+            at: std::ptr::null_mut(),
+            len: 0,
+        };
+        Places {
+            n: 0,
+            exp: [None; PLACES],
+            at: [none; PLACES],
+        }
+    }
+}
+
 /// A payload left where it lies: the `len` bytes at `src` belong at `at`,
 /// the end of a frame in the transmit buffer.
 #[derive(Clone, Copy)]
@@ -869,6 +975,27 @@ impl<'a> ViMem<'a> {
         });
         self.n_lent += 1;
         true
+    }
+
+    /// Where the payload of the frame `exp` names belongs, if in one piece
+    /// of memory still posted (or, for a remote write, registered and
+    /// open to the peer).
+    fn place(&self, exp: &Expected) -> Option<*mut u8> {
+        let len = exp.len as usize;
+        let posted = |q: &'a SlotQueue, id: u32, offset: u32| {
+            let e = entry(q, id)
+                .filter(|e| e.state != EntryState::Done && e.still_registered(self.regions))?;
+            one_piece(e, offset as usize, len).map(|p| p as *mut u8)
+        };
+        match exp.place {
+            Place::Recv { rsn, offset } => posted(self.rq, rsn, offset),
+            Place::Read { msn, offset } => posted(self.sq, msn, offset),
+            Place::Write { rkey, addr } => {
+                check(self.regions, self.attrs, rkey, addr, len as u64, true)
+                    .ok()
+                    .map(|_| addr as *mut u8)
+            }
+        }
     }
 
     /// The payloads noted since lending was turned on, in the order their
@@ -941,11 +1068,18 @@ fn gather_at(e: &Posted, offset: usize, buf: &mut [u8]) {
     });
 }
 
-/// Copies `data` into the entry's ranges at `offset`.
+/// Copies `data` into the entry's ranges at `offset`: nothing where it
+/// already lies there (a payload received in place).
 fn scatter_at(e: &Posted, offset: usize, data: &[u8]) {
     pieces(e, offset, data.len(), |p, at, n| {
-        // SAFETY: as in `gather_at`, the other way.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), p, n) }
+        // SAFETY: as in `gather_at`, the other way; a range either is
+        // where the data lies or does not overlap it.
+        unsafe {
+            let src = data.as_ptr().add(at);
+            if !std::ptr::eq(src, p) {
+                std::ptr::copy_nonoverlapping(src, p, n)
+            }
+        }
     });
 }
 
@@ -1003,9 +1137,12 @@ impl Memory for ViMem<'_> {
             data.len() as u64,
             true,
         )?;
-        // SAFETY: the range was just checked against this Nic's registered
-        // regions, the VI's tag and the enable bits.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), raddr as *mut u8, data.len()) };
+        // Nothing to copy where the payload was received in place.
+        if data.as_ptr() != raddr as *const u8 {
+            // SAFETY: the range was just checked against this Nic's
+            // registered regions, the VI's tag and the enable bits.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), raddr as *mut u8, data.len()) };
+        }
         Ok(())
     }
 
