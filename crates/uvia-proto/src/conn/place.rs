@@ -4,7 +4,11 @@
 //! A large message comes as frames of one size, in consecutive psns, each
 //! carrying the next bytes of the message. Once one has arrived, the engine
 //! knows where the next one belongs: the same receive descriptor (or read
-//! descriptor, or remote-write target) at the following offset. A medium
+//! descriptor, or remote-write target) at the following offset; after the
+//! last one of a large send, the next send's first frame is expected in the
+//! next receive descriptor, at its start (a stream's messages are alike;
+//! after a small one nothing is expected, and a ping-pong keeps the
+//! cheapest receive). A medium
 //! that can split a datagram (the kernel's scatter-gather receive) then puts
 //! the header in its own buffer and the payload where it belongs, and the
 //! copy out of the receive buffer goes away. The frame still comes through
@@ -42,25 +46,52 @@ pub enum Place {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Expected {
     pub psn: u32,
-    /// Payload bytes.
+    /// Payload bytes: exactly these for the next fragment of a message in
+    /// progress, at most these for the first frame of the next message.
     pub len: u32,
     pub place: Place,
     op: Op,
     msn: u32,
     offset: u32,
-    total: u32,
+    /// The message's length; `None` for the first frame of a message not
+    /// yet heard of.
+    total: Option<u32>,
 }
 
 impl Expected {
-    /// What follows data frame `h` of `len` payload bytes, if it was a
-    /// fragment of a large message with more to come.
-    pub(super) fn after(h: &DataHeader, len: u32) -> Option<Expected> {
+    /// What follows data frame `h` of `len` payload bytes on a connection
+    /// whose frames carry `frag` payload bytes at most: the next fragment
+    /// of a large message with more to come, or, after the last fragment
+    /// of a large send, the first frame of the next send (a stream's
+    /// messages are alike, and each goes to the next receive descriptor).
+    pub(super) fn after(h: &DataHeader, len: u32, frag: u32) -> Option<Expected> {
         let next = h.offset.checked_add(len)?;
-        if len < PLACE_FROM || next >= h.total || h.flags & data_flags::BUNDLE != 0 {
+        if h.flags & data_flags::BUNDLE != 0 {
+            return None;
+        }
+        let send = h.op == Op::Send && h.flags & data_flags::CONSUMES != 0;
+        if next >= h.total {
+            // Only after a large send: a ping-pong's small messages keep
+            // the cheapest receive.
+            let large = h.total >= PLACE_FROM && frag >= PLACE_FROM;
+            return (send && large).then(|| Expected {
+                psn: h.psn.wrapping_add(1),
+                len: frag,
+                place: Place::Recv {
+                    rsn: h.rsn.wrapping_add(1),
+                    offset: 0,
+                },
+                op: Op::Send,
+                msn: h.msn.wrapping_add(1),
+                offset: 0,
+                total: None,
+            });
+        }
+        if len < PLACE_FROM {
             return None;
         }
         let place = match h.op {
-            Op::Send if h.flags & data_flags::CONSUMES != 0 => Place::Recv {
+            Op::Send if send => Place::Recv {
                 rsn: h.rsn,
                 offset: next,
             },
@@ -81,15 +112,16 @@ impl Expected {
             op: h.op,
             msn: h.msn,
             offset: next,
-            total: h.total,
+            total: Some(h.total),
         })
     }
 
     /// The frame expected after this one, if the message goes on: a
     /// medium that receives several datagrams at once places each.
     pub fn next(&self) -> Option<Expected> {
+        let total = self.total?;
         let next = self.offset.checked_add(self.len)?;
-        if next >= self.total {
+        if next >= total {
             return None;
         }
         let step = |at: u32| at.wrapping_add(self.len);
@@ -109,7 +141,7 @@ impl Expected {
         };
         Some(Expected {
             psn: self.psn.wrapping_add(1),
-            len: self.len.min(self.total - next),
+            len: self.len.min(total - next),
             place,
             offset: next,
             ..*self
@@ -126,14 +158,28 @@ impl Expected {
                 h.rkey == rkey && h.raddr.wrapping_add(h.offset as u64) == addr
             }
         };
+        let size = match self.total {
+            Some(total) => h.total == total && len == self.len as usize,
+            // The sender cuts frames of the same size: a message's first
+            // frame is all of it or a whole frame.
+            None => len == self.payload_len(h),
+        };
         h.psn == self.psn
-            && len == self.len as usize
+            && size
             && h.op == self.op
             && h.msn == self.msn
             && h.offset == self.offset
-            && h.total == self.total
             && h.flags & data_flags::BUNDLE == 0
             && place
+    }
+
+    /// The payload bytes of `h` if it is the frame expected (see
+    /// [`matches`](Self::matches)).
+    pub fn payload_len(&self, h: &DataHeader) -> usize {
+        match self.total {
+            Some(_) => self.len as usize,
+            None => h.total.min(self.len) as usize,
+        }
     }
 }
 
@@ -182,7 +228,7 @@ mod tests {
         let frag = 10_000;
         let total = 3 * frag + 1234;
         let (h, len) = fragment(100, 0, frag, total);
-        let e1 = Expected::after(&h, len).unwrap();
+        let e1 = Expected::after(&h, len, frag).unwrap();
         assert_eq!(e1.psn, 101);
         assert_eq!(
             e1.place,
@@ -211,14 +257,37 @@ mod tests {
         let mut other = h2;
         other.msn = 8;
         assert!(!e2.matches(&other, len2 as usize));
-        // The last fragment, a small one or a bundle expect nothing.
-        let (last, n) = fragment(103, 3 * frag, 1234, total);
-        assert_eq!(Expected::after(&last, n), None);
+        // A small fragment or a bundle expect nothing.
         let (small, n) = fragment(100, 0, PLACE_FROM - 1, total);
-        assert_eq!(Expected::after(&small, n), None);
+        assert_eq!(Expected::after(&small, n, frag), None);
         let mut bundle = h;
         bundle.flags |= data_flags::BUNDLE;
-        assert_eq!(Expected::after(&bundle, len), None);
+        assert_eq!(Expected::after(&bundle, len, frag), None);
+    }
+
+    /// After a large send's last fragment comes the next send's first
+    /// frame, into the next receive descriptor: a whole frame, or all of
+    /// a message shorter than one. After a small send, nothing.
+    #[test]
+    fn a_large_send_expects_the_next_sends_first_frame() {
+        let frag = 10_000;
+        let (last, n) = fragment(103, 30_000, 1234, 31_234);
+        let e = Expected::after(&last, n, frag).unwrap();
+        assert_eq!(e.place, Place::Recv { rsn: 4, offset: 0 });
+        assert_eq!((e.psn, e.len), (104, frag));
+        assert_eq!(e.next(), None, "the next message's length is unknown");
+        let mut first = fragment(104, 0, frag, 50_000).0;
+        first.msn = 8;
+        first.rsn = 4;
+        assert!(e.matches(&first, frag as usize));
+        assert!(!e.matches(&first, 9_000), "a short first fragment");
+        first.total = 9_000;
+        assert!(e.matches(&first, 9_000), "a message of less than a frame");
+        assert_eq!(e.payload_len(&first), 9_000);
+        first.offset = 1;
+        assert!(!e.matches(&first, 9_000));
+        let (whole_small, n) = fragment(7, 0, 100, 100);
+        assert_eq!(Expected::after(&whole_small, n, frag), None);
     }
 
     /// A remote write's next bytes go at the next address; a read
@@ -230,7 +299,7 @@ mod tests {
         h.flags = 0;
         h.rkey = 9;
         h.raddr = 0x1000;
-        let w = Expected::after(&h, len).unwrap();
+        let w = Expected::after(&h, len, 20_000).unwrap();
         assert_eq!(
             w.place,
             Place::Write {
@@ -240,7 +309,7 @@ mod tests {
         );
         assert_eq!(w.next().unwrap().len, 10_000);
         h.op = Op::ReadResponse;
-        let r = Expected::after(&h, len).unwrap();
+        let r = Expected::after(&h, len, 20_000).unwrap();
         assert_eq!(
             r.place,
             Place::Read {
@@ -249,6 +318,6 @@ mod tests {
             }
         );
         h.op = Op::ReadRequest;
-        assert_eq!(Expected::after(&h, len), None);
+        assert_eq!(Expected::after(&h, len, 20_000), None);
     }
 }

@@ -166,7 +166,7 @@ impl Conn {
             return false;
         }
         if reliable {
-            self.next_in = super::Expected::after(h, payload.len() as u32);
+            self.next_in = super::Expected::after(h, payload.len() as u32, self.frag);
         }
         self.rcv.insert(h.psn);
         if !reliable {
@@ -200,7 +200,7 @@ impl Conn {
     /// frame whose payload is placed: the message completes its descriptor
     /// and is owed an acknowledgement, as the general path would leave it.
     fn took_whole_send(&mut self, now: Instant, h: &DataHeader, len: u32) -> bool {
-        self.next_in = None;
+        self.next_in = super::Expected::after(h, len, self.frag);
         self.rcv.insert(h.psn);
         self.in_base = self.in_base.wrapping_add(1);
         let imm = (h.flags & data_flags::IMM != 0).then_some(h.imm);

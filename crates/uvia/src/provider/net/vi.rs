@@ -526,17 +526,21 @@ impl NetVi {
             at = Some(now);
             for i in 0..n {
                 let (from, bytes) = batch.frame(i);
-                if let Some(p) = places
-                    .as_ref()
-                    .filter(|_| placed.in_place(i))
-                    .map(|p| p.at[batch.slot_of(i)])
-                {
-                    // SAFETY: the receive wrote the payload's bytes at
-                    // its place, the memory `recv_placed` resolved.
-                    let payload = unsafe { std::slice::from_raw_parts(p.at, p.len) };
-                    if let Ok((_, src, repr)) = wire::parse_placed(bytes, payload) {
-                        self.input(vi, q, from, src, &repr, now);
-                    }
+                if let Some(places) = places.as_ref().filter(|_| placed.in_place(i)) {
+                    let k = batch.slot_of(i);
+                    let (Some(exp), Ok((_, src, Repr::Data { header, .. }))) =
+                        (places.exp[k], wire::parse_placed(bytes, &[]))
+                    else {
+                        continue;
+                    };
+                    // SAFETY: the receive wrote the payload's bytes at its
+                    // place, the memory `recv_placed` resolved (the frame
+                    // was found to be the one expected there).
+                    let payload = unsafe {
+                        std::slice::from_raw_parts(places.at[k].at, exp.payload_len(&header))
+                    };
+                    let repr = Repr::Data { header, payload };
+                    self.input(vi, q, from, src, &repr, now);
                     continue;
                 }
                 if !self.joined {
@@ -596,13 +600,11 @@ impl NetVi {
         let id = self.id;
         let exps = &places.exp;
         let expected = |i: usize, head: &[u8], n: usize| {
-            let Some(exp) = exps[i] else {
+            let (Some(exp), Some(len)) = (exps[i], n.checked_sub(DATA_HEADER_LEN)) else {
                 return false;
             };
-            let len = exp.len as usize;
-            n == DATA_HEADER_LEN + len
-                && matches!(wire::parse_placed(head, &[]),
-                    Ok((dst, _, Repr::Data { header, .. })) if dst == id && exp.matches(&header, len))
+            matches!(wire::parse_placed(head, &[]),
+                Ok((dst, _, Repr::Data { header, .. })) if dst == id && exp.matches(&header, len))
         };
         // SAFETY: each place is a posted descriptor's (or a checked
         // region's) memory, which stays so under the VI's lock, held for
