@@ -285,6 +285,63 @@ fn large_messages_placed_in_memory_arrive_whole_at_5_percent_loss() {
     );
 }
 
+/// Duplicated and reordered frames, intact: the injector cannot place
+/// (it holds and copies frames), and a receiver that polls must take them
+/// the usual way, not keep asking for a placed receive it was refused.
+#[test]
+fn large_messages_arrive_whole_to_a_poller_where_the_medium_cannot_place() {
+    fn shuffled(seed: u32) -> NicOptions {
+        NicOptions {
+            inject: Some(format!("dup=0.02,reorder=0.05,seed={seed}")),
+            ..NicOptions::default()
+        }
+    }
+    let inst = udp_instance();
+    let level = Reliability::ReliableDelivery;
+    if peer_arg().is_some() {
+        return echo_server(&inst, &shuffled(2), level, 343);
+    }
+    let peer = Peer::spawn(
+        "large_messages_arrive_whole_to_a_poller_where_the_medium_cannot_place",
+        &inst,
+        "x",
+    );
+    let mut e = end_with(&inst, &shuffled(1), |p| {
+        ViAttributes::new(p).reliability(level)
+    });
+    connect(&e, 343);
+    for (i, &n) in [1 << 20, 300_000, 64, 200_001, 1 << 20].iter().enumerate() {
+        let data = pattern(n, i as u8 + 9);
+        e.buf.as_mut_slice()[..n].copy_from_slice(&data);
+        e.vi.post_recv(Box::new(Descriptor::recv(&[e
+            .buf
+            .segment(1 << 20, 1 << 20)])))
+            .unwrap();
+        e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, n)])))
+            .unwrap();
+        // Polled, never waited on: no sleep in the receive takes the frames.
+        let (mut sent, mut got) = (None, None);
+        let start = Instant::now();
+        while (sent.is_none() || got.is_none()) && start.elapsed() < T {
+            sent = sent.or_else(|| e.vi.send_done());
+            got = got.or_else(|| e.vi.recv_done());
+        }
+        let (Some(sent), Some(got)) = (sent, got) else {
+            panic!("message {i} of {n} B: no echo within {T:?} to a poller");
+        };
+        assert_eq!(sent.result(), Ok(n as u32));
+        assert_eq!(got.result(), Ok(n as u32));
+        assert_eq!(
+            &e.buf.as_slice()[1 << 20..(1 << 20) + n],
+            &data[..],
+            "message {i}"
+        );
+    }
+    stop(&mut e);
+    e.vi.disconnect();
+    peer.join();
+}
+
 #[test]
 fn reliable_reception_is_exactly_once_at_5_percent_loss() {
     lossy_echo(

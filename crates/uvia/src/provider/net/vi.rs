@@ -515,10 +515,13 @@ impl NetVi {
         };
         // Borrowed for the call, not cloned: no reference count touched
         // per poll.
+        // A medium that cannot place (the fault injector with faults other
+        // than loss) receives as usual.
         let (n, placed, places) = match placed {
             Some((Ok(p), places)) => (p.frames, p, Some(places)),
-            Some((Err(_), _)) => (0, Placed::default(), None),
-            None => (own.recv(&mut batch).unwrap_or(0), Placed::default(), None),
+            Some((Err(_), _)) | None => {
+                (own.recv(&mut batch).unwrap_or(0), Placed::default(), None)
+            }
         };
         let mut at = None;
         if n > 0 {
