@@ -342,6 +342,67 @@ fn large_messages_arrive_whole_to_a_poller_where_the_medium_cannot_place() {
     peer.join();
 }
 
+/// A receive descriptor shorter than the frame that comes for it is never
+/// written past its end, whether or not the frame was expected there: after
+/// a large send, the next send's first frame is expected at the start of
+/// the next descriptor, and one too long for it completes it with a length
+/// error, every byte after it as it was. Polled, so that frames are placed.
+#[test]
+fn a_short_receive_descriptor_is_never_written_past() {
+    let inst = udp_instance();
+    let reliable = |p| ViAttributes::new(p).reliability(Reliability::ReliableDelivery);
+    const MIB: usize = 1 << 20;
+    const SHORT: usize = 4096;
+    if peer_arg().is_some() {
+        let mut e = end(&inst, reliable);
+        accept(&e, 344);
+        e.buf.as_mut_slice()[..MIB].copy_from_slice(&pattern(MIB, 3));
+        assert_eq!(send(&e, 0, MIB).result(), Ok(MIB as u32));
+        // Too long for the peer's next descriptor: the connection breaks.
+        e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, 60_000)])))
+            .unwrap();
+        let _ = e.vi.send_wait(Some(T));
+        return;
+    }
+    let peer = Peer::spawn(
+        "a_short_receive_descriptor_is_never_written_past",
+        &inst,
+        "x",
+    );
+    let mut e = end(&inst, reliable);
+    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(0, MIB)])))
+        .unwrap();
+    e.vi.post_recv(Box::new(Descriptor::recv(&[e.buf.segment(MIB, SHORT)])))
+        .unwrap();
+    e.buf.as_mut_slice()[MIB + SHORT..].fill(0xa5);
+    connect(&e, 344);
+    let mut done = Vec::new();
+    let start = Instant::now();
+    while done.len() < 2 && start.elapsed() < T {
+        done.extend(e.vi.recv_done());
+    }
+    assert_eq!(done.len(), 2, "both receives complete within {T:?}");
+    assert_eq!(done[0].result(), Ok(MIB as u32));
+    let want = pattern(MIB, 3);
+    let wrong = e.buf.as_slice()[..MIB]
+        .iter()
+        .zip(&want)
+        .position(|(a, b)| a != b);
+    assert_eq!(wrong, None, "the 1 MiB message differs at this byte");
+    assert!(
+        done[1].error().is_some(),
+        "a send longer than the descriptor fails it"
+    );
+    let past = &e.buf.as_slice()[MIB + SHORT..];
+    let touched = past.iter().position(|&b| b != 0xa5);
+    assert_eq!(
+        touched, None,
+        "bytes past the short descriptor were written"
+    );
+    drop(e);
+    peer.join();
+}
+
 #[test]
 fn reliable_reception_is_exactly_once_at_5_percent_loss() {
     lossy_echo(

@@ -190,12 +190,24 @@ impl Conn {
     /// (whose frames may be dropped on arrival, see the module's notes)
     /// and whenever nothing is in progress.
     pub fn expected(&self) -> Option<Expected> {
-        let e = self.next_in?;
-        let fresh = self.is_connected()
+        self.next_in.filter(|e| self.awaits(e.psn))
+    }
+
+    /// The frame expected after `e` ([`Expected::next`]) if it has not
+    /// arrived either: a frame that came early (out of order, or ahead of
+    /// one sent again) holds its bytes already, and nothing may be placed
+    /// over them.
+    pub fn expected_after(&self, e: &Expected) -> Option<Expected> {
+        e.next().filter(|n| self.awaits(n.psn))
+    }
+
+    /// True while data frame `psn` may still come: connected at a reliable
+    /// level, within the receive window and not yet taken in.
+    fn awaits(&self, psn: u32) -> bool {
+        self.is_connected()
             && self.cfg.level.is_reliable()
-            && self.rcv.in_window(e.psn)
-            && !self.rcv.contains(e.psn);
-        fresh.then_some(e)
+            && self.rcv.in_window(psn)
+            && !self.rcv.contains(psn)
     }
 }
 

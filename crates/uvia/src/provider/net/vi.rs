@@ -593,7 +593,7 @@ impl NetVi {
                 len: exp.len as usize,
             };
             places.n += 1;
-            next = exp.next();
+            next = self.conn.expected_after(&exp);
         }
         if places.n == 0 {
             return None;
@@ -1011,12 +1011,14 @@ impl<'a> ViMem<'a> {
     }
 }
 
-/// Where the entry's bytes `offset..offset + len` lie, if in one range.
+/// Where the entry's bytes `offset..offset + len` lie, if in one range
+/// that holds them all (a range shorter than that is not enough: a
+/// receive placed there would run past it).
 fn one_piece(e: &Posted, offset: usize, len: usize) -> Option<*const u8> {
     let mut at = None;
     let mut pieces = 0;
-    self::pieces(e, offset, len, |p, _, _| {
-        at = Some(p as *const u8);
+    self::pieces(e, offset, len, |p, _, n| {
+        at = Some(p as *const u8).filter(|_| n == len);
         pieces += 1;
     });
     at.filter(|_| pieces == 1)
