@@ -209,10 +209,21 @@ fn rdma_write_with_immediate_data_lands_in_order() {
 /// over a lossy medium and checks each comes back once, in order, intact.
 fn lossy_echo(test: &str, level: Reliability, d: u64, count: usize) {
     let sizes = [1usize, 64, 1500, 9000, 65536, 200_000];
-    echo_through(test, lossy, level, d, count, &sizes);
+    echo_through(test, lossy, level, d, count, &sizes, Wait::Sleep);
 }
 
-/// [`lossy_echo`] through Nics made by `nic(seed)`, with messages of `sizes`.
+/// How the client takes its completions.
+#[derive(Clone, Copy, PartialEq)]
+enum Wait {
+    /// `send_wait` and `recv_wait`, which may sleep in the receive itself.
+    Sleep,
+    /// `send_done` and `recv_done` in a loop: frames come only through
+    /// polls (and, on udp, are placed where they belong).
+    Poll,
+}
+
+/// [`lossy_echo`] through Nics made by `nic(seed)`, with messages of
+/// `sizes`, the client taking its completions as `wait` says.
 fn echo_through(
     test: &str,
     nic: fn(u32) -> NicOptions,
@@ -220,6 +231,7 @@ fn echo_through(
     d: u64,
     count: usize,
     sizes: &[usize],
+    wait: Wait,
 ) {
     let inst = udp_instance();
     if peer_arg().is_some() {
@@ -239,9 +251,28 @@ fn echo_through(
             .buf
             .segment(1 << 20, 1 << 20)])))
             .unwrap();
-        assert_eq!(send(&e, 0, n).result(), Ok(n as u32), "message {i}");
-        let r = e.vi.recv_wait(Some(T)).unwrap();
-        assert_eq!(r.result(), Ok(n as u32), "echo of message {i}");
+        let (sent, got) = match wait {
+            Wait::Sleep => {
+                let sent = send(&e, 0, n);
+                (sent, e.vi.recv_wait(Some(T)).unwrap())
+            }
+            Wait::Poll => {
+                e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, n)])))
+                    .unwrap();
+                let (mut sent, mut got) = (None, None);
+                let start = Instant::now();
+                while (sent.is_none() || got.is_none()) && start.elapsed() < T {
+                    sent = sent.or_else(|| e.vi.send_done());
+                    got = got.or_else(|| e.vi.recv_done());
+                }
+                match (sent, got) {
+                    (Some(s), Some(g)) => (s, g),
+                    _ => panic!("message {i} of {n} B: no echo within {T:?} to a poller"),
+                }
+            }
+        };
+        assert_eq!(sent.result(), Ok(n as u32), "message {i}");
+        assert_eq!(got.result(), Ok(n as u32), "echo of message {i}");
         assert_eq!(
             &e.buf.as_slice()[1 << 20..(1 << 20) + n],
             &data[..],
@@ -282,6 +313,7 @@ fn large_messages_placed_in_memory_arrive_whole_at_5_percent_loss() {
         342,
         40,
         &[1 << 20, 300_000, 64, 200_001, 65536 * 3],
+        Wait::Sleep,
     );
 }
 
@@ -296,50 +328,15 @@ fn large_messages_arrive_whole_to_a_poller_where_the_medium_cannot_place() {
             ..NicOptions::default()
         }
     }
-    let inst = udp_instance();
-    let level = Reliability::ReliableDelivery;
-    if peer_arg().is_some() {
-        return echo_server(&inst, &shuffled(2), level, 343);
-    }
-    let peer = Peer::spawn(
+    echo_through(
         "large_messages_arrive_whole_to_a_poller_where_the_medium_cannot_place",
-        &inst,
-        "x",
+        shuffled,
+        Reliability::ReliableDelivery,
+        343,
+        5,
+        &[1 << 20, 300_000, 64, 200_001],
+        Wait::Poll,
     );
-    let mut e = end_with(&inst, &shuffled(1), |p| {
-        ViAttributes::new(p).reliability(level)
-    });
-    connect(&e, 343);
-    for (i, &n) in [1 << 20, 300_000, 64, 200_001, 1 << 20].iter().enumerate() {
-        let data = pattern(n, i as u8 + 9);
-        e.buf.as_mut_slice()[..n].copy_from_slice(&data);
-        e.vi.post_recv(Box::new(Descriptor::recv(&[e
-            .buf
-            .segment(1 << 20, 1 << 20)])))
-            .unwrap();
-        e.vi.post_send(Box::new(Descriptor::send(&[e.buf.segment(0, n)])))
-            .unwrap();
-        // Polled, never waited on: no sleep in the receive takes the frames.
-        let (mut sent, mut got) = (None, None);
-        let start = Instant::now();
-        while (sent.is_none() || got.is_none()) && start.elapsed() < T {
-            sent = sent.or_else(|| e.vi.send_done());
-            got = got.or_else(|| e.vi.recv_done());
-        }
-        let (Some(sent), Some(got)) = (sent, got) else {
-            panic!("message {i} of {n} B: no echo within {T:?} to a poller");
-        };
-        assert_eq!(sent.result(), Ok(n as u32));
-        assert_eq!(got.result(), Ok(n as u32));
-        assert_eq!(
-            &e.buf.as_slice()[1 << 20..(1 << 20) + n],
-            &data[..],
-            "message {i}"
-        );
-    }
-    stop(&mut e);
-    e.vi.disconnect();
-    peer.join();
 }
 
 /// A receive descriptor shorter than the frame that comes for it is never
