@@ -4,7 +4,7 @@
 //! `uvia limit`'s AF_XDP probe), with the send system call's time when
 //! checkpoints are compiled in.
 //!
-//! `cargo run --release -p uvia-net --example xdp_pingpong [-- SIZE [ITERS [native|generic]]]`
+//! `cargo run --release -p uvia-net --example xdp_pingpong [-- SIZE [ITERS [native|generic|any [busypoll]]]]`
 //! (root; makes and removes its own test hosts).
 
 use std::sync::OnceLock;
@@ -27,10 +27,15 @@ fn main() {
     let size: usize = args.next().map_or(8, |s| s.parse().expect("SIZE"));
     let iters: usize = args.next().map_or(100_000, |s| s.parse().expect("ITERS"));
     let mode = match args.next().as_deref() {
-        None => None,
+        None | Some("any") => None,
         Some("native") => Some(Mode::Native),
         Some("generic") => Some(Mode::Generic),
-        Some(other) => panic!("mode {other:?}: want native or generic"),
+        Some(other) => panic!("mode {other:?}: want native, generic or any"),
+    };
+    let busy_poll = match args.next().as_deref() {
+        None => false,
+        Some("busypoll") => true,
+        Some(other) => panic!("{other:?}: want busypoll or nothing"),
     };
     let warmup = iters / 10;
     // SAFETY: CPU_SET writes inside the zeroed set; sched_setaffinity reads it.
@@ -47,6 +52,7 @@ fn main() {
         warm: warmup,
         mode,
         echo_core: Some(1),
+        busy_poll,
     };
     let mut rtts = pingpong::run(&spec, now_ns).expect("the ping-pong");
     // With checkpoints compiled in (`--features uvia-trace/enabled`): how
@@ -90,8 +96,9 @@ fn main() {
     rtts.sort_unstable();
     let q = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize] as f64 / 2e3;
     let mode = mode.map_or("the provider's".to_string(), |m| format!("{m:?}"));
+    let busy = if busy_poll { ", busy polling" } else { "" };
     println!(
-        "xdp medium ping-pong, {size} B, {iters} round trips ({mode} mode): one-way p50 {:.2} us, p99 {:.2} us, min {:.2} us",
+        "xdp medium ping-pong, {size} B, {iters} round trips ({mode} mode{busy}): one-way p50 {:.2} us, p99 {:.2} us, min {:.2} us",
         q(0.5),
         q(0.99),
         q(0.0)

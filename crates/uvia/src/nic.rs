@@ -185,7 +185,7 @@ impl Nic {
     /// Opens a provider by name: `shm` (instance `0`) or `shm:<instance>`
     /// (instances are separate address spaces for discriminators on one
     /// host); `udp` (127.0.0.1, any port) or `udp:<ip>[:<port>]`, IPv6 in
-    /// brackets; `xdp:<interface>[:<queue>][:native|:generic]` (raw
+    /// brackets; `xdp:<interface>[:<queue>][:native|:generic][:busypoll]` (raw
     /// Ethernet, root only).
     pub fn open(name: &str) -> Result<Nic, OpenError> {
         Nic::open_with(name, &NicOptions::default())

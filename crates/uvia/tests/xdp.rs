@@ -249,6 +249,17 @@ fn opening_fails_clearly() {
         Nic::open("xdp:"),
         Err(OpenError::BadAddress { .. })
     ));
+    // Well-formed names get as far as the missing interface.
+    for good in [
+        "xdp:uvia-none0:busypoll",
+        "xdp:uvia-none0:0:native:busypoll",
+    ] {
+        match Nic::open(good) {
+            Err(OpenError::BadAddress { .. }) => panic!("{good} is a well-formed name"),
+            Err(_) => {}
+            Ok(_) => panic!("opened a missing interface"),
+        }
+    }
     for bad in [
         "xdp:eth0:x",
         "xdp:eth0:0:turbo",
@@ -256,6 +267,9 @@ fn opening_fails_clearly() {
         "xdp:eth0:native:generic",
         "xdp:eth0:0:1",
         "xdp::0",
+        "xdp:eth0:busypoll:native",
+        "xdp:eth0:busypoll:busypoll",
+        "xdp:eth0:busy",
     ] {
         assert!(
             matches!(Nic::open(bad), Err(OpenError::BadAddress { .. })),

@@ -423,6 +423,7 @@ pub fn xdp_medium(size: usize, rounds: usize) -> Result<Vec<f64>> {
         warm: (rounds / 10).max(10),
         mode: None,
         echo_core: Some(CORE_B),
+        busy_poll: false,
     };
     let _pin = PinA::new();
     let rtts = pingpong::run(&spec, clock::ticks)?;

@@ -247,6 +247,11 @@ struct RunArgs {
     /// once the target has granted its buffer.
     #[arg(long)]
     rdma_write: bool,
+    /// xdp only: busy polling on both sides' AF_XDP sockets (the Nic is
+    /// opened as `xdp:<interface>:busypoll`): the queue's NAPI context is run
+    /// by the Nic's own polls, each empty one a non-blocking receive call.
+    #[arg(long)]
+    xdp_busy_poll: bool,
 }
 
 #[derive(Args, Clone)]
@@ -438,6 +443,8 @@ struct PeerArgs {
     iface: Option<String>,
     #[arg(long)]
     rdma_write: bool,
+    #[arg(long)]
+    xdp_busy_poll: bool,
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -510,6 +517,9 @@ fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
     } else {
         Mode::Polling
     };
+    if a.xdp_busy_poll && a.provider != Provider::Xdp {
+        bail!("--xdp-busy-poll is an option of the xdp provider's sockets (-p xdp --netns)");
+    }
     if a.rdma_write && (a.provider != Provider::Shm || a.blocking || kind != Kind::Pingpong) {
         bail!(
             "--rdma-write is a polling ping-pong on shm: the side that waits watches its \
@@ -533,6 +543,7 @@ fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
         iface: None,
         server_netns: None,
         rdma_write: a.rdma_write,
+        xdp_busy_poll: a.xdp_busy_poll,
     })
 }
 
@@ -595,6 +606,7 @@ fn anatomy_plan(a: &AnatomyArgs, provider: Provider, size: usize) -> Result<Plan
         inject: None,
         netns: a.netns,
         rdma_write: false,
+        xdp_busy_poll: false,
     };
     plan_from(&run, Kind::Pingpong, 64)
 }
@@ -821,6 +833,7 @@ fn main() {
                 iface: p.iface,
                 server_netns: None,
                 rdma_write: p.rdma_write,
+                xdp_busy_poll: p.xdp_busy_poll,
             };
             run::serve(&plan)
         })(),

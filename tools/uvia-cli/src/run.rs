@@ -105,6 +105,8 @@ pub struct Plan {
     pub server_netns: Option<(String, std::net::IpAddr, String)>,
     /// One-sided ping-pong: RDMA writes watched by the peer (`--rdma-write`).
     pub rdma_write: bool,
+    /// Busy polling on the xdp provider's sockets (`--xdp-busy-poll`).
+    pub xdp_busy_poll: bool,
 }
 
 /// VIA's reliability levels, as the tool names them.
@@ -211,7 +213,11 @@ fn config(plan: &Plan) -> EndpointConfig {
             std::net::IpAddr::V6(a) => format!("udp:[{a}]"),
             a => format!("udp:{a}"),
         },
-        Provider::Xdp => format!("xdp:{}", plan.iface.as_deref().unwrap_or("lo")),
+        Provider::Xdp => format!(
+            "xdp:{}{}",
+            plan.iface.as_deref().unwrap_or("lo"),
+            if plan.xdp_busy_poll { ":busypoll" } else { "" }
+        ),
         _ => "shm".to_string(),
     };
     EndpointConfig {
@@ -382,6 +388,9 @@ fn server_args(plan: &Plan) -> Vec<String> {
     a.extend(["--reliability".into(), plan.reliability.name().into()]);
     if plan.rdma_write {
         a.push("--rdma-write".into());
+    }
+    if plan.xdp_busy_poll {
+        a.push("--xdp-busy-poll".into());
     }
     if let Some(f) = &plan.inject {
         a.extend(["--inject".into(), f.clone()]);

@@ -93,7 +93,25 @@ pub struct XdpOptions {
     pub queue: u32,
     /// `None`: [`Interface::preferred_mode`], falling back to generic.
     pub mode: Option<bpf::Mode>,
+    /// Busy polling: the socket prefers to have the queue's NAPI context
+    /// run by this process's own calls (`SO_PREFER_BUSY_POLL`,
+    /// `SO_BUSY_POLL`, `SO_BUSY_POLL_BUDGET`, Linux 5.11), and a poll that
+    /// finds the ring empty makes one such call (a non-blocking receive)
+    /// before it looks again. Off by default: on the veth pairs of this
+    /// project's test hosts it moved neither latency nor bandwidth beyond
+    /// the run-to-run spread, in either mode (docs/BENCHMARKS.md); it is
+    /// for drivers whose queues the kernel polls in interrupts otherwise.
+    pub busy_poll: bool,
 }
+
+/// How long a receive call busy-polls the queue (`SO_BUSY_POLL`, in
+/// microseconds): a non-blocking one runs the NAPI context once whatever
+/// the value; a blocking wait spins this long before it sleeps.
+const BUSY_POLL_US: libc::c_int = 20;
+
+/// Frames one busy poll may take from the driver (`SO_BUSY_POLL_BUDGET`;
+/// the kernel's own is 8, less than a burst of a stream).
+const BUSY_POLL_BUDGET: libc::c_int = 64;
 
 /// The UMEM: one anonymous mapping the kernel pins while the socket lives.
 struct Umem {
@@ -240,6 +258,8 @@ pub struct XdpMedium {
     frames_sent: AtomicU64,
     frames_received: AtomicU64,
     wakeups: AtomicU64,
+    /// [`XdpOptions::busy_poll`].
+    busy_poll: bool,
     /// Taken first when the medium drops ([`Drop`]): from then on another
     /// open in this process waits for the queue as for any closed socket's.
     claim: Option<QueueClaim>,
@@ -249,6 +269,44 @@ impl Drop for XdpMedium {
     fn drop(&mut self) {
         self.claim.take();
     }
+}
+
+/// Has the queue's NAPI context run by the socket's own calls (see
+/// [`XdpOptions::busy_poll`]). Root may set a busy-poll time above the
+/// system's `net.core.busy_poll`; the kernel checks that.
+fn busy_poll(fd: RawFd) -> Result<(), XdpError> {
+    let opts = [
+        (libc::SO_PREFER_BUSY_POLL, 1, "SO_PREFER_BUSY_POLL"),
+        (libc::SO_BUSY_POLL, BUSY_POLL_US, "SO_BUSY_POLL"),
+        (
+            libc::SO_BUSY_POLL_BUDGET,
+            BUSY_POLL_BUDGET,
+            "SO_BUSY_POLL_BUDGET",
+        ),
+    ];
+    for (name, v, what) in opts {
+        // SAFETY: an int of the size passed.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                &v as *const libc::c_int as *const libc::c_void,
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            let err = io::Error::last_os_error();
+            return Err(match err.raw_os_error() {
+                Some(libc::ENOPROTOOPT) => XdpError::Unsupported {
+                    what: "busy polling of sockets (SO_PREFER_BUSY_POLL, Linux 5.11)",
+                    err,
+                },
+                _ => XdpError::io(what, err),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn setsockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
@@ -533,6 +591,9 @@ impl XdpMedium {
         // Bound: this process's other opens of the queue fail at once from
         // here (dropped with the socket if what follows fails).
         let claim = QueueClaim::new(key);
+        if opts.busy_poll {
+            busy_poll(raw)?;
+        }
 
         let bpf_err = |what: &'static str, e: io::Error| match e.raw_os_error() {
             Some(libc::ENOSYS) => XdpError::Unsupported {
@@ -600,6 +661,7 @@ impl XdpMedium {
             frames_sent: AtomicU64::new(0),
             frames_received: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
+            busy_poll: opts.busy_poll,
             claim: Some(claim),
         })
     }
@@ -613,7 +675,13 @@ impl XdpMedium {
         &self.iface
     }
 
-    /// System calls made to wake the kernel (tx kicks and fill wake-ups).
+    /// [`XdpOptions::busy_poll`], as opened.
+    pub fn is_busy_polled(&self) -> bool {
+        self.busy_poll
+    }
+
+    /// System calls made to wake the kernel (tx kicks, fill wake-ups and
+    /// busy polls).
     pub fn wakeups(&self) -> u64 {
         self.wakeups.load(Ordering::Relaxed)
     }
@@ -735,24 +803,30 @@ impl XdpMedium {
     /// they lie in the UMEM, and lends their chunks back to the kernel.
     fn take_frames(&self, max: usize, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
         let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
-        let n = rx.ring.ready().min(max as u32);
+        let mut n = rx.ring.ready().min(max as u32);
         if n == 0 {
-            // A zero-copy driver that ran out of fill chunks waits for us.
-            if rx.fill.needs_wakeup() {
-                self.wakeups.fetch_add(1, Ordering::Relaxed);
-                // SAFETY: a zero-length, non-blocking receive on our socket.
-                unsafe {
-                    libc::recvfrom(
-                        self.fd.as_raw_fd(),
-                        std::ptr::null_mut(),
-                        0,
-                        libc::MSG_DONTWAIT,
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                    )
-                };
+            // A zero-copy driver that ran out of fill chunks waits for us;
+            // a busy-polled queue is run by this very call.
+            let wake = rx.fill.needs_wakeup();
+            if !wake && !self.busy_poll {
+                return Ok(0);
             }
-            return Ok(0);
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: a zero-length, non-blocking receive on our socket.
+            unsafe {
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            n = rx.ring.ready().min(max as u32);
+            if n == 0 {
+                return Ok(0);
+            }
         }
         uvia_trace::mark!(RxFound);
         let mut got = 0;
@@ -926,8 +1000,86 @@ mod tests {
     }
 
     fn open(hosts: &TestHosts, side: Side, mode: Option<bpf::Mode>) -> Result<XdpMedium, XdpError> {
+        open_with(hosts, side, mode, false)
+    }
+
+    fn open_with(
+        hosts: &TestHosts,
+        side: Side,
+        mode: Option<bpf::Mode>,
+        busy_poll: bool,
+    ) -> Result<XdpMedium, XdpError> {
         let _in = hosts.enter(side).expect("entering the test host");
-        XdpMedium::open(&hosts.iface(side), &XdpOptions { queue: 0, mode })
+        XdpMedium::open(
+            &hosts.iface(side),
+            &XdpOptions {
+                queue: 0,
+                mode,
+                busy_poll,
+            },
+        )
+    }
+
+    /// The socket option `name` of `m` (level SOL_SOCKET).
+    fn sockopt(m: &XdpMedium, name: libc::c_int) -> libc::c_int {
+        let mut v: libc::c_int = -1;
+        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: an int and its length to write into.
+        let r = unsafe {
+            libc::getsockopt(
+                m.fd(),
+                libc::SOL_SOCKET,
+                name,
+                &mut v as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "getsockopt {name}: {}", io::Error::last_os_error());
+        v
+    }
+
+    /// A busy-polled socket has the options set, and frames cross the
+    /// pair in both modes with every empty poll a receive call.
+    #[test]
+    fn busy_polled_sockets_carry_frames_in_both_modes() {
+        if let Err(why) = TestHosts::available() {
+            println!("skipped: {why}");
+            return;
+        }
+        let hosts = TestHosts::create("xbp").expect("test hosts");
+        for mode in [bpf::Mode::Native, bpf::Mode::Generic] {
+            let a = match open_with(&hosts, Side::A, Some(mode), true) {
+                Ok(m) => m,
+                Err(e @ XdpError::Unsupported { .. }) => {
+                    println!("skipped: {e}");
+                    return;
+                }
+                Err(e) => panic!("opening xdp on A ({mode:?}): {e}"),
+            };
+            let b = open_with(&hosts, Side::B, Some(mode), true).expect("opening xdp on B");
+            assert!(a.is_busy_polled() && b.is_busy_polled());
+            assert_eq!(sockopt(&a, libc::SO_PREFER_BUSY_POLL), 1);
+            // (The budget can be set, not read back.)
+            assert_eq!(sockopt(&a, libc::SO_BUSY_POLL), BUSY_POLL_US);
+            // An empty poll of a busy-polled queue is a receive call.
+            let mut batch = RecvBatch::new(BATCH, 2048);
+            let before = b.wakeups();
+            assert_eq!(b.recv(&mut batch).expect("recv"), 0);
+            assert_eq!(b.wakeups(), before + 1, "{mode:?}");
+            let frames: Vec<Vec<u8>> = (1..=20u8).map(|i| vec![i; i as usize * 50]).collect();
+            for (x, y) in [(&a, &b), (&b, &a)] {
+                let got = exchange(x, y, &frames);
+                let bytes: Vec<Vec<u8>> = got.into_iter().map(|(_, f)| f).collect();
+                assert_eq!(bytes, frames, "{mode:?}");
+            }
+        }
+        // Without the option, an empty poll makes no call.
+        let a = open(&hosts, Side::A, Some(bpf::Mode::Generic)).expect("opening xdp on A");
+        assert_eq!(sockopt(&a, libc::SO_PREFER_BUSY_POLL), 0);
+        let mut batch = RecvBatch::new(BATCH, 2048);
+        let before = a.wakeups();
+        assert_eq!(a.recv(&mut batch).expect("recv"), 0);
+        assert_eq!(a.wakeups(), before);
     }
 
     /// `frames`, addressed to `to`.

@@ -26,6 +26,8 @@ pub struct Spec {
     pub mode: Option<Mode>,
     /// The core the echoing side is pinned to (the caller pins itself).
     pub echo_core: Option<usize>,
+    /// [`XdpOptions::busy_poll`] on both sockets.
+    pub busy_poll: bool,
 }
 
 /// Makes two test hosts, bounces `spec.rounds` frames between them (this
@@ -49,6 +51,7 @@ pub fn run(spec: &Spec, now: fn() -> u64) -> io::Result<Vec<u64>> {
             &XdpOptions {
                 queue: 0,
                 mode: spec.mode,
+                busy_poll: spec.busy_poll,
             },
         )
         .map_err(|e| io::Error::other(format!("opening an AF_XDP socket on {iface}: {e}")))

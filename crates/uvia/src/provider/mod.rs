@@ -55,7 +55,7 @@ pub(crate) const PROVIDERS: &[Provider] = &[
     },
     Provider {
         name: "xdp",
-        usage: "xdp:<interface>[:<queue>][:native|:generic]",
+        usage: "xdp:<interface>[:<queue>][:native|:generic][:busypoll]",
         open: net::open_xdp,
     },
 ];

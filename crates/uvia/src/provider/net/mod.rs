@@ -597,36 +597,14 @@ pub(crate) fn open_udp(name: &str, opts: &NicOptions) -> Result<Opened, OpenErro
     open_net(name, "udp", medium, address, Some(own), None, opts, share)
 }
 
-/// `xdp:<interface>[:<queue>][:native|:generic]`: raw Ethernet through
-/// an AF_XDP socket (root only). Without a mode, the XDP program runs
-/// where it is fastest for the driver (see
-/// [`Interface::preferred_mode`](uvia_net::xdp::Interface::preferred_mode)).
+/// `xdp:<interface>[:<queue>][:native|:generic][:busypoll]`: raw Ethernet
+/// through an AF_XDP socket (root only). Without a mode, the XDP program
+/// runs where it is fastest for the driver (see
+/// [`Interface::preferred_mode`](uvia_net::xdp::Interface::preferred_mode));
+/// `busypoll` has the Nic's polls run the queue themselves
+/// ([`XdpOptions::busy_poll`](uvia_net::xdp::XdpOptions::busy_poll)).
 pub(crate) fn open_xdp(name: &str, opts: &NicOptions) -> Result<Opened, OpenError> {
-    use uvia_net::xdp::bpf::Mode;
-    let bad = |reason: &str| OpenError::bad_address(name, reason);
-    let spec = name.strip_prefix("xdp:").unwrap_or("");
-    let mut parts = spec.split(':');
-    let iface = parts.next().unwrap_or("");
-    if iface.is_empty() {
-        return Err(bad("want xdp:<interface>[:<queue>][:native|:generic]"));
-    }
-    let (mut queue, mut mode) = (None, None);
-    for p in parts {
-        match p {
-            "native" if mode.is_none() => mode = Some(Mode::Native),
-            "generic" if mode.is_none() => mode = Some(Mode::Generic),
-            q if queue.is_none() && mode.is_none() => {
-                queue = Some(q.parse::<u32>().map_err(|_| {
-                    bad("after the interface: a queue number, then native or generic")
-                })?)
-            }
-            _ => return Err(bad("want xdp:<interface>[:<queue>][:native|:generic]")),
-        }
-    }
-    let xdp_opts = uvia_net::xdp::XdpOptions {
-        queue: queue.unwrap_or(0),
-        mode,
-    };
+    let (iface, xdp_opts) = xdp_spec(name)?;
     let xdp = uvia_net::xdp::XdpMedium::open(iface, &xdp_opts).map_err(|e| OpenError::Io {
         provider: "xdp",
         source: std::io::Error::other(e.to_string()),
@@ -636,6 +614,40 @@ pub(crate) fn open_xdp(name: &str, opts: &NicOptions) -> Result<Opened, OpenErro
     let address = medium.local_addr().to_string();
     let iface = Some(iface.to_string());
     open_net(name, "xdp", medium, address, None, iface, opts, None)
+}
+
+/// The interface and options an `xdp:` name asks for.
+fn xdp_spec(name: &str) -> Result<(&str, uvia_net::xdp::XdpOptions), OpenError> {
+    use uvia_net::xdp::bpf::Mode;
+    const FORM: &str = "want xdp:<interface>[:<queue>][:native|:generic][:busypoll]";
+    let bad = |reason: &str| OpenError::bad_address(name, reason);
+    let spec = name.strip_prefix("xdp:").unwrap_or("");
+    let mut parts = spec.split(':');
+    let iface = parts.next().unwrap_or("");
+    if iface.is_empty() {
+        return Err(bad(FORM));
+    }
+    let (mut queue, mut mode, mut busy_poll) = (None, None, false);
+    for p in parts {
+        match p {
+            "busypoll" if !busy_poll => busy_poll = true,
+            _ if busy_poll => return Err(bad(FORM)),
+            "native" if mode.is_none() => mode = Some(Mode::Native),
+            "generic" if mode.is_none() => mode = Some(Mode::Generic),
+            q if queue.is_none() && mode.is_none() => {
+                queue = Some(q.parse::<u32>().map_err(|_| {
+                    bad("after the interface: a queue number, then native or generic, then busypoll")
+                })?)
+            }
+            _ => return Err(bad(FORM)),
+        }
+    }
+    let opts = uvia_net::xdp::XdpOptions {
+        queue: queue.unwrap_or(0),
+        mode,
+        busy_poll,
+    };
+    Ok((iface, opts))
 }
 
 /// A Nic over a frame medium: the protocol engine drives its VIs.
