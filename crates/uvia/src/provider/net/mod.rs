@@ -261,12 +261,13 @@ impl NetNic {
     }
 
     /// Reads what has arrived and hands each frame to its VI. `me` is the
-    /// calling VI, already locked. Returns true if any frame arrived. Only
-    /// one caller polls at a time; the others return at once (they are
-    /// served by the one polling).
-    pub fn poll(&self, mut me: Option<(&Vi, &mut Queues, &mut NetVi)>) -> bool {
+    /// calling VI, already locked. Returns the time the frames were taken
+    /// in, if any arrived (the caller's timers need no clock read of their
+    /// own then). Only one caller polls at a time; the others return at
+    /// once (they are served by the one polling).
+    pub fn poll(&self, mut me: Option<(&Vi, &mut Queues, &mut NetVi)>) -> Option<Instant> {
         let Ok(mut rx) = self.rx.try_lock() else {
-            return false;
+            return None;
         };
         let RxState { batch, reply } = &mut *rx;
         // The clock is read only when something arrived.
@@ -296,7 +297,9 @@ impl NetNic {
             }),
             None => Ok(0),
         };
-        n.is_ok_and(|n| n > 0) || host.is_ok_and(|n| n > 0)
+        // Every frame handed over read the clock first.
+        let got = n.is_ok_and(|n| n > 0) || host.is_ok_and(|n| n > 0);
+        now.filter(|_| got)
     }
 
     /// Serves the Nic's other VIs whose protocol timers are due, if

@@ -1274,22 +1274,21 @@ impl TransportOps for NetVi {
         let Some(nic) = NetNic::of(&vi.s.nic) else {
             return false;
         };
-        let mut arrived = None;
-        let got = match (self.own.is_some(), self.joined) {
-            (true, true) => {
-                // Requests and other VIs' handshakes reach the Nic's
-                // medium: looked at with the timers, below.
-                arrived = self.poll_own(vi, q, nic);
-                arrived.is_some()
-            }
+        // When frames arrived, if any: the time they were taken in.
+        let arrived = match (self.own.is_some(), self.joined) {
+            // Requests and other VIs' handshakes reach the Nic's medium:
+            // looked at with the timers, below.
+            (true, true) => self.poll_own(vi, q, nic),
             // Connecting: the answer comes to the own medium, a peer-to-peer
             // side's request to the Nic's.
             (true, false) => {
-                arrived = self.poll_own(vi, q, nic);
-                arrived.is_some() | nic.poll(Some((vi, &mut *q, &mut *self)))
+                let own = self.poll_own(vi, q, nic);
+                let by_nic = nic.poll(Some((vi, &mut *q, &mut *self)));
+                own.or(by_nic)
             }
             (false, _) => nic.poll(Some((vi, &mut *q, &mut *self))),
         };
+        let got = arrived.is_some();
         // The timers are looked at every few polls, arrivals or not: they
         // are tens of microseconds apart at the least, and a look (a clock
         // read on an empty poll, the deadlines compared) kept off most
@@ -1306,7 +1305,7 @@ impl TransportOps for NetVi {
         if timers && self.own.is_some() && self.joined && self.nic_look_at.is_none_or(|t| now >= t)
         {
             self.nic_look_at = Some(now + NIC_LOOK_EVERY);
-            moved |= nic.poll(Some((vi, &mut *q, &mut *self)));
+            moved |= nic.poll(Some((vi, &mut *q, &mut *self))).is_some();
         }
         if timers {
             if self.conn.poll_timeout().is_some_and(|t| t <= now) {
