@@ -350,6 +350,10 @@ impl<M: Medium> Medium for Inject<M> {
         self.inner.connect(to)
     }
 
+    fn settle(&self) {
+        self.inner.settle()
+    }
+
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
         let next = self.lock().held.iter().map(|h| h.due).min();
         let t = match next {

@@ -220,6 +220,13 @@ pub trait Medium: Send + Sync {
         let _ = to;
         Err(io::ErrorKind::Unsupported.into())
     }
+    /// Gives the kernel back what receives keep for later (the AF_XDP
+    /// medium's ring entries and chunks): for a caller about to sleep on
+    /// [`fd`](Self::fd), which they would otherwise keep readable. [`wait`]
+    /// does it itself.
+    ///
+    /// [`wait`]: Self::wait
+    fn settle(&self) {}
     /// Sleeps until a frame may be ready or `timeout` passes (`None`: no
     /// limit). Spurious wake-ups are allowed.
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()>;
@@ -274,6 +281,9 @@ impl<M: Medium + ?Sized> Medium for Box<M> {
     }
     fn connect(&self, to: Addr) -> io::Result<()> {
         (**self).connect(to)
+    }
+    fn settle(&self) {
+        (**self).settle()
     }
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
         (**self).wait(timeout)

@@ -1034,6 +1034,9 @@ impl Cq {
             revents: 0,
         };
         sc.fds.push(pollin(self.s.efd.as_raw_fd()));
+        // The Nic's medium may keep its socket readable with entries taken
+        // but not yet given back.
+        crate::provider::net::settle(&self.s.nic);
         match set {
             Some(fd) => sc.fds.push(pollin(fd)),
             None => sc

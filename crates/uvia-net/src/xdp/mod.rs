@@ -186,6 +186,40 @@ struct Tx {
 struct Rx {
     ring: Consumer<libc::xdp_desc>,
     fill: Producer<u64>,
+    /// The chunks of the frames the last receive handed up, and whether
+    /// the rx ring's entries it read are still to be released: both are
+    /// given back at the next receive (or before a sleep, [`settle`]), not
+    /// at the end of the receive that read them. The kernel's core reads
+    /// the rx ring's consumer index and the fill ring, so a store there
+    /// leaves this core's store buffer only once that core has given the
+    /// line up, and the next locked instruction (the release of this lock,
+    /// then the Nic's) waits for it: some 125 ns of every message's way
+    /// to the application (docs/BENCHMARKS.md). Published in the next
+    /// poll, the wait falls where nothing waits for it. At most a batch of
+    /// the receive chunks is held back, and the ring has room for them.
+    ///
+    /// [`settle`]: Medium::settle
+    held: Vec<u64>,
+    unreleased: bool,
+}
+
+impl Rx {
+    /// Gives back what the last receive held back (see [`Rx::held`]).
+    fn publish(&mut self) {
+        if !self.unreleased {
+            return;
+        }
+        self.ring.release();
+        for &chunk in &self.held {
+            // The fill ring has room for every chunk it lent out.
+            if self.fill.free(1) > 0 {
+                self.fill.push(chunk);
+            }
+        }
+        self.held.clear();
+        self.fill.submit();
+        self.unreleased = false;
+    }
 }
 
 /// A queue of an interface in a network namespace (the inode of the
@@ -640,6 +674,8 @@ impl XdpMedium {
             rx: Mutex::new(Rx {
                 ring: rx_ring,
                 fill,
+                held: Vec::with_capacity(BATCH),
+                unreleased: false,
             }),
             fd,
             umem,
@@ -799,10 +835,12 @@ impl XdpMedium {
             .store(sent + frames as u64, Ordering::Relaxed);
     }
 
-    /// Hands up to `max` arrived frames of uvia's EtherType to `f`, where
-    /// they lie in the UMEM, and lends their chunks back to the kernel.
+    /// Hands up to `max` (at most [`BATCH`]) arrived frames of uvia's
+    /// EtherType to `f`, where they lie in the UMEM; their chunks go back to
+    /// the kernel at the next call ([`Rx::held`]).
     fn take_frames(&self, max: usize, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
         let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        rx.publish();
         let mut n = rx.ring.ready().min(max as u32);
         if n == 0 {
             // A zero-copy driver that ran out of fill chunks waits for us;
@@ -842,13 +880,9 @@ impl XdpMedium {
                     got += 1;
                 }
             }
-            // The fill ring has room for every chunk it lent out.
-            if rx.fill.free(1) > 0 {
-                rx.fill.push(d.addr - d.addr % u64::from(CHUNK));
-            }
+            rx.held.push(d.addr - d.addr % u64::from(CHUNK));
         }
-        rx.ring.release();
-        rx.fill.submit();
+        rx.unreleased = true;
         // Only this thread writes the counter (under the rx lock).
         let r = self.frames_received.load(Ordering::Relaxed);
         self.frames_received
@@ -961,7 +995,13 @@ impl Medium for XdpMedium {
         self.take_frames(BATCH, f)
     }
 
+    fn settle(&self) {
+        self.rx.lock().unwrap_or_else(|p| p.into_inner()).publish();
+    }
+
     fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
+        // Entries read but not released would keep the socket readable.
+        self.settle();
         crate::wait_readable(self.fd.as_raw_fd(), timeout)
     }
 
@@ -1036,6 +1076,70 @@ mod tests {
         };
         assert_eq!(r, 0, "getsockopt {name}: {}", io::Error::last_os_error());
         v
+    }
+
+    /// Whether `m`'s socket polls readable now.
+    fn readable(m: &XdpMedium) -> bool {
+        let mut p = libc::pollfd {
+            fd: m.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    /// A receive gives its ring entries and chunks back at the next call,
+    /// off the message's path; a sleeper's `settle` (which `wait` makes)
+    /// gives them back first, so that the socket sleeps; and no chunk is
+    /// lost on the way (more frames cross than the receive chunks).
+    #[test]
+    fn a_receive_gives_its_entries_back_at_the_next_call_and_a_wait_still_sleeps() {
+        if let Err(why) = TestHosts::available() {
+            println!("skipped: {why}");
+            return;
+        }
+        let hosts = TestHosts::create("xrel").expect("test hosts");
+        let a = match open(&hosts, Side::A, Some(bpf::Mode::Generic)) {
+            Ok(m) => m,
+            Err(e @ XdpError::Unsupported { .. }) => {
+                println!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("opening xdp on A: {e}"),
+        };
+        let b = open(&hosts, Side::B, Some(bpf::Mode::Generic)).expect("opening xdp on B");
+        let frames: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 100]).collect();
+        assert_eq!(exchange(&a, &b, &frames).len(), 3);
+        assert!(readable(&b), "the entries read are not given back yet");
+        b.settle();
+        assert!(!readable(&b), "settled, the socket has nothing to say");
+        for settle_first in [true, false] {
+            assert_eq!(exchange(&a, &b, &frames).len(), 3);
+            if settle_first {
+                b.settle();
+            }
+            let t0 = Instant::now();
+            b.wait(Some(Duration::from_millis(60))).expect("wait");
+            assert!(
+                t0.elapsed() >= Duration::from_millis(50),
+                "the wait slept {:?}",
+                t0.elapsed()
+            );
+        }
+        // Three times the receive chunks, in runs the tx ring takes, taken
+        // by receives alone (no wait): every chunk comes back to the fill
+        // ring from the receive after the one that read it.
+        let run: Vec<Vec<u8>> = (0..500u32).map(|i| i.to_le_bytes().to_vec()).collect();
+        let mut batch = RecvBatch::new(BATCH, 2048);
+        for r in 0..(3 * RX_CHUNKS as usize).div_ceil(run.len()) {
+            a.send(&out_frames(&b, &run)).expect("send");
+            let (mut got, start) = (0, Instant::now());
+            while got < run.len() && start.elapsed() < Duration::from_secs(5) {
+                got += b.recv(&mut batch).expect("recv");
+            }
+            assert_eq!(got, run.len(), "run {r}");
+        }
     }
 
     /// A busy-polled socket has the options set, and frames cross the

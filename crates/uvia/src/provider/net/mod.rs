@@ -690,6 +690,15 @@ pub(crate) fn run_due_timers(nic: &NicShared) {
     }
 }
 
+/// Has a network Nic's medium give back what its receives keep for later
+/// ([`Medium::settle`](uvia_net::Medium::settle)), for a waiter about to
+/// sleep on its descriptor. Nothing on another provider's Nic.
+pub(crate) fn settle(nic: &NicShared) {
+    if let Some(n) = NetNic::of(nic) {
+        n.medium.settle();
+    }
+}
+
 /// How long a sleeping waiter over a network Nic's VIs may sleep before
 /// one of their timers is due ([`Deadlines::due_in`]). A waiter that woke
 /// every millisecond to find nothing due cost an idle process about 1.6%
