@@ -186,8 +186,8 @@ struct Tx {
 struct Rx {
     ring: Consumer<libc::xdp_desc>,
     fill: Producer<u64>,
-    /// The chunks of the frames the last receive handed up, and whether
-    /// the rx ring's entries it read are still to be released: both are
+    /// The chunks of the entries the last receive read (empty once given
+    /// back); those entries are released with them. Both are
     /// given back by a later receive (or before a sleep, [`settle`]), not
     /// at the end of the receive that read them. The kernel's core reads
     /// the rx ring's consumer index and the fill ring, so a store there
@@ -202,7 +202,6 @@ struct Rx {
     ///
     /// [`settle`]: Medium::settle
     held: Vec<u64>,
-    unreleased: bool,
     /// The last receive found nothing.
     quiet: bool,
 }
@@ -210,7 +209,8 @@ struct Rx {
 impl Rx {
     /// Gives back what the last receive held back (see [`Rx::held`]).
     fn publish(&mut self) {
-        if !self.unreleased {
+        // Every entry read left its chunk here.
+        if self.held.is_empty() {
             return;
         }
         self.ring.release();
@@ -222,7 +222,6 @@ impl Rx {
         }
         self.held.clear();
         self.fill.submit();
-        self.unreleased = false;
     }
 }
 
@@ -679,7 +678,6 @@ impl XdpMedium {
                 ring: rx_ring,
                 fill,
                 held: Vec::with_capacity(BATCH),
-                unreleased: false,
                 quiet: false,
             }),
             fd,
@@ -895,7 +893,6 @@ impl XdpMedium {
             }
             rx.held.push(d.addr - d.addr % u64::from(CHUNK));
         }
-        rx.unreleased = true;
         // Only this thread writes the counter (under the rx lock).
         let r = self.frames_received.load(Ordering::Relaxed);
         self.frames_received
@@ -1073,6 +1070,24 @@ mod tests {
         )
     }
 
+    /// Test hosts and side A's medium, or `None` (said why) where the
+    /// host or the kernel cannot have them.
+    fn hosts_and_a(name: &str, mode: bpf::Mode, busy_poll: bool) -> Option<(TestHosts, XdpMedium)> {
+        if let Err(why) = TestHosts::available() {
+            println!("skipped: {why}");
+            return None;
+        }
+        let hosts = TestHosts::create(name).expect("test hosts");
+        match open_with(&hosts, Side::A, Some(mode), busy_poll) {
+            Ok(a) => Some((hosts, a)),
+            Err(e @ XdpError::Unsupported { .. }) => {
+                println!("skipped: {e}");
+                None
+            }
+            Err(e) => panic!("opening xdp on A ({mode:?}): {e}"),
+        }
+    }
+
     /// The socket option `name` of `m` (level SOL_SOCKET).
     fn sockopt(m: &XdpMedium, name: libc::c_int) -> libc::c_int {
         let mut v: libc::c_int = -1;
@@ -1108,18 +1123,8 @@ mod tests {
     /// way (more frames cross than the receive chunks).
     #[test]
     fn a_receive_gives_its_entries_back_later_and_a_wait_still_sleeps() {
-        if let Err(why) = TestHosts::available() {
-            println!("skipped: {why}");
+        let Some((hosts, a)) = hosts_and_a("xrel", bpf::Mode::Generic, false) else {
             return;
-        }
-        let hosts = TestHosts::create("xrel").expect("test hosts");
-        let a = match open(&hosts, Side::A, Some(bpf::Mode::Generic)) {
-            Ok(m) => m,
-            Err(e @ XdpError::Unsupported { .. }) => {
-                println!("skipped: {e}");
-                return;
-            }
-            Err(e) => panic!("opening xdp on A: {e}"),
         };
         let b = open(&hosts, Side::B, Some(bpf::Mode::Generic)).expect("opening xdp on B");
         let frames: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 100]).collect();
@@ -1159,19 +1164,9 @@ mod tests {
     /// pair in both modes with every empty poll a receive call.
     #[test]
     fn busy_polled_sockets_carry_frames_in_both_modes() {
-        if let Err(why) = TestHosts::available() {
-            println!("skipped: {why}");
-            return;
-        }
-        let hosts = TestHosts::create("xbp").expect("test hosts");
         for mode in [bpf::Mode::Native, bpf::Mode::Generic] {
-            let a = match open_with(&hosts, Side::A, Some(mode), true) {
-                Ok(m) => m,
-                Err(e @ XdpError::Unsupported { .. }) => {
-                    println!("skipped: {e}");
-                    return;
-                }
-                Err(e) => panic!("opening xdp on A ({mode:?}): {e}"),
+            let Some((hosts, a)) = hosts_and_a("xbp", mode, true) else {
+                return;
             };
             let b = open_with(&hosts, Side::B, Some(mode), true).expect("opening xdp on B");
             assert!(a.is_busy_polled() && b.is_busy_polled());
@@ -1191,7 +1186,9 @@ mod tests {
             }
         }
         // Without the option, an empty poll makes no call.
-        let a = open(&hosts, Side::A, Some(bpf::Mode::Generic)).expect("opening xdp on A");
+        let Some((_hosts, a)) = hosts_and_a("xbp", bpf::Mode::Generic, false) else {
+            return;
+        };
         assert_eq!(sockopt(&a, libc::SO_PREFER_BUSY_POLL), 0);
         let mut batch = RecvBatch::new(BATCH, 2048);
         let before = a.wakeups();
