@@ -195,8 +195,15 @@ pub trait Medium: Send + Sync {
     /// Hands each frame that has arrived (a batch at most) to `f` where
     /// the medium holds it, without copying, and without blocking. Returns
     /// the number of frames. Only media whose caps say `lends` have it.
-    fn recv_lent(&self, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
-        let _ = f;
+    /// `arrived` is called once before the frames, if any came, while
+    /// their bytes are still on their way to this core: work the caller
+    /// does there (a clock read) costs nothing on the frames' way.
+    fn recv_lent(
+        &self,
+        arrived: &mut dyn FnMut(),
+        f: &mut dyn FnMut(Addr, &[u8]),
+    ) -> io::Result<usize> {
+        let _ = (arrived, f);
         Err(io::ErrorKind::Unsupported.into())
     }
     /// Sends frames to `to` that `build` writes straight into the medium's
@@ -268,8 +275,12 @@ impl<M: Medium + ?Sized> Medium for Box<M> {
         // SAFETY: the caller's promise, passed on.
         unsafe { (**self).recv_placed(batch, places, expected) }
     }
-    fn recv_lent(&self, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
-        (**self).recv_lent(f)
+    fn recv_lent(
+        &self,
+        arrived: &mut dyn FnMut(),
+        f: &mut dyn FnMut(Addr, &[u8]),
+    ) -> io::Result<usize> {
+        (**self).recv_lent(arrived, f)
     }
     fn send_built(
         &self,

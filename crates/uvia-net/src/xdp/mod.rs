@@ -911,7 +911,12 @@ impl XdpMedium {
     /// Hands up to `max` (at most [`BATCH`]) arrived frames of uvia's
     /// EtherType to `f`, where they lie in the UMEM; their chunks go back to
     /// the kernel in a later call ([`Rx::held`]).
-    fn take_frames(&self, max: usize, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
+    fn take_frames(
+        &self,
+        max: usize,
+        arrived: &mut dyn FnMut(),
+        f: &mut dyn FnMut(Addr, &[u8]),
+    ) -> io::Result<usize> {
         let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = rx.ring.ready().min(max as u32);
         if n == 0 {
@@ -945,11 +950,15 @@ impl XdpMedium {
             }
         }
         // The kernel's core wrote the entries and the frames: read one
-        // after the other, each would wait for its transfer. The frames'
-        // chunks are guessed and fetched while the entries are read.
+        // after the other, each would wait for its transfer. The first
+        // entry and the frames' chunks (guessed, see [`Lent`]) are fetched
+        // at once instead.
         for at in rx.lent.next((n as usize).min(PREFETCH)) {
             self.umem.prefetch(at, 2);
         }
+        rx.ring.prefetch();
+        // The caller's work before the frames goes while they come.
+        arrived();
         // Frames to take: the ones before them go back first.
         rx.publish();
         rx.quiet = false;
@@ -1072,14 +1081,18 @@ impl Medium for XdpMedium {
         batch.clear();
         let max = batch.slots.min(BATCH);
         // A frame that does not fit the batch is lost, as on a full socket.
-        self.take_frames(max, &mut |from, bytes| {
+        self.take_frames(max, &mut || {}, &mut |from, bytes| {
             batch.push(from, bytes);
         })?;
         Ok(batch.len())
     }
 
-    fn recv_lent(&self, f: &mut dyn FnMut(Addr, &[u8])) -> io::Result<usize> {
-        self.take_frames(BATCH, f)
+    fn recv_lent(
+        &self,
+        arrived: &mut dyn FnMut(),
+        f: &mut dyn FnMut(Addr, &[u8]),
+    ) -> io::Result<usize> {
+        self.take_frames(BATCH, arrived, f)
     }
 
     fn settle(&self) {
@@ -1372,11 +1385,19 @@ mod tests {
                 })
                 .expect("send_built");
             assert_eq!(sent, 5);
+            // The caller hears once that frames came, before the first,
+            // and not when none did.
             let mut lent = vec![];
             let start = Instant::now();
             while lent.len() < 5 && start.elapsed() < Duration::from_secs(5) {
-                b.recv_lent(&mut |from, f| lent.push((from, f.to_vec())))
+                let arrived = std::cell::Cell::new(0);
+                let n = b
+                    .recv_lent(&mut || arrived.set(arrived.get() + 1), &mut |from, f| {
+                        assert_eq!(arrived.get(), 1, "{mode:?}: a frame before its arrival");
+                        lent.push((from, f.to_vec()))
+                    })
                     .expect("recv_lent");
+                assert_eq!(arrived.get(), usize::from(n > 0), "{mode:?}: {n} frames");
             }
             let want: Vec<(Addr, Vec<u8>)> = (1..=5u8)
                 .map(|k| (a.local_addr(), vec![k; k as usize]))

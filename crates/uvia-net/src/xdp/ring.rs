@@ -215,6 +215,17 @@ impl<T: Copy> Consumer<T> {
         self.avail_to.wrapping_sub(self.cons)
     }
 
+    /// Asks for the next entry's cache line ahead of its read. A hint.
+    pub(crate) fn prefetch(&self) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the slot lies in the ring's mapping; a prefetch reads
+        // nothing the program sees.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(self.s.slot(self.cons) as *const i8);
+        }
+    }
+
     /// Reads the next entry; call [`ready`](Self::ready) first. Its slot
     /// stays ours until [`release`](Self::release).
     pub(crate) fn pop(&mut self) -> T {

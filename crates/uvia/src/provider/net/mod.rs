@@ -27,6 +27,7 @@ use crate::lock::SpinLock;
 use crate::nic::{Nic, NicAttributes, NicOptions, NicShared};
 use crate::provider::{Answer as AnyAnswer, NicOps, NicProvider, Opened, Transport, TransportOps};
 use crate::vi::{Queues, Reliability, Vi, ViAttributes, ViInner, ViShared, ViState};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -270,15 +271,28 @@ impl NetNic {
             return None;
         };
         let RxState { batch, reply } = &mut *rx;
-        // The clock is read only when something arrived.
-        let mut now = None;
+        // The clock is read only when something arrived; on a medium that
+        // lends its frames, while they are fetched.
+        let now = Cell::new(None);
+        let read_clock = || match now.get() {
+            Some(t) => t,
+            None => {
+                let t = Instant::now();
+                now.set(Some(t));
+                t
+            }
+        };
         let mut on_frame = |from: Addr, bytes: &[u8]| {
-            let now = *now.get_or_insert_with(Instant::now);
-            self.dispatch(from, bytes, &mut me, now, reply);
+            self.dispatch(from, bytes, &mut me, read_clock(), reply);
         };
         let n = if self.lends {
             // Frames are read where the medium holds them.
-            self.medium.recv_lent(&mut on_frame)
+            self.medium.recv_lent(
+                &mut || {
+                    read_clock();
+                },
+                &mut on_frame,
+            )
         } else {
             self.medium.recv(batch).inspect(|&n| {
                 for i in 0..n {
@@ -299,7 +313,7 @@ impl NetNic {
         };
         // Every frame handed over read the clock first.
         let got = n.is_ok_and(|n| n > 0) || host.is_ok_and(|n| n > 0);
-        now.filter(|_| got)
+        now.get().filter(|_| got)
     }
 
     /// Serves the Nic's other VIs whose protocol timers are due, if
