@@ -43,6 +43,9 @@ const RING_SLOTS: u32 = 2048;
 const BATCH: usize = 64;
 /// Frames whose chunks are fetched ahead of their entries' reads.
 const PREFETCH: usize = 4;
+/// Cache lines fetched of each: a small message's frame (the Ethernet
+/// header, uvia's 64-byte data header, the payload) spans two.
+const PREFETCH_LINES: usize = 2;
 /// How long opening waits for a queue that a closed socket still holds:
 /// the kernel lets it go from a work queue, whose worker competes with the
 /// programs that poll. On a 2-vCPU host under the test suite it ran more
@@ -910,7 +913,8 @@ impl XdpMedium {
 
     /// Hands up to `max` (at most [`BATCH`]) arrived frames of uvia's
     /// EtherType to `f`, where they lie in the UMEM; their chunks go back to
-    /// the kernel in a later call ([`Rx::held`]).
+    /// the kernel in a later call ([`Rx::held`]). `arrived` is called once
+    /// before them if any came ([`Medium::recv_lent`]).
     fn take_frames(
         &self,
         max: usize,
@@ -954,7 +958,7 @@ impl XdpMedium {
         // entry and the frames' chunks (guessed, see [`Lent`]) are fetched
         // at once instead.
         for at in rx.lent.next((n as usize).min(PREFETCH)) {
-            self.umem.prefetch(at, 2);
+            self.umem.prefetch(at, PREFETCH_LINES);
         }
         rx.ring.prefetch();
         // The caller's work before the frames goes while they come.
@@ -1146,7 +1150,8 @@ mod tests {
         // Given back, a chunk is guessed again after the others.
         lent.lend(0);
         assert_eq!(lent.next(9).last(), Some(256));
-        // A chunk not lent moves no guess.
+        // A chunk not lent leaves the order alone (the headroom follows
+        // the last frame).
         lent.took(100 * c);
         assert_eq!(lent.next(1).collect::<Vec<_>>(), [3 * c]);
         for _ in 0..2 * RX_CHUNKS {
