@@ -17,7 +17,9 @@ pub fn connect(nic: &Nic, a: &Vi, b: &Vi, disc: u64) -> Result<(), Box<dyn std::
             req.accept(&b).map_err(|e| e.to_string())
         })
     };
-    a.connect_request(&NetAddress::new("0", disc), Duration::from_secs(5))?;
+    // The Nic's own address: "0" on shm, ip:port on the network.
+    let host = nic.attributes().address.clone();
+    a.connect_request(&NetAddress::new(&host, disc), Duration::from_secs(5))?;
     accept
         .join()
         .map_err(|_| "the accepting thread panicked")??;
