@@ -570,9 +570,9 @@ impl NetVi {
     /// next (`Conn::expected`, as many as the batch has slots) where they
     /// belong, each frame that came as expected left as its head in
     /// `batch` (see [`Placed`]), the frames and places in `self.places`.
-    /// `None` where nothing is expected or the
-    /// medium (or the memory, in more than one piece) does not allow it:
-    /// the caller receives as usual.
+    /// `None` where nothing is expected or the medium (or the memory, in
+    /// more than one piece) does not allow it: the caller receives as
+    /// usual.
     fn recv_placed(
         &mut self,
         vi: &Vi,
