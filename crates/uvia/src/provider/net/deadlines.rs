@@ -133,6 +133,24 @@ impl Deadlines {
         }
     }
 
+    /// Connection `id` has a deadline from `now` on that it has not worked
+    /// out yet (frames came in, and it notes the exact one at its next
+    /// output): the next sweep looks at it, as if it were due now. One
+    /// clock subtraction where [`note`](Self::note) makes two and the
+    /// engine's earliest timer is looked up first; a VI polled by its
+    /// program notes the exact deadline on its next send or timer round,
+    /// and one left alone is served by that sweep.
+    pub(super) fn note_now(&self, now: Instant, id: u32, noted: &mut Noted) {
+        if !noted.soon {
+            self.soon.lock().push(id);
+            noted.soon = true;
+        }
+        let ns = self.nanos(now);
+        if ns < self.next_due.load(Ordering::Relaxed) {
+            self.next_due.fetch_min(ns, Ordering::AcqRel);
+        }
+    }
+
     /// What a sweep at `now` is to look at, or `None` when nothing is due
     /// yet or the last sweep was less than [`SWEEP_EVERY`] ago. `me` (the
     /// caller's connection, in hand, which notes its own deadline after
@@ -378,5 +396,29 @@ mod tests {
         d.put_back(1, t0 + ms(6));
         assert_eq!(d.due_in(t0 + ms(6)), SWEEP_EVERY);
         assert_eq!(these(d.take_due(t0 + ms(7), 0)), vec![1]);
+    }
+
+    /// A VI that took frames in and has not worked out its next deadline
+    /// is taken by the next sweep, however far its noted one was: its
+    /// acknowledgement must not wait for a keep-alive.
+    #[test]
+    fn a_deadline_not_worked_out_is_taken_by_the_next_sweep() {
+        let t0 = Instant::now();
+        let d = book(t0);
+        let mut n = Noted::default();
+        // A keep-alive a second ahead, in the queue of later ones.
+        d.note(Some(t0 + ms(1000)), t0, 3, &mut n);
+        assert!(!n.soon);
+        assert_eq!(d.take_due(t0 + ms(2), 0), None, "nothing due yet");
+        d.note_now(t0 + ms(3), 3, &mut n);
+        assert!(n.soon);
+        assert_eq!(d.due_in(t0 + ms(3)), SWEEP_EVERY);
+        assert_eq!(these(d.take_due(t0 + ms(4), 0)), vec![3]);
+        // The sweep that looks at it takes it off the short list
+        // (`NetNic::sweep`); noted again, it is listed once, however often.
+        n.soon = false;
+        d.note_now(t0 + ms(5), 3, &mut n);
+        d.note_now(t0 + ms(5), 3, &mut n);
+        assert_eq!(these(d.take_due(t0 + ms(6), 0)), vec![3]);
     }
 }
