@@ -2,7 +2,9 @@
 //! ([`NetNic::sweep`](super::NetNic::sweep)) looks only at the VIs that are
 //! due, not at every VI.
 //!
-//! Every VI notes its engine's next deadline as its output ends. Deadlines
+//! Every VI notes its engine's next deadline as its output ends (or, after
+//! a poll that took frames in and has nothing to send, is marked due at
+//! once, [`Deadlines::note_now`], and notes the exact one later). Deadlines
 //! within [`SOON`] (an acknowledgement owed, a retransmission) go on a short
 //! list that each sweep takes whole; later ones (keep-alives, the idle
 //! timeout) go into a queue ordered by deadline, rounded up to moments
