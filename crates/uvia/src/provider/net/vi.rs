@@ -1522,44 +1522,49 @@ mod tests {
     /// is worked out later): left alone afterwards, while another VI of
     /// its Nic is polled, it is acknowledged through that VI's sweeps, and
     /// the sender's send completes before its retransmission timer (20 ms
-    /// at first) would send the message again.
+    /// at first) would send the message again. A thread kept off its core
+    /// that long by the machine's load can let the timer run out: the
+    /// exchange is made again on new connections, up to three times (with
+    /// nothing noted for the VI, every one of them sends again).
     #[test]
     fn a_receive_left_alone_is_acknowledged_through_the_nics_other_polls() {
         let server = Nic::open("udp:127.0.0.1").unwrap();
         let client = Nic::open("udp:127.0.0.1").unwrap();
-        let (a, p, _abuf, mut pbuf) = pair(&server, &client);
-        let (x, _q, _xbuf, _qbuf) = pair(&server, &client);
-        pbuf.as_mut_slice()[..8].copy_from_slice(b"left-one");
-        p.post_send(Box::new(Descriptor::send(&[pbuf.segment(0, 8)])))
-            .unwrap();
-        // The datagram is in A's socket: one poll takes it in.
-        std::thread::sleep(Duration::from_millis(2));
-        let start = Instant::now();
-        let d = loop {
-            if let Some(d) = a.recv_done() {
-                break d;
+        let mut tries = Vec::new();
+        for _ in 0..3 {
+            let (a, p, _abuf, mut pbuf) = pair(&server, &client);
+            let (x, _q, _xbuf, _qbuf) = pair(&server, &client);
+            pbuf.as_mut_slice()[..8].copy_from_slice(b"left-one");
+            p.post_send(Box::new(Descriptor::send(&[pbuf.segment(0, 8)])))
+                .unwrap();
+            // The datagram is in A's socket: one poll takes it in.
+            std::thread::sleep(Duration::from_millis(2));
+            let start = Instant::now();
+            let d = loop {
+                if let Some(d) = a.recv_done() {
+                    break d;
+                }
+                assert!(start.elapsed() < Duration::from_secs(2), "never arrived");
+            };
+            assert_eq!(d.result(), Ok(8));
+            // A is left alone; X (no traffic) and the sender are polled.
+            let start = Instant::now();
+            let sent = loop {
+                assert!(x.recv_done().is_none());
+                if let Some(d) = p.send_done() {
+                    break d;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "the send never completed"
+                );
+            };
+            assert!(sent.result().is_ok());
+            if retransmitted(&p) == 0 {
+                return;
             }
-            assert!(start.elapsed() < Duration::from_secs(2), "never arrived");
-        };
-        assert_eq!(d.result(), Ok(8));
-        // A is left alone; X (no traffic) and the sender are polled.
-        let start = Instant::now();
-        let sent = loop {
-            assert!(x.recv_done().is_none());
-            if let Some(d) = p.send_done() {
-                break d;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "the send never completed"
-            );
-        };
-        assert!(sent.result().is_ok());
-        assert_eq!(
-            retransmitted(&p),
-            0,
-            "acknowledged only after the message went again ({:?} after the receive)",
-            start.elapsed()
-        );
+            tries.push(start.elapsed());
+        }
+        panic!("acknowledged only after the message went again, each time: {tries:?} after the receive");
     }
 }
