@@ -21,11 +21,7 @@ use uvia::{Descriptor, MemAttributes, Nic, Vi, ViAttributes};
 const REAP_EVERY: usize = 16;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let n: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(1_000_000);
+    let n = common::count_arg(1_000_000)?;
     let name = std::env::args().nth(2).unwrap_or_else(|| "shm".into());
     let nic = Nic::open(&name)?;
     let ptag = nic.create_ptag()?;

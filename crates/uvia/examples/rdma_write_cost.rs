@@ -16,11 +16,7 @@ use uvia::{Descriptor, MemAttributes, Nic, ViAttributes};
 const REAP_EVERY: usize = 16;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let n: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(10_000_000);
+    let n = common::count_arg(10_000_000)?;
     let nic = Nic::open("shm")?;
     let ptag = nic.create_ptag()?;
     let attrs = ViAttributes::new(ptag)

@@ -1596,7 +1596,8 @@ pub(crate) mod tests {
         }
     }
 
-    /// A client VI and a server VI of `nic` connected to each other; the
+    /// A client VI and a server VI of `nic` connected to each other (on
+    /// any medium: the client asks for the Nic's own address); the
     /// server's receive queue reports to `recv_cq`. Returns (client, server).
     pub(crate) fn connected_pair_with(nic: &Nic, recv_cq: Option<&Cq>) -> (Side, Side) {
         let attrs = |p| ViAttributes::new(p).rdma(true, true);
@@ -1612,8 +1613,9 @@ pub(crate) mod tests {
             req.accept(&s2).unwrap();
             n2.stop_listening(&d2);
         });
+        let host = nic.attributes().address.clone();
         client
-            .connect_request(&NetAddress::new("0", disc), Duration::from_secs(5))
+            .connect_request(&NetAddress::new(&host, disc), Duration::from_secs(5))
             .unwrap();
         t.join().unwrap();
         let side = |vi: Vi| Side {

@@ -1,5 +1,5 @@
-//! What the cost examples share: connecting two VIs of one Nic to each
-//! other in one process.
+//! What the cost examples share: their count argument, and connecting two
+//! VIs of one Nic to each other in one process.
 
 use std::time::Duration;
 use uvia::{Discriminator, NetAddress, Nic, Vi};
@@ -24,4 +24,16 @@ pub fn connect(nic: &Nic, a: &Vi, b: &Vi, disc: u64) -> Result<(), Box<dyn std::
         .join()
         .map_err(|_| "the accepting thread panicked")??;
     Ok(())
+}
+
+/// The program's first argument as a count, `default` when absent.
+// Each example builds this module for itself; `cq_poll_cost` takes a list.
+#[allow(dead_code)]
+pub fn count_arg(default: usize) -> Result<usize, Box<dyn std::error::Error>> {
+    match std::env::args().nth(1) {
+        None => Ok(default),
+        Some(s) => s
+            .parse()
+            .map_err(|e| format!("the count {s:?} is not a whole number: {e}").into()),
+    }
 }

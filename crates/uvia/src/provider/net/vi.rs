@@ -1474,41 +1474,9 @@ impl TransportOps for NetVi {
 #[cfg(test)]
 mod tests {
     use crate::provider::Transport;
-    use crate::{Descriptor, Discriminator, MemAttributes, NetAddress, Nic, Vi, ViAttributes};
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use crate::vi::tests::connected_pair_with;
+    use crate::{Descriptor, Nic, Vi};
     use std::time::{Duration, Instant};
-
-    /// Connects a VI of `client` to a VI of `server`, each with a receive
-    /// of 64 bytes posted from a region of its Nic: the server's VI, the
-    /// client's, and their regions.
-    fn pair(server: &Nic, client: &Nic) -> (Vi, Vi, crate::MemoryRegion, crate::MemoryRegion) {
-        let end = |nic: &Nic| {
-            let ptag = nic.create_ptag().unwrap();
-            let vi = nic.create_vi(ViAttributes::new(ptag), None, None).unwrap();
-            let buf = nic.alloc_region(64, MemAttributes::new(ptag)).unwrap();
-            vi.post_recv(Box::new(Descriptor::recv(&[buf.segment(0, 64)])))
-                .unwrap();
-            (vi, buf)
-        };
-        let ((s, sbuf), (c, cbuf)) = (end(server), end(client));
-        static PAIRS: AtomicU64 = AtomicU64::new(0);
-        let disc = Discriminator::from_u64(
-            (std::process::id() as u64) << 32 | 0xacc0_0000 | PAIRS.fetch_add(1, Ordering::Relaxed),
-        );
-        let (n2, s2, d2) = (server.clone(), s.clone(), disc.clone());
-        let t = std::thread::spawn(move || {
-            let mut req = n2.connect_wait(&d2, Some(Duration::from_secs(5))).unwrap();
-            req.accept(&s2).unwrap();
-            n2.stop_listening(&d2);
-        });
-        c.connect_request(
-            &NetAddress::new(&server.attributes().address, disc),
-            Duration::from_secs(5),
-        )
-        .unwrap();
-        t.join().unwrap();
-        (s, c, sbuf, cbuf)
-    }
 
     fn retransmitted(vi: &Vi) -> u64 {
         match &vi.lock().t {
@@ -1519,29 +1487,30 @@ mod tests {
 
     /// A VI that takes a message in by a poll sends nothing then (its
     /// acknowledgement waits to go with an answer, and its next deadline
-    /// is worked out later): left alone afterwards, while another VI of
-    /// its Nic is polled, it is acknowledged through that VI's sweeps, and
-    /// the sender's send completes before its retransmission timer (20 ms
-    /// at first) would send the message again. A thread kept off its core
+    /// is worked out later): left alone afterwards, while other VIs of its
+    /// Nic are polled, it is acknowledged through their sweeps, and the
+    /// sender's send completes before its retransmission timer (20 ms at
+    /// first) would send the message again. A thread kept off its core
     /// that long by the machine's load can let the timer run out: the
     /// exchange is made again on new connections, up to three times (with
     /// nothing noted for the VI, every one of them sends again).
     #[test]
     fn a_receive_left_alone_is_acknowledged_through_the_nics_other_polls() {
-        let server = Nic::open("udp:127.0.0.1").unwrap();
-        let client = Nic::open("udp:127.0.0.1").unwrap();
+        let nic = Nic::open("udp:127.0.0.1").unwrap();
         let mut tries = Vec::new();
         for _ in 0..3 {
-            let (a, p, _abuf, mut pbuf) = pair(&server, &client);
-            let (x, _q, _xbuf, _qbuf) = pair(&server, &client);
-            pbuf.as_mut_slice()[..8].copy_from_slice(b"left-one");
-            p.post_send(Box::new(Descriptor::send(&[pbuf.segment(0, 8)])))
+            let (mut p, a) = connected_pair_with(&nic, None);
+            let (_q, x) = connected_pair_with(&nic, None);
+            a.vi.post_recv(Box::new(Descriptor::recv(&[a.buf.segment(0, 64)])))
+                .unwrap();
+            p.buf.as_mut_slice()[..8].copy_from_slice(b"left-one");
+            p.vi.post_send(Box::new(Descriptor::send(&[p.buf.segment(0, 8)])))
                 .unwrap();
             // The datagram is in A's socket: one poll takes it in.
             std::thread::sleep(Duration::from_millis(2));
             let start = Instant::now();
             let d = loop {
-                if let Some(d) = a.recv_done() {
+                if let Some(d) = a.vi.recv_done() {
                     break d;
                 }
                 assert!(start.elapsed() < Duration::from_secs(2), "never arrived");
@@ -1550,8 +1519,8 @@ mod tests {
             // A is left alone; X (no traffic) and the sender are polled.
             let start = Instant::now();
             let sent = loop {
-                assert!(x.recv_done().is_none());
-                if let Some(d) = p.send_done() {
+                assert!(x.vi.recv_done().is_none());
+                if let Some(d) = p.vi.send_done() {
                     break d;
                 }
                 assert!(
@@ -1560,7 +1529,7 @@ mod tests {
                 );
             };
             assert!(sent.result().is_ok());
-            if retransmitted(&p) == 0 {
+            if retransmitted(&p.vi) == 0 {
                 return;
             }
             tries.push(start.elapsed());
