@@ -504,6 +504,13 @@ pub struct Conn {
     /// Peer's count of our messages completed at its side.
     peer_done: u32,
     rnr_in_a_row: u32,
+    /// The acknowledgement that came on the last data frame, not yet
+    /// applied: the frame's payload reaches the application first (see
+    /// [`settle`](Self::settle)). The time it arrived, `ack`, `done`.
+    piggybacked: Option<(Instant, u32, u32)>,
+    /// Data frames were built whose timers are not armed yet: the time the
+    /// first of them was (see [`settle`](Self::settle)).
+    sent_unarmed: Option<Instant>,
 
     // Receiving.
     rcv: SeqWindow,
@@ -579,6 +586,8 @@ impl Conn {
             timeouts_in_a_row: 0,
             peer_done: 0,
             rnr_in_a_row: 0,
+            piggybacked: None,
+            sent_unarmed: None,
             in_msgs: VecDeque::new(),
             in_base: 0,
             recvs: VecDeque::new(),
@@ -731,10 +740,41 @@ impl Conn {
         Ok(rsn)
     }
 
-    /// The next event, if any. Call after each `handle_*`, `post_*` and
-    /// `poll_transmit` until it returns `None`.
+    /// The next event, if any. Call after each `handle_*`, `post_*`,
+    /// `poll_transmit` and [`settle`](Self::settle) until it returns `None`.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
+    }
+
+    /// True while work left for [`settle`](Self::settle) waits.
+    #[inline]
+    pub fn unsettled(&self) -> bool {
+        self.piggybacked.is_some() || self.sent_unarmed.is_some()
+    }
+
+    /// Does the bookkeeping a message's way does not wait for: applies the
+    /// acknowledgement the last data frame carried and arms the timers of
+    /// the data frames built since the last call. The sends the
+    /// acknowledgement completes become events.
+    ///
+    /// A data frame's payload reaches the application first; its
+    /// acknowledgement of this side's earlier frames (their records
+    /// dropped, a round trip sampled, the timers moved, the sends
+    /// completed) waits, and a ping-pong's reply leaves before it. A frame
+    /// built leaves before its retransmission timer and probe are armed
+    /// (two clock additions). A caller settles once its frames are out,
+    /// and before it asks [`poll_timeout`](Self::poll_timeout); every
+    /// method that reads or changes the sending side settles first
+    /// (`handle_*`, `close`, and `poll_transmit` where a lost frame or a
+    /// full window may be the acknowledgement's to clear).
+    #[inline]
+    pub fn settle(&mut self) {
+        if let Some((at, ack, done)) = self.piggybacked.take() {
+            self.on_ack(at, ack, done, &[]);
+        }
+        if let Some(at) = self.sent_unarmed.take() {
+            self.arm_sent(at);
+        }
     }
 
     /// Moves to `state` and stops the timers it does not keep: a connected
@@ -799,6 +839,8 @@ impl Conn {
     /// Completes every outstanding descriptor: started sends with
     /// `started`, the rest flushed.
     fn flush(&mut self, started: Outcome) {
+        // Sends the peer has acknowledged complete as such.
+        self.settle();
         while let Some(m) = self.msgs.pop_front() {
             let outcome = if m.started { started } else { Outcome::Flushed };
             self.events.push_back(Event::SendDone {

@@ -21,6 +21,7 @@ impl Conn {
         mem: &mut dyn Memory,
     ) -> bool {
         self.stats.frames_received += 1;
+        self.settle();
         if self.state == State::Connecting {
             return self.on_answer(now, src, frame);
         }
@@ -114,7 +115,7 @@ impl Conn {
                     return false;
                 }
                 if self.cfg.level.is_reliable() {
-                    self.on_ack(now, header.ack, header.done, &[]);
+                    self.piggybacked = Some((now, header.ack, header.done));
                 }
                 self.on_data(now, header, payload, mem)
             }

@@ -119,6 +119,10 @@ impl Conn {
     }
 
     fn retransmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
+        if self.lost > 0 {
+            // The ack not yet applied may say the frame arrived after all.
+            self.settle();
+        }
         let (i, s, m) = loop {
             if self.lost == 0 {
                 return None;
@@ -179,11 +183,11 @@ impl Conn {
 
     fn send_new(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
         let reliable = self.cfg.level.is_reliable();
-        if reliable
-            && (self.pipe >= self.cfg.window
-                || self.inflight.len() as u32 >= self.cfg.window * super::SPAN
-                || self.inflight_bytes >= self.cfg.window_bytes)
-        {
+        if reliable && self.piggybacked.is_some() && (self.window_full() || self.waits()) {
+            // The ack not yet applied may open the window or end the wait.
+            self.settle();
+        }
+        if reliable && self.window_full() {
             return None;
         }
         // Read responses first: the peer is waiting for them.
@@ -237,6 +241,18 @@ impl Conn {
             self.complete_sends();
         }
         Some(n)
+    }
+
+    /// No room for another frame in flight.
+    fn window_full(&self) -> bool {
+        self.pipe >= self.cfg.window
+            || self.inflight.len() as u32 >= self.cfg.window * super::SPAN
+            || self.inflight_bytes >= self.cfg.window_bytes
+    }
+
+    /// The next message to frame waits for earlier ones to complete.
+    fn waits(&self) -> bool {
+        self.frame_cursor < self.msgs.len() && self.waits_for_earlier(self.frame_cursor)
     }
 
     /// How many queued sends from `i` on go out in one frame: 1 unless
@@ -329,10 +345,18 @@ impl Conn {
         });
         self.inflight_bytes += len;
         self.pipe += 1;
+        // Its timers are armed by `settle`, once the frame is out.
+        self.sent_unarmed.get_or_insert(now);
+    }
+
+    /// Arms the retransmission timer and the probe for the frames sent
+    /// since the last call (the first of them sent at `at`), as
+    /// [`settle`](Self::settle) does after the caller's transmission.
+    pub(super) fn arm_sent(&mut self, at: Instant) {
         if !self.timers.is_set(Timer::Rto) {
-            self.timers.set(Timer::Rto, now + self.rtt.rto());
+            self.timers.set(Timer::Rto, at + self.rtt.rto());
         }
-        self.arm_probe(now);
+        self.arm_probe(at);
     }
 
     /// Writes the bundle frame of the `k` sends from `msgs[i]` on.

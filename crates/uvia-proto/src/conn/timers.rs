@@ -113,6 +113,7 @@ impl Conn {
     /// Lets time pass: retransmission and handshake timers, delayed acks,
     /// keep-alives and the idle timeout.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.settle();
         // Each timer is looked at in its turn, after the ones before it ran:
         // a handler may stop or move a later one (a timeout stops the probe,
         // a failure all of them).

@@ -441,6 +441,11 @@ impl Sim {
                 let bytes = self.buf[..n].to_vec();
                 self.inject(1 - i, bytes);
             }
+            // As a provider does once its frames are out: the ack the last
+            // data frame carried is applied now.
+            if let Some(conn) = self.sides[i].conn.as_mut() {
+                conn.settle();
+            }
         }
     }
 

@@ -379,7 +379,9 @@ impl NetNic {
                         t.progress(&vi, q);
                         t.run_timers(&vi, q);
                     }
-                    _ if frames || shared => {
+                    // (Unsettled: an ack that came with data its program
+                    // took; the sends it completes go to their queue now.)
+                    _ if frames || shared || t.conn.unsettled() => {
                         t.progress(&vi, q);
                         t.run_timers(&vi, q);
                     }

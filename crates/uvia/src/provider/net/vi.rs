@@ -397,6 +397,9 @@ impl NetVi {
             if let Some(c) = copies {
                 self.copies = c;
             }
+            // The answer is out: now the acknowledgement its question
+            // carried (see `Conn::settle`).
+            self.conn.settle();
             if k > 0 {
                 // After the call: a burst is judged by the gap between the
                 // end of one transmission and the next post. An answer's
@@ -1283,6 +1286,14 @@ impl TransportOps for NetVi {
         let Some(nic) = NetNic::of(&vi.s.nic) else {
             return false;
         };
+        // An acknowledgement the last poll's data carried, left for after
+        // the application's answer (see `Conn::settle`), is applied by the
+        // next poll if no answer came between: its completions go now.
+        let mut settled = false;
+        if self.conn.unsettled() {
+            self.conn.settle();
+            settled = self.events(vi, q);
+        }
         // When frames arrived, if any: the time they were taken in.
         let arrived = match (self.own.is_some(), self.joined) {
             // Requests and other VIs' handshakes reach the Nic's medium:
@@ -1305,12 +1316,12 @@ impl TransportOps for NetVi {
         self.idle = self.idle.wrapping_add(1);
         let timers = self.idle.is_multiple_of(TIMER_EVERY);
         if !got && self.deferred == 0 && !timers {
-            return false;
+            return settled;
         }
         // The time frames arrived is recent enough for the timers: a
         // second clock read would sit on the message's path.
         let now = arrived.unwrap_or_else(Instant::now);
-        let mut moved = got;
+        let mut moved = got || settled;
         if timers && self.own.is_some() && self.joined && self.nic_look_at.is_none_or(|t| now >= t)
         {
             self.nic_look_at = Some(now + NIC_LOOK_EVERY);

@@ -1,0 +1,253 @@
+//! The acknowledgement a data frame carries is applied after the frame's
+//! payload has reached the application: the answer leaves first, and the
+//! caller settles it once the answer is out. Nothing may wait on it: a full
+//! window, a lost frame's retransmission and a close apply it themselves.
+
+use std::time::Instant;
+use uvia_proto::wire::{self, NakCode};
+use uvia_proto::{Config, Conn, Event, Level, Memory, Outcome, SendKind, SendOp};
+
+struct Buf(Vec<u8>);
+
+impl Memory for Buf {
+    fn read_send(&mut self, _: u32, offset: u32, buf: &mut [u8]) {
+        let o = offset as usize;
+        buf.copy_from_slice(&self.0[o..o + buf.len()]);
+    }
+    fn write_recv(&mut self, _: u32, offset: u32, data: &[u8]) -> bool {
+        let o = offset as usize;
+        self.0[o..o + data.len()].copy_from_slice(data);
+        true
+    }
+    fn write_read(&mut self, _: u32, _: u32, _: &[u8]) {}
+    fn check_rdma(&mut self, _: u32, _: u64, _: u32, _: bool) -> Result<(), NakCode> {
+        Err(NakCode::Protection)
+    }
+    fn rdma_write(&mut self, _: u32, _: u64, _: &[u8]) -> Result<(), NakCode> {
+        Err(NakCode::Protection)
+    }
+    fn rdma_read(&mut self, _: u32, _: u64, _: &mut [u8]) {}
+}
+
+/// Every frame `from` has to send now, as bytes.
+fn frames(from: &mut Conn, mem: &mut Buf) -> Vec<Vec<u8>> {
+    let mut out = vec![];
+    let mut b = vec![0u8; 2048];
+    while let Some(n) = from.poll_transmit(Instant::now(), &mut b, mem) {
+        out.push(b[..n].to_vec());
+    }
+    out
+}
+
+fn deliver(to: &mut Conn, frames: &[Vec<u8>], mem: &mut Buf) {
+    for f in frames {
+        let (_, src, repr) = wire::parse(f).expect("a frame of the engine parses");
+        to.handle_frame(Instant::now(), src, &repr, mem);
+    }
+}
+
+fn events(c: &mut Conn) -> Vec<Event> {
+    std::iter::from_fn(|| c.poll_event()).collect()
+}
+
+fn sends_done(events: &[Event]) -> Vec<(u32, Outcome)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::SendDone { msn, outcome } => Some((*msn, *outcome)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn received(events: &[Event]) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::RecvDone { .. }))
+        .count()
+}
+
+fn send(c: &mut Conn) -> u32 {
+    let op = SendOp {
+        kind: SendKind::Send,
+        len: 8,
+        imm: None,
+    };
+    c.post_send(Instant::now(), op).expect("post send")
+}
+
+/// A client and a server at reliable delivery, connected, each with
+/// receives posted.
+fn pair(window: u32) -> (Conn, Buf, Conn, Buf) {
+    let cfg = Config {
+        level: Level::ReliableDelivery,
+        window,
+        ..Config::default()
+    };
+    let now = Instant::now();
+    let mut client = Conn::connect(now, cfg.clone(), 1, 10, b"settle");
+    let (mut mc, mut ms) = (Buf(vec![1; 8]), Buf(vec![2; 8]));
+    let req = frames(&mut client, &mut mc).remove(0);
+    let Ok((_, _, wire::Repr::ConnRequest { attrs, .. })) = wire::parse(&req) else {
+        panic!("the first frame is the request");
+    };
+    let mut server = Conn::accept(now, cfg, 2, 500, 1, attrs);
+    let accept = frames(&mut server, &mut ms);
+    deliver(&mut client, &accept, &mut mc);
+    assert_eq!(client.poll_event(), Some(Event::Connected));
+    let confirm = frames(&mut client, &mut mc);
+    deliver(&mut server, &confirm, &mut ms);
+    events(&mut server);
+    for _ in 0..4 {
+        client.post_recv(8).expect("post receive");
+        server.post_recv(8).expect("post receive");
+    }
+    (client, mc, server, ms)
+}
+
+#[test]
+fn the_answer_leaves_before_the_acknowledgement_it_answers_is_applied() {
+    let (mut client, mut mc, mut server, mut ms) = pair(64);
+    let ping = send(&mut client);
+    let f = frames(&mut client, &mut mc);
+    deliver(&mut server, &f, &mut ms);
+    assert_eq!(received(&events(&mut server)), 1);
+
+    // The reply carries the ack of the ping.
+    send(&mut server);
+    let reply = frames(&mut server, &mut ms);
+    deliver(&mut client, &reply, &mut mc);
+    let got = events(&mut client);
+    assert_eq!(received(&got), 1, "the reply is delivered at once");
+    assert!(sends_done(&got).is_empty(), "the ack waits: {got:?}");
+    assert!(client.unsettled());
+
+    // The client's answer is built with the ack still waiting ...
+    send(&mut client);
+    let answer = frames(&mut client, &mut mc);
+    assert!(!answer.is_empty(), "the answer goes");
+    assert!(sends_done(&events(&mut client)).is_empty());
+    // ... and applied once the caller has sent it.
+    client.settle();
+    assert!(!client.unsettled());
+    assert_eq!(sends_done(&events(&mut client)), vec![(ping, Outcome::Ok)]);
+
+    // The answer reached the server whole, with the reply's ack.
+    deliver(&mut server, &answer, &mut ms);
+    assert_eq!(received(&events(&mut server)), 1);
+    send(&mut server);
+    assert_eq!(frames(&mut server, &mut ms).len(), 1);
+    assert_eq!(sends_done(&events(&mut server)).len(), 0);
+    server.settle();
+    assert_eq!(
+        sends_done(&events(&mut server)).len(),
+        1,
+        "the reply is done"
+    );
+}
+
+#[test]
+fn a_full_window_applies_the_waiting_acknowledgement_itself() {
+    // One frame in flight at most: the next send needs the ack.
+    let (mut client, mut mc, mut server, mut ms) = pair(1);
+    let first = send(&mut client);
+    let f = frames(&mut client, &mut mc);
+    assert_eq!(f.len(), 1);
+    let second = send(&mut client);
+    assert!(
+        frames(&mut client, &mut mc).is_empty(),
+        "the window is full"
+    );
+    deliver(&mut server, &f, &mut ms);
+    events(&mut server);
+    send(&mut server);
+    let reply = frames(&mut server, &mut ms);
+    deliver(&mut client, &reply, &mut mc);
+    assert!(client.unsettled());
+
+    // No settle by the caller: the transmission applies the ack it needs.
+    let f = frames(&mut client, &mut mc);
+    assert_eq!(f.len(), 1, "the second send goes on the ack it waited for");
+    let done = sends_done(&events(&mut client));
+    assert_eq!(done, vec![(first, Outcome::Ok)]);
+    deliver(&mut server, &f, &mut ms);
+    assert_eq!(received(&events(&mut server)), 1);
+    assert!(second > first);
+}
+
+#[test]
+fn a_close_completes_the_acknowledged_sends_as_done() {
+    let (mut client, mut mc, mut server, mut ms) = pair(64);
+    let ping = send(&mut client);
+    let f = frames(&mut client, &mut mc);
+    deliver(&mut server, &f, &mut ms);
+    events(&mut server);
+    send(&mut server);
+    let reply = frames(&mut server, &mut ms);
+    // A second send of the client's, never acknowledged.
+    let later = send(&mut client);
+    frames(&mut client, &mut mc);
+    deliver(&mut client, &reply, &mut mc);
+    assert!(client.unsettled());
+
+    client.close(Instant::now());
+    let done = sends_done(&events(&mut client));
+    assert_eq!(done.first(), Some(&(ping, Outcome::Ok)), "{done:?}");
+    assert!(done.iter().all(|&(m, o)| m != later || o != Outcome::Ok));
+}
+
+#[test]
+fn a_frame_the_waiting_acknowledgement_covers_is_not_sent_again() {
+    let (mut client, mut mc, mut server, mut ms) = pair(64);
+    let ping = send(&mut client);
+    let f = frames(&mut client, &mut mc);
+    deliver(&mut server, &f, &mut ms);
+    events(&mut server);
+    send(&mut server);
+    let reply = frames(&mut server, &mut ms);
+
+    // The client's timer runs out before the reply arrives: the ping is
+    // taken for lost ...
+    let late = Instant::now() + std::time::Duration::from_secs(2);
+    client.handle_timeout(late);
+    let before = client.retransmitted();
+    // ... and the reply, which acknowledges it, comes before it goes again.
+    deliver(&mut client, &reply, &mut mc);
+    assert!(client.unsettled());
+    let again = frames(&mut client, &mut mc);
+    assert_eq!(
+        client.retransmitted(),
+        before,
+        "{} frames sent",
+        again.len()
+    );
+    assert_eq!(sends_done(&events(&mut client)), vec![(ping, Outcome::Ok)]);
+}
+
+#[test]
+fn a_frame_sent_is_timed_once_settled_and_goes_again_when_its_ack_never_comes() {
+    let (mut client, mut mc, _server, _ms) = pair(64);
+    let start = Instant::now();
+    send(&mut client);
+    assert_eq!(frames(&mut client, &mut mc).len(), 1);
+    // The frame is lost. Its timers are armed by the settle after the
+    // transmission, within the initial retransmission timeout.
+    client.settle();
+    let due = client.poll_timeout().expect("a deadline");
+    assert!(
+        due <= Instant::now() + Config::default().initial_rto,
+        "the next deadline is {:?} away",
+        due - start
+    );
+    let mut at = due;
+    for _ in 0..4 {
+        client.handle_timeout(at);
+        if client.retransmitted() > 0 {
+            break;
+        }
+        at = client.poll_timeout().expect("a deadline");
+    }
+    let again = frames(&mut client, &mut mc);
+    assert_eq!(client.retransmitted(), 1);
+    assert_eq!(again.len(), 1, "the frame goes again");
+}
