@@ -251,3 +251,41 @@ fn a_frame_sent_is_timed_once_settled_and_goes_again_when_its_ack_never_comes() 
     assert_eq!(client.retransmitted(), 1);
     assert_eq!(again.len(), 1, "the frame goes again");
 }
+
+#[test]
+fn a_delayed_ack_is_armed_at_the_settle_unless_an_answer_carried_it() {
+    let (mut client, mut mc, mut server, mut ms) = pair(64);
+    let delay = Config::default().ack_delay;
+
+    // A message nobody answers: its ack goes when the delay runs out.
+    send(&mut client);
+    let f = frames(&mut client, &mut mc);
+    deliver(&mut server, &f, &mut ms);
+    assert!(server.unsettled());
+    server.settle();
+    let due = server.poll_timeout().expect("a deadline");
+    assert!(
+        due <= Instant::now() + delay,
+        "the ack is due within the delay"
+    );
+    let acks = server.stats().acks_sent;
+    server.handle_timeout(due);
+    let out = frames(&mut server, &mut ms);
+    assert_eq!(server.stats().acks_sent, acks + 1, "{} frames", out.len());
+    deliver(&mut client, &out, &mut mc);
+    events(&mut client);
+
+    // A message answered at once: the answer carries the ack, and no
+    // separate one follows.
+    send(&mut client);
+    let f = frames(&mut client, &mut mc);
+    deliver(&mut server, &f, &mut ms);
+    send(&mut server);
+    assert_eq!(frames(&mut server, &mut ms).len(), 1, "the answer");
+    server.settle();
+    let acks = server.stats().acks_sent;
+    let later = Instant::now() + delay * 4;
+    server.handle_timeout(later);
+    frames(&mut server, &mut ms);
+    assert_eq!(server.stats().acks_sent, acks, "no ack of its own");
+}

@@ -511,6 +511,12 @@ pub struct Conn {
     /// Data frames were built whose timers are not armed yet: the time the
     /// first of them was (see [`settle`](Self::settle)).
     sent_unarmed: Option<Instant>,
+    /// A data frame was heard whose liveness timers (idle, keep-alive)
+    /// are not moved yet.
+    heard_unarmed: bool,
+    /// A data frame was taken in at this time whose delayed ack is not
+    /// armed yet (none is, if an answer carried the ack first).
+    ack_unarmed: Option<Instant>,
 
     // Receiving.
     rcv: SeqWindow,
@@ -588,6 +594,8 @@ impl Conn {
             rnr_in_a_row: 0,
             piggybacked: None,
             sent_unarmed: None,
+            heard_unarmed: false,
+            ack_unarmed: None,
             in_msgs: VecDeque::new(),
             in_base: 0,
             recvs: VecDeque::new(),
@@ -749,31 +757,44 @@ impl Conn {
     /// True while work left for [`settle`](Self::settle) waits.
     #[inline]
     pub fn unsettled(&self) -> bool {
-        self.piggybacked.is_some() || self.sent_unarmed.is_some()
+        self.piggybacked.is_some()
+            || self.sent_unarmed.is_some()
+            || self.heard_unarmed
+            || self.ack_unarmed.is_some()
     }
 
     /// Does the bookkeeping a message's way does not wait for: applies the
-    /// acknowledgement the last data frame carried and arms the timers of
+    /// acknowledgement the last data frame carried, moves the liveness
+    /// timers it restarts and arms its delayed ack, and arms the timers of
     /// the data frames built since the last call. The sends the
     /// acknowledgement completes become events.
     ///
     /// A data frame's payload reaches the application first; its
     /// acknowledgement of this side's earlier frames (their records
     /// dropped, a round trip sampled, the timers moved, the sends
-    /// completed) waits, and a ping-pong's reply leaves before it. A frame
-    /// built leaves before its retransmission timer and probe are armed
-    /// (two clock additions). A caller settles once its frames are out,
+    /// completed) waits, and a ping-pong's reply leaves before it, carrying
+    /// the ack the frame is owed (whose timer then needs no arming). A
+    /// frame built leaves before its retransmission timer and probe are
+    /// armed. Each timer is a clock addition or two, some 50 instructions
+    /// each. A caller settles once its frames are out,
     /// and before it asks [`poll_timeout`](Self::poll_timeout); every
     /// method that reads or changes the sending side settles first
     /// (`handle_*`, `close`, and `poll_transmit` where a lost frame or a
     /// full window may be the acknowledgement's to clear).
     #[inline]
     pub fn settle(&mut self) {
-        if let Some((at, ack, done)) = self.piggybacked.take() {
-            self.on_ack(at, ack, done, &[]);
-        }
+        let progress = match self.piggybacked.take() {
+            Some((at, ack, done)) => self.on_ack(at, ack, done, &[]),
+            None => false,
+        };
         if let Some(at) = self.sent_unarmed.take() {
-            self.arm_sent(at);
+            self.arm_sent(at, progress);
+        }
+        if std::mem::take(&mut self.heard_unarmed) {
+            self.arm_liveness();
+        }
+        if let Some(at) = self.ack_unarmed.take() {
+            self.arm_ack(at);
         }
     }
 

@@ -29,7 +29,13 @@ impl Conn {
             self.stats.dropped += 1;
             return false;
         }
-        self.heard(now);
+        if matches!(frame, Repr::Data { .. }) {
+            // Its timers move at the next settle.
+            self.last_rx = now;
+            self.heard_unarmed = true;
+        } else {
+            self.heard(now);
+        }
         match frame {
             Repr::ConnAccept { .. } => {
                 // Our confirm was lost: say it again.
@@ -230,8 +236,16 @@ impl Conn {
             || self.rcv.has_gap()
         {
             self.ack_now = true;
-        } else if !self.timers.is_set(Timer::Ack) {
-            self.timers.set(Timer::Ack, now + self.cfg.ack_delay);
+        } else {
+            // Armed at the next settle, unless an answer carried it first.
+            self.ack_unarmed.get_or_insert(now);
+        }
+    }
+
+    /// Arms the delayed ack of the data taken in at `at`, if still owed.
+    pub(super) fn arm_ack(&mut self, at: Instant) {
+        if self.ack_pending > 0 && !self.ack_now && !self.timers.is_set(Timer::Ack) {
+            self.timers.set(Timer::Ack, at + self.cfg.ack_delay);
         }
     }
 

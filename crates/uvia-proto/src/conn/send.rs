@@ -77,7 +77,12 @@ impl Conn {
                 return Some(n);
             }
         }
-        let ping_due = self.timers.expired(Timer::KeepAlive, now);
+        let mut ping_due = self.timers.expired(Timer::KeepAlive, now);
+        if ping_due && std::mem::take(&mut self.heard_unarmed) {
+            // The frame just heard, not yet settled, moves it.
+            self.arm_liveness();
+            ping_due = self.timers.expired(Timer::KeepAlive, now);
+        }
         let ack_due = self.ack_now && self.cfg.level.is_reliable();
         if ack_due || ping_due || self.pong_due {
             self.ack_now = false;
@@ -183,11 +188,9 @@ impl Conn {
 
     fn send_new(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
         let reliable = self.cfg.level.is_reliable();
-        if reliable && self.piggybacked.is_some() && (self.window_full() || self.waits()) {
-            // The ack not yet applied may open the window or end the wait.
-            self.settle();
-        }
-        if reliable && self.window_full() {
+        // Where the window is full or a message waits, an ack not yet
+        // applied may open it or end the wait: applied, and looked again.
+        if reliable && self.window_full() && (!self.settled() || self.window_full()) {
             return None;
         }
         // Read responses first: the peer is waiting for them.
@@ -195,7 +198,10 @@ impl Conn {
         {
             (true, i)
         } else if self.frame_cursor < self.msgs.len() {
-            if reliable && self.waits_for_earlier(self.frame_cursor) {
+            if reliable
+                && self.waits_for_earlier(self.frame_cursor)
+                && (!self.settled() || self.waits_for_earlier(self.frame_cursor))
+            {
                 return None;
             }
             let k = self.bundle_len(self.frame_cursor);
@@ -250,9 +256,14 @@ impl Conn {
             || self.inflight_bytes >= self.cfg.window_bytes
     }
 
-    /// The next message to frame waits for earlier ones to complete.
-    fn waits(&self) -> bool {
-        self.frame_cursor < self.msgs.len() && self.waits_for_earlier(self.frame_cursor)
+    /// Applies a data frame's ack not yet applied, if one waits: true if
+    /// one did, and the sending side may have moved.
+    fn settled(&mut self) -> bool {
+        let waiting = self.piggybacked.is_some();
+        if waiting {
+            self.settle();
+        }
+        waiting
     }
 
     /// How many queued sends from `i` on go out in one frame: 1 unless
@@ -351,9 +362,10 @@ impl Conn {
 
     /// Arms the retransmission timer and the probe for the frames sent
     /// since the last call (the first of them sent at `at`), as
-    /// [`settle`](Self::settle) does after the caller's transmission.
-    pub(super) fn arm_sent(&mut self, at: Instant) {
-        if !self.timers.is_set(Timer::Rto) {
+    /// [`settle`](Self::settle) does after the caller's transmission; the
+    /// timer restarts if an ack applied just before brought `progress`.
+    pub(super) fn arm_sent(&mut self, at: Instant, progress: bool) {
+        if progress || !self.timers.is_set(Timer::Rto) {
             self.timers.set(Timer::Rto, at + self.rtt.rto());
         }
         self.arm_probe(at);
@@ -506,13 +518,20 @@ impl Conn {
         (i < self.msgs.len()).then_some(i)
     }
 
-    pub(super) fn on_ack(&mut self, now: Instant, ack: u32, done: u32, sack: &[(u32, u32)]) {
+    /// Takes in the peer's acknowledgement; true if it brought progress.
+    pub(super) fn on_ack(
+        &mut self,
+        now: Instant,
+        ack: u32,
+        done: u32,
+        sack: &[(u32, u32)],
+    ) -> bool {
         if !self.cfg.level.is_reliable() {
-            return;
+            return false;
         }
         // Ignore acks of psns we never sent.
         if seq::lt(self.snd_nxt, ack) {
-            return;
+            return false;
         }
         let mut progress = false;
         // The most recently sent frame this ack covers.
@@ -603,7 +622,12 @@ impl Conn {
             self.rtt.reset_backoff();
             self.complete_sends();
         }
-        self.arm_timers(now, progress);
+        // Frames built since the last settle are armed by it, from the time
+        // they went (a settle applies a data frame's ack after them).
+        if self.sent_unarmed.is_none() {
+            self.arm_timers(now, progress);
+        }
+        progress
     }
 
     /// True while a frame waits for its ack.

@@ -173,6 +173,7 @@ impl Conn {
     /// Nic falls silent, all of them fail together, at the idle timeout
     /// after the last frame any of them heard.
     pub fn heard_elsewhere(&mut self, heard: Instant, pinged: Option<Instant>) {
+        self.settle();
         if heard <= self.last_rx && pinged <= self.last_ping {
             return;
         }
@@ -193,6 +194,7 @@ impl Conn {
     /// its watch, it counts both from the last frame heard, here or (told
     /// by [`heard_elsewhere`](Self::heard_elsewhere)) elsewhere.
     pub fn set_kept(&mut self, kept: bool) {
+        self.settle();
         if self.kept == kept {
             return;
         }
@@ -323,8 +325,13 @@ impl Conn {
             return;
         };
         self.timers.stop(Timer::Loss);
-        if self.inflight.is_empty() {
-            // Everything acknowledged (a ping-pong's every ack).
+        if self
+            .inflight
+            .iter()
+            .all(|s| s.acked || s.lost || s.order >= rack)
+        {
+            // Nothing sent before the newest frame acked waits (a
+            // ping-pong's every ack).
             return;
         }
         let wait = rack_rtt + self.rtt.reorder_window(Duration::from_micros(20));
