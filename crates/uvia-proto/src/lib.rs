@@ -18,8 +18,8 @@ pub mod seq;
 pub mod wire;
 
 pub use conn::{
-    Config, Conn, Event, Expected, FailReason, Level, Memory, Outcome, Place, PostError, RnrPolicy,
-    SendKind, SendOp, Stats, PLACE_FROM,
+    Clock, Config, Conn, Event, Expected, FailReason, Level, Memory, Outcome, Place, PostError,
+    RnrPolicy, SendKind, SendOp, Stats, PLACE_FROM,
 };
 pub use endpoint::{
     Endpoint, EndpointConfig, EndpointEvent, EndpointStats, Incoming, RendezvousError,

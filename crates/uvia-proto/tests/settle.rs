@@ -128,7 +128,7 @@ fn the_answer_leaves_before_the_acknowledgement_it_answers_is_applied() {
     assert!(!answer.is_empty(), "the answer goes");
     assert!(sends_done(&events(&mut client)).is_empty());
     // ... and applied once the caller has sent it.
-    client.settle();
+    client.settle(Instant::now());
     assert!(!client.unsettled());
     assert_eq!(sends_done(&events(&mut client)), vec![(ping, Outcome::Ok)]);
 
@@ -138,7 +138,7 @@ fn the_answer_leaves_before_the_acknowledgement_it_answers_is_applied() {
     send(&mut server);
     assert_eq!(frames(&mut server, &mut ms).len(), 1);
     assert_eq!(sends_done(&events(&mut server)).len(), 0);
-    server.settle();
+    server.settle(Instant::now());
     assert_eq!(
         sends_done(&events(&mut server)).len(),
         1,
@@ -232,7 +232,7 @@ fn a_frame_sent_is_timed_once_settled_and_goes_again_when_its_ack_never_comes() 
     assert_eq!(frames(&mut client, &mut mc).len(), 1);
     // The frame is lost. Its timers are armed by the settle after the
     // transmission, within the initial retransmission timeout.
-    client.settle();
+    client.settle(Instant::now());
     let due = client.poll_timeout().expect("a deadline");
     assert!(
         due <= Instant::now() + Config::default().initial_rto,
@@ -262,7 +262,7 @@ fn a_delayed_ack_is_armed_at_the_settle_unless_an_answer_carried_it() {
     let f = frames(&mut client, &mut mc);
     deliver(&mut server, &f, &mut ms);
     assert!(server.unsettled());
-    server.settle();
+    server.settle(Instant::now());
     let due = server.poll_timeout().expect("a deadline");
     assert!(
         due <= Instant::now() + delay,
@@ -282,7 +282,7 @@ fn a_delayed_ack_is_armed_at_the_settle_unless_an_answer_carried_it() {
     deliver(&mut server, &f, &mut ms);
     send(&mut server);
     assert_eq!(frames(&mut server, &mut ms).len(), 1, "the answer");
-    server.settle();
+    server.settle(Instant::now());
     let acks = server.stats().acks_sent;
     let later = Instant::now() + delay * 4;
     server.handle_timeout(later);

@@ -106,7 +106,7 @@ impl Conn {
     /// Starts a disconnect: outstanding descriptors complete as flushed,
     /// and the peer is told.
     pub fn close(&mut self, now: Instant) {
-        self.settle();
+        self.settle(now);
         if self.is_closed() || matches!(self.state, State::Closing { .. }) {
             return;
         }

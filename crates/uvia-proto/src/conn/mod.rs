@@ -506,17 +506,17 @@ pub struct Conn {
     rnr_in_a_row: u32,
     /// The acknowledgement that came on the last data frame, not yet
     /// applied: the frame's payload reaches the application first (see
-    /// [`settle`](Self::settle)). The time it arrived, `ack`, `done`.
-    piggybacked: Option<(Instant, u32, u32)>,
+    /// [`settle`](Self::settle)). Its `ack` and `done`.
+    piggybacked: Option<(u32, u32)>,
     /// Data frames were built whose timers are not armed yet: the time the
     /// first of them was (see [`settle`](Self::settle)).
     sent_unarmed: Option<Instant>,
     /// A data frame was heard whose liveness timers (idle, keep-alive)
     /// are not moved yet.
     heard_unarmed: bool,
-    /// A data frame was taken in at this time whose delayed ack is not
-    /// armed yet (none is, if an answer carried the ack first).
-    ack_unarmed: Option<Instant>,
+    /// A data frame was taken in whose delayed ack is not armed yet (none
+    /// is, if an answer carried the ack first).
+    ack_unarmed: bool,
 
     // Receiving.
     rcv: SeqWindow,
@@ -595,7 +595,7 @@ impl Conn {
             piggybacked: None,
             sent_unarmed: None,
             heard_unarmed: false,
-            ack_unarmed: None,
+            ack_unarmed: false,
             in_msgs: VecDeque::new(),
             in_base: 0,
             recvs: VecDeque::new(),
@@ -760,7 +760,7 @@ impl Conn {
         self.piggybacked.is_some()
             || self.sent_unarmed.is_some()
             || self.heard_unarmed
-            || self.ack_unarmed.is_some()
+            || self.ack_unarmed
     }
 
     /// Does the bookkeeping a message's way does not wait for: applies the
@@ -781,20 +781,27 @@ impl Conn {
     /// method that reads or changes the sending side settles first
     /// (`handle_*`, `close`, and `poll_transmit` where a lost frame or a
     /// full window may be the acknowledgement's to clear).
+    ///
+    /// `now` is the time of the call: the data frames since the last one
+    /// count as heard then, and their acknowledgement's round trip is
+    /// measured to then. A caller that answers at once (a ping-pong's every
+    /// message) settles within its answer's time, its clock read for the
+    /// send; one that does not settles at its next poll.
     #[inline]
-    pub fn settle(&mut self) {
+    pub fn settle(&mut self, now: Instant) {
         let progress = match self.piggybacked.take() {
-            Some((at, ack, done)) => self.on_ack(at, ack, done, &[]),
+            Some((ack, done)) => self.on_ack(now, ack, done, &[]),
             None => false,
         };
         if let Some(at) = self.sent_unarmed.take() {
             self.arm_sent(at, progress);
         }
         if std::mem::take(&mut self.heard_unarmed) {
+            self.last_rx = self.last_rx.max(now);
             self.arm_liveness();
         }
-        if let Some(at) = self.ack_unarmed.take() {
-            self.arm_ack(at);
+        if std::mem::take(&mut self.ack_unarmed) {
+            self.arm_ack(now);
         }
     }
 
@@ -860,8 +867,10 @@ impl Conn {
     /// Completes every outstanding descriptor: started sends with
     /// `started`, the rest flushed.
     fn flush(&mut self, started: Outcome) {
-        // Sends the peer has acknowledged complete as such.
-        self.settle();
+        // Sends the peer has acknowledged complete as such. (The connection
+        // ends: the time its round trip would be measured to is no matter.)
+        let last = self.last_rx;
+        self.settle(last);
         while let Some(m) = self.msgs.pop_front() {
             let outcome = if m.started { started } else { Outcome::Flushed };
             self.events.push_back(Event::SendDone {
@@ -889,5 +898,35 @@ impl Conn {
         self.timers.stop(Timer::Loss);
         self.timers.stop(Timer::Probe);
         self.timers.stop(Timer::Ack);
+    }
+}
+
+/// The time for [`Conn::handle_frame_with`]: given, or read from the
+/// system clock when first asked for and kept for the rest of the call's
+/// frames. A data frame on a settled connection does not ask: a poll that
+/// takes in one message reads no clock on its way to the application.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Clock(Option<Instant>);
+
+impl Clock {
+    /// A clock that reads the system's when first asked.
+    pub fn lazy() -> Clock {
+        Clock(None)
+    }
+
+    /// A clock that says `now`.
+    pub fn at(now: Instant) -> Clock {
+        Clock(Some(now))
+    }
+
+    /// The time: the one given or read first.
+    #[inline]
+    pub fn now(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+
+    /// The time, if it was given or read.
+    pub fn read(&self) -> Option<Instant> {
+        self.0
     }
 }

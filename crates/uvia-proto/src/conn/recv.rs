@@ -3,7 +3,8 @@
 //! (acks, naks) for them.
 
 use super::{
-    Conn, Event, FailReason, InMsg, Memory, OutKind, OutMsg, Outcome, RnrPolicy, State, Timer,
+    Clock, Conn, Event, FailReason, InMsg, Memory, OutKind, OutMsg, Outcome, RnrPolicy, State,
+    Timer,
 };
 use crate::seq;
 use crate::wire::{ack_flags, bundle, data_flags, DataHeader, NakCode, Op, Repr};
@@ -11,8 +12,9 @@ use std::time::Instant;
 
 impl Conn {
     /// Takes in a frame whose destination id is this connection's (or, for
-    /// a client still connecting, an answer to its request). `src` is the
-    /// frame's source connection id. Returns false if the frame was dropped.
+    /// a client still connecting, an answer to its request), arrived at
+    /// `now`. `src` is the frame's source connection id. Returns false if
+    /// the frame was dropped.
     pub fn handle_frame(
         &mut self,
         now: Instant,
@@ -20,21 +22,36 @@ impl Conn {
         frame: &Repr<'_>,
         mem: &mut dyn Memory,
     ) -> bool {
+        self.handle_frame_with(&mut Clock::at(now), src, frame, mem)
+    }
+
+    /// [`handle_frame`](Self::handle_frame), the time read from `clock`
+    /// only where it is needed. A data frame on a connection settled
+    /// needs none: what it changes that depends on the time (its ack's
+    /// round trip, the liveness timers, its own delayed ack) is done at the
+    /// next [`settle`](Self::settle), with that call's time.
+    pub fn handle_frame_with(
+        &mut self,
+        clock: &mut Clock,
+        src: u32,
+        frame: &Repr<'_>,
+        mem: &mut dyn Memory,
+    ) -> bool {
         self.stats.frames_received += 1;
-        self.settle();
+        if self.unsettled() {
+            self.settle(clock.now());
+        }
         if self.state == State::Connecting {
-            return self.on_answer(now, src, frame);
+            return self.on_answer(clock.now(), src, frame);
         }
         if src != self.peer_id {
             self.stats.dropped += 1;
             return false;
         }
-        if matches!(frame, Repr::Data { .. }) {
-            // Its timers move at the next settle.
-            self.last_rx = now;
-            self.heard_unarmed = true;
-        } else {
-            self.heard(now);
+        match frame {
+            // Heard: its liveness timers move at the next settle.
+            Repr::Data { .. } => self.heard_unarmed = true,
+            _ => self.heard(clock.now()),
         }
         match frame {
             Repr::ConnAccept { .. } => {
@@ -61,7 +78,7 @@ impl Conn {
                 self.disconnect_ack_due = true;
                 if self.is_connected() {
                     // What the peer had before it left completes normally.
-                    self.on_ack(now, *ack, *done, &[]);
+                    self.on_ack(clock.now(), *ack, *done, &[]);
                 }
                 if !self.is_closed() {
                     if !matches!(self.state, State::Closing { .. }) {
@@ -91,7 +108,7 @@ impl Conn {
                 if flags & ack_flags::PING != 0 {
                     self.pong_due = true;
                 }
-                self.on_ack(now, *ack, *done, sack.as_slice());
+                self.on_ack(clock.now(), *ack, *done, sack.as_slice());
                 true
             }
             Repr::Nak { code, psn, ack } => {
@@ -99,6 +116,7 @@ impl Conn {
                 if !self.is_connected() {
                     return false;
                 }
+                let now = clock.now();
                 self.on_ack(now, *ack, self.peer_done, &[]);
                 self.on_nak(now, *code, *psn);
                 true
@@ -121,25 +139,19 @@ impl Conn {
                     return false;
                 }
                 if self.cfg.level.is_reliable() {
-                    self.piggybacked = Some((now, header.ack, header.done));
+                    self.piggybacked = Some((header.ack, header.done));
                 }
-                self.on_data(now, header, payload, mem)
+                self.on_data(header, payload, mem)
             }
         }
     }
 
-    fn on_data(
-        &mut self,
-        now: Instant,
-        h: &DataHeader,
-        payload: &[u8],
-        mem: &mut dyn Memory,
-    ) -> bool {
+    fn on_data(&mut self, h: &DataHeader, payload: &[u8], mem: &mut dyn Memory) -> bool {
         let reliable = self.cfg.level.is_reliable();
         // (Where the descriptor's memory went away, the write fails and the
         // general path below finds the same and completes it with the error.)
         if reliable && self.next_whole_send(h, payload) && mem.write_recv(h.rsn, 0, payload) {
-            return self.took_whole_send(now, h, payload.len() as u32);
+            return self.took_whole_send(h, payload.len() as u32);
         }
         if !reliable {
             if !self.rcv.in_window(h.psn) {
@@ -166,8 +178,8 @@ impl Conn {
         }
         let accepted = match h.op {
             Op::ReadResponse => self.on_read_response(h, payload, mem),
-            _ if h.flags & data_flags::BUNDLE != 0 => self.on_bundle(now, h, payload, mem),
-            _ => self.on_message_frame(now, h, payload, mem),
+            _ if h.flags & data_flags::BUNDLE != 0 => self.on_bundle(h, payload, mem),
+            _ => self.on_message_frame(h, payload, mem),
         };
         if !accepted {
             return false;
@@ -179,7 +191,7 @@ impl Conn {
         if !reliable {
             return true;
         }
-        self.owe_ack(now, h, payload.len() as u32);
+        self.owe_ack(h, payload.len() as u32);
         true
     }
 
@@ -206,19 +218,19 @@ impl Conn {
     /// The rest of taking a [`next_whole_send`](Self::next_whole_send)
     /// frame whose payload is placed: the message completes its descriptor
     /// and is owed an acknowledgement, as the general path would leave it.
-    fn took_whole_send(&mut self, now: Instant, h: &DataHeader, len: u32) -> bool {
+    fn took_whole_send(&mut self, h: &DataHeader, len: u32) -> bool {
         self.next_in = super::Expected::after(h, len, self.frag);
         self.rcv.insert(h.psn);
         self.in_base = self.in_base.wrapping_add(1);
         let imm = (h.flags & data_flags::IMM != 0).then_some(h.imm);
         self.complete_recv(h.total, imm, false, Outcome::Ok);
-        self.owe_ack(now, h, len);
+        self.owe_ack(h, len);
         true
     }
 
     /// What a reliable receiver owes for data frame `h` of `len` payload
     /// bytes just taken in: an ack now, or one within the ack delay.
-    fn owe_ack(&mut self, now: Instant, h: &DataHeader, len: u32) {
+    fn owe_ack(&mut self, h: &DataHeader, len: u32) {
         self.newest_rx = Some(h.psn);
         // A bundle counts its messages: the sender's completions (and the
         // send queue they free) wait on this ack, not the frame alone.
@@ -238,11 +250,11 @@ impl Conn {
             self.ack_now = true;
         } else {
             // Armed at the next settle, unless an answer carried it first.
-            self.ack_unarmed.get_or_insert(now);
+            self.ack_unarmed = true;
         }
     }
 
-    /// Arms the delayed ack of the data taken in at `at`, if still owed.
+    /// Arms the delayed ack of data taken in, if still owed, from `at`.
     pub(super) fn arm_ack(&mut self, at: Instant) {
         if self.ack_pending > 0 && !self.ack_now && !self.timers.is_set(Timer::Ack) {
             self.timers.set(Timer::Ack, at + self.cfg.ack_delay);
@@ -269,13 +281,7 @@ impl Conn {
         true
     }
 
-    fn on_message_frame(
-        &mut self,
-        now: Instant,
-        h: &DataHeader,
-        payload: &[u8],
-        mem: &mut dyn Memory,
-    ) -> bool {
+    fn on_message_frame(&mut self, h: &DataHeader, payload: &[u8], mem: &mut dyn Memory) -> bool {
         let reliable = self.cfg.level.is_reliable();
         let at = h.msn.wrapping_sub(self.in_base);
         if at >= self.cfg.window * super::SPAN {
@@ -435,7 +441,6 @@ impl Conn {
         if let Some(Some(mm)) = self.in_msgs.get_mut(at) {
             mm.got = got;
         }
-        let _ = now;
         self.deliver_in_order();
         true
     }
@@ -447,13 +452,7 @@ impl Conn {
     /// come again; then the ones placed are skipped (completed) or placed
     /// again (the same bytes in the same descriptor), so that a receiver
     /// that posts fewer descriptors than a bundle holds still moves.
-    fn on_bundle(
-        &mut self,
-        now: Instant,
-        h: &DataHeader,
-        payload: &[u8],
-        mem: &mut dyn Memory,
-    ) -> bool {
+    fn on_bundle(&mut self, h: &DataHeader, payload: &[u8], mem: &mut dyn Memory) -> bool {
         let well_formed = h.op == Op::Send
             && h.flags & data_flags::CONSUMES != 0
             && h.offset == 0
@@ -479,7 +478,7 @@ impl Conn {
                 imm: e.imm.unwrap_or(0),
                 ..*h
             };
-            if !self.on_message_frame(now, &one, e.bytes, mem) {
+            if !self.on_message_frame(&one, e.bytes, mem) {
                 return false;
             }
         }

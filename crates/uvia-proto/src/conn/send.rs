@@ -79,7 +79,8 @@ impl Conn {
         }
         let mut ping_due = self.timers.expired(Timer::KeepAlive, now);
         if ping_due && std::mem::take(&mut self.heard_unarmed) {
-            // The frame just heard, not yet settled, moves it.
+            // A frame heard, not yet settled, moves it.
+            self.last_rx = self.last_rx.max(now);
             self.arm_liveness();
             ping_due = self.timers.expired(Timer::KeepAlive, now);
         }
@@ -126,7 +127,7 @@ impl Conn {
     fn retransmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
         if self.lost > 0 {
             // The ack not yet applied may say the frame arrived after all.
-            self.settle();
+            self.settle(now);
         }
         let (i, s, m) = loop {
             if self.lost == 0 {
@@ -190,7 +191,7 @@ impl Conn {
         let reliable = self.cfg.level.is_reliable();
         // Where the window is full or a message waits, an ack not yet
         // applied may open it or end the wait: applied, and looked again.
-        if reliable && self.window_full() && (!self.settled() || self.window_full()) {
+        if reliable && self.window_full() && (!self.settled(now) || self.window_full()) {
             return None;
         }
         // Read responses first: the peer is waiting for them.
@@ -200,7 +201,7 @@ impl Conn {
         } else if self.frame_cursor < self.msgs.len() {
             if reliable
                 && self.waits_for_earlier(self.frame_cursor)
-                && (!self.settled() || self.waits_for_earlier(self.frame_cursor))
+                && (!self.settled(now) || self.waits_for_earlier(self.frame_cursor))
             {
                 return None;
             }
@@ -258,10 +259,10 @@ impl Conn {
 
     /// Applies a data frame's ack not yet applied, if one waits: true if
     /// one did, and the sending side may have moved.
-    fn settled(&mut self) -> bool {
+    fn settled(&mut self, now: Instant) -> bool {
         let waiting = self.piggybacked.is_some();
         if waiting {
-            self.settle();
+            self.settle(now);
         }
         waiting
     }

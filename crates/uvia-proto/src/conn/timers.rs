@@ -113,7 +113,7 @@ impl Conn {
     /// Lets time pass: retransmission and handshake timers, delayed acks,
     /// keep-alives and the idle timeout.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.settle();
+        self.settle(now);
         // Each timer is looked at in its turn, after the ones before it ran:
         // a handler may stop or move a later one (a timeout stops the probe,
         // a failure all of them).
@@ -173,7 +173,6 @@ impl Conn {
     /// Nic falls silent, all of them fail together, at the idle timeout
     /// after the last frame any of them heard.
     pub fn heard_elsewhere(&mut self, heard: Instant, pinged: Option<Instant>) {
-        self.settle();
         if heard <= self.last_rx && pinged <= self.last_ping {
             return;
         }
@@ -194,7 +193,6 @@ impl Conn {
     /// its watch, it counts both from the last frame heard, here or (told
     /// by [`heard_elsewhere`](Self::heard_elsewhere)) elsewhere.
     pub fn set_kept(&mut self, kept: bool) {
-        self.settle();
         if self.kept == kept {
             return;
         }

@@ -444,7 +444,7 @@ impl Sim {
             // As a provider does once its frames are out: the ack the last
             // data frame carried is applied now.
             if let Some(conn) = self.sides[i].conn.as_mut() {
-                conn.settle();
+                conn.settle(self.now);
             }
         }
     }

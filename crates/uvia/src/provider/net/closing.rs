@@ -134,7 +134,7 @@ impl Closing {
             }];
             let _ = medium.send(&f);
         }
-        self.conn.settle();
+        self.conn.settle(now);
         let done = self.conn.is_closed() && now >= self.heard + QUIET;
         !done && now < self.until
     }

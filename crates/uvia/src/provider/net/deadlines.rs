@@ -4,7 +4,7 @@
 //!
 //! Every VI notes its engine's next deadline as its output ends (or, after
 //! a poll that took frames in and has nothing to send, is marked due at
-//! once, [`Deadlines::note_now`], and notes the exact one later). Deadlines
+//! once, [`Deadlines::note_due`], and notes the exact one later). Deadlines
 //! within [`SOON`] (an acknowledgement owed, a retransmission) go on a short
 //! list that each sweep takes whole; later ones (keep-alives, the idle
 //! timeout) go into a queue ordered by deadline, rounded up to moments
@@ -135,21 +135,21 @@ impl Deadlines {
         }
     }
 
-    /// Connection `id` has a deadline from `now` on that it has not worked
-    /// out yet (frames came in, and it notes the exact one at its next
-    /// output): the next sweep looks at it, as if it were due now. One
-    /// clock subtraction where [`note`](Self::note) makes two and the
-    /// engine's earliest timer is looked up first; a VI polled by its
-    /// program notes the exact deadline on its next send or timer round,
-    /// and one left alone is served by that sweep.
-    pub(super) fn note_now(&self, now: Instant, id: u32, noted: &mut Noted) {
+    /// Connection `id` has a deadline it has not worked out yet (frames
+    /// came in, and it notes the exact one at its next output): the next
+    /// sweep looks at it, as if it were due now. No clock read, where
+    /// [`note`](Self::note) makes two subtractions and the engine's
+    /// earliest timer is looked up first; a VI polled by its program notes
+    /// the exact deadline on its next send or timer round, and one left
+    /// alone is served by that sweep.
+    pub(super) fn note_due(&self, id: u32, noted: &mut Noted) {
         if !noted.soon {
             self.soon.lock().push(id);
             noted.soon = true;
         }
-        let ns = self.nanos(now);
-        if ns < self.next_due.load(Ordering::Relaxed) {
-            self.next_due.fetch_min(ns, Ordering::AcqRel);
+        // Due since the book began: any sweep takes it.
+        if self.next_due.load(Ordering::Relaxed) > 0 {
+            self.next_due.fetch_min(0, Ordering::AcqRel);
         }
     }
 
@@ -412,15 +412,15 @@ mod tests {
         d.note(Some(t0 + ms(1000)), t0, 3, &mut n);
         assert!(!n.soon);
         assert_eq!(d.take_due(t0 + ms(2), 0), None, "nothing due yet");
-        d.note_now(t0 + ms(3), 3, &mut n);
+        d.note_due(3, &mut n);
         assert!(n.soon);
         assert_eq!(d.due_in(t0 + ms(3)), SWEEP_EVERY);
         assert_eq!(these(d.take_due(t0 + ms(4), 0)), vec![3]);
         // The sweep that looks at it takes it off the short list
         // (`NetNic::sweep`); noted again, it is listed once, however often.
         n.soon = false;
-        d.note_now(t0 + ms(5), 3, &mut n);
-        d.note_now(t0 + ms(5), 3, &mut n);
+        d.note_due(3, &mut n);
+        d.note_due(3, &mut n);
         assert_eq!(these(d.take_due(t0 + ms(6), 0)), vec![3]);
     }
 }

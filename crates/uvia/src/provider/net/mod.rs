@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use uvia_net::{Addr, Medium, OutFrame, RecvBatch};
 use uvia_proto::endpoint::{Endpoint, EndpointConfig, EndpointEvent};
 use uvia_proto::wire::{self, ConnAttrs, PrivateData, RejectReason, Repr};
-use uvia_proto::{Config, Conn, Event, Level, RnrPolicy};
+use uvia_proto::{Clock, Config, Conn, Event, Level, RnrPolicy};
 
 /// Most frames gathered before one call to the medium.
 pub(super) const TX_BATCH: usize = 32;
@@ -413,7 +413,7 @@ impl NetNic {
             if t.takes_from(from) {
                 if let Ok((dst, src, repr)) = self.parse(bytes) {
                     if dst == t.id {
-                        t.input(vi, q, from, src, &repr, now);
+                        t.input(vi, q, from, src, &repr, &mut Clock::at(now));
                         return;
                     }
                 }
@@ -424,7 +424,7 @@ impl NetNic {
             Some(EndpointEvent::Frame { id, src, repr }) => {
                 if let Some((vi, q, t)) = me {
                     if t.id == id {
-                        t.input(vi, q, from, src, &repr, now);
+                        t.input(vi, q, from, src, &repr, &mut Clock::at(now));
                         return;
                     }
                 }
@@ -469,13 +469,15 @@ impl NetNic {
         now: Instant,
     ) {
         match me {
-            Some((vi, q, t)) if Arc::ptr_eq(&vi.s, &target) => t.input(vi, q, from, src, repr, now),
+            Some((vi, q, t)) if Arc::ptr_eq(&vi.s, &target) => {
+                t.input(vi, q, from, src, repr, &mut Clock::at(now))
+            }
             _ => {
                 let vi = Vi { s: target };
                 let mut g = vi.lock();
                 let ViInner { q, t } = &mut *g;
                 if let Transport::Net(t) = t {
-                    t.input(&vi, q, from, src, repr, now);
+                    t.input(&vi, q, from, src, repr, &mut Clock::at(now));
                     t.output(&vi, q, now);
                 }
             }

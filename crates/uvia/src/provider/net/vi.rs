@@ -27,7 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uvia_net::{Addr, GatherFrame, Medium, OutFrame, Placed, Placement, RecvBatch};
 use uvia_proto::wire::{self, NakCode, Repr, DATA_HEADER_LEN};
-use uvia_proto::{Conn, Event, Expected, FailReason, Memory, Outcome, Place, SendKind, SendOp};
+use uvia_proto::{
+    Clock, Conn, Event, Expected, FailReason, Memory, Outcome, Place, SendKind, SendOp,
+};
 
 /// A post this soon after the previous transmission joins a burst.
 const COALESCE: Duration = Duration::from_micros(5);
@@ -134,6 +136,9 @@ pub(crate) struct NetVi {
     peer_live: Option<Arc<PeerLive>>,
     /// When this connection last told `peer_live` it heard the peer.
     told: Option<Instant>,
+    /// Data came that `peer_live` has not been told of: a poll that read
+    /// no clock for it tells at the next settle.
+    untold: bool,
     /// Frames taken in since then.
     heard_frames: u32,
     /// Its own medium is in the Nic's watch (while another connection
@@ -188,6 +193,7 @@ impl NetVi {
             joined: false,
             peer_live: None,
             told: None,
+            untold: false,
             heard_frames: 0,
             watched: false,
             sent_again: 0,
@@ -317,20 +323,19 @@ impl NetVi {
         from: Addr,
         src: u32,
         repr: &Repr<'_>,
-        now: Instant,
+        clock: &mut Clock,
     ) {
         // Frames come from the own medium once it is connected to the
         // peer (the kernel checked the source), or through the endpoint,
         // which checked it.
         let mut mem = ViMem::new(vi, q, None);
         uvia_trace::mark!(ProtoIn);
-        self.conn.handle_frame(now, src, repr, &mut mem);
+        self.conn.handle_frame_with(clock, src, repr, &mut mem);
         uvia_trace::mark!(ProtoPlaced);
-        if let Some(p) = &self.peer_live {
-            if self.told.is_none_or(|t| now >= t + TELL_EVERY) {
-                self.told = Some(now);
-                self.heard_frames = 0;
-                p.heard_by(self.id, now);
+        if self.peer_live.is_some() {
+            match clock.read() {
+                Some(now) => self.tell_heard(now),
+                None => self.untold = true,
             }
             // A connection kept without timers that takes in many frames
             // within one tell takes the watch over (see `BUSY_FRAMES`),
@@ -339,7 +344,13 @@ impl NetVi {
             self.heard_frames += 1;
             if self.heard_frames >= BUSY_FRAMES && self.own.is_some() {
                 self.heard_frames = 0;
-                if p.busy(self.id, self.conn.is_kept(), now) {
+                let now = clock.now();
+                let kept = self.conn.is_kept();
+                if self
+                    .peer_live
+                    .as_ref()
+                    .is_some_and(|p| p.busy(self.id, kept, now))
+                {
                     if let Some(nic) = NetNic::of(&vi.s.nic) {
                         self.share(nic, now);
                     }
@@ -358,6 +369,28 @@ impl NetVi {
             self.join(vi, from);
         }
         self.events(vi, q);
+    }
+
+    /// Tells `peer_live` that the peer was heard (at most every
+    /// `TELL_EVERY`).
+    fn tell_heard(&mut self, now: Instant) {
+        self.untold = false;
+        if let Some(p) = &self.peer_live {
+            if self.told.is_none_or(|t| now >= t + TELL_EVERY) {
+                self.told = Some(now);
+                self.heard_frames = 0;
+                p.heard_by(self.id, now);
+            }
+        }
+    }
+
+    /// The engine's bookkeeping left for after the answer (see
+    /// `Conn::settle`), at `now`, and the hearing not yet told.
+    fn settle(&mut self, now: Instant) {
+        self.conn.settle(now);
+        if self.untold {
+            self.tell_heard(now);
+        }
     }
 
     /// Sends what the engine has to send and applies its events.
@@ -399,7 +432,7 @@ impl NetVi {
             }
             // The answer is out: now the acknowledgement its question
             // carried (see `Conn::settle`).
-            self.conn.settle();
+            self.settle(now);
             if k > 0 {
                 // After the call: a burst is judged by the gap between the
                 // end of one transmission and the next post. An answer's
@@ -514,8 +547,10 @@ impl NetVi {
     }
 
     /// Reads the VI's own medium and hands the frames to its engine.
-    /// Returns the time the frames were taken in, if any arrived.
-    fn poll_own(&mut self, vi: &Vi, q: &mut Queues, nic: &NetNic) -> Option<Instant> {
+    /// Returns, if any arrived, the clock they were taken in by: read only
+    /// if the engine asked for the time (a data frame on a settled
+    /// connection does not).
+    fn poll_own(&mut self, vi: &Vi, q: &mut Queues, nic: &NetNic) -> Option<Clock> {
         let mut batch = self.own_batch.take()?;
         let placed = self.recv_placed(vi, q, nic, &mut batch);
         let Some(own) = self.own.as_ref() else {
@@ -532,8 +567,7 @@ impl NetVi {
         };
         let mut at = None;
         if n > 0 {
-            let now = Instant::now();
-            at = Some(now);
+            let clock = at.insert(Clock::lazy());
             for i in 0..n {
                 let (from, bytes) = batch.frame(i);
                 if placed.in_place(i) {
@@ -550,18 +584,19 @@ impl NetVi {
                         std::slice::from_raw_parts(self.places.at[k].at, exp.payload_len(&header))
                     };
                     let repr = Repr::Data { header, payload };
-                    self.input(vi, q, from, src, &repr, now);
+                    self.input(vi, q, from, src, &repr, clock);
                     continue;
                 }
                 if !self.joined {
                     // Connecting, and taking frames from anyone: the
                     // endpoint says which are the peer's.
+                    let now = clock.now();
                     if let Some((src, repr)) = nic.handshake_frame(now, self.id, from, bytes) {
-                        self.input(vi, q, from, src, &repr, now);
+                        self.input(vi, q, from, src, &repr, clock);
                     }
                     continue;
                 }
-                self.input_joined(vi, q, nic, from, bytes, now);
+                self.input_joined(vi, q, nic, from, bytes, clock);
             }
         }
         self.own_batch = Some(batch);
@@ -675,9 +710,10 @@ impl NetVi {
             return false;
         };
         let now = Instant::now();
+        let mut clock = Clock::at(now);
         for i in 0..n {
             let (from, bytes) = batch.frame(i);
-            self.input_joined(vi, q, nic, from, bytes, now);
+            self.input_joined(vi, q, nic, from, bytes, &mut clock);
         }
         self.own_batch = Some(batch);
         // What a sleep that ended without frames owes: the timers.
@@ -749,10 +785,10 @@ impl NetVi {
         nic: &NetNic,
         from: Addr,
         bytes: &[u8],
-        now: Instant,
+        clock: &mut Clock,
     ) {
         match nic.parse(bytes) {
-            Ok((dst, src, repr)) if dst == self.id => self.input(vi, q, from, src, &repr, now),
+            Ok((dst, src, repr)) if dst == self.id => self.input(vi, q, from, src, &repr, clock),
             _ => {
                 nic.malformed.fetch_add(1, Ordering::Relaxed);
             }
@@ -1290,11 +1326,11 @@ impl TransportOps for NetVi {
         // the application's answer (see `Conn::settle`), is applied by the
         // next poll if no answer came between: its completions go now.
         let mut settled = false;
-        if self.conn.unsettled() {
-            self.conn.settle();
+        if self.conn.unsettled() || self.untold {
+            self.settle(Instant::now());
             settled = self.events(vi, q);
         }
-        // When frames arrived, if any: the time they were taken in.
+        // When frames arrived, if any: the clock they were taken in by.
         let arrived = match (self.own.is_some(), self.joined) {
             // Requests and other VIs' handshakes reach the Nic's medium:
             // looked at with the timers, below.
@@ -1304,9 +1340,9 @@ impl TransportOps for NetVi {
             (true, false) => {
                 let own = self.poll_own(vi, q, nic);
                 let by_nic = nic.poll(Some((vi, &mut *q, &mut *self)));
-                own.or(by_nic)
+                own.or(by_nic.map(Clock::at))
             }
-            (false, _) => nic.poll(Some((vi, &mut *q, &mut *self))),
+            (false, _) => nic.poll(Some((vi, &mut *q, &mut *self))).map(Clock::at),
         };
         let got = arrived.is_some();
         // The timers are looked at every few polls, arrivals or not: they
@@ -1318,34 +1354,44 @@ impl TransportOps for NetVi {
         if !got && self.deferred == 0 && !timers {
             return settled;
         }
-        // The time frames arrived is recent enough for the timers: a
-        // second clock read would sit on the message's path.
-        let now = arrived.unwrap_or_else(Instant::now);
+        // The time frames arrived, if the engine read it, is recent enough
+        // for the timers: a second clock read would sit on the message's
+        // path.
+        let mut clock = arrived.unwrap_or_default();
         let mut moved = got || settled;
-        if timers && self.own.is_some() && self.joined && self.nic_look_at.is_none_or(|t| now >= t)
-        {
-            self.nic_look_at = Some(now + NIC_LOOK_EVERY);
-            moved |= nic.poll(Some((vi, &mut *q, &mut *self))).is_some();
-        }
         if timers {
+            let now = clock.now();
+            if self.own.is_some() && self.joined && self.nic_look_at.is_none_or(|t| now >= t) {
+                self.nic_look_at = Some(now + NIC_LOOK_EVERY);
+                moved |= nic.poll(Some((vi, &mut *q, &mut *self))).is_some();
+            }
             if self.conn.poll_timeout().is_some_and(|t| t <= now) {
                 self.timers_due(now, nic);
                 moved = true;
             }
             nic.sweep(now, self.id);
         }
-        if got && !timers && self.deferred == 0 && !self.conn.may_transmit(now) {
+        // Whether anything is to go needs the time only for a keep-alive:
+        // where the frames were taken in without a clock read, the last
+        // transmission's time serves (a keep-alive it misses goes at the
+        // timer round).
+        let seen = clock.read().or(self.last_tx);
+        if got
+            && !timers
+            && self.deferred == 0
+            && !self.conn.may_transmit(seen.unwrap_or_else(|| clock.now()))
+        {
             // Frames came and nothing is to go: the output would only note
             // the engine's next deadline, its earliest timer looked up and
             // two clock subtractions on the way to the application (some
             // 250 instructions, 25-60 ns of a udp message measured). The
-            // Nic's book takes the VI as due now instead, and the exact
+            // Nic's book takes the VI as due at once instead, and the exact
             // deadline is noted by the next output (a send, a timer round,
             // a sweep's).
-            nic.deadlines.note_now(now, self.id, &mut self.noted);
+            nic.deadlines.note_due(self.id, &mut self.noted);
             return moved;
         }
-        moved |= self.output(vi, q, now);
+        moved |= self.output(vi, q, clock.now());
         moved
     }
 
