@@ -90,7 +90,7 @@ fn main() {
     let start = Instant::now();
     let one_way = |x: &mut Conn, y: &mut Conn, mx: &mut Buf, my: &mut Buf, f: &mut [u8]| {
         y.post_recv(64).expect("post receive");
-        x.post_send(Instant::now(), op).expect("post send");
+        x.post_send(op).expect("post send");
         pass(x, y, mx, my, f, crc);
         while y.poll_event().is_some() {}
     };

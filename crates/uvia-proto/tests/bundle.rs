@@ -35,8 +35,7 @@ fn burst(seed: u64, level: Level, faults: Faults, count: u32) -> (u64, Vec<u32>)
     let frames_before = s.sides[0].conn().stats().frames_sent;
     for i in 0..count {
         s.sides[1].recv(512);
-        let now = s.now;
-        s.sides[0].send(now, message(i, size(i)), Some(i));
+        s.sides[0].send(message(i, size(i)), Some(i));
     }
     let mut received = vec![];
     let done = s.run_until(Duration::from_secs(60), |s| {
@@ -107,8 +106,7 @@ fn a_receiver_with_one_descriptor_posted_takes_every_bundled_message() {
     assert!(s.connect(Duration::from_secs(1)));
     let count = 40u32;
     for i in 0..count {
-        let now = s.now;
-        s.sides[0].send(now, message(i, 16), Some(i));
+        s.sides[0].send(message(i, 16), Some(i));
     }
     s.sides[1].recv(64);
     let mut received = vec![];

@@ -64,7 +64,7 @@ fn send(c: &mut Conn) {
         len: 8,
         imm: None,
     };
-    c.post_send(Instant::now(), op).expect("post send");
+    c.post_send(op).expect("post send");
 }
 
 #[test]

@@ -35,8 +35,7 @@ fn run(seed: u64, level: Level, loss: f64) -> Run {
     let t0 = s.now;
     for i in 0..COUNT {
         s.sides[1].recv(SIZE as u32);
-        let now = s.now;
-        s.sides[0].send(now, message(i, SIZE), Some(i));
+        s.sides[0].send(message(i, SIZE), Some(i));
     }
     let mut got = 0u32;
     let mut bytes = 0u64;

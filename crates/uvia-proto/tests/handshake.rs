@@ -28,8 +28,7 @@ fn exchange(s: &mut Sim, n: u32) {
     let base = s.sides[0].sends_done().len() as u32;
     for i in 0..n {
         s.sides[1].recv(4000);
-        let now = s.now;
-        s.sides[0].send(now, message(base + i, 3000), Some(base + i));
+        s.sides[0].send(message(base + i, 3000), Some(base + i));
     }
     let mut got = vec![];
     let ok = s.run_until(Duration::from_secs(2), |s| {
@@ -132,8 +131,7 @@ fn a_refused_request_is_rejected() {
             len: 1,
             imm: None,
         };
-        let now = s.now;
-        assert_eq!(s.sides[0].conn().post_send(now, op), Err(PostError::State));
+        assert_eq!(s.sides[0].conn().post_send(op), Err(PostError::State));
         // Nothing more goes out: the client has stopped asking.
         let asked = s.sides[1].requests;
         s.run_until(Duration::from_secs(1), |_| false);

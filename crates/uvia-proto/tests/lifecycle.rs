@@ -57,8 +57,7 @@ fn sizes_at_the_edges_of_a_frame() {
             for (i, &len) in sizes.iter().enumerate() {
                 // Receive buffers exactly as long as their message.
                 s.sides[1].recv(len as u32);
-                let now = s.now;
-                s.sides[0].send(now, message(i as u32, len), Some(i as u32));
+                s.sides[0].send(message(i as u32, len), Some(i as u32));
             }
             let mut got = vec![];
             let n = sizes.len();
@@ -92,9 +91,8 @@ fn a_short_receive_buffer_fails_reliable_levels_and_not_unreliable() {
             assert!(s.connect(Duration::from_secs(1)));
             s.sides[1].recv(len - 1);
             s.sides[1].recv(len);
-            let now = s.now;
-            s.sides[0].send(now, message(1, len as usize), None);
-            s.sides[0].send(now, message(2, len as usize), None);
+            s.sides[0].send(message(1, len as usize), None);
+            s.sides[0].send(message(2, len as usize), None);
             if level.is_reliable() {
                 assert!(s.run_until(Duration::from_secs(1), |s| {
                     s.sides[0].failed() && s.sides[1].failed()
@@ -145,8 +143,7 @@ fn disconnect_flushes_both_sides_and_the_peer_is_told() {
             assert!(s.connect(Duration::from_secs(1)));
             // One message goes through first.
             s.sides[1].recv(10_000);
-            let now = s.now;
-            s.sides[0].send(now, message(0, 10_000), None);
+            s.sides[0].send(message(0, 10_000), None);
             let mut first = vec![];
             assert!(s.run_until(Duration::from_secs(1), |s| {
                 first.extend(s.sides[1].take_recvs());
@@ -160,9 +157,9 @@ fn disconnect_flushes_both_sides_and_the_peer_is_told() {
                 s.sides[0].recv(10_000);
             }
             let now = s.now;
-            s.sides[1].send(now, message(7, 50_000), None);
+            s.sides[1].send(message(7, 50_000), None);
             for i in 1..4 {
-                s.sides[0].send(now, message(i, 50_000), None);
+                s.sides[0].send(message(i, 50_000), None);
             }
             s.sides[0].conn().close(now);
             s.run_until(Duration::from_millis(1), |_| false);
@@ -182,14 +179,11 @@ fn disconnect_flushes_both_sides_and_the_peer_is_told() {
             assert_eq!(r.len(), 3);
             assert!(r.iter().all(|r| r.2 == Outcome::Flushed));
             assert_eq!(
-                s.sides[0].conn().post_send(
-                    now,
-                    SendOp {
-                        kind: SendKind::Send,
-                        len: 1,
-                        imm: None
-                    }
-                ),
+                s.sides[0].conn().post_send(SendOp {
+                    kind: SendKind::Send,
+                    len: 1,
+                    imm: None
+                }),
                 Err(PostError::State)
             );
             assert_eq!(s.sides[0].conn().post_recv(1), Err(PostError::State));
@@ -239,8 +233,7 @@ fn sends_the_peer_had_before_it_disconnected_complete() {
             s.faults[1] = f;
             for i in 0..4 {
                 s.sides[1].recv(5000);
-                let now = s.now;
-                s.sides[0].send(now, message(i, 5000), None);
+                s.sides[0].send(message(i, 5000), None);
             }
             let mut got = vec![];
             assert!(s.run_until(Duration::from_secs(1), |s| {
@@ -277,8 +270,7 @@ fn a_receiver_not_ready_for_long_is_waited_for() {
     };
     let mut s = Sim::new(9, cfg, Faults::default());
     assert!(s.connect(Duration::from_secs(1)));
-    let now = s.now;
-    s.sides[0].send(now, message(1, 5000), None);
+    s.sides[0].send(message(1, 5000), None);
     s.run_until(Duration::from_secs(6), |s| s.sides[0].failed());
     assert!(!s.sides[0].failed(), "{:?}", s.sides[0].events);
     s.sides[1].recv(5000);
@@ -303,8 +295,7 @@ fn an_unanswered_send_completes_within_10_us() {
         assert!(s.connect(Duration::from_secs(1)));
         s.sides[1].recv(len as u32);
         let start = s.now;
-        let now = s.now;
-        s.sides[0].send(now, message(0, len), None);
+        s.sides[0].send(message(0, len), None);
         assert!(s.run_until(Duration::from_secs(1), |s| !s.sides[0]
             .sends_done()
             .is_empty()));

@@ -48,8 +48,7 @@ fn transfer(seed: u64, level: Level, f: Faults, count: u32) -> Outcome_ {
     for i in 0..total {
         s.sides[1].recv(1 << 20);
         let len = SIZES[i as usize % SIZES.len()];
-        let now = s.now;
-        s.sides[0].send(now, message(i, len), Some(i));
+        s.sides[0].send(message(i, len), Some(i));
     }
     let mut received = vec![];
     let mut bytes = 0u64;
@@ -142,7 +141,7 @@ fn a_silent_peer_ends_in_error_within_the_timeout() {
         s.faults[1].loss = 1.0;
         let now = s.now;
         let t0 = now;
-        s.sides[0].send(now, message(1, 10_000), None);
+        s.sides[0].send(message(1, 10_000), None);
         s.sides[0].recv(100);
         let timeout = s.sides[0].cfg.idle_timeout;
         let ok = s.run_until(timeout * 2, |s| s.sides[0].failed());

@@ -77,9 +77,8 @@ fn rdma_writes_land_exactly_once_under_loss() {
                     imms.push((x, len as u32));
                 }
                 let data = message(i, len);
-                let now = s.now;
                 let at = REGION_ADDR + (slot * SLOT) as u64;
-                s.sides[0].post(now, write(at, len, imm), data.clone());
+                s.sides[0].post(write(at, len, imm), data.clone());
                 // The slot's expected bytes: this write over the ones before.
                 let mut want: Vec<u8> = last[slot].take().unwrap_or(vec![0; SLOT]);
                 want[..len].copy_from_slice(&data);
@@ -137,8 +136,7 @@ fn rdma_reads_return_the_targets_bytes_under_loss() {
                 (17, 65_536),
             ];
             for &(at, len) in &reads {
-                let now = s.now;
-                s.sides[0].post(now, read(REGION_ADDR + at as u64, len), vec![0; len]);
+                s.sides[0].post(read(REGION_ADDR + at as u64, len), vec![0; len]);
             }
             let n = reads.len();
             let done = s.run_until(Duration::from_secs(5), |s| {
@@ -169,13 +167,12 @@ fn refused(name: &str, op: SendOp, prepare: impl Fn(&mut Sim)) {
         let before = s.sides[1].mem.region.clone();
         // A send that succeeds first, then the bad operation, then a send
         // behind it.
-        let now = s.now;
         s.sides[1].recv(3000);
         s.sides[1].recv(3000);
         s.sides[0].recv(100);
-        s.sides[0].send(now, message(1, 3000), None);
-        s.sides[0].post(now, op, vec![0xee; op.len as usize]);
-        s.sides[0].send(now, message(2, 3000), None);
+        s.sides[0].send(message(1, 3000), None);
+        s.sides[0].post(op, vec![0xee; op.len as usize]);
+        s.sides[0].send(message(2, 3000), None);
         let done = s.run_until(Duration::from_secs(1), |s| {
             s.sides[0].failed() && s.sides[1].failed()
         });

@@ -30,8 +30,7 @@ fn failed_with(events: &[Event]) -> Option<FailReason> {
 fn no_descriptor_breaks_both_sides_by_default() {
     let mut s = Sim::new(1, config(RnrPolicy::Fail), Faults::default());
     assert!(s.connect(Duration::from_secs(1)));
-    let now = s.now;
-    s.sides[0].send(now, message(1, 100), None);
+    s.sides[0].send(message(1, 100), None);
     assert!(s.run_until(Duration::from_secs(1), |s| s.sides[0].failed()
         && s.sides[1].failed()));
     assert_eq!(
@@ -52,9 +51,8 @@ fn with_retry_the_message_waits_for_a_descriptor() {
     };
     let mut s = Sim::new(2, config(rnr), Faults::default());
     assert!(s.connect(Duration::from_secs(1)));
-    let now = s.now;
     for i in 0..3 {
-        s.sides[0].send(now, message(i, 5000), Some(i));
+        s.sides[0].send(message(i, 5000), Some(i));
     }
     // A while with nothing posted: the sender is told to wait, nothing breaks.
     s.run_until(Duration::from_millis(20), |_| false);
@@ -87,8 +85,7 @@ fn the_retry_limit_ends_in_error() {
     };
     let mut s = Sim::new(3, config(rnr), Faults::default());
     assert!(s.connect(Duration::from_secs(1)));
-    let now = s.now;
-    s.sides[0].send(now, message(1, 100), None);
+    s.sides[0].send(message(1, 100), None);
     let ok = s.run_until(Duration::from_secs(1), |s| s.sides[0].failed());
     let st = s.sides[0].conn().stats();
     assert!(ok, "{:?} {:?}", s.sides[0].events, st);
@@ -103,8 +100,7 @@ fn a_short_receive_buffer_is_a_length_error_on_both_sides() {
     let mut s = Sim::new(4, config(RnrPolicy::Fail), Faults::default());
     assert!(s.connect(Duration::from_secs(1)));
     s.sides[1].recv(10);
-    let now = s.now;
-    s.sides[0].send(now, message(1, 100), None);
+    s.sides[0].send(message(1, 100), None);
     assert!(s.run_until(Duration::from_secs(1), |s| s.sides[0].failed()
         && s.sides[1].failed()));
     assert_eq!(
@@ -132,12 +128,10 @@ fn rdma_is_checked_on_the_target_and_moves_bytes_exactly() {
     assert!(s.connect(Duration::from_secs(1)));
     let src = message(9, 30_000);
     s.sides[1].mem.region[..30_000].copy_from_slice(&src);
-    let now = s.now;
     // Write 20 000 bytes at offset 1000 of the target's region, then read
     // 30 000 bytes from its start back.
     let w = message(3, 20_000);
     s.sides[0].post(
-        now,
         SendOp {
             kind: SendKind::RdmaWrite {
                 raddr: REGION_ADDR + 40_000,
@@ -149,7 +143,6 @@ fn rdma_is_checked_on_the_target_and_moves_bytes_exactly() {
         w.clone(),
     );
     s.sides[0].post(
-        now,
         SendOp {
             kind: SendKind::RdmaRead {
                 raddr: REGION_ADDR,
@@ -172,9 +165,7 @@ fn rdma_is_checked_on_the_target_and_moves_bytes_exactly() {
     assert_eq!(s.sides[0].mem.reads[0].1, src);
     // A write outside the region: a protection error, memory untouched.
     let before = s.sides[1].mem.region.clone();
-    let now = s.now;
     s.sides[0].post(
-        now,
         SendOp {
             kind: SendKind::RdmaWrite {
                 raddr: REGION_ADDR + (1 << 16) - 10,
@@ -216,9 +207,8 @@ fn peer_to_peer_connects_whichever_request_arrives_first() {
         // And data flows both ways.
         s.sides[1].recv(100);
         s.sides[0].recv(100);
-        let now = s.now;
-        s.sides[0].send(now, message(1, 50), None);
-        s.sides[1].send(now, message(2, 60), None);
+        s.sides[0].send(message(1, 50), None);
+        s.sides[1].send(message(2, 60), None);
         let mut a = vec![];
         let mut b = vec![];
         assert!(s.run_until(Duration::from_secs(3), |s| {

@@ -45,7 +45,7 @@ struct Book {
 }
 
 impl Book {
-    fn post(&mut self, c: &mut Conn, now: Instant) {
+    fn post(&mut self, c: &mut Conn) {
         for cap in [4096, 4096, 0, 100] {
             if c.post_recv(cap).is_ok() {
                 self.recvs += 1;
@@ -67,7 +67,7 @@ impl Book {
             (SendKind::RdmaWrite { raddr: 64, rkey: 8 }, 10, Some(2)),
         ];
         for (kind, len, imm) in ops {
-            if c.post_send(now, SendOp { kind, len, imm }).is_ok() {
+            if c.post_send(SendOp { kind, len, imm }).is_ok() {
                 self.sends += 1;
             }
         }
@@ -147,7 +147,7 @@ fuzz_target!(|data: &[u8]| {
     let mut now = t0;
     while at < rest.len() {
         if !posted && c.is_connected() {
-            book.post(&mut c, now);
+            book.post(&mut c);
             posted = true;
         }
         let n = rest[at] as usize;

@@ -508,9 +508,9 @@ pub struct Conn {
     /// applied: the frame's payload reaches the application first (see
     /// [`settle`](Self::settle)). Its `ack` and `done`.
     piggybacked: Option<(u32, u32)>,
-    /// Data frames were built whose timers are not armed yet: the time the
-    /// first of them was (see [`settle`](Self::settle)).
-    sent_unarmed: Option<Instant>,
+    /// Data frames built since the last settle, the newest records of
+    /// `inflight`: their time and timers are the settle's.
+    sent_unarmed: u32,
     /// A data frame was heard whose liveness timers (idle, keep-alive)
     /// are not moved yet.
     heard_unarmed: bool,
@@ -593,7 +593,7 @@ impl Conn {
             peer_done: 0,
             rnr_in_a_row: 0,
             piggybacked: None,
-            sent_unarmed: None,
+            sent_unarmed: 0,
             heard_unarmed: false,
             ack_unarmed: false,
             in_msgs: VecDeque::new(),
@@ -685,7 +685,7 @@ impl Conn {
 
     /// Queues a send-queue descriptor; returns its msn (sequential from 0),
     /// which its [`Event::SendDone`] names.
-    pub fn post_send(&mut self, now: Instant, op: SendOp) -> Result<u32, PostError> {
+    pub fn post_send(&mut self, op: SendOp) -> Result<u32, PostError> {
         if !self.is_connected() {
             return Err(PostError::State);
         }
@@ -729,7 +729,6 @@ impl Conn {
             read_got: 0,
             started: false,
         });
-        let _ = now;
         Ok(msn)
     }
 
@@ -758,7 +757,7 @@ impl Conn {
     #[inline]
     pub fn unsettled(&self) -> bool {
         self.piggybacked.is_some()
-            || self.sent_unarmed.is_some()
+            || self.sent_unarmed > 0
             || self.heard_unarmed
             || self.ack_unarmed
     }
@@ -789,12 +788,21 @@ impl Conn {
     /// send; one that does not settles at its next poll.
     #[inline]
     pub fn settle(&mut self, now: Instant) {
+        let sent = self.sent_unarmed as usize;
+        if sent > 0 {
+            // They left in the caller's transmission, just done.
+            let n = self.inflight.len();
+            for s in self.inflight.range_mut(n.saturating_sub(sent)..) {
+                s.sent_at = now;
+            }
+        }
         let progress = match self.piggybacked.take() {
             Some((ack, done)) => self.on_ack(now, ack, done, &[]),
             None => false,
         };
-        if let Some(at) = self.sent_unarmed.take() {
-            self.arm_sent(at, progress);
+        if sent > 0 {
+            self.sent_unarmed = 0;
+            self.arm_sent(now, progress);
         }
         if std::mem::take(&mut self.heard_unarmed) {
             self.last_rx = self.last_rx.max(now);
@@ -901,32 +909,66 @@ impl Conn {
     }
 }
 
-/// The time for [`Conn::handle_frame_with`]: given, or read from the
-/// system clock when first asked for and kept for the rest of the call's
-/// frames. A data frame on a settled connection does not ask: a poll that
-/// takes in one message reads no clock on its way to the application.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Clock(Option<Instant>);
+/// The time for [`Conn::handle_frame_with`] and
+/// [`Conn::poll_transmit_with`]: given, or read through the caller's clock
+/// when first asked for, and kept for the rest of the call. A data frame
+/// taken in on a settled connection, or a new one built, does not ask: a
+/// poll that takes in one message, and the answer's transmission, read no
+/// clock on the message's way. (The engine has no clock of its own: a
+/// clock given no time reads through the caller's `source`.)
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    read: Option<Instant>,
+    /// A time known to have passed, for what may be judged late (a
+    /// keep-alive due): the last the caller read.
+    floor: Option<Instant>,
+    /// Where a time not given is read (never, for a clock given one).
+    source: fn() -> Instant,
+}
 
 impl Clock {
-    /// A clock that reads the system's when first asked.
-    pub fn lazy() -> Clock {
-        Clock(None)
+    /// A clock that asks `source` (the system's, `Instant::now`) when first
+    /// asked.
+    pub fn lazy(source: fn() -> Instant) -> Clock {
+        Clock::since(None, source)
+    }
+
+    /// A clock that asks `source` when first asked, and knows that `floor`
+    /// has passed.
+    pub fn since(floor: Option<Instant>, source: fn() -> Instant) -> Clock {
+        Clock {
+            read: None,
+            floor,
+            source,
+        }
     }
 
     /// A clock that says `now`.
     pub fn at(now: Instant) -> Clock {
-        Clock(Some(now))
+        Clock {
+            read: Some(now),
+            floor: None,
+            source: Instant::now,
+        }
     }
 
     /// The time: the one given or read first.
     #[inline]
     pub fn now(&mut self) -> Instant {
-        *self.0.get_or_insert_with(Instant::now)
+        *self.read.get_or_insert_with(self.source)
     }
 
     /// The time, if it was given or read.
     pub fn read(&self) -> Option<Instant> {
-        self.0
+        self.read
+    }
+
+    /// A time not after now: the one given or read, else the floor, else
+    /// now. What is due by it is due; what is not may be by now.
+    pub fn at_least(&mut self) -> Instant {
+        match self.read.or(self.floor) {
+            Some(t) => t,
+            None => self.now(),
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! acks and naks say about the frames in flight.
 
 use super::{
-    Conn, Event, FailReason, Level, Memory, OutKind, OutMsg, Outcome, RnrPolicy, Sent, State, Timer,
+    Clock, Conn, Event, FailReason, Level, Memory, OutKind, OutMsg, Outcome, RnrPolicy, Sent,
+    State, Timer,
 };
 use crate::seq;
 use crate::wire::{
@@ -24,7 +25,21 @@ impl Conn {
         buf: &mut [u8],
         mem: &mut dyn Memory,
     ) -> Option<usize> {
-        let n = self.transmit(now, buf, mem)?;
+        self.poll_transmit_with(&mut Clock::at(now), buf, mem)
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit), the time read from `clock`
+    /// only where it is needed. A new data frame needs none: it counts as
+    /// sent at the next [`settle`](Self::settle), which the caller makes
+    /// once the frame is out, and its timers are armed there. Whether a
+    /// keep-alive is due is judged at [`Clock::at_least`].
+    pub fn poll_transmit_with(
+        &mut self,
+        clock: &mut Clock,
+        buf: &mut [u8],
+        mem: &mut dyn Memory,
+    ) -> Option<usize> {
+        let n = self.transmit(clock, buf, mem)?;
         self.stats.frames_sent += 1;
         Some(n)
     }
@@ -53,13 +68,20 @@ impl Conn {
         self.frame_cursor < self.msgs.len() || self.responses.iter().any(|m| !m.fully_framed())
     }
 
-    fn transmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
+    fn transmit(
+        &mut self,
+        clock: &mut Clock,
+        buf: &mut [u8],
+        mem: &mut dyn Memory,
+    ) -> Option<usize> {
         let (dst, src) = (self.peer_id, self.local_id);
         if !self.is_connected() {
-            return self.transmit_unconnected(now, buf);
+            return self.transmit_unconnected(clock.now(), buf);
         }
-        if let Some(n) = self.transmit_accept(now, buf) {
-            return Some(n);
+        if self.state == State::Accepting {
+            if let Some(n) = self.transmit_accept(clock.now(), buf) {
+                return Some(n);
+            }
         }
         if self.confirm_due {
             self.confirm_due = false;
@@ -70,18 +92,23 @@ impl Conn {
             return Some(Repr::Nak { code, psn, ack }.emit(buf, dst, src));
         }
         if !self.timers.is_set(Timer::Rnr) {
-            if let Some(n) = self.retransmit(now, buf, mem) {
-                return Some(n);
+            if self.lost > 0 {
+                if let Some(n) = self.retransmit(clock.now(), buf, mem) {
+                    return Some(n);
+                }
             }
-            if let Some(n) = self.send_new(now, buf, mem) {
+            if let Some(n) = self.send_new(clock, buf, mem) {
                 return Some(n);
             }
         }
-        let mut ping_due = self.timers.expired(Timer::KeepAlive, now);
-        if ping_due && std::mem::take(&mut self.heard_unarmed) {
-            // A frame heard, not yet settled, moves it.
-            self.last_rx = self.last_rx.max(now);
-            self.arm_liveness();
+        let mut ping_due = self.timers.expired(Timer::KeepAlive, clock.at_least());
+        if ping_due {
+            let now = clock.now();
+            if std::mem::take(&mut self.heard_unarmed) {
+                // A frame heard, not yet settled, moves it.
+                self.last_rx = self.last_rx.max(now);
+                self.arm_liveness();
+            }
             ping_due = self.timers.expired(Timer::KeepAlive, now);
         }
         let ack_due = self.ack_now && self.cfg.level.is_reliable();
@@ -89,7 +116,7 @@ impl Conn {
             self.ack_now = false;
             self.pong_due = false;
             let flags = if ping_due {
-                self.last_ping = Some(now);
+                self.last_ping = Some(clock.now());
                 self.kept_elsewhere = false;
                 self.arm_liveness();
                 ack_flags::PING
@@ -187,11 +214,16 @@ impl Conn {
         o
     }
 
-    fn send_new(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
+    fn send_new(
+        &mut self,
+        clock: &mut Clock,
+        buf: &mut [u8],
+        mem: &mut dyn Memory,
+    ) -> Option<usize> {
         let reliable = self.cfg.level.is_reliable();
         // Where the window is full or a message waits, an ack not yet
         // applied may open it or end the wait: applied, and looked again.
-        if reliable && self.window_full() && (!self.settled(now) || self.window_full()) {
+        if reliable && self.window_full() && (!self.settled(clock) || self.window_full()) {
             return None;
         }
         // Read responses first: the peer is waiting for them.
@@ -201,13 +233,13 @@ impl Conn {
         } else if self.frame_cursor < self.msgs.len() {
             if reliable
                 && self.waits_for_earlier(self.frame_cursor)
-                && (!self.settled(now) || self.waits_for_earlier(self.frame_cursor))
+                && (!self.settled(clock) || self.waits_for_earlier(self.frame_cursor))
             {
                 return None;
             }
             let k = self.bundle_len(self.frame_cursor);
             if k > 1 {
-                return Some(self.send_bundle(now, buf, self.frame_cursor, k, mem));
+                return Some(self.send_bundle(buf, self.frame_cursor, k, mem));
             }
             (false, self.frame_cursor)
         } else {
@@ -238,7 +270,7 @@ impl Conn {
             0
         };
         if reliable {
-            self.record_sent(now, response, m.msn, offset, len, 1);
+            self.record_sent(response, m.msn, offset, len, 1);
         }
         let n = self.emit_data(buf, psn, &m, offset, len, flags, mem);
         if !reliable {
@@ -259,10 +291,10 @@ impl Conn {
 
     /// Applies a data frame's ack not yet applied, if one waits: true if
     /// one did, and the sending side may have moved.
-    fn settled(&mut self, now: Instant) -> bool {
+    fn settled(&mut self, clock: &mut Clock) -> bool {
         let waiting = self.piggybacked.is_some();
         if waiting {
-            self.settle(now);
+            self.settle(clock.now());
         }
         waiting
     }
@@ -306,14 +338,7 @@ impl Conn {
     }
 
     /// Frames the `k` sends from `msgs[i]` on as one bundle.
-    fn send_bundle(
-        &mut self,
-        now: Instant,
-        buf: &mut [u8],
-        i: usize,
-        k: usize,
-        mem: &mut dyn Memory,
-    ) -> usize {
+    fn send_bundle(&mut self, buf: &mut [u8], i: usize, k: usize, mem: &mut dyn Memory) -> usize {
         let mut bytes = 0;
         for m in self.msgs.range_mut(i..i + k) {
             m.framed = m.len;
@@ -324,23 +349,16 @@ impl Conn {
         self.frame_cursor += k;
         let psn = self.snd_nxt;
         self.snd_nxt = psn.wrapping_add(1);
-        self.record_sent(now, false, self.msgs[i].msn, 0, bytes, k as u16);
+        self.record_sent(false, self.msgs[i].msn, 0, bytes, k as u16);
         self.emit_bundle(buf, psn, i, k, 0, mem)
     }
 
-    /// Records a reliable frame sent for the first time at `now` (the next
-    /// packet number's): `len` payload bytes of `count` messages from
-    /// `msn` on, at `offset` of the first. It counts against the window
-    /// and has the retransmission and probe timers running.
-    fn record_sent(
-        &mut self,
-        now: Instant,
-        response: bool,
-        msn: u32,
-        offset: u32,
-        len: u32,
-        count: u16,
-    ) {
+    /// Records a reliable frame sent for the first time (the next packet
+    /// number's): `len` payload bytes of `count` messages from `msn` on, at
+    /// `offset` of the first. It counts against the window at once; its
+    /// time is the next settle's, which arms its retransmission and probe
+    /// timers, once the caller's transmission is done.
+    fn record_sent(&mut self, response: bool, msn: u32, offset: u32, len: u32, count: u16) {
         let order = self.next_order();
         self.inflight.push_back(Sent {
             response,
@@ -348,7 +366,8 @@ impl Conn {
             offset,
             len,
             count,
-            sent_at: now,
+            // A stand-in until the settle.
+            sent_at: self.last_rx,
             order,
             transmissions: 1,
             acked: false,
@@ -357,14 +376,13 @@ impl Conn {
         });
         self.inflight_bytes += len;
         self.pipe += 1;
-        // Its timers are armed by `settle`, once the frame is out.
-        self.sent_unarmed.get_or_insert(now);
+        self.sent_unarmed += 1;
     }
 
-    /// Arms the retransmission timer and the probe for the frames sent
-    /// since the last call (the first of them sent at `at`), as
-    /// [`settle`](Self::settle) does after the caller's transmission; the
-    /// timer restarts if an ack applied just before brought `progress`.
+    /// Arms the retransmission timer and the probe for the frames sent at
+    /// `at`, as [`settle`](Self::settle) does after the caller's
+    /// transmission; the timer restarts if an ack applied just before
+    /// brought `progress`.
     pub(super) fn arm_sent(&mut self, at: Instant, progress: bool) {
         if progress || !self.timers.is_set(Timer::Rto) {
             self.timers.set(Timer::Rto, at + self.rtt.rto());
@@ -625,7 +643,7 @@ impl Conn {
         }
         // Frames built since the last settle are armed by it, from the time
         // they went (a settle applies a data frame's ack after them).
-        if self.sent_unarmed.is_none() {
+        if self.sent_unarmed == 0 {
             self.arm_timers(now, progress);
         }
         progress

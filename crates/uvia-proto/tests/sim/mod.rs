@@ -173,25 +173,22 @@ impl Side {
     }
 
     /// Posts a send of `data`; returns its msn.
-    pub fn send(&mut self, now: Instant, data: Vec<u8>, imm: Option<u32>) -> u32 {
+    pub fn send(&mut self, data: Vec<u8>, imm: Option<u32>) -> u32 {
         let len = data.len() as u32;
         let msn = self
             .conn()
-            .post_send(
-                now,
-                SendOp {
-                    kind: SendKind::Send,
-                    len,
-                    imm,
-                },
-            )
+            .post_send(SendOp {
+                kind: SendKind::Send,
+                len,
+                imm,
+            })
             .expect("post send");
         self.mem.sends.push_back((msn, data));
         msn
     }
 
-    pub fn post(&mut self, now: Instant, op: SendOp, data: Vec<u8>) -> u32 {
-        let msn = self.conn().post_send(now, op).expect("post");
+    pub fn post(&mut self, op: SendOp, data: Vec<u8>) -> u32 {
+        let msn = self.conn().post_send(op).expect("post");
         match op.kind {
             SendKind::RdmaRead { .. } => self.mem.reads.push_back((msn, data)),
             _ => self.mem.sends.push_back((msn, data)),

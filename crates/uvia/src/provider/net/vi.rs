@@ -395,6 +395,12 @@ impl NetVi {
 
     /// Sends what the engine has to send and applies its events.
     pub(super) fn output(&mut self, vi: &Vi, q: &mut Queues, now: Instant) -> bool {
+        self.output_with(vi, q, &mut Clock::at(now))
+    }
+
+    /// [`output`](Self::output), the time read from `clock` where the
+    /// engine needs it, and after the transmission.
+    fn output_with(&mut self, vi: &Vi, q: &mut Queues, clock: &mut Clock) -> bool {
         let Some(nic) = NetNic::of(&vi.s.nic) else {
             return false;
         };
@@ -421,26 +427,31 @@ impl NetVi {
                 // medium is not called (on AF_XDP two of three calls a
                 // ping-pong message took a frame off the ring and gave it
                 // back, some 250 instructions each).
-                _ if !self.conn.may_transmit(now) => 0,
-                Some(own) if from_own => self.send_copied(&**own, now, &mut mem),
-                _ if nic.lends => self.send_built(&*nic.medium, now, &mut mem),
-                _ => self.send_copied(&*nic.medium, now, &mut mem),
+                _ if !self.conn.may_transmit(clock.at_least()) => 0,
+                Some(own) if from_own => self.send_copied(&**own, clock, &mut mem),
+                _ if nic.lends => self.send_built(&*nic.medium, clock, &mut mem),
+                _ => self.send_copied(&*nic.medium, clock, &mut mem),
             };
             self.own = own;
             if let Some(c) = copies {
                 self.copies = c;
             }
+            // After the call, off the message's way: the time the frames
+            // left (an answer's post read none before them).
+            let now = if k > 0 { Instant::now() } else { clock.now() };
             // The answer is out: now the acknowledgement its question
-            // carried (see `Conn::settle`).
+            // carried, and the frames' timers (see `Conn::settle`).
             self.settle(now);
             if k > 0 {
-                // After the call: a burst is judged by the gap between the
-                // end of one transmission and the next post. An answer's
-                // frames take the time the call began instead: a clock read
-                // (some 30 ns here) off every ping-pong message's path, and
-                // the post after an answer only looks further from it, so
-                // it goes at once rather than waiting for a burst.
-                self.last_tx = Some(if self.answering { now } else { Instant::now() });
+                // A burst is judged by the gap between the end of one
+                // transmission and the next post. An answer's frames take
+                // the time the post began where it was read, so that the
+                // post after an answer looks further from it and goes at
+                // once rather than waiting for a burst.
+                self.last_tx = Some(match clock.read() {
+                    Some(t) if self.answering => t,
+                    _ => now,
+                });
                 self.answering = false;
                 sent = true;
             }
@@ -463,11 +474,20 @@ impl NetVi {
     /// does the first post after a message arrived: that is an answer (a
     /// ping-pong's reply comes well within the burst gap of the previous
     /// send).
-    fn posted(&mut self, vi: &Vi, q: &mut Queues, now: Instant) {
-        let burst = !self.answering
-            && self
-                .last_tx
-                .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
+    ///
+    /// An answer reads no clock before its frames leave: the engine builds
+    /// a new data frame without the time, and the output reads it after
+    /// the transmission.
+    fn posted(&mut self, vi: &Vi, q: &mut Queues) {
+        if self.answering {
+            let mut clock = Clock::since(self.last_tx, Instant::now);
+            self.output_with(vi, q, &mut clock);
+            return;
+        }
+        let now = Instant::now();
+        let burst = self
+            .last_tx
+            .is_some_and(|t| now.saturating_duration_since(t) < COALESCE);
         if burst && (self.deferred as usize) < TX_BATCH - 1 {
             if self.deferred == 0 {
                 crate::cq::holds_frames(&vi.s);
@@ -567,7 +587,7 @@ impl NetVi {
         };
         let mut at = None;
         if n > 0 {
-            let clock = at.insert(Clock::lazy());
+            let clock = at.insert(Clock::lazy(Instant::now));
             for i in 0..n {
                 let (from, bytes) = batch.frame(i);
                 if placed.in_place(i) {
@@ -811,7 +831,12 @@ impl NetVi {
 impl NetVi {
     /// Up to a batch of the engine's frames, built in `tx` and handed to
     /// `medium` in one call. Returns how many frames there were.
-    fn send_copied(&mut self, medium: &dyn Medium, now: Instant, mem: &mut ViMem<'_>) -> usize {
+    fn send_copied(
+        &mut self,
+        medium: &dyn Medium,
+        clock: &mut Clock,
+        mem: &mut ViMem<'_>,
+    ) -> usize {
         let frame = self.tx.len() / TX_BATCH;
         self.tx_lens.clear();
         // Large payloads stay in registered memory for the kernel to
@@ -823,7 +848,7 @@ impl NetVi {
             let at = self.tx_lens.len() * frame;
             match self
                 .conn
-                .poll_transmit(now, &mut self.tx[at..at + frame], mem)
+                .poll_transmit_with(clock, &mut self.tx[at..at + frame], mem)
             {
                 Some(n) => self.tx_lens.push(n),
                 None => break,
@@ -902,10 +927,10 @@ impl NetVi {
     /// Up to a batch of the engine's frames, each built straight in the
     /// transmit buffer `medium` lends (one copy of the payload, from
     /// registered memory to where the kernel or device takes it).
-    fn send_built(&mut self, medium: &dyn Medium, now: Instant, mem: &mut ViMem<'_>) -> usize {
+    fn send_built(&mut self, medium: &dyn Medium, clock: &mut Clock, mem: &mut ViMem<'_>) -> usize {
         let conn = &mut self.conn;
         let mut build = |room: &mut [u8]| {
-            let n = conn.poll_transmit(now, room, mem);
+            let n = conn.poll_transmit_with(clock, room, mem);
             if n.is_some() {
                 uvia_trace::mark!(ProtoBuilt);
             }
@@ -1357,7 +1382,7 @@ impl TransportOps for NetVi {
         // The time frames arrived, if the engine read it, is recent enough
         // for the timers: a second clock read would sit on the message's
         // path.
-        let mut clock = arrived.unwrap_or_default();
+        let mut clock = arrived.unwrap_or_else(|| Clock::lazy(Instant::now));
         let mut moved = got || settled;
         if timers {
             let now = clock.now();
@@ -1445,8 +1470,7 @@ impl TransportOps for NetVi {
             len: slot.total as u32,
             imm: slot.imm,
         };
-        let now = Instant::now();
-        let msn = self.conn.post_send(now, op).map_err(|e| match e {
+        let msn = self.conn.post_send(op).map_err(|e| match e {
             uvia_proto::PostError::State => PostError::NotConnected(vi.state()),
             uvia_proto::PostError::TooLong { len, max } => PostError::TooLong {
                 len: len as u64,
@@ -1464,7 +1488,7 @@ impl TransportOps for NetVi {
         slot.state = EntryState::InFlight;
         q.sq.commit();
         q.sq_sent = q.sq.len();
-        self.posted(vi, q, now);
+        self.posted(vi, q);
         Ok(())
     }
 
@@ -1481,7 +1505,6 @@ impl TransportOps for NetVi {
         if len > COPY_MAX || !q.sq.is_empty() || self.copies.len() >= COPIES_IN_FLIGHT {
             return false;
         }
-        let now = Instant::now();
         let op = SendOp {
             kind: SendKind::Send,
             len: len as u32,
@@ -1489,7 +1512,7 @@ impl TransportOps for NetVi {
         };
         // Refused by the engine (not connected, too long for the peer): the
         // caller's post reports why.
-        let Ok(msn) = self.conn.post_send(now, op) else {
+        let Ok(msn) = self.conn.post_send(op) else {
             return false;
         };
         let mut c = Copied {
@@ -1503,7 +1526,7 @@ impl TransportOps for NetVi {
         }
         self.copies.push_back(c);
         uvia_trace::mark!(ViPosted);
-        self.posted(vi, q, now);
+        self.posted(vi, q);
         true
     }
 
