@@ -845,6 +845,12 @@ impl NetVi {
         mem.lend = medium.caps().gathers && self.conn.peer_attrs().is_some_and(|a| a.intact);
         mem.n_lent = 0;
         while self.tx_lens.len() < TX_BATCH {
+            // After a frame, a few loads say whether another may follow,
+            // where the engine's own look takes its every step (an
+            // answer's second call built nothing: some 150 instructions).
+            if !self.tx_lens.is_empty() && !self.conn.may_transmit(clock.at_least()) {
+                break;
+            }
             let at = self.tx_lens.len() * frame;
             match self
                 .conn
