@@ -928,13 +928,7 @@ pub struct Clock {
 
 impl Clock {
     /// A clock that asks `source` (the system's, `Instant::now`) when first
-    /// asked.
-    pub fn lazy(source: fn() -> Instant) -> Clock {
-        Clock::since(None, source)
-    }
-
-    /// A clock that asks `source` when first asked, and knows that `floor`
-    /// has passed.
+    /// asked, and knows that `floor`, if any, has passed.
     pub fn since(floor: Option<Instant>, source: fn() -> Instant) -> Clock {
         Clock {
             read: None,

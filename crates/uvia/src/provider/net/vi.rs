@@ -228,6 +228,11 @@ impl NetVi {
     /// connections between two xdp Nics on a busy host lost all three now
     /// and then, 2 runs of 28.)
     fn share(&mut self, nic: &NetNic, now: Instant) {
+        if self.peer_live.is_some() {
+            // What the engine heard is settled first: the watch reads the
+            // last frame's time and whether a keep-alive is due.
+            self.settle(now);
+        }
         if let Some(p) = &self.peer_live {
             let id = self.own.is_some().then_some(self.id);
             p.share(&mut self.conn, id, now);
@@ -587,7 +592,7 @@ impl NetVi {
         };
         let mut at = None;
         if n > 0 {
-            let clock = at.insert(Clock::lazy(Instant::now));
+            let clock = at.insert(Clock::since(self.last_tx, Instant::now));
             for i in 0..n {
                 let (from, bytes) = batch.frame(i);
                 if placed.in_place(i) {
@@ -1388,7 +1393,7 @@ impl TransportOps for NetVi {
         // The time frames arrived, if the engine read it, is recent enough
         // for the timers: a second clock read would sit on the message's
         // path.
-        let mut clock = arrived.unwrap_or_else(|| Clock::lazy(Instant::now));
+        let mut clock = arrived.unwrap_or_else(|| Clock::since(self.last_tx, Instant::now));
         let mut moved = got || settled;
         if timers {
             let now = clock.now();
@@ -1406,12 +1411,7 @@ impl TransportOps for NetVi {
         // where the frames were taken in without a clock read, the last
         // transmission's time serves (a keep-alive it misses goes at the
         // timer round).
-        let seen = clock.read().or(self.last_tx);
-        if got
-            && !timers
-            && self.deferred == 0
-            && !self.conn.may_transmit(seen.unwrap_or_else(|| clock.now()))
-        {
+        if got && !timers && self.deferred == 0 && !self.conn.may_transmit(clock.at_least()) {
             // Frames came and nothing is to go: the output would only note
             // the engine's next deadline, its earliest timer looked up and
             // two clock subtractions on the way to the application (some
