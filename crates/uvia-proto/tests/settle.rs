@@ -1,7 +1,9 @@
-//! The acknowledgement a data frame carries is applied after the frame's
-//! payload has reached the application: the answer leaves first, and the
-//! caller settles it once the answer is out. Nothing may wait on it: a full
-//! window, a lost frame's retransmission and a close apply it themselves.
+//! What a message's way does not wait for waits for `Conn::settle`: the
+//! acknowledgement a data frame carries is applied after the frame's
+//! payload has reached the application (the answer leaves first), and the
+//! timers of a frame built, and a frame's delayed ack, are armed once the
+//! caller's transmission is done. Nothing may wait on it: a full window, a
+//! lost frame's retransmission and a close settle themselves.
 
 use std::time::Instant;
 use uvia_proto::wire::{self, NakCode};
