@@ -3,31 +3,12 @@
 //! `parse_intact`; the other side keeps getting checksummed frames, and a
 //! frame corrupted on its way is still refused there.
 
+use direct::{built, send, Buf};
 use std::time::Instant;
-use uvia_proto::wire::{self, NakCode, Repr, WireError};
-use uvia_proto::{Config, Conn, Event, Level, Memory, Outcome, SendKind, SendOp};
+use uvia_proto::wire::{self, Repr, WireError};
+use uvia_proto::{Config, Conn, Event, Level, Outcome};
 
-struct Buf(Vec<u8>);
-
-impl Memory for Buf {
-    fn read_send(&mut self, _: u32, offset: u32, buf: &mut [u8]) {
-        let o = offset as usize;
-        buf.copy_from_slice(&self.0[o..o + buf.len()]);
-    }
-    fn write_recv(&mut self, _: u32, offset: u32, data: &[u8]) -> bool {
-        let o = offset as usize;
-        self.0[o..o + data.len()].copy_from_slice(data);
-        true
-    }
-    fn write_read(&mut self, _: u32, _: u32, _: &[u8]) {}
-    fn check_rdma(&mut self, _: u32, _: u64, _: u32, _: bool) -> Result<(), NakCode> {
-        Err(NakCode::Protection)
-    }
-    fn rdma_write(&mut self, _: u32, _: u64, _: &[u8]) -> Result<(), NakCode> {
-        Err(NakCode::Protection)
-    }
-    fn rdma_read(&mut self, _: u32, _: u64, _: &mut [u8]) {}
-}
+mod direct;
 
 fn config(intact: bool) -> Config {
     Config {
@@ -35,16 +16,6 @@ fn config(intact: bool) -> Config {
         intact,
         ..Config::default()
     }
-}
-
-/// Every frame `from` has to send, as bytes.
-fn frames(from: &mut Conn, mem: &mut Buf) -> Vec<Vec<u8>> {
-    let mut out = vec![];
-    let mut b = vec![0u8; 2048];
-    while let Some(n) = from.poll_transmit(Instant::now(), &mut b, mem) {
-        out.push(b[..n].to_vec());
-    }
-    out
 }
 
 /// Hands `f` to `to`, parsed the way its side parses.
@@ -58,28 +29,19 @@ fn deliver(to: &mut Conn, intact: bool, f: &[u8], mem: &mut Buf) -> Result<(), W
     Ok(())
 }
 
-fn send(c: &mut Conn) {
-    let op = SendOp {
-        kind: SendKind::Send,
-        len: 8,
-        imm: None,
-    };
-    c.post_send(op).expect("post send");
-}
-
 #[test]
 fn data_frames_skip_the_checksum_only_toward_an_intact_medium() {
     // The client's medium checks frames itself; the server's does not.
     let now = Instant::now();
     let mut client = Conn::connect(now, config(true), 1, 10, b"crc");
     let (mut mc, mut ms) = (Buf(vec![1; 8]), Buf(vec![2; 8]));
-    let req = frames(&mut client, &mut mc).remove(0);
+    let req = built(&mut client, &mut mc).remove(0);
     let Ok((_, _, Repr::ConnRequest { attrs, .. })) = wire::parse(&req) else {
         panic!("a handshake frame always carries its checksum");
     };
     assert!(attrs.intact, "the client announces its medium");
     let mut server = Conn::accept(now, config(false), 2, 500, 1, attrs);
-    for f in frames(&mut server, &mut ms) {
+    for f in built(&mut server, &mut ms) {
         deliver(&mut client, true, &f, &mut mc).expect("the accept parses");
     }
     assert_eq!(client.poll_event(), Some(Event::Connected));
@@ -88,7 +50,7 @@ fn data_frames_skip_the_checksum_only_toward_an_intact_medium() {
     // intact parse accepts.
     client.post_recv(8).expect("post receive");
     send(&mut server);
-    let out = frames(&mut server, &mut ms);
+    let out = built(&mut server, &mut ms);
     let data = out.last().expect("a data frame").clone();
     assert_eq!(&data[12..16], &[0; 4], "no checksum toward the client");
     assert_eq!(wire::parse(&data).err(), Some(WireError::Checksum));
@@ -109,7 +71,7 @@ fn data_frames_skip_the_checksum_only_toward_an_intact_medium() {
     server.post_recv(8).expect("post receive");
     mc.0 = vec![3; 8];
     send(&mut client);
-    let out = frames(&mut client, &mut mc);
+    let out = built(&mut client, &mut mc);
     let data = out.last().expect("a data frame").clone();
     assert_ne!(&data[12..16], &[0; 4]);
     let mut bad = data.clone();

@@ -5,41 +5,12 @@
 //! caller's transmission is done. Nothing may wait on it: a full window, a
 //! lost frame's retransmission and a close settle themselves.
 
+use direct::{built, send, Buf};
 use std::time::Instant;
-use uvia_proto::wire::{self, NakCode};
-use uvia_proto::{Config, Conn, Event, Level, Memory, Outcome, SendKind, SendOp};
+use uvia_proto::wire;
+use uvia_proto::{Config, Conn, Event, Level, Outcome};
 
-struct Buf(Vec<u8>);
-
-impl Memory for Buf {
-    fn read_send(&mut self, _: u32, offset: u32, buf: &mut [u8]) {
-        let o = offset as usize;
-        buf.copy_from_slice(&self.0[o..o + buf.len()]);
-    }
-    fn write_recv(&mut self, _: u32, offset: u32, data: &[u8]) -> bool {
-        let o = offset as usize;
-        self.0[o..o + data.len()].copy_from_slice(data);
-        true
-    }
-    fn write_read(&mut self, _: u32, _: u32, _: &[u8]) {}
-    fn check_rdma(&mut self, _: u32, _: u64, _: u32, _: bool) -> Result<(), NakCode> {
-        Err(NakCode::Protection)
-    }
-    fn rdma_write(&mut self, _: u32, _: u64, _: &[u8]) -> Result<(), NakCode> {
-        Err(NakCode::Protection)
-    }
-    fn rdma_read(&mut self, _: u32, _: u64, _: &mut [u8]) {}
-}
-
-/// Every frame `from` has to send now, as bytes, not yet settled.
-fn built(from: &mut Conn, mem: &mut Buf) -> Vec<Vec<u8>> {
-    let mut out = vec![];
-    let mut b = vec![0u8; 2048];
-    while let Some(n) = from.poll_transmit(Instant::now(), &mut b, mem) {
-        out.push(b[..n].to_vec());
-    }
-    out
-}
+mod direct;
 
 /// Every frame `from` has to send now, settled once built, as a provider
 /// settles once its frames are out.
@@ -77,15 +48,6 @@ fn received(events: &[Event]) -> usize {
         .count()
 }
 
-fn send(c: &mut Conn) -> u32 {
-    let op = SendOp {
-        kind: SendKind::Send,
-        len: 8,
-        imm: None,
-    };
-    c.post_send(op).expect("post send")
-}
-
 /// A client and a server at reliable delivery, connected, each with
 /// receives posted.
 fn pair(window: u32) -> (Conn, Buf, Conn, Buf) {
@@ -113,6 +75,23 @@ fn pair(window: u32) -> (Conn, Buf, Conn, Buf) {
         server.post_recv(8).expect("post receive");
     }
     (client, mc, server, ms)
+}
+
+/// The client's ping taken in by the server, and the server's reply
+/// (which acknowledges it) sent, not yet delivered: the ping's message
+/// number and the reply's frames.
+fn ping_answered(
+    client: &mut Conn,
+    mc: &mut Buf,
+    server: &mut Conn,
+    ms: &mut Buf,
+) -> (u32, Vec<Vec<u8>>) {
+    let ping = send(client);
+    let f = frames(client, mc);
+    deliver(server, &f, ms);
+    events(server);
+    send(server);
+    (ping, frames(server, ms))
 }
 
 #[test]
@@ -188,12 +167,7 @@ fn a_full_window_applies_the_waiting_acknowledgement_itself() {
 #[test]
 fn a_close_completes_the_acknowledged_sends_as_done() {
     let (mut client, mut mc, mut server, mut ms) = pair(64);
-    let ping = send(&mut client);
-    let f = frames(&mut client, &mut mc);
-    deliver(&mut server, &f, &mut ms);
-    events(&mut server);
-    send(&mut server);
-    let reply = frames(&mut server, &mut ms);
+    let (ping, reply) = ping_answered(&mut client, &mut mc, &mut server, &mut ms);
     // A second send of the client's, never acknowledged.
     let later = send(&mut client);
     frames(&mut client, &mut mc);
@@ -209,12 +183,7 @@ fn a_close_completes_the_acknowledged_sends_as_done() {
 #[test]
 fn a_frame_the_waiting_acknowledgement_covers_is_not_sent_again() {
     let (mut client, mut mc, mut server, mut ms) = pair(64);
-    let ping = send(&mut client);
-    let f = frames(&mut client, &mut mc);
-    deliver(&mut server, &f, &mut ms);
-    events(&mut server);
-    send(&mut server);
-    let reply = frames(&mut server, &mut ms);
+    let (ping, reply) = ping_answered(&mut client, &mut mc, &mut server, &mut ms);
 
     // The client's timer runs out before the reply arrives: the ping is
     // taken for lost ...

@@ -151,11 +151,11 @@ impl Conn {
         None
     }
 
+    /// Sends a frame marked lost again, if one still is. Called with frames
+    /// marked lost: the ack not yet applied may say one arrived after all,
+    /// so it is settled first.
     fn retransmit(&mut self, now: Instant, buf: &mut [u8], mem: &mut dyn Memory) -> Option<usize> {
-        if self.lost > 0 {
-            // The ack not yet applied may say the frame arrived after all.
-            self.settle(now);
-        }
+        self.settle(now);
         let (i, s, m) = loop {
             if self.lost == 0 {
                 return None;

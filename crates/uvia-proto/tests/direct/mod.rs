@@ -1,0 +1,51 @@
+//! Connections driven by hand, frame by frame, with no simulated network
+//! between them: the memory their payloads come from and go to, and the
+//! steps the tests that drive them share.
+
+use std::time::Instant;
+use uvia_proto::wire::NakCode;
+use uvia_proto::{Conn, Memory, SendKind, SendOp};
+
+/// One buffer for every send and receive: a payload is read from and
+/// written at its offset; RDMA is refused.
+pub struct Buf(pub Vec<u8>);
+
+impl Memory for Buf {
+    fn read_send(&mut self, _: u32, offset: u32, buf: &mut [u8]) {
+        let o = offset as usize;
+        buf.copy_from_slice(&self.0[o..o + buf.len()]);
+    }
+    fn write_recv(&mut self, _: u32, offset: u32, data: &[u8]) -> bool {
+        let o = offset as usize;
+        self.0[o..o + data.len()].copy_from_slice(data);
+        true
+    }
+    fn write_read(&mut self, _: u32, _: u32, _: &[u8]) {}
+    fn check_rdma(&mut self, _: u32, _: u64, _: u32, _: bool) -> Result<(), NakCode> {
+        Err(NakCode::Protection)
+    }
+    fn rdma_write(&mut self, _: u32, _: u64, _: &[u8]) -> Result<(), NakCode> {
+        Err(NakCode::Protection)
+    }
+    fn rdma_read(&mut self, _: u32, _: u64, _: &mut [u8]) {}
+}
+
+/// Every frame `from` has to send now, as bytes (not settled).
+pub fn built(from: &mut Conn, mem: &mut Buf) -> Vec<Vec<u8>> {
+    let mut out = vec![];
+    let mut b = vec![0u8; 2048];
+    while let Some(n) = from.poll_transmit(Instant::now(), &mut b, mem) {
+        out.push(b[..n].to_vec());
+    }
+    out
+}
+
+/// Posts a send of 8 bytes; its message number.
+pub fn send(c: &mut Conn) -> u32 {
+    let op = SendOp {
+        kind: SendKind::Send,
+        len: 8,
+        imm: None,
+    };
+    c.post_send(op).expect("post send")
+}
