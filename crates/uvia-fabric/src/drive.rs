@@ -41,8 +41,8 @@ const MAX_TICK: Duration = Duration::from_millis(16);
 
 /// Least time between two drives from CQ reads: an empty read already
 /// takes in what arrived (the core's done call); this only adds the timers,
-/// which need no finer grain than the shortest of them (the 50 us
-/// acknowledgement delay).
+/// and a VI's own polls already look at those every 16 polls (its delayed
+/// acknowledgement among them); this is for the VIs a read does not poll.
 const READ_DRIVE_EVERY: Duration = Duration::from_micros(50);
 
 /// Empty reads between two looks at the clock for [`READ_DRIVE_EVERY`]: an

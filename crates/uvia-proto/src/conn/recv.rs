@@ -242,9 +242,14 @@ impl Conn {
         self.ack_bytes = self.ack_bytes.saturating_add(len);
         if h.flags & data_flags::ACK_NOW != 0
             || self.ack_pending >= self.cfg.ack_every
-            // Large frames: a quarter of the sender's byte window, so it
-            // never stalls waiting for an ack.
-            || self.ack_bytes >= self.cfg.window_bytes / 4
+            // Large frames: a quarter of the sender's narrowest byte
+            // window, so it never stalls waiting for an ack. Not on a
+            // message's last frame: the answer it may bring carries the
+            // ack (a MiB received on udp was acked by a datagram of its
+            // own just before the receiver's next message, some 3 us on
+            // the receiver's way), and the delay is short.
+            || (self.ack_bytes >= self.cfg.lossy_window_bytes.min(self.cfg.window_bytes) / 4
+                && h.offset.saturating_add(len) < h.total)
             || self.rcv.has_gap()
         {
             self.ack_now = true;

@@ -286,7 +286,20 @@ impl Conn {
     fn window_full(&self) -> bool {
         self.pipe >= self.cfg.window
             || self.inflight.len() as u32 >= self.cfg.window * super::SPAN
-            || self.inflight_bytes >= self.cfg.window_bytes
+            || self.inflight_bytes >= self.byte_window()
+    }
+
+    /// The payload bytes that may be in flight: the whole window on a path
+    /// that has lost nothing lately, the lossy one after a loss (every
+    /// place that marks a frame lost, a probe's tail and a receiver's
+    /// refusal aside, sets `clean_bytes` to 0).
+    pub(super) fn byte_window(&self) -> u32 {
+        let lossy = self.cfg.lossy_window_bytes.min(self.cfg.window_bytes);
+        if self.clean_bytes / super::CLEAN_TO_REOPEN >= lossy {
+            self.cfg.window_bytes
+        } else {
+            lossy
+        }
     }
 
     /// Applies a data frame's ack not yet applied, if one waits: true if
@@ -624,6 +637,7 @@ impl Conn {
                 if !s.acked && !s.lost && s.transmissions == 1 {
                     s.lost = true;
                     self.lost += 1;
+                    self.clean_bytes = 0;
                 }
             }
         }
@@ -657,6 +671,7 @@ impl Conn {
 
     fn frame_acked(&mut self, now: Instant, s: &Sent) {
         self.inflight_bytes = self.inflight_bytes.saturating_sub(s.len);
+        self.clean_bytes = self.clean_bytes.saturating_add(s.len);
         self.pipe = self.pipe.saturating_sub(1);
         if s.transmissions == 1 {
             self.rtt.sample(now.saturating_duration_since(s.sent_at));

@@ -342,6 +342,7 @@ impl Conn {
                 s.lost = true;
                 s.probe = false;
                 self.lost += 1;
+                self.clean_bytes = 0;
             } else if self.timers.get(Timer::Loss).is_none_or(|d| due < d) {
                 self.timers.set(Timer::Loss, due);
             }
@@ -373,6 +374,7 @@ impl Conn {
                 s.lost = true;
                 s.probe = false;
                 self.lost += 1;
+                self.clean_bytes = 0;
             }
             first = false;
         }
