@@ -5,27 +5,12 @@
 //! caller's transmission is done. Nothing may wait on it: a full window, a
 //! lost frame's retransmission and a close settle themselves.
 
-use direct::{built, send, Buf};
+use direct::{built, deliver, send, settled, Buf};
 use std::time::Instant;
 use uvia_proto::wire;
 use uvia_proto::{Config, Conn, Event, Level, Outcome};
 
 mod direct;
-
-/// Every frame `from` has to send now, settled once built, as a provider
-/// settles once its frames are out.
-fn frames(from: &mut Conn, mem: &mut Buf) -> Vec<Vec<u8>> {
-    let out = built(from, mem);
-    from.settle(Instant::now());
-    out
-}
-
-fn deliver(to: &mut Conn, frames: &[Vec<u8>], mem: &mut Buf) {
-    for f in frames {
-        let (_, src, repr) = wire::parse(f).expect("a frame of the engine parses");
-        to.handle_frame(Instant::now(), src, &repr, mem);
-    }
-}
 
 fn events(c: &mut Conn) -> Vec<Event> {
     std::iter::from_fn(|| c.poll_event()).collect()
@@ -59,15 +44,15 @@ fn pair(window: u32) -> (Conn, Buf, Conn, Buf) {
     let now = Instant::now();
     let mut client = Conn::connect(now, cfg.clone(), 1, 10, b"settle");
     let (mut mc, mut ms) = (Buf(vec![1; 8]), Buf(vec![2; 8]));
-    let req = frames(&mut client, &mut mc).remove(0);
+    let req = settled(&mut client, &mut mc).remove(0);
     let Ok((_, _, wire::Repr::ConnRequest { attrs, .. })) = wire::parse(&req) else {
         panic!("the first frame is the request");
     };
     let mut server = Conn::accept(now, cfg, 2, 500, 1, attrs);
-    let accept = frames(&mut server, &mut ms);
+    let accept = settled(&mut server, &mut ms);
     deliver(&mut client, &accept, &mut mc);
     assert_eq!(client.poll_event(), Some(Event::Connected));
-    let confirm = frames(&mut client, &mut mc);
+    let confirm = settled(&mut client, &mut mc);
     deliver(&mut server, &confirm, &mut ms);
     events(&mut server);
     for _ in 0..4 {
@@ -87,24 +72,24 @@ fn ping_answered(
     ms: &mut Buf,
 ) -> (u32, Vec<Vec<u8>>) {
     let ping = send(client);
-    let f = frames(client, mc);
+    let f = settled(client, mc);
     deliver(server, &f, ms);
     events(server);
     send(server);
-    (ping, frames(server, ms))
+    (ping, settled(server, ms))
 }
 
 #[test]
 fn the_answer_leaves_before_the_acknowledgement_it_answers_is_applied() {
     let (mut client, mut mc, mut server, mut ms) = pair(64);
     let ping = send(&mut client);
-    let f = frames(&mut client, &mut mc);
+    let f = settled(&mut client, &mut mc);
     deliver(&mut server, &f, &mut ms);
     assert_eq!(received(&events(&mut server)), 1);
 
     // The reply carries the ack of the ping.
     send(&mut server);
-    let reply = frames(&mut server, &mut ms);
+    let reply = settled(&mut server, &mut ms);
     deliver(&mut client, &reply, &mut mc);
     let got = events(&mut client);
     assert_eq!(received(&got), 1, "the reply is delivered at once");
@@ -140,22 +125,22 @@ fn a_full_window_applies_the_waiting_acknowledgement_itself() {
     // One frame in flight at most: the next send needs the ack.
     let (mut client, mut mc, mut server, mut ms) = pair(1);
     let first = send(&mut client);
-    let f = frames(&mut client, &mut mc);
+    let f = settled(&mut client, &mut mc);
     assert_eq!(f.len(), 1);
     let second = send(&mut client);
     assert!(
-        frames(&mut client, &mut mc).is_empty(),
+        settled(&mut client, &mut mc).is_empty(),
         "the window is full"
     );
     deliver(&mut server, &f, &mut ms);
     events(&mut server);
     send(&mut server);
-    let reply = frames(&mut server, &mut ms);
+    let reply = settled(&mut server, &mut ms);
     deliver(&mut client, &reply, &mut mc);
     assert!(client.unsettled());
 
     // No settle by the caller: the transmission applies the ack it needs.
-    let f = frames(&mut client, &mut mc);
+    let f = settled(&mut client, &mut mc);
     assert_eq!(f.len(), 1, "the second send goes on the ack it waited for");
     let done = sends_done(&events(&mut client));
     assert_eq!(done, vec![(first, Outcome::Ok)]);
@@ -170,7 +155,7 @@ fn a_close_completes_the_acknowledged_sends_as_done() {
     let (ping, reply) = ping_answered(&mut client, &mut mc, &mut server, &mut ms);
     // A second send of the client's, never acknowledged.
     let later = send(&mut client);
-    frames(&mut client, &mut mc);
+    settled(&mut client, &mut mc);
     deliver(&mut client, &reply, &mut mc);
     assert!(client.unsettled());
 
@@ -193,7 +178,7 @@ fn a_frame_the_waiting_acknowledgement_covers_is_not_sent_again() {
     // ... and the reply, which acknowledges it, comes before it goes again.
     deliver(&mut client, &reply, &mut mc);
     assert!(client.unsettled());
-    let again = frames(&mut client, &mut mc);
+    let again = settled(&mut client, &mut mc);
     assert_eq!(
         client.retransmitted(),
         before,
@@ -208,7 +193,7 @@ fn a_frame_sent_is_timed_once_settled_and_goes_again_when_its_ack_never_comes() 
     let (mut client, mut mc, _server, _ms) = pair(64);
     let start = Instant::now();
     send(&mut client);
-    assert_eq!(frames(&mut client, &mut mc).len(), 1);
+    assert_eq!(settled(&mut client, &mut mc).len(), 1);
     // The frame is lost. Its timers are armed by the settle after the
     // transmission, within the initial retransmission timeout.
     client.settle(Instant::now());
@@ -226,7 +211,7 @@ fn a_frame_sent_is_timed_once_settled_and_goes_again_when_its_ack_never_comes() 
         }
         at = client.poll_timeout().expect("a deadline");
     }
-    let again = frames(&mut client, &mut mc);
+    let again = settled(&mut client, &mut mc);
     assert_eq!(client.retransmitted(), 1);
     assert_eq!(again.len(), 1, "the frame goes again");
 }
@@ -238,7 +223,7 @@ fn a_delayed_ack_is_armed_at_the_settle_unless_an_answer_carried_it() {
 
     // A message nobody answers: its ack goes when the delay runs out.
     send(&mut client);
-    let f = frames(&mut client, &mut mc);
+    let f = settled(&mut client, &mut mc);
     deliver(&mut server, &f, &mut ms);
     assert!(server.unsettled());
     server.settle(Instant::now());
@@ -249,7 +234,7 @@ fn a_delayed_ack_is_armed_at_the_settle_unless_an_answer_carried_it() {
     );
     let acks = server.stats().acks_sent;
     server.handle_timeout(due);
-    let out = frames(&mut server, &mut ms);
+    let out = settled(&mut server, &mut ms);
     assert_eq!(server.stats().acks_sent, acks + 1, "{} frames", out.len());
     deliver(&mut client, &out, &mut mc);
     events(&mut client);
@@ -257,14 +242,14 @@ fn a_delayed_ack_is_armed_at_the_settle_unless_an_answer_carried_it() {
     // A message answered at once: the answer carries the ack, and no
     // separate one follows.
     send(&mut client);
-    let f = frames(&mut client, &mut mc);
+    let f = settled(&mut client, &mut mc);
     deliver(&mut server, &f, &mut ms);
     send(&mut server);
-    assert_eq!(frames(&mut server, &mut ms).len(), 1, "the answer");
+    assert_eq!(settled(&mut server, &mut ms).len(), 1, "the answer");
     server.settle(Instant::now());
     let acks = server.stats().acks_sent;
     let later = Instant::now() + delay * 4;
     server.handle_timeout(later);
-    frames(&mut server, &mut ms);
+    settled(&mut server, &mut ms);
     assert_eq!(server.stats().acks_sent, acks, "no ack of its own");
 }

@@ -4,37 +4,16 @@
 //! gone through cleanly, and the last frame of a message waits for the
 //! answer that may carry its ack.
 
-use direct::Buf;
+use direct::{deliver, settled, Buf};
 use std::time::Instant;
 use uvia_proto::wire::{self, Repr, DATA_HEADER_LEN};
 use uvia_proto::{Config, Conn, Event, Level, Outcome, SendKind, SendOp};
 
-// The shared steps this file does not take (`built`, `send`) are others'.
-#[allow(dead_code)]
 mod direct;
 
 const FRAME: u32 = 65_504;
 const PAYLOAD: u32 = FRAME - DATA_HEADER_LEN as u32;
 const MIB: u32 = 1 << 20;
-
-/// Every frame `from` has to send now, settled once built (as a provider
-/// settles once its frames are out).
-fn frames(from: &mut Conn, mem: &mut Buf) -> Vec<Vec<u8>> {
-    let mut out = vec![];
-    let mut b = vec![0u8; FRAME as usize];
-    while let Some(n) = from.poll_transmit(Instant::now(), &mut b, mem) {
-        out.push(b[..n].to_vec());
-    }
-    from.settle(Instant::now());
-    out
-}
-
-fn deliver(to: &mut Conn, frames: &[Vec<u8>], mem: &mut Buf) {
-    for f in frames {
-        let (_, src, repr) = wire::parse(f).expect("a frame of the engine parses");
-        to.handle_frame(Instant::now(), src, &repr, mem);
-    }
-}
 
 /// The payload bytes of the data frames among `frames`.
 fn data_bytes(frames: &[Vec<u8>]) -> u32 {
@@ -80,15 +59,15 @@ fn pair(recvs: usize) -> (Conn, Buf, Conn, Buf) {
     let now = Instant::now();
     let mut client = Conn::connect(now, cfg.clone(), 1, 10, b"window");
     let (mut mc, mut ms) = (Buf(vec![1; MIB as usize]), Buf(vec![0; MIB as usize]));
-    let req = frames(&mut client, &mut mc).remove(0);
+    let req = settled(&mut client, &mut mc).remove(0);
     let Ok((_, _, Repr::ConnRequest { attrs, .. })) = wire::parse(&req) else {
         panic!("the first frame is the request");
     };
     let mut server = Conn::accept(now, cfg, 2, 500, 1, attrs);
-    let accept = frames(&mut server, &mut ms);
+    let accept = settled(&mut server, &mut ms);
     deliver(&mut client, &accept, &mut mc);
     assert_eq!(client.poll_event(), Some(Event::Connected));
-    let confirm = frames(&mut client, &mut mc);
+    let confirm = settled(&mut client, &mut mc);
     deliver(&mut server, &confirm, &mut ms);
     while server.poll_event().is_some() {}
     for _ in 0..recvs {
@@ -101,12 +80,12 @@ fn pair(recvs: usize) -> (Conn, Buf, Conn, Buf) {
 /// server's delayed ack let go when nothing else is left.
 fn exchange(client: &mut Conn, mc: &mut Buf, server: &mut Conn, ms: &mut Buf) {
     for _ in 0..1000 {
-        let out = frames(client, mc);
+        let out = settled(client, mc);
         deliver(server, &out, ms);
         if out.is_empty() && server.owes_ack() {
             server.handle_timeout(Instant::now() + Config::default().ack_delay * 2);
         }
-        let back = frames(server, ms);
+        let back = settled(server, ms);
         deliver(client, &back, mc);
         if out.is_empty() && back.is_empty() {
             return;
@@ -128,7 +107,7 @@ fn a_mib_goes_whole_until_a_loss_and_again_once_the_path_is_clean() {
     );
 
     let first = send(&mut client, MIB);
-    let out = frames(&mut client, &mut mc);
+    let out = settled(&mut client, &mut mc);
     assert_eq!(data_bytes(&out), MIB, "the whole MiB before any ack");
 
     // The third frame is lost; the rest arrive and are acknowledged.
@@ -139,14 +118,14 @@ fn a_mib_goes_whole_until_a_loss_and_again_once_the_path_is_clean() {
         .map(|(_, f)| f.clone())
         .collect();
     deliver(&mut server, &kept, &mut ms);
-    let acks = frames(&mut server, &mut ms);
+    let acks = settled(&mut server, &mut ms);
     assert!(!acks.is_empty(), "the gap is acknowledged at once");
     deliver(&mut client, &acks, &mut mc);
 
     // The lost frame goes again, and of the next MiB no more than the
     // lossy window less what is still unacknowledged.
     let second = send(&mut client, MIB);
-    let out = frames(&mut client, &mut mc);
+    let out = settled(&mut client, &mut mc);
     let new = data_bytes(&out) - PAYLOAD;
     assert!(
         new < lossy,
@@ -167,7 +146,7 @@ fn a_mib_goes_whole_until_a_loss_and_again_once_the_path_is_clean() {
     assert_eq!(sends_done(&mut client).len(), 8, "every send completed");
     while server.poll_event().is_some() {}
     send(&mut client, MIB);
-    let out = frames(&mut client, &mut mc);
+    let out = settled(&mut client, &mut mc);
     assert_eq!(data_bytes(&out), MIB, "the whole MiB again");
 }
 
@@ -182,10 +161,10 @@ fn a_messages_last_frame_waits_for_the_answer_to_carry_its_ack() {
     // Three frames whose bytes pass the quarter only with the last.
     assert!(2 * PAYLOAD < quarter && 3 * PAYLOAD > quarter);
     send(&mut client, 2 * PAYLOAD + 200);
-    let out = frames(&mut client, &mut mc);
+    let out = settled(&mut client, &mut mc);
     assert_eq!(out.len(), 3);
     deliver(&mut server, &out, &mut ms);
-    let now = frames(&mut server, &mut ms);
+    let now = settled(&mut server, &mut ms);
     assert!(
         now.is_empty(),
         "no ack of its own for the last frame ({} frames)",
@@ -196,7 +175,7 @@ fn a_messages_last_frame_waits_for_the_answer_to_carry_its_ack() {
     // The answer carries it.
     client.post_recv(64).expect("post receive");
     send(&mut server, 8);
-    let answer = frames(&mut server, &mut ms);
+    let answer = settled(&mut server, &mut ms);
     assert_eq!(answer.len(), 1);
     assert!(is_data(&answer[0]));
     assert!(!server.owes_ack(), "the answer carried the ack");
@@ -207,10 +186,10 @@ fn a_messages_last_frame_waits_for_the_answer_to_carry_its_ack() {
     // Four frames whose bytes pass the quarter at the third: acked at
     // once, so that a sender held to the lossy window never waits.
     send(&mut client, 3 * PAYLOAD + 200);
-    let out = frames(&mut client, &mut mc);
+    let out = settled(&mut client, &mut mc);
     assert_eq!(out.len(), 4);
     deliver(&mut server, &out[..3], &mut ms);
-    let now = frames(&mut server, &mut ms);
+    let now = settled(&mut server, &mut ms);
     assert_eq!(now.len(), 1, "an ack at once");
     assert!(!is_data(&now[0]));
 }

@@ -682,6 +682,14 @@ impl Conn {
         self.ack_pending > 0 || self.ack_now
     }
 
+    /// When the delayed acknowledgement goes if no frame carries it first
+    /// (armed by the settle after the data came; none while the answer
+    /// carried it).
+    #[inline]
+    pub fn ack_deadline(&self) -> Option<Instant> {
+        self.timers.get(Timer::Ack)
+    }
+
     /// Frames sent again so far ([`Stats::retransmitted`]).
     #[inline]
     pub fn retransmitted(&self) -> u64 {

@@ -2,8 +2,11 @@
 //! between them: the memory their payloads come from and go to, and the
 //! steps the tests that drive them share.
 
+// Each test file that includes this module takes the steps it needs.
+#![allow(dead_code)]
+
 use std::time::Instant;
-use uvia_proto::wire::NakCode;
+use uvia_proto::wire::{self, NakCode};
 use uvia_proto::{Conn, Memory, SendKind, SendOp};
 
 /// One buffer for every send and receive: a payload is read from and
@@ -33,11 +36,27 @@ impl Memory for Buf {
 /// Every frame `from` has to send now, as bytes (not settled).
 pub fn built(from: &mut Conn, mem: &mut Buf) -> Vec<Vec<u8>> {
     let mut out = vec![];
-    let mut b = vec![0u8; 2048];
+    let mut b = vec![0u8; 1 << 16];
     while let Some(n) = from.poll_transmit(Instant::now(), &mut b, mem) {
         out.push(b[..n].to_vec());
     }
     out
+}
+
+/// Every frame `from` has to send now, settled once built, as a provider
+/// settles once its frames are out.
+pub fn settled(from: &mut Conn, mem: &mut Buf) -> Vec<Vec<u8>> {
+    let out = built(from, mem);
+    from.settle(Instant::now());
+    out
+}
+
+/// Hands `frames` to `to`, each parsed as a checksummed frame.
+pub fn deliver(to: &mut Conn, frames: &[Vec<u8>], mem: &mut Buf) {
+    for f in frames {
+        let (_, src, repr) = wire::parse(f).expect("a frame of the engine parses");
+        to.handle_frame(Instant::now(), src, &repr, mem);
+    }
 }
 
 /// Posts a send of 8 bytes; its message number.
