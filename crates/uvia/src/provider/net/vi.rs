@@ -1583,6 +1583,17 @@ mod tests {
     use crate::{Descriptor, Nic, Vi};
     use std::time::{Duration, Instant};
 
+    /// The next receive `vi` completes, polled for (2 s at most).
+    fn arrival(vi: &Vi) -> Box<Descriptor> {
+        let start = Instant::now();
+        loop {
+            if let Some(d) = vi.recv_done() {
+                return d;
+            }
+            assert!(start.elapsed() < Duration::from_secs(2), "never arrived");
+        }
+    }
+
     fn retransmitted(vi: &Vi) -> u64 {
         match &vi.lock().t {
             Transport::Net(t) => t.conn.retransmitted(),
@@ -1613,14 +1624,7 @@ mod tests {
                 .unwrap();
             // The datagram is in A's socket: one poll takes it in.
             std::thread::sleep(Duration::from_millis(2));
-            let start = Instant::now();
-            let d = loop {
-                if let Some(d) = a.vi.recv_done() {
-                    break d;
-                }
-                assert!(start.elapsed() < Duration::from_secs(2), "never arrived");
-            };
-            assert_eq!(d.result(), Ok(8));
+            assert_eq!(arrival(&a.vi).result(), Ok(8));
             // A is left alone; X (no traffic) and the sender are polled.
             let start = Instant::now();
             let sent = loop {
@@ -1658,14 +1662,7 @@ mod tests {
                 .unwrap();
             p.vi.post_send(Box::new(Descriptor::send(&[p.buf.segment(0, 8)])))
                 .unwrap();
-            let start = Instant::now();
-            let d = loop {
-                if let Some(d) = a.vi.recv_done() {
-                    break d;
-                }
-                assert!(start.elapsed() < Duration::from_secs(2), "never arrived");
-            };
-            assert_eq!(d.result(), Ok(8));
+            assert_eq!(arrival(&a.vi).result(), Ok(8));
             // The poll after the arrival arms the delayed ack.
             assert!(a.vi.recv_done().is_none());
             std::thread::sleep(delay * 4);
