@@ -41,8 +41,9 @@ const MAX_TICK: Duration = Duration::from_millis(16);
 
 /// Least time between two drives from CQ reads: an empty read already
 /// takes in what arrived (the core's done call); this only adds the timers,
-/// and a VI's own polls already look at those every 16 polls (its delayed
-/// acknowledgement among them); this is for the VIs a read does not poll.
+/// and a VI's own polls already look at those every 16 polls (at an armed
+/// delayed acknowledgement every second); this is for the VIs a read does
+/// not poll.
 const READ_DRIVE_EVERY: Duration = Duration::from_micros(50);
 
 /// Empty reads between two looks at the clock for [`READ_DRIVE_EVERY`]: an

@@ -293,7 +293,7 @@ impl Conn {
     /// that has lost nothing lately, the lossy one after a loss (every
     /// place that marks a frame lost, a probe's tail and a receiver's
     /// refusal aside, sets `clean_bytes` to 0).
-    pub(super) fn byte_window(&self) -> u32 {
+    fn byte_window(&self) -> u32 {
         let lossy = self.cfg.lossy_window_bytes.min(self.cfg.window_bytes);
         if self.clean_bytes / super::CLEAN_TO_REOPEN >= lossy {
             self.cfg.window_bytes
