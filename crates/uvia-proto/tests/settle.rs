@@ -5,9 +5,8 @@
 //! caller's transmission is done. Nothing may wait on it: a full window, a
 //! lost frame's retransmission and a close settle themselves.
 
-use direct::{built, deliver, send, settled, Buf};
+use direct::{built, connected, deliver, send, settled, Buf};
 use std::time::Instant;
-use uvia_proto::wire;
 use uvia_proto::{Config, Conn, Event, Level, Outcome};
 
 mod direct;
@@ -41,20 +40,7 @@ fn pair(window: u32) -> (Conn, Buf, Conn, Buf) {
         window,
         ..Config::default()
     };
-    let now = Instant::now();
-    let mut client = Conn::connect(now, cfg.clone(), 1, 10, b"settle");
-    let (mut mc, mut ms) = (Buf(vec![1; 8]), Buf(vec![2; 8]));
-    let req = settled(&mut client, &mut mc).remove(0);
-    let Ok((_, _, wire::Repr::ConnRequest { attrs, .. })) = wire::parse(&req) else {
-        panic!("the first frame is the request");
-    };
-    let mut server = Conn::accept(now, cfg, 2, 500, 1, attrs);
-    let accept = settled(&mut server, &mut ms);
-    deliver(&mut client, &accept, &mut mc);
-    assert_eq!(client.poll_event(), Some(Event::Connected));
-    let confirm = settled(&mut client, &mut mc);
-    deliver(&mut server, &confirm, &mut ms);
-    events(&mut server);
+    let (mut client, mc, mut server, ms) = connected(cfg, Buf(vec![1; 8]), Buf(vec![2; 8]));
     for _ in 0..4 {
         client.post_recv(8).expect("post receive");
         server.post_recv(8).expect("post receive");

@@ -4,7 +4,7 @@
 //! gone through cleanly, and the last frame of a message waits for the
 //! answer that may carry its ack.
 
-use direct::{deliver, settled, Buf};
+use direct::{connected, deliver, settled, Buf};
 use std::time::Instant;
 use uvia_proto::wire::{self, Repr, DATA_HEADER_LEN};
 use uvia_proto::{Config, Conn, Event, Level, Outcome, SendKind, SendOp};
@@ -56,20 +56,8 @@ fn pair(recvs: usize) -> (Conn, Buf, Conn, Buf) {
         max_frame: FRAME,
         ..Config::default()
     };
-    let now = Instant::now();
-    let mut client = Conn::connect(now, cfg.clone(), 1, 10, b"window");
-    let (mut mc, mut ms) = (Buf(vec![1; MIB as usize]), Buf(vec![0; MIB as usize]));
-    let req = settled(&mut client, &mut mc).remove(0);
-    let Ok((_, _, Repr::ConnRequest { attrs, .. })) = wire::parse(&req) else {
-        panic!("the first frame is the request");
-    };
-    let mut server = Conn::accept(now, cfg, 2, 500, 1, attrs);
-    let accept = settled(&mut server, &mut ms);
-    deliver(&mut client, &accept, &mut mc);
-    assert_eq!(client.poll_event(), Some(Event::Connected));
-    let confirm = settled(&mut client, &mut mc);
-    deliver(&mut server, &confirm, &mut ms);
-    while server.poll_event().is_some() {}
+    let (client, mc, mut server, ms) =
+        connected(cfg, Buf(vec![1; MIB as usize]), Buf(vec![0; MIB as usize]));
     for _ in 0..recvs {
         server.post_recv(MIB).expect("post receive");
     }

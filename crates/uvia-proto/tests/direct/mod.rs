@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 use uvia_proto::wire::{self, NakCode};
-use uvia_proto::{Conn, Memory, SendKind, SendOp};
+use uvia_proto::{Config, Conn, Event, Memory, SendKind, SendOp};
 
 /// One buffer for every send and receive: a payload is read from and
 /// written at its offset; RDMA is refused.
@@ -67,4 +67,23 @@ pub fn send(c: &mut Conn) -> u32 {
         imm: None,
     };
     c.post_send(op).expect("post send")
+}
+
+/// A client and a server on `cfg`, connected by hand (request, accept,
+/// confirm), each with its memory; the server's events drained.
+pub fn connected(cfg: Config, mut mc: Buf, mut ms: Buf) -> (Conn, Buf, Conn, Buf) {
+    let now = Instant::now();
+    let mut client = Conn::connect(now, cfg.clone(), 1, 10, b"direct");
+    let req = settled(&mut client, &mut mc).remove(0);
+    let Ok((_, _, wire::Repr::ConnRequest { attrs, .. })) = wire::parse(&req) else {
+        panic!("the first frame is the request");
+    };
+    let mut server = Conn::accept(now, cfg, 2, 500, 1, attrs);
+    let accept = settled(&mut server, &mut ms);
+    deliver(&mut client, &accept, &mut mc);
+    assert_eq!(client.poll_event(), Some(Event::Connected));
+    let confirm = settled(&mut client, &mut mc);
+    deliver(&mut server, &confirm, &mut ms);
+    while server.poll_event().is_some() {}
+    (client, mc, server, ms)
 }
