@@ -20,7 +20,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use uvia::{status, BiasedLock, CountGuard, Descriptor, Queue, SpinLock, Vi};
+use uvia::{status, BiasedLock, Broken, CountGuard, Descriptor, Queue, SpinLock, Vi};
 
 /// One posted operation: the descriptor first, so the descriptor a done
 /// call hands back is the operation.
@@ -444,7 +444,7 @@ impl Cq {
     }
 
     /// Queues the error entry of a failed operation for `fi_cq_readerr`.
-    fn push_error(&self, op: &Taken, flags: u64, len: usize, data: u64) {
+    fn push_error(&self, op: &Taken, flags: u64, len: usize, data: u64, broken: Option<Broken>) {
         let st = op.status;
         lock(&self.errors).push_back(fi_cq_err_entry {
             op_context: op.context,
@@ -455,7 +455,7 @@ impl Cq {
             tag: 0,
             olen: 0,
             err: error_code(st),
-            prov_errno: (st & (status::ERROR_MASK | status::DONE)) as c_int,
+            prov_errno: prov_errno(st, broken),
             err_data: std::ptr::null_mut(),
             err_data_size: 0,
         });
@@ -475,7 +475,7 @@ impl Cq {
             // SAFETY: every descriptor posted here is an Op; a refused
             // receive is ours again.
             let op = unsafe { Op::take(*d) };
-            self.push_error(&op, op.flags, 0, 0);
+            self.push_error(&op, op.flags, 0, 0, None);
         }
         !refused.is_empty()
     }
@@ -483,7 +483,9 @@ impl Cq {
     /// A completed operation off any member's queue, one member further
     /// on than the last read started; drives each member's progress
     /// (its done call) while none is found, if `poll`.
-    fn take(&self, post: bool, sleeping: bool, poll: bool) -> Option<NonNull<Descriptor>> {
+    /// Also gives, for an operation its connection's failure ended, why
+    /// it failed.
+    fn take(&self, post: bool, sleeping: bool, poll: bool) -> Option<Taking> {
         let m = self.members.lock();
         // Receives waiting for a read are posted first, with `post` (a
         // refused one is reported as a flushed receive).
@@ -494,14 +496,14 @@ impl Cq {
                 .filter(|_| post)
                 .and_then(|df| df.flush(&m.vi, sleeping))
             {
-                return Some(refused);
+                return Some((refused, None));
             }
             let queues = &m.queues[..m.n];
             match poll {
                 true => m.vi.done_raw_of(queues),
                 false => m.vi.finished_raw_of(queues),
             }
-            .map(|(_, d)| d)
+            .map(|(_, d)| (d, broken_by(&m.vi, d)))
         };
         match &m[..] {
             [] => None,
@@ -546,7 +548,7 @@ impl Cq {
                 break;
             }
             let d = match first.take() {
-                Some(c) => c.vi.done_raw(c.queue),
+                Some(c) => c.vi.done_raw(c.queue).map(|d| (d, broken_by(&c.vi, d))),
                 // Once this read has found something, the transport has
                 // just been polled: the looks after it take only what has
                 // already completed.
@@ -555,7 +557,7 @@ impl Cq {
                     None => break,
                 },
             };
-            let Some(d) = d else { continue };
+            let Some((d, broken)) = d else { continue };
             // SAFETY: every descriptor the provider posts is an Op.
             let op = unsafe { Op::take(d) };
             let st = op.status;
@@ -577,7 +579,7 @@ impl Cq {
                 continue;
             }
             if st & status::ERROR_MASK != 0 {
-                self.push_error(&op, flags, len, data);
+                self.push_error(&op, flags, len, data, broken);
                 break;
             }
             // SAFETY: the caller's buffer holds `count` entries of the
@@ -637,9 +639,38 @@ fn error_code(st: u32) -> c_int {
     }
 }
 
+/// A completed descriptor and, if its connection's failure ended it, why.
+type Taking = (NonNull<Descriptor>, Option<Broken>);
+
+/// Why `vi`'s connection failed, if `d` (done) ended with a transport
+/// error and the provider said.
+fn broken_by(vi: &uvia::Vi, d: NonNull<Descriptor>) -> Option<Broken> {
+    // SAFETY: a done descriptor is the reader's until it is taken.
+    let st = unsafe { d.as_ref() }.cs.status;
+    match st & status::TRANSPORT_ERROR {
+        0 => None,
+        _ => vi.broken_by(),
+    }
+}
+
+/// Where a CQ error's `prov_errno` carries why the connection failed,
+/// above the VIA status bits.
+const BROKEN_SHIFT: u32 = 12;
+
+/// A CQ error's `prov_errno`: the VIA status bits, and why the connection
+/// failed if known.
+fn prov_errno(st: u32, broken: Option<Broken>) -> c_int {
+    let why = broken.map_or(0, |b| (b as u32) << BROKEN_SHIFT);
+    ((st & (status::ERROR_MASK | status::DONE)) | why) as c_int
+}
+
 /// The text of a completion's VIA status (a CQ error's `prov_errno`).
 fn status_text(st: u32) -> &'static CStr {
     use uvia::CompletionError as E;
+    let broken = match st >> BROKEN_SHIFT {
+        0 => None,
+        v => Broken::from_u8(v as u8),
+    };
     match E::from_status(st) {
         Some(E::Format) => c"VIA format error: the descriptor is malformed",
         Some(E::Protection) => {
@@ -652,9 +683,12 @@ fn status_text(st: u32) -> &'static CStr {
         Some(E::Flushed) => {
             c"VIA descriptor flushed: the endpoint left the connected state before the operation ran"
         }
-        Some(E::Transport) => {
-            c"VIA transport error: the connection failed (peer gone, silent or unreachable)"
-        }
+        Some(E::Transport) => match broken {
+            Some(b) => b.text(),
+            None => {
+                c"VIA transport error: the connection failed (peer gone, silent or unreachable)"
+            }
+        },
         Some(E::RdmaProtection) => {
             c"VIA RDMA protection error: the peer refused the remote address or key"
         }
@@ -932,5 +966,27 @@ mod tests {
             unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes(),
             b"VIA transport e"
         );
+    }
+
+    /// A transport error's `prov_errno` carries why the connection failed,
+    /// and its text says so; the status bits below are unchanged.
+    #[test]
+    fn a_transport_error_names_why_its_connection_failed() {
+        let st = status::DONE | status::TRANSPORT_ERROR;
+        let generic = status_text(prov_errno(st, None) as u32);
+        let mut seen = vec![generic];
+        for v in 1..=u8::MAX {
+            let Some(why) = Broken::from_u8(v) else {
+                continue;
+            };
+            let e = prov_errno(st, Some(why));
+            assert_eq!(e as u32 & 0xfff, st, "{why:?}");
+            assert_eq!(error_code(e as u32), FI_EIO);
+            let text = status_text(e as u32);
+            assert_eq!(text, why.text());
+            assert!(!seen.contains(&text), "{why:?}: {text:?} twice");
+            seen.push(text);
+        }
+        assert_eq!(seen.len(), 7, "the six reasons and the generic text");
     }
 }

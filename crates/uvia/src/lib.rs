@@ -43,7 +43,7 @@ pub use error::{
 pub use lock::SpinLock;
 pub use mem::{AccessError, MemAttributes, Ptag, RegionInfo};
 pub use nic::{MemoryRegion, Nic, NicAttributes, NicOptions, WeakNic, DEFAULT_IDLE_TIMEOUT};
-pub use vi::{Queue, Reliability, Vi, ViAttributes, ViState, DEFAULT_WAIT_SPIN};
+pub use vi::{Broken, Queue, Reliability, Vi, ViAttributes, ViState, DEFAULT_WAIT_SPIN};
 
 /// The folder where shm listeners of this process put their sockets
 /// (`UVIA_SOCKET_DIR`, else `$XDG_RUNTIME_DIR/uvia`, `/run/user/<uid>/uvia`,

@@ -16,6 +16,7 @@ use crate::error::{ConnectError, PostError, Rejected, ViAttrError, WaitError};
 use crate::mem::{AccessError, Ptag};
 use crate::nic::{Nic, NicShared};
 use crate::provider::Transport;
+use std::ffi::CStr;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -42,6 +43,65 @@ impl Reliability {
             1 => Some(Reliability::ReliableDelivery),
             2 => Some(Reliability::ReliableReception),
             _ => None,
+        }
+    }
+}
+
+/// Why a connected VI went to Error, where the provider knows
+/// ([`Vi::broken_by`]): what a transport error means in a log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Broken {
+    /// Nothing came from the peer for the Nic's idle timeout.
+    PeerSilent = 1,
+    /// Retransmission timeouts ran out without an acknowledgement.
+    RetriesExhausted,
+    /// The peer had no receive posted for the idle timeout's worth of
+    /// receiver-not-ready retries.
+    ReceiverNotReady,
+    /// The peer reported a fatal error in this side's traffic.
+    PeerReported,
+    /// This side found a fatal error in the peer's traffic.
+    PeerMalformed,
+    /// The peer disconnected.
+    PeerDisconnected,
+}
+
+impl Broken {
+    /// The reason `b as u8` names, if any.
+    pub fn from_u8(v: u8) -> Option<Broken> {
+        use Broken::*;
+        [
+            PeerSilent,
+            RetriesExhausted,
+            ReceiverNotReady,
+            PeerReported,
+            PeerMalformed,
+            PeerDisconnected,
+        ]
+        .into_iter()
+        .find(|b| *b as u8 == v)
+    }
+
+    /// The reason in words (C text, for the C faces' error strings).
+    pub fn text(self) -> &'static CStr {
+        match self {
+            Broken::PeerSilent => {
+                c"VIA transport error: nothing came from the peer for the idle timeout"
+            }
+            Broken::RetriesExhausted => {
+                c"VIA transport error: retransmissions ran out without an acknowledgement"
+            }
+            Broken::ReceiverNotReady => {
+                c"VIA transport error: the peer had no receive posted for the idle timeout's worth of retries"
+            }
+            Broken::PeerReported => {
+                c"VIA transport error: the peer reported a fatal error in this side's traffic"
+            }
+            Broken::PeerMalformed => {
+                c"VIA transport error: this side found a fatal error in the peer's traffic"
+            }
+            Broken::PeerDisconnected => c"VIA transport error: the peer disconnected",
         }
     }
 }
@@ -440,6 +500,8 @@ pub(crate) struct ViShared {
     pub send_cq: Option<Arc<CqShared>>,
     pub recv_cq: Option<Arc<CqShared>>,
     state: AtomicU8,
+    /// Why it went to Error (a [`Broken`], 0 for not known).
+    broken: AtomicU8,
     /// The program's word for this VI ([`Vi::set_tag`]).
     tag: AtomicUsize,
     pub inner: BiasedLock<ViInner>,
@@ -484,6 +546,7 @@ impl Vi {
                 send_cq: send_cq.map(|c| c.s.clone()),
                 recv_cq: recv_cq.map(|c| c.s.clone()),
                 state: AtomicU8::new(ViState::Idle as u8),
+                broken: AtomicU8::new(0),
                 tag: AtomicUsize::new(0),
                 inner: BiasedLock::new(ViInner {
                     q: Queues {
@@ -598,6 +661,17 @@ impl Vi {
 
     pub(crate) fn set_state(&self, st: ViState) {
         self.s.state.store(st as u8, Ordering::Release);
+    }
+
+    /// Why the VI went to Error, if the provider said: set before the
+    /// state, so one who sees Error and a completion with a transport
+    /// error finds it.
+    pub fn broken_by(&self) -> Option<Broken> {
+        Broken::from_u8(self.s.broken.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_broken(&self, why: Broken) {
+        self.s.broken.store(why as u8, Ordering::Release);
     }
 
     /// Posts a send, RDMA write or RDMA read.

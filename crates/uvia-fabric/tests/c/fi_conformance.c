@@ -1576,7 +1576,7 @@ static void t_peer_killed(void)
     side_accept(&s, take_request(&s, NULL, 0), NULL, 0, NULL);
     region_reg(&s, &g_target, STREAM_LEN, FI_SEND);
     uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
-    int outstanding = 0, sent = 0, errors = 0, shutdown = 0, post_failed = 0, killed = 0;
+    int outstanding = 0, sent = 0, errors = 0, shutdown = 0, post_failed = 0, killed = 0, said = 0;
     long long killed_at = 0, deadline = now_ms() + 15000;
     while (now_ms() < deadline) {
         while (!post_failed && outstanding < STREAM_DEPTH) {
@@ -1599,6 +1599,19 @@ static void t_peer_killed(void)
             sent++;
         } else if (n == -FI_EAVAIL) {
             CHECKF(killed, "a completion error before the peer was killed: %s", ret_name(-err.err));
+            if (err.err == FI_EIO && !said) {
+                /* A transport error says why the connection failed. On
+                 * the network domains the engine knows (the peer fell
+                 * silent, or retransmissions ran out); shm learns only
+                 * that the peer is gone. */
+                char text[256];
+                fi_cq_strerror(s.cq, err.prov_errno, err.err_data, text, sizeof text);
+                h_note("the transport error says: %s", text);
+                if (strcmp(g_domain, "shm") != 0)
+                    CHECKF(strstr(text, "idle timeout") || strstr(text, "retransmissions ran out"),
+                           "a transport error on %s without its reason: %s", g_domain, text);
+                said = 1;
+            }
             outstanding--;
             errors++;
         }

@@ -152,7 +152,10 @@ pub fn uvia_mpirun(
         .env("FI_PROVIDER_PATH", &dir.0)
         .env_remove("FI_PROVIDER")
         .env_remove("FI_UVIA_INJECT")
-        .env_remove("FI_UVIA_RELIABILITY");
+        .env_remove("FI_UVIA_RELIABILITY")
+        // A failed job's output then says why (the middle layer logs the
+        // provider's error text at this level).
+        .env("FI_LOG_LEVEL", "warn");
     c
 }
 

@@ -785,6 +785,16 @@ impl Conn {
         self.events.pop_front()
     }
 
+    /// The failure or disconnection among the events not yet taken, if
+    /// any: it comes after the completions it flushed, and a caller
+    /// naming the reason beside them looks ahead for it.
+    pub fn pending_end(&self) -> Option<Event> {
+        self.events
+            .iter()
+            .copied()
+            .find(|e| matches!(e, Event::Failed(_) | Event::Disconnected))
+    }
+
     /// True while work left for [`settle`](Self::settle) waits.
     #[inline]
     pub fn unsettled(&self) -> bool {

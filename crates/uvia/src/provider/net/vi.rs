@@ -17,7 +17,7 @@ use crate::mem::RegionTable;
 use crate::nic::NicShared;
 use crate::provider::TransportOps;
 use crate::vi::{check_rdma, prepare, EntryState, Posted, Queue, Queues, SlotQueue, Vi};
-use crate::vi::{ViAttributes, ViState};
+use crate::vi::{Broken, ViAttributes, ViState};
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
@@ -528,6 +528,14 @@ impl NetVi {
         let mut silent = false;
         while let Some(ev) = self.conn.poll_event() {
             moved = true;
+            if let Event::SendDone { outcome, .. } | Event::RecvDone { outcome, .. } = ev {
+                if outcome == Outcome::Transport && vi.broken_by().is_none() {
+                    // Named before the first completion it breaks is seen.
+                    if let Some(why) = self.conn.pending_end().and_then(broken) {
+                        vi.set_broken(why);
+                    }
+                }
+            }
             match ev {
                 Event::SendDone { msn, outcome } => {
                     // Sends complete in posting order: a copied one is the
@@ -574,6 +582,9 @@ impl NetVi {
                 }
                 Event::Disconnected | Event::Failed(_) => {
                     // Every descriptor was completed by the engine first.
+                    if let Some(why) = broken(ev).filter(|_| vi.broken_by().is_none()) {
+                        vi.set_broken(why);
+                    }
                     self.copies.clear();
                     silent = matches!(ev, Event::Failed(FailReason::PeerSilent));
                     vi.set_state(ViState::Error);
@@ -1574,6 +1585,19 @@ impl TransportOps for NetVi {
             self.leave(nic);
         }
     }
+}
+
+/// Why a connection ended, in the core's words.
+fn broken(ev: Event) -> Option<Broken> {
+    Some(match ev {
+        Event::Failed(FailReason::PeerSilent) => Broken::PeerSilent,
+        Event::Failed(FailReason::RetriesExhausted) => Broken::RetriesExhausted,
+        Event::Failed(FailReason::RnrExhausted) => Broken::ReceiverNotReady,
+        Event::Failed(FailReason::Remote(_)) => Broken::PeerReported,
+        Event::Failed(FailReason::Local(_)) => Broken::PeerMalformed,
+        Event::Disconnected => Broken::PeerDisconnected,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
