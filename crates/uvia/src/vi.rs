@@ -660,6 +660,10 @@ impl Vi {
     }
 
     pub(crate) fn set_state(&self, st: ViState) {
+        if matches!(st, ViState::Idle | ViState::PendingConnect) {
+            // A new connection: the last one's reason is gone with it.
+            self.s.broken.store(0, Ordering::Relaxed);
+        }
         self.s.state.store(st as u8, Ordering::Release);
     }
 
