@@ -30,7 +30,7 @@ use crate::vi::{Queues, Reliability, Vi, ViAttributes, ViInner, ViShared, ViStat
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use uvia_net::{Addr, Medium, OutFrame, RecvBatch};
@@ -95,7 +95,29 @@ pub(crate) struct NetNic {
     share: Option<Arc<Share>>,
     /// Connections whose VI is gone, kept while they close ([`closing`]).
     closer: Arc<closing::Closer>,
+    /// Frames for VIs that were held when they came ([`Parked`]), and
+    /// whether there are any (read by every poll).
+    parked: SpinLock<Vec<Parked>>,
+    parked_any: AtomicBool,
 }
+
+/// A frame the Nic's medium brought for a VI whose lock was held: by
+/// another thread, or by the polling thread itself further up its stack (a
+/// VI's timers sweep the Nic's other VIs, whose polls may find the first
+/// one's frames). Taking that lock would wait on a thread that waits on
+/// this one, or on this thread itself: the frame waits here instead, and
+/// the next poll of the Nic hands it over. (A poll takes a VI's lock while
+/// it holds its own: never waiting for one is what keeps two of them from
+/// each waiting on the other's.)
+struct Parked {
+    id: u32,
+    from: Addr,
+    bytes: Vec<u8>,
+}
+
+/// Most frames parked at once; one more is dropped (and sent again by its
+/// peer, as a lost frame is).
+const PARKED_MOST: usize = 256;
 
 /// Most connections with frames waiting that one sweep reads for their
 /// programs ([`watch`]); a later sweep takes the rest.
@@ -167,6 +189,8 @@ impl NetNic {
             own_medium,
             share,
             closer: Arc::default(),
+            parked: SpinLock::new(Vec::new()),
+            parked_any: AtomicBool::new(false),
         }
     }
 
@@ -282,6 +306,9 @@ impl NetNic {
                 t
             }
         };
+        if self.parked_any.load(Ordering::Acquire) {
+            self.unpark(&mut me, read_clock());
+        }
         let mut on_frame = |from: Addr, bytes: &[u8]| {
             self.dispatch(from, bytes, &mut me, read_clock(), reply);
         };
@@ -433,7 +460,7 @@ impl NetNic {
                     self.closer.deliver(id, now, src, &repr);
                     return;
                 };
-                self.hand_to(target, from, src, &repr, me, now);
+                self.hand_to(id, target, from, src, &repr, bytes, me, now);
             }
             Some(EndpointEvent::Transmit { to, len }) => {
                 let _ = self.medium.send(&[OutFrame {
@@ -457,14 +484,19 @@ impl NetNic {
         }
     }
 
-    /// Hands a frame to `target`'s engine: the polling VI's own, or another
-    /// VI's under its lock (which then sends what the frame produced).
+    /// Hands frame `bytes` (parsed: `repr`) to connection `id`'s engine in
+    /// `target`: the polling VI's own, or another VI's under its lock (which
+    /// then sends what the frame produced). If another VI's lock is held,
+    /// the frame is parked for a later poll.
+    #[allow(clippy::too_many_arguments)]
     fn hand_to(
         &self,
+        id: u32,
         target: Arc<ViShared>,
         from: Addr,
         src: u32,
         repr: &Repr<'_>,
+        bytes: &[u8],
         me: &mut Option<(&Vi, &mut Queues, &mut NetVi)>,
         now: Instant,
     ) {
@@ -474,13 +506,54 @@ impl NetNic {
             }
             _ => {
                 let vi = Vi { s: target };
-                let mut g = vi.lock();
+                let Some(mut g) = vi.s.inner.try_lock() else {
+                    self.park(id, from, bytes);
+                    return;
+                };
                 let ViInner { q, t } = &mut *g;
                 if let Transport::Net(t) = t {
                     t.input(&vi, q, from, src, repr, &mut Clock::at(now));
                     t.output(&vi, q, now);
                 }
             }
+        }
+    }
+
+    /// Keeps a frame for connection `id` until a later poll ([`Parked`]).
+    #[cold]
+    fn park(&self, id: u32, from: Addr, bytes: &[u8]) {
+        let mut p = self.parked.lock();
+        if p.len() >= PARKED_MOST {
+            return;
+        }
+        p.push(Parked {
+            id,
+            from,
+            bytes: bytes.to_vec(),
+        });
+        self.parked_any.store(true, Ordering::Release);
+    }
+
+    /// Hands the parked frames over (under the Nic's receive lock, as
+    /// arriving ones): to `me` directly, to others under their locks if
+    /// free, else they stay parked.
+    #[cold]
+    fn unpark(&self, me: &mut Option<(&Vi, &mut Queues, &mut NetVi)>, now: Instant) {
+        let parked = {
+            let mut p = self.parked.lock();
+            self.parked_any.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *p)
+        };
+        for f in parked {
+            let Ok((_, src, repr)) = self.parse(&f.bytes) else {
+                continue;
+            };
+            let Some(target) = self.vis.lock().get(&f.id).and_then(Weak::upgrade) else {
+                // Gone meanwhile: closing, or closed.
+                self.closer.deliver(f.id, now, src, &repr);
+                continue;
+            };
+            self.hand_to(f.id, target, f.from, src, &repr, &f.bytes, me, now);
         }
     }
 

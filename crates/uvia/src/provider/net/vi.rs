@@ -1708,4 +1708,58 @@ mod tests {
         }
         assert_eq!(late, 0, "messages acknowledged late, of 10");
     }
+
+    /// A frame the Nic's medium brings for a VI whose lock is held, here by
+    /// the handing thread itself (a VI's timers sweep the Nic's other VIs
+    /// under its lock, and their polls may find its frames: an MPI job's
+    /// rank hung so, its connecting thread waiting on its own lock), is
+    /// parked rather than waited for; the next poll after the lock is free
+    /// hands it over. The frame: the peer's disconnect.
+    #[test]
+    fn a_frame_for_a_held_vi_waits_for_the_next_poll_not_for_the_lock() {
+        use super::super::NetNic;
+        use uvia_proto::wire::Repr;
+        let nic = Nic::open("udp:127.0.0.1").unwrap();
+        let (c, _s) = connected_pair_with(&nic, None);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let vi = c.vi.clone();
+        std::thread::spawn(move || {
+            let net = NetNic::of(&vi.s.nic).unwrap();
+            let repr = Repr::Disconnect { ack: 0, done: 0 };
+            let mut bytes = vec![0u8; repr.buffer_len()];
+            let held = vi.lock();
+            let (id, src, from) = match &held.t {
+                Transport::Net(t) => (t.id, t.conn.peer_id(), t.peer),
+                _ => panic!("a network VI"),
+            };
+            repr.emit(&mut bytes, id, src);
+            net.hand_to(
+                id,
+                vi.s.clone(),
+                from,
+                src,
+                &repr,
+                &bytes,
+                &mut None,
+                Instant::now(),
+            );
+            let parked = net.parked.lock().len();
+            drop(held);
+            let _ = done_tx.send(parked);
+            net.poll(None);
+        });
+        let parked = done_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the handing thread waits for the lock it holds");
+        assert_eq!(parked, 1, "the frame parked");
+        let start = Instant::now();
+        while c.vi.state() != crate::ViState::Error {
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "never handed over"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(c.vi.broken_by(), Some(crate::vi::Broken::PeerDisconnected));
+    }
 }
