@@ -100,12 +100,12 @@ pub struct Config {
     /// microsecond or two), short, since a send at reliable delivery
     /// completes on its ack. With 50 us, Open MPI over `uvia;ofi_rxm`
     /// paid it once per rendezvous message (256 KiB one way: 103 us, 56 us
-    /// with 5 us; the native ping-pong takes 37 us): the one-way control
-    /// message that ends a rendezvous gets no reply, and its send's
-    /// completion is waited on. 1 us acknowledged a stream whose frames
-    /// come further apart one frame at a time (the engine's simulation of
-    /// 64 KiB messages: five times the acks, 80% of lossless goodput at 5%
-    /// loss where 5 us gives 85%).
+    /// with 5 us, 51 us with 2 us; the native ping-pong takes 37 us): the
+    /// one-way control message that ends a rendezvous gets no reply, and
+    /// its send's completion is waited on. 1 us acknowledged a stream
+    /// whose frames come further apart one frame at a time (the engine's
+    /// simulation of 64 KiB messages: five times the acks, 80% of lossless
+    /// goodput at 5% loss where 2 and 5 us give 85%).
     pub ack_delay: Duration,
     /// Acknowledge at once after this many unacknowledged frames.
     pub ack_every: u32,
@@ -149,7 +149,7 @@ impl Default for Config {
             window: 256,
             window_bytes: 2 << 20,
             lossy_window_bytes: 512 << 10,
-            ack_delay: Duration::from_micros(5),
+            ack_delay: Duration::from_micros(2),
             ack_every: 16,
             initial_rto: Duration::from_millis(20),
             min_rto: Duration::from_millis(1),
