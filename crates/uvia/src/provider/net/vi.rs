@@ -581,8 +581,9 @@ impl NetVi {
                     self.handshake = Some(ev);
                 }
                 Event::Disconnected | Event::Failed(_) => {
-                    // Every descriptor was completed by the engine first.
-                    if let Some(why) = broken(ev).filter(|_| vi.broken_by().is_none()) {
+                    // Every descriptor was completed by the engine first
+                    // (a transport error among them named the reason then).
+                    if let Some(why) = broken(ev) {
                         vi.set_broken(why);
                     }
                     self.copies.clear();
