@@ -114,6 +114,7 @@ impl Conn {
         let owe_ack = self.ack_pending > 0 || self.timers.is_set(Timer::Ack) || self.ack_now;
         self.flush(Outcome::Flushed);
         self.ack_now = owe_ack && self.cfg.level.is_reliable();
+        self.ack_for_window = false;
         self.enter(if was_connecting {
             State::Closed
         } else {

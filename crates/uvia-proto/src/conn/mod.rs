@@ -562,6 +562,12 @@ pub struct Conn {
     /// Payload bytes received since the last ack.
     ack_bytes: u32,
     ack_now: bool,
+    /// `ack_now` was set by the byte rule alone (a quarter of the lossy
+    /// window taken in), for the frames of a message still arriving: if
+    /// its last frame comes before the ack goes out (in the same receive
+    /// batch), the ack waits for the delay like any message's, and the
+    /// answer it may bring carries it.
+    ack_for_window: bool,
     /// The peer pinged: answer even on the unreliable level.
     pong_due: bool,
     /// The psn we told the peer we were not ready for.
@@ -629,6 +635,7 @@ impl Conn {
             newest_rx: None,
             next_in: None,
             ack_bytes: 0,
+            ack_for_window: false,
             ack_now: false,
             pong_due: false,
             rnr_nak_at: None,

@@ -171,6 +171,7 @@ impl Conn {
             // Seen before: our ack was lost, so say it again soon.
             self.stats.duplicates += 1;
             self.ack_now = true;
+            self.ack_for_window = false;
             return false;
         } else if !self.rcv.in_window(h.psn) {
             self.stats.dropped += 1;
@@ -240,20 +241,30 @@ impl Conn {
             1
         };
         self.ack_bytes = self.ack_bytes.saturating_add(len);
+        let last = h.offset.saturating_add(len) >= h.total;
         if h.flags & data_flags::ACK_NOW != 0
             || self.ack_pending >= self.cfg.ack_every
-            // Large frames: a quarter of the sender's narrowest byte
-            // window, so it never stalls waiting for an ack. Not on a
-            // message's last frame: the answer it may bring carries the
-            // ack (a MiB received on udp was acked by a datagram of its
-            // own just before the receiver's next message, some 3 us on
-            // the receiver's way), and the delay is short.
-            || (self.ack_bytes >= self.cfg.lossy_window_bytes.min(self.cfg.window_bytes) / 4
-                && h.offset.saturating_add(len) < h.total)
             || self.rcv.has_gap()
         {
             self.ack_now = true;
+            self.ack_for_window = false;
+        } else if !last
+            // Large frames: a quarter of the sender's narrowest byte
+            // window, so it never stalls waiting for an ack.
+            && self.ack_bytes >= self.cfg.lossy_window_bytes.min(self.cfg.window_bytes) / 4
+        {
+            self.ack_for_window |= !self.ack_now;
+            self.ack_now = true;
         } else {
+            // Not for a message's last frame: the answer it may bring
+            // carries the ack, and the delay is short. Nor for the
+            // window, once the message is whole before the ack went out
+            // (a MiB's read response on udp was acked by a datagram of its
+            // own just before the receiver's next message, 2.5 us on its
+            // way there).
+            if last && std::mem::take(&mut self.ack_for_window) {
+                self.ack_now = false;
+            }
             // Armed at the next settle, unless an answer carried it first.
             self.ack_unarmed = true;
         }

@@ -114,6 +114,7 @@ impl Conn {
         let ack_due = self.ack_now && self.cfg.level.is_reliable();
         if ack_due || ping_due || self.pong_due {
             self.ack_now = false;
+            self.ack_for_window = false;
             self.pong_due = false;
             let flags = if ping_due {
                 self.last_ping = Some(clock.now());
@@ -539,6 +540,7 @@ impl Conn {
             self.ack_bytes = 0;
             self.timers.stop(Timer::Ack);
             self.ack_now = false;
+            self.ack_for_window = false;
         }
         end
     }

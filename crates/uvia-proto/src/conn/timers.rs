@@ -141,6 +141,7 @@ impl Conn {
                 Timer::Idle => self.fail(FailReason::PeerSilent, None),
                 Timer::Ack => {
                     self.ack_now = true;
+                    self.ack_for_window = false;
                     self.timers.stop(Timer::Ack);
                 }
                 Timer::Rnr => self.timers.stop(Timer::Rnr),
