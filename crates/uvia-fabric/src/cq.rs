@@ -17,9 +17,9 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use uvia::{status, BiasedLock, Broken, CountGuard, Descriptor, Queue, SpinLock, Vi};
 
 /// One posted operation: the descriptor first, so the descriptor a done
@@ -254,6 +254,12 @@ struct Member {
     deferred: Option<Arc<Deferred>>,
 }
 
+/// How soon after a read that returned entries the next one skips its
+/// poll of a network medium ([`Cq::just_read`]): `ofi_rxm`'s next read
+/// comes within a microsecond or two; a program that reads now and then
+/// has each read poll.
+const READ_AGAIN_WITHIN_NS: u64 = 50_000;
+
 /// A completion queue. `#[repr(C)]` with libfabric's `fid_cq` first.
 #[repr(C)]
 pub struct Cq {
@@ -272,18 +278,23 @@ pub struct Cq {
     /// (`defer`).
     pub sleepers: AtomicU32,
     /// The last `fi_cq_read` returned entries: the next one posts no
-    /// deferred receive and, with `poll_after_entries` false, does not
-    /// poll the transport either: it takes only what has already
-    /// completed. `ofi_rxm` reads its CQ until it comes back empty, on the
-    /// way from the message it took to its answer: the receives it
-    /// reposted would be posted there, and on udp the look was a receive
-    /// call that found nothing, a third of a microsecond. The read after
-    /// it does both, with the answer sent.
+    /// deferred receive and, with `poll_after_entries` false and within
+    /// [`READ_AGAIN_WITHIN_NS`] of it, does not poll the transport either: it
+    /// takes only what has already completed. `ofi_rxm` reads its CQ until
+    /// it comes back empty, on the way from the message it took to its
+    /// answer: the receives it reposted would be posted there, and on udp
+    /// the look was a receive call that found nothing, a third of a
+    /// microsecond. The read after it does both, with the answer sent.
     just_read: AtomicBool,
     /// The domain's VIs are host-local (shm): a poll is a look at a ring,
     /// cheaper than a second read's, so the read after entries polls too
     /// (MPICH's 8 B over `uvia;ofi_rxm` on shm took 4% longer without).
     poll_after_entries: bool,
+    /// When the last polling read that returned entries began, in ns from
+    /// `epoch` (network domains only): a program that reads now and then
+    /// has every read poll, so that nothing it could take waits a period.
+    entries_at: AtomicU64,
+    epoch: Instant,
     format: fi_cq_format,
     /// Failed operations, read with `fi_cq_readerr`.
     errors: Mutex<VecDeque<fi_cq_err_entry>>,
@@ -402,6 +413,8 @@ pub unsafe extern "C" fn open(
             sleepers: AtomicU32::new(0),
             just_read: AtomicBool::new(false),
             poll_after_entries: domain.nic.attributes().host_local,
+            entries_at: AtomicU64::new(0),
+            epoch: Instant::now(),
             format,
             errors: Mutex::new(VecDeque::new()),
             erred: AtomicBool::new(false),
@@ -526,6 +539,11 @@ impl Cq {
         }
     }
 
+    /// Nanoseconds since the CQ opened.
+    fn since_epoch(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
     fn entry_size(&self) -> usize {
         match self.format {
             FI_CQ_FORMAT_MSG => std::mem::size_of::<fi_cq_msg_entry>(),
@@ -551,7 +569,14 @@ impl Cq {
         if after_entries {
             self.just_read.store(false, Ordering::Relaxed);
         }
-        let poll = !after_entries || self.poll_after_entries;
+        // A polling read on a network domain reads the clock: the read
+        // after one with entries skips its poll only soon after it.
+        let began = (polling && !self.poll_after_entries).then(|| self.since_epoch());
+        let poll = !after_entries
+            || self.poll_after_entries
+            || began.is_some_and(|t| {
+                t.saturating_sub(self.entries_at.load(Ordering::Relaxed)) > READ_AGAIN_WITHIN_NS
+            });
         let mut n = 0;
         while n < count {
             if self.erred.load(Ordering::Acquire) {
@@ -623,6 +648,9 @@ impl Cq {
         if n > 0 {
             if polling {
                 self.just_read.store(true, Ordering::Relaxed);
+            }
+            if let Some(t) = began {
+                self.entries_at.store(t, Ordering::Relaxed);
             }
             Ok(n as isize)
         } else if self.erred.load(Ordering::Acquire) {
