@@ -455,12 +455,7 @@ impl NetNic {
                         return;
                     }
                 }
-                let Some(target) = self.vis.lock().get(&id).and_then(Weak::upgrade) else {
-                    // A connection whose VI is gone, closing.
-                    self.closer.deliver(id, now, src, &repr);
-                    return;
-                };
-                self.hand_to(id, target, from, src, &repr, bytes, me, now);
+                self.to_connection(id, from, src, &repr, bytes, me, now);
             }
             Some(EndpointEvent::Transmit { to, len }) => {
                 let _ = self.medium.send(&[OutFrame {
@@ -545,15 +540,31 @@ impl NetNic {
             std::mem::take(&mut *p)
         };
         for f in parked {
-            let Ok((_, src, repr)) = self.parse(&f.bytes) else {
-                continue;
-            };
-            let Some(target) = self.vis.lock().get(&f.id).and_then(Weak::upgrade) else {
-                // Gone meanwhile: closing, or closed.
-                self.closer.deliver(f.id, now, src, &repr);
-                continue;
-            };
-            self.hand_to(f.id, target, f.from, src, &repr, &f.bytes, me, now);
+            if let Ok((_, src, repr)) = self.parse(&f.bytes) {
+                self.to_connection(f.id, f.from, src, &repr, &f.bytes, me, now);
+            }
+        }
+    }
+
+    /// Hands a frame for connection `id` to its VI ([`hand_to`](Self::hand_to)),
+    /// or, if the VI is gone, to the connection while it closes.
+    #[allow(clippy::too_many_arguments)]
+    fn to_connection(
+        &self,
+        id: u32,
+        from: Addr,
+        src: u32,
+        repr: &Repr<'_>,
+        bytes: &[u8],
+        me: &mut Option<(&Vi, &mut Queues, &mut NetVi)>,
+        now: Instant,
+    ) {
+        // (The table's lock is let go before the frame is handed over.)
+        let target = self.vis.lock().get(&id).and_then(Weak::upgrade);
+        match target {
+            Some(target) => self.hand_to(id, target, from, src, repr, bytes, me, now),
+            // A connection whose VI is gone, closing.
+            None => self.closer.deliver(id, now, src, repr),
         }
     }
 
