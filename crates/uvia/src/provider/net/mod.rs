@@ -455,7 +455,7 @@ impl NetNic {
                         return;
                     }
                 }
-                self.to_connection(id, from, src, &repr, bytes, me, now);
+                self.hand_to(id, from, src, &repr, bytes, me, now);
             }
             Some(EndpointEvent::Transmit { to, len }) => {
                 let _ = self.medium.send(&[OutFrame {
@@ -479,15 +479,15 @@ impl NetNic {
         }
     }
 
-    /// Hands frame `bytes` (parsed: `repr`) to connection `id`'s engine in
-    /// `target`: the polling VI's own, or another VI's under its lock (which
-    /// then sends what the frame produced). If another VI's lock is held,
-    /// the frame is parked for a later poll.
+    /// Hands frame `bytes` (parsed: `repr`) to connection `id`'s engine:
+    /// the polling VI's own, or another VI's under its lock (which then
+    /// sends what the frame produced), or, if the VI is gone, the
+    /// connection's while it closes. If another VI's lock is held, the
+    /// frame is parked for a later poll.
     #[allow(clippy::too_many_arguments)]
     fn hand_to(
         &self,
         id: u32,
-        target: Arc<ViShared>,
         from: Addr,
         src: u32,
         repr: &Repr<'_>,
@@ -495,6 +495,13 @@ impl NetNic {
         me: &mut Option<(&Vi, &mut Queues, &mut NetVi)>,
         now: Instant,
     ) {
+        // (The table's lock is let go before the frame is handed over.)
+        let target = self.vis.lock().get(&id).and_then(Weak::upgrade);
+        let Some(target) = target else {
+            // A connection whose VI is gone, closing.
+            self.closer.deliver(id, now, src, repr);
+            return;
+        };
         match me {
             Some((vi, q, t)) if Arc::ptr_eq(&vi.s, &target) => {
                 t.input(vi, q, from, src, repr, &mut Clock::at(now))
@@ -541,30 +548,8 @@ impl NetNic {
         };
         for f in parked {
             if let Ok((_, src, repr)) = self.parse(&f.bytes) {
-                self.to_connection(f.id, f.from, src, &repr, &f.bytes, me, now);
+                self.hand_to(f.id, f.from, src, &repr, &f.bytes, me, now);
             }
-        }
-    }
-
-    /// Hands a frame for connection `id` to its VI ([`hand_to`](Self::hand_to)),
-    /// or, if the VI is gone, to the connection while it closes.
-    #[allow(clippy::too_many_arguments)]
-    fn to_connection(
-        &self,
-        id: u32,
-        from: Addr,
-        src: u32,
-        repr: &Repr<'_>,
-        bytes: &[u8],
-        me: &mut Option<(&Vi, &mut Queues, &mut NetVi)>,
-        now: Instant,
-    ) {
-        // (The table's lock is let go before the frame is handed over.)
-        let target = self.vis.lock().get(&id).and_then(Weak::upgrade);
-        match target {
-            Some(target) => self.hand_to(id, target, from, src, repr, bytes, me, now),
-            // A connection whose VI is gone, closing.
-            None => self.closer.deliver(id, now, src, repr),
         }
     }
 

@@ -1734,16 +1734,7 @@ mod tests {
                 _ => panic!("a network VI"),
             };
             repr.emit(&mut bytes, id, src);
-            net.hand_to(
-                id,
-                vi.s.clone(),
-                from,
-                src,
-                &repr,
-                &bytes,
-                &mut None,
-                Instant::now(),
-            );
+            net.hand_to(id, from, src, &repr, &bytes, &mut None, Instant::now());
             let parked = net.parked.lock().len();
             drop(held);
             let _ = done_tx.send(parked);
