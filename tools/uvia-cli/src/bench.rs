@@ -107,6 +107,20 @@ struct Pair {
     contender: f64,
     baseline: f64,
     ratio: f64,
+    /// The cores' cache-line one-way (ns) read before the contender,
+    /// between the two and after the baseline ([`crate::placement`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    line_ns: Option<[f64; 3]>,
+    /// Times the pair was measured: more than once where the host moved
+    /// the cores during it.
+    tries: usize,
+}
+
+impl Pair {
+    /// Whether the host moved the cores during the measurement kept.
+    fn moved(&self) -> bool {
+        self.line_ns.is_some_and(|l| crate::placement::moved(&l))
+    }
 }
 
 #[derive(Serialize, Clone)]
@@ -331,12 +345,40 @@ impl Headline {
             Ok(_) => return Headline::skipped(name, ratio_is, unit, target, "no pairs".into()),
             Err(why) => return Headline::skipped(name, ratio_is, unit, target, why),
         };
+        let pairs = pairs
+            .into_iter()
+            .map(|(contender, baseline)| crate::placement::Measured {
+                contender,
+                baseline,
+                line_ns: None,
+                tries: 1,
+            })
+            .collect();
+        Headline::from_measured(name, ratio_is, unit, target, pairs, ratio, pass)
+    }
+
+    /// A comparison from pairs measured with the cores' placement read
+    /// around them ([`crate::placement::pair`]).
+    fn from_measured(
+        name: &str,
+        ratio_is: &str,
+        unit: &str,
+        target: &str,
+        pairs: Vec<crate::placement::Measured>,
+        ratio: impl Fn(f64, f64) -> f64,
+        pass: impl Fn(f64) -> bool,
+    ) -> Headline {
+        if pairs.is_empty() {
+            return Headline::skipped(name, ratio_is, unit, target, "no pairs".into());
+        }
         let pairs: Vec<Pair> = pairs
             .into_iter()
-            .map(|(c, b)| Pair {
-                contender: c,
-                baseline: b,
-                ratio: ratio(c, b),
+            .map(|m| Pair {
+                contender: m.contender,
+                baseline: m.baseline,
+                ratio: ratio(m.contender, m.baseline),
+                line_ns: m.line_ns,
+                tries: m.tries,
             })
             .collect();
         let r = median(&pairs.iter().map(|p| p.ratio).collect::<Vec<_>>());
@@ -367,6 +409,8 @@ pub(crate) fn progress_style() -> ProgressStyle {
 }
 
 /// Interleaves `pairs` rounds of contender and baseline; `ratio(c, b)`.
+/// Each pair is measured with the cores' placement read around it, and
+/// again where the host moved the cores during it ([`crate::placement`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn interleave(
     pb: &ProgressBar,
@@ -384,28 +428,25 @@ pub(crate) fn interleave(
     let mut error = None;
     for i in 0..pairs {
         pb.set_message(format!("headline: {name} (pair {}/{pairs})", i + 1));
-        let c = match contender() {
-            Ok(v) => v,
+        // Which side failed is said with its error.
+        let m = crate::placement::pair(
+            || contender().map_err(|e| anyhow!("contender: {e:#}")),
+            || baseline().map_err(|e| anyhow!("baseline: {e:#}")),
+            crate::placement::read,
+        );
+        match m {
+            Ok(m) => measured.push(m),
             Err(e) => {
-                error = Some(format!("contender: {e:#}"));
+                error = Some(format!("{e:#}"));
                 break;
             }
-        };
-        let b = match baseline() {
-            Ok(v) => v,
-            Err(e) => {
-                error = Some(format!("baseline: {e:#}"));
-                break;
-            }
-        };
-        measured.push((c, b));
+        }
         pb.inc(1);
     }
-    let measured = match error {
-        Some(e) => Err(e),
-        None => Ok(measured),
-    };
-    Headline::from_pairs(name, ratio_is, unit, target, measured, ratio, pass)
+    match error {
+        Some(e) => Headline::skipped(name, ratio_is, unit, target, e),
+        None => Headline::from_measured(name, ratio_is, unit, target, measured, ratio, pass),
+    }
 }
 
 /// Whether the peers section runs: asked for, or a full bench with at
@@ -1148,7 +1189,7 @@ pub(crate) fn headline_rows(hs: &[Headline]) -> ([&'static str; 6], Vec<Vec<Stri
             let pr = h
                 .pairs
                 .iter()
-                .map(|p| format!("{:.2}", p.ratio))
+                .map(|p| format!("{:.2}{}", p.ratio, if p.moved() { "*" } else { "" }))
                 .collect::<Vec<_>>()
                 .join(" ");
             let cb = if h.pairs.is_empty() {
@@ -1176,10 +1217,42 @@ pub(crate) fn headline_rows(hs: &[Headline]) -> ([&'static str; 6], Vec<Vec<Stri
     (head, rows)
 }
 
-/// The headline table as text, with the medians of both sides.
+/// What the placement readings around the pairs of `hs` showed: their
+/// range, the pairs measured again and those kept though the cores moved
+/// (marked `*` in the pair ratios); `None` where no pair was read.
+pub(crate) fn placement_note(hs: &[Headline]) -> Option<String> {
+    let pairs: Vec<&Pair> = hs.iter().flat_map(|h| &h.pairs).collect();
+    let readings: Vec<f64> = pairs.iter().filter_map(|p| p.line_ns).flatten().collect();
+    if readings.is_empty() {
+        return None;
+    }
+    let lo = readings.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = readings.iter().copied().fold(0.0, f64::max);
+    let again: usize = pairs.iter().map(|p| p.tries.saturating_sub(1)).sum();
+    let kept = pairs.iter().filter(|p| p.moved()).count();
+    Some(format!(
+        "Placement of the two cores, read before, between and after the two runs of each pair (the cache-line ping-pong of `uvia limit`, a line each way, {} round trips): {lo:.0}-{hi:.0} ns one way over this run's {} pairs. Readings within a pair more than {}x apart mean the host moved the cores during it; such a pair is measured again, up to {} times: {again} measurements were made again{}.",
+        crate::placement::ROUNDS,
+        pairs.len(),
+        crate::placement::MOVED,
+        crate::placement::TRIES,
+        if kept > 0 {
+            format!("; pairs kept though the cores moved in every try (marked * in the pair ratios): {kept}")
+        } else {
+            String::new()
+        }
+    ))
+}
+
+/// The headline table as text, with the medians of both sides,
+/// and what the placement readings around the pairs showed.
 pub(crate) fn headline_text(hs: &[Headline]) -> String {
     let (head, rows) = headline_rows(hs);
-    text_table(&head, &rows)
+    let mut text = text_table(&head, &rows);
+    if let Some(note) = placement_note(hs) {
+        push(&mut text, note);
+    }
+    text
 }
 
 fn render(res: &BenchResult, out: &Path) -> (String, String) {
@@ -1231,6 +1304,11 @@ fn render(res: &BenchResult, out: &Path) -> (String, String) {
     push(&mut md, "");
     md += &md_table(&["blocked receiver", "cpu", "target", "verdict"], &brows);
     push(&mut md, "");
+    if let Some(note) = placement_note(&res.headline) {
+        push(&mut text, &note);
+        push(&mut md, &note);
+        push(&mut md, "");
+    }
     let mut errs = Vec::new();
     for h in &res.headline {
         if let Some(e) = &h.error {
@@ -1585,5 +1663,53 @@ mod tests {
         let w = none.worst("worst", ">= 0.6x", |r| r >= 0.6);
         assert_eq!((w.ratio, w.pass), (None, None));
         assert_eq!(w.error.as_deref(), Some("the run failed"));
+    }
+
+    #[test]
+    fn the_report_marks_pairs_the_host_moved_and_says_what_was_measured_again() {
+        use crate::placement::Measured;
+        let m = |c: f64, line_ns: Option<[f64; 3]>, tries: usize| Measured {
+            contender: c,
+            baseline: 100.0,
+            line_ns,
+            tries,
+        };
+        let h = Headline::from_measured(
+            "latency",
+            "uvia / peer",
+            "ns",
+            "<= 1.0x",
+            vec![
+                m(90.0, Some([40.0, 45.0, 50.0]), 1),
+                m(80.0, Some([300.0, 290.0, 310.0]), 2),
+                m(120.0, Some([40.0, 300.0, 300.0]), 3),
+            ],
+            |c, b| c / b,
+            |r| r <= 1.0,
+        );
+        assert_eq!(h.ratio, Some(0.9));
+        let (_, rows) = headline_rows(std::slice::from_ref(&h));
+        assert_eq!(rows[0][4], "0.90 0.80 1.20*");
+        let note = placement_note(std::slice::from_ref(&h)).unwrap();
+        assert!(
+            note.contains("40-310 ns one way over this run's 3 pairs"),
+            "{note}"
+        );
+        assert!(note.contains("3 measurements were made again"), "{note}");
+        assert!(
+            note.contains("moved in every try (marked * in the pair ratios): 1."),
+            "{note}"
+        );
+        // Pairs without readings (the MPI study's own rounds) say nothing.
+        let plain = Headline::from_pairs(
+            "x",
+            "a / b",
+            "ns",
+            "<= 1.0x",
+            Ok(vec![(1.0, 2.0)]),
+            |c, b| c / b,
+            |r| r <= 1.0,
+        );
+        assert_eq!(placement_note(&[plain]), None);
     }
 }

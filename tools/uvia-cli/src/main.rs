@@ -14,6 +14,7 @@ mod limit;
 mod mpi;
 mod peers;
 mod pin;
+mod placement;
 mod report;
 mod run;
 mod scale;

@@ -1389,6 +1389,10 @@ pub fn render(res: &PeersResult) -> (String, String) {
         &hh[..5],
         &hrows.iter().map(|r| r[..5].to_vec()).collect::<Vec<_>>(),
     );
+    let placement = crate::bench::placement_note(&res.headline);
+    if let Some(note) = &placement {
+        push(&mut text, note);
+    }
     push(&mut text, "");
     push(
         &mut text,
@@ -1447,6 +1451,10 @@ pub fn render(res: &PeersResult) -> (String, String) {
     push(&mut md, "");
     md += &md_table(&hh, &hrows);
     push(&mut md, "");
+    if let Some(note) = &placement {
+        push(&mut md, note);
+        push(&mut md, "");
+    }
     md += &md_table(&head, &rows);
     push(&mut md, "");
     push(
