@@ -292,6 +292,22 @@ impl Headline {
             .collect()
     }
 
+    /// Of `runs`, one value per call of the contender in the order the
+    /// calls were made, those of the measurements kept: the last try of
+    /// each pair. Runs the pairs do not account for (a comparison ended by
+    /// an error) are kept as they are.
+    pub(crate) fn kept<T>(&self, runs: Vec<T>) -> Vec<T> {
+        let tries: usize = self.pairs.iter().map(|p| p.tries).sum();
+        if self.pairs.is_empty() || tries != runs.len() {
+            return runs;
+        }
+        let mut runs = runs.into_iter();
+        self.pairs
+            .iter()
+            .filter_map(|p| runs.by_ref().take(p.tries).last())
+            .collect()
+    }
+
     /// The same pairs judged by their worst ratio (the smallest: for a
     /// target of "at least"), as a comparison of its own.
     pub(crate) fn worst(&self, name: &str, target: &str, pass: impl Fn(f64) -> bool) -> Headline {
@@ -1711,5 +1727,32 @@ mod tests {
             |r| r <= 1.0,
         );
         assert_eq!(placement_note(&[plain]), None);
+    }
+
+    #[test]
+    fn the_runs_kept_are_the_last_try_of_each_pair() {
+        use crate::placement::Measured;
+        let m = |tries: usize| Measured {
+            contender: 1.0,
+            baseline: 1.0,
+            line_ns: None,
+            tries,
+        };
+        let h = Headline::from_measured(
+            "x",
+            "a / b",
+            "ns",
+            "<= 1.0x",
+            vec![m(1), m(3), m(2)],
+            |c, b| c / b,
+            |r| r <= 1.0,
+        );
+        // Six calls of the contender: pair 1 once, pair 2 three times, pair 3 twice.
+        assert_eq!(
+            h.kept(vec!["a", "b1", "b2", "b3", "c1", "c2"]),
+            ["a", "b3", "c2"]
+        );
+        // Runs that do not match the tries (an error ended the pairs) stay.
+        assert_eq!(h.kept(vec!["a", "b"]), ["a", "b"]);
     }
 }

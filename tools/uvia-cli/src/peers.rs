@@ -962,6 +962,10 @@ pub struct PeersResult {
     /// The comparisons, with targets.
     pub headline: Vec<Headline>,
     pub runs: Vec<PeerRun>,
+    /// What the placement readings around every pair showed
+    /// ([`crate::bench::placement_note`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
 }
 
 /// What to run: the peers (all, or those named), sizes.
@@ -1006,6 +1010,7 @@ pub fn run_all(pb: &ProgressBar, o: &Options, timeout: Duration) -> PeersResult 
     let (lat_sizes, bw_sizes) = sizes(o.quick);
     let mut infos = Vec::new();
     let mut comps = Vec::new();
+    let mut measured = Vec::new();
     for p in peers()
         .iter()
         .filter(|p| o.only.is_empty() || o.only.iter().any(|n| n == p.name))
@@ -1095,6 +1100,7 @@ pub fn run_all(pb: &ProgressBar, o: &Options, timeout: Duration) -> PeersResult 
                     .replacen("baseline:", "peer:", 1)
             });
             comps.push(c);
+            measured.push(h);
         }
     }
     let headline = headlines(&comps);
@@ -1107,6 +1113,7 @@ pub fn run_all(pb: &ProgressBar, o: &Options, timeout: Duration) -> PeersResult 
         comparisons: comps,
         headline,
         runs,
+        placement: crate::bench::placement_note(&measured),
     }
 }
 
@@ -1389,8 +1396,7 @@ pub fn render(res: &PeersResult) -> (String, String) {
         &hh[..5],
         &hrows.iter().map(|r| r[..5].to_vec()).collect::<Vec<_>>(),
     );
-    let placement = crate::bench::placement_note(&res.headline);
-    if let Some(note) = &placement {
+    if let Some(note) = &res.placement {
         push(&mut text, note);
     }
     push(&mut text, "");
@@ -1451,7 +1457,7 @@ pub fn render(res: &PeersResult) -> (String, String) {
     push(&mut md, "");
     md += &md_table(&hh, &hrows);
     push(&mut md, "");
-    if let Some(note) = &placement {
+    if let Some(note) = &res.placement {
         push(&mut md, note);
         push(&mut md, "");
     }

@@ -617,7 +617,7 @@ pub(crate) fn headlines(
             many.borrow_mut().push(m);
             Ok(p50)
         };
-        out.push(interleave(
+        let h = interleave(
             pb,
             &format!("{p}: one pair's 8 B p50 among 1,000 VI pairs on one CQ vs a lone pair"),
             "p50 with 999 pairs idle / p50 alone",
@@ -628,8 +628,11 @@ pub(crate) fn headlines(
             || Ok(*lone.borrow()),
             |c, b| c / b,
             |r| r <= 1.2,
-        ));
-        let many = many.into_inner();
+        );
+        // The rows below take the runs of the pairs kept, not those made
+        // again because the host moved the cores during them.
+        let many = h.kept(many.into_inner());
+        out.push(h);
         let against = |name: String,
                        ratio_is: &str,
                        unit: &str,
