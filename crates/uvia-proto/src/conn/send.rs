@@ -11,7 +11,7 @@ use crate::wire::{
     self, ack_flags, bundle, data_flags, DataHeader, NakCode, Op, Repr, SackList, DATA_HEADER_LEN,
     MAX_SACK,
 };
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 impl Conn {
     /// Builds the next frame to send into `buf` (at least `max_frame`
@@ -568,12 +568,16 @@ impl Conn {
             return false;
         }
         let mut progress = false;
-        // The most recently sent frame this ack covers.
-        let mut newest: Option<Sent> = None;
+        // The most recently sent frame this ack covers, and its round trip
+        // (one clock subtraction a frame, for the sample and the loss
+        // detection alike).
+        let mut newest: Option<(Sent, Duration)> = None;
         let mut note = |s: &Sent| {
-            if newest.is_none_or(|n| n.order < s.order) {
-                newest = Some(*s);
+            let rtt = now.saturating_duration_since(s.sent_at);
+            if newest.is_none_or(|(n, _)| n.order < s.order) {
+                newest = Some((*s, rtt));
             }
+            rtt
         };
         while seq::lt(self.snd_una, ack) {
             if let Some(s) = self.inflight.pop_front() {
@@ -581,8 +585,8 @@ impl Conn {
                     self.lost -= 1;
                 }
                 if !s.acked {
-                    note(&s);
-                    self.frame_acked(now, &s);
+                    let rtt = note(&s);
+                    self.frame_acked(rtt, &s);
                     progress = true;
                 }
             }
@@ -612,8 +616,8 @@ impl Conn {
                         self.lost -= 1;
                     }
                     self.inflight[i].acked = true;
-                    note(&s);
-                    self.frame_acked(now, &s);
+                    let rtt = note(&s);
+                    self.frame_acked(rtt, &s);
                     progress = true;
                 }
             }
@@ -643,8 +647,8 @@ impl Conn {
                 }
             }
         }
-        if let Some(s) = newest {
-            self.detect_by_time(now, Some(&s));
+        if let Some((s, rtt)) = newest {
+            self.detect_by_time(now, Some((&s, rtt)));
         }
         if seq::lt(self.peer_done, done) && seq::le(done, self.next_msn) {
             self.peer_done = done;
@@ -671,12 +675,13 @@ impl Conn {
         self.inflight.iter().any(|s| !s.acked)
     }
 
-    fn frame_acked(&mut self, now: Instant, s: &Sent) {
+    /// Frame `s` acknowledged, `rtt` after it was last sent.
+    fn frame_acked(&mut self, rtt: Duration, s: &Sent) {
         self.inflight_bytes = self.inflight_bytes.saturating_sub(s.len);
         self.clean_bytes = self.clean_bytes.saturating_add(s.len);
         self.pipe = self.pipe.saturating_sub(1);
         if s.transmissions == 1 {
-            self.rtt.sample(now.saturating_duration_since(s.sent_at));
+            self.rtt.sample(rtt);
         }
         if s.response {
             if let Some(m) = self.responses.iter_mut().find(|m| m.msn == s.msn) {

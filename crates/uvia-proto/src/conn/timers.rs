@@ -304,10 +304,10 @@ impl Conn {
     /// Marks lost every frame sent before the newest acked one whose ack
     /// is now overdue: later than that frame's own round trip plus the
     /// reordering allowance (RACK, RFC 8985). Arms a timer for those not
-    /// yet overdue.
-    pub(super) fn detect_by_time(&mut self, now: Instant, acked: Option<&Sent>) {
-        if let Some(s) = acked {
-            let rtt = now.saturating_duration_since(s.sent_at);
+    /// yet overdue. `acked`: the newest frame an ack just covered, and its
+    /// round trip.
+    pub(super) fn detect_by_time(&mut self, now: Instant, acked: Option<(&Sent, Duration)>) {
+        if let Some((s, rtt)) = acked {
             // The ack of a frame sent more than once may answer an earlier
             // copy that was only late (Karn's ambiguity): taken as "sent
             // last", it would make every frame sent in between look lost.

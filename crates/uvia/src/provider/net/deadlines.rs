@@ -104,9 +104,17 @@ impl Deadlines {
         let Some(at) = at else {
             return;
         };
-        // On the path of every message: two clock subtractions, the rest
-        // in integers.
-        let (at, now) = (self.nanos(at), self.nanos(now));
+        // On the path of every message: a clock subtraction or two, the
+        // rest in integers.
+        let at = self.nanos(at);
+        // Listed already, with a sweep due by then: that sweep looks at the
+        // VI, which notes its deadline anew (a note that would queue a
+        // later deadline waits for it). Nothing to change, and no second
+        // subtraction.
+        if noted.soon && self.next_due.load(Ordering::Relaxed) <= at {
+            return;
+        }
+        let now = self.nanos(now);
         let left = at.saturating_sub(now);
         if left <= SOON.as_nanos() as u64 {
             if !noted.soon {
@@ -403,6 +411,32 @@ mod tests {
     /// A VI that took frames in and has not worked out its next deadline
     /// is taken by the next sweep, however far its noted one was: its
     /// acknowledgement must not wait for a keep-alive.
+    #[test]
+    fn a_listed_vi_lowers_the_bound_for_a_sooner_deadline_and_waits_for_its_sweep_for_a_later_one()
+    {
+        let t0 = Instant::now();
+        let d = book(t0);
+        let mut noted = Noted::default();
+        d.note(Some(t0 + ms(10)), t0, 7, &mut noted);
+        assert!(noted.soon);
+        // Listed, and its deadline comes sooner: the bound comes down with
+        // it, and a sweep before the first deadline takes the VI.
+        d.note(Some(t0 + ms(2)), t0, 7, &mut noted);
+        assert_eq!(these(d.take_due(t0 + ms(3), 0)), vec![7]);
+        // (The sweep's look clears the mark.)
+        noted.soon = false;
+        // Listed, and its deadline moves much later: no queue entry while
+        // it is listed; the sweep that is due anyway takes it, and its look
+        // notes the later deadline then.
+        d.note(Some(t0 + ms(5)), t0 + ms(3), 7, &mut noted);
+        d.note(Some(t0 + ms(400)), t0 + ms(3), 7, &mut noted);
+        assert_eq!(noted.later, 0, "nothing queued while listed");
+        assert_eq!(these(d.take_due(t0 + ms(6), 0)), vec![7]);
+        noted.soon = false;
+        d.note(Some(t0 + ms(400)), t0 + ms(6), 7, &mut noted);
+        assert!(noted.later >= 400_000_000, "queued once the sweep looked");
+    }
+
     #[test]
     fn a_deadline_not_worked_out_is_taken_by_the_next_sweep() {
         let t0 = Instant::now();
