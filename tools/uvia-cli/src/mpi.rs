@@ -602,83 +602,132 @@ pub fn run_study(
         curves,
         headline: Vec::new(),
     };
-    study.headline = headlines(&study);
+    study.headline = headlines(&study, &setup, &vs, pb, pairs, scale, timeout);
     study.headline.push(across_hosts(&setup, pb, pairs, quick));
     Ok(study)
 }
 
-/// Issue 18's comparisons, from the rounds: a pair is one round's two runs.
-fn headlines(s: &Study) -> Vec<Headline> {
-    let pairs_at =
-        |a: &str, b: &str, size: usize| -> std::result::Result<Vec<(f64, f64)>, String> {
-            let i = s
-                .sizes
-                .iter()
-                .position(|&x| x == size)
-                .ok_or_else(|| format!("{size} B is not among the sizes measured"))?;
-            let get = |k: &str| {
-                let c = s
-                    .curves
-                    .iter()
-                    .find(|c| c.key == k)
-                    .ok_or_else(|| format!("no variant {k}"))?;
-                match &c.error {
-                    Some(e) => match e.strip_prefix("skipped: ") {
-                        Some(why) => Err(format!("skipped: {}: {why}", c.label)),
-                        None => Err(format!("{}: {e}", c.label)),
-                    },
-                    None => Ok(c.rounds_p50_ns[i].clone()),
+/// Issue 18's rows on one host, each row's headline pairs measured
+/// after the study's rounds: the contender's run and the baseline's back
+/// to back, at the row's one size, with the cores' placement read around
+/// them and the pair measured again where the host moved the cores
+/// ([`crate::bench::interleave`]). In the rounds every other variant runs
+/// between two such runs, tens of seconds apart, and a host that moves its
+/// cores every few seconds put them in different placements.
+pub const PAIRED_ROWS: usize = 4;
+
+/// A row of [`headlines`]: name, contender's and baseline's keys, size,
+/// target, whether the ratio is of bandwidth (baseline time over the
+/// contender's), the test of the ratio.
+type Row = (
+    &'static str,
+    &'static str,
+    &'static str,
+    usize,
+    &'static str,
+    bool,
+    fn(f64) -> bool,
+);
+
+const ROWS: [Row; PAIRED_ROWS] = [
+    (
+        "MPI 8 B on udp: Open MPI over uvia;ofi_rxm vs over tcp;ofi_rxm",
+        "ompi-uvia-udp",
+        "ompi-tcp-rxm",
+        8,
+        "<= 0.6x",
+        false,
+        |r| r <= 0.6,
+    ),
+    (
+        "MPI 8 B on udp: Open MPI over uvia vs native uvia udp",
+        "ompi-uvia-udp",
+        "native-udp",
+        8,
+        "<= 1.5x",
+        false,
+        |r| r <= 1.5,
+    ),
+    (
+        "MPI 8 B on shm: MPICH over uvia vs MPICH over libfabric shm",
+        "mpich-uvia-shm",
+        "mpich-shm",
+        8,
+        "<= 1.0x",
+        false,
+        |r| r <= 1.0,
+    ),
+    (
+        "MPI 1 MiB bandwidth on udp: Open MPI over uvia vs over tcp;ofi_rxm",
+        "ompi-uvia-udp",
+        "ompi-tcp-rxm",
+        1 << 20,
+        ">= 1.0x",
+        true,
+        |r| r >= 1.0,
+    ),
+];
+
+fn headlines(
+    s: &Study,
+    setup: &Setup,
+    vs: &[Variant],
+    pb: &ProgressBar,
+    pairs: usize,
+    scale: f64,
+    timeout: Duration,
+) -> Vec<Headline> {
+    ROWS.iter()
+        .map(|&(name, a, b, size, target, bandwidth, pass)| {
+            let ratio_is = if bandwidth {
+                "bytes per one-way time: baseline time / contender time"
+            } else {
+                "contender p50 / baseline p50"
+            };
+            // A variant the study could not run is not tried again.
+            let failed = [a, b].iter().find_map(|&k| {
+                let c = s.curves.iter().find(|c| c.key == k);
+                match c.and_then(|c| c.error.as_ref().map(|e| (c.label, e))) {
+                    Some((label, e)) => Some(match e.strip_prefix("skipped: ") {
+                        Some(why) => format!("skipped: {label}: {why}"),
+                        None => format!("{label}: {e}"),
+                    }),
+                    None if c.is_none() => Some(format!("no variant {k}")),
+                    None => None,
+                }
+            });
+            let (va, vb) = match (
+                vs.iter().find(|v| v.key == a),
+                vs.iter().find(|v| v.key == b),
+            ) {
+                (Some(va), Some(vb)) if failed.is_none() => (va, vb),
+                _ => {
+                    pb.inc(pairs as u64);
+                    let why = failed.unwrap_or_else(|| format!("no variant {a} or {b}"));
+                    return Headline::skipped(name, ratio_is, "ns", target, why);
                 }
             };
-            let (x, y) = (get(a)?, get(b)?);
-            Ok(x.into_iter().zip(y).collect())
-        };
-    let time = |n: &str, a: &str, b: &str, size: usize, target: &str, ok: fn(f64) -> bool| {
-        Headline::from_pairs(
-            n,
-            "contender p50 / baseline p50",
-            "ns",
-            target,
-            pairs_at(a, b, size),
-            |c, b| c / b,
-            ok,
-        )
-    };
-    vec![
-        time(
-            "MPI 8 B on udp: Open MPI over uvia;ofi_rxm vs over tcp;ofi_rxm",
-            "ompi-uvia-udp",
-            "ompi-tcp-rxm",
-            8,
-            "<= 0.6x",
-            |r| r <= 0.6,
-        ),
-        time(
-            "MPI 8 B on udp: Open MPI over uvia vs native uvia udp",
-            "ompi-uvia-udp",
-            "native-udp",
-            8,
-            "<= 1.5x",
-            |r| r <= 1.5,
-        ),
-        time(
-            "MPI 8 B on shm: MPICH over uvia vs MPICH over libfabric shm",
-            "mpich-uvia-shm",
-            "mpich-shm",
-            8,
-            "<= 1.0x",
-            |r| r <= 1.0,
-        ),
-        Headline::from_pairs(
-            "MPI 1 MiB bandwidth on udp: Open MPI over uvia vs over tcp;ofi_rxm",
-            "bytes per one-way time: baseline time / contender time",
-            "ns",
-            ">= 1.0x",
-            pairs_at("ompi-uvia-udp", "ompi-tcp-rxm", 1 << 20),
-            |c, b| b / c,
-            |r| r >= 1.0,
-        ),
-    ]
+            let one = |v: &Variant| -> Result<f64> {
+                pb.set_message(format!("mpi: {name}"));
+                match setup.run(v, &[size], scale, timeout)?.as_slice() {
+                    [(_, p50, _)] => Ok(*p50),
+                    f => bail!("{}: the MPI ping-pong reported {f:?}", v.label),
+                }
+            };
+            crate::bench::interleave(
+                pb,
+                name,
+                ratio_is,
+                "ns",
+                target,
+                pairs,
+                || one(va),
+                || one(vb),
+                move |c, b| if bandwidth { b / c } else { c / b },
+                pass,
+            )
+        })
+        .collect()
 }
 
 /// The across-hosts row's name and target.
@@ -1005,7 +1054,7 @@ pub fn run(
     if pairs == 0 {
         bail!("--pairs must be at least 1");
     }
-    let pb = ProgressBar::new((pairs * (variants().len() + ACROSS_RUNS)) as u64);
+    let pb = ProgressBar::new((pairs * (variants().len() + ACROSS_RUNS + PAIRED_ROWS)) as u64);
     pb.set_style(crate::bench::progress_style());
     pb.enable_steady_tick(Duration::from_millis(200));
     let s = run_study(&pb, quick, pairs, mpich_root);
