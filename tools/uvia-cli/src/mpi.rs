@@ -607,13 +607,7 @@ pub fn run_study(
     Ok(study)
 }
 
-/// Issue 18's rows on one host, each row's headline pairs measured
-/// after the study's rounds: the contender's run and the baseline's back
-/// to back, at the row's one size, with the cores' placement read around
-/// them and the pair measured again where the host moved the cores
-/// ([`crate::bench::interleave`]). In the rounds every other variant runs
-/// between two such runs, tens of seconds apart, and a host that moves its
-/// cores every few seconds put them in different placements.
+/// Issue 18's rows on one host ([`headlines`]): a progress step per pair.
 pub const PAIRED_ROWS: usize = 4;
 
 /// A row of [`headlines`]: name, contender's and baseline's keys, size,
@@ -668,6 +662,13 @@ const ROWS: [Row; PAIRED_ROWS] = [
     ),
 ];
 
+/// Issue 18's rows on one host, their pairs measured after the study's
+/// rounds: the contender's run and the baseline's back to back, at the
+/// row's one size, with the cores' placement read around them and the pair
+/// measured again where the host moved the cores
+/// ([`crate::bench::interleave`]). In the rounds every other variant runs
+/// between two such runs, tens of seconds apart, and a host that moves its
+/// cores every few seconds put them in different placements.
 fn headlines(
     s: &Study,
     setup: &Setup,
