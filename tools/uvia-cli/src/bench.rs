@@ -375,7 +375,7 @@ impl Headline {
 
     /// A comparison from pairs measured with the cores' placement read
     /// around them ([`crate::placement::pair`]).
-    fn from_measured(
+    pub(crate) fn from_measured(
         name: &str,
         ratio_is: &str,
         unit: &str,

@@ -764,6 +764,7 @@ fn sh_quote(s: &str) -> String {
 /// order turning. Skipped, with the reason, without root, AF_XDP, Open MPI
 /// or the repository's scripts.
 fn across_hosts(setup: &Setup, pb: &ProgressBar, rounds: usize, quick: bool) -> Headline {
+    use crate::placement::{pair, read, Measured};
     use uvia_net::netns::{Side, TestHosts, ALIKE};
     let (ratio_is, unit, target) = ("contender p50 / baseline p50", "ns", "<= 0.5x");
     let skip = |why: String| {
@@ -844,50 +845,55 @@ fn across_hosts(setup: &Setup, pb: &ProgressBar, rounds: usize, quick: bool) -> 
     };
     let mut pairs = Vec::new();
     let mut error = None;
-    let made = std::cell::Cell::new(0usize);
+    let one = |uvia: bool| -> Result<f64> {
+        if uvia {
+            run(&uvia_job, true).context("over uvia on xdp")
+        } else {
+            run(&tcp_job, false).context("Open MPI's TCP path")
+        }
+    };
     for r in 0..rounds {
         pb.set_message(format!(
             "mpi: across two test hosts (round {}/{rounds})",
             r + 1
         ));
-        let one = |uvia: bool| {
-            let got = if uvia {
-                run(&uvia_job, true).map_err(|e| format!("over uvia on xdp: {e:#}"))
-            } else {
-                run(&tcp_job, false).map_err(|e| format!("Open MPI's TCP path: {e:#}"))
-            };
-            pb.inc(1);
-            made.set(made.get() + 1);
-            got
-        };
+        // Adjacent runs, the order turned each round, the cores' placement
+        // read around them as in the bench's pairs.
         let got = if r % 2 == 0 {
-            one(true).and_then(|c| Ok((c, one(false)?)))
+            pair(|| one(true), || one(false), read)
         } else {
-            one(false).and_then(|b| Ok((one(true)?, b)))
+            pair(|| one(false), || one(true), read).map(|m| Measured {
+                contender: m.baseline,
+                baseline: m.contender,
+                ..m
+            })
         };
         match got {
-            Ok(p) => pairs.push(p),
+            Ok(p) => {
+                pairs.push(p);
+                pb.inc(ACROSS_RUNS as u64);
+            }
             Err(e) => {
-                error = Some(e);
+                error = Some(format!("{e:#}"));
                 // The runs not made, for the progress bar.
-                pb.inc((rounds * ACROSS_RUNS).saturating_sub(made.get()) as u64);
+                pb.inc(((rounds - r) * ACROSS_RUNS) as u64);
                 break;
             }
         }
     }
     drop(hosts);
-    Headline::from_pairs(
-        ACROSS,
-        ratio_is,
-        unit,
-        target,
-        match error {
-            Some(e) => Err(e),
-            None => Ok(pairs),
-        },
-        |c, b| c / b,
-        |r| r <= 0.5,
-    )
+    match error {
+        Some(e) => Headline::skipped(ACROSS, ratio_is, unit, target, e),
+        None => Headline::from_measured(
+            ACROSS,
+            ratio_is,
+            unit,
+            target,
+            pairs,
+            |c, b| c / b,
+            |r| r <= 0.5,
+        ),
+    }
 }
 
 /// The study as text and markdown tables: one-way p50 by size for every
