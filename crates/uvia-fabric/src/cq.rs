@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use uvia::{status, BiasedLock, Broken, CountGuard, Descriptor, Queue, SpinLock, Vi};
 
 /// One posted operation: the descriptor first, so the descriptor a done
@@ -256,8 +256,9 @@ struct Member {
 
 /// How soon after the end of a read that returned entries the next one
 /// skips its poll of a network medium ([`Cq::just_read`]), in
-/// [`Cq::stamp`]'s units: on x86_64 TSC ticks, 20–100 us at 1–5 GHz,
-/// elsewhere 100 us. `ofi_rxm`'s next read comes within a microsecond or
+/// [`uvia_trace::ticks`]' units: on x86_64 time-stamp counter ticks (about
+/// 10 ns to read, where the vDSO's clock takes 21, and two are read per
+/// message on `ofi_rxm`'s way), 20–100 us at 1–5 GHz; elsewhere 100 us. `ofi_rxm`'s next read comes within a microsecond or
 /// two; a program that reads now and then has each read poll.
 const READ_AGAIN_WITHIN: u64 = 100_000;
 
@@ -292,11 +293,10 @@ pub struct Cq {
     /// (MPICH's 8 B over `uvia;ofi_rxm` on shm took 4% longer without).
     poll_after_entries: bool,
     /// When the last polling read that returned entries ended
-    /// ([`stamp`](Self::stamp); network domains only): a program that
+    /// ([`uvia_trace::ticks`]; network domains only): a program that
     /// reads now and then has every read poll, so that nothing it could
     /// take waits a period.
     entries_at: AtomicU64,
-    epoch: Instant,
     format: fi_cq_format,
     /// Failed operations, read with `fi_cq_readerr`.
     errors: Mutex<VecDeque<fi_cq_err_entry>>,
@@ -416,7 +416,6 @@ pub unsafe extern "C" fn open(
             just_read: AtomicBool::new(false),
             poll_after_entries: domain.nic.attributes().host_local,
             entries_at: AtomicU64::new(0),
-            epoch: Instant::now(),
             format,
             errors: Mutex::new(VecDeque::new()),
             erred: AtomicBool::new(false),
@@ -541,23 +540,6 @@ impl Cq {
         }
     }
 
-    /// A cheap timestamp for [`READ_AGAIN_WITHIN`]: the time-stamp
-    /// counter on x86_64 (about 10 ns to read here, where the vDSO's clock
-    /// takes 21, and two are read per message on `ofi_rxm`'s way),
-    /// elsewhere nanoseconds since the CQ opened.
-    #[inline]
-    fn stamp(&self) -> u64 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: rdtsc has no preconditions on x86_64.
-            unsafe { core::arch::x86_64::_rdtsc() }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            self.epoch.elapsed().as_nanos() as u64
-        }
-    }
-
     fn entry_size(&self) -> usize {
         match self.format {
             FI_CQ_FORMAT_MSG => std::mem::size_of::<fi_cq_msg_entry>(),
@@ -588,9 +570,7 @@ impl Cq {
         // not by the empty reads of a program that waits).
         let poll = !after_entries
             || self.poll_after_entries
-            || self
-                .stamp()
-                .wrapping_sub(self.entries_at.load(Ordering::Relaxed))
+            || uvia_trace::ticks().wrapping_sub(self.entries_at.load(Ordering::Relaxed))
                 > READ_AGAIN_WITHIN;
         let mut n = 0;
         while n < count {
@@ -665,7 +645,8 @@ impl Cq {
                 self.just_read.store(true, Ordering::Relaxed);
             }
             if polling && !self.poll_after_entries {
-                self.entries_at.store(self.stamp(), Ordering::Relaxed);
+                self.entries_at
+                    .store(uvia_trace::ticks(), Ordering::Relaxed);
             }
             Ok(n as isize)
         } else if self.erred.load(Ordering::Acquire) {

@@ -408,9 +408,6 @@ mod tests {
         assert_eq!(these(d.take_due(t0 + ms(7), 0)), vec![1]);
     }
 
-    /// A VI that took frames in and has not worked out its next deadline
-    /// is taken by the next sweep, however far its noted one was: its
-    /// acknowledgement must not wait for a keep-alive.
     #[test]
     fn a_listed_vi_lowers_the_bound_for_a_sooner_deadline_and_waits_for_its_sweep_for_a_later_one()
     {
@@ -437,6 +434,9 @@ mod tests {
         assert!(noted.later >= 400_000_000, "queued once the sweep looked");
     }
 
+    /// A VI that took frames in and has not worked out its next deadline
+    /// is taken by the next sweep, however far its noted one was: its
+    /// acknowledgement must not wait for a keep-alive.
     #[test]
     fn a_deadline_not_worked_out_is_taken_by_the_next_sweep() {
         let t0 = Instant::now();
