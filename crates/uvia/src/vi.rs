@@ -747,12 +747,40 @@ impl Vi {
     /// per message (shm), or the VI holds as many unacknowledged copies as
     /// it keeps (network)); post a descriptor instead.
     pub fn send_copy(&self, parts: &[&[u8]], imm: Option<u32>) -> Result<bool, PostError> {
+        self.by_copy(|t, q| t.send_copy(self, q, parts, imm))
+    }
+
+    /// Writes the bytes of `parts`, one after the other, into the peer's
+    /// registered memory at `remote` (an address segment, as
+    /// [`MemoryRegion::remote`](crate::MemoryRegion::remote) gives), copied before the
+    /// call returns: no descriptor, no completion, the caller's memory need
+    /// not be registered. It lands in order after every send and write
+    /// posted before it. A uvia extension, libfabric's `fi_inject_write`
+    /// and UCX's short put.
+    ///
+    /// `Ok(false)`: the transport cannot write it this way now (it has no
+    /// direct path to the peer's memory, the peer has not granted this
+    /// window yet, the range leaves it, the message is larger than a
+    /// direct write or in more pieces than it gathers (two on shm), or
+    /// sends are queued ahead); post an RDMA write descriptor instead,
+    /// which also earns the grant.
+    pub fn write_copy(&self, parts: &[&[u8]], remote: Segment) -> Result<bool, PostError> {
+        self.by_copy(|t, q| t.write_copy(self, q, parts, remote))
+    }
+
+    /// [`send_copy`](Self::send_copy) and [`write_copy`](Self::write_copy):
+    /// `op` under the VI's lock on a connected VI.
+    #[inline(always)]
+    fn by_copy(
+        &self,
+        op: impl FnOnce(&mut Transport, &mut Queues) -> bool,
+    ) -> Result<bool, PostError> {
         uvia_trace::mark!(AppSend);
         let mut g = self.lock();
         let r = match self.state() {
             ViState::Connected => {
                 let ViInner { q, t } = &mut *g;
-                Ok(t.send_copy(self, q, parts, imm))
+                Ok(op(t, q))
             }
             ViState::Error => Err(PostError::ViError),
             st => Err(PostError::NotConnected(st)),

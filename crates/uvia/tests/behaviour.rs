@@ -811,6 +811,106 @@ fn small_rdma_writes_land_exactly(link: &Link) {
     }
 }
 
+/// RDMA writes by copy (`Vi::write_copy`), mixed with posted writes and
+/// sends: what a copy writes has landed when the call returns, in order
+/// after the sends before it; a write the VI cannot place now (no grant
+/// yet, a range past the window, an unknown region, more than two pieces)
+/// is `Ok(false)` and writes nothing; a VI that is not connected refuses.
+/// On shm, once the target has granted its region, copies go; the network
+/// providers have no direct path to the peer's memory and always say
+/// `false`.
+fn rdma_writes_by_copy_land_at_once_or_are_declined(link: &Link) {
+    const AT: usize = 256 << 10;
+    const RX: usize = BUF / 2;
+    let shm = link.attributes().provider == "shm";
+    let idle = link
+        .a
+        .create_vi(ViAttributes::new(link.a.create_ptag().unwrap()), None, None);
+    let err = idle
+        .unwrap()
+        .write_copy(&[&[1u8; 8]], Segment::remote(0, MemHandle(1)));
+    assert!(matches!(err, Err(PostError::NotConnected(_))), "{err:?}");
+    for level in link.reliable_levels() {
+        let mut p = link.pair(level);
+        let before_grant = p.a.vi.write_copy(&[&[7u8; 8]], p.b.buf.remote(AT)).unwrap();
+        assert!(!before_grant, "{level:?}: a copy before any grant");
+        assert!(p.b.buf.as_slice()[AT..AT + 8].iter().all(|&x| x == 0));
+        // The grant comes with the first posted write.
+        p.a.buf.as_mut_slice()[..64].fill(0xee);
+        p.a.post_send(Descriptor::rdma_write(
+            p.b.buf.remote(AT),
+            &[p.a.buf.segment(0, 64)],
+        ));
+        assert_eq!(p.a.send_wait().result(), Ok(64), "{level:?}: background");
+        let mut copied = 0;
+        for i in 0..40usize {
+            let what = format!("{level:?}, write {i}");
+            let data = pattern(8 + i % 9, i as u8);
+            let to = AT + 64 + i * 32 + i % 3;
+            // Every fifth write follows a send the target may not have taken.
+            if i % 5 == 4 {
+                p.b.post_recv(RX, 64);
+                let msg = pattern(40, i as u8 ^ 0x55);
+                p.a.buf.as_mut_slice()[1024..1064].copy_from_slice(&msg);
+                p.a.post_send(Descriptor::send(&[p.a.buf.segment(1024, 40)]));
+                let by_copy =
+                    p.a.vi
+                        .write_copy(&[&data[..3], &data[3..]], p.b.buf.remote(to));
+                if by_copy.unwrap() {
+                    copied += 1;
+                    assert_eq!(
+                        &p.b.buf.as_slice()[RX..RX + 40],
+                        &msg[..],
+                        "{what}: the send before it has landed"
+                    );
+                    assert_eq!(p.a.send_wait().result(), Ok(40), "{what}: the send");
+                } else {
+                    p.a.buf.as_mut_slice()[2048..2048 + data.len()].copy_from_slice(&data);
+                    p.a.post_send(Descriptor::rdma_write(
+                        p.b.buf.remote(to),
+                        &[p.a.buf.segment(2048, data.len())],
+                    ));
+                    // Completions in posting order: the send, then the write.
+                    assert_eq!(p.a.send_wait().result(), Ok(40), "{what}: the send");
+                    let w = p.a.send_wait().result();
+                    assert_eq!(w, Ok(data.len() as u32), "{what}: the write");
+                }
+                assert_eq!(p.b.recv_wait().result(), Ok(40), "{what}: its receive");
+            } else if p.a.vi.write_copy(&[&data], p.b.buf.remote(to)).unwrap() {
+                copied += 1;
+            } else {
+                p.a.buf.as_mut_slice()[2048..2048 + data.len()].copy_from_slice(&data);
+                p.a.post_send(Descriptor::rdma_write(
+                    p.b.buf.remote(to),
+                    &[p.a.buf.segment(2048, data.len())],
+                ));
+                let w = p.a.send_wait().result();
+                assert_eq!(w, Ok(data.len() as u32), "{what}: the write");
+            }
+            let b = p.b.buf.as_slice();
+            assert_eq!(&b[to..to + data.len()], &data[..], "{what}: written");
+            assert_eq!(b[to + data.len()], 0, "{what}: the byte after");
+        }
+        assert_eq!(copied > 0, shm, "{level:?}: {copied} of 40 went by copy");
+        // Declined, nothing written: past the window, an unknown region,
+        // three pieces.
+        let end = p.b.buf.remote(BUF - 4);
+        assert!(!p.a.vi.write_copy(&[&[9u8; 8]], end).unwrap());
+        assert!(p.b.buf.as_slice()[BUF - 4..].iter().all(|&x| x == 0));
+        let stray = Segment::remote(p.b.buf.remote(AT).addr, MemHandle(0x7fff_fff0));
+        assert!(!p.a.vi.write_copy(&[&[9u8; 8]], stray).unwrap());
+        let three: [&[u8]; 3] = [&[9u8; 4], &[9u8; 4], &[9u8; 4]];
+        assert!(!p
+            .a
+            .vi
+            .write_copy(&three, p.b.buf.remote(AT + 8192))
+            .unwrap());
+        assert!(p.b.buf.as_slice()[AT + 8192..AT + 8204]
+            .iter()
+            .all(|&x| x == 0));
+    }
+}
+
 /// What a refused RDMA request aims at.
 struct Refused {
     what: &'static str,
@@ -1254,6 +1354,7 @@ on_every_medium! {
     deregistered_memory_under_a_posted_receive_is_not_written:  run run run;
     rdma_write_and_read_land_on_the_target:                     run run run;
     small_rdma_writes_land_exactly:                             run run run;
+    rdma_writes_by_copy_land_at_once_or_are_declined:           run run run;
     rdma_is_checked_on_the_target:                              run run run;
     rdma_write_to_a_vi_without_it_is_refused:                   run run run;
     rdma_write_with_immediate_consumes_a_receive:               run run run;

@@ -320,6 +320,17 @@ static void writedata_peer(struct chan *c)
     if (CQ_EXPECT(s.cq, &e, 10000) == 0)
         CHECK_EQ(e.flags, FI_SEND | FI_MSG);
     step_wait(c);
+    /* Three inject writes (no entry each), then a message. */
+    for (int i = 0; i < 3; i++) {
+        uint8_t b[8];
+        memset(b, 0x30 + i, sizeof b);
+        REQUIRE_RET(fi_inject_write(s.ep, b, sizeof b, 0, r.addr + 16384 + 8 * i, r.key), 0);
+    }
+    memcpy(l.buf, "after the injects", 18);
+    REQUIRE_RET(fi_send(s.ep, l.buf, 18, l.desc, 0, &ctx), 0);
+    if (CQ_EXPECT(s.cq, &e, 10000) == 0)
+        CHECK_EQ(e.flags, FI_SEND | FI_MSG);
+    step_wait(c);
     region_close(&l);
     side_close(&s);
 }
@@ -328,7 +339,8 @@ static void writedata_peer(struct chan *c)
  * reports FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA with the data. uvia: as in
  * VIA, a write with immediate data consumes a posted receive, and the
  * entry is that receive's (its context; no bytes land in its buffer; len is
- * the write's). A write without data consumes none and writes no entry. */
+ * the write's). A write without data consumes none and writes no entry; inject
+ * writes write none either, and land before a message sent after them. */
 static void t_writedata(void)
 {
     struct peer p;
@@ -373,6 +385,19 @@ static void t_writedata(void)
     }
     CHECK_PATTERN(g_target.buf + 8192, 4096, 2);
     CHECK_PATTERN(g_target.buf, 8192, 1);
+    REQUIRE_RET(fi_recv(s.ep, g_small.buf, 64, g_small.desc, 0, &recv_ctx[0]), 0);
+    step_send(&p.c);
+    /* Inject writes, then a message: the writes are in place when it comes
+     * (on shm the later ones are copied into the region during the call). */
+    if (CQ_EXPECT(s.cq, &e, 10000) == 0) {
+        CHECK(e.op_context == &recv_ctx[0]);
+        CHECK_EQ(e.len, 18);
+        CHECK(memcmp(g_small.buf, "after the injects", 18) == 0);
+        for (int i = 0; i < 3; i++)
+            for (int k = 0; k < 8; k++)
+                CHECKF(g_target.buf[16384 + 8 * i + k] == 0x30 + i, "inject %d byte %d: 0x%x", i,
+                       k, g_target.buf[16384 + 8 * i + k]);
+    }
     step_send(&p.c);
     peer_end(&p, 10000);
     struct fi_cq_err_entry err;

@@ -18,7 +18,7 @@
 //! below, and one row in [`PROVIDERS`].
 
 use crate::cm::{Discriminator, NetAddress, RemoteViAttributes};
-use crate::desc::Descriptor;
+use crate::desc::{Descriptor, Segment};
 use crate::error::{ConnectError, OpenError, PostError};
 use crate::nic::{Nic, NicAttributes, NicOptions, NicShared};
 use crate::vi::{Queue, Queues, Vi};
@@ -150,6 +150,21 @@ pub(crate) trait TransportOps {
         _q: &mut Queues,
         _bytes: &[&[u8]],
         _imm: Option<u32>,
+    ) -> bool {
+        false
+    }
+
+    /// Writes the bytes of `bytes`, one after the other, into the peer's
+    /// memory at `remote` (an address segment), copied during the call,
+    /// with no descriptor and no completion, if the transport can place it
+    /// now with nothing queued ahead of it; `false` leaves the caller to
+    /// post a descriptor. The VI is connected.
+    fn write_copy(
+        &mut self,
+        _vi: &Vi,
+        _q: &mut Queues,
+        _bytes: &[&[u8]],
+        _remote: Segment,
     ) -> bool {
         false
     }
@@ -358,6 +373,17 @@ impl Transport {
         imm: Option<u32>,
     ) -> bool {
         dispatch!(self, t => t.send_copy(vi, q, bytes, imm), None => false)
+    }
+
+    #[inline(always)]
+    pub fn write_copy(
+        &mut self,
+        vi: &Vi,
+        q: &mut Queues,
+        bytes: &[&[u8]],
+        remote: Segment,
+    ) -> bool {
+        dispatch!(self, t => t.write_copy(vi, q, bytes, remote), None => false)
     }
 
     #[inline(always)]

@@ -332,6 +332,29 @@ impl Endpoint for ViaEndpoint {
                 self.s.max
             );
         }
+        // One-sided: the message, then its flag word `(number << 32) |
+        // length`, by copy where the transport can (as UCX's short put and
+        // libfabric's inject write go): no descriptor to take back.
+        let one_sided = match self.remote {
+            None => None,
+            Some((addr, handle)) => {
+                self.sent = self.sent.wrapping_add(1);
+                let at = self.s.flag_at;
+                let flag = (self.sent as u64) << 32 | len as u64;
+                self.s.send.as_mut_slice()[at..at + 8].copy_from_slice(&flag.to_le_bytes());
+                let remote = Segment::remote(addr + (at - len) as u64, handle);
+                let bytes = self.s.send.as_slice();
+                if self
+                    .s
+                    .vi
+                    .write_copy(&[&bytes[..len], &bytes[at..at + 8]], remote)
+                    .map_err(|e| anyhow!("RDMA write by copy: {e}"))?
+                {
+                    return Ok(());
+                }
+                Some((remote, at))
+            }
+        };
         while self.in_flight >= self.s.cfg.window.max(1) {
             self.reap(true)?;
         }
@@ -339,15 +362,9 @@ impl Endpoint for ViaEndpoint {
             .free
             .pop()
             .ok_or_else(|| anyhow!("no free send descriptor"))?;
-        *d = match self.remote {
+        *d = match one_sided {
             None => Descriptor::send(&[self.s.send.segment(0, len)]),
-            Some((addr, handle)) => {
-                // The message, then its flag word: `(number << 32) | length`.
-                self.sent = self.sent.wrapping_add(1);
-                let at = self.s.flag_at;
-                let flag = (self.sent as u64) << 32 | len as u64;
-                self.s.send.as_mut_slice()[at..at + 8].copy_from_slice(&flag.to_le_bytes());
-                let remote = Segment::remote(addr + (at - len) as u64, handle);
+            Some((remote, at)) => {
                 // A descriptor that wrote this size before is posted as it
                 // is (its segments are the same), as a program that sends
                 // one shape of message keeps its descriptors built.

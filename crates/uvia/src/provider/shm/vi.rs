@@ -408,6 +408,37 @@ impl ShmVi {
         Some(Ok(()))
     }
 
+    /// [`TransportOps::write_copy`]: the direct write of the fast path
+    /// above, from the caller's bytes and without a descriptor: no slot,
+    /// no completion, nothing to reap.
+    #[inline]
+    fn write_inline(&mut self, q: &Queues, bytes: &[&[u8]], remote: Segment) -> bool {
+        const MAX_PARTS: usize = 2;
+        let mut local = [LocalRange {
+            ptr: std::ptr::null_mut(),
+            len: 0,
+        }; MAX_PARTS];
+        if bytes.len() > MAX_PARTS || q.sq_sent != q.sq.len() || !self.may_write_directly() {
+            return false;
+        }
+        let mut len = 0usize;
+        for (l, b) in local.iter_mut().zip(bytes) {
+            *l = LocalRange {
+                ptr: b.as_ptr() as *mut u8,
+                len: b.len(),
+            };
+            len += b.len();
+        }
+        if len > DIRECT_MAX || len as u64 > q.attrs.max_transfer_size as u64 {
+            return false;
+        }
+        // SAFETY: the ranges are the caller's live slices.
+        unsafe {
+            self.conn
+                .write_direct(remote.handle, remote.addr, &local[..bytes.len()], len)
+        }
+    }
+
     /// [`TransportOps::send_copy`]: the inline send of the fast path
     /// above, from the caller's bytes and without a descriptor.
     #[inline]
@@ -1269,6 +1300,10 @@ impl TransportOps for ShmVi {
     /// if anything happened.
     fn send_copy(&mut self, _vi: &Vi, q: &mut Queues, bytes: &[&[u8]], imm: Option<u32>) -> bool {
         self.copy_inline(q, bytes, imm)
+    }
+
+    fn write_copy(&mut self, _vi: &Vi, q: &mut Queues, bytes: &[&[u8]], remote: Segment) -> bool {
+        self.write_inline(q, bytes, remote)
     }
 
     fn progress(&mut self, vi: &Vi, q: &mut Queues) -> bool {
