@@ -244,8 +244,10 @@ struct RunArgs {
     /// an RDMA write into the peer's registered buffer that ends in an 8-byte
     /// flag word, and each side waits by watching its own buffer's flag
     /// with no receive descriptor, as a one-sided protocol does (UCX's
-    /// `put_lat` measures the same). The writes are placed by the initiator
-    /// once the target has granted its buffer.
+    /// `put_lat` measures the same). The first write goes by descriptor; once
+    /// the target has granted its buffer, the initiator places each write
+    /// itself, by copy with no descriptor or completion (`Vi::write_copy`),
+    /// as UCX's short put does.
     #[arg(long)]
     rdma_write: bool,
     /// xdp only: busy polling on both sides' AF_XDP sockets (the Nic is
