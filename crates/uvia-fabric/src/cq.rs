@@ -258,8 +258,9 @@ struct Member {
 /// skips its poll of a network medium ([`Cq::just_read`]), in
 /// [`uvia_trace::ticks`]' units: on x86_64 time-stamp counter ticks (about
 /// 10 ns to read, where the vDSO's clock takes 21, and two are read per
-/// message on `ofi_rxm`'s way), 20–100 us at 1–5 GHz; elsewhere 100 us. `ofi_rxm`'s next read comes within a microsecond or
-/// two; a program that reads now and then has each read poll.
+/// message on `ofi_rxm`'s way), 20–100 us at 1–5 GHz; elsewhere 100 us.
+/// `ofi_rxm`'s next read comes within a microsecond or two; a program that
+/// reads now and then has each read poll.
 const READ_AGAIN_WITHIN: u64 = 100_000;
 
 /// A completion queue. `#[repr(C)]` with libfabric's `fid_cq` first.

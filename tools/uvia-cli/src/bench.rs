@@ -513,7 +513,7 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
         + (14 + 6) * pairs as u64
         + 2 * scale_pairs as u64
         + 2 * stream_runs as u64
-        + (mpi_rounds * (crate::mpi::variants().len() + crate::mpi::ACROSS_RUNS + crate::mpi::PAIRED_ROWS)) as u64
+        + (mpi_rounds * crate::mpi::steps_per_round()) as u64
         + 3
         + 1
         + if peers_go.is_ok() {
@@ -882,12 +882,7 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
             (Some(study), None)
         }
         Err(why) => {
-            pb.inc(
-                (mpi_rounds
-                    * (crate::mpi::variants().len()
-                        + crate::mpi::ACROSS_RUNS
-                        + crate::mpi::PAIRED_ROWS)) as u64,
-            );
+            pb.inc((mpi_rounds * crate::mpi::steps_per_round()) as u64);
             (None, Some(format!("{why:#}")))
         }
     };

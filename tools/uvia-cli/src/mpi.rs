@@ -608,7 +608,13 @@ pub fn run_study(
 }
 
 /// Issue 18's rows on one host ([`headlines`]): a progress step per pair.
-pub const PAIRED_ROWS: usize = 4;
+const PAIRED_ROWS: usize = 4;
+
+/// Progress steps of one round (or pair) of the study: a run per variant,
+/// the across-hosts row's runs and a pair of each row on one host.
+pub fn steps_per_round() -> usize {
+    variants().len() + ACROSS_RUNS + PAIRED_ROWS
+}
 
 /// A row of [`headlines`]: name, contender's and baseline's keys, size,
 /// target, whether the ratio is of bandwidth (baseline time over the
@@ -736,7 +742,7 @@ const ACROSS: &str =
     "MPI 8 B across two test hosts: Open MPI over uvia;ofi_rxm on xdp vs Open MPI's TCP path";
 
 /// Runs of the across-hosts row per round: its contender and its baseline.
-pub const ACROSS_RUNS: usize = 2;
+const ACROSS_RUNS: usize = 2;
 
 /// A script of the repository this program was built in (`scripts/NAME`),
 /// found from this program's path (`target/release/uvia`) upwards.
@@ -1061,7 +1067,7 @@ pub fn run(
     if pairs == 0 {
         bail!("--pairs must be at least 1");
     }
-    let pb = ProgressBar::new((pairs * (variants().len() + ACROSS_RUNS + PAIRED_ROWS)) as u64);
+    let pb = ProgressBar::new((pairs * steps_per_round()) as u64);
     pb.set_style(crate::bench::progress_style());
     pb.enable_steady_tick(Duration::from_millis(200));
     let s = run_study(&pb, quick, pairs, mpich_root);

@@ -1683,6 +1683,11 @@ pub fn run(o: &Options, json: Option<&Path>, out: Option<&Path>) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The peer of that name.
+    fn peer(name: &str) -> PeerDef {
+        peers().into_iter().find(|p| p.name == name).unwrap()
+    }
+
     fn sample(name: &str) -> String {
         let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/data/peers")
@@ -1726,21 +1731,12 @@ mod tests {
     /// time, or the most bytes; a failed run fails the value.
     #[test]
     fn netpipe_pairs_take_the_best_of_three_runs() {
-        let np = peers()
-            .into_iter()
-            .find(|p| p.name == "openmpi-vader")
-            .unwrap();
+        let np = peer("openmpi-vader");
         assert_eq!(np.stat(Form::Latency), Stat::BestMean);
         assert_eq!(np.stat(Form::PingpongBw), Stat::BestMean);
-        let fi = peers()
-            .into_iter()
-            .find(|p| p.name == "libfabric-shm")
-            .unwrap();
+        let fi = peer("libfabric-shm");
         assert_eq!(fi.stat(Form::Latency).runs(), 1);
-        let uct = peers()
-            .into_iter()
-            .find(|p| p.name == "ucx-uct-put")
-            .unwrap();
+        let uct = peer("ucx-uct-put");
         assert_eq!(uct.stat(Form::Latency), Stat::P50);
 
         let runs = |vals: Vec<f64>| {
@@ -1804,16 +1800,10 @@ mod tests {
 
     #[test]
     fn peers_that_cannot_do_a_size_say_why() {
-        let am = peers()
-            .into_iter()
-            .find(|p| p.name == "ucx-uct-am")
-            .unwrap();
+        let am = peer("ucx-uct-am");
         assert!(am.cannot(Form::Stream, 64 << 10).is_some());
         assert!(am.cannot(Form::Stream, 4 << 10).is_none());
-        let sp = peers()
-            .into_iter()
-            .find(|p| p.name == "sockperf-udp")
-            .unwrap();
+        let sp = peer("sockperf-udp");
         assert!(sp.bw_form().is_err());
         assert_eq!(sp.size_for(8), SOCKPERF_MIN);
     }

@@ -414,13 +414,13 @@ impl ShmVi {
     #[inline]
     fn write_inline(&mut self, q: &Queues, bytes: &[&[u8]], remote: Segment) -> bool {
         const MAX_PARTS: usize = 2;
+        if bytes.len() > MAX_PARTS || q.sq_sent != q.sq.len() || !self.may_write_directly() {
+            return false;
+        }
         let mut local = [LocalRange {
             ptr: std::ptr::null_mut(),
             len: 0,
         }; MAX_PARTS];
-        if bytes.len() > MAX_PARTS || q.sq_sent != q.sq.len() || !self.may_write_directly() {
-            return false;
-        }
         let mut len = 0usize;
         for (l, b) in local.iter_mut().zip(bytes) {
             *l = LocalRange {
