@@ -274,7 +274,8 @@ struct BenchArgs {
     /// Folder for report.md, results.json and the SVG plots.
     #[arg(long, value_name = "DIR", default_value = "report")]
     out: PathBuf,
-    /// Interleaved pairs for each headline comparison.
+    /// Interleaved pairs for each headline comparison (the full bench's
+    /// goodput at loss takes at least 7, judged by its worst as well).
     #[arg(long, value_name = "N", default_value_t = 5)]
     pairs: usize,
     /// Run the peers section (`uvia peers`: UCX, libfabric, Open MPI and
