@@ -484,9 +484,9 @@ fn peers_wanted(quick: bool, asked: bool) -> std::result::Result<(), String> {
     }
 }
 
-/// Pairs of a goodput-at-loss comparison in the full bench, at least:
-/// issue 20 judges the worst of seven, where a run's losses fall decides
-/// more than in a lossless one.
+/// Pairs of a goodput-at-loss comparison in the full bench, at least: its
+/// target is set on the worst of seven as well as on their median, and
+/// where a run's losses fall decides more than in a lossless run.
 const LOSS_PAIRS: usize = 7;
 
 /// Pairs of each goodput-at-loss comparison: `pairs`, and at least
