@@ -27,6 +27,8 @@ const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
 const SO_EE_CODE_ZEROCOPY_COPIED: u8 = 1;
 /// Sends between two reads of the error queue.
 const REAP_EVERY: u64 = 16;
+/// How long past its run a stream may wait for room to send.
+const STALL: Duration = Duration::from_secs(1);
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -154,7 +156,17 @@ fn stream(
                 counted_from = Some((Instant::now(), got.load(Ordering::Relaxed)));
             }
             let flags = if zerocopy { libc::MSG_ZEROCOPY } else { 0 };
-            send_segmented(tx.as_raw_fd(), &buf, seg, flags)?;
+            while !send_segmented(tx.as_raw_fd(), &buf, seg, flags)? {
+                // Notifications not yet read hold the socket's memory: a
+                // zero-copy send waits for them as a full queue does.
+                if zerocopy {
+                    reap(tx.as_raw_fd(), &mut copied, &mut notes);
+                }
+                if t0.elapsed() > run + STALL {
+                    return Err(io::Error::other("the socket took no send for a second"));
+                }
+                std::thread::yield_now();
+            }
             sends += 1;
             if zerocopy && sends.is_multiple_of(REAP_EVERY) {
                 reap(tx.as_raw_fd(), &mut copied, &mut notes);
@@ -175,8 +187,9 @@ fn stream(
     })
 }
 
-/// One datagram of `buf` in frames of `seg` bytes (one frame if it fits).
-fn send_segmented(fd: i32, buf: &[u8], seg: usize, flags: libc::c_int) -> io::Result<()> {
+/// One datagram of `buf` in frames of `seg` bytes (one frame if it fits);
+/// `false` if the socket has no room for it now.
+fn send_segmented(fd: i32, buf: &[u8], seg: usize, flags: libc::c_int) -> io::Result<bool> {
     #[repr(C, align(8))]
     struct Cmsg([u8; 32]);
     let mut iov = libc::iovec {
@@ -201,18 +214,14 @@ fn send_segmented(fd: i32, buf: &[u8], seg: usize, flags: libc::c_int) -> io::Re
             std::ptr::write_unaligned(libc::CMSG_DATA(cm) as *mut u16, seg as u16);
         }
     }
-    loop {
-        // SAFETY: the header and what it points at live through the call.
-        if unsafe { libc::sendmsg(fd, &h, flags) } >= 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            // Notifications not yet reaped hold the socket's memory: a
-            // zero-copy send waits for them as a full queue does.
-            Some(libc::ENOBUFS | libc::EAGAIN | libc::EINTR) => std::thread::yield_now(),
-            _ => return Err(e),
-        }
+    // SAFETY: the header and what it points at live through the call.
+    if unsafe { libc::sendmsg(fd, &h, flags) } >= 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOBUFS | libc::EAGAIN | libc::EINTR) => Ok(false),
+        _ => Err(e),
     }
 }
 
