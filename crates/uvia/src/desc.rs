@@ -154,6 +154,10 @@ impl CompletionError {
     /// The first error named by `status` bits, if any.
     pub fn from_status(bits: u32) -> Option<CompletionError> {
         use CompletionError::*;
+        // Most completions succeed: one test, not one per error.
+        if bits & status::ERROR_MASK == 0 {
+            return None;
+        }
         [
             Format,
             Protection,
@@ -262,6 +266,27 @@ impl Descriptor {
 mod tests {
     use super::*;
     use std::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn every_error_bit_is_read_back_and_success_is_none() {
+        use CompletionError::*;
+        let all = [
+            Format,
+            Protection,
+            Length,
+            Partial,
+            Flushed,
+            Transport,
+            RdmaProtection,
+            RemoteDescriptor,
+        ];
+        for e in all {
+            let bits = status::DONE | status::OP_RECEIVE | status::IMMEDIATE | e.bit();
+            assert_eq!(CompletionError::from_status(bits), Some(e));
+        }
+        let ok = status::DONE | status::OP_MASK | status::IMMEDIATE;
+        assert_eq!(CompletionError::from_status(ok), None);
+    }
 
     #[test]
     fn layout_matches_vipl() {
