@@ -147,38 +147,44 @@ fn stream(
             }
         });
         pin(0);
-        let (mut sends, mut copied, mut notes) = (0u64, 0u64, 0u64);
-        let t0 = Instant::now();
-        let mut counted_from = None;
-        while t0.elapsed() < run {
-            // The first tenth is a warm-up: bytes count from then on.
-            if counted_from.is_none() && t0.elapsed() >= run / 10 {
-                counted_from = Some((Instant::now(), got.load(Ordering::Relaxed)));
-            }
-            let flags = if zerocopy { libc::MSG_ZEROCOPY } else { 0 };
-            while !send_segmented(tx.as_raw_fd(), &buf, seg, flags)? {
-                // Notifications not yet read hold the socket's memory: a
-                // zero-copy send waits for them as a full queue does.
-                if zerocopy {
+        let (mut copied, mut notes) = (0u64, 0u64);
+        // The sends, apart, so that the receiver is stopped whatever ends them.
+        let sent = (|| -> io::Result<(Instant, u64)> {
+            let mut sends = 0u64;
+            let t0 = Instant::now();
+            let mut counted_from = None;
+            while t0.elapsed() < run {
+                // The first tenth is a warm-up: bytes count from then on.
+                if counted_from.is_none() && t0.elapsed() >= run / 10 {
+                    counted_from = Some((Instant::now(), got.load(Ordering::Relaxed)));
+                }
+                let flags = if zerocopy { libc::MSG_ZEROCOPY } else { 0 };
+                while !send_segmented(tx.as_raw_fd(), &buf, seg, flags)? {
+                    // Notifications not yet read hold the socket's memory:
+                    // a zero-copy send waits for them as a full queue does.
+                    if zerocopy {
+                        reap(tx.as_raw_fd(), &mut copied, &mut notes);
+                    }
+                    if t0.elapsed() > run + STALL {
+                        return Err(io::Error::other("the socket took no send for a second"));
+                    }
+                    std::thread::yield_now();
+                }
+                sends += 1;
+                if zerocopy && sends.is_multiple_of(REAP_EVERY) {
                     reap(tx.as_raw_fd(), &mut copied, &mut notes);
                 }
-                if t0.elapsed() > run + STALL {
-                    return Err(io::Error::other("the socket took no send for a second"));
-                }
-                std::thread::yield_now();
             }
-            sends += 1;
-            if zerocopy && sends.is_multiple_of(REAP_EVERY) {
-                reap(tx.as_raw_fd(), &mut copied, &mut notes);
-            }
-        }
-        let (t1, at) = counted_from.unwrap_or((t0, 0));
-        let bytes = got.load(Ordering::Relaxed) - at;
-        let secs = t1.elapsed().as_secs_f64();
+            Ok(counted_from.unwrap_or((t0, 0)))
+        })();
+        let (ended, bytes_then) = (Instant::now(), got.load(Ordering::Relaxed));
         stop.store(true, Ordering::Relaxed);
         receiver
             .join()
             .map_err(|_| io::Error::other("the receiver panicked"))?;
+        let (t1, at) = sent?;
+        let secs = ended.duration_since(t1).as_secs_f64();
+        let bytes = bytes_then - at;
         if zerocopy {
             std::thread::sleep(Duration::from_millis(5));
             reap(tx.as_raw_fd(), &mut copied, &mut notes);
