@@ -137,6 +137,18 @@ pub enum CompletionError {
 }
 
 impl CompletionError {
+    /// Every error, in the order a status naming several is read.
+    pub const ALL: [CompletionError; 8] = [
+        CompletionError::Format,
+        CompletionError::Protection,
+        CompletionError::Length,
+        CompletionError::Partial,
+        CompletionError::Flushed,
+        CompletionError::Transport,
+        CompletionError::RdmaProtection,
+        CompletionError::RemoteDescriptor,
+    ];
+
     /// The status bit for this error.
     pub fn bit(self) -> u32 {
         match self {
@@ -153,23 +165,11 @@ impl CompletionError {
 
     /// The first error named by `status` bits, if any.
     pub fn from_status(bits: u32) -> Option<CompletionError> {
-        use CompletionError::*;
         // Most completions succeed: one test, not one per error.
         if bits & status::ERROR_MASK == 0 {
             return None;
         }
-        [
-            Format,
-            Protection,
-            Length,
-            Partial,
-            Flushed,
-            Transport,
-            RdmaProtection,
-            RemoteDescriptor,
-        ]
-        .into_iter()
-        .find(|e| bits & e.bit() != 0)
+        Self::ALL.into_iter().find(|e| bits & e.bit() != 0)
     }
 }
 
@@ -269,18 +269,7 @@ mod tests {
 
     #[test]
     fn every_error_bit_is_read_back_and_success_is_none() {
-        use CompletionError::*;
-        let all = [
-            Format,
-            Protection,
-            Length,
-            Partial,
-            Flushed,
-            Transport,
-            RdmaProtection,
-            RemoteDescriptor,
-        ];
-        for e in all {
+        for e in CompletionError::ALL {
             let bits = status::DONE | status::OP_RECEIVE | status::IMMEDIATE | e.bit();
             assert_eq!(CompletionError::from_status(bits), Some(e));
         }
