@@ -18,25 +18,59 @@ fn now_ns() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-fn main() {
-    if let Err(why) = TestHosts::available() {
-        eprintln!("xdp_pingpong: skipped: {why}");
-        return;
-    }
-    let mut args = std::env::args().skip(1);
-    let size: usize = args.next().map_or(8, |s| s.parse().expect("SIZE"));
-    let iters: usize = args.next().map_or(100_000, |s| s.parse().expect("ITERS"));
+const USAGE: &str = "usage: xdp_pingpong [SIZE [ITERS [native|generic|any [busypoll]]]]
+  SIZE   payload bytes of each frame (default 8)
+  ITERS  measured round trips (default 100000; a tenth more warm up)
+  mode   where the XDP program runs (default any: the provider's choice)
+  busypoll  busy polling on both sockets";
+
+/// The command line, or the reason it is not one.
+fn parse(
+    mut args: impl Iterator<Item = String>,
+) -> Result<(usize, usize, Option<Mode>, bool), String> {
+    let count = |what: &str, s: Option<String>, default: usize| match s {
+        None => Ok(default),
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{what} {s:?}: want a positive whole number")),
+        },
+    };
+    let size = count("SIZE", args.next(), 8)?;
+    let iters = count("ITERS", args.next(), 100_000)?;
     let mode = match args.next().as_deref() {
         None | Some("any") => None,
         Some("native") => Some(Mode::Native),
         Some("generic") => Some(Mode::Generic),
-        Some(other) => panic!("mode {other:?}: want native, generic or any"),
+        Some(other) => return Err(format!("mode {other:?}: want native, generic or any")),
     };
     let busy_poll = match args.next().as_deref() {
         None => false,
         Some("busypoll") => true,
-        Some(other) => panic!("{other:?}: want busypoll or nothing"),
+        Some(other) => return Err(format!("{other:?}: want busypoll or nothing")),
     };
+    if let Some(extra) = args.next() {
+        return Err(format!("{extra:?}: too many arguments"));
+    }
+    Ok((size, iters, mode, busy_poll))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return;
+    }
+    let (size, iters, mode, busy_poll) = match parse(args.into_iter()) {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!("xdp_pingpong: {why}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(why) = TestHosts::available() {
+        eprintln!("xdp_pingpong: skipped: {why}");
+        return;
+    }
     let warmup = iters / 10;
     // SAFETY: CPU_SET writes inside the zeroed set; sched_setaffinity reads it.
     unsafe {
@@ -54,7 +88,13 @@ fn main() {
         echo_core: Some(1),
         busy_poll,
     };
-    let mut rtts = pingpong::run(&spec, now_ns).expect("the ping-pong");
+    let mut rtts = match pingpong::run(&spec, now_ns) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("xdp_pingpong: {e}");
+            std::process::exit(1);
+        }
+    };
     // With checkpoints compiled in (`--features uvia-trace/enabled`): how
     // long the transmitting system call takes, receive work included.
     let t = uvia_trace::take();
