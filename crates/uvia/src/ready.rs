@@ -29,6 +29,8 @@ pub(crate) struct ReadySet {
     /// Members with no socket yet (not connected): driven on every look,
     /// as without the set (their progress finds nothing to do at once).
     loose: Vec<Weak<ViShared>>,
+    /// Looks so far (`epoll_wait` calls), for tests.
+    looks: u64,
 }
 
 impl ReadySet {
@@ -44,6 +46,7 @@ impl ReadySet {
             ep: unsafe { OwnedFd::from_raw_fd(fd) },
             by_fd: HashMap::new(),
             loose: Vec::new(),
+            looks: 0,
         })
     }
 
@@ -98,7 +101,8 @@ impl ReadySet {
 
     /// The members whose sockets have frames now (without waiting), and
     /// those with no socket.
-    pub(crate) fn ready(&self) -> Vec<Arc<ViShared>> {
+    pub(crate) fn ready(&mut self) -> Vec<Arc<ViShared>> {
+        self.looks += 1;
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; BATCH];
         // SAFETY: `evs` has room for BATCH events.
         let n = unsafe { libc::epoll_wait(self.ep.as_raw_fd(), evs.as_mut_ptr(), BATCH as i32, 0) };
@@ -110,6 +114,14 @@ impl ReadySet {
             }
         }
         out
+    }
+}
+
+impl ReadySet {
+    /// Looks at the set so far.
+    #[cfg(test)]
+    pub(crate) fn looks(&self) -> u64 {
+        self.looks
     }
 }
 
