@@ -827,7 +827,7 @@ impl Cq {
         }
         self.progress_held();
         if timers {
-            crate::provider::net::run_due_timers(&self.s.nic);
+            self.s.nic.provider.run_due_timers();
         }
         true
     }
@@ -1115,7 +1115,7 @@ impl Cq {
         sc.fds.push(pollin(self.s.efd.as_raw_fd()));
         // The Nic's medium may keep its socket readable with entries taken
         // but not yet given back.
-        crate::provider::net::settle(&self.s.nic);
+        self.s.nic.provider.settle();
         match set {
             Some(fd) => sc.fds.push(pollin(fd)),
             None => sc
@@ -1125,9 +1125,12 @@ impl Cq {
         // Network VIs' timers: no later than the first one due.
         let cap = match sc.fds.len() > 1 {
             false => nap,
-            true => {
-                crate::provider::net::timers_due_in(&self.s.nic).map_or(nap, |due| nap.min(due))
-            }
+            true => self
+                .s
+                .nic
+                .provider
+                .timers_due_in()
+                .map_or(nap, |due| nap.min(due)),
         };
         // Rounded up: a sub-millisecond nap must not become a busy loop.
         let ms = cap.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
@@ -1138,7 +1141,7 @@ impl Cq {
         }
         if n == 0 && sc.fds.len() > 1 {
             match set {
-                Some(_) => crate::provider::net::run_due_timers(&self.s.nic),
+                Some(_) => self.s.nic.provider.run_due_timers(),
                 None => {
                     for vi in sc.members.drain(..) {
                         Vi::run_timers(vi);

@@ -1232,9 +1232,7 @@ impl Vi {
     /// Makes `t` this VI's connection to a peer with attributes `remote`
     /// and moves it to Connected (a provider's connect or accept).
     pub(crate) fn install(&self, g: &mut ViInner, t: Transport, remote: RemoteViAttributes) {
-        // The bias on shm only (`bias`): network VIs are driven by
-        // whichever thread polls their Nic.
-        self.s.inner.allow_bias(matches!(t, Transport::Shm(_)));
+        self.s.inner.allow_bias(t.biased());
         g.t = t;
         g.q.remote = Some(remote);
         self.set_state(ViState::Connected);
@@ -1339,17 +1337,11 @@ impl Vi {
         }
         let nap = nap.min(RECV_NAP);
         let vi = Vi { s: s.clone() };
-        let (medium, mut batch) = match &mut vi.lock().t {
-            Transport::Net(t) => t.lend_recv()?,
-            _ => return None,
-        };
-        let n = medium.recv_wait(&mut batch, nap).unwrap_or(0);
+        let mut lent = vi.lock().t.lend_recv()?;
+        let n = lent.recv_wait(nap);
         let mut g = vi.lock();
         let ViInner { q, t } = &mut *g;
-        match t {
-            Transport::Net(t) => Some(t.slept_in_recv(&vi, q, &medium, batch, n)),
-            _ => Some(false),
-        }
+        Some(t.slept_in_recv(&vi, q, lent, n))
     }
 
     /// Runs the VI's protocol timers (a CQ waiter that has slept).

@@ -126,6 +126,12 @@ pub(crate) trait TransportOps {
     /// What a waiter sleeps on until the peer's next message.
     type Sleep;
 
+    /// The VI's lock may be biased toward the thread that uses it
+    /// ([`crate::bias`]): no other thread of the process drives the VI
+    /// behind its program's back (a network Nic's polls drive whichever
+    /// of its VIs have frames or due timers).
+    const BIASED: bool;
+
     /// Checks the send `d` ([`prepare`](crate::vi::prepare)), queues it at
     /// the back of the send queue and sends what can go now. The VI is
     /// connected.
@@ -291,6 +297,33 @@ impl NicProvider {
             NicProvider::Net(n) => n.regions_changed(nic),
         }
     }
+
+    /// Runs the due protocol timers of the Nic's VIs (a CQ's ready list
+    /// drives only the VIs whose frames arrived; this keeps the others'
+    /// acknowledgements and keep-alives going). Nothing where the VIs
+    /// keep no timers (shm).
+    pub fn run_due_timers(&self) {
+        if let NicProvider::Net(n) = self {
+            n.run_due_timers();
+        }
+    }
+
+    /// Has the Nic's medium give back what its receives keep for later,
+    /// for a waiter about to sleep on a descriptor.
+    pub fn settle(&self) {
+        if let NicProvider::Net(n) = self {
+            n.settle();
+        }
+    }
+
+    /// How long a sleeping waiter over the Nic's VIs may sleep before one
+    /// of their timers is due; `None` where they keep none (shm).
+    pub fn timers_due_in(&self) -> Option<Duration> {
+        match self {
+            NicProvider::Net(n) => Some(n.timers_due_in()),
+            NicProvider::Shm(_) => None,
+        }
+    }
 }
 
 /// A connection request's provider half: what answering it needs.
@@ -410,6 +443,35 @@ impl Transport {
         dispatch!(self, t => t.check_peer(vi, q), None => false)
     }
 
+    /// See [`TransportOps::BIASED`]; false with no connection.
+    pub fn biased(&self) -> bool {
+        match self {
+            Transport::Shm(_) => shm::ShmVi::BIASED,
+            Transport::Net(_) => net::NetVi::BIASED,
+            Transport::None => false,
+        }
+    }
+
+    /// The VI's own medium and a receive batch, lent for a sleep in the
+    /// medium's receive ([`Vi::sleep_in_recv`](crate::vi::Vi)): `None`
+    /// where the transport has no such medium now.
+    pub fn lend_recv(&mut self) -> Option<Lent> {
+        match self {
+            Transport::Net(t) => t.lend_recv().map(|(medium, batch)| Lent { medium, batch }),
+            _ => None,
+        }
+    }
+
+    /// Moves the VI forward with the `n` frames a sleep on `lent` brought;
+    /// false if there was nothing to take them (the connection changed
+    /// meanwhile).
+    pub fn slept_in_recv(&mut self, vi: &Vi, q: &mut Queues, lent: Lent, n: usize) -> bool {
+        match self {
+            Transport::Net(t) => t.slept_in_recv(vi, q, &lent.medium, lent.batch, n),
+            _ => false,
+        }
+    }
+
     pub fn arm(&mut self, nic: &NicShared) -> Sleep {
         match self {
             Transport::Shm(t) => Sleep::Shm(t.arm(nic)),
@@ -449,6 +511,20 @@ impl Transport {
         if let Transport::Net(t) = self {
             t.keep_closing(nic);
         }
+    }
+}
+
+/// A VI's medium and receive batch, lent for a sleep in its receive
+/// ([`Transport::lend_recv`]).
+pub(crate) struct Lent {
+    medium: std::sync::Arc<dyn uvia_net::Medium>,
+    batch: uvia_net::RecvBatch,
+}
+
+impl Lent {
+    /// Sleeps up to `nap` in the medium's receive: the frames it took.
+    pub fn recv_wait(&mut self, nap: Duration) -> usize {
+        self.medium.recv_wait(&mut self.batch, nap).unwrap_or(0)
     }
 }
 

@@ -766,32 +766,27 @@ fn open_net(
     Ok((attrs, NicProvider::Net(net)))
 }
 
-/// Runs the due timers of a network Nic's VIs, at most once a
-/// millisecond (a CQ's ready list drives only the VIs whose frames
-/// arrived; this keeps the others' acknowledgements and keep-alives going).
-/// Nothing on another provider's Nic.
-pub(crate) fn run_due_timers(nic: &NicShared) {
-    if let Some(n) = NetNic::of(nic) {
+impl NetNic {
+    /// Runs the due timers of the Nic's VIs (at most once a millisecond:
+    /// [`NicProvider::run_due_timers`]).
+    pub(super) fn run_due_timers(&self) {
         // 0 is no connection's id: every VI is looked at.
-        n.sweep(Instant::now(), 0);
+        self.sweep(Instant::now(), 0);
     }
-}
 
-/// Has a network Nic's medium give back what its receives keep for later
-/// ([`Medium::settle`](uvia_net::Medium::settle)), for a waiter about to
-/// sleep on its descriptor. Nothing on another provider's Nic.
-pub(crate) fn settle(nic: &NicShared) {
-    if let Some(n) = NetNic::of(nic) {
-        n.medium.settle();
+    /// Has the medium give back what its receives keep for later
+    /// ([`Medium::settle`](uvia_net::Medium::settle)).
+    pub(super) fn settle(&self) {
+        self.medium.settle();
     }
-}
 
-/// How long a sleeping waiter over a network Nic's VIs may sleep before
-/// one of their timers is due ([`Deadlines::due_in`]). A waiter that woke
-/// every millisecond to find nothing due cost an idle process about 1.6%
-/// of a CPU. `None` on another provider's Nic.
-pub(crate) fn timers_due_in(nic: &NicShared) -> Option<Duration> {
-    NetNic::of(nic).map(|n| n.deadlines.due_in(Instant::now()))
+    /// How long a sleeping waiter may sleep before one of the VIs' timers
+    /// is due ([`Deadlines::due_in`]). A waiter that woke every
+    /// millisecond to find nothing due cost an idle process about 1.6% of
+    /// a CPU.
+    pub(super) fn timers_due_in(&self) -> Duration {
+        self.deadlines.due_in(Instant::now())
+    }
 }
 
 /// Checks and parses a frame: its checksum is not looked at when the

@@ -1318,6 +1318,7 @@ fn outcome_bits(o: Outcome) -> u32 {
 
 impl TransportOps for NetVi {
     type Sleep = Sleep;
+    const BIASED: bool = false;
 
     #[inline(always)]
     fn poll(

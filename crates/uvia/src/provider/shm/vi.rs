@@ -1214,6 +1214,7 @@ fn scatter(mut src: &[u8], dst: &[LocalRange]) {
 
 impl TransportOps for ShmVi {
     type Sleep = Sleep;
+    const BIASED: bool = true;
 
     /// Posts a send: the fast path when it applies, else checked, queued,
     /// and written to the ring if nothing waits ahead of it.
