@@ -275,7 +275,8 @@ struct BenchArgs {
     #[arg(long, value_name = "DIR", default_value = "report")]
     out: PathBuf,
     /// Interleaved pairs for each headline comparison (the full bench's
-    /// goodput at loss takes at least 7, judged by its worst as well).
+    /// goodput at 5% loss takes at least 7, judged by its worst as well,
+    /// and at 1% loss at least 15).
     #[arg(long, value_name = "N", default_value_t = 5)]
     pairs: usize,
     /// Run the peers section (`uvia peers`: UCX, libfabric, Open MPI and
