@@ -742,6 +742,23 @@ impl Cq {
         Some(r)
     }
 
+    /// Makes the polls from now on look at the ready set, if the CQ has
+    /// one, every time again until [`QUIET_AFTER`] looks have found
+    /// nothing ([`Rota::looks_now`]): a waiter woken by one of the set's
+    /// sockets takes its frames with its first poll, where a poll that
+    /// left the set alone had it sleep again first (a `poll` call that
+    /// returns at once, and a second look).
+    fn look_at_set_next(&self) {
+        if !self.s.ready_on.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Ready::Set { rota, .. } =
+            &mut *self.s.ready.lock().unwrap_or_else(|e| e.into_inner())
+        {
+            rota.fruitless = 0;
+        }
+    }
+
     /// Polls walk every member again (too few, or the set failed): the
     /// held list, which only the ready set's polls drain, is let go.
     fn leave_ready_set(&self) {
@@ -919,6 +936,8 @@ impl Cq {
             };
             if !self.sleep_futex(nap, look_at_peers) {
                 self.sleep_poll(nap, first);
+                // What woke it is most likely a socket of the ready set.
+                self.look_at_set_next();
             }
             first = false;
             if let Some(c) = self.done()? {
