@@ -767,8 +767,7 @@ fn open_net(
 }
 
 impl NetNic {
-    /// Runs the due timers of the Nic's VIs (at most once a millisecond:
-    /// [`NicProvider::run_due_timers`]).
+    /// Runs the due timers of the Nic's VIs ([`NicProvider::run_due_timers`]).
     pub(super) fn run_due_timers(&self) {
         // 0 is no connection's id: every VI is looked at.
         self.sweep(Instant::now(), 0);
