@@ -173,6 +173,10 @@ impl Drop for PinA {
 /// ns (round trip / 2), one per measured round trip (after a tenth as many
 /// warm-up rounds).
 pub fn cacheline(rounds: usize, lines: Lines) -> Result<Vec<f64>> {
+    // Calibrated first (a 50 ms spin, once a process): each round's time
+    // runs from the last round's end, and the first conversion in the loop
+    // would put the spin into the round after it.
+    clock::ns_per_tick();
     let sh = Shared::new(4096)?;
     let warm = (rounds / 10).max(100) as u64;
     let total = warm + rounds as u64;

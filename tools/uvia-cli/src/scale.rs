@@ -466,6 +466,9 @@ fn one_count(o: &ScaleOpts, n: usize) -> Result<ScaleResult> {
     let pair = n / 2;
     let warm = (o.iters / 10).clamp(10, 10_000);
     let mut samples = Vec::with_capacity(o.iters);
+    // The clock's calibration (a 50 ms spin, once a process) before the
+    // round trips, not between two of them.
+    crate::clock::ns_per_tick();
     for k in 0..warm + o.iters {
         let t = crate::clock::ticks();
         c.send(pair, op::ECHO)?;
