@@ -1951,4 +1951,80 @@ mod tests {
             "{all_looks} looks at the set in {all_polls} polls"
         );
     }
+
+    /// Two threads polling one CQ of many udp VIs (through its ready list,
+    /// whose hot members both keep, outside the set's lock) take every
+    /// message, none twice.
+    #[test]
+    fn two_threads_polling_a_cq_of_many_udp_vis_take_every_message_once() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::{Arc, Mutex};
+        const PAIRS: usize = 12;
+        const BURST: u32 = 8;
+        const ROUNDS: u32 = 30;
+        let (cq, servers, mut clients) = udp_pairs_on_one_cq(PAIRS, 0x4ead_2707);
+        let ids: Arc<Vec<u32>> = Arc::new(servers.iter().map(|e| e.vi.id()).collect());
+        let got: Arc<Mutex<Vec<Vec<u32>>>> = Arc::new(Mutex::new(vec![Vec::new(); PAIRS]));
+        let stop = Arc::new(AtomicBool::new(false));
+        let bases: Arc<Vec<usize>> =
+            Arc::new(servers.iter().map(|e| e.buf.addr() as usize).collect());
+        let pollers: Vec<_> = (0..2)
+            .map(|_| {
+                let (cq, ids, got, stop, bases) = (
+                    cq.clone(),
+                    ids.clone(),
+                    got.clone(),
+                    stop.clone(),
+                    bases.clone(),
+                );
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let Some(n) = cq.done().unwrap() else {
+                            continue;
+                        };
+                        let i = ids.iter().position(|&id| id == n.vi.id()).unwrap();
+                        let d = n.vi.recv_done().expect("the notice names a receive");
+                        assert_eq!(d.result(), Ok(4));
+                        let seg = d.ds[0];
+                        let at = seg.addr as usize - bases[i];
+                        // SAFETY: the receive completed into this slot of the
+                        // server's region, which lives until the test ends;
+                        // it is posted again only after this read.
+                        let v = unsafe { std::ptr::read_unaligned((bases[i] + at) as *const u32) };
+                        got.lock().unwrap()[i].push(v);
+                        n.vi.post_recv(Box::new(Descriptor::recv(&[seg]))).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        for r in 0..ROUNDS {
+            for (i, c) in clients.iter_mut().enumerate() {
+                for k in 0..BURST {
+                    post_round(&c.vi, &mut c.buf, (i as u32) << 16 | (r * BURST + k));
+                }
+            }
+            // Each round whole before the next: no VI is sent more than its
+            // posted receives.
+            let want = ((r + 1) * BURST) as usize;
+            while got.lock().unwrap().iter().any(|v| v.len() < want) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "round {r} never arrived"
+                );
+                for c in &clients {
+                    while c.vi.send_done().is_some() {}
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for p in pollers {
+            p.join().unwrap();
+        }
+        for (i, v) in got.lock().unwrap().iter_mut().enumerate() {
+            v.sort_unstable();
+            let want: Vec<u32> = (0..ROUNDS * BURST).map(|k| (i as u32) << 16 | k).collect();
+            assert_eq!(*v, want, "VI {i}: every message once");
+        }
+    }
 }
