@@ -216,7 +216,13 @@ mod tests {
         );
         // At TICK it would be about 300; at MAX_TICK about 19.
         assert!(wakes < 60, "{wakes} wake-ups in 300 ms of reads");
-        assert!(drove <= 2, "the thread drove {drove} times while reads did");
+        // It drives only after a tick in which no read drove: the reading
+        // loop descheduled for a tick or more (other tests share the two
+        // cores) lets it drive now and then, never at most of its wake-ups.
+        assert!(
+            drove * 3 <= wakes.max(6),
+            "the thread drove {drove} times in {wakes} wake-ups while reads did"
+        );
         // The reads stop: the thread drives within its longest sleep
         // (and a margin for a loaded machine).
         let before = s.thread_drove.load(Ordering::Relaxed);
