@@ -1,0 +1,760 @@
+//! `uvia bench`: the main job.
+//!
+//! 1. The physical limits (`limit`).
+//! 2. Every provider and mode, ping-pong and bandwidth, each measurement in
+//!    its own client process (`uvia pingpong|bw ... --json FILE`, which starts
+//!    its own server), under a time limit: a provider that fails or hangs is
+//!    reported as failed with its error and the others go on.
+//! 3. The headline comparisons, measured in short interleaved rounds (contender,
+//!    baseline, contender, baseline, ...) so that both see the same state of a
+//!    noisy host; each pair gives a ratio and the headline is the median ratio.
+//!    The xdp provider's run between two test hosts made for each measurement
+//!    (root only; otherwise reported as skipped, with the reason).
+//! 4. Where the time goes: `uvia anatomy --compare` from the build with
+//!    checkpoints (built first, except with --quick, which takes the one
+//!    there is; skipped with the reason without it or without root), its
+//!    table and plots in the report.
+//! 5. The peers (`uvia peers`: UCX, libfabric, Open MPI and sockperf by
+//!    their own tools, interleaved with the matching uvia run): with
+//!    --peers, or in a full bench whenever a peer is installed.
+//! 6. The report folder: report.md, results.json, latency.svg, bandwidth.svg,
+//!    peers-latency.svg, peers-bandwidth.svg, anatomy-categories.svg and
+//!    anatomy-timeline-<provider>.svg.
+//!
+//! This module runs the sections in turn; `child` runs each measurement in
+//! a process of its own, `pairs` interleaves a contender with its baseline
+//! and makes the headline rows, `anatomy` the rows from the build with
+//! checkpoints, and `render` the printed summary, the report and its plots.
+
+use crate::anatomy::compare::Compare;
+use crate::limit::{self, LimitResult};
+use crate::run::RunResult;
+use crate::stats::{median, Stats};
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::ProgressBar;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+mod anatomy;
+mod child;
+mod pairs;
+mod render;
+
+use anatomy::{anatomy_compare, anatomy_streams, traced_build};
+pub(crate) use child::{measure, progress_style, sub, sub_json};
+pub(crate) use pairs::{headline_rows, headline_text, interleave, placement_note, Headline};
+
+/// One provider/mode configuration.
+#[derive(Clone, Copy)]
+struct Config {
+    provider: &'static str,
+    /// CLI flag selecting the mode.
+    flag: &'static str,
+    /// Label in tables and plots.
+    label: &'static str,
+}
+
+const CONFIGS: [Config; 8] = [
+    Config {
+        provider: "shm",
+        flag: "--polling",
+        label: "shm polling",
+    },
+    Config {
+        provider: "shm",
+        flag: "--blocking",
+        label: "shm blocking",
+    },
+    Config {
+        provider: "udp",
+        flag: "--polling",
+        label: "udp polling",
+    },
+    Config {
+        provider: "udp",
+        flag: "--blocking",
+        label: "udp blocking",
+    },
+    Config {
+        provider: "kernel-udp",
+        flag: "--busy-poll",
+        label: "kernel-udp busy-poll",
+    },
+    Config {
+        provider: "kernel-udp",
+        flag: "--blocking",
+        label: "kernel-udp blocking",
+    },
+    Config {
+        provider: "kernel-tcp",
+        flag: "--polling",
+        label: "kernel-tcp polling",
+    },
+    Config {
+        provider: "kernel-tcp",
+        flag: "--blocking",
+        label: "kernel-tcp blocking",
+    },
+];
+
+const UDP_BP: &str = "kernel-udp busy-poll";
+
+#[derive(Serialize)]
+struct RunEntry {
+    label: String,
+    provider: String,
+    mode: String,
+    kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<RunResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Blocked {
+    label: String,
+    interval_us: u64,
+    receiver_cpu: Option<f64>,
+    one_way_p50_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct BenchResult {
+    command: String,
+    quick: bool,
+    limit: Option<LimitResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit_error: Option<String>,
+    headline: Vec<Headline>,
+    blocked_receiver: Vec<Blocked>,
+    runs: Vec<RunEntry>,
+    /// `uvia anatomy --compare` from the build with checkpoints, or why
+    /// there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    anatomy: Option<Compare>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    anatomy_skipped: Option<String>,
+    /// `uvia mpi`: source document 001's study with real MPIs, or why
+    /// there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mpi: Option<crate::mpi::Study>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mpi_skipped: Option<String>,
+    /// `uvia peers`: UCX, libfabric, Open MPI and sockperf against uvia,
+    /// or why the section did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peers: Option<crate::peers::PeersResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peers_skipped: Option<String>,
+}
+
+fn args(kind: &str, c: &Config, sizes: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        kind.into(),
+        "--provider".into(),
+        c.provider.into(),
+        c.flag.into(),
+        "--sizes".into(),
+        sizes.into(),
+    ];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// The ping-pong table's rows of the runs between two test hosts.
+const TWO_HOSTS: &str = ", two test hosts";
+const NETNS_XDP: &str = "xdp polling, two test hosts";
+const NETNS_UDP_BP: &str = "kernel-udp busy-poll, two test hosts";
+
+fn first(r: &RunResult) -> Result<&crate::run::SizeResult> {
+    r.results.first().ok_or_else(|| anyhow!("no result"))
+}
+
+fn cfg(label: &str) -> &'static Config {
+    CONFIGS
+        .iter()
+        .find(|c| c.label == label)
+        .expect("known configuration")
+}
+
+/// Whether the peers section runs: asked for, or a full bench with at
+/// least one peer installed; otherwise the reason it does not.
+fn peers_wanted(quick: bool, asked: bool) -> std::result::Result<(), String> {
+    if asked {
+        return Ok(());
+    }
+    if quick {
+        return Err("not part of --quick (add --peers)".into());
+    }
+    if crate::peers::any_installed() {
+        Ok(())
+    } else {
+        Err(format!(
+            "no peer installed ({}; scripts/bench installs them as root)",
+            crate::peers::PACKAGES
+        ))
+    }
+}
+
+/// Pairs of the goodput comparison at 5% loss in the full bench, at
+/// least: its target is set on the worst of seven as well as on their
+/// median, and where a run's losses fall decides more than in a lossless
+/// run.
+const LOSS_PAIRS: usize = 7;
+
+/// Pairs of the goodput comparison at 1% loss in the full bench, at least.
+/// Its line (0.95x) sits a few hundredths under what the loss costs (the
+/// frames sent again and copied twice: 0.87–1.11x, median 0.97x, in 14
+/// pairs that all fell in one of the host's slow stretches), while this
+/// host halves and restores a stream's speed every few seconds: a pair
+/// whose two runs fall on either side of such a change reads about 0.5x
+/// or 2x. In 15 pairs of `uvia bw -p udp --sizes 64K` 7 did (5 one way, 2
+/// the other). With few pairs one such pair moves the median by a pair's
+/// step; more pairs make each matter less.
+const LIGHT_LOSS_PAIRS: usize = 15;
+
+/// Pairs of a goodput-at-loss comparison with at least `least` in the
+/// full bench ([`LOSS_PAIRS`], [`LIGHT_LOSS_PAIRS`]): `pairs`, or more.
+fn loss_pairs(quick: bool, pairs: usize, least: usize) -> usize {
+    if quick {
+        pairs
+    } else {
+        pairs.max(least)
+    }
+}
+
+pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<()> {
+    if pairs == 0 {
+        bail!("--pairs must be at least 1");
+    }
+    let peer_opts = crate::peers::Options {
+        quick,
+        pairs,
+        only: Vec::new(),
+    };
+    let peers_go = peers_wanted(quick, with_peers);
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("creating the report folder {}", out.display()))?;
+    let sizes = if quick {
+        "8,1K,64K,1M"
+    } else {
+        crate::DEFAULT_SIZES
+    };
+    let scale = if quick { "0.05" } else { "1" };
+    let timeout = Duration::from_secs(if quick { 60 } else { 300 });
+    let mpi_rounds = crate::mpi::rounds(pairs);
+    let scale_pairs = if quick { 1 } else { pairs };
+    let stream_runs = if quick { 1 } else { 3 };
+    let total = 1
+        + CONFIGS.len() as u64 * 2
+        // Headlines: shm 4, udp 4 and the 2 at loss, xdp 4, the
+        // libfabric provider 6; and the scale runs, shm and udp.
+        + (12 + 6) * pairs as u64
+        + (loss_pairs(quick, pairs, LOSS_PAIRS) + loss_pairs(quick, pairs, LIGHT_LOSS_PAIRS)) as u64
+        + 2 * scale_pairs as u64
+        + 2 * stream_runs as u64
+        + (mpi_rounds * crate::mpi::steps_per_round()) as u64
+        + 3
+        + 1
+        + if peers_go.is_ok() {
+            crate::peers::planned(&peer_opts)
+        } else {
+            0
+        };
+    let pb = ProgressBar::new(total);
+    pb.set_style(progress_style());
+    pb.enable_steady_tick(Duration::from_millis(200));
+
+    // 1. Limits.
+    pb.set_message("physical limits");
+    let (limit, limit_error) = match limit::run_all(quick) {
+        Ok(l) => (Some(l), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    pb.inc(1);
+
+    // 2. Every provider and mode.
+    let mut runs = Vec::new();
+    for kind in ["pingpong", "bw"] {
+        for c in &CONFIGS {
+            pb.set_message(format!("{kind} {}", c.label));
+            let r = sub(&args(kind, c, sizes, &["--scale", scale]), timeout);
+            let (result, error) = match r {
+                Ok(r) => (Some(r), None),
+                Err(e) => {
+                    pb.println(format!("{kind} {}: failed: {e:#}", c.label));
+                    (None, Some(format!("{e:#}")))
+                }
+            };
+            runs.push(RunEntry {
+                label: c.label.into(),
+                provider: c.provider.into(),
+                mode: if c.flag == "--blocking" {
+                    "blocking".into()
+                } else {
+                    "polling".into()
+                },
+                kind: kind.into(),
+                result,
+                error,
+            });
+            pb.inc(1);
+        }
+    }
+
+    // 3. Headlines, interleaved.
+    let pp_iters = if quick { "20000" } else { "100000" };
+    let lim_rounds = if quick { 20_000 } else { 100_000 };
+    let shm_p = cfg("shm polling");
+    let shm_b = cfg("shm blocking");
+    let udp = cfg(UDP_BP);
+    let p50_of = |c: &Config, kind: &str, size: &str, iters: &str| -> Result<f64> {
+        Ok(
+            first(&sub(&args(kind, c, size, &["--iters", iters]), timeout)?)?
+                .lat_ns
+                .p50,
+        )
+    };
+    let mut headline = Vec::new();
+    headline.push(interleave(
+        &pb,
+        "shm 8 B one-way p50 vs cache-line ping-pong (a line each way)",
+        "shm p50 / cache-line p50",
+        "ns",
+        "<= 2.5x",
+        pairs,
+        || p50_of(shm_p, "pingpong", "8", pp_iters),
+        || Ok(Stats::of(&limit::cacheline(lim_rounds, limit::Lines::EachWay)?).p50),
+        |c, b| c / b,
+        |r| r <= 2.5,
+    ));
+    let udp_iters = if quick { "5000" } else { "20000" };
+    headline.push(interleave(
+        &pb,
+        "shm 8 B one-way p50 vs kernel UDP busy-poll 8 B",
+        "UDP busy-poll p50 / shm p50 (times lower)",
+        "ns",
+        ">= 15x lower",
+        pairs,
+        || p50_of(shm_p, "pingpong", "8", pp_iters),
+        || p50_of(udp, "pingpong", "8", udp_iters),
+        |c, b| b / c,
+        |r| r >= 15.0,
+    ));
+    let bw_iters = if quick { "300" } else { "2000" };
+    let copy_reps = if quick { 50 } else { 300 };
+    headline.push(interleave(
+        &pb,
+        "shm 1 MiB bandwidth vs cross-core copy 1 MiB",
+        "shm MB/s / cross-core copy MB/s",
+        "MB/s",
+        ">= 0.8x",
+        pairs,
+        || {
+            Ok(first(&sub(
+                &args("bw", shm_p, "1M", &["--iters", bw_iters]),
+                timeout,
+            )?)?
+            .mbytes_per_s)
+        },
+        || Ok(median(&limit::cross_core_copy(1 << 20, copy_reps)?)),
+        |c, b| c / b,
+        |r| r >= 0.8,
+    ));
+    let blk_iters = if quick { "5000" } else { "20000" };
+    headline.push(interleave(
+        &pb,
+        "shm blocking 8 B one-way p50 vs futex hand-off",
+        "shm blocking p50 / futex p50",
+        "ns",
+        "<= 1.3x",
+        pairs,
+        || p50_of(shm_b, "pingpong", "8", blk_iters),
+        || Ok(Stats::of(&limit::futex_pingpong(if quick { 5_000 } else { 20_000 })?).p50),
+        |c, b| c / b,
+        |r| r <= 1.3,
+    ));
+
+    // The udp provider (reliable delivery) against kernel UDP on the same
+    // loopback path.
+    let udp_p = cfg("udp polling");
+    headline.push(interleave(
+        &pb,
+        "udp 8 B one-way p50 vs kernel UDP busy-poll 8 B (reliable delivery)",
+        "udp p50 / UDP busy-poll p50",
+        "ns",
+        "<= 1.15x",
+        pairs,
+        || p50_of(udp_p, "pingpong", "8", udp_iters),
+        || p50_of(udp, "pingpong", "8", udp_iters),
+        |c, b| c / b,
+        |r| r <= 1.15,
+    ));
+    let rate_iters = if quick { "20000" } else { "100000" };
+    let rate_of = |c: &Config, extra: &[&str]| -> Result<f64> {
+        let mut a = vec!["--iters", rate_iters];
+        a.extend_from_slice(extra);
+        Ok(first(&sub(&args("bw", c, "64", &a), timeout)?)?.msgs_per_s)
+    };
+    headline.push(interleave(
+        &pb,
+        "udp 64 B message rate vs one-send-per-message kernel UDP",
+        "udp msgs/s / kernel UDP msgs/s",
+        "msgs/s",
+        ">= 1.5x",
+        pairs,
+        || rate_of(udp_p, &[]),
+        || rate_of(udp, &[]),
+        |c, b| c / b,
+        |r| r >= 1.5,
+    ));
+    // Bandwidth against kernel UDP busy-poll on the same loopback.
+    let bw_of = |c: &Config, size: &str, iters: &str| -> Result<f64> {
+        Ok(first(&sub(&args("bw", c, size, &["--iters", iters]), timeout)?)?.mbytes_per_s)
+    };
+    for (size, name, iters, want) in [
+        (
+            "1M",
+            "udp 1 MiB bandwidth vs kernel UDP busy-poll 1 MiB (reliable delivery)",
+            if quick { "200" } else { "1000" },
+            1.0,
+        ),
+        (
+            "64K",
+            "udp 64 KiB bandwidth vs kernel UDP busy-poll 64 KiB (reliable delivery)",
+            if quick { "2000" } else { "10000" },
+            1.2,
+        ),
+    ] {
+        headline.push(interleave(
+            &pb,
+            name,
+            "udp MB/s / kernel UDP MB/s",
+            "MB/s",
+            &format!(">= {want}x"),
+            pairs,
+            || bw_of(udp_p, size, iters),
+            || bw_of(udp, size, iters),
+            |c, b| c / b,
+            |r| r >= want,
+        ));
+    }
+    // Goodput at injected loss: each pair a lossy run (seed 1, 2, ... so
+    // that the pairs lose different frames) and a lossless one; at 5% at
+    // least LOSS_PAIRS of them in the full bench, whose worst is judged,
+    // at 1% at least LIGHT_LOSS_PAIRS.
+    let lossy_iters = if quick { "3000" } else { "20000" };
+    let goodput = |extra: &[&str]| -> Result<f64> {
+        let mut a = vec!["--iters", lossy_iters];
+        a.extend_from_slice(extra);
+        Ok(first(&sub(&args("bw", udp_p, "64K", &a), timeout)?)?.mbytes_per_s)
+    };
+    for (loss, pct, want, worst, least) in [
+        (0.05, 5, 0.8, Some(0.6), LOSS_PAIRS),
+        (0.01, 1, 0.95, None, LIGHT_LOSS_PAIRS),
+    ] {
+        let seed = std::cell::Cell::new(0u32);
+        let h = interleave(
+            &pb,
+            &format!("udp 64 KiB goodput at {pct}% injected loss vs lossless (reliable delivery)"),
+            &format!("MB/s at {pct}% loss / MB/s lossless"),
+            "MB/s",
+            &format!(">= {want}x"),
+            loss_pairs(quick, pairs, least),
+            || {
+                seed.set(seed.get() + 1);
+                goodput(&["--inject", &format!("loss={loss},seed={}", seed.get())])
+            },
+            || goodput(&[]),
+            |c, b| c / b,
+            |r| r >= want,
+        );
+        if let Some(w) = worst {
+            headline.push(h.clone());
+            headline.push(h.worst(
+                &format!("udp 64 KiB goodput at {pct}% injected loss, the worst pair"),
+                &format!(">= {w}x"),
+                |r| r >= w,
+            ));
+        } else {
+            headline.push(h);
+        }
+    }
+
+    // The xdp provider against kernel UDP between two test hosts made for
+    // each measurement (root only; skipped with the reason otherwise).
+    let xdp = Config {
+        provider: "xdp",
+        flag: "--polling",
+        label: "xdp polling",
+    };
+    let xdp_names = [
+        (
+            "xdp 8 B one-way p50 vs kernel UDP busy-poll 8 B, two test hosts (reliable delivery)",
+            "xdp p50 / UDP busy-poll p50",
+            "ns",
+            "<= 0.5x",
+        ),
+        (
+            "xdp 64 B message rate vs one-send-per-message kernel UDP, two test hosts",
+            "xdp msgs/s / kernel UDP msgs/s",
+            "msgs/s",
+            ">= 2x",
+        ),
+        (
+            "xdp 8 B one-way p50 vs the bare AF_XDP medium 8 B, two test hosts (reliable delivery)",
+            "xdp p50 / AF_XDP medium p50",
+            "ns",
+            "<= 1.1x",
+        ),
+        (
+            "xdp 64 KiB bandwidth vs kernel UDP 64 KiB, two test hosts (reliable delivery)",
+            "xdp MB/s / kernel UDP MB/s",
+            "MB/s",
+            ">= 2x",
+        ),
+    ];
+    match uvia_net::netns::TestHosts::available() {
+        Ok(()) => {
+            // Each side's last run is kept for the ping-pong table (its p99
+            // and mean beside the p50 the headline compares).
+            let last_xdp = std::cell::RefCell::new(None);
+            let last_udp = std::cell::RefCell::new(None);
+            let netns_p50 = |c: &Config, keep: &std::cell::RefCell<Option<RunResult>>| {
+                let a = ["--iters", udp_iters, "--netns"];
+                let r = sub(&args("pingpong", c, "8", &a), timeout)?;
+                let p50 = first(&r)?.lat_ns.p50;
+                *keep.borrow_mut() = Some(r);
+                Ok(p50)
+            };
+            let (n, r, u, t) = xdp_names[0];
+            headline.push(interleave(
+                &pb,
+                n,
+                r,
+                u,
+                t,
+                pairs,
+                || netns_p50(&xdp, &last_xdp),
+                || netns_p50(udp, &last_udp),
+                |c, b| c / b,
+                |r| r <= 0.5,
+            ));
+            let (n, r, u, t) = xdp_names[1];
+            headline.push(interleave(
+                &pb,
+                n,
+                r,
+                u,
+                t,
+                pairs,
+                || rate_of(&xdp, &["--netns"]),
+                || rate_of(udp, &["--netns"]),
+                |c, b| c / b,
+                |r| r >= 2.0,
+            ));
+            let (n, r, u, t) = xdp_names[2];
+            let bare_rounds = if quick { 20_000 } else { 100_000 };
+            headline.push(interleave(
+                &pb,
+                n,
+                r,
+                u,
+                t,
+                pairs,
+                || netns_p50(&xdp, &std::cell::RefCell::new(None)),
+                || Ok(Stats::of(&limit::xdp_medium(8, bare_rounds)?).p50),
+                |c, b| c / b,
+                |r| r <= 1.1,
+            ));
+            let (n, r, u, t) = xdp_names[3];
+            let xdp_bw = |c: &Config| -> Result<f64> {
+                let a = ["--iters", if quick { "1000" } else { "5000" }, "--netns"];
+                Ok(first(&sub(&args("bw", c, "64K", &a), timeout)?)?.mbytes_per_s)
+            };
+            headline.push(interleave(
+                &pb,
+                n,
+                r,
+                u,
+                t,
+                pairs,
+                || xdp_bw(&xdp),
+                || xdp_bw(udp),
+                |c, b| c / b,
+                |r| r >= 2.0,
+            ));
+            for (label, provider, kept) in [
+                (NETNS_XDP, "xdp", last_xdp),
+                (NETNS_UDP_BP, "kernel-udp", last_udp),
+            ] {
+                if let Some(result) = kept.into_inner() {
+                    runs.push(RunEntry {
+                        label: label.into(),
+                        provider: provider.into(),
+                        mode: "polling".into(),
+                        kind: "pingpong".into(),
+                        result: Some(result),
+                        error: None,
+                    });
+                }
+            }
+        }
+        Err(why) => {
+            for (n, r, u, t) in xdp_names {
+                headline.push(Headline::skipped(n, r, u, t, format!("skipped: {why}")));
+                pb.inc(pairs as u64);
+            }
+        }
+    }
+
+    // Many connected VIs (`uvia scale`): a pair of runs per provider in
+    // the quick bench, `pairs` in the full one.
+    headline.extend(crate::scale::headlines(&pb, scale_pairs, timeout));
+
+    // The libfabric provider under libfabric's own ping-pong, against
+    // libfabric's native providers and uvia's own tools.
+    headline.extend(crate::fabric::headlines(&pb, quick, pairs, timeout));
+
+    // MPI over uvia: source document 001's study with real MPIs.
+    let mpich = std::env::var_os("UVIA_MPICH").map(PathBuf::from);
+    let (mpi, mpi_skipped) = match crate::mpi::run_study(&pb, quick, mpi_rounds, mpich.as_deref()) {
+        Ok(study) => {
+            headline.extend(study.headline.iter().cloned());
+            if let Err(e) = crate::mpi::plots(&study, out) {
+                pb.println(format!("mpi: plots: {e:#}"));
+            }
+            (Some(study), None)
+        }
+        Err(why) => {
+            pb.inc((mpi_rounds * crate::mpi::steps_per_round()) as u64);
+            (None, Some(format!("{why:#}")))
+        }
+    };
+
+    // The peers: UCX, libfabric, Open MPI and sockperf, each by its own
+    // tool, interleaved with the matching uvia run.
+    let (peers, peers_skipped) = match &peers_go {
+        Ok(()) => {
+            let r = crate::peers::run_all(&pb, &peer_opts, timeout);
+            headline.extend(r.headline.iter().cloned());
+            if let Err(e) = crate::peers::plots(&r, out) {
+                pb.println(format!("peers: plots: {e:#}"));
+            }
+            (Some(r), None)
+        }
+        Err(why) => (None, Some(why.clone())),
+    };
+
+    // Blocked receiver: a paced ping-pong (one round trip per millisecond) in
+    // blocking mode; the server spends nearly all its time waiting.
+    let mut blocked = Vec::new();
+    for label in ["shm blocking", "udp blocking", "kernel-udp blocking"] {
+        pb.set_message(format!("blocked receiver CPU: {label}"));
+        let c = cfg(label);
+        let interval = 1000u64;
+        let n = if quick { "300" } else { "1000" };
+        let r = sub(
+            &args(
+                "pingpong",
+                c,
+                "8",
+                &[
+                    "--iters",
+                    n,
+                    "--warmup",
+                    "20",
+                    "--interval-us",
+                    &interval.to_string(),
+                ],
+            ),
+            timeout,
+        );
+        blocked.push(
+            match r.and_then(|r| first(&r).map(|x| (x.cpu.server, x.lat_ns.p50))) {
+                Ok((cpu, p50)) => Blocked {
+                    label: label.into(),
+                    interval_us: interval,
+                    receiver_cpu: Some(cpu),
+                    one_way_p50_ns: Some(p50),
+                    error: None,
+                },
+                Err(e) => Blocked {
+                    label: label.into(),
+                    interval_us: interval,
+                    receiver_cpu: None,
+                    one_way_p50_ns: None,
+                    error: Some(format!("{e:#}")),
+                },
+            },
+        );
+        pb.inc(1);
+    }
+
+    // Where the time goes: the anatomy comparison, from a build with
+    // checkpoints.
+    pb.set_message("anatomy: kernel UDP and uvia's providers, category by category");
+    // The build with checkpoints both parts below run, or why there is none.
+    // SAFETY: geteuid has no preconditions.
+    let traced = if unsafe { libc::geteuid() } != 0 {
+        Err("the kernel's tracepoints need root".to_string())
+    } else {
+        traced_build(quick, &pb)
+    };
+    let (anatomy, anatomy_skipped) = match anatomy_compare(&traced, quick, out, &pb) {
+        Ok(c) => (Some(c), None),
+        Err(why) => {
+            pb.println(format!("anatomy: skipped: {why}"));
+            (None, Some(why))
+        }
+    };
+    pb.inc(1);
+    // Streams through the udp provider against the bound of two CPUs.
+    headline.extend(anatomy_streams(&traced, quick, stream_runs, out, &pb));
+    pb.finish_and_clear();
+
+    let res = BenchResult {
+        command: "bench".into(),
+        quick,
+        limit,
+        limit_error,
+        headline,
+        blocked_receiver: blocked,
+        runs,
+        anatomy,
+        anatomy_skipped,
+        mpi,
+        mpi_skipped,
+        peers,
+        peers_skipped,
+    };
+    let json = serde_json::to_string_pretty(&res)? + "\n";
+    std::fs::write(out.join("results.json"), json)
+        .with_context(|| format!("writing {}", out.join("results.json").display()))?;
+    let (text, md) = render::render(&res, out);
+    std::fs::write(out.join("report.md"), md)
+        .with_context(|| format!("writing {}", out.join("report.md").display()))?;
+    print!("{text}");
+    println!("\nreport: {}", out.join("report.md").display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn goodput_at_loss_takes_seven_pairs_at_least_at_5_percent_and_fifteen_at_1() {
+        assert_eq!(loss_pairs(false, 5, LOSS_PAIRS), 7);
+        assert_eq!(loss_pairs(false, 9, LOSS_PAIRS), 9);
+        assert_eq!(loss_pairs(false, 5, LIGHT_LOSS_PAIRS), 15);
+        assert_eq!(loss_pairs(false, 20, LIGHT_LOSS_PAIRS), 20);
+        // The quick bench keeps what it was given.
+        assert_eq!(loss_pairs(true, 5, LOSS_PAIRS), 5);
+        assert_eq!(loss_pairs(true, 1, LIGHT_LOSS_PAIRS), 1);
+    }
+}
