@@ -21,15 +21,16 @@
 //!    peers-latency.svg, peers-bandwidth.svg, anatomy-categories.svg and
 //!    anatomy-timeline-<provider>.svg.
 //!
-//! This module runs the sections in turn; `child` runs each measurement in
-//! a process of its own, `pairs` interleaves a contender with its baseline
-//! and makes the headline rows, `anatomy` the rows from the build with
-//! checkpoints, and `render` the printed summary, the report and its plots.
+//! This module runs the sections in turn; `rows` holds the comparisons of
+//! each provider, `child` runs each measurement in a process of its own,
+//! `pairs` interleaves a contender with its baseline and makes the
+//! headline rows, `anatomy` the rows from the build with checkpoints, and
+//! `render` the printed summary, the report and its plots.
 
 use crate::anatomy::compare::Compare;
 use crate::limit::{self, LimitResult};
 use crate::run::RunResult;
-use crate::stats::{median, Stats};
+
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::ProgressBar;
 use serde::Serialize;
@@ -40,6 +41,7 @@ mod anatomy;
 mod child;
 mod pairs;
 mod render;
+mod rows;
 
 use anatomy::{anatomy_compare, anatomy_streams, traced_build};
 pub(crate) use child::{measure, progress_style, sub, sub_json};
@@ -278,339 +280,19 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
     pb.inc(1);
 
     // 2. Every provider and mode.
-    let mut runs = Vec::new();
-    for kind in ["pingpong", "bw"] {
-        for c in &CONFIGS {
-            pb.set_message(format!("{kind} {}", c.label));
-            let r = sub(&args(kind, c, sizes, &["--scale", scale]), timeout);
-            let (result, error) = match r {
-                Ok(r) => (Some(r), None),
-                Err(e) => {
-                    pb.println(format!("{kind} {}: failed: {e:#}", c.label));
-                    (None, Some(format!("{e:#}")))
-                }
-            };
-            runs.push(RunEntry {
-                label: c.label.into(),
-                provider: c.provider.into(),
-                mode: if c.flag == "--blocking" {
-                    "blocking".into()
-                } else {
-                    "polling".into()
-                },
-                kind: kind.into(),
-                result,
-                error,
-            });
-            pb.inc(1);
-        }
-    }
+    let run = rows::Run {
+        pb: &pb,
+        quick,
+        pairs,
+        timeout,
+    };
+    let mut runs = rows::every_provider(&run, sizes, scale);
 
     // 3. Headlines, interleaved.
-    let pp_iters = if quick { "20000" } else { "100000" };
-    let lim_rounds = if quick { 20_000 } else { 100_000 };
-    let shm_p = cfg("shm polling");
-    let shm_b = cfg("shm blocking");
-    let udp = cfg(UDP_BP);
-    let p50_of = |c: &Config, kind: &str, size: &str, iters: &str| -> Result<f64> {
-        Ok(
-            first(&sub(&args(kind, c, size, &["--iters", iters]), timeout)?)?
-                .lat_ns
-                .p50,
-        )
-    };
-    let mut headline = Vec::new();
-    headline.push(interleave(
-        &pb,
-        "shm 8 B one-way p50 vs cache-line ping-pong (a line each way)",
-        "shm p50 / cache-line p50",
-        "ns",
-        "<= 2.5x",
-        pairs,
-        || p50_of(shm_p, "pingpong", "8", pp_iters),
-        || Ok(Stats::of(&limit::cacheline(lim_rounds, limit::Lines::EachWay)?).p50),
-        |c, b| c / b,
-        |r| r <= 2.5,
-    ));
-    let udp_iters = if quick { "5000" } else { "20000" };
-    headline.push(interleave(
-        &pb,
-        "shm 8 B one-way p50 vs kernel UDP busy-poll 8 B",
-        "UDP busy-poll p50 / shm p50 (times lower)",
-        "ns",
-        ">= 15x lower",
-        pairs,
-        || p50_of(shm_p, "pingpong", "8", pp_iters),
-        || p50_of(udp, "pingpong", "8", udp_iters),
-        |c, b| b / c,
-        |r| r >= 15.0,
-    ));
-    let bw_iters = if quick { "300" } else { "2000" };
-    let copy_reps = if quick { 50 } else { 300 };
-    headline.push(interleave(
-        &pb,
-        "shm 1 MiB bandwidth vs cross-core copy 1 MiB",
-        "shm MB/s / cross-core copy MB/s",
-        "MB/s",
-        ">= 0.8x",
-        pairs,
-        || {
-            Ok(first(&sub(
-                &args("bw", shm_p, "1M", &["--iters", bw_iters]),
-                timeout,
-            )?)?
-            .mbytes_per_s)
-        },
-        || Ok(median(&limit::cross_core_copy(1 << 20, copy_reps)?)),
-        |c, b| c / b,
-        |r| r >= 0.8,
-    ));
-    let blk_iters = if quick { "5000" } else { "20000" };
-    headline.push(interleave(
-        &pb,
-        "shm blocking 8 B one-way p50 vs futex hand-off",
-        "shm blocking p50 / futex p50",
-        "ns",
-        "<= 1.3x",
-        pairs,
-        || p50_of(shm_b, "pingpong", "8", blk_iters),
-        || Ok(Stats::of(&limit::futex_pingpong(if quick { 5_000 } else { 20_000 })?).p50),
-        |c, b| c / b,
-        |r| r <= 1.3,
-    ));
-
-    // The udp provider (reliable delivery) against kernel UDP on the same
-    // loopback path.
-    let udp_p = cfg("udp polling");
-    headline.push(interleave(
-        &pb,
-        "udp 8 B one-way p50 vs kernel UDP busy-poll 8 B (reliable delivery)",
-        "udp p50 / UDP busy-poll p50",
-        "ns",
-        "<= 1.15x",
-        pairs,
-        || p50_of(udp_p, "pingpong", "8", udp_iters),
-        || p50_of(udp, "pingpong", "8", udp_iters),
-        |c, b| c / b,
-        |r| r <= 1.15,
-    ));
-    let rate_iters = if quick { "20000" } else { "100000" };
-    let rate_of = |c: &Config, extra: &[&str]| -> Result<f64> {
-        let mut a = vec!["--iters", rate_iters];
-        a.extend_from_slice(extra);
-        Ok(first(&sub(&args("bw", c, "64", &a), timeout)?)?.msgs_per_s)
-    };
-    headline.push(interleave(
-        &pb,
-        "udp 64 B message rate vs one-send-per-message kernel UDP",
-        "udp msgs/s / kernel UDP msgs/s",
-        "msgs/s",
-        ">= 1.5x",
-        pairs,
-        || rate_of(udp_p, &[]),
-        || rate_of(udp, &[]),
-        |c, b| c / b,
-        |r| r >= 1.5,
-    ));
-    // Bandwidth against kernel UDP busy-poll on the same loopback.
-    let bw_of = |c: &Config, size: &str, iters: &str| -> Result<f64> {
-        Ok(first(&sub(&args("bw", c, size, &["--iters", iters]), timeout)?)?.mbytes_per_s)
-    };
-    for (size, name, iters, want) in [
-        (
-            "1M",
-            "udp 1 MiB bandwidth vs kernel UDP busy-poll 1 MiB (reliable delivery)",
-            if quick { "200" } else { "1000" },
-            1.0,
-        ),
-        (
-            "64K",
-            "udp 64 KiB bandwidth vs kernel UDP busy-poll 64 KiB (reliable delivery)",
-            if quick { "2000" } else { "10000" },
-            1.2,
-        ),
-    ] {
-        headline.push(interleave(
-            &pb,
-            name,
-            "udp MB/s / kernel UDP MB/s",
-            "MB/s",
-            &format!(">= {want}x"),
-            pairs,
-            || bw_of(udp_p, size, iters),
-            || bw_of(udp, size, iters),
-            |c, b| c / b,
-            |r| r >= want,
-        ));
-    }
-    // Goodput at injected loss: each pair a lossy run (seed 1, 2, ... so
-    // that the pairs lose different frames) and a lossless one; at 5% at
-    // least LOSS_PAIRS of them in the full bench, whose worst is judged,
-    // at 1% at least LIGHT_LOSS_PAIRS.
-    let lossy_iters = if quick { "3000" } else { "20000" };
-    let goodput = |extra: &[&str]| -> Result<f64> {
-        let mut a = vec!["--iters", lossy_iters];
-        a.extend_from_slice(extra);
-        Ok(first(&sub(&args("bw", udp_p, "64K", &a), timeout)?)?.mbytes_per_s)
-    };
-    for (loss, pct, want, worst, least) in [
-        (0.05, 5, 0.8, Some(0.6), LOSS_PAIRS),
-        (0.01, 1, 0.95, None, LIGHT_LOSS_PAIRS),
-    ] {
-        let seed = std::cell::Cell::new(0u32);
-        let h = interleave(
-            &pb,
-            &format!("udp 64 KiB goodput at {pct}% injected loss vs lossless (reliable delivery)"),
-            &format!("MB/s at {pct}% loss / MB/s lossless"),
-            "MB/s",
-            &format!(">= {want}x"),
-            loss_pairs(quick, pairs, least),
-            || {
-                seed.set(seed.get() + 1);
-                goodput(&["--inject", &format!("loss={loss},seed={}", seed.get())])
-            },
-            || goodput(&[]),
-            |c, b| c / b,
-            |r| r >= want,
-        );
-        if let Some(w) = worst {
-            headline.push(h.clone());
-            headline.push(h.worst(
-                &format!("udp 64 KiB goodput at {pct}% injected loss, the worst pair"),
-                &format!(">= {w}x"),
-                |r| r >= w,
-            ));
-        } else {
-            headline.push(h);
-        }
-    }
-
-    // The xdp provider against kernel UDP between two test hosts made for
-    // each measurement (root only; skipped with the reason otherwise).
-    let xdp = Config {
-        provider: "xdp",
-        flag: "--polling",
-        label: "xdp polling",
-    };
-    let xdp_names = [
-        (
-            "xdp 8 B one-way p50 vs kernel UDP busy-poll 8 B, two test hosts (reliable delivery)",
-            "xdp p50 / UDP busy-poll p50",
-            "ns",
-            "<= 0.5x",
-        ),
-        (
-            "xdp 64 B message rate vs one-send-per-message kernel UDP, two test hosts",
-            "xdp msgs/s / kernel UDP msgs/s",
-            "msgs/s",
-            ">= 2x",
-        ),
-        (
-            "xdp 8 B one-way p50 vs the bare AF_XDP medium 8 B, two test hosts (reliable delivery)",
-            "xdp p50 / AF_XDP medium p50",
-            "ns",
-            "<= 1.1x",
-        ),
-        (
-            "xdp 64 KiB bandwidth vs kernel UDP 64 KiB, two test hosts (reliable delivery)",
-            "xdp MB/s / kernel UDP MB/s",
-            "MB/s",
-            ">= 2x",
-        ),
-    ];
-    match uvia_net::netns::TestHosts::available() {
-        Ok(()) => {
-            // Each side's last run is kept for the ping-pong table (its p99
-            // and mean beside the p50 the headline compares).
-            let last_xdp = std::cell::RefCell::new(None);
-            let last_udp = std::cell::RefCell::new(None);
-            let netns_p50 = |c: &Config, keep: &std::cell::RefCell<Option<RunResult>>| {
-                let a = ["--iters", udp_iters, "--netns"];
-                let r = sub(&args("pingpong", c, "8", &a), timeout)?;
-                let p50 = first(&r)?.lat_ns.p50;
-                *keep.borrow_mut() = Some(r);
-                Ok(p50)
-            };
-            let (n, r, u, t) = xdp_names[0];
-            headline.push(interleave(
-                &pb,
-                n,
-                r,
-                u,
-                t,
-                pairs,
-                || netns_p50(&xdp, &last_xdp),
-                || netns_p50(udp, &last_udp),
-                |c, b| c / b,
-                |r| r <= 0.5,
-            ));
-            let (n, r, u, t) = xdp_names[1];
-            headline.push(interleave(
-                &pb,
-                n,
-                r,
-                u,
-                t,
-                pairs,
-                || rate_of(&xdp, &["--netns"]),
-                || rate_of(udp, &["--netns"]),
-                |c, b| c / b,
-                |r| r >= 2.0,
-            ));
-            let (n, r, u, t) = xdp_names[2];
-            let bare_rounds = if quick { 20_000 } else { 100_000 };
-            headline.push(interleave(
-                &pb,
-                n,
-                r,
-                u,
-                t,
-                pairs,
-                || netns_p50(&xdp, &std::cell::RefCell::new(None)),
-                || Ok(Stats::of(&limit::xdp_medium(8, bare_rounds)?).p50),
-                |c, b| c / b,
-                |r| r <= 1.1,
-            ));
-            let (n, r, u, t) = xdp_names[3];
-            let xdp_bw = |c: &Config| -> Result<f64> {
-                let a = ["--iters", if quick { "1000" } else { "5000" }, "--netns"];
-                Ok(first(&sub(&args("bw", c, "64K", &a), timeout)?)?.mbytes_per_s)
-            };
-            headline.push(interleave(
-                &pb,
-                n,
-                r,
-                u,
-                t,
-                pairs,
-                || xdp_bw(&xdp),
-                || xdp_bw(udp),
-                |c, b| c / b,
-                |r| r >= 2.0,
-            ));
-            for (label, provider, kept) in [
-                (NETNS_XDP, "xdp", last_xdp),
-                (NETNS_UDP_BP, "kernel-udp", last_udp),
-            ] {
-                if let Some(result) = kept.into_inner() {
-                    runs.push(RunEntry {
-                        label: label.into(),
-                        provider: provider.into(),
-                        mode: "polling".into(),
-                        kind: "pingpong".into(),
-                        result: Some(result),
-                        error: None,
-                    });
-                }
-            }
-        }
-        Err(why) => {
-            for (n, r, u, t) in xdp_names {
-                headline.push(Headline::skipped(n, r, u, t, format!("skipped: {why}")));
-                pb.inc(pairs as u64);
-            }
-        }
-    }
+    let mut headline = rows::shm(&run);
+    headline.extend(rows::udp(&run));
+    headline.extend(rows::loss(&run));
+    headline.extend(rows::xdp(&run, &mut runs));
 
     // Many connected VIs (`uvia scale`): a pair of runs per provider in
     // the quick bench, `pairs` in the full one.
@@ -652,48 +334,7 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
 
     // Blocked receiver: a paced ping-pong (one round trip per millisecond) in
     // blocking mode; the server spends nearly all its time waiting.
-    let mut blocked = Vec::new();
-    for label in ["shm blocking", "udp blocking", "kernel-udp blocking"] {
-        pb.set_message(format!("blocked receiver CPU: {label}"));
-        let c = cfg(label);
-        let interval = 1000u64;
-        let n = if quick { "300" } else { "1000" };
-        let r = sub(
-            &args(
-                "pingpong",
-                c,
-                "8",
-                &[
-                    "--iters",
-                    n,
-                    "--warmup",
-                    "20",
-                    "--interval-us",
-                    &interval.to_string(),
-                ],
-            ),
-            timeout,
-        );
-        blocked.push(
-            match r.and_then(|r| first(&r).map(|x| (x.cpu.server, x.lat_ns.p50))) {
-                Ok((cpu, p50)) => Blocked {
-                    label: label.into(),
-                    interval_us: interval,
-                    receiver_cpu: Some(cpu),
-                    one_way_p50_ns: Some(p50),
-                    error: None,
-                },
-                Err(e) => Blocked {
-                    label: label.into(),
-                    interval_us: interval,
-                    receiver_cpu: None,
-                    one_way_p50_ns: None,
-                    error: Some(format!("{e:#}")),
-                },
-            },
-        );
-        pb.inc(1);
-    }
+    let blocked = rows::blocked_receivers(&run);
 
     // Where the time goes: the anatomy comparison, from a build with
     // checkpoints.
