@@ -411,10 +411,10 @@ pub(crate) enum Line {
 }
 
 /// Kills and reaps the child unless it has exited by itself.
-struct ChildGuard {
-    child: Child,
+pub(crate) struct ChildGuard {
+    pub child: Child,
     /// Held open so the server sees end of file only when this process is done.
-    _stdin: Option<std::process::ChildStdin>,
+    pub _stdin: Option<std::process::ChildStdin>,
 }
 
 impl Drop for ChildGuard {

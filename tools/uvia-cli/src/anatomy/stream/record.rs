@@ -3,7 +3,7 @@
 
 use super::{config, Spec, ACK, STREAM_BYTE};
 use crate::endpoint::Endpoint;
-use crate::run::{self, Plan};
+use crate::run::{self, ChildGuard, Plan};
 use crate::{pin, tracefile};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -68,23 +68,6 @@ fn serve_inner(s: &Spec) -> Result<ServerReport> {
 }
 
 // ---------------------------------------------------------------- client side
-
-/// Kills and reaps the server unless it has exited by itself.
-struct ChildGuard {
-    child: std::process::Child,
-    /// Held open so that the server sees end of file only when we are done.
-    _stdin: Option<std::process::ChildStdin>,
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Waits for the server's line starting with `want`.
 fn wait_line(rx: &mpsc::Receiver<Option<String>>, want: &str, timeout: Duration) -> Result<String> {
