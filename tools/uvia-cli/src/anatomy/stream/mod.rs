@@ -301,10 +301,10 @@ pub fn run(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Ev, Label};
     use super::render::*;
     use super::traces::*;
     use super::*;
+    use crate::anatomy::{Ev, Label};
     use crate::tracefile::SideTrace;
     use uvia_trace::kernel::Costs;
     use uvia_trace::kernel::Point;

@@ -1,8 +1,8 @@
 //! The stream's table, text chart and plot.
 
-use super::super::plot::{self, Bar, Chart};
 use super::traces::Layer;
 use super::StreamOut;
+use crate::anatomy::plot::{self, Bar, Chart};
 use anyhow::Result;
 use std::path::Path;
 

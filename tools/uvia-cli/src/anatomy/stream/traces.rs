@@ -2,8 +2,8 @@
 //! times per message, and the chart of one round: no process run, no
 //! file touched.
 
-use super::super::{describe, follow, Chain, Ev, Label, Span};
 use super::{ChartBar, AFTER_HANDOFF};
+use crate::anatomy::{describe, follow, Chain, Ev, Label, Span};
 use crate::stats::median;
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
