@@ -441,7 +441,7 @@ static void t_overflow(int arg)
 /* The next receive through the CQ: waits until a notice names the receive
  * queue of `vi`, taking back the sends it names meanwhile. NULL (with a
  * failed check) on anything else. */
-static VIP_DESCRIPTOR *cq_next_recv(VIP_CQ_HANDLE cq, VIP_VI_HANDLE vi)
+static VIP_DESCRIPTOR *cq_next_recv(VIP_CQ_HANDLE cq, VIP_VI_HANDLE vi, uint32_t *sends_done)
 {
     for (;;) {
         VIP_VI_HANDLE got = NULL;
@@ -454,13 +454,39 @@ static VIP_DESCRIPTOR *cq_next_recv(VIP_CQ_HANDLE cq, VIP_VI_HANDLE vi)
         VIP_DESCRIPTOR *d = NULL;
         if (!rq) {
             CHECK_RET(VipSendDone(vi, &d), VIP_SUCCESS);
-            if (d)
+            if (d) {
                 CHECK_EQ(d->CS.Status & VIP_STATUS_ERROR_MASK, 0);
+                (*sends_done)++;
+            }
             continue;
         }
         r = VipRecvDone(vi, &d);
         CHECKF(r == VIP_SUCCESS, "VipRecvDone after a receive notice: %s", vip_ret_name(r));
         return r == VIP_SUCCESS ? d : NULL;
+    }
+}
+
+/* Takes the send completions still due, up to `sent`, through the CQ: a
+ * send completes when the peer acknowledges it, which may come after its
+ * answer (an ack carried by the answer is applied after the answer is
+ * delivered). */
+static void cq_last_sends(VIP_CQ_HANDLE cq, VIP_VI_HANDLE vi, uint32_t sent, uint32_t *sends_done)
+{
+    while (*sends_done < sent) {
+        VIP_VI_HANDLE got = NULL;
+        VIP_BOOLEAN rq = -1;
+        VIP_RETURN r = VipCQWait(cq, 10000, &got, &rq);
+        CHECKF(r == VIP_SUCCESS, "VipCQWait for the last sends: %s", vip_ret_name(r));
+        if (r != VIP_SUCCESS)
+            return;
+        CHECKF(got == vi && !rq, "a notice after the last answer names %s",
+               rq ? "a receive" : "another VI");
+        VIP_DESCRIPTOR *d = NULL;
+        CHECK_RET(VipSendDone(vi, &d), VIP_SUCCESS);
+        if (!d)
+            return;
+        CHECK_EQ(d->CS.Status & VIP_STATUS_ERROR_MASK, 0);
+        (*sends_done)++;
     }
 }
 
@@ -485,8 +511,9 @@ static long round_of(VIP_DESCRIPTOR *d)
 static void srv_sleepy(struct conn *x, void *arg)
 {
     (void)arg;
+    uint32_t sends_done = 0;
     for (uint32_t i = 0; i < SLEEP_ROUNDS; i++) {
-        VIP_DESCRIPTOR *d = cq_next_recv(x->scq, x->vi);
+        VIP_DESCRIPTOR *d = cq_next_recv(x->scq, x->vi, &sends_done);
         long got = round_of(d);
         CHECKF(got == (long)i, "server: round %u carried %ld", i, got);
         if (got != (long)i)
@@ -496,6 +523,7 @@ static void srv_sleepy(struct conn *x, void *arg)
             sleep_ms(SLEEP_PAUSE_MS);
         send_round(x, i);
     }
+    cq_last_sends(x->scq, x->vi, SLEEP_ROUNDS, &sends_done);
 }
 
 static void t_wait_sleeps_and_wakes(int arg)
@@ -509,17 +537,20 @@ static void t_wait_sleeps_and_wakes(int arg)
                            .server = srv_sleepy};
     pair_open(&pr, &cfg);
     struct conn *x = &pr.x;
+    uint32_t sends_done = 0, sent = 0;
     for (uint32_t i = 0; i < SLEEP_ROUNDS; i++) {
         if (i % 2 == 0)
             sleep_ms(SLEEP_PAUSE_MS);
         send_round(x, i);
-        VIP_DESCRIPTOR *d = cq_next_recv(x->scq, x->vi);
+        sent++;
+        VIP_DESCRIPTOR *d = cq_next_recv(x->scq, x->vi, &sends_done);
         long got = round_of(d);
         CHECKF(got == (long)i, "client: the answer to round %u carried %ld", i, got);
         if (got != (long)i)
             break;
         REQUIRE_RET(VipPostRecv(x->vi, recv_desc(&x->s, 64), x->s.mh), VIP_SUCCESS);
     }
+    cq_last_sends(x->scq, x->vi, sent, &sends_done);
     pair_close(&pr);
 }
 
