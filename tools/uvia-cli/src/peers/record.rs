@@ -147,15 +147,95 @@ fn iters(form: Form, medium: Medium, size: usize, quick: bool) -> usize {
     }
 }
 
-/// One measurement by the peer's own tool: its figure (ns one way, or
-/// MB/s) and the command line.
-fn run_peer(p: &PeerDef, form: Form, size: usize, n: usize, timeout: Duration) -> Result<f64> {
-    let s = |x: &str| x.to_string();
+/// How a peer's tool is started.
+enum Launch {
+    /// A server on core 0 and a client on core 1 (`server_ends`: the
+    /// server ends by itself once the client is done).
+    Pair {
+        server: Vec<String>,
+        client: Vec<String>,
+        server_ends: bool,
+    },
+    /// One command that starts both sides itself (`mpirun`).
+    Launcher(Vec<String>),
+}
+
+/// One peer measurement's command lines: built once, both run and shown
+/// in the report, so what the report says is what ran.
+struct Invocation {
+    prog: &'static str,
+    env: Vec<(&'static str, String)>,
+    launch: Launch,
+}
+
+impl Invocation {
+    /// The command lines as one would type them.
+    fn shown(&self) -> String {
+        match &self.launch {
+            Launch::Pair { server, client, .. } => format!(
+                "{} & {}",
+                shown(&self.env, Some(0), self.prog, server),
+                shown(&self.env, Some(1), self.prog, client)
+            ),
+            Launch::Launcher(args) => shown(&self.env, None, self.prog, args),
+        }
+    }
+
+    /// Runs it in `dir`: the output to parse (the client's stdout, or a
+    /// launcher's stdout and stderr).
+    fn run(&self, dir: &Path, timeout: Duration) -> Result<String> {
+        match &self.launch {
+            Launch::Pair {
+                server,
+                client,
+                server_ends,
+            } => client_server(self.prog, server, client, &self.env, *server_ends, timeout),
+            Launch::Launcher(args) => {
+                let mut c = Command::new(self.prog);
+                c.args(args)
+                    .current_dir(dir)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                for (k, v) in &self.env {
+                    c.env(k, v);
+                }
+                let child = c
+                    .spawn()
+                    .with_context(|| format!("starting {}", self.prog))?;
+                let (ok, out, err) = crate::fabric::finish(child, Instant::now() + timeout);
+                if !ok {
+                    bail!("{}: {}", self.prog, why(&out, &err));
+                }
+                Ok(format!("{out}\n{err}"))
+            }
+        }
+    }
+}
+
+/// The command lines of `p`'s tool for one measurement: `port` the
+/// server's (a placeholder in the report), `out_file` where NetPIPE writes
+/// its table.
+fn invocation(
+    p: &PeerDef,
+    form: Form,
+    size: usize,
+    n: usize,
+    port: &str,
+    out_file: &Path,
+) -> Invocation {
+    let strings = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let pair = |server: Vec<String>, client: Vec<String>, server_ends: bool| Launch::Pair {
+        server,
+        client,
+        server_ends,
+    };
+    let (size_s, n_s) = (size.to_string(), n.to_string());
     match p.tool {
         Tool::Uct { lat, bw, .. } => {
             let test = if form == Form::Latency { lat } else { bw };
-            let transport = ["-d", "memory", "-x", "posix", "-D", uct_layout(form, size)].map(s);
-            ucx_perftest(test, &transport, &[], form, size, n, timeout)
+            let transport = ["-d", "memory", "-x", "posix", "-D", uct_layout(form, size)];
+            ucx_perftest(test, &transport, Vec::new(), size, n, port)
         }
         Tool::UcpTag => {
             let test = if form == Form::Latency {
@@ -163,25 +243,75 @@ fn run_peer(p: &PeerDef, form: Form, size: usize, n: usize, timeout: Duration) -
             } else {
                 "tag_bw"
             };
-            let env = [("UCX_TLS", s(UCP_TLS))];
-            ucx_perftest(test, &[], &env, form, size, n, timeout)
+            ucx_perftest(
+                test,
+                &[],
+                vec![("UCX_TLS", UCP_TLS.to_string())],
+                size,
+                n,
+                port,
+            )
         }
         Tool::Fi { provider, ep, .. } => {
-            let port = next_port().to_string();
-            let mut args: Vec<String> = vec![
-                s("-p"),
-                s(provider),
-                s("-e"),
-                s(ep),
-                s("-I"),
-                n.to_string(),
-                s("-S"),
-                size.to_string(),
-            ];
-            let mut client = args.clone();
-            args.extend([s("-B"), port.clone()]);
-            client.extend([s("-P"), port, s("127.0.0.1")]);
-            let out = client_server("fi_pingpong", &args, &client, &[], true, timeout)?;
+            let args = strings(&["-p", provider, "-e", ep, "-I", &n_s, "-S", &size_s]);
+            let mut server = args.clone();
+            server.extend(strings(&["-B", port]));
+            let mut client = args;
+            client.extend(strings(&["-P", port, "127.0.0.1"]));
+            Invocation {
+                prog: "fi_pingpong",
+                env: Vec::new(),
+                launch: pair(server, client, true),
+            }
+        }
+        Tool::NetPipe => Invocation {
+            prog: "mpirun",
+            env: Vec::new(),
+            launch: Launch::Launcher(netpipe_args(size, n, out_file)),
+        },
+        Tool::Sockperf => Invocation {
+            prog: "sockperf",
+            env: Vec::new(),
+            launch: pair(
+                strings(&["sr", SOCKPERF_POLLS, "-i", "127.0.0.1", "-p", port]),
+                sockperf_client(size, n, port),
+                false,
+            ),
+        },
+    }
+}
+
+/// One measurement by the peer's own tool: its figure (ns one way, or
+/// MB/s).
+fn run_peer(p: &PeerDef, form: Form, size: usize, n: usize, timeout: Duration) -> Result<f64> {
+    // NetPIPE writes a table into the folder it runs in: one of its own.
+    let dir = std::env::temp_dir().join(format!("uvia-peers-np-{}", std::process::id()));
+    if matches!(p.tool, Tool::NetPipe) {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let inv = invocation(
+        p,
+        form,
+        size,
+        n,
+        &next_port().to_string(),
+        &dir.join("np.out"),
+    );
+    let out = inv.run(&dir, timeout);
+    if matches!(p.tool, Tool::NetPipe) {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let out = out?;
+    match p.tool {
+        Tool::Uct { .. } | Tool::UcpTag => {
+            let r = parse_ucx(&out)?;
+            Ok(if form == Form::Latency {
+                r.p50_us * 1e3
+            } else {
+                r.mbytes_per_s
+            })
+        }
+        Tool::Fi { .. } => {
             let r = crate::fabric::parse(&out, size)?;
             Ok(if form == Form::Latency {
                 r.mean_ns
@@ -191,25 +321,8 @@ fn run_peer(p: &PeerDef, form: Form, size: usize, n: usize, timeout: Duration) -
             })
         }
         Tool::NetPipe => {
-            let dir = std::env::temp_dir().join(format!("uvia-peers-np-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let out_file = dir.join("np.out");
-            let args = netpipe_args(size, n, &out_file);
-            let child = Command::new("mpirun")
-                .args(&args)
-                .current_dir(&dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .context("starting mpirun")?;
-            let (ok, out, err) = crate::fabric::finish(child, Instant::now() + timeout);
-            let _ = std::fs::remove_dir_all(&dir);
-            if !ok {
-                bail!("mpirun NPopenmpi: {}", why(&out, &err));
-            }
-            // NetPIPE prints its progress lines on stderr.
-            let r = parse_netpipe(&format!("{out}\n{err}"))?;
+            // NetPIPE prints its progress lines on stderr, which the output holds.
+            let r = parse_netpipe(&out)?;
             if r.size != size {
                 bail!("NetPIPE measured {} B, not {size} B", r.size);
             }
@@ -219,13 +332,7 @@ fn run_peer(p: &PeerDef, form: Form, size: usize, n: usize, timeout: Duration) -
                 size as f64 / r.one_way_us
             })
         }
-        Tool::Sockperf => {
-            let port = next_port().to_string();
-            let server = vec![s("sr"), s("-i"), s("127.0.0.1"), s("-p"), port.clone()];
-            let client = sockperf_client(size, n, &port);
-            let out = client_server("sockperf", &server, &client, &[], false, timeout)?;
-            Ok(parse_sockperf(&out)?.p50_us * 1e3)
-        }
+        Tool::Sockperf => Ok(parse_sockperf(&out)?.p50_us * 1e3),
     }
 }
 
@@ -240,33 +347,34 @@ fn uct_layout(form: Form, size: usize) -> &'static str {
     }
 }
 
-/// One `ucx_perftest` run of `test` (its transport arguments and
-/// environment given): the one-way p50 in ns for latency, else MB/s.
+/// A `ucx_perftest` pair for `test` (its transport arguments and
+/// environment given), with a warm-up of a tenth of the iterations.
 fn ucx_perftest(
     test: &str,
-    transport: &[String],
-    env: &[(&str, String)],
-    form: Form,
+    transport: &[&str],
+    env: Vec<(&'static str, String)>,
     size: usize,
     n: usize,
-    timeout: Duration,
-) -> Result<f64> {
+    port: &str,
+) -> Invocation {
     let warm = (n / 10).clamp(10, 10_000);
     let mut args: Vec<String> = vec!["-t".into(), test.into()];
-    args.extend(transport.iter().cloned());
+    args.extend(transport.iter().map(|x| x.to_string()));
     for (flag, v) in [("-n", n), ("-w", warm), ("-s", size)] {
         args.extend([flag.to_string(), v.to_string()]);
     }
-    args.extend(["-p".to_string(), next_port().to_string()]);
+    args.extend(["-p".to_string(), port.to_string()]);
     let mut client = vec!["localhost".to_string()];
     client.extend(args.iter().cloned());
-    let out = client_server("ucx_perftest", &args, &client, env, true, timeout)?;
-    let r = parse_ucx(&out)?;
-    Ok(if form == Form::Latency {
-        r.p50_us * 1e3
-    } else {
-        r.mbytes_per_s
-    })
+    Invocation {
+        prog: "ucx_perftest",
+        env,
+        launch: Launch::Pair {
+            server: args,
+            client,
+            server_ends: true,
+        },
+    }
 }
 
 /// UCP's transports: shared memory and loopback to itself only, so that
@@ -306,12 +414,19 @@ fn netpipe_args(size: usize, n: usize, out_file: &Path) -> Vec<String> {
     a
 }
 
+/// sockperf's non-blocking sockets: each side polls its socket, as uvia's
+/// ping-pong polls its VI. By default both sides sleep in `epoll_wait`,
+/// and every message pays a wake-up (40 us one way on a virtual machine,
+/// against 4 us polling).
+const SOCKPERF_POLLS: &str = "--nonblocked";
+
 /// sockperf runs for a time, not a count: about `n` round trips at the
 /// usual loopback rate, at least a second.
 fn sockperf_client(size: usize, n: usize, port: &str) -> Vec<String> {
     let secs = (n / 20_000).max(1);
     [
         "pp",
+        SOCKPERF_POLLS,
         "-i",
         "127.0.0.1",
         "-p",
@@ -328,78 +443,7 @@ fn sockperf_client(size: usize, n: usize, port: &str) -> Vec<String> {
 
 /// The command lines of one peer measurement, for the report.
 fn peer_commands(p: &PeerDef, form: Form, size: usize, n: usize) -> String {
-    let s = |x: &str| x.to_string();
-    let n_s = n.to_string();
-    match p.tool {
-        Tool::Uct { lat, bw, .. } => {
-            let test = if form == Form::Latency { lat } else { bw };
-            let layout = uct_layout(form, size);
-            let a: Vec<String> = [
-                "-t", test, "-d", "memory", "-x", "posix", "-D", layout, "-n", &n_s, "-s",
-            ]
-            .iter()
-            .map(|x| s(x))
-            .chain([size.to_string()])
-            .collect();
-            let mut c = vec![s("localhost")];
-            c.extend(a.iter().cloned());
-            format!(
-                "{} & {}",
-                shown(&[], Some(0), "ucx_perftest", &a),
-                shown(&[], Some(1), "ucx_perftest", &c)
-            )
-        }
-        Tool::UcpTag => {
-            let test = if form == Form::Latency {
-                "tag_lat"
-            } else {
-                "tag_bw"
-            };
-            let a: Vec<String> = ["-t", test, "-n", &n_s, "-s", &size.to_string()]
-                .iter()
-                .map(|x| s(x))
-                .collect();
-            let mut c = vec![s("localhost")];
-            c.extend(a.iter().cloned());
-            let env = [("UCX_TLS", s(UCP_TLS))];
-            format!(
-                "{} & {}",
-                shown(&env, Some(0), "ucx_perftest", &a),
-                shown(&env, Some(1), "ucx_perftest", &c)
-            )
-        }
-        Tool::Fi { provider, ep, .. } => {
-            let a: Vec<String> = [
-                "-p",
-                provider,
-                "-e",
-                ep,
-                "-I",
-                &n_s,
-                "-S",
-                &size.to_string(),
-            ]
-            .iter()
-            .map(|x| s(x))
-            .collect();
-            let mut c = a.clone();
-            c.push(s("127.0.0.1"));
-            format!(
-                "{} & {}",
-                shown(&[], Some(0), "fi_pingpong", &a),
-                shown(&[], Some(1), "fi_pingpong", &c)
-            )
-        }
-        Tool::NetPipe => {
-            let mut a = netpipe_args(size, n, Path::new("np.out"));
-            a.truncate(a.len() - 2);
-            shown(&[], None, "mpirun", &a)
-        }
-        Tool::Sockperf => format!(
-            "taskset -c 0 sockperf sr -i 127.0.0.1 -p PORT & {}",
-            shown(&[], Some(1), "sockperf", &sockperf_client(size, n, "PORT"))
-        ),
-    }
+    invocation(p, form, size, n, "PORT", Path::new("np.out")).shown()
 }
 
 /// The uvia run matching a comparison: its arguments. A one-sided peer's
@@ -617,5 +661,70 @@ mod tests {
         });
         assert!(failing.is_err());
         assert_eq!(n, 2, "a failed run ends the value");
+    }
+
+    /// The report shows the command lines that ran: the same arguments,
+    /// the server's port a placeholder.
+    #[test]
+    fn the_report_shows_the_command_lines_that_run() {
+        let out = Path::new("np.out");
+        let uct = invocation(&peer("ucx-uct-put"), Form::Latency, 8, 1000, "4711", out);
+        let Launch::Pair { server, client, .. } = &uct.launch else {
+            panic!("UCT runs as a server and a client");
+        };
+        assert_eq!(client[0], "localhost");
+        assert_eq!(&client[1..], &server[..]);
+        let shown = invocation(&peer("ucx-uct-put"), Form::Latency, 8, 1000, "PORT", out).shown();
+        assert_eq!(
+            shown,
+            "taskset -c 0 ucx_perftest -t put_lat -d memory -x posix -D short -n 1000 -w 100 \
+             -s 8 -p PORT & taskset -c 1 ucx_perftest localhost -t put_lat -d memory -x posix \
+             -D short -n 1000 -w 100 -s 8 -p PORT"
+        );
+        assert_eq!(shown.replace("PORT", "4711"), uct.shown());
+
+        let tag = invocation(&peer("ucx-ucp-tag"), Form::Stream, 65536, 50, "PORT", out);
+        assert!(tag
+            .shown()
+            .starts_with("UCX_TLS=sm,self taskset -c 0 ucx_perftest -t tag_bw"));
+
+        let rxd = invocation(
+            &peer("libfabric-udp;ofi_rxd"),
+            Form::Latency,
+            8,
+            20,
+            "PORT",
+            out,
+        );
+        assert_eq!(
+            rxd.shown(),
+            "taskset -c 0 fi_pingpong -p 'udp;ofi_rxd' -e rdm -I 20 -S 8 -B PORT & \
+             taskset -c 1 fi_pingpong -p 'udp;ofi_rxd' -e rdm -I 20 -S 8 -P PORT 127.0.0.1"
+        );
+
+        let sp = invocation(
+            &peer("sockperf-udp"),
+            Form::Latency,
+            14,
+            40_000,
+            "PORT",
+            out,
+        );
+        assert!(matches!(
+            sp.launch,
+            Launch::Pair {
+                server_ends: false,
+                ..
+            }
+        ));
+        assert_eq!(
+            sp.shown(),
+            "taskset -c 0 sockperf sr --nonblocked -i 127.0.0.1 -p PORT & \
+             taskset -c 1 sockperf pp --nonblocked -i 127.0.0.1 -p PORT -m 14 -t 2"
+        );
+
+        let np = invocation(&peer("openmpi-vader"), Form::Latency, 8, 100, "PORT", out).shown();
+        assert!(np.starts_with("mpirun --allow-run-as-root -np 2"), "{np}");
+        assert!(np.ends_with("-l 8 -u 8 -n 100 -o np.out"), "{np}");
     }
 }
