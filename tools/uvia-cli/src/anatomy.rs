@@ -1150,24 +1150,9 @@ pub fn categories(a: &Anatomy) -> Vec<(String, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use uvia_trace::Mark;
 
     fn side(pid: u32, marks: &[(u64, Stage)]) -> SideTrace {
-        SideTrace {
-            marks: marks
-                .iter()
-                .map(|&(ns, stage)| Mark {
-                    ns,
-                    ticks: ns,
-                    stage,
-                    thread: 0,
-                })
-                .collect(),
-            mark_cost_ns: 0.0,
-            ticks_per_ns: 2.0,
-            dropped: 0,
-            pid,
-        }
+        SideTrace::of_marks(pid, marks, 2.0)
     }
 
     fn ev(ns: u64, point: Point, tgid: u32, cpu: u32) -> Event {

@@ -107,6 +107,29 @@ pub struct SideTrace {
     pub pid: u32,
 }
 
+impl SideTrace {
+    /// A side's trace for the tests: marks at `(ns, stage)` on thread 0,
+    /// in the order given, each mark's ticks its ns, checkpoints free.
+    #[cfg(test)]
+    pub fn of_marks(pid: u32, marks: &[(u64, uvia_trace::Stage)], ticks_per_ns: f64) -> Self {
+        SideTrace {
+            marks: marks
+                .iter()
+                .map(|&(ns, stage)| uvia_trace::Mark {
+                    ns,
+                    ticks: ns,
+                    stage,
+                    thread: 0,
+                })
+                .collect(),
+            mark_cost_ns: 0.0,
+            ticks_per_ns,
+            dropped: 0,
+            pid,
+        }
+    }
+}
+
 /// `<dir>/<side>.trace`, or with a slice `<dir>/<side>.<slice>.trace`.
 fn file(dir: &std::path::Path, side: &str, slice: Option<usize>) -> PathBuf {
     match slice {

@@ -308,7 +308,7 @@ mod tests {
     use crate::tracefile::SideTrace;
     use uvia_trace::kernel::Costs;
     use uvia_trace::kernel::Point;
-    use uvia_trace::{Mark, Stage};
+    use uvia_trace::Stage;
 
     #[test]
     fn the_theoretical_maximum_is_size_over_the_slowest_layer() {
@@ -321,24 +321,11 @@ mod tests {
         assert!(theoretical_max(1000, &[0.0, 0.0]).is_none());
     }
 
+    /// A side's trace, its marks in time order.
     fn side(pid: u32, marks: &[(u64, Stage)]) -> SideTrace {
-        let mut marks: Vec<Mark> = marks
-            .iter()
-            .map(|&(ns, stage)| Mark {
-                ns,
-                ticks: ns,
-                stage,
-                thread: 0,
-            })
-            .collect();
-        marks.sort_by_key(|m| m.ns);
-        SideTrace {
-            marks,
-            mark_cost_ns: 0.0,
-            ticks_per_ns: 1.0,
-            dropped: 0,
-            pid,
-        }
+        let mut t = SideTrace::of_marks(pid, marks, 1.0);
+        t.marks.sort_by_key(|m| m.ns);
+        t
     }
 
     /// A shared-memory-like stream of `k` messages a round: the sender
