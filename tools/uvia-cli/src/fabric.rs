@@ -39,7 +39,20 @@ impl ProviderDir {
     /// --release -p uvia-fabric`), or the file `UVIA_FI_LIB` names.
     pub fn new() -> Result<ProviderDir> {
         let lib = match std::env::var_os("UVIA_FI_LIB") {
-            Some(p) => PathBuf::from(p),
+            Some(p) if p.is_empty() => {
+                bail!("UVIA_FI_LIB is set but empty: name the provider library, or unset it")
+            }
+            Some(p) => {
+                let lib = PathBuf::from(p);
+                if !lib.is_file() {
+                    bail!(
+                        "UVIA_FI_LIB names {}, which is not a file (the provider library, \
+                         libuvia_fi.so from cargo build --release -p uvia-fabric)",
+                        lib.display()
+                    );
+                }
+                lib
+            }
             None => std::env::current_exe()
                 .context("finding this program's folder")?
                 .with_file_name(BUILT_NAME),
@@ -469,6 +482,13 @@ pub fn run(quick: bool, pairs: usize) -> Result<()> {
         if let Some(e) = &h.error {
             println!("failed: {}: {e}", h.name);
         }
+    }
+    let failed = hs.iter().filter(|h| h.ratio.is_none()).count();
+    if failed > 0 {
+        bail!(
+            "{failed} of {} comparisons were not measured (above)",
+            hs.len()
+        );
     }
     Ok(())
 }

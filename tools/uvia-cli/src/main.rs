@@ -141,11 +141,11 @@ struct ScaleArgs {
     #[arg(long, value_name = "LIST", default_value = "1,10,100,1000")]
     vis: String,
     /// Ping-pong round trips of the one pair.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 20_000, value_parser = counts(1, MAX_ITERS))]
     iters: usize,
     /// Rounds of the message rate over all VIs (a message on every VI and
-    /// its reply each).
-    #[arg(long, default_value_t = 20)]
+    /// its reply each; at most 10,000).
+    #[arg(long, default_value_t = 20, value_parser = counts(1, MAX_RATE_ROUNDS))]
     rate_rounds: usize,
     /// Seconds the server's CQ wait sleeps with nothing arriving.
     #[arg(long, default_value_t = 2.0)]
@@ -178,7 +178,7 @@ struct LimitArgs {
     quick: bool,
     /// Only the futex hand-off, ROUNDS measured round trips: its one-way
     /// p50 and p99 (the baseline of blocking waits on shm).
-    #[arg(long, value_name = "ROUNDS", conflicts_with = "quick")]
+    #[arg(long, value_name = "ROUNDS", conflicts_with = "quick", value_parser = counts(1, MAX_ITERS))]
     futex: Option<usize>,
 }
 
@@ -203,18 +203,20 @@ struct RunArgs {
     #[arg(long, value_name = "LIST")]
     sizes: Option<String>,
     /// Measured iterations per size (default: ping-pong 100,000 round trips up
-    /// to 1 KiB and fewer above; bandwidth about 512 MiB per size, 1,000 to 200,000 messages).
-    #[arg(long, value_name = "N")]
+    /// to 1 KiB and fewer above; bandwidth about 512 MiB per size, 1,000 to 200,000 messages;
+    /// at most 10,000,000).
+    #[arg(long, value_name = "N", value_parser = counts(1, MAX_ITERS))]
     iters: Option<usize>,
     /// Untimed warm-up iterations per size (default: a tenth of --iters, 10 to 10,000).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = counts(0, MAX_ITERS))]
     warmup: Option<usize>,
     /// Multiply the default iteration counts by F (e.g. 0.1 for a quick look).
     #[arg(long, value_name = "F", default_value_t = 1.0)]
     scale: f64,
     /// Pause between round trips, in microseconds (ping-pong only; to measure
-    /// the CPU use of a receiver that waits).
-    #[arg(long, value_name = "US", default_value_t = 0)]
+    /// the CPU use of a receiver that waits; at most a second).
+    #[arg(long, value_name = "US", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_INTERVAL_US))]
     interval_us: u64,
     /// Core for the client (this process).
     #[arg(long, value_name = "CORE", default_value_t = 0)]
@@ -261,8 +263,9 @@ struct RunArgs {
 struct BwArgs {
     #[command(flatten)]
     run: RunArgs,
-    /// Sends a sender may have outstanding before it waits for completions.
-    #[arg(long, value_name = "N", default_value_t = 64)]
+    /// Sends a sender may have outstanding before it waits for completions
+    /// (1 to 1,024).
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = counts(1, MAX_WINDOW))]
     window: usize,
 }
 
@@ -277,7 +280,7 @@ struct BenchArgs {
     /// Interleaved pairs for each headline comparison (the full bench's
     /// goodput at 5% loss takes at least 7, judged by its worst as well,
     /// and at 1% loss at least 15).
-    #[arg(long, value_name = "N", default_value_t = 5)]
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = counts(1, MAX_PAIRS))]
     pairs: usize,
     /// Run the peers section (`uvia peers`: UCX, libfabric, Open MPI and
     /// sockperf against uvia) even with --quick; a full bench runs it
@@ -292,7 +295,7 @@ struct FabricArgs {
     #[arg(long)]
     quick: bool,
     /// Interleaved pairs for each comparison.
-    #[arg(long, value_name = "N", default_value_t = 5)]
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = counts(1, MAX_PAIRS))]
     pairs: usize,
 }
 
@@ -303,7 +306,7 @@ struct PeersArgs {
     #[arg(long)]
     quick: bool,
     /// Interleaved pairs (uvia, peer) for each comparison.
-    #[arg(long, value_name = "N", default_value_t = 5)]
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = counts(1, MAX_PAIRS))]
     pairs: usize,
     /// Only these peers (comma-separated): ucx-uct-am, ucx-uct-put,
     /// ucx-ucp-tag, libfabric-shm, openmpi-vader, libfabric-udp,
@@ -325,7 +328,7 @@ struct MpiArgs {
     #[arg(long)]
     quick: bool,
     /// Interleaved rounds of every variant.
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = counts(1, MAX_PAIRS))]
     pairs: usize,
     /// A folder holding MPICH built with ch4:ofi (bin/mpiexec, bin/mpicc),
     /// e.g. a Python virtual environment with `pip install mpich`.
@@ -346,14 +349,14 @@ struct TortureArgs {
     #[arg(long)]
     quick: bool,
     /// Messages per grid cell (default 100,000; --quick 2,000).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
     messages: Option<u64>,
     /// Only these parts (comma-separated; default all).
     #[arg(long, value_enum, value_delimiter = ',', value_name = "PARTS")]
     only: Vec<torture::Part>,
     /// Rounds of flood runs (alone, beside a flood to an unread socket,
     /// with the flood on the server's listener), interleaved.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = counts(1, MAX_PAIRS))]
     pairs: Option<usize>,
     /// Write the findings as JSON to FILE.
     #[arg(long, value_name = "FILE")]
@@ -380,13 +383,14 @@ struct AnatomyArgs {
     /// K-th), in rounds: draws each message through each layer of sender and
     /// receiver (003's time charts), and sets the throughput measured at the
     /// receiver beside 003's maximum, size / the slowest layer's time.
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", value_parser = counts(2, MAX_STREAM))]
     stream: Option<usize>,
     /// Rounds of K messages per run of --stream (after a few untimed ones).
-    #[arg(long, value_name = "N", default_value_t = 50, requires = "stream")]
+    #[arg(long, value_name = "N", default_value_t = 50, requires = "stream",
+          value_parser = counts(1, MAX_ANATOMY_ITERS))]
     rounds: usize,
     /// Round trips traced (and measured untraced) per ping-pong.
-    #[arg(long, value_name = "N", default_value_t = 5000)]
+    #[arg(long, value_name = "N", default_value_t = 5000, value_parser = counts(1, MAX_ANATOMY_ITERS))]
     iters: usize,
     /// Receivers sleep in the kernel until a message arrives (default: they
     /// poll).
@@ -404,7 +408,7 @@ struct AnatomyArgs {
     /// and a traced one (interleaved, so that the runs of a round see one
     /// placement of the processes on the cores); a stream: pairs of an
     /// untraced and a traced run. Default: 9 rounds; a stream, 3 pairs.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = counts(1, MAX_PAIRS))]
     pairs: Option<usize>,
     /// Write the anatomy as JSON to FILE.
     #[arg(long, value_name = "FILE")]
@@ -450,6 +454,31 @@ struct PeerArgs {
     rdma_write: bool,
     #[arg(long)]
     xdp_busy_poll: bool,
+}
+
+/// Most measured iterations of a run: each is a sample kept in memory
+/// (8 bytes), and at a udp round trip's pace 10,000,000 take a minute.
+const MAX_ITERS: u64 = 10_000_000;
+/// Most interleaved pairs or rounds of a comparison.
+const MAX_PAIRS: u64 = 1_000;
+/// Most sends outstanding in `uvia bw`: the VIs' queues hold twice the
+/// window (and a network provider's receives as many again), at most
+/// 4,096 entries.
+const MAX_WINDOW: u64 = 1_024;
+/// Longest pause between round trips: a second.
+const MAX_INTERVAL_US: u64 = 1_000_000;
+/// Most messages of a stream's round in `uvia anatomy --stream`.
+const MAX_STREAM: u64 = 1_024;
+/// Most round trips or rounds an anatomy traces: each leaves checkpoints
+/// in memory.
+const MAX_ANATOMY_ITERS: u64 = 1_000_000;
+/// Most rounds of `uvia scale`'s message rate (a message on every VI each).
+const MAX_RATE_ROUNDS: u64 = 10_000;
+
+/// A count in `lo..=hi`: clap names the flag and the range when a value
+/// is outside it.
+fn counts(lo: u64, hi: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(lo..=hi)
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -509,10 +538,21 @@ fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
                 } else {
                     run::default_bw_iters(s)
                 };
-                ((d as f64 * a.scale) as usize).max(1)
+                ((d as f64 * a.scale).min(MAX_ITERS as f64 + 1.0) as usize).max(1)
             })
         })
         .collect();
+    if let Some((&size, _)) = sizes
+        .iter()
+        .zip(&iters)
+        .find(|(_, &n)| n as u64 > MAX_ITERS)
+    {
+        bail!(
+            "--scale {} asks for more than {MAX_ITERS} iterations at {} (at most {MAX_ITERS} a size)",
+            a.scale,
+            size::human(size)
+        );
+    }
     let warmup = iters
         .iter()
         .map(|&i| a.warmup.unwrap_or_else(|| run::default_warmup(i)))
