@@ -58,6 +58,12 @@ pub enum FaultSpecError {
     BadDuration { key: String, value: String },
     #[error("seed={0}: want a whole number")]
     BadSeed(String),
+    /// A duration of an hour or more.
+    #[error("{key}={value}: at most an hour")]
+    TooLong { key: String, value: String },
+    /// A key given twice: which was meant?
+    #[error("{0} is given twice")]
+    Repeated(String),
 }
 
 fn duration(key: &str, v: &str) -> Result<Duration, FaultSpecError> {
@@ -77,8 +83,14 @@ fn duration(key: &str, v: &str) -> Result<Duration, FaultSpecError> {
         return Err(bad());
     };
     let x: f64 = num.parse().map_err(|_| bad())?;
-    if !(x.is_finite() && x >= 0.0 && x * scale < 3600.0) {
+    if !(x.is_finite() && x >= 0.0) {
         return Err(bad());
+    }
+    if x * scale >= 3600.0 {
+        return Err(FaultSpecError::TooLong {
+            key: key.to_string(),
+            value: v.to_string(),
+        });
     }
     Ok(Duration::from_secs_f64(x * scale))
 }
@@ -90,11 +102,16 @@ impl FromStr for FaultSpec {
     /// (any subset, any order).
     fn from_str(s: &str) -> Result<FaultSpec, FaultSpecError> {
         let mut f = FaultSpec::default();
+        let mut seen: Vec<&str> = Vec::new();
         for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let (k, v) = item
                 .split_once('=')
                 .ok_or_else(|| FaultSpecError::NotKeyValue(item.to_string()))?;
             let (k, v) = (k.trim(), v.trim());
+            if seen.contains(&k) {
+                return Err(FaultSpecError::Repeated(k.to_string()));
+            }
+            seen.push(k);
             let rate = || -> Result<f64, FaultSpecError> {
                 match v.parse::<f64>() {
                     Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
@@ -466,6 +483,15 @@ mod tests {
         let err = |s: &str| s.parse::<FaultSpec>().unwrap_err();
         assert_eq!(err("los=1"), FaultSpecError::UnknownKey("los".into()));
         assert!(matches!(err("loss=1.5"), FaultSpecError::BadRate { .. }));
+        assert!(matches!(err("loss=0.05,loss=0.1"), FaultSpecError::Repeated(k) if k == "loss"));
+        assert!(matches!(
+            err("delay=99999999s"),
+            FaultSpecError::TooLong { .. }
+        ));
+        assert!(matches!(
+            err("delay=1h"),
+            FaultSpecError::BadDuration { .. }
+        ));
         assert!(matches!(err("loss=-0.1"), FaultSpecError::BadRate { .. }));
         assert!(matches!(err("delay=5"), FaultSpecError::BadDuration { .. }));
         assert!(matches!(err("loss"), FaultSpecError::NotKeyValue(_)));

@@ -42,7 +42,9 @@ pub use error::{
 };
 pub use lock::SpinLock;
 pub use mem::{AccessError, MemAttributes, Ptag, RegionInfo};
-pub use nic::{MemoryRegion, Nic, NicAttributes, NicOptions, WeakNic, DEFAULT_IDLE_TIMEOUT};
+pub use nic::{
+    MemoryRegion, Nic, NicAttributes, NicOptions, WeakNic, DEFAULT_IDLE_TIMEOUT, MAX_TRANSFER,
+};
 pub use vi::{Broken, Queue, Reliability, Vi, ViAttributes, ViState, DEFAULT_WAIT_SPIN};
 
 /// The folder where shm listeners of this process put their sockets

@@ -66,7 +66,7 @@ impl NicAttributes {
             name: name.to_string(),
             provider,
             address,
-            max_transfer_size: 16 << 20,
+            max_transfer_size: MAX_TRANSFER,
             max_segments_per_desc: crate::desc::MAX_SEGMENTS,
             max_queue_depth: 4096,
             max_cq_entries: 1 << 16,
@@ -88,6 +88,10 @@ impl NicAttributes {
         }
     }
 }
+
+/// The largest transfer every provider's Nic takes (its attributes'
+/// `max_transfer_size`): 16 MiB.
+pub const MAX_TRANSFER: u32 = 16 << 20;
 
 /// A network peer silent this long is dead, unless
 /// [`NicOptions::idle_timeout`] says otherwise: every outstanding descriptor

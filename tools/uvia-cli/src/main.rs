@@ -219,10 +219,20 @@ struct RunArgs {
           value_parser = clap::value_parser!(u64).range(0..=MAX_INTERVAL_US))]
     interval_us: u64,
     /// Core for the client (this process).
-    #[arg(long, value_name = "CORE", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "CORE",
+        default_value_t = 0,
+        conflicts_with = "no_pin"
+    )]
     client_cpu: usize,
     /// Core for the server process.
-    #[arg(long, value_name = "CORE", default_value_t = 1)]
+    #[arg(
+        long,
+        value_name = "CORE",
+        default_value_t = 1,
+        conflicts_with = "no_pin"
+    )]
     server_cpu: usize,
     /// Do not pin either process.
     #[arg(long)]
@@ -507,7 +517,15 @@ pub fn self_exe() -> Result<PathBuf> {
     // process's own executable is the profiler's: UVIA_SELF_EXE names this
     // program for the processes it starts.
     if let Some(p) = std::env::var_os("UVIA_SELF_EXE").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(p));
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!(
+                "UVIA_SELF_EXE names {}, which is not a file (it names this program, for the \
+                 processes it starts)",
+                p.display()
+            );
+        }
+        return Ok(p);
     }
     let proc = PathBuf::from("/proc/self/exe");
     if proc.exists() {
@@ -519,7 +537,28 @@ pub fn self_exe() -> Result<PathBuf> {
 pub const DEFAULT_SIZES: &str = "1,8,64,256,1K,4K,16K,64K,256K,1M";
 
 fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
-    let sizes = size::parse_sizes(a.sizes.as_deref().unwrap_or(DEFAULT_SIZES))?;
+    let sizes =
+        size::parse_sizes(a.sizes.as_deref().unwrap_or(DEFAULT_SIZES)).context("--sizes")?;
+    let (largest, of) = match a.provider {
+        Provider::KernelTcp => (size::MAX_SIZE, "the tool"),
+        Provider::KernelUdp => (
+            kernel_udp::MAX_MESSAGE,
+            "kernel UDP here (its socket buffers)",
+        ),
+        // The one-sided ping-pong's flag word ends the line after the message.
+        _ if a.rdma_write => (
+            uvia::MAX_TRANSFER as usize - 64,
+            "the one-sided ping-pong (a uvia Nic's, less the flag word)",
+        ),
+        _ => (uvia::MAX_TRANSFER as usize, "a uvia Nic"),
+    };
+    if let Some(&s) = sizes.iter().find(|&&s| s > largest) {
+        bail!(
+            "--sizes: {} is larger than the largest message of {of}, {}",
+            size::human(s),
+            size::human(largest)
+        );
+    }
     if a.iters == Some(0) {
         bail!("--iters must be at least 1");
     }
@@ -528,6 +567,41 @@ fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
     }
     if !(a.scale.is_finite() && a.scale > 0.0) {
         bail!("--scale must be a positive number");
+    }
+    if a.scale != 1.0 && a.iters.is_some() {
+        bail!(
+            "--scale multiplies the default iteration counts; with --iters there are none to scale"
+        );
+    }
+    if kind == Kind::Bw && a.interval_us != 0 {
+        bail!("--interval-us paces a ping-pong's round trips; a bandwidth run sends back to back");
+    }
+    if matches!(a.provider, Provider::KernelUdp | Provider::KernelTcp)
+        && a.reliability != Level::Delivery
+    {
+        bail!(
+            "--reliability sets the level of uvia's VIs; {} has none (kernel UDP is unreliable, TCP reliable)",
+            a.provider.name()
+        );
+    }
+    if !a.no_pin {
+        // SAFETY: sysconf has no preconditions.
+        let cores = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+        for (flag, c) in [
+            ("--client-cpu", a.client_cpu),
+            ("--server-cpu", a.server_cpu),
+        ] {
+            if c >= cores {
+                bail!("{flag} {c}: this host has cores 0 to {}", cores - 1);
+            }
+        }
+        if a.client_cpu == a.server_cpu && !a.blocking {
+            bail!(
+                "--client-cpu and --server-cpu are both {}: two polling sides on one core take \
+                 turns by the scheduler's slices (use two cores, or --blocking)",
+                a.client_cpu
+            );
+        }
     }
     let iters: Vec<usize> = sizes
         .iter()
@@ -592,6 +666,42 @@ fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
     })
 }
 
+/// Fails now, before a run that may take minutes, if `path` (given with
+/// `flag`) could not be written at its end. A file this makes to find out
+/// is removed again; one already there is left as it is.
+pub fn check_output(flag: &str, path: &std::path::Path) -> Result<()> {
+    if path.is_dir() {
+        bail!("{flag} {}: a folder, not a file", path.display());
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        bail!(
+            "{flag} {}: there is no folder {}",
+            path.display(),
+            parent.display()
+        );
+    }
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .with_context(|| format!("{flag} {}: cannot be written", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// [`check_output`] for an optional `--json`.
+fn check_json(path: &Option<PathBuf>) -> Result<()> {
+    path.as_deref()
+        .map_or(Ok(()), |p| check_output("--json", p))
+}
+
 fn write_json<T: serde::Serialize>(path: &Option<PathBuf>, v: &T) -> Result<()> {
     if let Some(p) = path {
         let s = serde_json::to_string_pretty(v)?;
@@ -647,7 +757,12 @@ fn anatomy_plan(a: &AnatomyArgs, provider: Provider, size: usize) -> Result<Plan
         server_cpu: 1,
         no_pin: false,
         json: None,
-        reliability: a.reliability,
+        // The kernel's sockets have no level to set.
+        reliability: if matches!(provider, Provider::KernelUdp | Provider::KernelTcp) {
+            Level::Delivery
+        } else {
+            a.reliability
+        },
         inject: None,
         netns: a.netns,
         rdma_write: false,
@@ -688,6 +803,7 @@ fn anatomy(a: &AnatomyArgs) -> Result<()> {
         bail!("--plot-dir goes with --compare or --stream (a single provider's anatomy draws no plots)");
     }
     anatomy::require_checkpoints()?;
+    check_json(&a.json)?;
     let plot_dir = a.plot_dir.clone().unwrap_or_else(|| PathBuf::from("."));
     if a.compare || a.stream.is_some() {
         std::fs::create_dir_all(&plot_dir)
@@ -764,6 +880,7 @@ fn torture(a: &TortureArgs) -> Result<()> {
     let messages = a.messages.unwrap_or(if a.quick { 2_000 } else { 100_000 });
     let pairs = a.pairs.unwrap_or(if a.quick { 1 } else { 3 });
     let measure = Duration::from_millis(if a.quick { 500 } else { 2_000 });
+    check_json(&a.json)?;
     let t = torture::run(&parts, messages, pairs, measure)?;
     print!("{}", torture::table(&t));
     write_json(&a.json, &t)?;
@@ -775,13 +892,21 @@ fn torture(a: &TortureArgs) -> Result<()> {
 
 fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
     let mut plan = plan_from(a, kind, window)?;
+    check_json(&a.json)?;
     if a.inject.is_some() && !matches!(a.provider, Provider::Udp | Provider::Xdp) {
         bail!("--inject needs a uvia network provider (--provider udp or xdp)");
     }
     if let Some(spec) = &a.inject {
         // Checked here, before a server is started, so a typo is named at once.
-        spec.parse::<uvia_net::inject::FaultSpec>()
+        let f = spec
+            .parse::<uvia_net::inject::FaultSpec>()
             .map_err(|e| anyhow::anyhow!("--inject {spec:?}: {e}"))?;
+        if f.loss >= 1.0 || f.corrupt >= 1.0 {
+            bail!(
+                "--inject {spec:?}: every frame would be lost, the connection's first \
+                 too; a measurement wants loss and corrupt below 1"
+            );
+        }
     }
     let _hosts = place(&mut plan, a.netns)?;
     let r = run::run(&plan)?;
@@ -797,6 +922,7 @@ fn main() {
             if rounds == 0 {
                 anyhow::bail!("--futex wants at least 1 round trip");
             }
+            check_json(&a.json)?;
             let r = limit::futex_only(rounds)?;
             println!(
                 "futex hand-off, one-way: p50 {:.2} us, p99 {:.2} us ({rounds} round trips)",
@@ -806,6 +932,7 @@ fn main() {
             write_json(&a.json, &r)
         })(),
         Cmd::Limit(a) => (|| {
+            check_json(&a.json)?;
             let r = limit::run_all(a.quick)?;
             print!("{}", report::limit_table(&r));
             write_json(&a.json, &r)
@@ -840,9 +967,20 @@ fn main() {
             if a.iters == 0 || a.rate_rounds == 0 {
                 bail!("--iters and --rate-rounds want at least 1");
             }
+            check_json(&a.json)?;
             let o = scale::ScaleOpts {
                 provider: a.provider,
-                counts: parse_list(&a.vis).context("--vis")?,
+                counts: {
+                    let v = parse_list(&a.vis).context("--vis")?;
+                    if let Some(n) = v
+                        .iter()
+                        .enumerate()
+                        .find_map(|(i, n)| v[..i].contains(n).then_some(n))
+                    {
+                        bail!("--vis: {n} is given twice in {:?}", a.vis);
+                    }
+                    v
+                },
                 iters: a.iters,
                 rate_rounds: a.rate_rounds,
                 idle: Duration::from_secs_f64(a.idle_secs),

@@ -35,15 +35,23 @@ pub fn parse_size(s: &str) -> Result<usize> {
     Ok(v)
 }
 
-/// Parses a comma-separated list of sizes.
+/// Parses a comma-separated list of sizes, each once (a trailing comma
+/// is let pass; an empty item between two is a typo).
 pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
-    let v = s
-        .split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(parse_size)
-        .collect::<Result<Vec<_>>>()?;
-    if v.is_empty() {
+    let items: Vec<&str> = s.trim().trim_end_matches(',').split(',').collect();
+    if items.iter().all(|p| p.trim().is_empty()) {
         bail!("no sizes given");
+    }
+    let mut v = Vec::with_capacity(items.len());
+    for (i, p) in items.iter().enumerate() {
+        if p.trim().is_empty() {
+            bail!("an empty size in {s:?} (item {})", i + 1);
+        }
+        let n = parse_size(p)?;
+        if v.contains(&n) {
+            bail!("{} is given twice in {s:?}", human(n));
+        }
+        v.push(n);
     }
     Ok(v)
 }
@@ -90,6 +98,11 @@ mod tests {
             assert!(parse_size(s).is_err(), "{s:?} should be rejected");
         }
         assert!(parse_sizes(",").is_err());
+        assert_eq!(parse_sizes("8,16,").unwrap(), vec![8, 16]);
+        let e = parse_sizes("8,,16").unwrap_err().to_string();
+        assert!(e.contains("empty size") && e.contains("item 2"), "{e}");
+        let e = parse_sizes("8,1K,1024").unwrap_err().to_string();
+        assert!(e.contains("1 KiB is given twice"), "{e}");
         assert!(parse_sizes("8,x").is_err());
     }
 

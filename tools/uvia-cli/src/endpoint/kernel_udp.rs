@@ -28,6 +28,9 @@ const KIND_DATA: u32 = 1;
 const KIND_CREDIT: u32 = 2;
 const KIND_HELLO: u32 = 3;
 const SOCK_BUF: i32 = 4 << 20;
+/// The largest message a run takes: one in flight fills the receiver's
+/// socket buffer, and a larger one is lost in part.
+pub const MAX_MESSAGE: usize = SOCK_BUF as usize;
 
 #[derive(Clone, Copy, Default, Debug)]
 #[repr(C)]

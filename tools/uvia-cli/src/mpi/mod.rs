@@ -311,6 +311,22 @@ pub fn run(
     if pairs == 0 {
         bail!("--pairs must be at least 1");
     }
+    if let Some(r) = mpich_root {
+        if !r.join("bin/mpiexec").is_file() || !r.join("bin/mpicc").is_file() {
+            bail!(
+                "--mpich {}: no bin/mpiexec and bin/mpicc there (a folder such as a Python \
+                 virtual environment with `pip install mpich`)",
+                r.display()
+            );
+        }
+    }
+    if let Some(f) = json {
+        crate::check_output("--json", f)?;
+    }
+    if let Some(d) = plot_dir {
+        std::fs::create_dir_all(d)
+            .with_context(|| format!("--plot-dir: creating {}", d.display()))?;
+    }
     let pb = ProgressBar::new((pairs * steps_per_round()) as u64);
     pb.set_style(crate::bench::progress_style());
     pb.enable_steady_tick(Duration::from_millis(200));

@@ -160,6 +160,9 @@ pub fn run(o: &Options, json: Option<&Path>, out: Option<&Path>) -> Result<()> {
         bail!("--pairs must be at least 1");
     }
     check_only(&o.only)?;
+    if let Some(f) = json {
+        crate::check_output("--json", f)?;
+    }
     if let Some(d) = out {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
