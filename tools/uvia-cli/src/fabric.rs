@@ -477,10 +477,10 @@ pub fn run(quick: bool, pairs: usize) -> Result<()> {
     let timeout = Duration::from_secs(if quick { 60 } else { 300 });
     let hs = headlines(&pb, quick, pairs, timeout);
     pb.finish_and_clear();
-    print!("{}", crate::bench::headline_text(&hs));
+    out!("{}", crate::bench::headline_text(&hs));
     for h in &hs {
         if let Some(e) = &h.error {
-            println!("failed: {}: {e}", h.name);
+            outln!("failed: {}: {e}", h.name);
         }
     }
     let failed = hs.iter().filter(|h| h.ratio.is_none()).count();

@@ -1,5 +1,20 @@
 //! `uvia`: the benchmark tool of the uvia project.
 
+/// `print!` to standard output for what the user reads, except that a
+/// reader who went away (`uvia ... | head`) is let go: the rest is not
+/// written and the run ends as it would have, cleaning up (test hosts,
+/// servers), where `print!` panics. SIGPIPE stays ignored: the tool also
+/// writes to sockets whose peer may die, and wants an error there.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::write_out(format_args!($($t)*)) };
+}
+
+/// [`out!`] with a newline.
+macro_rules! outln {
+    () => { out!("\n") };
+    ($($t:tt)*) => { out!("{}\n", format_args!($($t)*)) };
+}
+
 mod anatomy;
 mod bench;
 mod clock;
@@ -466,6 +481,25 @@ struct PeerArgs {
     xdp_busy_poll: bool,
 }
 
+/// Standard output went away ([`out!`]).
+static OUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What [`out!`] writes; errors other than a reader gone go to stderr.
+pub fn write_out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    if OUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            OUT_GONE.store(true, Ordering::Relaxed);
+        } else {
+            eprintln!("uvia: writing to standard output: {e}");
+        }
+    }
+}
+
 /// Most measured iterations of a run: each is a sample kept in memory
 /// (8 bytes), and at a udp round trip's pace 10,000,000 take a minute.
 const MAX_ITERS: u64 = 10_000_000;
@@ -823,15 +857,15 @@ fn anatomy(a: &AnatomyArgs) -> Result<()> {
         let r = anatomy::stream::run(&plan, k, a.rounds, a.pairs(), Some(&pb));
         pb.finish_and_clear();
         let r = r?;
-        print!("{}", anatomy::stream::table(&r));
+        out!("{}", anatomy::stream::table(&r));
         match anatomy::stream::plot(&r, &plot_dir) {
-            Ok(f) => println!("plot: {}", plot_dir.join(f).display()),
+            Ok(f) => outln!("plot: {}", plot_dir.join(f).display()),
             Err(e) => eprintln!("uvia: warning: the stream's plot: {e:#}"),
         }
         return write_json(&a.json, &r);
     }
     let r = anatomy::run(&plan, a.pairs(), None)?;
-    print!("{}", anatomy::table(&r));
+    out!("{}", anatomy::table(&r));
     write_json(&a.json, &r)
 }
 
@@ -859,11 +893,11 @@ fn anatomy_compare(a: &AnatomyArgs, size: usize, dir: &std::path::Path) -> Resul
     }
     let (done, failed) = anatomy::compare::plots(&c, dir);
     c.plots = done;
-    print!("{}", anatomy::compare::table(&c));
+    out!("{}", anatomy::compare::table(&c));
     for f in failed {
         eprintln!("uvia: warning: plot {f}");
     }
-    println!("plots in {}", dir.display());
+    outln!("plots in {}", dir.display());
     write_json(&a.json, &c)
 }
 
@@ -882,7 +916,7 @@ fn torture(a: &TortureArgs) -> Result<()> {
     let measure = Duration::from_millis(if a.quick { 500 } else { 2_000 });
     check_json(&a.json)?;
     let t = torture::run(&parts, messages, pairs, measure)?;
-    print!("{}", torture::table(&t));
+    out!("{}", torture::table(&t));
     write_json(&a.json, &t)?;
     if !t.failures.is_empty() {
         std::process::exit(1);
@@ -910,7 +944,7 @@ fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
     }
     let _hosts = place(&mut plan, a.netns)?;
     let r = run::run(&plan)?;
-    print!("{}", report::run_table(&r));
+    out!("{}", report::run_table(&r));
     write_json(&a.json, &r)
 }
 
@@ -924,7 +958,7 @@ fn main() {
             }
             check_json(&a.json)?;
             let r = limit::futex_only(rounds)?;
-            println!(
+            outln!(
                 "futex hand-off, one-way: p50 {:.2} us, p99 {:.2} us ({rounds} round trips)",
                 r.p50 / 1e3,
                 r.p99 / 1e3
@@ -934,7 +968,7 @@ fn main() {
         Cmd::Limit(a) => (|| {
             check_json(&a.json)?;
             let r = limit::run_all(a.quick)?;
-            print!("{}", report::limit_table(&r));
+            out!("{}", report::limit_table(&r));
             write_json(&a.json, &r)
         })(),
         Cmd::Pingpong(a) => measure(&a, Kind::Pingpong, 64),

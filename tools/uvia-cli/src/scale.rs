@@ -161,9 +161,9 @@ pub fn run(o: &ScaleOpts) -> Result<ScaleRun> {
             }
         }
     }
-    print!("{}", table(&out));
+    out!("{}", table(&out));
     for f in &failed {
-        println!("failed: {f}");
+        outln!("failed: {f}");
     }
     Ok(ScaleRun {
         results: out,
@@ -374,7 +374,7 @@ fn serve_inner(p: ScaleProvider, n: usize) -> Result<()> {
     let fds_before = open_fds()?;
     let mut s = Side::new(p, n, true)?;
     let disc = Discriminator::from_u64(0x5ca1e000 ^ std::process::id() as u64);
-    println!(
+    outln!(
         "READY {}/{:x}",
         s.nic.attributes().address,
         0x5ca1e000 ^ std::process::id() as u64
@@ -396,7 +396,7 @@ fn serve_inner(p: ScaleProvider, n: usize) -> Result<()> {
         fds_before,
         fds_after: open_fds()?,
     };
-    println!("FOOTPRINT {}", serde_json::to_string(&fp)?);
+    outln!("FOOTPRINT {}", serde_json::to_string(&fp)?);
     std::io::stdout().flush()?;
     let index = index_of(&s.vis);
     let mut idle_from: Option<f64> = None;

@@ -1164,3 +1164,23 @@ fn peers_ucx_active_messages_one_pair() {
     assert!(run["version"].as_str().unwrap().contains("ucx-utils"));
     assert!(run["results"][0]["lat_ns"]["p50"].as_f64().unwrap() > 0.0);
 }
+
+/// A reader that goes away (`uvia ... | head -1`) ends nothing early and
+/// makes no panic: the run finishes and says nothing more.
+#[test]
+fn a_closed_standard_output_is_no_panic() {
+    let _traffic = traffic();
+    let mut child = uvia()
+        .args([
+            "pingpong", "-p", "shm", "--sizes", "8,16", "--iters", "2000",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+}

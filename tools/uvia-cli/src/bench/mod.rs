@@ -379,8 +379,8 @@ pub fn bench(quick: bool, out: &Path, pairs: usize, with_peers: bool) -> Result<
     let (text, md) = render::render(&res, out);
     std::fs::write(out.join("report.md"), md)
         .with_context(|| format!("writing {}", out.join("report.md").display()))?;
-    print!("{text}");
-    println!("\nreport: {}", out.join("report.md").display());
+    out!("{text}");
+    outln!("\nreport: {}", out.join("report.md").display());
     Ok(())
 }
 

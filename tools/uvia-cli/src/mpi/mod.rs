@@ -333,9 +333,9 @@ pub fn run(
     let s = run_study(&pb, quick, pairs, mpich_root);
     pb.finish_and_clear();
     let s = s?;
-    print!("{}", crate::bench::headline_text(&s.headline));
-    println!();
-    print!("{}", tables(&s).0);
+    out!("{}", crate::bench::headline_text(&s.headline));
+    outln!();
+    out!("{}", tables(&s).0);
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&s)? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;
@@ -343,7 +343,7 @@ pub fn run(
     if let Some(d) = plot_dir {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         for p in plots(&s, d)? {
-            println!("plot: {}", p.display());
+            outln!("plot: {}", p.display());
         }
     }
     Ok(())

@@ -173,18 +173,18 @@ pub fn run(o: &Options, json: Option<&Path>, out: Option<&Path>) -> Result<()> {
     let res = run_all(&pb, o, timeout);
     pb.finish_and_clear();
     let (text, md) = render(&res);
-    print!("{text}");
+    out!("{text}");
     if let Some(f) = json {
         let j = serde_json::to_string_pretty(&res)? + "\n";
         std::fs::write(f, j).with_context(|| format!("writing {}", f.display()))?;
     }
     if let Some(d) = out {
         if let Err(e) = plots(&res, d) {
-            println!("plots: {e:#}");
+            outln!("plots: {e:#}");
         }
         std::fs::write(d.join("peers.md"), format!("# uvia peers\n\n{md}"))
             .with_context(|| format!("writing {}", d.join("peers.md").display()))?;
-        println!("report: {}", d.join("peers.md").display());
+        outln!("report: {}", d.join("peers.md").display());
     }
     Ok(())
 }
