@@ -444,11 +444,14 @@ impl ShmVi {
     #[inline]
     fn copy_inline(&mut self, q: &mut Queues, bytes: &[&[u8]], imm: Option<u32>) -> bool {
         let len: usize = bytes.iter().map(|b| b.len()).sum();
+        // A broken connection (the peer's report) leaves it to the post
+        // of a descriptor, which fails the VI.
         if q.sq_sent != q.sq.len()
             || q.attrs.reliability == Reliability::ReliableReception
             || len > INLINE_MAX
             || len as u64 > q.attrs.max_transfer_size as u64
             || self.failed.is_some()
+            || self.conn.mine().error.load(Ordering::Relaxed) != 0
         {
             return false;
         }
@@ -1229,6 +1232,16 @@ impl TransportOps for ShmVi {
         d: NonNull<Descriptor>,
         owned: bool,
     ) -> Result<(), PostError> {
+        // The peer reported an error: the connection is broken. A send at
+        // Reliable Delivery completes when written, so without a look here
+        // a sender that only posts and takes its completions would never
+        // learn; the progress below fails the VI, and this post with it.
+        if self.conn.mine().error.load(Ordering::Relaxed) != 0 {
+            self.progress(vi, q);
+            if vi.state() == ViState::Error {
+                return Err(PostError::ViError);
+            }
+        }
         // SAFETY: forwarded from the caller: a valid control segment.
         let control = unsafe { (*d.as_ptr()).cs.control };
         // One fast path by the operation, the one-sided write's without
