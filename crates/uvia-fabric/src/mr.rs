@@ -148,9 +148,14 @@ unsafe extern "C" fn reg(
         if buf.is_null() {
             return Err(err::EINVAL);
         }
+        // Memory only sent from or read by the peer may be read-only (a
+        // constant's buffer); any access that writes it, or none named,
+        // wants writable memory.
+        let writes = FI_RECV | FI_READ | FI_REMOTE_WRITE;
         let attrs = MemAttributes::new(domain.ptag)
             .rdma_write(access & FI_REMOTE_WRITE != 0)
-            .rdma_read(access & FI_REMOTE_READ != 0);
+            .rdma_read(access & FI_REMOTE_READ != 0)
+            .read_only(access != 0 && access & writes == 0);
         // SAFETY: the program keeps the memory allocated while registered
         // (fi_mr_reg's contract).
         let h = unsafe { domain.nic.register_mem(buf as *mut u8, len, attrs) }.map_err(

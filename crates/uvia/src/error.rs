@@ -54,6 +54,13 @@ pub enum MemError {
     /// Part of the range is not mapped in this process.
     #[error("range {addr:#x}+{len} is not all mapped memory")]
     Unmapped { addr: u64, len: u64 },
+    /// The range's memory cannot be written (`write`: receives and RDMA
+    /// writes would store into it) or read.
+    #[error("range {addr:#x}+{len} is not {} memory", if *write { "writable (receives and RDMA writes store into a registered region)" } else { "readable" })]
+    NotAccessible { addr: u64, len: u64, write: bool },
+    /// A region registered read only with RDMA write enabled.
+    #[error("a region registered to be read only cannot take the peer's RDMA writes")]
+    ReadOnlyRdmaWrite,
     #[error("protection tag {0} does not belong to this Nic")]
     InvalidPtag(u32),
     #[error("all {0} region slots of this Nic are in use")]

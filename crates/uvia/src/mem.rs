@@ -37,6 +37,12 @@ pub struct MemAttributes {
     pub enable_rdma_write: bool,
     /// A peer may RDMA-read from the region.
     pub enable_rdma_read: bool,
+    /// Only read: by this side's sends and RDMA writes and by the peer's
+    /// RDMA reads; never a receive's buffer, an RDMA read's destination or
+    /// an RDMA write's target. Such a region may be read-only memory. Not
+    /// VIA's (whose registration pins memory for writing): libfabric's
+    /// registrations for sending alone.
+    pub read_only: bool,
 }
 
 impl MemAttributes {
@@ -45,6 +51,7 @@ impl MemAttributes {
             ptag,
             enable_rdma_write: false,
             enable_rdma_read: false,
+            read_only: false,
         }
     }
 
@@ -56,6 +63,18 @@ impl MemAttributes {
     pub fn rdma_read(mut self, on: bool) -> Self {
         self.enable_rdma_read = on;
         self
+    }
+
+    pub fn read_only(mut self, on: bool) -> Self {
+        self.read_only = on;
+        self
+    }
+
+    /// The region's flags as stored.
+    fn flags(&self) -> u32 {
+        (self.enable_rdma_write as u32 * FLAG_RDMA_WRITE)
+            | (self.enable_rdma_read as u32 * FLAG_RDMA_READ)
+            | (self.read_only as u32 * FLAG_READ_ONLY)
     }
 }
 
@@ -106,10 +125,13 @@ pub enum AccessError {
     RdmaWriteDisabled(u32),
     #[error("region {0:#x} does not allow remote RDMA read")]
     RdmaReadDisabled(u32),
+    #[error("region {0:#x} was registered to be read only, and this would write into it")]
+    ReadOnly(u32),
 }
 
 const FLAG_RDMA_WRITE: u32 = 1;
 const FLAG_RDMA_READ: u32 = 2;
+const FLAG_READ_ONLY: u32 = 4;
 const INDEX_BITS: u32 = 16;
 
 #[derive(Default)]
@@ -207,9 +229,7 @@ impl RegionTable {
         s.start.store(start, Ordering::Relaxed);
         s.len.store(len, Ordering::Relaxed);
         s.ptag.store(attrs.ptag.0, Ordering::Relaxed);
-        let flags = (attrs.enable_rdma_write as u32 * FLAG_RDMA_WRITE)
-            | (attrs.enable_rdma_read as u32 * FLAG_RDMA_READ);
-        s.flags.store(flags, Ordering::Relaxed);
+        s.flags.store(attrs.flags(), Ordering::Relaxed);
         s.fd.store(back.fd, Ordering::Relaxed);
         s.fd_base.store(back.base, Ordering::Relaxed);
         s.fd_len.store(back.len, Ordering::Relaxed);
@@ -255,9 +275,7 @@ impl RegionTable {
         self.lookup(h)?;
         let s = &self.slots[(h.0 & ((1 << INDEX_BITS) - 1)) as usize];
         s.ptag.store(attrs.ptag.0, Ordering::Relaxed);
-        let flags = (attrs.enable_rdma_write as u32 * FLAG_RDMA_WRITE)
-            | (attrs.enable_rdma_read as u32 * FLAG_RDMA_READ);
-        s.flags.store(flags, Ordering::Release);
+        s.flags.store(attrs.flags(), Ordering::Release);
         Some(())
     }
 
@@ -324,6 +342,7 @@ impl RegionTable {
                 ptag: Ptag(s.ptag.load(Ordering::Relaxed)),
                 enable_rdma_write: flags & FLAG_RDMA_WRITE != 0,
                 enable_rdma_read: flags & FLAG_RDMA_READ != 0,
+                read_only: flags & FLAG_READ_ONLY != 0,
             },
             // Acquire: pairs with `set_backing`, which stores the window first.
             fd: s.fd.load(Ordering::Acquire),

@@ -342,6 +342,13 @@ impl Nic {
                 len: len as u64,
             });
         }
+        if !ends_accessible(addr, len, !attrs.read_only) {
+            return Err(MemError::NotAccessible {
+                addr: addr as u64,
+                len: len as u64,
+                write: !attrs.read_only,
+            });
+        }
         self.register(addr, len, attrs, back)
     }
 
@@ -352,6 +359,9 @@ impl Nic {
         attrs: MemAttributes,
         back: Backing,
     ) -> Result<MemHandle, MemError> {
+        if attrs.read_only && attrs.enable_rdma_write {
+            return Err(MemError::ReadOnlyRdmaWrite);
+        }
         self.s
             .check_ptag(attrs.ptag)
             .map_err(|_| MemError::InvalidPtag(attrs.ptag.0))?;
@@ -378,10 +388,17 @@ impl Nic {
     }
 
     /// Changes a region's tag and RDMA enable bits.
+    /// A region registered to be read only stays so (its memory was not
+    /// checked for writing).
     pub fn set_mem_attributes(&self, h: MemHandle, attrs: MemAttributes) -> Result<(), MemError> {
         self.s
             .check_ptag(attrs.ptag)
             .map_err(|_| MemError::InvalidPtag(attrs.ptag.0))?;
+        let was = self.query_mem(h)?;
+        let attrs = attrs.read_only(was.attrs.read_only);
+        if attrs.read_only && attrs.enable_rdma_write {
+            return Err(MemError::ReadOnlyRdmaWrite);
+        }
         self.s
             .regions
             .set_attributes(h, attrs)
@@ -500,6 +517,61 @@ fn is_mapped(addr: *mut u8, len: usize) -> bool {
     // SAFETY: msync reads no memory and, with MS_ASYNC, writes none; an
     // unmapped range is reported as ENOMEM.
     unsafe { libc::msync(start as *mut libc::c_void, end - start, libc::MS_ASYNC) == 0 }
+}
+
+/// True unless the first or the last page of `addr..addr + len` (mapped)
+/// cannot be written (`write`) or read. Receives and the peer's RDMA
+/// writes store into a registered region, sends read it; in read-only or
+/// `PROT_NONE` memory the access would kill the process, where VIA's
+/// registration, which pins the pages for writing, fails.
+/// `MADV_POPULATE_WRITE` (`_READ`) faults a page in without touching its
+/// bytes and fails where the access would fault (`EINVAL` for a mapping
+/// without the permission, `EFAULT` where it would raise SIGBUS): two
+/// system calls whatever the length (each page's would cost 80 us a MiB
+/// here), so a region whose protection changes between its ends, or after
+/// it is registered, is the program's error, not caught. Device mappings
+/// (`VM_IO`, `VM_PFNMAP`) fail it too and are refused. A kernel without
+/// the advice (before 5.14) checks nothing.
+fn ends_accessible(addr: *mut u8, len: usize, write: bool) -> bool {
+    if !populate_advice_known() {
+        return true;
+    }
+    let advice = if write {
+        libc::MADV_POPULATE_WRITE
+    } else {
+        libc::MADV_POPULATE_READ
+    };
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+    let first = addr as usize & !(page - 1);
+    let last = (addr as usize + len - 1) & !(page - 1);
+    let ends = [first, last];
+    ends[..if first == last { 1 } else { 2 }].iter().all(|&p| {
+        // SAFETY: the page is mapped (`is_mapped`); the advice writes no
+        // byte of it and changes no protection.
+        unsafe { libc::madvise(p as *mut libc::c_void, page, advice) == 0 }
+    })
+}
+
+/// Whether this kernel knows `MADV_POPULATE_WRITE` (Linux 5.14): asked
+/// once, of a page of this process's own that is writable.
+fn populate_advice_known() -> bool {
+    static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KNOWN.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+        let probe = std::alloc::Layout::from_size_align(page, page).expect("a page's layout");
+        // SAFETY: a page-sized, page-aligned allocation, freed below.
+        let p = unsafe { std::alloc::alloc(probe) };
+        if p.is_null() {
+            return false;
+        }
+        // SAFETY: the page just allocated, writable; the advice changes none of its bytes.
+        let known = unsafe { libc::madvise(p.cast(), page, libc::MADV_POPULATE_WRITE) } == 0;
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(p, probe) };
+        known
+    })
 }
 
 impl MemoryRegion {
@@ -645,6 +717,76 @@ mod tests {
         // SAFETY: as above.
         let r = unsafe { nic.register_mem(gone, 4096, attrs) };
         assert!(matches!(r, Err(MemError::Unmapped { .. })), "{r:?}");
+    }
+
+    /// Memory a receive or an RDMA write could not store into is refused
+    /// (the store would kill the process), read-only or inaccessible, at
+    /// either end of the range; writable memory of any protection history
+    /// registers.
+    #[test]
+    fn only_writable_memory_registers() {
+        let nic = Nic::open("shm").unwrap();
+        let attrs = MemAttributes::new(nic.create_ptag().unwrap());
+        let map = |prot| {
+            // SAFETY: a fresh anonymous mapping of three pages.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    3 * 4096,
+                    prot,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            p as *mut u8
+        };
+        for prot in [libc::PROT_READ, libc::PROT_NONE] {
+            let p = map(prot);
+            // SAFETY: a mapped range the call must refuse without writing.
+            let r = unsafe { nic.register_mem(p.add(100), 8000, attrs) };
+            assert!(
+                matches!(r, Err(MemError::NotAccessible { write: true, .. })),
+                "{prot}: {r:?}"
+            );
+            // Registered to be read only: read-only memory is fine,
+            // inaccessible memory is not.
+            // SAFETY: as above.
+            let r = unsafe { nic.register_mem(p.add(100), 8000, attrs.read_only(true)) };
+            if prot == libc::PROT_READ {
+                nic.deregister_mem(r.unwrap()).unwrap();
+            } else {
+                assert!(
+                    matches!(r, Err(MemError::NotAccessible { write: false, .. })),
+                    "{r:?}"
+                );
+            }
+            // SAFETY: the mapping made above.
+            unsafe { libc::munmap(p.cast(), 3 * 4096) };
+        }
+        // Writable, then its last page made read-only: the end is checked.
+        let p = map(libc::PROT_READ | libc::PROT_WRITE);
+        // SAFETY: the last of the three pages made above.
+        assert_eq!(
+            unsafe { libc::mprotect(p.add(8192).cast(), 4096, libc::PROT_READ) },
+            0
+        );
+        // SAFETY: as above.
+        let r = unsafe { nic.register_mem(p, 3 * 4096, attrs) };
+        assert!(
+            matches!(r, Err(MemError::NotAccessible { write: true, .. })),
+            "{r:?}"
+        );
+        // Read only with RDMA write enabled says nothing that holds.
+        // SAFETY: as above.
+        let r = unsafe { nic.register_mem(p, 4096, attrs.read_only(true).rdma_write(true)) };
+        assert_eq!(r, Err(MemError::ReadOnlyRdmaWrite));
+        // SAFETY: the first two pages, writable, registered and deregistered.
+        let h = unsafe { nic.register_mem(p, 2 * 4096, attrs) }.unwrap();
+        nic.deregister_mem(h).unwrap();
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p.cast(), 3 * 4096) };
     }
 
     #[test]

@@ -1440,6 +1440,12 @@ pub(crate) unsafe fn prepare(
             .regions
             .check(s.handle, attrs.ptag, s.addr, s.length as u64)
             .map_err(|error| PostError::Segment { index: 0, error })?;
+        if q == Queue::Recv && region.attrs.read_only {
+            return Err(PostError::Segment {
+                index: 0,
+                error: AccessError::ReadOnly(s.handle.0),
+            });
+        }
         if s.length > attrs.max_transfer_size {
             return Err(PostError::TooLong {
                 len: s.length as u64,
@@ -1518,6 +1524,13 @@ pub(crate) unsafe fn prepare(
                 index: first + i,
                 error,
             })?;
+        // A receive's buffers and an RDMA read's destination are written.
+        if region.attrs.read_only && (q == Queue::Recv || op == Op::RdmaRead) {
+            return Err(PostError::Segment {
+                index: first + i,
+                error: AccessError::ReadOnly(s.handle.0),
+            });
+        }
         *r = LocalRange {
             ptr: s.addr as *mut u8,
             len: s.length as usize,
@@ -1907,6 +1920,61 @@ pub(crate) mod tests {
             a.vi.post_send(Box::new(Descriptor::send(&[a.buf.segment(0, 1); 7])))
                 .unwrap_err();
         assert!(matches!(too_many.error, PostError::Format(_)));
+        // Memory registered to be read only is sent from, never written:
+        // not a receive's buffer, one segment or several, nor an RDMA
+        // read's destination.
+        let mut ro = vec![7u8; 256];
+        // SAFETY: a live buffer, deregistered before it is dropped.
+        let h = unsafe {
+            nic.register_mem(
+                ro.as_mut_ptr(),
+                256,
+                MemAttributes::new(a.ptag).read_only(true),
+            )
+        }
+        .unwrap();
+        let seg = |at: usize, n: u32| Segment::local(ro.as_ptr().wrapping_add(at) as *mut u8, h, n);
+        for d in [
+            Descriptor::recv(&[seg(0, 64)]),
+            Descriptor::recv(&[a.buf.segment(0, 8), seg(64, 64)]),
+        ] {
+            let rej = a.vi.post_recv(Box::new(d)).unwrap_err();
+            assert!(
+                matches!(
+                    rej.error,
+                    PostError::Segment {
+                        error: AccessError::ReadOnly(_),
+                        ..
+                    }
+                ),
+                "{:?}",
+                rej.error
+            );
+        }
+        let remote = Segment::remote(_b.buf.addr() as u64, _b.buf.handle());
+        let rej =
+            a.vi.post_send(Box::new(Descriptor::rdma_read(remote, &[seg(0, 8)])))
+                .unwrap_err();
+        assert!(
+            matches!(
+                rej.error,
+                PostError::Segment {
+                    error: AccessError::ReadOnly(_),
+                    ..
+                }
+            ),
+            "{:?}",
+            rej.error
+        );
+        a.vi.post_send(Box::new(Descriptor::send(&[seg(0, 8)])))
+            .expect("a send reads it");
+        assert!(a
+            .vi
+            .send_wait(Some(Duration::from_secs(5)))
+            .unwrap()
+            .result()
+            .is_ok());
+        nic.deregister_mem(h).unwrap();
         assert!(a.vi.send_done().is_none(), "nothing was queued");
         assert_eq!(a.vi.state(), ViState::Connected, "the VI stays usable");
     }
