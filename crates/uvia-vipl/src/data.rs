@@ -99,8 +99,14 @@ fn attr_err(e: ViAttrError) -> VipReturn {
 /// How long VipSendWait, VipRecvWait and VipCQWait spin before they sleep, from
 /// `VIPL_WAIT_SPIN_US` (the core's default when unset; 0 sleeps at once).
 fn wait_spin() -> Option<std::time::Duration> {
+    // A second of spinning is far past where sleeping costs less.
+    const MAX_US: u64 = 1_000_000;
     let us = std::env::var("VIPL_WAIT_SPIN_US").ok()?;
     match us.trim().parse::<u64>() {
+        Ok(n) if n > MAX_US => {
+            eprintln!("vipl: VIPL_WAIT_SPIN_US={n} is more than a second; {MAX_US} used");
+            Some(std::time::Duration::from_micros(MAX_US))
+        }
         Ok(us) => Some(std::time::Duration::from_micros(us)),
         Err(_) => {
             eprintln!(

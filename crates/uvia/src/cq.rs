@@ -900,7 +900,9 @@ impl Cq {
         let start = Instant::now();
         // A timeout too long to add is forever.
         let end = timeout.and_then(|t| start.checked_add(t));
-        let spin = Duration::from_nanos(self.s.spin_ns.load(Ordering::Relaxed));
+        // The spin is part of the wait: never longer than its timeout.
+        let spin = Duration::from_nanos(self.s.spin_ns.load(Ordering::Relaxed))
+            .min(timeout.unwrap_or(Duration::MAX));
         // Spin phase: look at the clock every 64 rounds.
         let mut k = 0u32;
         while !spin.is_zero() {

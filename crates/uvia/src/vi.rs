@@ -1077,7 +1077,8 @@ impl Vi {
             return Err(WaitError::BoundToCq);
         }
         let start = Instant::now();
-        let spin = self.lock().q.spin;
+        // The spin is part of the wait: never longer than its timeout.
+        let spin = self.lock().q.spin.min(timeout.unwrap_or(Duration::MAX));
         // Spin phase: poll without sleeping; look at the clock every 64
         // rounds. With no spin time, go straight to sleep (the sleep phase
         // polls once after arming).
@@ -1989,6 +1990,15 @@ pub(crate) mod tests {
             b.vi.recv_wait(Some(Duration::from_millis(30))).unwrap_err(),
             WaitError::Timeout
         );
+        // A spin longer than the wait's timeout is cut to it: the wait
+        // ends at its timeout, not after the spin (a minute here).
+        b.vi.set_wait_spin(Duration::from_secs(60));
+        let t = std::time::Instant::now();
+        assert_eq!(
+            b.vi.recv_wait(Some(Duration::from_millis(30))).unwrap_err(),
+            WaitError::Timeout
+        );
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
         a.vi.disconnect();
         assert_eq!(a.vi.state(), ViState::Idle);
         let d = b.vi.recv_wait(Some(Duration::from_secs(5))).unwrap();
