@@ -222,11 +222,39 @@ pub fn parse_hosts(text: &str) -> Result<Vec<HostEntry>, HostsError> {
     Ok(out)
 }
 
-/// Reads the hosts file at `path`; a missing file is an empty table.
-pub fn read_hosts(path: &Path) -> Result<Vec<HostEntry>, String> {
-    match std::fs::read_to_string(path) {
+/// The largest configuration or hosts file read: a table of names, not
+/// a device's stream.
+pub const MAX_FILE: u64 = 1 << 20;
+
+/// The text of a small regular file: `NotFound` if there is none; an
+/// error for anything else at `path` (a FIFO would block, a device never
+/// end) or a file over [`MAX_FILE`].
+pub fn read_small_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Not blocking: a FIFO's open would wait for a writer.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    f.take(MAX_FILE + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_FILE {
+        return Err(std::io::Error::other(format!("longer than {MAX_FILE} bytes")));
+    }
+    Ok(text)
+}
+
+/// Reads the hosts file at `path`; a missing file is an empty table
+/// unless `required` (a path the program named).
+pub fn read_hosts(path: &Path, required: bool) -> Result<Vec<HostEntry>, String> {
+    match read_small_file(path) {
         Ok(text) => parse_hosts(&text).map_err(|e| format!("{}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Vec::new()),
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
 }
@@ -326,6 +354,35 @@ mod tests {
                 .any(|i| i.loopback && i.index > 0 && !i.name.is_empty()),
             "{ifs:?}"
         );
+    }
+
+    /// A configuration or hosts file is a small regular file: a device
+    /// or a FIFO is refused at once (neither read without end nor waited
+    /// on), a large file too; a missing file is an empty table unless
+    /// the program named it.
+    #[test]
+    fn only_small_regular_files_are_read() {
+        let dir = std::env::temp_dir().join(format!("uvia-vipl-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for p in [Path::new("/dev/zero"), fifo.as_path()] {
+            let e = read_small_file(p).unwrap_err();
+            assert!(e.to_string().contains("not a regular file"), "{p:?}: {e}");
+            assert!(read_hosts(p, false).is_err(), "{p:?}");
+        }
+        let big = dir.join("big");
+        std::fs::write(&big, vec![b'#'; MAX_FILE as usize + 1]).unwrap();
+        assert!(read_small_file(&big).unwrap_err().to_string().contains("longer than"));
+        let hosts = dir.join("hosts");
+        std::fs::write(&hosts, "node1 udp 10.0.0.1:7000\n").unwrap();
+        assert_eq!(read_hosts(&hosts, true).unwrap().len(), 1);
+        let missing = dir.join("missing");
+        assert_eq!(read_hosts(&missing, false).unwrap(), Vec::new());
+        assert!(read_hosts(&missing, true).unwrap_err().contains("missing"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

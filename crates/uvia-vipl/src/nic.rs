@@ -38,8 +38,18 @@ fn conf_path() -> String {
     std::env::var("VIPL_CONF").unwrap_or_else(|_| "/etc/vipl.conf".to_string())
 }
 
+/// The configuration file's text, if there is one; a path that names
+/// something else is said on stderr and read as no file.
 fn read_conf() -> Option<String> {
-    std::fs::read_to_string(conf_path()).ok()
+    let p = conf_path();
+    match names::read_small_file(std::path::Path::new(&p)) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            eprintln!("vipl: the configuration {p}: {e}; not read");
+            None
+        }
+    }
 }
 
 /// The default udp port: `VIPL_PORT`, else 7100. A bad value is said once
@@ -444,7 +454,7 @@ fn load_hosts(path: Option<&str>) -> Result<Vec<HostEntry>, VipReturn> {
         Some(p) => p.to_string(),
         None => std::env::var("VIPL_HOSTS").unwrap_or_else(|_| "/etc/vipl_hosts".to_string()),
     };
-    names::read_hosts(std::path::Path::new(&p)).map_err(|e| {
+    names::read_hosts(std::path::Path::new(&p), path.is_some()).map_err(|e| {
         eprintln!("vipl: name service: {e}");
         ret::ERROR_NAMESERVICE
     })
