@@ -104,9 +104,18 @@ pub unsafe extern "C" fn open(
         // SAFETY: a handle this provider put in the info, or none.
         let nic = match unsafe { ConnReq::peek(info.handle) } {
             Some(req) => req.nic.clone(),
-            None => medium
-                .open_nic(&medium.nic_name(src), &opts)
-                .map_err(|_| err::ENODEV)?,
+            None => {
+                let name = medium.nic_name(src);
+                medium.open_nic(&name, &opts).map_err(|e| {
+                    eprintln!("libfabric:uvia: opening the domain's Nic {name:?}: {e}");
+                    match e {
+                        uvia::OpenError::BadAddress { .. } | uvia::OpenError::BadInject(_) => {
+                            err::EINVAL
+                        }
+                        _ => err::ENODEV,
+                    }
+                })?
+            }
         };
         let ptag = nic.create_ptag().map_err(|_| err::ENOMEM)?;
         let share_from = nic

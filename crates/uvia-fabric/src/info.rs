@@ -121,6 +121,9 @@ fn list(
     flags: u64,
     hints: Option<&Hints>,
 ) -> Result<*mut fi_info, c_int> {
+    if prov::settings().refused {
+        return Err(-(FI_ENODATA as c_int));
+    }
     let addrs = addresses(node, service, flags, hints)?;
     if let Some(h) = hints {
         check_common(version, h)?;

@@ -95,6 +95,14 @@ impl Medium {
         }
     }
 
+    /// The interface the medium names, if it names one.
+    pub fn interface(&self) -> Option<&str> {
+        match self {
+            Medium::Udp(Some(iface)) | Medium::Xdp(iface) => Some(iface),
+            Medium::Shm | Medium::Udp(None) => None,
+        }
+    }
+
     /// The Nic name that opens this medium with `src` as its own address
     /// (`None`: the medium's default).
     pub fn nic_name(&self, src: Option<SocketAddrV4>) -> String {

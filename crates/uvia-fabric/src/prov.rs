@@ -165,30 +165,94 @@ pub struct Settings {
     /// Registered memory on shm is moved into shared memory
     /// (`FI_UVIA_SHARE_MR`, see `share`).
     pub share_mr: bool,
+    /// A setting the provider cannot honour (`FI_UVIA_DOMAIN` names no
+    /// domain of this host, `FI_UVIA_INJECT` is no fault spec): said once on
+    /// stderr, and no domain is listed, rather than a run on another medium
+    /// or without the faults asked for.
+    pub refused: bool,
 }
 
 /// The settings, read once.
 pub fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
-    SETTINGS.get_or_init(|| Settings {
-        domain: param_str(c"domain"),
-        reliability: param_str(c"reliability").and_then(|s| match s.as_str() {
-            "unreliable" => Some(Reliability::Unreliable),
-            "delivery" => Some(Reliability::ReliableDelivery),
-            "reception" => Some(Reliability::ReliableReception),
-            other => {
-                eprintln!(
-                    "libfabric:uvia: FI_UVIA_RELIABILITY={other:?} is not unreliable, \
+    SETTINGS.get_or_init(|| {
+        let domain = param_str(c"domain");
+        let inject = param_str(c"inject");
+        let refused = !domain.as_deref().is_none_or(domain_is_known)
+            | !inject.as_deref().is_none_or(inject_is_valid);
+        Settings {
+            domain,
+            reliability: param_str(c"reliability").and_then(|s| match s.as_str() {
+                "unreliable" => Some(Reliability::Unreliable),
+                "delivery" => Some(Reliability::ReliableDelivery),
+                "reception" => Some(Reliability::ReliableReception),
+                other => {
+                    eprintln!(
+                        "libfabric:uvia: FI_UVIA_RELIABILITY={other:?} is not unreliable, \
                      delivery or reception; using delivery"
-                );
-                None
-            }
-        }),
-        inject: param_str(c"inject"),
-        spin: param_int(c"spin_us").map(|us| Duration::from_micros(us.max(0) as u64)),
-        drive_thread: param_int(c"drive_thread").is_none_or(|on| on != 0),
-        share_mr: param_int(c"share_mr").is_none_or(|on| on != 0),
+                    );
+                    None
+                }
+            }),
+            inject,
+            spin: spin_us(),
+            drive_thread: param_int(c"drive_thread").is_none_or(|on| on != 0),
+            share_mr: param_int(c"share_mr").is_none_or(|on| on != 0),
+            refused,
+        }
     })
+}
+
+/// Whether `FI_UVIA_DOMAIN` names a domain this provider has: `shm`,
+/// `udp`, or `udp:` or `xdp:` and an interface of this host; said on
+/// stderr if not.
+fn domain_is_known(d: &str) -> bool {
+    let why = match crate::medium::Medium::parse(d) {
+        None => "not shm, udp, udp:<interface> or xdp:<interface>".to_string(),
+        Some(m) => match m.interface() {
+            Some(i) if !interface_exists(i) => format!("this host has no interface {i:?}"),
+            _ => return true,
+        },
+    };
+    eprintln!("libfabric:uvia: FI_UVIA_DOMAIN={d:?}: {why}; no domain listed");
+    false
+}
+
+/// Whether `FI_UVIA_INJECT` is a fault spec; said on stderr if not.
+fn inject_is_valid(spec: &str) -> bool {
+    match spec.parse::<uvia_net::inject::FaultSpec>() {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("libfabric:uvia: FI_UVIA_INJECT={spec:?}: {e}; no domain listed");
+            false
+        }
+    }
+}
+
+fn interface_exists(name: &str) -> bool {
+    let Ok(c) = std::ffi::CString::new(name) else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated name.
+    unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+}
+
+/// `FI_UVIA_SPIN_US`, read strictly: libfabric's own reading of an
+/// integer takes `12abc` as 12 and `abc` as 0 without a word. At most a
+/// second; anything else is said and left to the default.
+fn spin_us() -> Option<Duration> {
+    const MAX_US: u64 = 1_000_000;
+    let v = std::env::var("FI_UVIA_SPIN_US").ok()?;
+    match v.trim().parse::<u64>() {
+        Ok(us) if us <= MAX_US => Some(Duration::from_micros(us)),
+        _ => {
+            eprintln!(
+                "libfabric:uvia: FI_UVIA_SPIN_US={v:?} is not a number of microseconds up to \
+                 {MAX_US}; using the default"
+            );
+            None
+        }
+    }
 }
 
 fn param_str(name: &CStr) -> Option<String> {

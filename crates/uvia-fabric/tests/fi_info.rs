@@ -93,6 +93,38 @@ fn fi_info_returns_nothing_for_what_it_cannot_do() {
     }
 }
 
+/// A setting the provider cannot honour lists no domain, with a line
+/// that says why, rather than a run on another medium or without the
+/// faults asked for; a bad spin time is said and left to the default.
+#[test]
+fn settings_it_cannot_honour_list_nothing_and_say_why() {
+    let dir = ProviderDir::new("refused");
+    for (k, v, why) in [
+        ("FI_UVIA_DOMAIN", "bogus", "not shm, udp"),
+        (
+            "FI_UVIA_DOMAIN",
+            "udp:nosuchif0",
+            "no interface \"nosuchif0\"",
+        ),
+        (
+            "FI_UVIA_INJECT",
+            "loss=2",
+            "a rate must be a number from 0 to 1",
+        ),
+        ("FI_UVIA_INJECT", "loss=0.1,loss=0.2", "given twice"),
+    ] {
+        let o = dir.fi_info(&["-p", "uvia"], &[(k, v)]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{k}={v}: {}", text(&o));
+        assert_eq!(domains(&text(&o), "uvia"), Vec::<String>::new(), "{k}={v}");
+        assert!(err.contains(k) && err.contains(why), "{k}={v}: {err}");
+    }
+    let o = dir.fi_info(&["-p", "uvia"], &[("FI_UVIA_SPIN_US", "12abc")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{o:?}");
+    assert!(err.contains("FI_UVIA_SPIN_US=\"12abc\""), "{err}");
+}
+
 #[test]
 fn ofi_rxm_layers_reliable_tagged_endpoints_on_top() {
     let dir = ProviderDir::new("rxm");

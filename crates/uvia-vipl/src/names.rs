@@ -244,7 +244,9 @@ pub fn read_small_file(path: &Path) -> std::io::Result<String> {
     let mut text = String::new();
     f.take(MAX_FILE + 1).read_to_string(&mut text)?;
     if text.len() as u64 > MAX_FILE {
-        return Err(std::io::Error::other(format!("longer than {MAX_FILE} bytes")));
+        return Err(std::io::Error::other(format!(
+            "longer than {MAX_FILE} bytes"
+        )));
     }
     Ok(text)
 }
@@ -375,7 +377,10 @@ mod tests {
         }
         let big = dir.join("big");
         std::fs::write(&big, vec![b'#'; MAX_FILE as usize + 1]).unwrap();
-        assert!(read_small_file(&big).unwrap_err().to_string().contains("longer than"));
+        assert!(read_small_file(&big)
+            .unwrap_err()
+            .to_string()
+            .contains("longer than"));
         let hosts = dir.join("hosts");
         std::fs::write(&hosts, "node1 udp 10.0.0.1:7000\n").unwrap();
         assert_eq!(read_hosts(&hosts, true).unwrap().len(), 1);
