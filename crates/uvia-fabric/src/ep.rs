@@ -266,10 +266,20 @@ impl Ep {
         &self.fid.fid as *const fid as fid_t
     }
 
-    /// Creates the VI (`fi_enable`).
+    /// Creates the VI (`fi_enable`). A connected endpoint hears of its
+    /// connection through an EQ and completes through a CQ: without
+    /// either bound it could do nothing, and no bind is taken once enabled.
     fn enable(&self) -> Result<(), c_int> {
         if self.vi.get().is_some() {
             return Ok(());
+        }
+        if self.eq().is_none() {
+            return Err(-(FI_ENOEQ as c_int));
+        }
+        if self.tx_cq.load(Ordering::Acquire).is_null()
+            && self.rx_cq.load(Ordering::Acquire).is_null()
+        {
+            return Err(-(FI_ENOCQ as c_int));
         }
         let d = self.domain();
         let a = d.nic.attributes();

@@ -708,8 +708,11 @@ static void t_not_enabled_or_connected(void)
     CHECK_RET(fi_inject(s.ep, r.buf, 8, 0), -FI_EOPBADSTATE);
     CHECK_RET(fi_write(s.ep, r.buf, 8, r.desc, 0, 0, 0, NULL), -FI_EOPBADSTATE);
     CHECK_RET(fi_connect(s.ep, &to, NULL, 0), -FI_ENOEQ);
+    /* Enabled with nothing bound, it could never connect or complete. */
+    CHECK_RET(fi_enable(s.ep), -FI_ENOEQ);
     REQUIRE_RET(fi_ep_bind(s.ep, &s.eq->fid, 0), 0);
     CHECK_RET(fi_connect(s.ep, &to, NULL, 0), -FI_EOPBADSTATE);
+    CHECK_RET(fi_enable(s.ep), -FI_ENOCQ);
     /* A CQ for neither queue, or for selective completion: refused. */
     CHECK_RET(fi_ep_bind(s.ep, &s.cq->fid, 0), -FI_EINVAL);
     REQUIRE_RET(fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV), 0);
