@@ -567,7 +567,6 @@ fn bad_values_are_refused_before_a_run() {
             own(&["pingpong", "-p", "shm", "--sizes", "8,,16"]),
             "--sizes",
         ),
-        (own(&["pingpong", "-p", "shm", "--sizes", "8,8"]), "--sizes"),
         (pp(&["--scale", "5"]), "--scale"),
         (pp(&["--client-cpu", "4096"]), "--client-cpu"),
         (
