@@ -1883,7 +1883,7 @@ pub(crate) mod tests {
             "the same descriptor comes back"
         );
 
-        let (a, _b) = connected_pair_with(&nic, None);
+        let (a, b) = connected_pair_with(&nic, None);
         let beyond =
             a.vi.post_send(Box::new(Descriptor::send(&[a.buf.segment(4000, 200)])))
                 .unwrap_err();
@@ -1935,38 +1935,28 @@ pub(crate) mod tests {
         }
         .unwrap();
         let seg = |at: usize, n: u32| Segment::local(ro.as_ptr().wrapping_add(at) as *mut u8, h, n);
-        for d in [
-            Descriptor::recv(&[seg(0, 64)]),
-            Descriptor::recv(&[a.buf.segment(0, 8), seg(64, 64)]),
-        ] {
-            let rej = a.vi.post_recv(Box::new(d)).unwrap_err();
+        let remote = Segment::remote(b.buf.addr() as u64, b.buf.handle());
+        let refusals = [
+            a.vi.post_recv(Box::new(Descriptor::recv(&[seg(0, 64)]))),
+            a.vi.post_recv(Box::new(Descriptor::recv(&[
+                a.buf.segment(0, 8),
+                seg(64, 64),
+            ]))),
+            a.vi.post_send(Box::new(Descriptor::rdma_read(remote, &[seg(0, 8)]))),
+        ];
+        for r in refusals {
+            let e = r.unwrap_err().error;
             assert!(
                 matches!(
-                    rej.error,
+                    e,
                     PostError::Segment {
                         error: AccessError::ReadOnly(_),
                         ..
                     }
                 ),
-                "{:?}",
-                rej.error
+                "{e:?}"
             );
         }
-        let remote = Segment::remote(_b.buf.addr() as u64, _b.buf.handle());
-        let rej =
-            a.vi.post_send(Box::new(Descriptor::rdma_read(remote, &[seg(0, 8)])))
-                .unwrap_err();
-        assert!(
-            matches!(
-                rej.error,
-                PostError::Segment {
-                    error: AccessError::ReadOnly(_),
-                    ..
-                }
-            ),
-            "{:?}",
-            rej.error
-        );
         a.vi.post_send(Box::new(Descriptor::send(&[seg(0, 8)])))
             .expect("a send reads it");
         assert!(a
