@@ -728,7 +728,7 @@ unsafe extern "C" fn connect(
         let spawned = std::thread::Builder::new()
             .name("uvia-fi-connect".into())
             .spawn(move || {
-                let outcome = match vi.connect_request_with(&remote, CONNECT_TIMEOUT, &data) {
+                let outcome = match vi.connect_request_listening(&remote, CONNECT_TIMEOUT, &data) {
                     Ok(_) => Outcome::Connected(vi.peer_private_data()),
                     Err(e) => Outcome::Failed(connect_error(&e), vi.peer_private_data()),
                 };

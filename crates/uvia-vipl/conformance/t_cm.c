@@ -538,7 +538,10 @@ static void t_bad_addresses(int arg)
     for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
         CHECK_RET(VipConnectWait(s.nic, wrong[i], 100, room, &ra, &conn), VIP_INVALID_PARAMETER);
         CHECK_RET(VipConnectRequest(vi, ok, wrong[i], 100, &ra), VIP_INVALID_PARAMETER);
+        /* The local address of a request is checked as a wait's. */
+        CHECK_RET(VipConnectRequest(vi, wrong[i], ok, 100, &ra), VIP_INVALID_PARAMETER);
     }
+    CHECK_RET(VipConnectRequest(vi, toolong, ok, 100, &ra), VIP_INVALID_PARAMETER);
     CHECK_RET(VipConnectWait(s.nic, NULL, 100, room, &ra, &conn), VIP_INVALID_PARAMETER);
     CHECK_RET(VipConnectWait(s.nic, ok, 100, room, &ra, NULL), VIP_INVALID_PARAMETER);
     CHECK_RET(VipConnectWait(NULL, ok, 100, room, &ra, &conn), VIP_INVALID_PARAMETER);

@@ -63,6 +63,12 @@ unsafe fn discriminator_of(a: *const NetAddress) -> Result<Discriminator, VipRet
     if a.is_null() {
         return Err(ret::INVALID_PARAMETER);
     }
+    // Lengths of no address are refused before a byte is looked at.
+    // SAFETY: non-NULL, the caller's address.
+    let (host_len, len) = unsafe { ((*a).host_address_len, (*a).discriminator_len) };
+    if host_len as usize > address::MAX_LEN || len as usize > uvia::MAX_DISCRIMINATOR {
+        return Err(ret::INVALID_PARAMETER);
+    }
     // SAFETY: the caller's address holds host bytes, then `discriminator_len` bytes.
     let bytes = unsafe {
         let start = (*a)
@@ -72,6 +78,26 @@ unsafe fn discriminator_of(a: *const NetAddress) -> Result<Discriminator, VipRet
         std::slice::from_raw_parts(start, (*a).discriminator_len as usize)
     };
     Discriminator::new(bytes).map_err(|_| ret::INVALID_PARAMETER)
+}
+
+/// The discriminator of a local address, which must be well formed: a
+/// discriminator of at most 32 bytes and a host address that is empty or
+/// one `n`'s provider writes.
+///
+/// # Safety
+/// As for [`host_bytes_of`].
+unsafe fn local_well_formed(
+    n: &NicH,
+    local: *const NetAddress,
+) -> Result<Discriminator, VipReturn> {
+    // SAFETY: forwarded.
+    let d = unsafe { discriminator_of(local) }?;
+    // SAFETY: `local` is non-NULL (checked by `discriminator_of`).
+    if unsafe { (*local).host_address_len } != 0 {
+        // SAFETY: forwarded.
+        unsafe { host_of(n, local) }?;
+    }
+    Ok(d)
 }
 
 /// The one line a connection request that had no answer writes: where it
@@ -140,14 +166,16 @@ pub unsafe extern "C" fn VipConnectWait(
             return Err(ret::INVALID_PARAMETER);
         }
         // SAFETY: forwarded.
-        let d = unsafe { discriminator_of(local) }?;
-        // The local host address is this NIC's; it must at least be well formed.
-        // SAFETY: `local` is non-NULL (checked by `discriminator_of`).
-        if unsafe { (*local).host_address_len } != 0 {
-            // SAFETY: forwarded.
-            unsafe { host_of(n, local) }?;
-        }
-        let req = n.nic.connect_wait(&d, timeout(ms)).map_err(connect_err)?;
+        let d = unsafe { local_well_formed(n, local) }?;
+        let req = n.nic.connect_wait(&d, timeout(ms)).map_err(|e| match e {
+            // Another process's listener holds the discriminator: a
+            // resource taken, not a state of this NIC.
+            ConnectError::InUse(_) => {
+                eprintln!("vipl: VipConnectWait: {e}");
+                ret::ERROR_RESOURCE
+            }
+            e => connect_err(e),
+        })?;
         let from = req
             .peer_address()
             .unwrap_or_else(|| n.nic.attributes().address.clone());
@@ -226,9 +254,10 @@ pub unsafe extern "C" fn VipConnectRequest(
     vip("VipConnectRequest", || {
         // SAFETY: forwarded.
         let v = unsafe { vi(vh) }?;
-        if local.is_null() {
-            return Err(ret::INVALID_PARAMETER);
-        }
+        // The local address is this NIC's and names no service a request
+        // uses; it must at least be well formed, as VipConnectWait's.
+        // SAFETY: forwarded (NULL refused there).
+        unsafe { local_well_formed(&v.nic, local) }?;
         // SAFETY: forwarded.
         let (host, d) = unsafe { (host_of(&v.nic, remote)?, discriminator_of(remote)?) };
         let t = timeout(ms).unwrap_or(FOREVER);

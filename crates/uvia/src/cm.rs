@@ -26,6 +26,18 @@ pub(crate) fn check_private(private: &[u8]) -> Result<(), ConnectError> {
     Ok(())
 }
 
+/// How long a client's connection request waits: for the whole exchange,
+/// and for a listener to appear where none is yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Patience {
+    /// The whole request, the server's answer included.
+    pub timeout: Duration,
+    /// How long a request that finds nobody listening asks again. VIA's
+    /// client waits for its server to start listening (the whole
+    /// timeout); a socket's connect is refused at once.
+    pub listener: Duration,
+}
+
 /// Names a service on a host, as VIA's discriminator does.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Discriminator(Vec<u8>);

@@ -207,7 +207,9 @@ pub enum ConnectError {
     BadAddress(String),
     #[error("not supported: {0}")]
     Unsupported(&'static str),
-    #[error("discriminator {0} is already used by a peer-to-peer connection being made")]
+    /// Another listener holds the discriminator (on shm, another Nic of
+    /// this host), or a peer-to-peer connection being made does.
+    #[error("discriminator {0} is in use: another listener or a peer-to-peer connection holds it")]
     InUse(String),
     #[error("{0}")]
     Io(#[from] io::Error),

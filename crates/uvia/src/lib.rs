@@ -29,7 +29,9 @@ mod ready;
 pub mod vi;
 
 pub use bias::BiasedLock;
-pub use cm::{ConnRequest, Discriminator, NetAddress, RemoteViAttributes, MAX_PRIVATE_DATA};
+pub use cm::{
+    ConnRequest, Discriminator, NetAddress, RemoteViAttributes, MAX_DISCRIMINATOR, MAX_PRIVATE_DATA,
+};
 pub use count::CountGuard;
 pub use cq::{Cq, CqCompletion};
 pub use desc::{

@@ -9,7 +9,7 @@
 //! order on each queue and carry their status like VIPL's.
 
 use crate::bias::{BiasedLock, Guard};
-use crate::cm::{Discriminator, NetAddress, RemoteViAttributes};
+use crate::cm::{Discriminator, NetAddress, Patience, RemoteViAttributes};
 use crate::cq::{Cq, CqShared};
 use crate::desc::{control, status, Descriptor, MemHandle, Op, Segment, MAX_SEGMENTS};
 use crate::error::{ConnectError, PostError, Rejected, ViAttrError, WaitError};
@@ -1175,7 +1175,31 @@ impl Vi {
         timeout: Duration,
         private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError> {
-        self.connect(remote, None, timeout, private)
+        let wait = Patience {
+            timeout,
+            listener: timeout,
+        };
+        self.connect(remote, None, wait, private)
+    }
+
+    /// [`connect_request_with`](Self::connect_request_with) to a server
+    /// that listens already: a request that finds nobody listening fails
+    /// at once with [`ConnectError::NoListener`] instead of asking again
+    /// until the timeout, as a socket's connect is refused. For callers
+    /// whose peers listen before their addresses are handed out (the
+    /// libfabric provider), where nobody listening means a wrong address
+    /// or a peer gone.
+    pub fn connect_request_listening(
+        &self,
+        remote: &NetAddress,
+        timeout: Duration,
+        private: &[u8],
+    ) -> Result<RemoteViAttributes, ConnectError> {
+        let wait = Patience {
+            timeout,
+            listener: Duration::ZERO,
+        };
+        self.connect(remote, None, wait, private)
     }
 
     /// Connects peer to peer (VipConnectPeerRequest and VipConnectPeerWait
@@ -1194,14 +1218,18 @@ impl Vi {
                 "peer-to-peer connection on this provider",
             ));
         }
-        self.connect(remote, Some(local), timeout, &[])
+        let wait = Patience {
+            timeout,
+            listener: timeout,
+        };
+        self.connect(remote, Some(local), wait, &[])
     }
 
     fn connect(
         &self,
         remote: &NetAddress,
         local: Option<&Discriminator>,
-        timeout: Duration,
+        wait: Patience,
         private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError> {
         crate::cm::check_private(private)?;
@@ -1217,7 +1245,7 @@ impl Vi {
             .s
             .nic
             .provider
-            .connect(self, remote, local, timeout, private);
+            .connect(self, remote, local, wait, private);
         if r.is_err() {
             self.set_state(ViState::Idle);
         }

@@ -15,7 +15,7 @@ use common::{pattern, poll_until, T};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use uvia::*;
 use uvia_net::netns::{Side, TestHosts};
 
@@ -1324,6 +1324,64 @@ fn private_data_crosses_the_handshake(link: &Link) {
     client.disconnect();
 }
 
+/// A request to a discriminator nobody listens on: VIA's client asks again
+/// until its timeout (its server may not listen yet), then says nobody
+/// listens; a request to a server that listens already
+/// (`connect_request_listening`) is refused at once; a listener that comes
+/// within the timeout is found.
+fn a_request_nobody_listens_to(link: &Link) {
+    let ptag = link.a.create_ptag().unwrap();
+    let client = link
+        .a
+        .create_vi(ViAttributes::new(ptag), None, None)
+        .unwrap();
+    let to = NetAddress::new(&link.b_host, Discriminator::from_u64(unique()));
+    let patience = Duration::from_millis(300);
+    // On a network somebody must be at the peer's medium to say that
+    // nobody listens: a server waiting on another discriminator.
+    let (nic, other) = (link.b.clone(), Discriminator::from_u64(unique()));
+    let elsewhere = std::thread::spawn(move || {
+        let r = nic.connect_wait(&other, Some(Duration::from_millis(1500)));
+        assert!(matches!(r, Err(ConnectError::Timeout(_))), "{:?}", r.err());
+        nic.stop_listening(&other);
+    });
+
+    let t0 = Instant::now();
+    let r = client.connect_request(&to, patience);
+    let waited = t0.elapsed();
+    assert!(matches!(r, Err(ConnectError::NoListener { .. })), "{r:?}");
+    assert!(waited >= patience, "gave up after {waited:?}");
+    assert_eq!(client.state(), ViState::Idle);
+
+    let t0 = Instant::now();
+    let r = client.connect_request_listening(&to, T, &[]);
+    let waited = t0.elapsed();
+    assert!(matches!(r, Err(ConnectError::NoListener { .. })), "{r:?}");
+    assert!(
+        waited < Duration::from_millis(500),
+        "refused after {waited:?}"
+    );
+    assert_eq!(client.state(), ViState::Idle);
+    elsewhere.join().unwrap();
+
+    // A server that starts listening late is still found by VIA's request.
+    let server_tag = link.b.create_ptag().unwrap();
+    let server = link
+        .b
+        .create_vi(ViAttributes::new(server_tag), None, None)
+        .unwrap();
+    let (nic, vi, d) = (link.b.clone(), server.clone(), to.discriminator.clone());
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut req = nic.connect_wait(&d, Some(T)).unwrap();
+        req.accept(&vi).unwrap();
+        nic.stop_listening(&d);
+    });
+    client.connect_request(&to, T).unwrap();
+    late.join().unwrap();
+    client.disconnect();
+}
+
 // ---------------------------------------------------------------------------
 
 /// One test of a behaviour on one medium: `run`, or `bug` with what the
@@ -1380,6 +1438,7 @@ on_every_medium! {
     disconnect_flushes_both_sides:                              run run run;
     disconnect_fails_sends_waiting_for_the_peer:                run run run;
     private_data_crosses_the_handshake:                         run run run;
+    a_request_nobody_listens_to:                                run run run;
 }
 
 /// A server of job `job-a` and clients without a key, of job `job-b` and of

@@ -257,6 +257,77 @@ static void t_reject_with_data(void)
     side_close(&s);
 }
 
+/* A second listener asking for a port another holds is refused
+ * (-FI_EADDRINUSE), in fi_passive_ep or at the latest in fi_listen. */
+static void t_listen_on_a_held_port(void)
+{
+    struct side first, second;
+    struct sockaddr_in a;
+    side_open(&first, FI_WAIT_UNSPEC);
+    side_listen(&first, &a);
+    side_open(&second, FI_WAIT_UNSPEC);
+    struct fi_info *info = fi_dupinfo(second.info);
+    REQUIRE(info != NULL);
+    free(info->src_addr);
+    info->src_addr = malloc(sizeof a);
+    REQUIRE(info->src_addr != NULL);
+    memcpy(info->src_addr, &a, sizeof a);
+    info->src_addrlen = sizeof a;
+    int r = fi_passive_ep(second.fabric, info, &second.pep, NULL);
+    if (r == 0) {
+        CHECK_RET(fi_pep_bind(second.pep, &second.eq->fid, 0), 0);
+        r = fi_listen(second.pep);
+    }
+    CHECK_RET(r, -FI_EADDRINUSE);
+    fi_freeinfo(info);
+    side_close(&second);
+    side_close(&first);
+}
+
+/* A listener gone: a request to its address is refused at once
+ * (FI_ECONNREFUSED), as a socket's connect is, not after the connect's
+ * whole timeout. Another listener keeps the host's medium up meanwhile,
+ * so that on a network somebody is there to say nobody listens. */
+static void t_connect_to_a_closed_listener(void)
+{
+    if (strcmp(g_domain, "shm") != 0) {
+        /* Each listener of a network domain is a medium of its own: once
+         * closed, nobody is at its port to answer, and the request waits
+         * for its timeout. */
+        h_note("on %s nobody answers at a closed listener's port: not tested", g_domain);
+        return;
+    }
+    struct side keep, gone, c;
+    struct sockaddr_in kept, a;
+    side_open(&keep, FI_WAIT_UNSPEC);
+    side_listen(&keep, &kept);
+    side_open(&gone, FI_WAIT_UNSPEC);
+    side_listen(&gone, &a);
+    /* Two listeners, two ports. */
+    CHECK(kept.sin_port != a.sin_port);
+    side_close(&gone);
+    side_open(&c, FI_WAIT_UNSPEC);
+    side_domain(&c, c.info);
+    side_endpoint(&c);
+    long long t0 = now_ms();
+    REQUIRE_RET(fi_connect(c.ep, &a, NULL, 0), 0);
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    uint32_t ev = 0;
+    ssize_t n = -FI_EAGAIN;
+    for (long long end = now_ms() + 10000; n == -FI_EAGAIN && now_ms() < end;)
+        n = fi_eq_sread(c.eq, &ev, buf, sizeof buf, 100, 0);
+    long long took = now_ms() - t0;
+    CHECK_RET(n, -FI_EAVAIL);
+    struct fi_eq_err_entry e;
+    memset(&e, 0, sizeof e);
+    CHECK_RET(fi_eq_readerr(c.eq, &e, 0), sizeof e);
+    CHECK_EQ(e.err, FI_ECONNREFUSED);
+    CHECKF(took < 2000, "refused after %lld ms", took);
+    h_note("refused after %lld ms", took);
+    side_close(&c);
+    side_close(&keep);
+}
+
 /* uvia: up to 64 bytes of private data each way (FI_OPT_CM_DATA_SIZE). */
 static void t_private_data_limits(void)
 {
@@ -1765,6 +1836,8 @@ static const struct test tests[] = {
     {"cm", "accept_with_private_data", t_accept_with_data, 0},
     {"cm", "reject_with_private_data", t_reject_with_data, 0},
     {"cm", "private_data_limits", t_private_data_limits, 0},
+    {"cm", "listen_on_a_held_port", t_listen_on_a_held_port, 0},
+    {"cm", "connect_to_a_closed_listener", t_connect_to_a_closed_listener, 0},
     {"cm", "shutdown_seen_by_eq_reads", t_shutdown_seen_by_eq_reads, 0},
     {"rma", "writedata_consumes_a_receive", t_writedata, 0},
     {"rma", "read", t_read, 0},

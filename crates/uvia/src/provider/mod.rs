@@ -17,7 +17,7 @@
 //! both traits (with its `Answer` and `Sleep`), a variant in each enum
 //! below, and one row in [`PROVIDERS`].
 
-use crate::cm::{Discriminator, NetAddress, RemoteViAttributes};
+use crate::cm::{Discriminator, NetAddress, Patience, RemoteViAttributes};
 use crate::desc::{Descriptor, Segment};
 use crate::error::{ConnectError, OpenError, PostError};
 use crate::nic::{Nic, NicAttributes, NicOptions, NicShared};
@@ -78,14 +78,15 @@ pub(crate) fn usage() -> String {
 /// [`PROVIDERS`]).
 pub(crate) trait NicOps {
     /// Connects `vi` (PendingConnect) to the VI waiting on `remote`; with
-    /// `local`, peer to peer (this VI waits on `local` meanwhile). On
-    /// success the VI is Connected; on failure the caller makes it Idle.
+    /// `local`, peer to peer (this VI waits on `local` meanwhile); a
+    /// request that finds nobody listening asks again for `wait.listener`.
+    /// On success the VI is Connected; on failure the caller makes it Idle.
     fn connect(
         &self,
         vi: &Vi,
         remote: &NetAddress,
         local: Option<&Discriminator>,
-        timeout: Duration,
+        wait: Patience,
         private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError>;
 
@@ -245,12 +246,12 @@ impl NicProvider {
         vi: &Vi,
         remote: &NetAddress,
         local: Option<&Discriminator>,
-        timeout: Duration,
+        wait: Patience,
         private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError> {
         match self {
-            NicProvider::Shm(n) => n.connect(vi, remote, local, timeout, private),
-            NicProvider::Net(n) => n.connect(vi, remote, local, timeout, private),
+            NicProvider::Shm(n) => n.connect(vi, remote, local, wait, private),
+            NicProvider::Net(n) => n.connect(vi, remote, local, wait, private),
         }
     }
 

@@ -21,7 +21,9 @@ use deadlines::{Deadlines, Due, Noted};
 use share::Share;
 pub(crate) use vi::{NetVi, Sleep};
 
-use crate::cm::{check_compatible, ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
+use crate::cm::{
+    check_compatible, ConnRequest, Discriminator, NetAddress, Patience, RemoteViAttributes,
+};
 use crate::error::{ConnectError, OpenError};
 use crate::lock::SpinLock;
 use crate::nic::{Nic, NicAttributes, NicOptions, NicShared};
@@ -835,10 +837,11 @@ impl NetNic {
         to: Addr,
         id: u32,
         start: Instant,
-        timeout: Duration,
+        wait: Patience,
         private: &PrivateData,
     ) -> Result<RemoteViAttributes, ConnectError> {
         let nic = self;
+        let timeout = wait.timeout;
         // One medium of its own for every try: the connection's frames go
         // from there once the peer has answered.
         let own = nic.own_socket();
@@ -909,7 +912,9 @@ impl NetNic {
                     vi.set_state(ViState::Connected);
                     return Ok(remote);
                 }
-                Event::Rejected(RejectReason::NoListener) if start.elapsed() < timeout => {
+                Event::Rejected(RejectReason::NoListener)
+                    if start.elapsed() < wait.listener.min(timeout) =>
+                {
                     // Nobody waits there yet: ask again shortly, as a
                     // client of a local server waits for it to listen.
                     last_no_listener = true;
@@ -1082,7 +1087,7 @@ impl NicOps for NetNic {
         vi: &Vi,
         remote: &NetAddress,
         local: Option<&Discriminator>,
-        timeout: Duration,
+        wait: Patience,
         private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError> {
         let start = Instant::now();
@@ -1105,16 +1110,7 @@ impl NicOps for NetNic {
                 s.tell(uvia_net::share::Interest::Peer, d.as_bytes(), true);
             }
         }
-        let r = self.connect_inner(
-            vi,
-            remote,
-            local.is_some(),
-            to,
-            id,
-            start,
-            timeout,
-            &private,
-        );
+        let r = self.connect_inner(vi, remote, local.is_some(), to, id, start, wait, &private);
         if let Some(d) = local {
             nic.endpoint.lock().peer_done(d.as_bytes());
             if let Some(s) = &nic.share {

@@ -16,7 +16,9 @@ mod vi;
 pub(crate) use conn::INLINE_MAX;
 pub(crate) use vi::{ShmVi, Sleep};
 
-use crate::cm::{check_compatible, ConnRequest, Discriminator, NetAddress, RemoteViAttributes};
+use crate::cm::{
+    check_compatible, ConnRequest, Discriminator, NetAddress, Patience, RemoteViAttributes,
+};
 use crate::error::{ConnectError, OpenError};
 use crate::nic::{Nic, NicAttributes, NicOptions};
 use crate::provider::{Answer as AnyAnswer, NicOps, NicProvider, Opened, Transport};
@@ -136,13 +138,14 @@ fn cq_eventfds(vi: &Vi) -> Vec<RawFd> {
 
 impl NicOps for ShmNic {
     /// The client half of a connection (VipConnectRequest): waits up to
-    /// `timeout` for a listener to appear and for its answer.
+    /// `wait.listener` for a listener to appear and up to `wait.timeout`
+    /// in all.
     fn connect(
         &self,
         vi: &Vi,
         remote: &NetAddress,
         local: Option<&Discriminator>,
-        timeout: Duration,
+        wait: Patience,
         private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError> {
         if local.is_some() {
@@ -155,7 +158,8 @@ impl NicOps for ShmNic {
         let path = self
             .dir
             .socket(&socket_name(&remote.host, &remote.discriminator));
-        let stream = Stream::connect(&path, timeout).map_err(|e| match e {
+        let timeout = wait.timeout;
+        let stream = Stream::connect(&path, wait.listener.min(timeout)).map_err(|e| match e {
             uvia_shm::socket::ConnectError::NoListener(_) => ConnectError::NoListener {
                 nic: remote.host.clone(),
                 discriminator: remote.discriminator.to_string(),
@@ -230,7 +234,10 @@ impl NicOps for ShmNic {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
                 let path = self.dir.socket(&socket_name(&self.instance, discriminator));
-                e.insert(Listener::bind(&path)?)
+                e.insert(Listener::bind(&path).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::AddrInUse => ConnectError::InUse(discriminator.to_string()),
+                    _ => e.into(),
+                })?)
             }
         };
         loop {
