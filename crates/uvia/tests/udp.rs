@@ -467,6 +467,24 @@ fn connection_errors_are_clear() {
     let r =
         e.vi.connect_request(&NetAddress::new("no such host:1", disc(1)), T);
     assert!(matches!(r, Err(ConnectError::BadAddress(_))), "{r:?}");
+    // Addresses no single peer can answer from: refused at once, not
+    // asked until the timeout.
+    for host in [
+        "0.0.0.0:7000",
+        "[::]:7000",
+        "127.0.0.1:0",
+        "255.255.255.255:7000",
+        "224.0.0.1:7000",
+    ] {
+        let t0 = Instant::now();
+        let r = e.vi.connect_request(&NetAddress::new(host, disc(1)), T);
+        assert!(
+            matches!(r, Err(ConnectError::BadAddress(_))),
+            "{host}: {r:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_millis(100), "{host}");
+        assert_eq!(e.vi.state(), ViState::Idle);
+    }
 }
 
 #[test]

@@ -1040,16 +1040,41 @@ impl NetNic {
 /// Parses a host of a [`NetAddress`]: `ip:port`, `[v6]:port`, or
 /// `name:port` resolved by the system.
 pub(crate) fn resolve(host: &str) -> Result<Addr, ConnectError> {
-    if let Ok(a) = host.parse::<SocketAddr>() {
-        return Ok(Addr::Ip(a));
+    let a = match host.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => host
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut it| it.next())
+            .ok_or_else(|| {
+                ConnectError::BadAddress(format!(
+                    "{host:?} (want ip:port, [ipv6]:port or name:port)"
+                ))
+            })?,
+    };
+    match unreachable_peer(&a) {
+        Some(why) => Err(ConnectError::BadAddress(format!("{host:?}: {why}"))),
+        None => Ok(Addr::Ip(a)),
     }
-    host.to_socket_addrs()
-        .ok()
-        .and_then(|mut it| it.next())
-        .map(Addr::Ip)
-        .ok_or_else(|| {
-            ConnectError::BadAddress(format!("{host:?} (want ip:port, [ipv6]:port or name:port)"))
-        })
+}
+
+/// Why no peer can ever answer at `a`, if none can: a connection is one
+/// peer's, and its answer must come from the address asked.
+fn unreachable_peer(a: &SocketAddr) -> Option<&'static str> {
+    let ip = a.ip();
+    if a.port() == 0 {
+        Some("port 0 is no peer's port")
+    } else if ip.is_unspecified() {
+        Some(
+            "an unspecified address is no peer's (name the peer's address, 127.0.0.1 on this host)",
+        )
+    } else if ip.is_multicast() {
+        Some("a multicast address is no single peer's")
+    } else if matches!(ip, std::net::IpAddr::V4(v4) if v4.is_broadcast()) {
+        Some("the broadcast address is no single peer's")
+    } else {
+        None
+    }
 }
 
 fn level(r: Reliability) -> Level {
