@@ -447,6 +447,24 @@ fn connection_errors_are_clear() {
     );
     assert!(t0.elapsed() < Duration::from_secs(3));
     assert_eq!(e.vi.state(), ViState::Idle);
+    // Nothing bound at the port: a request to a server that listens
+    // already (the libfabric provider's) is refused at once.
+    let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let t0 = Instant::now();
+    let r = e.vi.connect_request_listening(
+        &NetAddress::new(&format!("127.0.0.1:{port}"), disc(350)),
+        T,
+        &[],
+    );
+    assert!(matches!(r, Err(ConnectError::NoListener { .. })), "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(e.vi.state(), ViState::Idle);
     drop(e);
     let peer = Peer::spawn("connection_errors_are_clear", &inst, "reject");
     let e = end(&inst, ViAttributes::new);

@@ -845,6 +845,10 @@ impl NetNic {
         // One medium of its own for every try: the connection's frames go
         // from there once the peer has answered.
         let own = nic.own_socket();
+        let nobody_there = match to {
+            Addr::Ip(a) if wait.listener < timeout => NobodyThere::probe(a),
+            _ => None,
+        };
         let mut last_no_listener = false;
         loop {
             {
@@ -891,6 +895,9 @@ impl NetNic {
                 }
                 if start.elapsed() >= timeout {
                     break Event::ConnectTimedOut;
+                }
+                if nobody_there.as_ref().is_some_and(NobodyThere::heard) {
+                    break Event::Rejected(RejectReason::NoListener);
                 }
                 // Peer to peer on a shared device, the peer's request may
                 // come handed over by the device's owner.
@@ -951,6 +958,37 @@ impl NetNic {
                 }
             }
         }
+    }
+}
+
+/// Whether any socket is bound at a peer's port: a datagram of one byte
+/// from a socket connected there, which the host answers with ICMP "port
+/// unreachable" when nothing is bound (the connected socket's next receive
+/// fails with `ECONNREFUSED`). The request itself goes from a socket that
+/// is not connected (the answer comes from another of the peer's ports),
+/// which the kernel tells of no such error. A uvia Nic at the port drops
+/// the byte as a frame that does not parse.
+struct NobodyThere(std::net::UdpSocket);
+
+impl NobodyThere {
+    fn probe(to: SocketAddr) -> Option<NobodyThere> {
+        let any: SocketAddr = match to {
+            SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+        };
+        let s = std::net::UdpSocket::bind(any).ok()?;
+        s.connect(to).ok()?;
+        s.set_nonblocking(true).ok()?;
+        s.send(&[0]).ok()?;
+        Some(NobodyThere(s))
+    }
+
+    /// True once the peer's host has said that nothing is bound there.
+    fn heard(&self) -> bool {
+        matches!(
+            self.0.recv(&mut [0u8; 1]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+        )
     }
 }
 
