@@ -718,6 +718,12 @@ pub fn check_output(flag: &str, path: &std::path::Path) -> Result<()> {
             parent.display()
         );
     }
+    if existed_in_kernel_fs(path) {
+        bail!(
+            "{flag} {}: a file of the kernel's (/proc or /sys), not one a report goes to",
+            path.display()
+        );
+    }
     let existed = path.exists();
     std::fs::OpenOptions::new()
         .append(true)
@@ -728,6 +734,22 @@ pub fn check_output(flag: &str, path: &std::path::Path) -> Result<()> {
         let _ = std::fs::remove_file(path);
     }
     Ok(())
+}
+
+/// True if `path` exists on procfs or sysfs, whose files root may open for
+/// writing (the permission bits do not stop root) but whose writes fail or
+/// change the kernel's settings.
+fn existed_in_kernel_fs(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: an all-zero statfs is valid; `c` is a C string.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 {
+        return false;
+    }
+    matches!(fs.f_type, libc::PROC_SUPER_MAGIC | libc::SYSFS_MAGIC)
 }
 
 /// [`check_output`] for an optional `--json`.

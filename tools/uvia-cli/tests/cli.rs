@@ -594,6 +594,7 @@ fn bad_values_are_refused_before_a_run() {
         ),
         (pp(&["--json", dir_s]), "a folder, not a file"),
         (pp(&["--json", under_s]), "there is no folder"),
+        (pp(&["--json", "/proc/version"]), "a file of the kernel's"),
         (own(&["limit", "--quick", "--json", under_s]), "--json"),
         (own(&["bench", "--pairs", "0"]), "--pairs"),
     ];
