@@ -330,6 +330,11 @@ const CLOSE_TRIES: u32 = 3;
 /// The receiver keeps this many windows of arrivals.
 const SPAN: u32 = 4;
 
+/// Most RDMA reads a target answers at once: a peer has at most a send
+/// queue's worth outstanding (a uvia VI's queues hold up to 4,096
+/// descriptors), and the answers owed are kept until acknowledged.
+const MAX_READS_OWED: usize = 4096;
+
 /// Lossy windows' worth of bytes acknowledged with no frame lost before the
 /// sender's byte window opens again ([`Config::lossy_window_bytes`]): 8 MiB
 /// at the defaults, some hundred 64 KiB messages. At 1% loss a frame goes

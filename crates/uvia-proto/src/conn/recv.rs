@@ -4,7 +4,7 @@
 
 use super::{
     Clock, Conn, Event, FailReason, InMsg, Memory, OutKind, OutMsg, Outcome, RnrPolicy, State,
-    Timer,
+    Timer, MAX_READS_OWED,
 };
 use crate::seq;
 use crate::wire::{ack_flags, bundle, data_flags, DataHeader, NakCode, Op, Repr};
@@ -342,6 +342,12 @@ impl Conn {
             let bound = if !consumes {
                 None
             } else if reliable {
+                if !self.rsn_in_order(at, h.rsn) {
+                    // Not the receive its place in the stream gives it: a
+                    // peer that broke the rules, whose messages would land
+                    // in one descriptor and complete another.
+                    return self.refuse(h.psn, NakCode::Failed, None);
+                }
                 let idx = h.rsn.wrapping_sub(self.recv_base);
                 if idx as usize >= self.recvs.len() {
                     return self.not_ready(h.psn);
@@ -357,7 +363,7 @@ impl Conn {
                 Some(r)
             };
             if let Some(r) = bound {
-                let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
+                let cap = self.recv_cap(r);
                 if h.op == Op::Send && h.total > cap {
                     // Too long for the descriptor: it completes with a
                     // length error (and a reliable connection breaks).
@@ -411,7 +417,7 @@ impl Conn {
         match h.op {
             Op::Send => {
                 if let Some(r) = m.bound {
-                    let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
+                    let cap = self.recv_cap(r);
                     let fits = h.offset as u64 + payload.len() as u64 <= cap as u64;
                     if fits && !m.refused && !mem.write_recv(r, h.offset, payload) {
                         // The descriptor's memory went away under it.
@@ -432,6 +438,12 @@ impl Conn {
                 }
             }
             Op::ReadRequest => {
+                if self.responses.len() >= MAX_READS_OWED {
+                    // More reads than a peer's send queue holds: one that
+                    // asks and never takes the answers would grow this
+                    // without end.
+                    return self.refuse(h.psn, NakCode::Failed, None);
+                }
                 self.responses.push_back(OutMsg {
                     msn: h.msn,
                     kind: OutKind::ReadResponse {
@@ -527,7 +539,14 @@ impl Conn {
             };
             self.in_base = self.in_base.wrapping_add(1);
             if let Some(r) = m.bound {
-                let cap = self.recvs[r.wrapping_sub(self.recv_base) as usize];
+                if r != self.recv_base && self.cfg.level.is_reliable() {
+                    // Bound to another receive than the oldest, which a
+                    // delivery completes (the checks at binding keep a
+                    // peer that follows the rules from this).
+                    self.fail(FailReason::Local(NakCode::Failed), None);
+                    return;
+                }
+                let cap = self.recv_cap(r);
                 let outcome = if m.op == Op::Send && m.total > cap {
                     Outcome::Length
                 } else if m.refused {
@@ -538,6 +557,31 @@ impl Conn {
                 self.complete_recv(m.total, m.imm, m.op == Op::RdmaWrite, outcome);
             }
         }
+    }
+
+    /// The capacity of receive `r`, or 0 if no such receive is posted (a
+    /// message bound to it then fits nothing and writes nothing).
+    fn recv_cap(&self, r: u32) -> u32 {
+        let idx = r.wrapping_sub(self.recv_base) as usize;
+        self.recvs.get(idx).copied().unwrap_or(0)
+    }
+
+    /// True if a reliable message at `at` among those in assembly may take
+    /// receive `rsn`: messages take receives in their order, at most one
+    /// each, so `rsn` lies between the receive after the last one taken
+    /// before `at` and `at` receives past the oldest, and below any taken
+    /// after `at`. The receive need not be posted yet (receiver not ready).
+    fn rsn_in_order(&self, at: usize, rsn: u32) -> bool {
+        if rsn.wrapping_sub(self.recv_base) as u64 > at as u64 {
+            return false;
+        }
+        let bounds = |range: std::ops::Range<usize>| {
+            self.in_msgs
+                .range(range)
+                .filter_map(|m| m.as_ref().and_then(|m| m.bound))
+        };
+        bounds(0..at).all(|r| seq::lt(r, rsn))
+            && bounds(at + 1..self.in_msgs.len()).all(|r| seq::lt(rsn, r))
     }
 
     /// Completes the oldest receive descriptor.
