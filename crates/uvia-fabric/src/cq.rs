@@ -442,7 +442,7 @@ impl Cq {
         }
     }
 
-    fn domain(&self) -> &Domain {
+    pub(crate) fn domain(&self) -> &Domain {
         // SAFETY: a CQ keeps its domain open.
         unsafe { &*self.domain }
     }

@@ -416,10 +416,16 @@ impl Ep {
             return Err(err::EINVAL);
         }
         let mut parts: [&[u8]; MAX_SEGMENTS] = [&[]; MAX_SEGMENTS];
-        let mut total = 0;
+        let mut total: usize = 0;
         for (i, part) in parts.iter_mut().enumerate().take(count) {
             // SAFETY: per the contract.
             let v = unsafe { &*iov.add(i) };
+            // Summed with a check: lengths that wrap past the largest size
+            // must not pass for a small message.
+            total = match total.checked_add(v.iov_len) {
+                Some(t) if t <= INJECT_SIZE => t,
+                _ => return Err(-FI_EMSGSIZE),
+            };
             if v.iov_len > 0 {
                 if v.iov_base.is_null() {
                     return Err(err::EINVAL);
@@ -427,10 +433,6 @@ impl Ep {
                 // SAFETY: the caller's bytes, readable for their length.
                 *part = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
             }
-            total += v.iov_len;
-        }
-        if total > INJECT_SIZE {
-            return Err(-FI_EMSGSIZE);
         }
         let bounce = self.bounce.get().ok_or(-(FI_EOPBADSTATE as c_int))?;
         let (slot, seg) = bounce.fill(&parts[..count]).ok_or(-FI_EAGAIN)?;
@@ -586,21 +588,38 @@ unsafe extern "C" fn bind(p: *mut fid, bfid: *mut fid, flags: u64) -> c_int {
         }
         let class = unsafe { bfid.as_ref() }.ok_or(err::EINVAL)?.fclass as u32;
         match class {
+            // One EQ, and one CQ a direction (fi_endpoint(3)): a second
+            // bind is refused, not put in the first's place (whose count
+            // would then never come down, nor its domain's).
             FI_CLASS_EQ => {
                 let eq = unsafe { Eq::from_fid(bfid) }?;
+                let new = eq as *const Eq as *mut Eq;
+                ep.eq
+                    .compare_exchange(
+                        std::ptr::null_mut(),
+                        new,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .map_err(|_| err::EINVAL)?;
                 eq.refs.fetch_add(1, Ordering::AcqRel);
-                ep.eq.store(eq as *const Eq as *mut Eq, Ordering::Release);
             }
             FI_CLASS_CQ => {
                 let cq = unsafe { Cq::from_fid(bfid) }?;
                 if flags & (FI_TRANSMIT | FI_RECV) == 0 || flags & FI_SELECTIVE_COMPLETION != 0 {
                     return Err(err::EINVAL);
                 }
-                for (bit, slot) in [(FI_TRANSMIT, &ep.tx_cq), (FI_RECV, &ep.rx_cq)] {
-                    if flags & bit != 0 {
-                        cq.refs.fetch_add(1, Ordering::AcqRel);
-                        slot.store(cq as *const Cq as *mut Cq, Ordering::Release);
-                    }
+                if !std::ptr::eq(cq.domain(), ep.domain()) {
+                    return Err(err::EINVAL);
+                }
+                let slots = [(FI_TRANSMIT, &ep.tx_cq), (FI_RECV, &ep.rx_cq)];
+                let wanted = || slots.iter().filter(move |(bit, _)| flags & bit != 0);
+                if wanted().any(|(_, slot)| !slot.load(Ordering::Acquire).is_null()) {
+                    return Err(err::EINVAL);
+                }
+                for (_, slot) in wanted() {
+                    cq.refs.fetch_add(1, Ordering::AcqRel);
+                    slot.store(cq as *const Cq as *mut Cq, Ordering::Release);
                 }
             }
             _ => return Err(err::ENOSYS),
@@ -1157,13 +1176,39 @@ unsafe extern "C" fn writedata(
     })
 }
 
+/// The one remote range of an RMA message, refused (`-FI_EINVAL`) when
+/// the local entries hold more bytes than it: the target named where the
+/// data may go, and a longer transfer would run past it (the region's own
+/// bounds would still stop it, but not at the range's end).
+///
+/// # Safety
+/// `m`'s lists hold their counts of entries (a count over the limit or a
+/// NULL list is left to the post, which refuses it).
+unsafe fn remote_range(m: &fi_msg_rma) -> Result<&fi_rma_iov, c_int> {
+    // SAFETY: per the contract.
+    let r = unsafe { m.rma_iov.as_ref() }
+        .filter(|_| m.rma_iov_count == 1)
+        .ok_or(err::EINVAL)?;
+    if m.iov_count <= MAX_SEGMENTS && !m.msg_iov.is_null() {
+        let mut total: usize = 0;
+        for i in 0..m.iov_count {
+            // SAFETY: per the contract.
+            let len = unsafe { (*m.msg_iov.add(i)).iov_len };
+            total = total.checked_add(len).ok_or(err::EINVAL)?;
+        }
+        if total > r.len {
+            return Err(err::EINVAL);
+        }
+    }
+    Ok(r)
+}
+
 unsafe extern "C" fn writemsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize {
     guard::call_ssize("writemsg", || {
         // SAFETY: the caller's message.
         let m = unsafe { msg.as_ref() }.ok_or(err::EINVAL)?;
-        let r = unsafe { m.rma_iov.as_ref() }
-            .filter(|_| m.rma_iov_count == 1)
-            .ok_or(err::EINVAL)?;
+        // SAFETY: the caller's lists.
+        let r = unsafe { remote_range(m) }?;
         let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(m.data);
         if flags & FI_INJECT != 0 {
             let e = unsafe { Ep::from_fid(ep as *mut fid) }?;
@@ -1246,9 +1291,8 @@ unsafe extern "C" fn readmsg(ep: *mut fid_ep, msg: *const fi_msg_rma, _flags: u6
     guard::call_ssize("readmsg", || {
         // SAFETY: the caller's message.
         let m = unsafe { msg.as_ref() }.ok_or(err::EINVAL)?;
-        let r = unsafe { m.rma_iov.as_ref() }
-            .filter(|_| m.rma_iov_count == 1)
-            .ok_or(err::EINVAL)?;
+        // SAFETY: the caller's lists.
+        let r = unsafe { remote_range(m) }?;
         unsafe {
             rma(
                 ep,

@@ -15,6 +15,7 @@ use crate::medium::{self, Medium};
 use crate::nosys;
 use crate::prov;
 use crate::sys::*;
+use std::collections::BTreeSet;
 use std::ffi::{c_int, c_void, CStr};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -208,7 +209,7 @@ impl Pep {
         while let Ok(req) = self.nic.connect_wait(&self.discriminator, Some(wait)) {
             wait = Duration::ZERO;
             let data = req.private_data().to_vec();
-            let handle = Box::into_raw(Box::new(ConnReq {
+            let handle = ConnReq::hand_out(ConnReq {
                 fid: fid {
                     fclass: FI_CLASS_CONNREQ as usize,
                     context: std::ptr::null_mut(),
@@ -217,12 +218,12 @@ impl Pep {
                 nic: self.nic.clone(),
                 medium: self.medium.clone(),
                 request: Mutex::new(Some(req)),
-            }));
+            });
             // SAFETY: our copy of the listener's info.
             let info = unsafe { fi_dupinfo(self.info) };
             if info.is_null() {
                 // SAFETY: made just above and handed to no one.
-                drop(unsafe { Box::from_raw(handle) });
+                drop(unsafe { ConnReq::take(handle as fid_t) });
                 continue;
             }
             // The requester's address as its dest_addr (ofi_rxm looks the
@@ -417,34 +418,48 @@ impl ConnReq {
             .and_then(|a| self.medium.peer(&a))
     }
 
-    /// The request behind a `handle`, as a box that frees it when dropped:
-    /// answering a request ends it.
-    ///
-    /// # Safety
-    /// `h` is NULL or a handle this provider put in an info and that has
-    /// not been answered.
-    pub unsafe fn take(h: fid_t) -> Result<Box<ConnReq>, c_int> {
-        // SAFETY: per the contract, with the class checked.
-        match unsafe { h.as_ref() } {
-            Some(f) if f.fclass == FI_CLASS_CONNREQ as usize => {
-                Ok(unsafe { Box::from_raw(h as *mut ConnReq) })
-            }
-            _ => Err(err::EINVAL),
-        }
+    /// The handles of requests not yet answered. A handle is looked up
+    /// here before it is read, so that one answered twice (a reject after
+    /// an accept, a second reject) or never handed out is refused instead
+    /// of read after it was freed: the application's copy of the info
+    /// keeps the handle after the answer ended it.
+    fn live() -> std::sync::MutexGuard<'static, BTreeSet<usize>> {
+        static LIVE: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+        lock(&LIVE)
     }
 
-    /// The request behind a `handle`, borrowed.
+    /// `req` boxed as a handle for an info, known as live until taken.
+    fn hand_out(req: ConnReq) -> *mut ConnReq {
+        let h = Box::into_raw(Box::new(req));
+        ConnReq::live().insert(h as usize);
+        h
+    }
+
+    /// The request behind a `handle`, as a box that frees it when dropped:
+    /// answering a request ends it. A handle that is not live is
+    /// `-FI_EINVAL`.
     ///
     /// # Safety
-    /// As for [`take`](Self::take).
-    pub unsafe fn peek<'a>(h: fid_t) -> Option<&'a ConnReq> {
-        // SAFETY: per the contract, with the class checked.
-        match unsafe { h.as_ref() } {
-            Some(f) if f.fclass == FI_CLASS_CONNREQ as usize => {
-                Some(unsafe { &*(h as *const ConnReq) })
-            }
-            _ => None,
+    /// `h` is NULL or a handle this provider put in an info.
+    pub unsafe fn take(h: fid_t) -> Result<Box<ConnReq>, c_int> {
+        if !ConnReq::live().remove(&(h as usize)) {
+            return Err(err::EINVAL);
         }
+        // SAFETY: live, so a box made by `hand_out` and not yet freed.
+        Ok(unsafe { Box::from_raw(h as *mut ConnReq) })
+    }
+
+    /// The request behind a live `handle`, borrowed.
+    ///
+    /// # Safety
+    /// As for [`take`](Self::take), and the request is not answered while
+    /// the borrow lasts (opening a domain for a request before answering it).
+    pub unsafe fn peek<'a>(h: fid_t) -> Option<&'a ConnReq> {
+        if !ConnReq::live().contains(&(h as usize)) {
+            return None;
+        }
+        // SAFETY: live, so a box made by `hand_out` and not yet freed.
+        Some(unsafe { &*(h as *const ConnReq) })
     }
 }
 

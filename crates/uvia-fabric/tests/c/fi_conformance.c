@@ -874,12 +874,91 @@ static void t_sizes_above_limits(void)
     CHECK_RET(fi_inject(client.ep, big, inject + 1, 0), -FI_EMSGSIZE);
     CHECK_RET(fi_inject_write(client.ep, big, inject + 1, 0, 0, 0), -FI_EMSGSIZE);
     CHECK_RET(fi_send(client.ep, big, ((size_t)1 << 32) + 8, desc, 0, NULL), -FI_EMSGSIZE);
+    /* Injected entries whose lengths wrap past SIZE_MAX to a small sum. */
+    struct iovec wrap[2] = {{big, SIZE_MAX}, {big, 1}};
+    void *descs[2] = {desc, desc};
+    struct fi_msg m = {.msg_iov = wrap, .desc = descs, .iov_count = 2};
+    CHECK_RET(fi_sendmsg(client.ep, &m, FI_INJECT), -FI_EMSGSIZE);
+    struct fi_rma_iov far = {.addr = 0, .len = 64, .key = 0};
+    struct fi_msg_rma wm = {.msg_iov = wrap, .desc = descs, .iov_count = 2,
+                            .rma_iov = &far, .rma_iov_count = 1};
+    CHECK_RET(fi_writemsg(client.ep, &wm, FI_INJECT), -FI_EINVAL);
+    /* More local bytes than the remote range named. */
+    struct iovec local = {big, 128};
+    struct fi_msg_rma over = {.msg_iov = &local, .desc = descs, .iov_count = 1,
+                              .rma_iov = &far, .rma_iov_count = 1};
+    CHECK_RET(fi_writemsg(client.ep, &over, 0), -FI_EINVAL);
+    CHECK_RET(fi_readmsg(client.ep, &over, 0), -FI_EINVAL);
     struct fi_cq_data_entry e;
     CHECK_RET(fi_cq_read(client.cq, &e, 1), -FI_EAGAIN);
     CHECK_RET(fi_close(&mr->fid), 0);
     munmap(big, span);
     side_close(&client);
     side_close(&server);
+}
+
+/* One EQ and one CQ a direction (fi_endpoint(3)): a second bind of
+ * either is refused, as is a CQ of another domain; the first stays bound
+ * and everything closes. */
+static void t_second_bind(void)
+{
+    struct side a, b;
+    side_open(&a, FI_WAIT_UNSPEC);
+    side_domain(&a, a.info);
+    side_open(&b, FI_WAIT_UNSPEC);
+    side_domain(&b, b.info);
+    REQUIRE_RET(fi_endpoint(a.domain, a.info, &a.ep, NULL), 0);
+    CHECK_RET(fi_ep_bind(a.ep, &a.eq->fid, 0), 0);
+    CHECK_RET(fi_ep_bind(a.ep, &b.eq->fid, 0), -FI_EINVAL);
+    CHECK_RET(fi_ep_bind(a.ep, &b.cq->fid, FI_TRANSMIT), -FI_EINVAL);
+    CHECK_RET(fi_ep_bind(a.ep, &a.cq->fid, FI_TRANSMIT), 0);
+    CHECK_RET(fi_ep_bind(a.ep, &a.cq->fid, FI_TRANSMIT | FI_RECV), -FI_EINVAL);
+    CHECK_RET(fi_ep_bind(a.ep, &a.cq->fid, FI_RECV), 0);
+    CHECK_RET(fi_enable(a.ep), 0);
+    /* Nothing of b's was taken: all of it closes. */
+    side_close(&b);
+    side_close(&a);
+}
+
+/* A request answered twice: the second answer is -FI_EINVAL, never a read
+ * of the request the first freed. */
+static void twice_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    side_domain(&s, s.info);
+    side_endpoint(&s);
+    REQUIRE_RET(fi_connect(s.ep, &a, NULL, 0), 0);
+    step_wait(c);
+    side_close(&s);
+}
+
+static void t_answered_twice(void)
+{
+    struct peer p;
+    peer_start(&p, twice_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, NULL, 0);
+    CHECK_RET(fi_reject(s.pep, req->handle, NULL, 0), 0);
+    CHECK_RET(fi_reject(s.pep, req->handle, NULL, 0), -FI_EINVAL);
+    /* Nor does a domain or endpoint opened for it find the request. */
+    struct fid_domain *d = NULL;
+    int r = fi_domain(s.fabric, req, &d, NULL);
+    if (r == 0) {
+        struct fid_ep *ep = NULL;
+        if (fi_endpoint(d, req, &ep, NULL) == 0) {
+            CHECK(fi_accept(ep, NULL, 0) < 0);
+            CHECK_RET(fi_close(&ep->fid), 0);
+        }
+        CHECK_RET(fi_close(&d->fid), 0);
+    }
+    fi_freeinfo(req);
+    step_send(&p.c);
+    peer_end(&p, 10000);
+    side_close(&s);
 }
 
 /* fi_cq_read with count 0 reads nothing (uvia: -FI_EAGAIN) and loses
@@ -1844,6 +1923,8 @@ static const struct test tests[] = {
     {"call", "not_enabled_or_connected", t_not_enabled_or_connected, 0},
     {"call", "null_buffers", t_null_buffers, 0},
     {"call", "sizes_above_limits", t_sizes_above_limits, 0},
+    {"call", "second_bind", t_second_bind, 0},
+    {"cm", "answered_twice", t_answered_twice, 0},
     {"call", "cq_read_count_zero", t_cq_read_count_zero, 0},
     {"call", "cq_read_after_entries", t_cq_read_after_entries, 0},
     {"call", "unsupported", t_unsupported, 0},
