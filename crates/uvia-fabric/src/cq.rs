@@ -362,11 +362,11 @@ static FI_OPS: fi_ops = fi_ops {
 static OPS: fi_ops_cq = fi_ops_cq {
     size: std::mem::size_of::<fi_ops_cq>(),
     read: Some(read),
-    readfrom: Some(nosys::cq_readfrom),
+    readfrom: Some(readfrom),
     readerr: Some(readerr),
     sread: Some(sread),
-    sreadfrom: Some(nosys::cq_sreadfrom),
-    signal: Some(nosys::cq_signal),
+    sreadfrom: Some(sreadfrom),
+    signal: Some(signal),
     strerror: Some(strerror),
 };
 
@@ -488,26 +488,44 @@ impl Cq {
     /// Posts every member's receives waiting for a read; true if one was
     /// refused (its error entry is then queued).
     pub fn post_deferred(&self) -> bool {
-        let refused: Vec<NonNull<Descriptor>> = {
+        let refused: Vec<Taken> = {
             let m = self.members.lock();
             m.iter()
                 .filter_map(|m| m.deferred.as_ref().and_then(|df| df.flush(&m.vi, true)))
+                // SAFETY: every descriptor posted here is an Op; a refused
+                // receive is ours again; taken under the members' lock,
+                // while its endpoint cannot close (`detach`).
+                .map(|d| unsafe { Op::take(d) })
                 .collect()
         };
-        for d in &refused {
-            // SAFETY: every descriptor posted here is an Op; a refused
-            // receive is ours again.
-            let op = unsafe { Op::take(*d) };
-            self.push_error(&op, op.flags, 0, 0, None);
+        for op in &refused {
+            self.push_error(op, op.flags, 0, 0, None);
         }
         !refused.is_empty()
+    }
+
+    /// The operation a blocking wait's notice names, taken under the
+    /// members' lock, if its endpoint is still a member (one that closed
+    /// meanwhile has freed its operations).
+    fn take_noticed(&self, c: &uvia::CqCompletion) -> Option<Taking> {
+        let m = self.members.lock();
+        if !m.iter().any(|m| m.vi.id() == c.vi.id()) {
+            return None;
+        }
+        let d = c.vi.done_raw(c.queue)?;
+        let broken = broken_by(&c.vi, d);
+        // SAFETY: every descriptor the provider posts is an Op, and its
+        // endpoint is a member until `detach`, which waits for this lock.
+        Some((unsafe { Op::take(d) }, broken))
     }
 
     /// A completed operation off any member's queue, one member further
     /// on than the last read started; drives each member's progress
     /// (its done call) while none is found, if `poll`.
     /// Also gives, for an operation its connection's failure ended, why
-    /// it failed.
+    /// it failed. The operation is taken back under the members' lock: an
+    /// endpoint closing in another thread (`detach`) waits for it before
+    /// it frees its operations.
     fn take(&self, post: bool, sleeping: bool, poll: bool) -> Option<Taking> {
         let m = self.members.lock();
         // Receives waiting for a read are posted first, with `post` (a
@@ -528,7 +546,7 @@ impl Cq {
             }
             .map(|(_, d)| (d, broken_by(&m.vi, d)))
         };
-        match &m[..] {
+        let found = match &m[..] {
             [] => None,
             // The usual case (an endpoint per CQ): no turn to take, and no
             // division on the path.
@@ -538,7 +556,10 @@ impl Cq {
                 let (a, b) = all.split_at(start);
                 b.iter().chain(a).find_map(look)
             }
-        }
+        };
+        // SAFETY: every descriptor the provider posts is an Op; `m` holds
+        // the members' lock until this returns.
+        found.map(|(d, broken)| (unsafe { Op::take(d) }, broken))
     }
 
     fn entry_size(&self) -> usize {
@@ -579,7 +600,7 @@ impl Cq {
                 break;
             }
             let d = match first.take() {
-                Some(c) => c.vi.done_raw(c.queue).map(|d| (d, broken_by(&c.vi, d))),
+                Some(c) => self.take_noticed(&c),
                 // Once this read has found something, the transport has
                 // just been polled: the looks after it take only what has
                 // already completed.
@@ -588,9 +609,7 @@ impl Cq {
                     None => break,
                 },
             };
-            let Some((d, broken)) = d else { continue };
-            // SAFETY: every descriptor the provider posts is an Op.
-            let op = unsafe { Op::take(d) };
+            let Some((op, broken)) = d else { continue };
             let st = op.status;
             let len = if op.flags & FI_RECV != 0 {
                 op.length as usize
@@ -676,8 +695,9 @@ fn error_code(st: u32) -> c_int {
     }
 }
 
-/// A completed descriptor and, if its connection's failure ended it, why.
-type Taking = (NonNull<Descriptor>, Option<Broken>);
+/// A completed operation taken back and, if its connection's failure
+/// ended it, why.
+type Taking = (Taken, Option<Broken>);
 
 /// Why `vi`'s connection failed, if `d` (done) ended with a transport
 /// error and the provider said.
@@ -747,6 +767,62 @@ unsafe extern "C" fn read(cq: *mut fid_cq, buf: *mut c_void, count: usize) -> is
     })
 }
 
+/// fabric.h's `FI_ADDR_NOTAVAIL`, `((uint64_t) -1)`: a cast the generated
+/// declarations do not carry over.
+const FI_ADDR_NOTAVAIL: fi_addr_t = fi_addr_t::MAX;
+
+/// `fi_cq_readfrom` and `fi_cq_sreadfrom`: as the reads without a source,
+/// each entry's source `FI_ADDR_NOTAVAIL` (a connected endpoint's peer is
+/// the connection's; there is no address vector to name it in).
+///
+/// # Safety
+/// `src` is NULL or holds as many entries as `n` says were read.
+unsafe fn no_sources(n: isize, src: *mut fi_addr_t) -> isize {
+    if n > 0 && !src.is_null() {
+        for i in 0..n as usize {
+            // SAFETY: per the contract.
+            unsafe { src.add(i).write_unaligned(FI_ADDR_NOTAVAIL) };
+        }
+    }
+    n
+}
+
+unsafe extern "C" fn readfrom(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut fi_addr_t,
+) -> isize {
+    // SAFETY: forwarded; `src` holds `count` entries.
+    unsafe { no_sources(read(cq, buf, count), src) }
+}
+
+unsafe extern "C" fn sreadfrom(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut fi_addr_t,
+    cond: *const c_void,
+    timeout_ms: c_int,
+) -> isize {
+    // SAFETY: forwarded; `src` holds `count` entries.
+    unsafe { no_sources(sread(cq, buf, count, cond, timeout_ms), src) }
+}
+
+/// `fi_cq_signal`: ends the `fi_cq_sread` calls under way, which return
+/// `-FI_EAGAIN`; only on a CQ with a wait object.
+unsafe extern "C" fn signal(cq: *mut fid_cq) -> c_int {
+    guard::call("cq_signal", || {
+        // SAFETY: libfabric calls through the fid it was given.
+        let q = unsafe { Cq::from_fid(cq as *mut fid) }?;
+        if q.wait_obj == FI_WAIT_NONE {
+            return Err(err::ENOSYS);
+        }
+        q.cq.interrupt();
+        Ok(())
+    })
+}
+
 unsafe extern "C" fn sread(
     cq: *mut fid_cq,
     buf: *mut c_void,
@@ -767,6 +843,8 @@ unsafe extern "C" fn sread(
         }
         let deadline = (timeout_ms >= 0)
             .then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms as u64));
+        // An `fi_cq_signal` from here on ends the read.
+        let signals = q.cq.interrupts();
         loop {
             // Counted a sleeper before the look that precedes the sleep: a
             // receive posted from then on is posted at once
@@ -785,7 +863,7 @@ unsafe extern "C" fn sread(
             // The core's wait spins, then sleeps on the CQ; the notice it
             // takes is the first entry.
             // A silent operation's notice yields no entry: wait on.
-            let woke = q.cq.wait(Some(left));
+            let woke = q.cq.wait_unless_interrupted(Some(left), signals);
             drop(asleep);
             match woke {
                 Ok(c) => match q.read_entries(buf, count, Some(c), false) {
@@ -793,6 +871,8 @@ unsafe extern "C" fn sread(
                     r => return r,
                 },
                 Err(uvia::WaitError::Timeout) => {}
+                // fi_cq_signal: back to the caller with nothing read.
+                Err(uvia::WaitError::Interrupted) => return Err(-FI_EAGAIN),
                 Err(_) => return Err(-FI_EOVERFLOW),
             }
         }
@@ -880,9 +960,31 @@ unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags:
         let q = unsafe { Cq::from_fid(cq as *mut fid) }?;
         let out = unsafe { buf.as_mut() }.ok_or(err::EINVAL)?;
         let mut errors = lock(&q.errors);
-        let e = errors.pop_front().ok_or(-FI_EAGAIN)?;
+        let mut e = errors.pop_front().ok_or(-FI_EAGAIN)?;
         q.erred.store(!errors.is_empty(), Ordering::Release);
         drop(errors);
+        // SAFETY: a CQ keeps its domain, and the domain its fabric, open.
+        let api = unsafe { &*q.domain().fabric }.fid.api_version;
+        if version_lt(api, API_1_5) {
+            // The entry of 1.0, which ends before `err_data_size`: the
+            // caller's struct may be no longer.
+            let n = std::mem::offset_of!(fi_cq_err_entry, err_data_size);
+            // SAFETY: the caller's entry holds the 1.0 fields; `e` is ours.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    &e as *const fi_cq_err_entry as *const u8,
+                    buf as *mut u8,
+                    n,
+                )
+            };
+            return Ok(1);
+        }
+        // The provider has no error data of its own: a buffer the caller
+        // offered keeps its place and gets no bytes (fi_cq(3)).
+        if out.err_data_size > 0 {
+            e.err_data = out.err_data;
+            e.err_data_size = 0;
+        }
         *out = e;
         Ok(1)
     })

@@ -650,13 +650,8 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
         }
         if let Some(vi) = ep.vi.take() {
             ep.domain().driver.remove(&vi);
-            // Receives never posted: free their operations.
-            if let Some(df) = ep.deferred.get() {
-                for d in df.take_all() {
-                    // SAFETY: every descriptor queued there is an Op.
-                    let _ = unsafe { Op::take(d) };
-                }
-            }
+            // First out of the CQs: a read under way in another thread
+            // ends before `detach` returns, and none begins after it.
             // SAFETY: bound CQs are kept open by their counts.
             for cq in [
                 ep.tx_cq.load(Ordering::Acquire),
@@ -664,6 +659,13 @@ unsafe extern "C" fn close(p: *mut fid) -> c_int {
             ] {
                 if let Some(cq) = unsafe { cq.as_ref() } {
                     cq.detach(&vi);
+                }
+            }
+            // Receives never posted: free their operations.
+            if let Some(df) = ep.deferred.get() {
+                for d in df.take_all() {
+                    // SAFETY: every descriptor queued there is an Op.
+                    let _ = unsafe { Op::take(d) };
                 }
             }
             vi.disconnect();

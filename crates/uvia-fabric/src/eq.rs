@@ -592,28 +592,54 @@ unsafe extern "C" fn readerr(eq: *mut fid_eq, buf: *mut fi_eq_err_entry, flags: 
         else {
             return Err(-FI_EAGAIN);
         };
-        // The error data stays readable until the next readerr, as
-        // libfabric's own queues keep it.
-        let mut keep = lock(&q.last_error);
-        *keep = data.clone();
-        *out = fi_eq_err_entry {
+        // SAFETY: an EQ keeps its fabric open.
+        let old = version_lt(unsafe { &*q.fabric }.fid.api_version, API_1_5);
+        let mut e = fi_eq_err_entry {
             fid: *fid,
             context: *context,
             data: 0,
             err: *err,
             prov_errno: -*err,
-            err_data: if keep.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                keep.as_mut_ptr() as *mut c_void
-            },
-            err_data_size: keep.len(),
+            err_data: std::ptr::null_mut(),
+            err_data_size: 0,
         };
+        if !old && out.err_data_size > 0 && !out.err_data.is_null() {
+            // The caller's buffer: as much of the data as it holds.
+            let n = data.len().min(out.err_data_size);
+            // SAFETY: the caller's buffer holds `err_data_size` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), out.err_data as *mut u8, n) };
+            e.err_data = out.err_data;
+            e.err_data_size = n;
+        } else if !data.is_empty() {
+            // The error data stays readable until the next readerr, as
+            // libfabric's own queues keep it.
+            let mut keep = lock(&q.last_error);
+            *keep = data.clone();
+            e.err_data = keep.as_mut_ptr() as *mut c_void;
+            e.err_data_size = keep.len();
+        }
+        if old {
+            // The entry of 1.0, which ends before `err_data_size`.
+            let n = std::mem::offset_of!(fi_eq_err_entry, err_data_size);
+            // SAFETY: the caller's entry holds the 1.0 fields; `e` is ours.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    &e as *const fi_eq_err_entry as *const u8,
+                    buf as *mut u8,
+                    n,
+                )
+            };
+        } else {
+            *out = e;
+        }
         if flags & FI_PEEK == 0 {
             events.pop_front();
             q.taken(&events);
         }
-        Ok(std::mem::size_of::<fi_eq_err_entry>() as isize)
+        Ok(match old {
+            true => std::mem::offset_of!(fi_eq_err_entry, err_data_size),
+            false => std::mem::size_of::<fi_eq_err_entry>(),
+        } as isize)
     })
 }
 

@@ -403,7 +403,9 @@ unsafe fn wait(vh: *mut c_void, ms: c_ulong, out: *mut *mut Descriptor, q: Queue
     match v.vi.wait_raw(q, timeout(ms)) {
         // SAFETY: forwarded.
         Ok(d) => unsafe { hand_back(v, vh, d, out) },
-        Err(WaitError::Timeout) => ret::TIMEOUT,
+        // (A VI's wait is never interrupted: only a CQ's is, by a call
+        // VIPL does not have.)
+        Err(WaitError::Timeout | WaitError::Interrupted) => ret::TIMEOUT,
         Err(WaitError::BoundToCq) => ret::INVALID_STATE,
         Err(WaitError::CqOverflow(_)) => ret::ERROR_RESOURCE,
     }

@@ -60,6 +60,8 @@ pub(crate) struct CqShared {
     /// `waiters` (a waiter adds itself, then looks; a notifier publishes,
     /// then looks for waiters).
     queued: AtomicUsize,
+    /// Counts [`Cq::interrupt`] calls: a wait that sees it change ends.
+    kicks: AtomicU32,
     /// The attached VIs. Walked on every empty poll, changed only when a
     /// VI attaches: a spin lock, released by a plain store.
     members: SpinLock<Vec<Weak<ViShared>>>,
@@ -451,6 +453,24 @@ impl CqShared {
         }
     }
 
+    /// Wakes every sleeper, the calling thread's own count included (an
+    /// interrupt comes from outside the waits).
+    fn wake_all(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            uvia_shm::doorbell::wake_local(&self.word);
+            let lone = self.lone.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(s) = lone {
+                s.wake();
+            }
+        }
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            if self.recv_sleepers.load(Ordering::SeqCst) > 0 {
+                self.recv_ok.store(false, Ordering::Relaxed);
+            }
+            write_eventfd(self.efd.as_raw_fd());
+        }
+    }
+
     fn members(&self) -> Vec<Arc<ViShared>> {
         self.lock_members()
             .iter()
@@ -509,6 +529,7 @@ impl Cq {
                     overflowed: false,
                 }),
                 queued: AtomicUsize::new(0),
+                kicks: AtomicU32::new(0),
                 members: SpinLock::new(Vec::new()),
                 waiters: AtomicU32::new(0),
                 sleepers: AtomicU32::new(0),
@@ -890,6 +911,24 @@ impl Cq {
     /// sleeps until a VI's peer or another thread makes one (see the
     /// module's notes). `None` waits forever.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<CqCompletion, WaitError> {
+        self.wait_unless_interrupted(timeout, self.interrupts())
+    }
+
+    /// How many times [`interrupt`](Self::interrupt) was called: taken
+    /// before a caller's own look for work and handed to
+    /// [`wait_unless_interrupted`](Self::wait_unless_interrupted), an
+    /// interrupt that comes between the two still ends the wait.
+    pub fn interrupts(&self) -> u32 {
+        self.s.kicks.load(Ordering::SeqCst)
+    }
+
+    /// [`wait`](Self::wait), ended with [`WaitError::Interrupted`] as soon
+    /// as [`interrupts`](Self::interrupts) is no longer `since`.
+    pub fn wait_unless_interrupted(
+        &self,
+        timeout: Option<Duration>,
+        since: u32,
+    ) -> Result<CqCompletion, WaitError> {
         // A notice already waiting (a send's, made as it was posted) needs
         // neither the clock nor a look at the VIs.
         if !self.s.direct {
@@ -897,6 +936,7 @@ impl Cq {
                 return Ok(c);
             }
         }
+        let kicked = || self.s.kicks.load(Ordering::SeqCst) != since;
         let start = Instant::now();
         // A timeout too long to add is forever.
         let end = timeout.and_then(|t| start.checked_add(t));
@@ -910,8 +950,13 @@ impl Cq {
                 return Ok(c);
             }
             k = k.wrapping_add(1);
-            if k.is_multiple_of(64) && start.elapsed() >= spin {
-                break;
+            if k.is_multiple_of(64) {
+                if kicked() {
+                    return Err(WaitError::Interrupted);
+                }
+                if start.elapsed() >= spin {
+                    break;
+                }
             }
         }
         // Sleep phase: arming looks at progress once more, and after a
@@ -936,6 +981,9 @@ impl Cq {
                 },
                 None => naps,
             };
+            if kicked() {
+                return Err(WaitError::Interrupted);
+            }
             if !self.sleep_futex(nap, look_at_peers) {
                 self.sleep_poll(nap, first);
                 // What woke it is most likely a socket of the ready set.
@@ -944,6 +992,9 @@ impl Cq {
             first = false;
             if let Some(c) = self.done()? {
                 return Ok(c);
+            }
+            if kicked() {
+                return Err(WaitError::Interrupted);
             }
             // A full nap without a wake-up: look at the peers' health next
             // round, and sleep longer.
@@ -955,6 +1006,16 @@ impl Cq {
             };
             t0 = now;
         }
+    }
+
+    /// Ends every [`wait`](Self::wait) on this CQ under way with
+    /// [`WaitError::Interrupted`] (libfabric's `fi_cq_signal`); a wait
+    /// that starts afterwards is not affected, unless it was handed an
+    /// earlier count ([`wait_unless_interrupted`](Self::wait_unless_interrupted)).
+    /// A waiter asleep wakes at once, as for a notice.
+    pub fn interrupt(&self) {
+        self.s.kicks.fetch_add(1, Ordering::SeqCst);
+        self.s.wake_all();
     }
 
     /// True if a notice is waiting or the walk of a direct CQ finds one.

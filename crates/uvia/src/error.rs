@@ -156,6 +156,9 @@ pub enum WaitError {
     BoundToCq,
     #[error("completion queue overflowed: more completions than its {0} entries")]
     CqOverflow(usize),
+    /// Another thread ended the wait ([`Cq::interrupt`](crate::Cq::interrupt)).
+    #[error("the wait was interrupted")]
+    Interrupted,
 }
 
 /// Connection management failed.

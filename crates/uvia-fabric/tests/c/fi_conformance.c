@@ -219,6 +219,17 @@ static void reject_peer(struct chan *c)
         n = fi_eq_sread(s.eq, &ev, buf, sizeof buf, 100, 0);
     CHECK_RET(n, -FI_EAVAIL);
     struct fi_eq_err_entry e;
+    /* Into a buffer of the caller's, shorter than the data: as much as
+     * it holds (peeked, so that the read below takes the same error). */
+    char part[8];
+    memset(&e, 0, sizeof e);
+    e.err_data = part;
+    e.err_data_size = sizeof part;
+    CHECK_RET(fi_eq_readerr(s.eq, &e, FI_PEEK), sizeof e);
+    CHECK(e.err_data == part);
+    CHECK_EQ(e.err_data_size, sizeof part);
+    CHECK(memcmp(part, reject_data, sizeof part) == 0);
+    /* With none offered, the provider's, whole. */
     memset(&e, 0, sizeof e);
     CHECK_RET(fi_eq_readerr(s.eq, &e, 0), sizeof e);
     CHECK(e.fid == &s.ep->fid);
@@ -1109,10 +1120,10 @@ static void t_unsupported(void)
     CHECK_RET(fi_atomic(s.ep, buf, 1, NULL, 0, 0, 0, FI_UINT64, FI_SUM, NULL), -FI_ENOSYS);
     CHECK_RET(fi_cancel(&s.ep->fid, NULL), -FI_ENOSYS);
     CHECK_RET(fi_setname(&s.ep->fid, buf, 16), -FI_ENOSYS);
-    CHECK_RET(fi_cq_signal(s.cq), -FI_ENOSYS);
-    fi_addr_t from;
+    /* A read that says where each entry came from: nowhere it can name. */
+    fi_addr_t from = 0;
     struct fi_cq_data_entry e;
-    CHECK_RET(fi_cq_readfrom(s.cq, &e, 1, &from), -FI_ENOSYS);
+    CHECK_RET(fi_cq_readfrom(s.cq, &e, 1, &from), -FI_EAGAIN);
     /* Attributes it does not offer, at open. */
     struct fid_cq *cq = NULL;
     struct fi_cq_attr tagged = {.size = 16, .format = FI_CQ_FORMAT_TAGGED};
@@ -1128,6 +1139,8 @@ static void t_unsupported(void)
     REQUIRE_RET(fi_cq_open(s.domain, &none, &cq, NULL), 0);
     int fd = -1;
     CHECK(fi_control(&cq->fid, FI_GETWAIT, &fd) < 0);
+    /* Nor anybody asleep on it to signal. */
+    CHECK_RET(fi_cq_signal(cq), -FI_ENOSYS);
     CHECK_RET(fi_close(&cq->fid), 0);
     side_close(&s);
 }
@@ -1148,6 +1161,66 @@ static void t_cq_sread_timeout(void)
     CHECKF(took >= 290 && took < 5000, "fi_cq_sread(300 ms) returned after %lld ms", took);
     CHECK_RET(fi_cq_sread(s.cq, &e, 1, NULL, 0), -FI_EAGAIN);
     side_close(&s);
+}
+
+/* A thread asleep in fi_cq_sread (timeout_ms -1: no timeout). */
+struct sleeper {
+    struct fid_cq *cq;
+    int timeout_ms;
+    struct fi_cq_data_entry e;
+    ssize_t n;
+    long long took;
+};
+
+static void *sleep_in_sread(void *arg)
+{
+    struct sleeper *z = arg;
+    long long t0 = now_ms();
+    z->n = fi_cq_sread(z->cq, &z->e, 1, NULL, z->timeout_ms);
+    z->took = now_ms() - t0;
+    return NULL;
+}
+
+/* fi_cq_signal wakes a thread asleep in fi_cq_sread with no timeout,
+ * which returns -FI_EAGAIN having read nothing; a message that comes
+ * after is still there for the next read. */
+static void t_cq_signal(void)
+{
+    struct side server, client;
+    pair_open(&server, &client);
+    struct sleeper z = {.cq = server.cq, .timeout_ms = -1, .n = 1};
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, sleep_in_sread, &z) == 0);
+    sleep_ms(200);
+    long long t0 = now_ms();
+    CHECK_RET(fi_cq_signal(server.cq), 0);
+    pthread_join(t, NULL);
+    CHECK_RET(z.n, -FI_EAGAIN);
+    CHECKF(now_ms() - t0 < 1000, "woke %lld ms after the signal", now_ms() - t0);
+    CHECKF(z.took >= 190, "returned after %lld ms, before the signal", z.took);
+    /* The signal is spent: a read after it waits for its timeout. */
+    struct fi_cq_data_entry e;
+    long long t1 = now_ms();
+    CHECK_RET(fi_cq_sread(server.cq, &e, 1, NULL, 100), -FI_EAGAIN);
+    CHECKF(now_ms() - t1 >= 90, "a later read returned after %lld ms", now_ms() - t1);
+    struct region r, l;
+    region_reg(&server, &r, 4096, FI_RECV);
+    region_reg(&client, &l, 4096, FI_SEND);
+    int ctx;
+    REQUIRE_RET(fi_recv(server.ep, r.buf, 4096, r.desc, 0, &ctx), 0);
+    REQUIRE_RET(fi_send(client.ep, l.buf, 32, l.desc, 0, NULL), 0);
+    CQ_EXPECT(client.cq, &e, 10000);
+    fi_addr_t from = 0;
+    ssize_t n = -FI_EAGAIN;
+    for (long long end = now_ms() + 10000; n == -FI_EAGAIN && now_ms() < end;)
+        n = fi_cq_sreadfrom(server.cq, &e, 1, &from, NULL, 100);
+    CHECK_RET(n, 1);
+    CHECK(e.op_context == &ctx);
+    CHECK(from == FI_ADDR_NOTAVAIL);
+    region_close(&r);
+    region_close(&l);
+    side_close(&client);
+    side_close(&server);
 }
 
 /* fi_eq_sread: -FI_EAGAIN after its timeout; an event written with
@@ -1588,22 +1661,6 @@ static void asleep_peer(struct chan *c)
     side_close(&s);
 }
 
-struct sleeper {
-    struct fid_cq *cq;
-    struct fi_cq_data_entry e;
-    ssize_t n;
-    long long took;
-};
-
-static void *sleep_in_sread(void *arg)
-{
-    struct sleeper *z = arg;
-    long long t0 = now_ms();
-    z->n = fi_cq_sread(z->cq, &z->e, 1, NULL, 5000);
-    z->took = now_ms() - t0;
-    return NULL;
-}
-
 static void t_recv_posted_while_asleep(void)
 {
     struct peer p;
@@ -1615,7 +1672,7 @@ static void t_recv_posted_while_asleep(void)
     for (unsigned seed = 1; seed <= ASLEEP_ROUNDS; seed++) {
         /* The message is sent with no receive posted. */
         step_send(&p.c);
-        struct sleeper z = {.cq = s.cq};
+        struct sleeper z = {.cq = s.cq, .timeout_ms = 5000};
         pthread_t t;
         REQUIRE(pthread_create(&t, NULL, sleep_in_sread, &z) == 0);
         /* Long enough for the message to arrive and the reader to sleep;
@@ -1929,6 +1986,7 @@ static const struct test tests[] = {
     {"call", "cq_read_after_entries", t_cq_read_after_entries, 0},
     {"call", "unsupported", t_unsupported, 0},
     {"wait", "cq_sread_timeout", t_cq_sread_timeout, 0},
+    {"wait", "cq_signal", t_cq_signal, 0},
     {"wait", "eq_sread", t_eq_sread, 0},
     {"wait", "eq_wait_fd", t_eq_wait_fd, 0},
     {"wait", "cq_wait_fd", t_cq_wait_fd, 0},

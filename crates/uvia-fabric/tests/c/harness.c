@@ -489,9 +489,17 @@ ssize_t cq_take(struct fid_cq *cq, struct fi_cq_data_entry *e, struct fi_cq_err_
         if (n == 1)
             return 1;
         if (n == -FI_EAVAIL) {
+            /* A buffer of the caller's for the error data (fi_cq(3)):
+             * kept in place, filled with at most its size. */
+            char data[16];
             memset(err, 0, sizeof *err);
+            err->err_data = data;
+            err->err_data_size = sizeof data;
             ssize_t k = fi_cq_readerr(cq, err, 0);
             CHECK_RET(k, 1);
+            CHECK(err->err_data == data);
+            CHECK(err->err_data_size <= sizeof data);
+            err->err_data = NULL;
             return -FI_EAVAIL;
         }
         if (n != -FI_EAGAIN) {
