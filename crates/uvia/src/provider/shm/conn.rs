@@ -68,6 +68,14 @@ pub(crate) const MAX_PEER_REGIONS: usize = 4096;
 /// receiver copying alone: 256 KiB 0.91–1.04x (its copy stays in the
 /// caches), 512 KiB 1.05–1.26x, 1 MiB 1.75–2.2x, 2 MiB 1.8–2.0x.
 pub(crate) const SHARE_COPY_FROM: usize = 512 << 10;
+/// Longest the receiver waits for the chunks the sender claimed in a
+/// shared copy before it copies them itself, as for a sender stopped: a
+/// chunk takes well under a millisecond, so only a sender that claims and
+/// never copies (faulty or hostile) is waited for this long, where the
+/// wait once lasted as long as the sender lived. A sender that was merely
+/// late by a second would write the same bytes after the receive
+/// completed, as a stopped one that resumes would.
+const HELP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Least bytes of one chunk of a shared copy (a chunk is at least a
 /// [`MAX_CHUNKS`]th of the message) where the sender writes its chunks by
 /// cross-memory attach. With 16 KiB chunks the claims cost more than they
@@ -1187,17 +1195,21 @@ impl ShmConn {
         }
         let theirs = chunk_mask(n) & !mine;
         let mut spins = 0u32;
+        let mut since = None;
         // Acquire: the sender's bytes of a chunk are in place before its bit.
         let marked = |w: &AtomicU64| chunks_of(w.load(Ordering::Acquire), offer);
         while (marked(&help.done) | marked(&help.failed)) & theirs != theirs {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
             // The sender copies a claimed chunk at once: only one that died
-            // or was stopped in between leaves it unwritten.
+            // or was stopped in between leaves it unwritten, or one that
+            // claims and never copies (a faulty or hostile peer), waited
+            // for at most HELP_PATIENCE: its chunks are copied here below.
             if spins.is_multiple_of(4096)
                 && (self.mine().closed.load(Ordering::Acquire) != 0
                     || self.stream.peer_gone()
-                    || stopped())
+                    || stopped()
+                    || since.get_or_insert_with(std::time::Instant::now).elapsed() >= HELP_PATIENCE)
             {
                 break;
             }
