@@ -732,7 +732,7 @@ unsafe extern "C" fn connect(
         let to =
             unsafe { medium::read_sockaddr_in(addr, std::mem::size_of::<libc::sockaddr_in>()) }
                 .ok_or(err::EINVAL)?;
-        let data = unsafe { pep::private(param, len) };
+        let data = unsafe { pep::private(param, len) }?;
         if data.len() > uvia::MAX_PRIVATE_DATA {
             return Err(err::EINVAL);
         }
@@ -782,7 +782,7 @@ unsafe extern "C" fn accept(p: *mut fid_ep, param: *const c_void, len: usize) ->
         // SAFETY: libfabric passes the fid it was given; the info is ours
         // and its handle the request it was opened for; `param` `len` bytes.
         let ep = unsafe { Ep::from_fid(p as *mut fid) }?;
-        let data = unsafe { pep::private(param, len) };
+        let data = unsafe { pep::private(param, len) }?;
         if data.len() > uvia::MAX_PRIVATE_DATA {
             return Err(err::EINVAL);
         }
@@ -956,7 +956,13 @@ unsafe extern "C" fn recvv(
     })
 }
 
-unsafe extern "C" fn recvmsg(ep: *mut fid_ep, msg: *const fi_msg, _flags: u64) -> isize {
+unsafe extern "C" fn recvmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -> isize {
+    // A buffer for many messages is not offered (no FI_MULTI_RECV in the
+    // caps): taken as one receive, a program would wait for the flag that
+    // says it is used up.
+    if flags & FI_MULTI_RECV != 0 {
+        return -(FI_EBADFLAGS as isize);
+    }
     // SAFETY: `msg` is the caller's.
     match unsafe { msg.as_ref() } {
         Some(m) => unsafe { recvv(ep, m.msg_iov, m.desc, m.iov_count, m.addr, m.context) },

@@ -276,6 +276,32 @@ impl Eq {
             l.remove(i);
             self.refs.fetch_sub(1, Ordering::AcqRel);
         }
+        // Its requests not yet read go with it, refused: an event naming
+        // a listener that is gone could not be answered through it.
+        let fid = &pep.fid.fid as *const fid as fid_t;
+        let mut unread = Vec::new();
+        {
+            let mut q = lock(&self.events);
+            q.retain(|e| match e {
+                Event::Cm { fid: f, info, .. } if *f == fid => {
+                    unread.push(*info);
+                    false
+                }
+                _ => true,
+            });
+            self.taken(&q);
+        }
+        for info in unread.into_iter().filter(|i| !i.is_null()) {
+            // SAFETY: infos this provider made for the events, never read.
+            unsafe {
+                if let Ok(req) = crate::pep::ConnReq::take((*info).handle) {
+                    if let Some(mut r) = lock(&req.request).take() {
+                        let _ = r.reject();
+                    }
+                }
+                fi_freeinfo(info);
+            }
+        }
     }
 
     /// Reports on `t`'s connection from now on.
@@ -653,10 +679,10 @@ unsafe extern "C" fn write(
     guard::call_ssize("eq_write", || {
         // SAFETY: as in read; `buf` holds `len` bytes.
         let q = unsafe { Eq::from_fid(eq as *mut fid) }?;
-        let bytes = if buf.is_null() {
-            Vec::new()
-        } else {
-            unsafe { std::slice::from_raw_parts(buf as *const u8, len) }.to_vec()
+        let bytes = match (buf.is_null(), len) {
+            (_, 0) => Vec::new(),
+            (true, _) => return Err(err::EINVAL),
+            (false, _) => unsafe { std::slice::from_raw_parts(buf as *const u8, len) }.to_vec(),
         };
         q.push(Event::User { event, bytes });
         Ok(len as isize)

@@ -335,7 +335,7 @@ unsafe extern "C" fn reject(
         // SAFETY: libfabric passes the fids it was given; `param` holds `len` bytes.
         let _pep = unsafe { Pep::from_fid(p as *mut fid) }?;
         let req = unsafe { ConnReq::take(handle) }?;
-        let data = unsafe { private(param, len) };
+        let data = unsafe { private(param, len) }?;
         let r = lock(&req.request).take().map(|mut r| r.reject_with(data));
         match r {
             Some(Ok(())) => Ok(()),
@@ -397,16 +397,20 @@ pub unsafe extern "C" fn setopt(
     })
 }
 
-/// The private data of a CM call.
+/// The private data of a CM call; a length with no bytes (NULL `param`)
+/// is `-FI_EINVAL`, not a request that quietly carries none.
 ///
 /// # Safety
 /// `param` is NULL or holds `len` bytes.
-pub unsafe fn private<'a>(param: *const c_void, len: usize) -> &'a [u8] {
-    if param.is_null() || len == 0 {
-        return &[];
+pub unsafe fn private<'a>(param: *const c_void, len: usize) -> Result<&'a [u8], c_int> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if param.is_null() {
+        return Err(err::EINVAL);
     }
     // SAFETY: per the contract.
-    unsafe { std::slice::from_raw_parts(param as *const u8, len) }
+    Ok(unsafe { std::slice::from_raw_parts(param as *const u8, len) })
 }
 
 impl ConnReq {

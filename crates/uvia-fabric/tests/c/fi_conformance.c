@@ -346,6 +346,8 @@ static void t_private_data_limits(void)
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(9),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     CHECK_RET(fi_connect(s.ep, &to, data, sizeof data), -FI_EINVAL);
+    /* A length with no bytes. */
+    CHECK_RET(fi_connect(s.ep, &to, NULL, 8), -FI_EINVAL);
     size = 65;
     CHECK_RET(fi_setopt(&s.ep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &size, sizeof size),
               -FI_EINVAL);
@@ -834,6 +836,10 @@ static void t_null_buffers(void)
     CHECK_RET(fi_inject(client.ep, NULL, 16, 0), -FI_EINVAL);
     CHECK_RET(fi_sendv(client.ep, NULL, NULL, 1, 0, NULL), -FI_EINVAL);
     CHECK_RET(fi_recvv(server.ep, NULL, NULL, 1, 0, NULL), -FI_EINVAL);
+    /* A buffer for many messages is not offered: refused, not taken as one. */
+    struct iovec one = {r.buf, 4096};
+    struct fi_msg multi = {.msg_iov = &one, .desc = &r.desc, .iov_count = 1};
+    CHECK_RET(fi_recvmsg(server.ep, &multi, FI_MULTI_RECV), -FI_EBADFLAGS);
     CHECK_RET(fi_sendmsg(client.ep, NULL, 0), -FI_EINVAL);
     CHECK_RET(fi_recvmsg(server.ep, NULL, 0), -FI_EINVAL);
     CHECK_RET(fi_writemsg(client.ep, NULL, 0), -FI_EINVAL);
@@ -929,6 +935,55 @@ static void t_second_bind(void)
     /* Nothing of b's was taken: all of it closes. */
     side_close(&b);
     side_close(&a);
+}
+
+/* The client of a listener that closed with its request unread: refused
+ * (FI_ECONNREFUSED) when the listener closes, not left to time out. */
+static void refused_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    struct side s;
+    listener_address(c, &a);
+    side_open(&s, FI_WAIT_UNSPEC);
+    side_domain(&s, s.info);
+    side_endpoint(&s);
+    REQUIRE_RET(fi_connect(s.ep, &a, NULL, 0), 0);
+    step_send(c);
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    uint32_t ev = 0;
+    ssize_t n = -FI_EAGAIN;
+    for (long long end = now_ms() + 10000; n == -FI_EAGAIN && now_ms() < end;)
+        n = fi_eq_sread(s.eq, &ev, buf, sizeof buf, 100, 0);
+    CHECK_RET(n, -FI_EAVAIL);
+    struct fi_eq_err_entry e;
+    memset(&e, 0, sizeof e);
+    CHECK_RET(fi_eq_readerr(s.eq, &e, 0), sizeof e);
+    CHECK_EQ(e.err, FI_ECONNREFUSED);
+    step_send(c);
+    side_close(&s);
+}
+
+static void t_listener_closed_with_a_request(void)
+{
+    struct peer p;
+    peer_start(&p, refused_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    step_wait(&p.c);
+    /* The request is queued (peeked at), and never read. */
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    uint32_t ev = 0;
+    ssize_t n = -FI_EAGAIN;
+    for (long long end = now_ms() + 10000; n == -FI_EAGAIN && now_ms() < end;)
+        n = fi_eq_read(s.eq, &ev, buf, sizeof buf, FI_PEEK);
+    CHECK(n > 0 && ev == FI_CONNREQ);
+    CHECK_RET(fi_close(&s.pep->fid), 0);
+    s.pep = NULL;
+    /* Nothing of the closed listener's stays queued. */
+    CHECK_RET(fi_eq_read(s.eq, &ev, buf, sizeof buf, 0), -FI_EAGAIN);
+    step_wait(&p.c);
+    peer_end(&p, 10000);
+    side_close(&s);
 }
 
 /* A request answered twice: the second answer is -FI_EINVAL, never a read
@@ -1235,6 +1290,7 @@ static void t_eq_sread(void)
     CHECK_RET(fi_eq_sread(s.eq, &ev, buf, sizeof buf, 300, 0), -FI_EAGAIN);
     long long took = now_ms() - t0;
     CHECKF(took >= 290 && took < 5000, "fi_eq_sread(300 ms) returned after %lld ms", took);
+    CHECK_RET(fi_eq_write(s.eq, FI_NOTIFY, NULL, 8, 0), -FI_EINVAL);
     struct fi_eq_entry w = {.fid = &s.eq->fid, .context = buf, .data = 77};
     CHECK_RET(fi_eq_write(s.eq, FI_NOTIFY, &w, sizeof w, 0), sizeof w);
     struct fi_eq_entry got;
@@ -1982,6 +2038,7 @@ static const struct test tests[] = {
     {"call", "sizes_above_limits", t_sizes_above_limits, 0},
     {"call", "second_bind", t_second_bind, 0},
     {"cm", "answered_twice", t_answered_twice, 0},
+    {"cm", "listener_closed_with_a_request", t_listener_closed_with_a_request, 0},
     {"call", "cq_read_count_zero", t_cq_read_count_zero, 0},
     {"call", "cq_read_after_entries", t_cq_read_after_entries, 0},
     {"call", "unsupported", t_unsupported, 0},
