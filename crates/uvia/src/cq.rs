@@ -435,36 +435,32 @@ impl CqShared {
             let mine = me.is_some_and(|(cq, h)| std::ptr::eq(cq, self) && h == how);
             n > mine as u32
         };
-        if others(Asleep::Futex) {
-            uvia_shm::doorbell::wake_local(&self.word);
-            let lone = self.lone.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            if let Some(s) = lone {
-                s.wake();
-            }
-        }
-        if others(Asleep::Poll) {
-            if self.recv_sleepers.load(Ordering::SeqCst) > 0 {
-                // Another thread made a notice while the waiter sleeps in
-                // a receive, which this cannot wake: waits here sleep
-                // where the eventfd reaches them from now on.
-                self.recv_ok.store(false, Ordering::Relaxed);
-            }
-            write_eventfd(self.efd.as_raw_fd());
-        }
+        self.wake_asleep(others(Asleep::Futex), others(Asleep::Poll));
     }
 
     /// Wakes every sleeper, the calling thread's own count included (an
     /// interrupt comes from outside the waits).
     fn wake_all(&self) {
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
+        self.wake_asleep(
+            self.sleepers.load(Ordering::SeqCst) > 0,
+            self.waiters.load(Ordering::SeqCst) > 0,
+        );
+    }
+
+    /// Wakes the waiters asleep on futexes (`futex`) and in `poll`.
+    fn wake_asleep(&self, futex: bool, poll: bool) {
+        if futex {
             uvia_shm::doorbell::wake_local(&self.word);
             let lone = self.lone.lock().unwrap_or_else(|e| e.into_inner()).clone();
             if let Some(s) = lone {
                 s.wake();
             }
         }
-        if self.waiters.load(Ordering::SeqCst) > 0 {
+        if poll {
             if self.recv_sleepers.load(Ordering::SeqCst) > 0 {
+                // Another thread made a notice while the waiter sleeps in
+                // a receive, which this cannot wake: waits here sleep
+                // where the eventfd reaches them from now on.
                 self.recv_ok.store(false, Ordering::Relaxed);
             }
             write_eventfd(self.efd.as_raw_fd());
