@@ -44,6 +44,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+use uvia_net::Addr;
 use uvia_proto::Conn;
 
 /// A connection tells its peer's record that it heard from the peer at most
@@ -255,21 +256,25 @@ impl PeerLive {
     }
 }
 
-/// The Nic's records of its peers' Nics, by token.
+/// The Nic's records of its peers' Nics, by token and host.
 #[derive(Default)]
 pub(super) struct Peers {
-    map: SpinLock<HashMap<u64, Weak<PeerLive>>>,
+    map: SpinLock<HashMap<(u64, Addr), Weak<PeerLive>>>,
 }
 
 impl Peers {
-    /// The record of the peer Nic `token`, which a connection to it holds
-    /// while it lives. A record no connection holds is dropped when a new
-    /// peer's is made.
-    pub(super) fn join(&self, token: u64, idle_timeout: Duration) -> Arc<PeerLive> {
+    /// The record of the peer Nic `token` on the host a connection hears
+    /// from at `from`, which a connection to it holds while it lives. A
+    /// record no connection holds is dropped when a new peer's is made.
+    /// Keyed by the host as well: the token travels in clear, and a peer
+    /// elsewhere that named another Nic's would otherwise join its record
+    /// (and, as its keeper, fall silent for it or keep it alive).
+    pub(super) fn join(&self, token: u64, from: Addr, idle_timeout: Duration) -> Arc<PeerLive> {
+        let key = (token, host_of(from));
         let mut map = self.map.lock();
         // A Nic found silent is a new peer if it is heard again.
         if let Some(p) = map
-            .get(&token)
+            .get(&key)
             .and_then(Weak::upgrade)
             .filter(|p| !p.silent.load(Ordering::Relaxed))
         {
@@ -277,8 +282,17 @@ impl Peers {
         }
         map.retain(|_, w| w.strong_count() > 0);
         let p = Arc::new(PeerLive::new(idle_timeout));
-        map.insert(token, Arc::downgrade(&p));
+        map.insert(key, Arc::downgrade(&p));
         p
+    }
+}
+
+/// The host part of a peer's address: its IP address (a Nic's connections
+/// answer from ports of their own), or its MAC address.
+fn host_of(a: Addr) -> Addr {
+    match a {
+        Addr::Ip(s) => Addr::Ip(std::net::SocketAddr::new(s.ip(), 0)),
+        mac => mac,
     }
 }
 
@@ -303,6 +317,22 @@ mod tests {
     use super::super::{acks_sent, keeps_watch};
     use crate::*;
     use std::time::{Duration, Instant};
+
+    /// One record for a peer Nic's connections from any of its host's
+    /// ports; a record of its own for the same token heard from another
+    /// host (a token travels in clear: another host may name it).
+    #[test]
+    fn a_token_from_another_host_is_another_peer() {
+        let peers = super::Peers::default();
+        let at =
+            |ip: [u8; 4], port: u16| uvia_net::Addr::Ip(std::net::SocketAddr::from((ip, port)));
+        let idle = Duration::from_secs(5);
+        let first = peers.join(7, at([10, 0, 0, 1], 5000), idle);
+        let same_host = peers.join(7, at([10, 0, 0, 1], 6000), idle);
+        let elsewhere = peers.join(7, at([10, 0, 0, 2], 5000), idle);
+        assert!(std::sync::Arc::ptr_eq(&first, &same_host));
+        assert!(!std::sync::Arc::ptr_eq(&first, &elsewhere));
+    }
 
     type End = (Vi, MemoryRegion);
 

@@ -315,7 +315,7 @@ impl NetVi {
             self.peer_live = self
                 .conn
                 .peer_nic()
-                .map(|t| nic.peers.join(t, nic.idle_timeout));
+                .map(|t| nic.peers.join(t, from, nic.idle_timeout));
             // Keeper or kept from the start: of many connections made to
             // one Nic, only the first keeps timers.
             self.share(nic, Instant::now());
