@@ -958,7 +958,9 @@ unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags:
     guard::call_ssize("cq_readerr", || {
         // SAFETY: as in read; `buf` is the caller's entry.
         let q = unsafe { Cq::from_fid(cq as *mut fid) }?;
-        let out = unsafe { buf.as_mut() }.ok_or(err::EINVAL)?;
+        if buf.is_null() {
+            return Err(err::EINVAL);
+        }
         let mut errors = lock(&q.errors);
         let mut e = errors.pop_front().ok_or(-FI_EAGAIN)?;
         q.erred.store(!errors.is_empty(), Ordering::Release);
@@ -979,6 +981,8 @@ unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags:
             };
             return Ok(1);
         }
+        // SAFETY: the caller's entry, of the interface's whole size.
+        let out = unsafe { &mut *buf };
         // The provider has no error data of its own: a buffer the caller
         // offered keeps its place and gets no bytes (fi_cq(3)).
         if out.err_data_size > 0 {

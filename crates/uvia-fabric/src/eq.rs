@@ -607,7 +607,9 @@ unsafe extern "C" fn readerr(eq: *mut fid_eq, buf: *mut fi_eq_err_entry, flags: 
     guard::call_ssize("eq_readerr", || {
         // SAFETY: as in read.
         let q = unsafe { Eq::from_fid(eq as *mut fid) }?;
-        let out = unsafe { buf.as_mut() }.ok_or(err::EINVAL)?;
+        if buf.is_null() {
+            return Err(err::EINVAL);
+        }
         let mut events = lock(&q.events);
         let Some(Event::Error {
             fid,
@@ -629,12 +631,16 @@ unsafe extern "C" fn readerr(eq: *mut fid_eq, buf: *mut fi_eq_err_entry, flags: 
             err_data: std::ptr::null_mut(),
             err_data_size: 0,
         };
-        if !old && out.err_data_size > 0 && !out.err_data.is_null() {
+        // What the caller offers for the data: read only from an entry of
+        // 1.5 or later (an older one ends before `err_data_size`).
+        // SAFETY: the caller's entry, of the interface's whole size.
+        let offered = (!old).then(|| unsafe { ((*buf).err_data, (*buf).err_data_size) });
+        if let Some((to, size)) = offered.filter(|(to, size)| *size > 0 && !to.is_null()) {
             // The caller's buffer: as much of the data as it holds.
-            let n = data.len().min(out.err_data_size);
+            let n = data.len().min(size);
             // SAFETY: the caller's buffer holds `err_data_size` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), out.err_data as *mut u8, n) };
-            e.err_data = out.err_data;
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to as *mut u8, n) };
+            e.err_data = to;
             e.err_data_size = n;
         } else if !data.is_empty() {
             // The error data stays readable until the next readerr, as
@@ -656,7 +662,8 @@ unsafe extern "C" fn readerr(eq: *mut fid_eq, buf: *mut fi_eq_err_entry, flags: 
                 )
             };
         } else {
-            *out = e;
+            // SAFETY: the caller's entry, of the interface's whole size.
+            unsafe { buf.write(e) };
         }
         if flags & FI_PEEK == 0 {
             events.pop_front();
