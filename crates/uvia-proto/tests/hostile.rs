@@ -3,7 +3,7 @@
 //! Frames are built by a well-behaved sender, then rewritten as a faulty
 //! or hostile one would send them.
 
-use direct::{connected, deliver, settled, Buf};
+use direct::{connected, deliver, send_len, settled, Buf};
 use uvia_proto::wire::{self, NakCode, Repr};
 use uvia_proto::{Config, Conn, Event, FailReason, Level, SendKind, SendOp};
 
@@ -18,13 +18,29 @@ fn config() -> Config {
     }
 }
 
-fn send(c: &mut Conn, len: u32) -> u32 {
-    let op = SendOp {
-        kind: SendKind::Send,
-        len,
-        imm: None,
+/// A receiver with four receives posted, and the frames of a message of
+/// 3,000 bytes (three frames) and one of 100 that the sender built for it,
+/// each rewritten by `change`: the first message's frames and the second's.
+fn two_messages(change: fn(&mut wire::DataHeader)) -> (Conn, Buf, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let (mut client, mut mc, mut server, ms) =
+        connected(config(), Buf(vec![7; 8192]), Buf(vec![0; 8192]));
+    for _ in 0..4 {
+        server.post_recv(4096).unwrap();
+    }
+    send_len(&mut client, 3000);
+    send_len(&mut client, 100);
+    let frames: Vec<Vec<u8>> = settled(&mut client, &mut mc)
+        .iter()
+        .map(|f| rewritten(f, change))
+        .collect();
+    let of = |msn| -> Vec<Vec<u8>> {
+        frames
+            .iter()
+            .filter(|f| msn_of(f) == Some(msn))
+            .cloned()
+            .collect()
     };
-    c.post_send(op).expect("post send")
+    (server, ms, of(0), of(1))
 }
 
 /// `f` rewritten: its data header changed by `change`, its checksum made
@@ -74,27 +90,7 @@ fn messages_that_name_receives_out_of_order_break_the_connection() {
         // Message 1 names a receive two beyond its place.
         |h| h.rsn = h.msn * 2,
     ] {
-        let (mut client, mut mc, mut server, mut ms) =
-            connected(config(), Buf(vec![7; 8192]), Buf(vec![0; 8192]));
-        for _ in 0..4 {
-            server.post_recv(4096).unwrap();
-        }
-        send(&mut client, 3000);
-        send(&mut client, 100);
-        let frames: Vec<Vec<u8>> = settled(&mut client, &mut mc)
-            .iter()
-            .map(|f| rewritten(f, wrong))
-            .collect();
-        let first: Vec<Vec<u8>> = frames
-            .iter()
-            .filter(|f| msn_of(f) == Some(0))
-            .cloned()
-            .collect();
-        let second: Vec<Vec<u8>> = frames
-            .iter()
-            .filter(|f| msn_of(f) == Some(1))
-            .cloned()
-            .collect();
+        let (mut server, mut ms, first, second) = two_messages(wrong);
         assert!(
             first.len() >= 2 && second.len() == 1,
             "{} and {} frames",
@@ -118,24 +114,7 @@ fn messages_that_name_receives_out_of_order_break_the_connection() {
 /// what breaks the rules).
 #[test]
 fn messages_in_their_receives_order_arrive_whole() {
-    let (mut client, mut mc, mut server, mut ms) =
-        connected(config(), Buf(vec![7; 8192]), Buf(vec![0; 8192]));
-    for _ in 0..4 {
-        server.post_recv(4096).unwrap();
-    }
-    send(&mut client, 3000);
-    send(&mut client, 100);
-    let frames = settled(&mut client, &mut mc);
-    let first: Vec<Vec<u8>> = frames
-        .iter()
-        .filter(|f| msn_of(f) == Some(0))
-        .cloned()
-        .collect();
-    let second: Vec<Vec<u8>> = frames
-        .iter()
-        .filter(|f| msn_of(f) == Some(1))
-        .cloned()
-        .collect();
+    let (mut server, mut ms, first, second) = two_messages(|_| {});
     deliver(&mut server, &first[..1], &mut ms);
     deliver(&mut server, &second, &mut ms);
     deliver(&mut server, &first[1..], &mut ms);

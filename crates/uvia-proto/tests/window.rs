@@ -4,10 +4,10 @@
 //! gone through cleanly, and the last frame of a message waits for the
 //! answer that may carry its ack.
 
-use direct::{connected, deliver, settled, Buf};
+use direct::{connected, deliver, send_len as send, settled, Buf};
 use std::time::Instant;
 use uvia_proto::wire::{self, Repr, DATA_HEADER_LEN};
-use uvia_proto::{Config, Conn, Event, Level, Outcome, SendKind, SendOp};
+use uvia_proto::{Config, Conn, Event, Level, Outcome};
 
 mod direct;
 
@@ -28,15 +28,6 @@ fn data_bytes(frames: &[Vec<u8>]) -> u32 {
 
 fn is_data(f: &[u8]) -> bool {
     matches!(wire::parse(f), Ok((_, _, Repr::Data { .. })))
-}
-
-fn send(c: &mut Conn, len: u32) -> u32 {
-    let op = SendOp {
-        kind: SendKind::Send,
-        len,
-        imm: None,
-    };
-    c.post_send(op).expect("post send")
 }
 
 fn sends_done(c: &mut Conn) -> Vec<(u32, Outcome)> {

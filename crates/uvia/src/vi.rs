@@ -1175,11 +1175,7 @@ impl Vi {
         timeout: Duration,
         private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError> {
-        let wait = Patience {
-            timeout,
-            listener: timeout,
-        };
-        self.connect(remote, None, wait, private)
+        self.connect_client(remote, timeout, timeout, private)
     }
 
     /// [`connect_request_with`](Self::connect_request_with) to a server
@@ -1195,11 +1191,18 @@ impl Vi {
         timeout: Duration,
         private: &[u8],
     ) -> Result<RemoteViAttributes, ConnectError> {
-        let wait = Patience {
-            timeout,
-            listener: Duration::ZERO,
-        };
-        self.connect(remote, None, wait, private)
+        self.connect_client(remote, timeout, Duration::ZERO, private)
+    }
+
+    /// A client's request, asking again for `listener` while nobody listens.
+    fn connect_client(
+        &self,
+        remote: &NetAddress,
+        timeout: Duration,
+        listener: Duration,
+        private: &[u8],
+    ) -> Result<RemoteViAttributes, ConnectError> {
+        self.connect(remote, None, Patience { timeout, listener }, private)
     }
 
     /// Connects peer to peer (VipConnectPeerRequest and VipConnectPeerWait

@@ -295,6 +295,31 @@ static void t_listen_on_a_held_port(void)
     side_close(&first);
 }
 
+/* A side whose endpoint asks to connect to `to`. */
+static void side_connecting(struct side *s, struct sockaddr_in *to)
+{
+    side_open(s, FI_WAIT_UNSPEC);
+    side_domain(s, s->info);
+    side_endpoint(s);
+    REQUIRE_RET(fi_connect(s->ep, to, NULL, 0), 0);
+}
+
+/* Waits up to 10 s for `s`'s request to be refused: an error entry,
+ * FI_ECONNREFUSED. */
+static void expect_refused(struct side *s)
+{
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+    uint32_t ev = 0;
+    ssize_t n = -FI_EAGAIN;
+    for (long long end = now_ms() + 10000; n == -FI_EAGAIN && now_ms() < end;)
+        n = fi_eq_sread(s->eq, &ev, buf, sizeof buf, 100, 0);
+    CHECK_RET(n, -FI_EAVAIL);
+    struct fi_eq_err_entry e;
+    memset(&e, 0, sizeof e);
+    CHECK_RET(fi_eq_readerr(s->eq, &e, 0), sizeof e);
+    CHECK_EQ(e.err, FI_ECONNREFUSED);
+}
+
 /* A listener gone: a request to its address is refused at once
  * (FI_ECONNREFUSED), as a socket's connect is, not after the connect's
  * whole timeout: on shm nobody listens there any more; on udp, where each
@@ -310,22 +335,10 @@ static void t_connect_to_a_closed_listener(void)
     /* Two listeners, two ports. */
     CHECK(kept.sin_port != a.sin_port);
     side_close(&gone);
-    side_open(&c, FI_WAIT_UNSPEC);
-    side_domain(&c, c.info);
-    side_endpoint(&c);
     long long t0 = now_ms();
-    REQUIRE_RET(fi_connect(c.ep, &a, NULL, 0), 0);
-    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
-    uint32_t ev = 0;
-    ssize_t n = -FI_EAGAIN;
-    for (long long end = now_ms() + 10000; n == -FI_EAGAIN && now_ms() < end;)
-        n = fi_eq_sread(c.eq, &ev, buf, sizeof buf, 100, 0);
+    side_connecting(&c, &a);
+    expect_refused(&c);
     long long took = now_ms() - t0;
-    CHECK_RET(n, -FI_EAVAIL);
-    struct fi_eq_err_entry e;
-    memset(&e, 0, sizeof e);
-    CHECK_RET(fi_eq_readerr(c.eq, &e, 0), sizeof e);
-    CHECK_EQ(e.err, FI_ECONNREFUSED);
     CHECKF(took < 2000, "refused after %lld ms", took);
     h_note("refused after %lld ms", took);
     side_close(&c);
@@ -944,21 +957,9 @@ static void refused_peer(struct chan *c)
     struct sockaddr_in a;
     struct side s;
     listener_address(c, &a);
-    side_open(&s, FI_WAIT_UNSPEC);
-    side_domain(&s, s.info);
-    side_endpoint(&s);
-    REQUIRE_RET(fi_connect(s.ep, &a, NULL, 0), 0);
+    side_connecting(&s, &a);
     step_send(c);
-    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
-    uint32_t ev = 0;
-    ssize_t n = -FI_EAGAIN;
-    for (long long end = now_ms() + 10000; n == -FI_EAGAIN && now_ms() < end;)
-        n = fi_eq_sread(s.eq, &ev, buf, sizeof buf, 100, 0);
-    CHECK_RET(n, -FI_EAVAIL);
-    struct fi_eq_err_entry e;
-    memset(&e, 0, sizeof e);
-    CHECK_RET(fi_eq_readerr(s.eq, &e, 0), sizeof e);
-    CHECK_EQ(e.err, FI_ECONNREFUSED);
+    expect_refused(&s);
     step_send(c);
     side_close(&s);
 }
@@ -993,10 +994,7 @@ static void twice_peer(struct chan *c)
     struct sockaddr_in a;
     struct side s;
     listener_address(c, &a);
-    side_open(&s, FI_WAIT_UNSPEC);
-    side_domain(&s, s.info);
-    side_endpoint(&s);
-    REQUIRE_RET(fi_connect(s.ep, &a, NULL, 0), 0);
+    side_connecting(&s, &a);
     step_wait(c);
     side_close(&s);
 }

@@ -61,9 +61,14 @@ pub fn deliver(to: &mut Conn, frames: &[Vec<u8>], mem: &mut Buf) {
 
 /// Posts a send of 8 bytes; its message number.
 pub fn send(c: &mut Conn) -> u32 {
+    send_len(c, 8)
+}
+
+/// Posts a send of `len` bytes; its message number.
+pub fn send_len(c: &mut Conn, len: u32) -> u32 {
     let op = SendOp {
         kind: SendKind::Send,
-        len: 8,
+        len,
         imm: None,
     };
     c.post_send(op).expect("post send")
