@@ -24,6 +24,7 @@ mod lock;
 pub mod mem;
 mod membarrier;
 pub mod nic;
+mod progress;
 mod provider;
 mod ready;
 pub mod vi;

@@ -132,6 +132,13 @@ pub struct NicOptions {
     /// the clear: it keeps jobs apart, it is no secret from a peer that
     /// reads the traffic.
     pub job_key: Option<String>,
+    /// A network Nic's protocol timers run only in the program's calls
+    /// (and a face's own thread): the library's progress thread, which
+    /// otherwise serves the timers of a network Nic nobody sweeps for a
+    /// while (see `progress.rs`), leaves this one alone. A program that
+    /// waits on one Nic's connection while another Nic's peer waits for an
+    /// acknowledgement then leaves that peer waiting.
+    pub manual_progress: bool,
 }
 
 /// The 64-bit form of a job key ([`NicOptions::job_key`], else
@@ -210,6 +217,9 @@ impl Nic {
             attrs,
         });
         s.provider.opened(&Arc::downgrade(&s));
+        if s.attrs.needs_driving && !opts.manual_progress {
+            crate::progress::watch(&s);
+        }
         Ok(Nic { s })
     }
 

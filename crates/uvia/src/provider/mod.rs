@@ -309,6 +309,16 @@ impl NicProvider {
         }
     }
 
+    /// How many sweeps of its VIs' due timers the Nic has made, by anyone
+    /// (the progress thread tells a Nic its program drives by it); `None`
+    /// where they keep none (shm).
+    pub fn sweeps(&self) -> Option<u64> {
+        match self {
+            NicProvider::Net(n) => Some(n.sweeps()),
+            NicProvider::Shm(_) => None,
+        }
+    }
+
     /// Has the Nic's medium give back what its receives keep for later,
     /// for a waiter about to sleep on a descriptor.
     pub fn settle(&self) {

@@ -73,6 +73,8 @@ pub(super) struct Deadlines {
     /// The later deadlines, earliest first: (nanoseconds after `epoch`,
     /// connection).
     later: SpinLock<BinaryHeap<Reverse<(u64, u32)>>>,
+    /// Sweeps made ([`take_due`](Self::take_due) calls that found one due).
+    sweeps: AtomicU64,
 }
 
 impl Deadlines {
@@ -84,7 +86,13 @@ impl Deadlines {
             next_walk: AtomicU64::new(0),
             soon: SpinLock::new(Vec::new()),
             later: SpinLock::new(BinaryHeap::new()),
+            sweeps: AtomicU64::new(0),
         }
+    }
+
+    /// How many sweeps were made, by anyone.
+    pub(super) fn sweeps(&self) -> u64 {
+        self.sweeps.load(Ordering::Relaxed)
     }
 
     /// Nanoseconds from the epoch to `t` (0 before it), in 64 bits (585
@@ -177,6 +185,7 @@ impl Deadlines {
             }
             *at = now + SWEEP_EVERY;
         }
+        self.sweeps.fetch_add(1, Ordering::Relaxed);
         let walk = now_ns >= self.next_walk.load(Ordering::Acquire);
         if walk {
             self.next_walk

@@ -781,6 +781,11 @@ impl NetNic {
         self.medium.settle();
     }
 
+    /// Sweeps made so far ([`Deadlines::sweeps`]).
+    pub(super) fn sweeps(&self) -> u64 {
+        self.deadlines.sweeps()
+    }
+
     /// How long a sleeping waiter may sleep before one of the VIs' timers
     /// is due ([`Deadlines::due_in`]). A waiter that woke every
     /// millisecond to find nothing due cost an idle process about 1.6% of

@@ -344,8 +344,11 @@ mod tests {
         idle: Duration,
         no_cq: bool,
     ) -> (Nic, Nic, Cq, Vec<End>, Vec<End>) {
+        // Driven by the tests' own calls alone, as each test says: the
+        // library's progress thread would keep a Nic they leave alone.
         let opts = NicOptions {
             idle_timeout: Some(idle),
+            manual_progress: true,
             ..NicOptions::default()
         };
         let sn = Nic::open_with("udp:127.0.0.1", &opts).unwrap();
