@@ -292,6 +292,13 @@ struct BwArgs {
     /// (1 to 1,024).
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = counts(1, MAX_WINDOW))]
     window: usize,
+    /// With --inject (udp): a second connection between the same two
+    /// processes, with no faults injected, measured in the same run: the
+    /// batches alternate between the two (in the order ABBA), so that the
+    /// host's changes of speed fall on both alike; the report gives the
+    /// goodput at the faults over the lossless twin's.
+    #[arg(long, requires = "inject")]
+    lossless_twin: bool,
 }
 
 #[derive(Args)]
@@ -479,6 +486,8 @@ struct PeerArgs {
     rdma_write: bool,
     #[arg(long)]
     xdp_busy_poll: bool,
+    #[arg(long)]
+    lossless_twin: bool,
 }
 
 /// Standard output went away ([`out!`]).
@@ -697,6 +706,7 @@ fn plan_from(a: &RunArgs, kind: Kind, window: usize) -> Result<Plan> {
         server_netns: None,
         rdma_write: a.rdma_write,
         xdp_busy_poll: a.xdp_busy_poll,
+        lossless_twin: false,
     })
 }
 
@@ -946,8 +956,13 @@ fn torture(a: &TortureArgs) -> Result<()> {
     Ok(())
 }
 
-fn measure(a: &RunArgs, kind: Kind, window: usize) -> Result<()> {
+fn measure(a: &RunArgs, kind: Kind, window: usize, lossless_twin: bool) -> Result<()> {
     let mut plan = plan_from(a, kind, window)?;
+    if lossless_twin && a.provider != Provider::Udp {
+        // Two xdp Nics cannot share the interface's queue.
+        bail!("--lossless-twin is for the udp provider (-p udp)");
+    }
+    plan.lossless_twin = lossless_twin;
     check_json(&a.json)?;
     if a.inject.is_some() && !matches!(a.provider, Provider::Udp | Provider::Xdp) {
         bail!("--inject needs a uvia network provider (--provider udp or xdp)");
@@ -993,8 +1008,8 @@ fn main() {
             out!("{}", report::limit_table(&r));
             write_json(&a.json, &r)
         })(),
-        Cmd::Pingpong(a) => measure(&a, Kind::Pingpong, 64),
-        Cmd::Bw(a) => measure(&a.run, Kind::Bw, a.window),
+        Cmd::Pingpong(a) => measure(&a, Kind::Pingpong, 64, false),
+        Cmd::Bw(a) => measure(&a.run, Kind::Bw, a.window, a.lossless_twin),
         Cmd::Bench(a) => bench::bench(a.quick, &a.out, a.pairs, a.peers),
         Cmd::Fabric(a) => fabric::run(a.quick, a.pairs),
         Cmd::Mpi(a) => mpi::run(
@@ -1073,6 +1088,7 @@ fn main() {
                 server_netns: None,
                 rdma_write: p.rdma_write,
                 xdp_busy_poll: p.xdp_busy_poll,
+                lossless_twin: p.lossless_twin,
             };
             run::serve(&plan)
         })(),

@@ -5,7 +5,7 @@
 //! viewer renders, so no system font is needed at build or run time.
 
 use crate::limit::LimitResult;
-use crate::run::RunResult;
+use crate::run::{RunResult, SizeResult};
 use crate::size::human;
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
@@ -120,35 +120,61 @@ pub fn run_rows(r: &RunResult) -> (Vec<&'static str>, Vec<Vec<String>>) {
             "cpu server",
         ]
     };
-    let rows = r
-        .results
-        .iter()
-        .map(|x| {
-            vec![
-                human(x.size),
-                x.iters.to_string(),
-                fmt_ns(x.lat_ns.min),
-                fmt_ns(x.lat_ns.p50),
-                fmt_ns(x.lat_ns.p99),
-                fmt_ns(x.lat_ns.mean),
-                format!("{:.1}", x.mbytes_per_s),
-                fmt_rate(x.msgs_per_s),
-                fmt_pct(x.cpu.client),
-                fmt_pct(x.cpu.server),
-            ]
-        })
-        .collect();
+    let row = |x: &SizeResult, label: String| {
+        vec![
+            label,
+            x.iters.to_string(),
+            fmt_ns(x.lat_ns.min),
+            fmt_ns(x.lat_ns.p50),
+            fmt_ns(x.lat_ns.p99),
+            fmt_ns(x.lat_ns.mean),
+            format!("{:.1}", x.mbytes_per_s),
+            fmt_rate(x.msgs_per_s),
+            fmt_pct(x.cpu.client),
+            fmt_pct(x.cpu.server),
+        ]
+    };
+    let mut rows = Vec::new();
+    for (i, x) in r.results.iter().enumerate() {
+        match r.lossless.get(i) {
+            // The faulty connection and its lossless twin, batches
+            // alternated in one run; the CPU columns are the two's together.
+            Some(t) => {
+                rows.push(row(x, format!("{} faults", human(x.size))));
+                rows.push(row(t, format!("{} lossless", human(t.size))));
+            }
+            None => rows.push(row(x, human(x.size))),
+        }
+    }
     (head, rows)
+}
+
+/// With a lossless twin: each size's goodput at the faults over the
+/// twin's, one line each.
+fn twin_ratios(r: &RunResult) -> String {
+    r.results
+        .iter()
+        .zip(&r.lossless)
+        .filter(|(_, t)| t.mbytes_per_s > 0.0)
+        .map(|(x, t)| {
+            format!(
+                "{}: goodput at the faults / lossless twin = {:.2}x\n",
+                human(x.size),
+                x.mbytes_per_s / t.mbytes_per_s
+            )
+        })
+        .collect()
 }
 
 pub fn run_table(r: &RunResult) -> String {
     let (head, rows) = run_rows(r);
     format!(
-        "{} {} ({})\n{}",
+        "{} {} ({})\n{}{}",
         r.command,
         r.provider,
         r.mode,
-        text_table(&head, &rows)
+        text_table(&head, &rows),
+        twin_ratios(r)
     )
 }
 

@@ -107,6 +107,10 @@ pub struct Plan {
     pub rdma_write: bool,
     /// Busy polling on the xdp provider's sockets (`--xdp-busy-poll`).
     pub xdp_busy_poll: bool,
+    /// Bandwidth with faults injected: a second, lossless connection
+    /// between the same two processes, the batches alternating between the
+    /// two (`--lossless-twin`).
+    pub lossless_twin: bool,
 }
 
 /// VIA's reliability levels, as the tool names them.
@@ -164,6 +168,10 @@ pub struct RunResult {
     pub provider: String,
     pub mode: String,
     pub results: Vec<SizeResult>,
+    /// With `--lossless-twin`: the lossless connection's result at each
+    /// size, measured in the batches between those of `results`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lossless: Vec<SizeResult>,
 }
 
 /// Default round trips for a ping-pong size: 100,000 up to 1 KiB, then fewer
@@ -189,6 +197,18 @@ pub fn default_warmup(iters: usize) -> usize {
 pub fn bw_batches(iters: usize) -> (usize, usize) {
     let batches = iters.clamp(1, 20);
     (batches, iters.div_ceil(batches).max(1))
+}
+
+/// The connections bandwidth batch `b` goes over, in order, of `n` (one,
+/// or the faulty connection 0 and its lossless twin 1): the twin's in the
+/// order ABBA, so that a change in the host's speed during a run falls on
+/// both alike. Both sides compute the same.
+pub fn batch_order(b: usize, n: usize) -> &'static [usize] {
+    match (n, b % 2) {
+        (1, _) => &[0],
+        (_, 0) => &[0, 1],
+        _ => &[1, 0],
+    }
 }
 
 pub fn listen(provider: Provider, cfg: &EndpointConfig) -> Result<Box<dyn Listener>> {
@@ -229,6 +249,23 @@ fn config(plan: &Plan) -> EndpointConfig {
         inject: plan.inject.clone(),
         ip: plan.ip,
         rdma_write: plan.rdma_write,
+    }
+}
+
+/// Which connection of a run an error came from, where there are two.
+fn connection_name(w: usize, n: usize) -> &'static str {
+    match (n, w) {
+        (1, _) => "the connection",
+        (_, 0) => "the connection with faults injected",
+        _ => "the lossless twin",
+    }
+}
+
+/// The lossless twin's configuration: the plan's, without faults.
+fn twin_config(plan: &Plan) -> EndpointConfig {
+    EndpointConfig {
+        inject: None,
+        ..config(plan)
     }
 }
 
@@ -297,14 +334,25 @@ pub fn serve_peer<T: Serialize>(body: impl FnOnce() -> Result<T>) -> ! {
 
 fn serve_inner(plan: &Plan) -> Result<ServerReport> {
     let cfg = config(plan);
-    let listener = listen(plan.provider, &cfg)
-        .with_context(|| format!("{} server: listening", plan.provider.name()))?;
-    println!("READY {}", listener.info());
+    let listening = |cfg: &EndpointConfig| {
+        listen(plan.provider, cfg)
+            .with_context(|| format!("{} server: listening", plan.provider.name()))
+    };
+    let mut listeners = vec![listening(&cfg)?];
+    if plan.lossless_twin {
+        listeners.push(listening(&twin_config(plan))?);
+    }
+    let infos: Vec<String> = listeners.iter().map(|l| l.info()).collect();
+    println!("READY {}", infos.join(" "));
     std::io::stdout().flush()?;
-    let mut ep = listener
-        .accept()
-        .with_context(|| format!("{} server: accepting", plan.provider.name()))?;
-    ep.send_buf().fill(REPLY_BYTE);
+    let mut eps = Vec::new();
+    for l in listeners {
+        let mut ep = l
+            .accept()
+            .with_context(|| format!("{} server: accepting", plan.provider.name()))?;
+        ep.send_buf().fill(REPLY_BYTE);
+        eps.push(ep);
+    }
     let die_after: Option<usize> = std::env::var("UVIA_TEST_SERVER_DIES_AFTER")
         .ok()
         .and_then(|v| v.parse().ok());
@@ -313,6 +361,7 @@ fn serve_inner(plan: &Plan) -> Result<ServerReport> {
         let (iters, warm) = (plan.iters[i], plan.warmup[i]);
         let c = match plan.kind {
             Kind::Pingpong => {
+                let ep = &mut eps[0];
                 for _ in 0..warm {
                     expect_len(ep.recv()?, size)?;
                     ep.send(size)?;
@@ -333,22 +382,33 @@ fn serve_inner(plan: &Plan) -> Result<ServerReport> {
                 c
             }
             Kind::Bw => {
-                for _ in 0..warm {
-                    expect_len(ep.recv()?, size)?;
-                    check_bytes(ep.recv_buf(), BW_BYTE)?;
-                }
-                ep.send(ACK)?;
-                let (batches, per) = bw_batches(iters);
-                let m = CpuMeter::start();
-                for _ in 0..batches {
-                    for _ in 0..per {
+                for ep in eps.iter_mut() {
+                    for _ in 0..warm {
                         expect_len(ep.recv()?, size)?;
                         check_bytes(ep.recv_buf(), BW_BYTE)?;
                     }
                     ep.send(ACK)?;
                 }
+                let (batches, per) = bw_batches(iters);
+                let m = CpuMeter::start();
+                let n = eps.len();
+                for b in 0..batches {
+                    for &w in batch_order(b, n) {
+                        let ep = &mut eps[w];
+                        (|| -> Result<()> {
+                            for _ in 0..per {
+                                expect_len(ep.recv()?, size)?;
+                                check_bytes(ep.recv_buf(), BW_BYTE)?;
+                            }
+                            ep.send(ACK)
+                        })()
+                        .with_context(|| format!("batch {b} over {}", connection_name(w, n)))?;
+                    }
+                }
                 let c = m.stop();
-                ep.flush()?;
+                for ep in eps.iter_mut() {
+                    ep.flush()?;
+                }
                 c
             }
         };
@@ -391,6 +451,9 @@ fn server_args(plan: &Plan) -> Vec<String> {
     }
     if plan.xdp_busy_poll {
         a.push("--xdp-busy-poll".into());
+    }
+    if plan.lossless_twin {
+        a.push("--lossless-twin".into());
     }
     if let Some(f) = &plan.inject {
         a.extend(["--inject".into(), f.clone()]);
@@ -587,37 +650,58 @@ pub fn run_sliced(
     pin::pin_or_warn(plan.client_cpu, "client");
     let cfg = config(plan);
     state.store(STATE_MEASURING, Ordering::SeqCst);
-    let measured = (|| -> Result<Vec<SizeResult>> {
-        let mut ep = connect(plan.provider, &cfg, &info)
-            .with_context(|| format!("{} client: connecting", plan.provider.name()))?;
-        let mut out = Vec::new();
+    let measured = (|| -> Result<(Vec<SizeResult>, Vec<SizeResult>)> {
+        let connecting = |cfg: &EndpointConfig, info: &str| {
+            connect(plan.provider, cfg, info)
+                .with_context(|| format!("{} client: connecting", plan.provider.name()))
+        };
+        let mut eps = if plan.lossless_twin {
+            let [faulty, twin] = info.split_whitespace().collect::<Vec<_>>()[..] else {
+                bail!("the server's READY line {info:?} does not name two listeners");
+            };
+            vec![
+                connecting(&cfg, faulty)?,
+                connecting(&twin_config(plan), twin)?,
+            ]
+        } else {
+            vec![connecting(&cfg, &info)?]
+        };
+        let (mut out, mut twin) = (Vec::new(), Vec::new());
         for (i, &size) in plan.sizes.iter().enumerate() {
             before(i)?;
-            let r = match plan.kind {
-                Kind::Pingpong => pingpong_client(
-                    ep.as_mut(),
-                    i,
-                    size,
-                    plan.iters[i],
-                    plan.warmup[i],
-                    plan.interval_us,
-                ),
-                Kind::Bw => bw_client(ep.as_mut(), size, plan.iters[i], plan.warmup[i]),
-            }
-            .with_context(|| {
+            let what = || {
                 format!(
                     "{} {} at {} bytes",
                     plan.provider.name(),
                     plan.kind.name(),
                     size
                 )
-            })?;
-            out.push(r);
+            };
+            match plan.kind {
+                Kind::Pingpong => out.push(
+                    pingpong_client(
+                        eps[0].as_mut(),
+                        i,
+                        size,
+                        plan.iters[i],
+                        plan.warmup[i],
+                        plan.interval_us,
+                    )
+                    .with_context(what)?,
+                ),
+                Kind::Bw => {
+                    let mut r = bw_client(&mut eps, size, plan.iters[i], plan.warmup[i])
+                        .with_context(what)?
+                        .into_iter();
+                    out.extend(r.next());
+                    twin.extend(r.next());
+                }
+            }
         }
-        Ok(out)
+        Ok((out, twin))
     })();
     state.store(STATE_DONE, Ordering::SeqCst);
-    let mut results = match measured {
+    let (mut results, mut lossless) = match measured {
         Ok(r) => r,
         Err(e) => {
             // Prefer the server's own account when it failed first; one that
@@ -637,8 +721,11 @@ pub fn run_sliced(
     let report = wait_line(rx, "RESULT", Duration::from_secs(30), "RESULT line")?;
     let report: ServerReport =
         serde_json::from_str(&report).context("reading the server's RESULT line")?;
-    for (r, c) in results.iter_mut().zip(report.cpu) {
-        r.cpu.server = c;
+    for (r, c) in results.iter_mut().zip(&report.cpu) {
+        r.cpu.server = *c;
+    }
+    for (r, c) in lossless.iter_mut().zip(&report.cpu) {
+        r.cpu.server = *c;
     }
     Ok(RunResult {
         command: if plan.rdma_write {
@@ -649,6 +736,7 @@ pub fn run_sliced(
         provider: plan.provider.name().into(),
         mode: mode_name(plan.mode).into(),
         results,
+        lossless,
     })
 }
 
@@ -733,54 +821,77 @@ fn pingpong_client(
     })
 }
 
-fn bw_client(ep: &mut dyn Endpoint, size: usize, iters: usize, warm: usize) -> Result<SizeResult> {
-    ep.send_buf()[..size].fill(BW_BYTE);
+/// Bandwidth over `eps`: one connection, or a faulty one and its lossless
+/// twin, whose batches alternate ([`batch_order`]); a result for each. The
+/// CPU use is the whole loop's, the twins' batches together.
+fn bw_client(
+    eps: &mut [Box<dyn Endpoint>],
+    size: usize,
+    iters: usize,
+    warm: usize,
+) -> Result<Vec<SizeResult>> {
     // The clock's calibration (a 50 ms spin, once a process) before the
     // warm-up: converting the first batch's time would otherwise stop the
     // stream for it between two measured batches.
     clock::ns_per_tick();
-    for _ in 0..warm {
-        ep.send(size)?;
-    }
-    ep.flush()?;
-    expect_len(ep.recv()?, ACK)?;
-    let (batches, per) = bw_batches(iters);
-    let mut per_msg = Vec::with_capacity(batches);
-    let mut total_ticks = 0u64;
-    let m = CpuMeter::start();
-    for _ in 0..batches {
-        let t0 = clock::ticks();
-        for _ in 0..per {
+    for ep in eps.iter_mut() {
+        ep.send_buf()[..size].fill(BW_BYTE);
+        for _ in 0..warm {
             ep.send(size)?;
         }
         ep.flush()?;
-        let n = ep.recv()?;
-        let t1 = clock::ticks();
-        expect_len(n, ACK)?;
-        let dt = t1.wrapping_sub(t0);
-        total_ticks += dt;
-        per_msg.push(clock::to_ns(dt) / per as f64);
+        expect_len(ep.recv()?, ACK)?;
+    }
+    let (batches, per) = bw_batches(iters);
+    let mut per_msg = vec![Vec::with_capacity(batches); eps.len()];
+    let mut total_ticks = vec![0u64; eps.len()];
+    let m = CpuMeter::start();
+    let n = eps.len();
+    for b in 0..batches {
+        for &w in batch_order(b, n) {
+            let ep = &mut eps[w];
+            let t0 = clock::ticks();
+            let got = (|| -> Result<usize> {
+                for _ in 0..per {
+                    ep.send(size)?;
+                }
+                ep.flush()?;
+                ep.recv()
+            })()
+            .with_context(|| format!("batch {b} over {}", connection_name(w, n)))?;
+            let t1 = clock::ticks();
+            expect_len(got, ACK)?;
+            let dt = t1.wrapping_sub(t0);
+            total_ticks[w] += dt;
+            per_msg[w].push(clock::to_ns(dt) / per as f64);
+        }
     }
     let cpu = m.stop();
     let msgs = batches * per;
-    let total_ns = clock::to_ns(total_ticks);
-    Ok(SizeResult {
-        size,
-        iters: msgs,
-        lat_ns: Stats::of(&per_msg),
-        mbytes_per_s: if total_ns > 0.0 {
-            (msgs * size) as f64 / total_ns * 1e3
-        } else {
-            0.0
-        },
-        msgs_per_s: if total_ns > 0.0 {
-            msgs as f64 / total_ns * 1e9
-        } else {
-            0.0
-        },
-        cpu: CpuUse {
-            client: cpu,
-            server: 0.0,
-        },
-    })
+    Ok(total_ticks
+        .iter()
+        .zip(&per_msg)
+        .map(|(&ticks, per_msg)| {
+            let total_ns = clock::to_ns(ticks);
+            SizeResult {
+                size,
+                iters: msgs,
+                lat_ns: Stats::of(per_msg),
+                mbytes_per_s: if total_ns > 0.0 {
+                    (msgs * size) as f64 / total_ns * 1e3
+                } else {
+                    0.0
+                },
+                msgs_per_s: if total_ns > 0.0 {
+                    msgs as f64 / total_ns * 1e9
+                } else {
+                    0.0
+                },
+                cpu: CpuUse {
+                    client: cpu,
+                    server: 0.0,
+                },
+            }
+        })
+        .collect())
 }

@@ -502,6 +502,52 @@ fn only_the_chosen_slices_of_a_traced_ping_pong_record() {
 /// Counts out of bounds, values that say nothing or contradict another,
 /// and outputs that could not be written are refused before anything is
 /// measured: no table, no server, a message that names the flag.
+/// A lossy connection and its lossless twin in one run: both measured over
+/// the same number of messages, each intact (the tool checks the bytes),
+/// and their ratio printed.
+#[test]
+fn bw_with_a_lossless_twin_measures_both_connections() {
+    let _traffic = traffic();
+    let json = tmp("bw-twin.json");
+    let args = [
+        "bw",
+        "-p",
+        "udp",
+        "--sizes",
+        "64K",
+        "--iters",
+        "400",
+        "--inject",
+        "loss=0.05,seed=3",
+        "--lossless-twin",
+        "--json",
+    ];
+    let out = uvia().args(args).arg(&json).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("64 KiB faults") && text.contains("64 KiB lossless"),
+        "{text}"
+    );
+    assert!(
+        text.contains("goodput at the faults / lossless twin"),
+        "{text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    for part in ["results", "lossless"] {
+        let r = &v[part].as_array().unwrap_or_else(|| panic!("{part}"))[0];
+        assert_eq!(r["size"].as_u64(), Some(65536), "{part}");
+        assert_eq!(r["iters"].as_u64(), Some(400), "{part}");
+        assert!(r["mbytes_per_s"].as_f64().unwrap() > 0.0, "{part}");
+    }
+}
+
 #[test]
 fn bad_values_are_refused_before_a_run() {
     let dir = tmp("refused");
@@ -591,6 +637,12 @@ fn bad_values_are_refused_before_a_run() {
         (
             own(&["pingpong", "-p", "udp", "--inject", "loss=0.1,loss=0.2"]),
             "twice",
+        ),
+        // A twin needs faults to be measured against, and two Nics.
+        (own(&["bw", "-p", "udp", "--lossless-twin"]), "--inject"),
+        (
+            own(&["bw", "-p", "shm", "--inject", "loss=0.1", "--lossless-twin"]),
+            "--lossless-twin",
         ),
         (pp(&["--json", dir_s]), "a folder, not a file"),
         (pp(&["--json", under_s]), "there is no folder"),

@@ -209,14 +209,12 @@ fn peers_wanted(quick: bool, asked: bool) -> std::result::Result<(), String> {
 const LOSS_PAIRS: usize = 7;
 
 /// Pairs of the goodput comparison at 1% loss in the full bench, at least.
-/// Its line (0.95x) sits a few hundredths under what the loss costs (the
-/// frames sent again and copied twice: 0.87–1.11x, median 0.97x, in 14
-/// pairs that all fell in one of the host's slow stretches), while this
-/// host halves and restores a stream's speed every few seconds: a pair
-/// whose two runs fall on either side of such a change reads about 0.5x
-/// or 2x. In 15 pairs of `uvia bw -p udp --sizes 64K` 7 did (5 one way, 2
-/// the other). With few pairs one such pair moves the median by a pair's
-/// step; more pairs make each matter less.
+/// Its line (0.95x) sits a few hundredths under what the loss costs, and
+/// each pair's ratio moves with where a run's few losses fall: more pairs
+/// make each matter less. (Each pair is one run of a lossy connection and
+/// its lossless twin, batches alternated: when the two were separate runs,
+/// this host's changes of a stream's speed every few seconds spoiled
+/// about half the pairs, at 0.5x or 2x.)
 const LIGHT_LOSS_PAIRS: usize = 15;
 
 /// Pairs of a goodput-at-loss comparison with at least `least` in the

@@ -262,6 +262,15 @@ impl ViaEndpoint {
     }
 
     /// Why a wait may have ended empty-handed, for its error.
+    /// Why the connection failed, where the VI knows (after a completion's
+    /// error).
+    fn broken_hint(&self) -> String {
+        match self.s.vi.broken_by() {
+            Some(b) => format!(" ({})", b.text().to_string_lossy()),
+            None => String::new(),
+        }
+    }
+
     fn lost_hint(&self) -> &'static str {
         match self.s.cfg.reliability {
             Reliability::Unreliable => {
@@ -300,8 +309,9 @@ impl ViaEndpoint {
             };
             match d {
                 Some(d) => {
-                    d.result()
-                        .map_err(|e| anyhow!("send completed with an error: {e}"))?;
+                    d.result().map_err(|e| {
+                        anyhow!("send completed with an error: {e}{}", self.broken_hint())
+                    })?;
                     self.in_flight -= 1;
                     self.free.push(d);
                     if block {
@@ -421,7 +431,8 @@ impl Endpoint for ViaEndpoint {
         };
         let n = d
             .result()
-            .map_err(|e| anyhow!("receive completed with an error: {e}"))? as usize;
+            .map_err(|e| anyhow!("receive completed with an error: {e}{}", self.broken_hint()))?
+            as usize;
         self.current = Some(d);
         self.last_len = n;
         Ok(n)

@@ -69,6 +69,7 @@ pub(super) fn rows(infos: &[PeerInfo], comps: &[Comparison]) -> Vec<PeerRun> {
                     provider: info.name.clone(),
                     mode: "polling".into(),
                     results,
+                    lossless: Vec::new(),
                 },
                 version: info.version.clone().unwrap_or_default(),
             });
