@@ -55,6 +55,18 @@ pub trait Endpoint {
     fn recv(&mut self) -> Result<usize>;
     /// The bytes of the last message `recv` returned.
     fn recv_buf(&self) -> &[u8];
+    /// [`recv`](Self::recv), calling `idle` now and then while it polls: a
+    /// program with two connections drives the one it is not waiting on
+    /// (uvia's network connections acknowledge and send again only in
+    /// calls). Polling uvia endpoints call it; the others just receive.
+    fn recv_driving(&mut self, idle: &dyn Fn()) -> Result<usize> {
+        let _ = idle;
+        self.recv()
+    }
+    /// Runs the connection's protocol for a moment (acknowledgements owed,
+    /// frames to send again) without taking a message: see
+    /// [`recv_driving`](Self::recv_driving). Nothing where there is none.
+    fn drive(&self) {}
     /// Waits until every send has completed.
     fn flush(&mut self) -> Result<()>;
 }

@@ -42,6 +42,10 @@ struct Side {
     cfg: EndpointConfig,
 }
 
+/// Empty polls of a receive between two drives of the connection it is not
+/// waiting on ([`Endpoint::recv_driving`]): a few microseconds apart on udp.
+const DRIVE_OTHER_EVERY: u32 = 16;
+
 /// Receives kept posted: on the network providers a reliable sender's
 /// whole window must find descriptors (a message without one breaks a VIA
 /// connection); `shm` holds early messages in its ring.
@@ -401,6 +405,10 @@ impl Endpoint for ViaEndpoint {
     }
 
     fn recv(&mut self) -> Result<usize> {
+        self.recv_driving(&|| {})
+    }
+
+    fn recv_driving(&mut self, idle: &dyn Fn()) -> Result<usize> {
         if self.remote.is_some() {
             return self.recv_watching();
         }
@@ -418,12 +426,17 @@ impl Endpoint for ViaEndpoint {
                 .recv_wait(Some(Duration::from_secs(30)))
                 .map_err(|e| anyhow!("receive wait: {e}"))?,
             Mode::Polling => {
-                let mut idle = SpinDeadline::new();
+                let mut idle_check = SpinDeadline::new();
+                let mut spins = 0u32;
                 loop {
                     if let Some(d) = self.s.vi.recv_done() {
                         break d;
                     }
-                    if idle.expired() {
+                    spins = spins.wrapping_add(1);
+                    if spins.is_multiple_of(DRIVE_OTHER_EVERY) {
+                        idle();
+                    }
+                    if idle_check.expired() {
                         bail!("no message in {IO_TIMEOUT:?}{}", self.lost_hint());
                     }
                 }
@@ -436,6 +449,12 @@ impl Endpoint for ViaEndpoint {
         self.current = Some(d);
         self.last_len = n;
         Ok(n)
+    }
+
+    fn drive(&self) {
+        // Never waits for another thread that holds the VI (the library's
+        // progress thread, which may have lost its core meanwhile).
+        let _ = self.s.vi.try_drive();
     }
 
     fn recv_buf(&self) -> &[u8] {
