@@ -265,7 +265,6 @@ impl ViaEndpoint {
         }
     }
 
-    /// Why a wait may have ended empty-handed, for its error.
     /// Why the connection failed, where the VI knows (after a completion's
     /// error).
     fn broken_hint(&self) -> String {
@@ -275,6 +274,7 @@ impl ViaEndpoint {
         }
     }
 
+    /// Why a wait may have ended empty-handed, for its error.
     fn lost_hint(&self) -> &'static str {
         match self.s.cfg.reliability {
             Reliability::Unreliable => {
