@@ -43,85 +43,109 @@ struct Watched {
     sweeps: Option<u64>,
 }
 
-static WATCHED: Mutex<Vec<Watched>> = Mutex::new(Vec::new());
-static STARTED: std::sync::Once = std::sync::Once::new();
+/// The Nics one process's thread looks at.
+struct Registry {
+    /// The process whose thread this is: a child made by `fork` has no
+    /// such thread (and the Nics it inherits are its parent's), so its
+    /// first Nic starts a registry and a thread of its own.
+    pid: u32,
+    watched: Mutex<Vec<Watched>>,
+}
+
+static REGISTRY: Mutex<Option<Arc<Registry>>> = Mutex::new(None);
 
 /// Has the progress thread look at `nic` from now on (started at the
 /// first). A Nic closed is let go at the thread's next look.
 pub(crate) fn watch(nic: &Arc<NicShared>) {
-    lock().push(Watched {
+    lock(&registry().watched).push(Watched {
         nic: Arc::downgrade(nic),
         sweeps: None,
     });
-    STARTED.call_once(|| {
-        // A thread that cannot start leaves the Nics to their programs,
-        // as before it was built.
-        let _ = std::thread::Builder::new()
-            .name("uvia-progress".into())
-            .spawn(run);
+}
+
+/// This process's registry, its thread started if it is not running yet.
+fn registry() -> Arc<Registry> {
+    let mut current = lock(&REGISTRY);
+    let pid = std::process::id();
+    if let Some(r) = current.as_ref().filter(|r| r.pid == pid) {
+        return r.clone();
+    }
+    let r = Arc::new(Registry {
+        pid,
+        watched: Mutex::new(Vec::new()),
     });
+    let thread = r.clone();
+    // A thread that cannot start leaves the Nics to their programs, as
+    // before it was built.
+    let _ = std::thread::Builder::new()
+        .name("uvia-progress".into())
+        .spawn(move || thread.run());
+    *current = Some(r.clone());
+    r
 }
 
-fn lock() -> std::sync::MutexGuard<'static, Vec<Watched>> {
-    WATCHED.lock().unwrap_or_else(|p| p.into_inner())
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn run() {
-    let mut backoff = TICK;
-    loop {
-        let sleep = look(&mut backoff);
-        std::thread::sleep(sleep);
+impl Registry {
+    fn run(&self) {
+        let mut backoff = TICK;
+        loop {
+            let sleep = self.look(&mut backoff);
+            std::thread::sleep(sleep);
+        }
     }
-}
 
-/// One look at every watched Nic: sweeps those nobody swept since the last
-/// look, and says how long to sleep.
-fn look(backoff: &mut Duration) -> Duration {
-    // The Nics taken out of the list first: a sweep may close a VI, whose
-    // last reference may close its Nic, which must not find the list held.
-    let nics: Vec<(usize, Arc<NicShared>, Option<u64>)> = {
-        let mut w = lock();
-        w.retain(|n| n.nic.strong_count() > 0);
-        w.iter()
-            .enumerate()
-            .filter_map(|(i, n)| Some((i, n.nic.upgrade()?, n.sweeps)))
-            .collect()
-    };
-    let mut next = MAX_IDLE;
-    let mut driven_elsewhere = false;
-    let mut seen = Vec::with_capacity(nics.len());
-    for (i, nic, last) in &nics {
-        let Some(now) = nic.provider.sweeps() else {
-            continue;
+    /// One look at every watched Nic: sweeps those nobody swept since the last
+    /// look, and says how long to sleep.
+    fn look(&self, backoff: &mut Duration) -> Duration {
+        // The Nics taken out of the list first: a sweep may close a VI, whose
+        // last reference may close its Nic, which must not find the list held.
+        let nics: Vec<(usize, Arc<NicShared>, Option<u64>)> = {
+            let mut w = lock(&self.watched);
+            w.retain(|n| n.nic.strong_count() > 0);
+            w.iter()
+                .enumerate()
+                .filter_map(|(i, n)| Some((i, n.nic.upgrade()?, n.sweeps)))
+                .collect()
         };
-        if last.is_some_and(|l| l != now) {
-            // Its program (or a face's thread) swept it since: it is driven.
-            driven_elsewhere = true;
-            seen.push((*i, now));
-            continue;
+        let mut next = MAX_IDLE;
+        let mut driven_elsewhere = false;
+        let mut seen = Vec::with_capacity(nics.len());
+        for (i, nic, last) in &nics {
+            let Some(now) = nic.provider.sweeps() else {
+                continue;
+            };
+            if last.is_some_and(|l| l != now) {
+                // Its program (or a face's thread) swept it since: it is driven.
+                driven_elsewhere = true;
+                seen.push((*i, now));
+                continue;
+            }
+            nic.provider.run_due_timers();
+            if let Some(d) = nic.provider.timers_due_in() {
+                next = next.min(d);
+            }
+            seen.push((*i, nic.provider.sweeps().unwrap_or(now)));
         }
-        nic.provider.run_due_timers();
-        if let Some(d) = nic.provider.timers_due_in() {
-            next = next.min(d);
-        }
-        seen.push((*i, nic.provider.sweeps().unwrap_or(now)));
-    }
-    {
-        let mut w = lock();
-        for (i, sweeps) in seen {
-            // Only this thread takes entries out (the retain above);
-            // others only push behind them: the indices still hold.
-            if let Some(n) = w.get_mut(i) {
-                n.sweeps = Some(sweeps);
+        {
+            let mut w = lock(&self.watched);
+            for (i, sweeps) in seen {
+                // Only this thread takes entries out (the retain above);
+                // others only push behind them: the indices still hold.
+                if let Some(n) = w.get_mut(i) {
+                    n.sweeps = Some(sweeps);
+                }
             }
         }
+        drop(nics);
+        if driven_elsewhere {
+            *backoff = (*backoff * 2).min(MAX_TICK);
+            next = next.min(*backoff);
+        } else {
+            *backoff = TICK;
+        }
+        next.max(TICK)
     }
-    drop(nics);
-    if driven_elsewhere {
-        *backoff = (*backoff * 2).min(MAX_TICK);
-        next = next.min(*backoff);
-    } else {
-        *backoff = TICK;
-    }
-    next.max(TICK)
 }
