@@ -1808,14 +1808,27 @@ mod tests {
         ]
     }
 
+    /// What the sender's stand-in in [`shared_copy`] does.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Stand {
+        /// Claims chunks and hands each to the helper.
+        Helps,
+        /// Claims one chunk and stops, and the receiver is told the
+        /// sender is gone.
+        Gone,
+        /// Claims one chunk and never writes it, while the receiver
+        /// finds the sender alive and running (a faulty or hostile peer).
+        Stalls,
+    }
+
     /// One shared copy of a 1 MiB and a bit message into a buffer of two
-    /// pieces while a thread stands in for the sender: it claims chunks and
-    /// hands each to `helper(chunk, at, len, buffer)`, which says whether
-    /// it wrote it; or (`gone`) claims one and stops. The number of chunks
-    /// the stand-in claimed.
+    /// pieces while a thread stands in for the sender (`stand`): helping,
+    /// it claims chunks and hands each to `helper(chunk, at, len,
+    /// buffer)`, which says whether it wrote it. The number of chunks the
+    /// stand-in claimed.
     fn shared_copy(
         tag: &str,
-        gone: bool,
+        stand: Stand,
         helper: impl Fn(u32, usize, usize, &[LocalRange]) -> bool + Send + Sync,
     ) -> u32 {
         let (mut conn, _theirs, dir) = conn_with_raw_peer(tag);
@@ -1847,7 +1860,7 @@ mod tests {
                         continue;
                     };
                     claimed.fetch_add(1, Ordering::Relaxed);
-                    if gone {
+                    if stand != Stand::Helps {
                         return; // claimed and never written
                     }
                     let chunk = help.chunk.load(Ordering::Relaxed) as usize;
@@ -1865,7 +1878,7 @@ mod tests {
             while !running.load(Ordering::Acquire) {
                 std::thread::yield_now();
             }
-            let ok = conn.gather_shared(5, &ranges, &local, &[], || gone);
+            let ok = conn.gather_shared(5, &ranges, &local, &[], || stand == Stand::Gone);
             over.store(true, Ordering::Release);
             ok
         });
@@ -1910,7 +1923,7 @@ mod tests {
         // thread may start late and claim nothing: then try again.
         let mut helped = 0;
         for round in 0..50 {
-            helped += shared_copy(&format!("share{round}"), false, |c, at, k, local| {
+            helped += shared_copy(&format!("share{round}"), Stand::Helps, |c, at, k, local| {
                 if c % 2 == 1 {
                     return false;
                 }
@@ -1940,7 +1953,7 @@ mod tests {
         // A sender gone after claiming: the receiver copies its chunk.
         let mut claimed = 0;
         for round in 0..50 {
-            claimed += shared_copy(&format!("gone{round}"), true, |_, _, _, _| true);
+            claimed += shared_copy(&format!("gone{round}"), Stand::Gone, |_, _, _, _| true);
             if claimed > 0 {
                 break;
             }
@@ -1948,6 +1961,35 @@ mod tests {
         assert!(
             claimed > 0,
             "the gone sender's stand-in never claimed a chunk"
+        );
+    }
+
+    /// A sender that claims a chunk and never writes it, though alive and
+    /// running, is waited for [`HELP_PATIENCE`], not for as long as it
+    /// lives: the receiver then copies the chunk itself (the bytes are
+    /// checked by `shared_copy`).
+    #[test]
+    fn a_chunk_claimed_and_never_written_is_copied_after_the_patience() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        // On a thread of its own: a receive that waits for good must fail
+        // the test, not hang it.
+        std::thread::spawn(move || {
+            for round in 0..50 {
+                let start = std::time::Instant::now();
+                let claimed =
+                    shared_copy(&format!("stall{round}"), Stand::Stalls, |_, _, _, _| true);
+                if claimed > 0 {
+                    let _ = tx.send(start.elapsed());
+                    return;
+                }
+            }
+        });
+        let waited = rx
+            .recv_timeout(HELP_PATIENCE * 10)
+            .expect("the receive still waits for the chunk its sender claimed");
+        assert!(
+            waited >= HELP_PATIENCE,
+            "the receive ended after {waited:?}, before the patience ran out"
         );
     }
 }
