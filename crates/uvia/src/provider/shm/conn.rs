@@ -1855,7 +1855,12 @@ mod tests {
                 while !over.load(Ordering::Acquire) {
                     let w = help.claim.load(Ordering::Acquire);
                     let nc = help.nchunks.load(Ordering::Relaxed);
-                    let Some(c) = claim_chunk(help, (w >> 32) as u32, nc) else {
+                    // Offer 0 is none yet: a claim made of it before the
+                    // offer opens would count, and the receiver would never
+                    // see it (the sender's own look skips it too).
+                    let offer = (w >> 32) as u32;
+                    let Some(c) = (offer != 0).then(|| claim_chunk(help, offer, nc)).flatten()
+                    else {
                         std::hint::spin_loop();
                         continue;
                     };
@@ -1870,7 +1875,7 @@ mod tests {
                     } else {
                         &help.failed
                     };
-                    mark_chunk(bits, (w >> 32) as u32, c);
+                    mark_chunk(bits, offer, c);
                 }
             });
             // The copy takes microseconds: the stand-in must be running
