@@ -21,6 +21,14 @@ fn the_c_suite_passes_on_shm_with_registered_pages_left_private() {
     conformance("shm", &[("FI_UVIA_SHARE_MR", "0")]);
 }
 
+/// The suite as a program of interface 1.4 would call it: registration
+/// in the old words (`FI_LOCAL_MR`, `FI_MR_BASIC`) and error entries of
+/// 1.0, which end before `err_data_size`.
+#[test]
+fn the_c_suite_passes_on_shm_as_an_interface_1_4_program() {
+    conformance("shm", &[("FI_CONFORMANCE_API", "1.4")]);
+}
+
 #[test]
 fn the_c_suite_passes_on_udp() {
     conformance("udp", &[]);

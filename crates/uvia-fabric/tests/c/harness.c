@@ -298,6 +298,17 @@ static uint32_t api_version(void)
     return FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
 }
 
+int api_before_1_5(void)
+{
+    return api_version() < FI_VERSION(1, 5);
+}
+
+ssize_t eq_err_entry_size(void)
+{
+    return api_before_1_5() ? (ssize_t)offsetof(struct fi_eq_err_entry, err_data_size)
+                            : (ssize_t)sizeof(struct fi_eq_err_entry);
+}
+
 struct fi_info *domain_info(void)
 {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
@@ -305,10 +316,17 @@ struct fi_info *domain_info(void)
     hints->ep_attr->type = FI_EP_MSG;
     hints->caps = FI_MSG | FI_RMA;
     hints->addr_format = FI_SOCKADDR_IN;
-    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    uint32_t version = api_version();
+    if (version < FI_VERSION(1, 5)) {
+        /* A program of interface 1.4 or older says the same in the old
+         * words: local buffers registered (a mode bit), the basic map. */
+        hints->mode = FI_LOCAL_MR;
+        hints->domain_attr->mr_mode = FI_MR_BASIC;
+    } else {
+        hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    }
     hints->domain_attr->name = strdup(g_domain);
     hints->fabric_attr->prov_name = strdup("uvia");
-    uint32_t version = api_version();
     int r = fi_getinfo(version, NULL, NULL, 0, hints, &info);
     fi_freeinfo(hints);
     if (r != 0) {
@@ -497,8 +515,14 @@ ssize_t cq_take(struct fid_cq *cq, struct fi_cq_data_entry *e, struct fi_cq_err_
             err->err_data_size = sizeof data;
             ssize_t k = fi_cq_readerr(cq, err, 0);
             CHECK_RET(k, 1);
-            CHECK(err->err_data == data);
-            CHECK(err->err_data_size <= sizeof data);
+            if (api_before_1_5()) {
+                /* The entry of 1.0: no buffer of the caller's, and the
+                 * provider has no data of its own. */
+                CHECK(err->err_data == NULL);
+            } else {
+                CHECK(err->err_data == data);
+                CHECK(err->err_data_size <= sizeof data);
+            }
             err->err_data = NULL;
             return -FI_EAVAIL;
         }

@@ -147,6 +147,13 @@ struct side {
 /* The info of the domain under test (FI_EP_MSG, messages and RMA); the
  * caller frees it. */
 struct fi_info *domain_info(void);
+/* True when the suite asks for an interface older than 1.5
+ * (FI_CONFORMANCE_API=1.4): registration in the old words, and error
+ * entries of 1.0, which end before err_data_size and carry no buffer of
+ * the caller's. */
+int api_before_1_5(void);
+/* The bytes fi_eq_readerr returns for one error entry at that interface. */
+ssize_t eq_err_entry_size(void);
 /* Fabric and EQ (wait object eq_wait); the info is getinfo's. */
 void side_open(struct side *s, enum fi_wait_obj eq_wait);
 /* A listener bound to the EQ; its address in *addr. */
