@@ -269,12 +269,36 @@ pub(crate) fn headline_rows(hs: &[Headline]) -> ([&'static str; 6], Vec<Vec<Stri
             };
             let ratio = h
                 .ratio
-                .map(|r| format!("{r:.2}x"))
+                .map(|r| ratio_text(r, &h.target))
                 .unwrap_or_else(|| "-".into());
             vec![h.name.clone(), ratio, h.target.clone(), verdict(h), pr, cb]
         })
         .collect();
     (head, rows)
+}
+
+/// A ratio as the tables show it: two decimals, or three where two would
+/// put it on its target's line (0.896 against ">= 0.9x" read "0.90x", and
+/// "not met" beside it).
+fn ratio_text(r: f64, target: &str) -> String {
+    let shown = (r * 100.0).round() / 100.0;
+    let on_line = first_number(target)
+        .is_some_and(|line| (shown - line).abs() < 1e-9 && (r - line).abs() > 1e-9);
+    if on_line {
+        format!("{r:.3}x")
+    } else {
+        format!("{r:.2}x")
+    }
+}
+
+/// The first number in `s` ("<= 1.15x" gives 1.15).
+fn first_number(s: &str) -> Option<f64> {
+    let start = s.find(|c: char| c.is_ascii_digit())?;
+    let rest = &s[start..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
 }
 
 /// What the placement readings around the pairs of `hs` showed: their
@@ -318,6 +342,21 @@ pub(crate) fn headline_text(hs: &[Headline]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A ratio that two decimals would round onto its line shows a third,
+    /// so that the verdict beside it reads true.
+    #[test]
+    fn a_ratio_next_to_its_line_shows_the_digit_that_decides() {
+        assert_eq!(ratio_text(0.896, ">= 0.9x"), "0.896x");
+        assert_eq!(ratio_text(1.004, "<= 1.0x"), "1.004x");
+        assert_eq!(ratio_text(0.9, ">= 0.9x"), "0.90x");
+        assert_eq!(ratio_text(0.93, ">= 0.9x"), "0.93x");
+        assert_eq!(ratio_text(1.151, "<= 1.15x"), "1.151x");
+        assert_eq!(ratio_text(31.52, ">= 15x lower"), "31.52x");
+        assert_eq!(ratio_text(0.5, "-"), "0.50x");
+        assert_eq!(first_number("< 2%"), Some(2.0));
+        assert_eq!(first_number("no line"), None);
+    }
 
     #[test]
     fn the_worst_pair_is_judged_on_its_own() {
