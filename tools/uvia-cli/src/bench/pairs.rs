@@ -277,18 +277,22 @@ pub(crate) fn headline_rows(hs: &[Headline]) -> ([&'static str; 6], Vec<Vec<Stri
     (head, rows)
 }
 
-/// A ratio as the tables show it: two decimals, or three where two would
-/// put it on its target's line (0.896 against ">= 0.9x" read "0.90x", and
-/// "not met" beside it).
+/// A ratio as the tables show it: two decimals, or as many more (up to
+/// five) as it takes not to land on its target's line (0.896 against
+/// ">= 0.9x" read "0.90x", and "not met" beside it).
 fn ratio_text(r: f64, target: &str) -> String {
-    let shown = (r * 100.0).round() / 100.0;
-    let on_line = first_number(target)
-        .is_some_and(|line| (shown - line).abs() < 1e-9 && (r - line).abs() > 1e-9);
-    if on_line {
-        format!("{r:.3}x")
-    } else {
-        format!("{r:.2}x")
+    let line = first_number(target).filter(|line| (r - line).abs() > 1e-12);
+    let on_line = |text: &str| {
+        line.is_some_and(|line| text.parse::<f64>().is_ok_and(|v| (v - line).abs() < 1e-12))
+    };
+    let mut text = format!("{r:.2}");
+    for decimals in 3..=5 {
+        if !on_line(&text) {
+            break;
+        }
+        text = format!("{r:.decimals$}");
     }
+    text + "x"
 }
 
 /// The first number in `s` ("<= 1.15x" gives 1.15).
@@ -354,6 +358,7 @@ mod tests {
         assert_eq!(ratio_text(1.151, "<= 1.15x"), "1.151x");
         assert_eq!(ratio_text(31.52, ">= 15x lower"), "31.52x");
         assert_eq!(ratio_text(0.5, "-"), "0.50x");
+        assert_eq!(ratio_text(0.8996, ">= 0.9x"), "0.8996x");
         assert_eq!(first_number("< 2%"), Some(2.0));
         assert_eq!(first_number("no line"), None);
     }
