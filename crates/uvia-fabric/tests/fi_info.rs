@@ -5,15 +5,13 @@
 mod common;
 
 use common::pingpong::pingpong;
-use common::ProviderDir;
+use common::{ProviderDir, WithProvider};
 use std::process::{Command, Output};
 
 impl ProviderDir {
     fn fi_info(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut c = Command::new("fi_info");
-        c.args(args)
-            .env("FI_PROVIDER_PATH", &self.0)
-            .env_remove("FI_PROVIDER");
+        c.args(args).with_provider(self);
         for (k, v) in env {
             c.env(k, v);
         }

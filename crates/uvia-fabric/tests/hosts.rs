@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::ProviderDir;
+use common::{ProviderDir, WithProvider};
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 use uvia_net::netns::{Side, TestHosts};
@@ -81,9 +81,7 @@ fn pingpong(test: &str, provider: &str, ep: &str, medium: &str) {
                 "-p", provider, "-e", ep, "-d", &domain, "-c", "-I", "20", "-S", "all",
             ])
             .args(extra)
-            .env("FI_PROVIDER_PATH", &dir.0)
-            .env_remove("FI_PROVIDER")
-            .env_remove("FI_UVIA_DOMAIN")
+            .with_provider(&dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -127,9 +125,7 @@ fn fi_info_in_a_test_host_lists_its_interface() {
     let o = hosts
         .command(Side::A, "fi_info")
         .args(["-p", "uvia", "-t", "FI_EP_MSG", "-v"])
-        .env("FI_PROVIDER_PATH", &dir.0)
-        .env_remove("FI_PROVIDER")
-        .env_remove("FI_UVIA_DOMAIN")
+        .with_provider(&dir)
         .output()
         .expect("fi_info (apt-get install libfabric-bin)");
     let out = text(&o);

@@ -15,7 +15,7 @@ mod common;
 use common::mpi::{build_suite, Flavour, Mpi};
 use common::pingpong::pingpong;
 use common::suite::conformance;
-use common::ProviderDir;
+use common::{ProviderDir, WithProvider};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -164,8 +164,7 @@ fn libfabric2_loads_and_lists_the_provider() {
         let fi_info = |args: &[&str]| {
             let o = Command::new("fi_info")
                 .args(args)
-                .env("FI_PROVIDER_PATH", &dir.0)
-                .env_remove("FI_PROVIDER")
+                .with_provider(&dir)
                 .envs(lib.env())
                 .output()
                 .expect("fi_info");

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::ProviderDir;
+use common::{ProviderDir, WithProvider};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -21,9 +21,7 @@ fn run(dir: &ProviderDir, args: &[&str]) -> Output {
     Command::new(program())
         .args(args)
         .args(["-t", "60"])
-        .env("FI_PROVIDER_PATH", &dir.0)
-        .env_remove("FI_PROVIDER")
-        .env_remove("FI_UVIA_DOMAIN")
+        .with_provider(dir)
         .output()
         .unwrap()
 }

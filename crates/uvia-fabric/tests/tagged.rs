@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::ProviderDir;
+use common::{ProviderDir, WithProvider};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -28,10 +28,8 @@ fn round_trips(test: &str, domain: &str, rounds: u32, env: &[(&str, &str)]) {
     let dir = ProviderDir::new(test);
     let o = Command::new(program())
         .args(["uvia;ofi_rxm", &rounds.to_string()])
-        .env("FI_PROVIDER_PATH", &dir.0)
+        .with_provider(&dir)
         .env("FI_UVIA_DOMAIN", domain)
-        .env_remove("FI_PROVIDER")
-        .env_remove("FI_UVIA_INJECT")
         .envs(env.iter().copied())
         .output()
         .unwrap();

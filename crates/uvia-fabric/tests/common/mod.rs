@@ -26,6 +26,29 @@ impl ProviderDir {
     }
 }
 
+/// A command run against this build's provider: libfabric loads it from
+/// `dir`, and no setting of the caller's (a provider, domain, faults or
+/// reliability level named in the environment the tests run in) chooses for
+/// it; the test names its own after this.
+pub trait WithProvider {
+    fn with_provider(&mut self, dir: &ProviderDir) -> &mut Self;
+}
+
+impl WithProvider for Command {
+    fn with_provider(&mut self, dir: &ProviderDir) -> &mut Command {
+        self.env("FI_PROVIDER_PATH", &dir.0);
+        for k in [
+            "FI_PROVIDER",
+            "FI_UVIA_DOMAIN",
+            "FI_UVIA_INJECT",
+            "FI_UVIA_RELIABILITY",
+        ] {
+            self.env_remove(k);
+        }
+        self
+    }
+}
+
 impl Drop for ProviderDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);

@@ -5,7 +5,7 @@
 //! launcher with `scripts/netns-agent` in ssh's place.
 #![allow(dead_code)]
 
-use super::ProviderDir;
+use super::{ProviderDir, WithProvider};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use uvia_net::netns::{Side, TestHosts, ALIKE};
@@ -90,10 +90,7 @@ impl Mpi {
         let o = Command::new(&agent)
             .arg(a.to_string())
             .arg(format!("exec timeout {job}"))
-            .env("FI_PROVIDER_PATH", &dir.0)
-            .env_remove("FI_PROVIDER")
-            .env_remove("FI_UVIA_INJECT")
-            .env_remove("FI_UVIA_RELIABILITY")
+            .with_provider(&dir)
             .output()
             .expect("scripts/netns-agent");
         assert_passed(
@@ -149,10 +146,7 @@ pub fn uvia_mpirun(
         .args(["--domain", domain, "--launcher"])
         .arg(launcher)
         .args(args)
-        .env("FI_PROVIDER_PATH", &dir.0)
-        .env_remove("FI_PROVIDER")
-        .env_remove("FI_UVIA_INJECT")
-        .env_remove("FI_UVIA_RELIABILITY")
+        .with_provider(dir)
         // A failed job's output then says why (the middle layer logs the
         // provider's error text at this level).
         .env("FI_LOG_LEVEL", "warn");

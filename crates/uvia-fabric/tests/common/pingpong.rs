@@ -1,7 +1,7 @@
 //! `fi_pingpong` (from libfabric-bin) between two processes of this host.
 #![allow(dead_code)]
 
-use super::ProviderDir;
+use super::{ProviderDir, WithProvider};
 use std::process::{Command, Output};
 
 fn text(o: &Output) -> String {
@@ -40,9 +40,7 @@ pub fn pingpong(
             "-p", provider, "-e", ep, "-d", domain, "-c", "-I", "20", "-S", "all",
         ])
         .args(extra)
-        .env("FI_PROVIDER_PATH", &dir.0)
-        .env_remove("FI_PROVIDER")
-        .env_remove("FI_UVIA_DOMAIN")
+        .with_provider(&dir)
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());

@@ -2,7 +2,7 @@
 //! against the installed libfabric headers, and its runs.
 #![allow(dead_code)]
 
-use super::ProviderDir;
+use super::{ProviderDir, WithProvider};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
@@ -31,9 +31,7 @@ pub fn conformance(domain: &str, env: &[(&str, &str)]) {
     let dir = ProviderDir::new(&format!("conformance-{domain}"));
     let o = Command::new(exe)
         .arg(domain)
-        .env("FI_PROVIDER_PATH", &dir.0)
-        .env_remove("FI_PROVIDER")
-        .env_remove("FI_UVIA_DOMAIN")
+        .with_provider(&dir)
         .envs(env.iter().copied())
         .output()
         .unwrap();
