@@ -8,6 +8,10 @@ fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Seconds a side of `fi_pingpong` may take (a run of every size takes a
+/// few).
+const RUN_LIMIT: u32 = 120;
+
 /// Runs `fi_pingpong` server and client in two processes over `provider`,
 /// endpoint type `ep` and `domain`, with its data check, over all its sizes
 /// (20 iterations each), with `env` added to their environment, and checks
@@ -34,16 +38,21 @@ pub fn pingpong(
         .bytes()
         .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
     let first = std::process::id().wrapping_add(salt) % 12_000;
+    // A side that waits for ever (fi_pingpong's reads have no timeout)
+    // is ended after RUN_LIMIT, exit status 124, so that the test fails
+    // with both sides' output instead of hanging the run.
     let run = |extra: &[&str]| {
-        let mut c = Command::new("fi_pingpong");
-        c.args([
-            "-p", provider, "-e", ep, "-d", domain, "-c", "-I", "20", "-S", "all",
-        ])
-        .args(extra)
-        .with_provider(&dir)
-        .envs(env.iter().copied())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        let mut c = Command::new("timeout");
+        c.arg(RUN_LIMIT.to_string())
+            .arg("fi_pingpong")
+            .args([
+                "-p", provider, "-e", ep, "-d", domain, "-c", "-I", "20", "-S", "all",
+            ])
+            .args(extra)
+            .with_provider(&dir)
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
         c.spawn()
             .expect("fi_pingpong (apt-get install libfabric-bin)")
     };
