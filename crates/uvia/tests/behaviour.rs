@@ -1258,6 +1258,54 @@ fn disconnect_fails_sends_waiting_for_the_peer(link: &Link) {
     assert_eq!(p.b.vi.state(), ViState::Error);
 }
 
+/// A send its sender saw complete is not lost when the sender leaves
+/// before the receiver posted a receive for it: at the levels where a send
+/// completes before a receive takes it, the receive posted after the
+/// disconnect (and after the receiver looked at its peer's health) gets
+/// it, intact and in order, and the connection's end reaches the receiver
+/// only after it. (Where a send fails for want of a receive, as on the
+/// network media, there is nothing to look for.)
+fn a_completed_send_outlives_its_sender(link: &Link) {
+    const WORDS: [&[u8]; 3] = [b"one", b"two", b"six"];
+    for level in link.reliable_levels() {
+        let what = format!("{level:?}");
+        let mut p = link.pair(level);
+        for (i, w) in WORDS.iter().enumerate() {
+            p.a.buf.as_mut_slice()[i * 64..i * 64 + 3].copy_from_slice(w);
+            p.a.send(i * 64, 3);
+        }
+        // (A network receiver refuses a message it has no receive for: the
+        // send fails and none after it completes.)
+        let mut done = 0;
+        while let Ok(d) = p.a.vi.send_wait(Some(SHORT)) {
+            if d.result() != Ok(3) {
+                break;
+            }
+            done += 1;
+        }
+        p.a.vi.disconnect();
+        if done == 0 {
+            continue;
+        }
+        // The receiver looks at its peer's health (the driver's polls do
+        // it only every few thousand times) and finds it gone.
+        for _ in 0..3 {
+            while !p.b.vi.try_watch() {
+                std::thread::yield_now();
+            }
+        }
+        for i in 0..WORDS.len() {
+            p.b.post_recv(i * 64, 64);
+        }
+        for (i, w) in WORDS.iter().enumerate().take(done) {
+            let d = p.b.recv_wait();
+            assert_eq!(d.result(), Ok(3), "{what}: the send a saw complete, {i}");
+            assert_eq!(&p.b.buf.as_slice()[i * 64..i * 64 + 3], *w, "{what}: {i}");
+        }
+        p.b.until_error(&what);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Every behaviour on every medium.
 /// Private data crosses the handshake both ways: the request's reaches the
@@ -1437,6 +1485,7 @@ on_every_medium! {
     a_wait_times_out_and_the_descriptor_stays:                  run run run;
     disconnect_flushes_both_sides:                              run run run;
     disconnect_fails_sends_waiting_for_the_peer:                run run run;
+    a_completed_send_outlives_its_sender:                       run run run;
     private_data_crosses_the_handshake:                         run run run;
     a_request_nobody_listens_to:                                run run run;
 }

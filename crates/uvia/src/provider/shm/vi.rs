@@ -43,6 +43,13 @@ pub(crate) const AGENT_AFTER: Duration = Duration::from_micros(50);
 /// (it waits for a receive its program has not posted yet): each ask wakes
 /// the peer's agent, so the pause doubles from [`AGENT_AFTER`] up to this.
 const AGENT_BACKOFF_MAX: Duration = Duration::from_millis(10);
+/// Longest time a connection whose peer left stays up for the messages the
+/// peer wrote before it left that wait for receives this side's program
+/// has yet to post ([`ShmVi::check_peer`]): a send at Reliable Delivery
+/// completes when written, so its sender may well be gone before the
+/// receive is posted. A program posts its receives within microseconds of
+/// taking a completion; one that has not within this loses what is left.
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
 /// A connected shm VI.
 pub(crate) struct ShmVi {
@@ -72,6 +79,9 @@ pub(crate) struct ShmVi {
     /// This side cannot write into the peer's memory (cross-memory attach
     /// refused): it no longer claims chunks of the peer's shared copies.
     no_help: bool,
+    /// The peer has left with messages waiting here for receives: until
+    /// when they may still be taken (nothing more is sent meanwhile).
+    draining: Option<Instant>,
 }
 
 /// A message arriving in pieces ([`flag::FRAG`]) between its first piece and
@@ -223,6 +233,7 @@ impl ShmVi {
             sent_pieces: 0,
             inbound: None,
             no_help: false,
+            draining: None,
         }
     }
 
@@ -255,6 +266,7 @@ impl ShmVi {
         self.awaiting_ack = 0;
         self.sent_pieces = 0;
         self.inbound = None;
+        self.draining = None;
     }
 
     /// The common case in few instructions: a plain send of one segment that
@@ -278,6 +290,7 @@ impl ShmVi {
             || cs.seg_count != 1
             || q.sq_sent != q.sq.len()
             || q.attrs.reliability == Reliability::ReliableReception
+            || self.draining.is_some()
         {
             return None;
         }
@@ -451,6 +464,7 @@ impl ShmVi {
             || len > INLINE_MAX
             || len as u64 > q.attrs.max_transfer_size as u64
             || self.failed.is_some()
+            || self.draining.is_some()
             || self.conn.mine().error.load(Ordering::Relaxed) != 0
         {
             return false;
@@ -543,6 +557,11 @@ impl ShmVi {
 
     /// Writes queued sends into the ring while it has room.
     fn send_queued(&mut self, vi: &Vi, q: &mut Queues) {
+        // A peer that left takes nothing more (what is queued is flushed
+        // when the connection fails).
+        if self.draining.is_some() {
+            return;
+        }
         while q.sq_sent < q.sq.len() {
             let i = q.sq_sent;
             if q.sq[i].fence && (0..i).any(|k| q.sq[k].state != EntryState::Done) {
@@ -1335,6 +1354,10 @@ impl TransportOps for ShmVi {
             moved = true;
         }
         moved |= self.serve_incoming(vi, q);
+        if self.draining.is_some() && self.failed.is_none() && !self.conn.rx.ready() {
+            // The last message the peer left has been taken.
+            self.failed = Some(status::TRANSPORT_ERROR);
+        }
         // Nothing more is started once the connection broke: what is queued
         // is flushed below (an RDMA write placed here would land and
         // complete after the break).
@@ -1431,9 +1454,18 @@ impl TransportOps for ShmVi {
                     let _ = uvia_shm::socket::remove_if_stale(path);
                 }
             }
-            // Messages the peer published before leaving are still delivered.
-            self.serve_incoming(vi, q);
-            self.fail(vi, q, status::TRANSPORT_ERROR);
+            // Messages the peer published before leaving are still
+            // delivered: to the receives posted now, and to those posted
+            // within DRAIN_LIMIT.
+            let moved = self.serve_incoming(vi, q);
+            if self.failed.is_none() && self.conn.rx.ready() {
+                let now = Instant::now();
+                if now < *self.draining.get_or_insert(now + DRAIN_LIMIT) {
+                    return moved;
+                }
+            }
+            let bits = self.failed.take().unwrap_or(status::TRANSPORT_ERROR);
+            self.fail(vi, q, bits);
             return true;
         }
         if self.stopped.as_ref().is_some_and(|w| w.stopped_too_long()) {
