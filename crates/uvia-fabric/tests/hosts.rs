@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::pingpong::client_after_server;
 use common::{ProviderDir, WithProvider};
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -88,11 +89,11 @@ fn pingpong(test: &str, provider: &str, ep: &str, medium: &str) {
             .expect("fi_pingpong (apt-get install libfabric-bin)")
     };
     let deadline = Instant::now() + LIMIT;
-    let server = run(Side::B, &["-B", PORT]);
-    // The client retries nothing: give the server its control socket first.
-    std::thread::sleep(Duration::from_millis(500));
+    let mut server = run(Side::B, &["-B", PORT]);
     let b = hosts.ipv4(Side::B).to_string();
-    let client = finish(run(Side::A, &["-P", PORT, &b]), deadline);
+    let client = client_after_server(&mut server, || {
+        finish(run(Side::A, &["-P", PORT, &b]), deadline)
+    });
     let server = finish(server, deadline);
     let out = text(&client);
     assert!(

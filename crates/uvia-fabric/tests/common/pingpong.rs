@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use super::{ProviderDir, WithProvider};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
 
 fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -11,6 +12,25 @@ fn text(o: &Output) -> String {
 /// Seconds a side of `fi_pingpong` may take (a run of every size takes a
 /// few).
 const RUN_LIMIT: u32 = 120;
+
+/// Runs the client of `fi_pingpong` once `server` listens: the server opens
+/// its control socket some time after it starts (seconds on a loaded
+/// machine) and the client does not retry, so a client refused while the
+/// server still runs is started again, for up to 30 s.
+pub fn client_after_server(server: &mut Child, client: impl Fn() -> Output) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut wait = Duration::from_millis(150);
+    loop {
+        std::thread::sleep(wait);
+        wait = Duration::from_millis(100);
+        let out = client();
+        let refused = String::from_utf8_lossy(&out.stderr).contains("Connection refused");
+        let server_gone = matches!(server.try_wait(), Ok(Some(_)));
+        if out.status.success() || !refused || server_gone || Instant::now() > deadline {
+            return out;
+        }
+    }
+}
 
 /// Runs `fi_pingpong` server and client in two processes over `provider`,
 /// endpoint type `ep` and `domain`, with its data check, over all its sizes
@@ -60,10 +80,10 @@ pub fn pingpong(
     let mut attempt = 0;
     let (client, server) = loop {
         let port = (20_000 + (first + attempt * 997) % 12_000).to_string();
-        let server = run(&["-B", &port]);
-        // The client retries nothing: give the server its control socket first.
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        let client = run(&["-P", &port, "127.0.0.1"]).wait_with_output().unwrap();
+        let mut server = run(&["-B", &port]);
+        let client = client_after_server(&mut server, || {
+            run(&["-P", &port, "127.0.0.1"]).wait_with_output().unwrap()
+        });
         let server = server.wait_with_output().unwrap();
         attempt += 1;
         if held(&server) && !client.status.success() && attempt < 3 {
