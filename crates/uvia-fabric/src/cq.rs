@@ -299,6 +299,14 @@ pub struct Cq {
     /// take waits a period.
     entries_at: AtomicU64,
     format: fi_cq_format,
+    /// Operations of closed endpoints that had completed before the
+    /// close, read before anything else: completions a CQ holds outlive
+    /// the endpoint (`ofi_rxm` closes a connection's endpoint when its
+    /// peer shuts down and then reads what the CQ still holds of it, the
+    /// peer's last messages among them).
+    left: Mutex<VecDeque<Taking>>,
+    /// `left` is not empty: read without its lock on every CQ read.
+    has_left: AtomicBool,
     /// Failed operations, read with `fi_cq_readerr`.
     errors: Mutex<VecDeque<fi_cq_err_entry>>,
     /// `errors` is not empty: read without its lock on every CQ read.
@@ -418,6 +426,8 @@ pub unsafe extern "C" fn open(
             poll_after_entries: domain.nic.attributes().host_local,
             entries_at: AtomicU64::new(0),
             format,
+            left: Mutex::new(VecDeque::new()),
+            has_left: AtomicBool::new(false),
             errors: Mutex::new(VecDeque::new()),
             erred: AtomicBool::new(false),
             wait_obj: attr.wait_obj,
@@ -461,9 +471,41 @@ impl Cq {
     }
 
     /// Stops reading `vi` (its endpoint closes). A read under way ends
-    /// before this returns.
+    /// before this returns. What had completed on its queues stays to be
+    /// read: the operations are taken back here, while the endpoint's
+    /// pools are still there, and their entries kept (`left`); what is
+    /// still posted is the endpoint's to free.
     pub fn detach(&self, vi: &Vi) {
-        self.members.lock().retain(|m| m.vi.id() != vi.id());
+        let mut members = self.members.lock();
+        let Some(i) = members.iter().position(|m| m.vi.id() == vi.id()) else {
+            return;
+        };
+        let gone = members.remove(i);
+        let mut kept = Vec::new();
+        while let Some((_, d)) = gone.vi.finished_raw_of(&gone.queues[..gone.n]) {
+            let broken = broken_by(&gone.vi, d);
+            // SAFETY: every descriptor the provider posts is an Op; its
+            // endpoint frees its pools only after this returns.
+            kept.push((unsafe { Op::take(d) }, broken));
+        }
+        drop(members);
+        if !kept.is_empty() {
+            lock(&self.left).extend(kept);
+            self.has_left.store(true, Ordering::Release);
+            // A thread asleep in `fi_cq_sread` or on the wait fd looks
+            // again (`sread` reads the entries rather than end).
+            self.cq.interrupt();
+        }
+    }
+
+    /// The oldest entry a closed endpoint left (`left`).
+    fn take_left(&self) -> Option<Taking> {
+        let mut left = lock(&self.left);
+        let t = left.pop_front();
+        if left.is_empty() {
+            self.has_left.store(false, Ordering::Release);
+        }
+        t
     }
 
     /// Queues the error entry of a failed operation for `fi_cq_readerr`.
@@ -527,6 +569,11 @@ impl Cq {
     /// endpoint closing in another thread (`detach`) waits for it before
     /// it frees its operations.
     fn take(&self, post: bool, sleeping: bool, poll: bool) -> Option<Taking> {
+        if self.has_left.load(Ordering::Acquire) {
+            if let Some(t) = self.take_left() {
+                return Some(t);
+            }
+        }
         let m = self.members.lock();
         // Receives waiting for a read are posted first, with `post` (a
         // refused one is reported as a flushed receive).
@@ -871,6 +918,8 @@ unsafe extern "C" fn sread(
                     r => return r,
                 },
                 Err(uvia::WaitError::Timeout) => {}
+                // An endpoint closed with entries left: read them.
+                Err(uvia::WaitError::Interrupted) if q.has_left.load(Ordering::Acquire) => {}
                 // fi_cq_signal: back to the caller with nothing read.
                 Err(uvia::WaitError::Interrupted) => return Err(-FI_EAGAIN),
                 Err(_) => return Err(-FI_EOVERFLOW),
@@ -935,7 +984,7 @@ impl Cq {
     /// (the peers are asked to signal it), `-FI_EAGAIN` when work is
     /// already waiting (read the CQ first).
     pub fn trywait(&self) -> Result<(), c_int> {
-        if self.erred.load(Ordering::Acquire) {
+        if self.erred.load(Ordering::Acquire) || self.has_left.load(Ordering::Acquire) {
             return Err(-FI_EAGAIN);
         }
         self.cq.drain_eventfd();

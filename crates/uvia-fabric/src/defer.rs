@@ -14,7 +14,10 @@
 //! places each message itself, in its own reads (`FI_PROGRESS_MANUAL`):
 //! a message that comes before its receive is posted waits in the ring for
 //! one (the VI's receiver-not-ready retry), and every read posts what waits
-//! here before it looks at the ring. Network media place messages in
+//! here before it looks at the ring; so does an EQ read that finds the peer
+//! gone with messages still in the ring (`Eq::watch`), so that a program
+//! waiting for `FI_SHUTDOWN` receives them before the connection fails.
+//! Network media place messages in
 //! their drive thread too, so their receives are posted at once.
 
 use std::ptr::NonNull;
@@ -112,6 +115,28 @@ impl Deferred {
         p.drain(..posted);
         self.any.store(!p.is_empty(), Ordering::Release);
         refused
+    }
+
+    /// Posts the waiting receives the VI takes, in order, and leaves the
+    /// rest for the next flush (a receive the VI refuses is reported by a
+    /// CQ read's flush, which this caller cannot do): an EQ read's look at
+    /// a connection whose peer left with messages waiting, so that they
+    /// find the receives the program posted before the connection fails.
+    pub fn post_accepted(&self, vi: &Vi) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut p = self.pending.lock();
+        let mut posted = 0;
+        for d in p.iter() {
+            // SAFETY: as in `post_pending`; a refused one stays ours.
+            match unsafe { vi.post_recv_raw(d.0, false) } {
+                Ok(()) => posted += 1,
+                Err(_) => break,
+            }
+        }
+        p.drain(..posted);
+        self.any.store(!p.is_empty(), Ordering::Release);
     }
 
     /// Takes back every waiting receive (the endpoint closes).

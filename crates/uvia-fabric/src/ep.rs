@@ -360,6 +360,7 @@ impl Ep {
             self.fid.fid.context,
             vi.clone(),
             connected,
+            self.deferred.get().cloned(),
         )));
         *crate::guard::lock(&self.tracked) = Some(t.clone());
         eq.track(t.clone());

@@ -10,6 +10,7 @@
 //! that makes the reads' progress between the program's calls, so that a
 //! request or a failed connection wakes a program asleep in `poll()`.
 
+use crate::defer::Deferred;
 use crate::fabric::Fabric;
 use crate::guard::{self, lock};
 use crate::nosys;
@@ -69,6 +70,9 @@ pub struct Tracked {
     connected: bool,
     /// When an EQ read last drove the VI to look for a disconnect.
     looked: Option<Instant>,
+    /// The endpoint's receives held for its next CQ read (shm), posted by
+    /// a look that finds the peer leaving with messages for them.
+    deferred: Option<Arc<Deferred>>,
 }
 
 // SAFETY: `fid` and `context` are only copied into events (the endpoint
@@ -80,7 +84,13 @@ unsafe impl Sync for Tracked {}
 impl Tracked {
     /// An endpoint `fid` with `vi`; `connected` if its FI_CONNECTED is
     /// already queued (an accept).
-    pub fn new(fid: fid_t, context: *mut c_void, vi: uvia::Vi, connected: bool) -> Tracked {
+    pub fn new(
+        fid: fid_t,
+        context: *mut c_void,
+        vi: uvia::Vi,
+        connected: bool,
+        deferred: Option<Arc<Deferred>>,
+    ) -> Tracked {
         Tracked {
             fid,
             context,
@@ -88,6 +98,7 @@ impl Tracked {
             outcome: Mutex::new(None),
             connected,
             looked: None,
+            deferred,
         }
     }
 }
@@ -363,6 +374,14 @@ impl Eq {
                     {
                         t.looked = Some(now);
                         t.vi.try_watch();
+                        // A peer that left with messages waiting: the
+                        // receives the program posted and no CQ read has
+                        // posted yet take them before the connection
+                        // fails, as they would at the program's next read.
+                        if let Some(df) = t.deferred.as_ref().filter(|_| t.vi.peer_leaving()) {
+                            df.post_accepted(&t.vi);
+                            t.vi.try_watch();
+                        }
                     }
                     t.vi.state() == uvia::ViState::Error
                 } =>

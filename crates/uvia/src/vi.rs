@@ -1325,6 +1325,14 @@ impl Vi {
         self.try_drive_looking(true)
     }
 
+    /// True if the peer has left with messages still waiting for
+    /// receives (shm: the connection stays up until they are taken, a
+    /// second at most): a face that holds receives back from the VI
+    /// posts them now. False if another thread holds the VI.
+    pub fn peer_leaving(&self) -> bool {
+        self.s.inner.try_lock().is_some_and(|g| g.t.peer_leaving())
+    }
+
     fn try_drive_looking(&self, look: bool) -> bool {
         // A thread asleep in a wait on one of the VI's CQs drives it itself
         // (it wakes on the VI's input and runs its timers): a frame taken

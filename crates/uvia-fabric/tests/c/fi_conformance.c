@@ -2026,6 +2026,288 @@ static void t_peer_killed(void)
     side_close(&s);
 }
 
+/* ---- Completions outlive their endpoint ----------------------------------- */
+
+enum { LEFT_MSGS = 4, LEFT_POSTED = 8, LEFT_LEN = 1024 };
+
+/* The peer: sends LEFT_MSGS messages, waits for their completions, and
+ * closes its endpoint. */
+static void left_peer(struct chan *c)
+{
+    struct side s;
+    peer_connect(c, &s, NULL, 0, NULL, 0);
+    struct region tx;
+    region_reg(&s, &tx, LEFT_LEN, FI_SEND);
+    for (int i = 0; i < LEFT_MSGS; i++) {
+        fill(tx.buf, LEFT_LEN, (unsigned)i);
+        REQUIRE_RET(fi_send(s.ep, tx.buf, LEFT_LEN, tx.desc, 0, NULL), 0);
+        struct fi_cq_data_entry e;
+        if (CQ_EXPECT(s.cq, &e, 10000) != 0)
+            h_finish();
+    }
+    region_close(&tx);
+    side_close(&s);
+    step_send(c);
+}
+
+static struct region g_left;
+
+static void post_left(struct side *s)
+{
+    for (int i = 0; i < LEFT_POSTED; i++)
+        REQUIRE_RET(fi_recv(s->ep, g_left.buf + (size_t)i * LEFT_LEN, LEFT_LEN, g_left.desc, 0,
+                            (void *)(uintptr_t)(0x100 + i)), 0);
+}
+
+/* Messages that completed before their endpoint closed are still read
+ * from the CQ after the close. The peer sends and leaves; this side, its
+ * CQ unread, takes FI_SHUTDOWN from the EQ, closes the endpoint and only
+ * then reads the CQ: every message is there, in order, with its bytes
+ * (receives the departure flushed may follow, as FI_ECANCELED errors).
+ * ofi_rxm closes a connection's endpoint when its peer shuts down and
+ * then reads what the CQ holds of it: a peer's last message is lost
+ * where the provider drops that. */
+static void t_completions_outlive_their_endpoint(void)
+{
+    struct peer p;
+    peer_start(&p, left_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    struct fi_info *req = take_request(&s, NULL, 0);
+    side_domain(&s, req);
+    region_reg(&s, &g_left, (size_t)LEFT_POSTED * LEFT_LEN, FI_RECV);
+    side_endpoint(&s);
+    post_left(&s);
+    REQUIRE_RET(fi_accept(s.ep, NULL, 0), 0);
+    uint8_t buf[sizeof(struct fi_eq_cm_entry) + 128];
+    if (EQ_EXPECT(s.eq, FI_CONNECTED, buf, sizeof buf, 10000) < 0)
+        h_finish();
+    step_wait(&p.c);
+    if (EQ_EXPECT(s.eq, FI_SHUTDOWN, buf, sizeof buf, 10000) < 0)
+        h_finish();
+    CHECK_RET(fi_close(&s.ep->fid), 0);
+    s.ep = NULL;
+    int got = 0, flushed = 0;
+    for (;;) {
+        struct fi_cq_data_entry e;
+        struct fi_cq_err_entry err;
+        ssize_t n = cq_take(s.cq, &e, &err, 200);
+        if (n == -FI_EAGAIN)
+            break;
+        if (n == -FI_EAVAIL) {
+            CHECKF(err.err == FI_ECANCELED, "an error entry other than a flush: %s",
+                   ret_name(-err.err));
+            flushed++;
+            continue;
+        }
+        REQUIRE(n == 1);
+        CHECKF(flushed == 0, "a message after a flushed receive");
+        CHECK_EQ((uintptr_t)e.op_context, 0x100 + got);
+        CHECK_EQ(e.len, LEFT_LEN);
+        CHECK(e.flags & FI_RECV);
+        if ((uintptr_t)e.op_context == (uintptr_t)(0x100 + got) && got < LEFT_MSGS)
+            CHECK_PATTERN(g_left.buf + (size_t)got * LEFT_LEN, LEFT_LEN, (unsigned)got);
+        got++;
+    }
+    h_note("read after the close: %d messages, %d flushed receives", got, flushed);
+    CHECK_EQ(got, LEFT_MSGS);
+    CHECKF(flushed <= LEFT_POSTED - LEFT_MSGS, "%d flushed receives", flushed);
+    peer_end(&p, 5000);
+    region_close(&g_left);
+    side_close(&s);
+}
+
+/* ---- An endpoint closed while another thread reads its CQ ---------------- */
+
+enum { CR_CYCLES = 8, CR_SLOTS = 32, CR_LEN = 4096, CR_DEPTH = 8 };
+
+/* What the reading thread saw; the main thread checks it. */
+struct close_reader {
+    struct fid_cq *cq;
+    _Atomic int stop;
+    /* Endpoints closed so far (their fi_close returned). */
+    _Atomic int closed;
+    /* Receives completed in each cycle. */
+    _Atomic int got[CR_CYCLES];
+    /* Entries of an endpoint read by reads begun after its close. */
+    _Atomic int after_close;
+    _Atomic int bad_context, bad_entry, bad_data, errors, other_errors;
+    uint8_t *bufs;
+};
+
+/* A receive's context names its cycle and slot. */
+#define CR_CONTEXT(cycle, slot) ((void *)(uintptr_t)(0x10000u + (cycle) * CR_SLOTS + (slot)))
+
+static void *close_reader_run(void *arg)
+{
+    struct close_reader *r = arg;
+    while (!r->stop) {
+        /* An entry of an endpoint whose close returned before this read
+         * began is one the provider kept after the close. */
+        int closed_before = r->closed;
+        struct fi_cq_data_entry e[8];
+        ssize_t n = fi_cq_read(r->cq, e, 8);
+        if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry err = {0};
+            if (fi_cq_readerr(r->cq, &err, 0) == 1) {
+                uintptr_t c = (uintptr_t)err.op_context - 0x10000u;
+                if (err.err == FI_ECANCELED && c < CR_CYCLES * CR_SLOTS) {
+                    /* A receive flushed when the peer left. */
+                    r->errors++;
+                } else {
+                    r->other_errors++;
+                }
+            }
+            continue;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            uintptr_t c = (uintptr_t)e[i].op_context - 0x10000u;
+            if (c >= CR_CYCLES * CR_SLOTS) {
+                r->bad_context++;
+                continue;
+            }
+            int cycle = (int)(c / CR_SLOTS);
+            if (cycle < closed_before)
+                r->after_close++;
+            if (!(e[i].flags & FI_RECV) || e[i].len != CR_LEN) {
+                r->bad_entry++;
+                continue;
+            }
+            const uint8_t *b = r->bufs + c * CR_LEN;
+            for (size_t k = 0; k < CR_LEN; k++)
+                if (b[k] != pattern((unsigned)cycle, k)) {
+                    r->bad_data++;
+                    break;
+                }
+            r->got[cycle]++;
+        }
+    }
+    return NULL;
+}
+
+/* The peer: for each cycle the test asks for, connects, streams CR_LEN
+ * messages of the cycle's pattern until the test's close fails the
+ * connection, and says so. */
+static void close_reader_peer(struct chan *c)
+{
+    struct sockaddr_in a;
+    listener_address(c, &a);
+    struct side s;
+    side_open(&s, FI_WAIT_UNSPEC);
+    for (int cycle = 0; cycle < CR_CYCLES; cycle++) {
+        step_wait(c);
+        side_connect(&s, &a, NULL, 0, NULL, 0);
+        struct region tx;
+        region_reg(&s, &tx, CR_LEN, FI_SEND);
+        fill(tx.buf, CR_LEN, (unsigned)cycle);
+        int outstanding = 0, failed = 0;
+        uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+        for (long long end = now_ms() + 20000; !failed || outstanding > 0;) {
+            if (now_ms() > end) {
+                h_fail(__FILE__, __LINE__, "cycle %d: the test's close failed nothing here in 20 s",
+                       cycle);
+                h_finish();
+            }
+            while (!failed && outstanding < CR_DEPTH) {
+                ssize_t r = fi_send(s.ep, tx.buf, CR_LEN, tx.desc, 0, NULL);
+                if (r == -FI_EAGAIN)
+                    break;
+                if (r != 0) {
+                    failed = 1;
+                    break;
+                }
+                outstanding++;
+            }
+            struct fi_cq_data_entry e;
+            struct fi_cq_err_entry err;
+            ssize_t n = cq_take(s.cq, &e, &err, 1);
+            if (n == 1 || n == -FI_EAVAIL)
+                outstanding--;
+            if (n == -FI_EAVAIL)
+                failed = 1;
+            uint32_t ev;
+            if (fi_eq_read(s.eq, &ev, buf, sizeof buf, 0) >= 0 && ev == FI_SHUTDOWN)
+                failed = 1;
+        }
+        region_close(&tx);
+        CHECK_RET(fi_close(&s.ep->fid), 0);
+        CHECK_RET(fi_close(&s.cq->fid), 0);
+        CHECK_RET(fi_close(&s.domain->fid), 0);
+        s.ep = NULL;
+        s.cq = NULL;
+        s.domain = NULL;
+        step_send(c);
+    }
+    side_close(&s);
+}
+
+/* An endpoint closed while another thread reads its CQ and its peer
+ * streams to it, eight times over one CQ: every close returns 0, and
+ * every entry the reader takes, before the close or after it (what had
+ * completed stays in the CQ), is a receive of this test's with its
+ * peer's bytes, or one flushed; nothing crashes or hangs. */
+static void t_close_while_read(void)
+{
+    struct peer p;
+    peer_start(&p, close_reader_peer);
+    struct side s;
+    serve(&s, &p, FI_WAIT_UNSPEC);
+    static struct close_reader r;
+    struct region rx = {0};
+    pthread_t t;
+    for (int cycle = 0; cycle < CR_CYCLES; cycle++) {
+        step_send(&p.c);
+        struct fi_info *req = take_request(&s, NULL, 0);
+        if (cycle == 0) {
+            /* The domain, the CQ and the reader outlive the endpoints. */
+            side_domain(&s, req);
+            region_reg(&s, &rx, (size_t)CR_CYCLES * CR_SLOTS * CR_LEN, FI_RECV);
+            r.cq = s.cq;
+            r.bufs = rx.buf;
+            REQUIRE(pthread_create(&t, NULL, close_reader_run, &r) == 0);
+        }
+        /* side_endpoint() opens on s.info: the request's, then the first. */
+        struct fi_info *first = s.info;
+        s.info = req;
+        side_endpoint(&s);
+        s.info = first;
+        if (cycle > 0)
+            fi_freeinfo(req);
+        for (int k = 0; k < CR_SLOTS; k++) {
+            size_t slot = (size_t)cycle * CR_SLOTS + (size_t)k;
+            REQUIRE_RET(fi_recv(s.ep, rx.buf + slot * CR_LEN, CR_LEN, rx.desc, 0,
+                                CR_CONTEXT(cycle, k)), 0);
+        }
+        REQUIRE_RET(fi_accept(s.ep, NULL, 0), 0);
+        uint8_t buf[sizeof(struct fi_eq_cm_entry) + 128];
+        if (EQ_EXPECT(s.eq, FI_CONNECTED, buf, sizeof buf, 10000) < 0)
+            h_finish();
+        /* Close once messages flow: the rest of the peer's are in flight. */
+        long long end = now_ms() + 10000;
+        while (r.got[cycle] < CR_DEPTH && now_ms() < end)
+            sleep_ms(0);
+        CHECKF(r.got[cycle] >= CR_DEPTH, "cycle %d: %d messages in 10 s", cycle, r.got[cycle]);
+        CHECK_RET(fi_close(&s.ep->fid), 0);
+        s.ep = NULL;
+        r.closed = cycle + 1;
+        step_wait(&p.c);
+    }
+    r.stop = 1;
+    pthread_join(t, NULL);
+    int got = 0;
+    for (int c = 0; c < CR_CYCLES; c++)
+        got += r.got[c];
+    h_note("received %d (%d read after their endpoint's close), flushed %d", got,
+           (int)r.after_close, (int)r.errors);
+    CHECK_EQ(r.bad_context, 0);
+    CHECK_EQ(r.bad_entry, 0);
+    CHECK_EQ(r.bad_data, 0);
+    CHECK_EQ(r.other_errors, 0);
+    peer_end(&p, 5000);
+    region_close(&rx);
+    side_close(&s);
+}
+
 /* ---- The runner ---------------------------------------------------------- */
 
 static const struct test tests[] = {
@@ -2064,6 +2346,8 @@ static const struct test tests[] = {
     {"wait", "pingpong_sread", t_pingpong_sread, 25},
     {"wait", "recv_posted_while_asleep", t_recv_posted_while_asleep, 25},
     {"fail", "peer_killed_mid_transfer", t_peer_killed, 25},
+    {"fail", "endpoint_closed_while_its_cq_is_read", t_close_while_read, 90},
+    {"fail", "completions_outlive_their_endpoint", t_completions_outlive_their_endpoint, 0},
     {NULL, NULL, NULL, 0},
 };
 

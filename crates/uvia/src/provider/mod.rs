@@ -200,6 +200,12 @@ pub(crate) trait TransportOps {
         false
     }
 
+    /// The peer has left with messages waiting for receives: the
+    /// connection stays up while they are taken, for a bounded time.
+    fn peer_leaving(&self) -> bool {
+        false
+    }
+
     /// Asks to be woken by the peer's next message. Progress is looked at
     /// once more after this, before sleeping.
     fn arm(&mut self, nic: &NicShared) -> Self::Sleep;
@@ -452,6 +458,10 @@ impl Transport {
 
     pub fn check_peer(&mut self, vi: &Vi, q: &mut Queues) -> bool {
         dispatch!(self, t => t.check_peer(vi, q), None => false)
+    }
+
+    pub fn peer_leaving(&self) -> bool {
+        dispatch!(self, t => t.peer_leaving(), None => false)
     }
 
     /// See [`TransportOps::BIASED`]; false with no connection.

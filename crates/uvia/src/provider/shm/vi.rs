@@ -1439,6 +1439,10 @@ impl TransportOps for ShmVi {
         self.conn.close();
     }
 
+    fn peer_leaving(&self) -> bool {
+        self.draining.is_some()
+    }
+
     /// Looks at the peer's health; fails the VI if it is gone.
     fn check_peer(&mut self, vi: &Vi, q: &mut Queues) -> bool {
         // Windows the peer withdrew go now, not at this side's next write.
