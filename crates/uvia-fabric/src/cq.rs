@@ -307,6 +307,9 @@ pub struct Cq {
     left: Mutex<VecDeque<Taking>>,
     /// `left` is not empty: read without its lock on every CQ read.
     has_left: AtomicBool,
+    /// The core CQ's interruptions (`uvia::Cq::interrupt`) that were
+    /// `detach` waking readers for `left`, not an `fi_cq_signal`.
+    left_kicks: AtomicU32,
     /// Failed operations, read with `fi_cq_readerr`.
     errors: Mutex<VecDeque<fi_cq_err_entry>>,
     /// `errors` is not empty: read without its lock on every CQ read.
@@ -428,6 +431,7 @@ pub unsafe extern "C" fn open(
             format,
             left: Mutex::new(VecDeque::new()),
             has_left: AtomicBool::new(false),
+            left_kicks: AtomicU32::new(0),
             errors: Mutex::new(VecDeque::new()),
             erred: AtomicBool::new(false),
             wait_obj: attr.wait_obj,
@@ -486,14 +490,22 @@ impl Cq {
             let broken = broken_by(&gone.vi, d);
             // SAFETY: every descriptor the provider posts is an Op; its
             // endpoint frees its pools only after this returns.
-            kept.push((unsafe { Op::take(d) }, broken));
+            let op = unsafe { Op::take(d) };
+            // An inject that succeeded has no entry to leave.
+            if !(op.silent && op.status & status::ERROR_MASK == 0) {
+                kept.push((op, broken));
+            }
         }
         drop(members);
         if !kept.is_empty() {
-            lock(&self.left).extend(kept);
+            let mut left = lock(&self.left);
+            left.extend(kept);
             self.has_left.store(true, Ordering::Release);
+            drop(left);
             // A thread asleep in `fi_cq_sread` or on the wait fd looks
-            // again (`sread` reads the entries rather than end).
+            // again: counted first, so that `sread` tells this wake-up
+            // from an `fi_cq_signal` and reads the entries rather than end.
+            self.left_kicks.fetch_add(1, Ordering::SeqCst);
             self.cq.interrupt();
         }
     }
@@ -890,8 +902,10 @@ unsafe extern "C" fn sread(
         }
         let deadline = (timeout_ms >= 0)
             .then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms as u64));
-        // An `fi_cq_signal` from here on ends the read.
-        let signals = q.cq.interrupts();
+        // An `fi_cq_signal` from here on ends the read; a wake-up for the
+        // entries a closed endpoint left (`left_kicks`) does not.
+        let mut signals = q.cq.interrupts();
+        let mut kicks = q.left_kicks.load(Ordering::SeqCst);
         loop {
             // Counted a sleeper before the look that precedes the sleep: a
             // receive posted from then on is posted at once
@@ -918,10 +932,18 @@ unsafe extern "C" fn sread(
                     r => return r,
                 },
                 Err(uvia::WaitError::Timeout) => {}
-                // An endpoint closed with entries left: read them.
-                Err(uvia::WaitError::Interrupted) if q.has_left.load(Ordering::Acquire) => {}
-                // fi_cq_signal: back to the caller with nothing read.
-                Err(uvia::WaitError::Interrupted) => return Err(-FI_EAGAIN),
+                Err(uvia::WaitError::Interrupted) => {
+                    // `detach` counts its wake-up before it interrupts, so
+                    // more interruptions than its wake-ups since the last
+                    // look are an fi_cq_signal: back to the caller with
+                    // nothing read. Otherwise look again.
+                    let now = q.cq.interrupts();
+                    let ours = q.left_kicks.load(Ordering::SeqCst);
+                    if now.wrapping_sub(signals) > ours.wrapping_sub(kicks) {
+                        return Err(-FI_EAGAIN);
+                    }
+                    (signals, kicks) = (now, ours);
+                }
                 Err(_) => return Err(-FI_EOVERFLOW),
             }
         }
@@ -984,10 +1006,13 @@ impl Cq {
     /// (the peers are asked to signal it), `-FI_EAGAIN` when work is
     /// already waiting (read the CQ first).
     pub fn trywait(&self) -> Result<(), c_int> {
+        // Drained before the looks below: a wake-up written after them
+        // stays for the program's poll (`detach` sets `has_left` before it
+        // writes the eventfd).
+        self.cq.drain_eventfd();
         if self.erred.load(Ordering::Acquire) || self.has_left.load(Ordering::Acquire) {
             return Err(-FI_EAGAIN);
         }
-        self.cq.drain_eventfd();
         if let Some(w) = self.wait_fd.get() {
             w.add(&self.cq);
         }

@@ -122,9 +122,10 @@ impl Deferred {
     /// CQ read's flush, which this caller cannot do): an EQ read's look at
     /// a connection whose peer left with messages waiting, so that they
     /// find the receives the program posted before the connection fails.
-    pub fn post_accepted(&self, vi: &Vi) {
-        if !self.any.load(Ordering::Acquire) {
-            return;
+    /// True if any was posted.
+    pub fn post_accepted(&self, vi: &Vi) -> bool {
+        if !self.waiting() {
+            return false;
         }
         let mut p = self.pending.lock();
         let mut posted = 0;
@@ -137,6 +138,12 @@ impl Deferred {
         }
         p.drain(..posted);
         self.any.store(!p.is_empty(), Ordering::Release);
+        posted > 0
+    }
+
+    /// True if receives wait for a flush.
+    pub fn waiting(&self) -> bool {
+        self.any.load(Ordering::Acquire)
     }
 
     /// Takes back every waiting receive (the endpoint closes).

@@ -373,13 +373,17 @@ impl Eq {
                         && t.looked.is_none_or(|at| now - at >= every)
                     {
                         t.looked = Some(now);
-                        t.vi.try_watch();
                         // A peer that left with messages waiting: the
                         // receives the program posted and no CQ read has
                         // posted yet take them before the connection
                         // fails, as they would at the program's next read.
-                        if let Some(df) = t.deferred.as_ref().filter(|_| t.vi.peer_leaving()) {
-                            df.post_accepted(&t.vi);
+                        // (Not where a CQ waiter drives the VI: receives
+                        // posted while it sleeps go to the VI at once.)
+                        if t.vi.try_watch()
+                            && t.deferred.as_ref().is_some_and(|df| {
+                                df.waiting() && t.vi.peer_leaving() && df.post_accepted(&t.vi)
+                            })
+                        {
                             t.vi.try_watch();
                         }
                     }
