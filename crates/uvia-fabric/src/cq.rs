@@ -112,6 +112,14 @@ pub struct Taken {
     pub immediate: u32,
 }
 
+impl Taken {
+    /// False for an operation that completes without an entry and
+    /// succeeded (an inject).
+    pub fn has_entry(&self) -> bool {
+        !self.silent || self.status & status::ERROR_MASK != 0
+    }
+}
+
 /// The operations of one of an endpoint's queues: a slot for each entry of
 /// the VI's queue, made when the endpoint is enabled, so that a post
 /// allocates nothing (a boxed `Op`, 64-byte aligned like its descriptor,
@@ -491,8 +499,7 @@ impl Cq {
             // SAFETY: every descriptor the provider posts is an Op; its
             // endpoint frees its pools only after this returns.
             let op = unsafe { Op::take(d) };
-            // An inject that succeeded has no entry to leave.
-            if !(op.silent && op.status & status::ERROR_MASK == 0) {
+            if op.has_entry() {
                 kept.push((op, broken));
             }
         }
@@ -684,7 +691,7 @@ impl Cq {
             if st & status::OP_MASK == status::OP_REMOTE_RDMA_WRITE {
                 flags = (flags & !(FI_MSG | FI_RECV)) | FI_RMA | FI_REMOTE_WRITE;
             }
-            if op.silent && st & status::ERROR_MASK == 0 {
+            if !op.has_entry() {
                 continue;
             }
             if st & status::ERROR_MASK != 0 {

@@ -88,15 +88,34 @@ impl Deferred {
 
     #[inline(never)]
     fn post_pending(&self, vi: &Vi) -> Option<NonNull<Descriptor>> {
+        self.post(vi, false).1
+    }
+
+    /// Posts the waiting receives the VI takes, in order, and leaves the
+    /// rest for the next flush (a receive the VI refuses is reported by a
+    /// CQ read's flush, which this caller cannot do): an EQ read's look at
+    /// a connection whose peer left with messages waiting, so that they
+    /// find the receives the program posted before the connection fails.
+    /// True if any was posted.
+    pub fn post_accepted(&self, vi: &Vi) -> bool {
+        self.waiting() && self.post(vi, true).0 > 0
+    }
+
+    /// Posts the waiting receives in order until the VI's queue is full or
+    /// it refuses one: the number it took, and the refused one, completed
+    /// as flushed and taken off the list, unless `keep_refused` (then it
+    /// waits for the next flush).
+    fn post(&self, vi: &Vi, keep_refused: bool) -> (usize, Option<NonNull<Descriptor>>) {
         let mut p = self.pending.lock();
         let mut posted = 0;
         let mut refused = None;
         for d in p.iter() {
             // SAFETY: an operation of the endpoint's pool, given up to us
-            // by `push` and to the queue now.
+            // by `push` and to the queue now; a refused one stays ours.
             match unsafe { vi.post_recv_raw(d.0, false) } {
                 Ok(()) => posted += 1,
                 Err(PostError::QueueFull(..)) => break,
+                Err(_) if keep_refused => break,
                 Err(e) => {
                     // Refused for the VI's state: flushed, as the VI's
                     // own receives are when it leaves the connected state.
@@ -107,38 +126,14 @@ impl Deferred {
                     // SAFETY: refused, so ours: its status tells the CQ.
                     unsafe { (*d.0.as_ptr()).cs.status = status::DONE | status::OP_RECEIVE | why };
                     refused = Some(d.0);
-                    posted += 1;
                     break;
                 }
             }
         }
-        p.drain(..posted);
+        let taken = posted + usize::from(refused.is_some());
+        p.drain(..taken);
         self.any.store(!p.is_empty(), Ordering::Release);
-        refused
-    }
-
-    /// Posts the waiting receives the VI takes, in order, and leaves the
-    /// rest for the next flush (a receive the VI refuses is reported by a
-    /// CQ read's flush, which this caller cannot do): an EQ read's look at
-    /// a connection whose peer left with messages waiting, so that they
-    /// find the receives the program posted before the connection fails.
-    /// True if any was posted.
-    pub fn post_accepted(&self, vi: &Vi) -> bool {
-        if !self.waiting() {
-            return false;
-        }
-        let mut p = self.pending.lock();
-        let mut posted = 0;
-        for d in p.iter() {
-            // SAFETY: as in `post_pending`; a refused one stays ours.
-            match unsafe { vi.post_recv_raw(d.0, false) } {
-                Ok(()) => posted += 1,
-                Err(_) => break,
-            }
-        }
-        p.drain(..posted);
-        self.any.store(!p.is_empty(), Ordering::Release);
-        posted > 0
+        (posted, refused)
     }
 
     /// True if receives wait for a flush.
