@@ -459,7 +459,13 @@ impl Cq {
     pub unsafe fn from_fid<'a>(p: *mut fid) -> Result<&'a Cq, c_int> {
         // SAFETY: per the contract, with the class checked.
         match unsafe { p.as_ref() } {
-            Some(f) if f.fclass == FI_CLASS_CQ as usize => Ok(unsafe { &*(p as *const Cq) }),
+            // Both CQ kinds share the class; the ops table tells them apart.
+            Some(f)
+                if f.fclass == FI_CLASS_CQ as usize
+                    && std::ptr::eq(unsafe { (*(p as *const fid_cq)).ops }, &OPS) =>
+            {
+                Ok(unsafe { &*(p as *const Cq) })
+            }
             _ => Err(err::EINVAL),
         }
     }

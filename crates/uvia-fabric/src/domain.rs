@@ -40,6 +40,82 @@ pub struct Domain {
     pub unshared: Unshared,
     /// Objects opened on it and not yet closed; it closes only at zero.
     pub refs: AtomicUsize,
+    /// Opened for reliable datagrams (`FI_EP_RDM`): its endpoints, CQs,
+    /// AVs and counters are those of `rdm`.
+    pub rdm: bool,
+}
+
+/// Whether `d` is a domain opened for reliable datagrams.
+///
+/// # Safety
+/// As [`Domain::from_fid`].
+unsafe fn is_rdm(d: *mut fid_domain) -> Result<bool, c_int> {
+    // SAFETY: per the contract.
+    Ok(unsafe { Domain::from_fid(d) }?.rdm)
+}
+
+unsafe extern "C" fn av_open(
+    d: *mut fid_domain,
+    attr: *mut fi_av_attr,
+    av: *mut *mut fid_av,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded as libfabric passed them.
+    unsafe {
+        match is_rdm(d) {
+            Ok(true) => crate::rdm::av::open(d, attr, av, context),
+            Ok(false) => nosys::av_open(d, attr, av, context),
+            Err(e) => e,
+        }
+    }
+}
+
+unsafe extern "C" fn cq_open(
+    d: *mut fid_domain,
+    attr: *mut fi_cq_attr,
+    cq: *mut *mut fid_cq,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded as libfabric passed them.
+    unsafe {
+        match is_rdm(d) {
+            Ok(true) => crate::rdm::cq::open(d, attr, cq, context),
+            Ok(false) => crate::cq::open(d, attr, cq, context),
+            Err(e) => e,
+        }
+    }
+}
+
+unsafe extern "C" fn endpoint(
+    d: *mut fid_domain,
+    info: *mut fi_info,
+    ep: *mut *mut fid_ep,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded as libfabric passed them.
+    unsafe {
+        match is_rdm(d) {
+            Ok(true) => crate::rdm::open(d, info, ep, context),
+            Ok(false) => crate::ep::open(d, info, ep, context),
+            Err(e) => e,
+        }
+    }
+}
+
+unsafe extern "C" fn cntr_open(
+    d: *mut fid_domain,
+    attr: *mut fi_cntr_attr,
+    cntr: *mut *mut fid_cntr,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded as libfabric passed them.
+    unsafe {
+        match is_rdm(d) {
+            Ok(true) => crate::rdm::cntr::open(d, attr, cntr, context),
+            Ok(false) => nosys::cntr_open(d, attr, cntr, context),
+            Err(e) => e,
+        }
+    }
 }
 
 static FI_OPS: fi_ops = fi_ops {
@@ -54,11 +130,11 @@ static FI_OPS: fi_ops = fi_ops {
 
 static OPS: fi_ops_domain = fi_ops_domain {
     size: std::mem::size_of::<fi_ops_domain>(),
-    av_open: Some(nosys::av_open),
-    cq_open: Some(crate::cq::open),
-    endpoint: Some(crate::ep::open),
+    av_open: Some(av_open),
+    cq_open: Some(cq_open),
+    endpoint: Some(endpoint),
     scalable_ep: Some(nosys::scalable_ep),
-    cntr_open: Some(nosys::cntr_open),
+    cntr_open: Some(cntr_open),
     poll_open: Some(nosys::poll_open),
     stx_ctx: Some(nosys::stx_ctx),
     srx_ctx: Some(nosys::srx_ctx),
@@ -149,6 +225,8 @@ pub unsafe extern "C" fn open(
             share_recv_from,
             unshared: Unshared::default(),
             refs: AtomicUsize::new(0),
+            // SAFETY: the info's attribute pointers are NULL or valid.
+            rdm: unsafe { info.ep_attr.as_ref() }.is_some_and(|e| e.type_ == FI_EP_RDM),
         });
         f.refs.fetch_add(1, Ordering::AcqRel);
         // SAFETY: checked non-NULL above.

@@ -146,7 +146,7 @@ static TAGGED_OPS: fi_ops_tagged = fi_ops_tagged {
     injectdata: Some(nosys::tagged_injectdata),
 };
 
-static ATOMIC_OPS: fi_ops_atomic = fi_ops_atomic {
+pub(crate) static ATOMIC_OPS: fi_ops_atomic = fi_ops_atomic {
     size: std::mem::size_of::<fi_ops_atomic>(),
     write: Some(nosys::atomic_write),
     writev: Some(nosys::atomic_writev),
@@ -163,7 +163,7 @@ static ATOMIC_OPS: fi_ops_atomic = fi_ops_atomic {
     compwritevalid: Some(nosys::atomic_compwritevalid),
 };
 
-static COLLECTIVE_OPS: fi_ops_collective = fi_ops_collective {
+pub(crate) static COLLECTIVE_OPS: fi_ops_collective = fi_ops_collective {
     size: std::mem::size_of::<fi_ops_collective>(),
     barrier: Some(nosys::collective_barrier),
     broadcast: Some(nosys::collective_broadcast),
@@ -243,7 +243,10 @@ impl Ep {
     unsafe fn from_fid<'a>(p: *mut fid) -> Result<&'a Ep, c_int> {
         // SAFETY: per the contract, with the class checked.
         match unsafe { p.as_ref() } {
-            Some(f) if f.fclass == FI_CLASS_EP as usize => Ok(unsafe { &*(p as *const Ep) }),
+            // Both endpoint kinds share the class; the ops table tells them apart.
+            Some(f) if f.fclass == FI_CLASS_EP as usize && std::ptr::eq(f.ops, &FI_OPS) => {
+                Ok(unsafe { &*(p as *const Ep) })
+            }
             _ => Err(err::EINVAL),
         }
     }

@@ -124,10 +124,6 @@ fn list(
     if prov::settings().refused {
         return Err(-(FI_ENODATA as c_int));
     }
-    let addrs = addresses(node, service, flags, hints)?;
-    if let Some(h) = hints {
-        check_common(version, h)?;
-    }
     // A domain the hints name is listed even where it is not by default
     // (an xdp domain).
     let asked = hints
@@ -135,6 +131,15 @@ fn list(
         .filter(|d| !d.name.is_null())
         // SAFETY: a NUL-terminated name.
         .map(|d| unsafe { CStr::from_ptr(d.name) }.to_string_lossy());
+    // Reliable datagrams: the provider's own endpoints, on shm.
+    if let Some(h) = hints.filter(|h| h.ep.is_some_and(|e| e.type_ == FI_EP_RDM)) {
+        let e = crate::rdm::info::entry(version, h, asked.as_deref())?;
+        return NonNull::new(e).map(|e| e.as_ptr()).ok_or(err::ENOMEM);
+    }
+    let addrs = addresses(node, service, flags, hints)?;
+    if let Some(h) = hints {
+        check_common(version, h)?;
+    }
     let mut entries: Vec<NonNull<fi_info>> = Vec::new();
     for medium in Medium::listed(prov::settings().domain.as_deref(), asked.as_deref()) {
         // Only the domain named, when one is: the others' Nics stay unopened.

@@ -28,5 +28,6 @@ pub mod mr;
 mod nosys;
 pub mod pep;
 pub mod prov;
+pub mod rdm;
 pub mod share;
 pub mod sys;
