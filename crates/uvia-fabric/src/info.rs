@@ -131,19 +131,64 @@ fn list(
         .filter(|d| !d.name.is_null())
         // SAFETY: a NUL-terminated name.
         .map(|d| unsafe { CStr::from_ptr(d.name) }.to_string_lossy());
-    // Reliable datagrams: the provider's own endpoints, on shm.
-    if let Some(h) = hints.filter(|h| h.ep.is_some_and(|e| e.type_ == FI_EP_RDM)) {
-        let e = crate::rdm::info::entry(version, h, asked.as_deref())?;
-        return NonNull::new(e).map(|e| e.as_ptr()).ok_or(err::ENOMEM);
+    // Reliable datagrams: the provider's own endpoints, on shm, listed
+    // first; not to a utility provider looking for a core to layer on
+    // (which asks for other types), nor where node or service name an
+    // address of the other formats.
+    let layering = flags & OFI_CORE_PROV_ONLY != 0;
+    let ep_type = hints.and_then(|h| h.ep).map_or(FI_EP_UNSPEC, |e| e.type_);
+    let mut rdm = None;
+    if !layering && matches!(ep_type, FI_EP_UNSPEC | FI_EP_RDM) && node.is_none() && service.is_none() {
+        match crate::rdm::info::entry(version, hints, asked.as_deref()) {
+            Ok(e) => rdm = Some(NonNull::new(e).ok_or(err::ENOMEM)?),
+            Err(e) if ep_type == FI_EP_RDM => return Err(e),
+            Err(_) => {}
+        }
     }
+    if ep_type == FI_EP_RDM {
+        return rdm.map(|e| e.as_ptr()).ok_or(err::ENODATA);
+    }
+    let rest = msg_list(version, node, service, flags, hints, asked.as_deref(), layering);
+    match (rdm, rest) {
+        (Some(e), Ok(r)) => {
+            // SAFETY: a fresh entry of ours, not chained.
+            unsafe { (*e.as_ptr()).next = r };
+            Ok(e.as_ptr())
+        }
+        (Some(e), Err(_)) => Ok(e.as_ptr()),
+        (None, r) => r,
+    }
+}
+
+/// A utility provider's `fi_getinfo` for the core it layers on
+/// (`ofi_rxm` over connected endpoints) carries this flag (libfabric's
+/// internal `OFI_CORE_PROV_ONLY`, bit 59) down to the core's getinfo.
+const OFI_CORE_PROV_ONLY: u64 = 1 << 59;
+
+/// The connected endpoints' entries: one per medium that can meet the
+/// hints. The shm domain is not offered to a utility provider unless
+/// `FI_UVIA_RXM_SHM` says so: on shm, reliable datagrams are the
+/// provider's own.
+fn msg_list(
+    version: u32,
+    node: Option<&CStr>,
+    service: Option<&CStr>,
+    flags: u64,
+    hints: Option<&Hints>,
+    asked: Option<&str>,
+    layering: bool,
+) -> Result<*mut fi_info, c_int> {
     let addrs = addresses(node, service, flags, hints)?;
     if let Some(h) = hints {
         check_common(version, h)?;
     }
     let mut entries: Vec<NonNull<fi_info>> = Vec::new();
-    for medium in Medium::listed(prov::settings().domain.as_deref(), asked.as_deref()) {
+    for medium in Medium::listed(prov::settings().domain.as_deref(), asked) {
         // Only the domain named, when one is: the others' Nics stay unopened.
-        if asked.as_ref().is_some_and(|a| *a != medium.name()) {
+        if asked.is_some_and(|a| a != medium.name()) {
+            continue;
+        }
+        if layering && medium == Medium::Shm && !prov::settings().rxm_shm {
             continue;
         }
         if addrs.dest.is_some_and(|d| !medium.reaches(d)) {

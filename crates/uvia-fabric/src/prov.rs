@@ -111,7 +111,7 @@ unsafe extern "C" fn cleanup() {
 }
 
 /// The parameters: name (libfabric makes it `FI_UVIA_<NAME>`), type, help.
-const PARAMS: [(&CStr, fi_param_type, &CStr); 6] = [
+const PARAMS: [(&CStr, fi_param_type, &CStr); 7] = [
     (
         c"domain",
         FI_PARAM_STRING,
@@ -142,6 +142,11 @@ const PARAMS: [(&CStr, fi_param_type, &CStr); 6] = [
         FI_PARAM_BOOL,
         c"On shm, the first send or RDMA write longer than 16 KiB from a registered region moves its whole pages (64 KiB to 1 GiB) of private anonymous memory into shared memory at the same addresses, so the peer copies large messages straight out of them; other threads' writes to the pages during the move wait for it (a userfaultfd holds them: root, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1, else the memory is left as it is), a forked child then shares those pages rather than copying them, and they stay shared after fi_close (default: 1; 0 leaves registered memory as it is, and large messages are read with process_vm_readv or sent through the ring in pieces)",
     ),
+    (
+        c"rxm_shm",
+        FI_PARAM_BOOL,
+        c"Offer the shm domain's connected endpoints to utility providers, so that uvia;ofi_rxm runs on shm too (default: 0: on shm, reliable datagrams are the provider's own FI_EP_RDM endpoints; udp and xdp are offered to ofi_rxm either way)",
+    ),
 ];
 
 fn define_params() {
@@ -165,6 +170,8 @@ pub struct Settings {
     /// Registered memory on shm is moved into shared memory
     /// (`FI_UVIA_SHARE_MR`, see `share`).
     pub share_mr: bool,
+    /// The shm domain is offered to utility providers (`FI_UVIA_RXM_SHM`).
+    pub rxm_shm: bool,
     /// A setting the provider cannot honour (`FI_UVIA_DOMAIN` names no
     /// domain of this host, `FI_UVIA_INJECT` is no fault spec): said once on
     /// stderr, and no domain is listed, rather than a run on another medium
@@ -198,6 +205,7 @@ pub fn settings() -> &'static Settings {
             spin: spin_us(),
             drive_thread: param_int(c"drive_thread").is_none_or(|on| on != 0),
             share_mr: param_int(c"share_mr").is_none_or(|on| on != 0),
+            rxm_shm: param_int(c"rxm_shm").is_some_and(|on| on != 0),
             refused,
         }
     })

@@ -21,7 +21,7 @@ const TX_IOV_LIMIT: usize = 32;
 const QUEUE: usize = 4096;
 
 /// The entry for the hints, if the shm domain is listed and can meet them.
-pub fn entry(version: u32, hints: &Hints, asked: Option<&str>) -> Result<*mut fi_info, c_int> {
+pub fn entry(version: u32, hints: Option<&Hints>, asked: Option<&str>) -> Result<*mut fi_info, c_int> {
     let none = Err(err::ENODATA);
     let shm = Medium::Shm.name();
     let listed = Medium::listed(prov::settings().domain.as_deref(), asked)
@@ -30,7 +30,9 @@ pub fn entry(version: u32, hints: &Hints, asked: Option<&str>) -> Result<*mut fi
     if !listed || asked.is_some_and(|a| a != shm) {
         return none;
     }
-    let h = hints;
+    let Some(h) = hints else {
+        return Ok(build(version, None));
+    };
     if h.info.caps & !CAPS != 0 {
         return none;
     }
@@ -76,19 +78,20 @@ pub fn entry(version: u32, hints: &Hints, asked: Option<&str>) -> Result<*mut fi
             return none;
         }
     }
-    Ok(build(version, h))
+    Ok(build(version, Some(h)))
 }
 
 /// One entry, copied with `fi_dupinfo` (NULL if that fails).
-fn build(version: u32, h: &Hints) -> *mut fi_info {
-    let caps = if h.info.caps != 0 { h.info.caps } else { CAPS };
+fn build(version: u32, h: Option<&Hints>) -> *mut fi_info {
+    let caps = h.map_or(0, |h| h.info.caps);
+    let caps = if caps != 0 { caps } else { CAPS };
     let mut tx = fi_tx_attr {
         caps: caps & !FI_RECV,
         mode: 0,
-        op_flags: h.tx.map_or(0, |t| t.op_flags),
+        op_flags: h.and_then(|h| h.tx).map_or(0, |t| t.op_flags),
         // A link's records are read in the order they were written: every
         // order the hints ask of messages holds.
-        msg_order: FI_ORDER_SAS | h.tx.map_or(0, |t| t.msg_order),
+        msg_order: FI_ORDER_SAS | h.and_then(|h| h.tx).map_or(0, |t| t.msg_order),
         comp_order: FI_ORDER_NONE,
         inject_size: INJECT_SIZE,
         size: QUEUE,
@@ -99,8 +102,8 @@ fn build(version: u32, h: &Hints) -> *mut fi_info {
     let mut rx = fi_rx_attr {
         caps: caps & !FI_SEND,
         mode: 0,
-        op_flags: h.rx.map_or(0, |r| r.op_flags),
-        msg_order: FI_ORDER_SAS | h.rx.map_or(0, |r| r.msg_order),
+        op_flags: h.and_then(|h| h.rx).map_or(0, |r| r.op_flags),
+        msg_order: FI_ORDER_SAS | h.and_then(|h| h.rx).map_or(0, |r| r.msg_order),
         comp_order: FI_ORDER_NONE,
         total_buffered_recv: 0,
         size: QUEUE,
@@ -116,7 +119,7 @@ fn build(version: u32, h: &Hints) -> *mut fi_info {
         max_order_war_size: 0,
         max_order_waw_size: 0,
         // The program's format where it names one: any 64 bits match.
-        mem_tag_format: match h.ep.map_or(0, |e| e.mem_tag_format) {
+        mem_tag_format: match h.and_then(|h| h.ep).map_or(0, |e| e.mem_tag_format) {
             0 => TAG_FORMAT,
             f => f,
         },
@@ -126,7 +129,7 @@ fn build(version: u32, h: &Hints) -> *mut fi_info {
         auth_key: null_mut(),
     };
     let name = CString::new(Medium::Shm.name()).unwrap_or_default();
-    let threading = h.domain.map_or(FI_THREAD_UNSPEC, |d| d.threading);
+    let threading = h.and_then(|h| h.domain).map_or(FI_THREAD_UNSPEC, |d| d.threading);
     let mut domain = fi_domain_attr {
         domain: null_mut(),
         name: name.as_ptr() as *mut c_char,
@@ -139,7 +142,7 @@ fn build(version: u32, h: &Hints) -> *mut fi_info {
         control_progress: FI_PROGRESS_MANUAL,
         data_progress: FI_PROGRESS_MANUAL,
         resource_mgmt: FI_RM_ENABLED,
-        av_type: h.domain.map_or(FI_AV_UNSPEC, |d| d.av_type),
+        av_type: h.and_then(|h| h.domain).map_or(FI_AV_UNSPEC, |d| d.av_type),
         // Nothing needs registering: the bytes are copied through rings.
         mr_mode: 0,
         mr_key_size: 0,

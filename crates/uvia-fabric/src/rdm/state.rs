@@ -114,8 +114,12 @@ struct OutLink {
 
 /// Sends refused for a full ring between checks that the peer lives.
 const FULL_CHECK: u32 = 4096;
-/// Progress calls between looks for new links (a system call each).
-const DOOR_EVERY: u32 = 64;
+/// Progress calls between looks for new links (a system call or two
+/// each): often while none came, rarely once some have (a new peer's first
+/// message then waits a few thousand looks at the rings, some
+/// milliseconds at most).
+const DOOR_FIRST: u32 = 64;
+const DOOR_EVERY: u32 = 4096;
 /// Most records one link gives in one progress call.
 const BATCH: usize = 16;
 
@@ -344,7 +348,8 @@ impl State {
     #[inline]
     pub fn progress(&mut self, sink: &mut dyn Sink) {
         self.looks = self.looks.wrapping_add(1);
-        if self.looks % DOOR_EVERY == 0 {
+        let every = if self.ins.is_empty() { DOOR_FIRST } else { DOOR_EVERY };
+        if self.looks % every == 0 {
             self.open_door(sink);
         }
         let mut i = 0;
