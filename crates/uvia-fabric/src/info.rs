@@ -138,7 +138,11 @@ fn list(
     let layering = flags & OFI_CORE_PROV_ONLY != 0;
     let ep_type = hints.and_then(|h| h.ep).map_or(FI_EP_UNSPEC, |e| e.type_);
     let mut rdm = None;
-    if !layering && matches!(ep_type, FI_EP_UNSPEC | FI_EP_RDM) && node.is_none() && service.is_none() {
+    if !layering
+        && matches!(ep_type, FI_EP_UNSPEC | FI_EP_RDM)
+        && node.is_none()
+        && service.is_none()
+    {
         match crate::rdm::info::entry(version, hints, asked.as_deref()) {
             Ok(e) => rdm = Some(NonNull::new(e).ok_or(err::ENOMEM)?),
             Err(e) if ep_type == FI_EP_RDM => return Err(e),
@@ -148,7 +152,15 @@ fn list(
     if ep_type == FI_EP_RDM {
         return rdm.map(|e| e.as_ptr()).ok_or(err::ENODATA);
     }
-    let rest = msg_list(version, node, service, flags, hints, asked.as_deref(), layering);
+    let rest = msg_list(
+        version,
+        node,
+        service,
+        flags,
+        hints,
+        asked.as_deref(),
+        layering,
+    );
     match (rdm, rest) {
         (Some(e), Ok(r)) => {
             // SAFETY: a fresh entry of ours, not chained.

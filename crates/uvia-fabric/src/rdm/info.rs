@@ -21,7 +21,11 @@ const TX_IOV_LIMIT: usize = 32;
 const QUEUE: usize = 4096;
 
 /// The entry for the hints, if the shm domain is listed and can meet them.
-pub fn entry(version: u32, hints: Option<&Hints>, asked: Option<&str>) -> Result<*mut fi_info, c_int> {
+pub fn entry(
+    version: u32,
+    hints: Option<&Hints>,
+    asked: Option<&str>,
+) -> Result<*mut fi_info, c_int> {
     let none = Err(err::ENODATA);
     let shm = Medium::Shm.name();
     let listed = Medium::listed(prov::settings().domain.as_deref(), asked)
@@ -129,7 +133,9 @@ fn build(version: u32, h: Option<&Hints>) -> *mut fi_info {
         auth_key: null_mut(),
     };
     let name = CString::new(Medium::Shm.name()).unwrap_or_default();
-    let threading = h.and_then(|h| h.domain).map_or(FI_THREAD_UNSPEC, |d| d.threading);
+    let threading = h
+        .and_then(|h| h.domain)
+        .map_or(FI_THREAD_UNSPEC, |d| d.threading);
     let mut domain = fi_domain_attr {
         domain: null_mut(),
         name: name.as_ptr() as *mut c_char,

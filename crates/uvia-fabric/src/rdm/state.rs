@@ -348,7 +348,11 @@ impl State {
     #[inline]
     pub fn progress(&mut self, sink: &mut dyn Sink) {
         self.looks = self.looks.wrapping_add(1);
-        let every = if self.ins.is_empty() { DOOR_FIRST } else { DOOR_EVERY };
+        let every = if self.ins.is_empty() {
+            DOOR_FIRST
+        } else {
+            DOOR_EVERY
+        };
         if self.looks % every == 0 {
             self.open_door(sink);
         }

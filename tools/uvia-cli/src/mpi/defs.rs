@@ -59,7 +59,9 @@ const OMPI_OFI_ANY: &[&str] = &[
     "none",
 ];
 const UVIA_UDP: &[(&str, &str)] = &[("FI_PROVIDER", "uvia;ofi_rxm"), ("FI_UVIA_DOMAIN", "udp")];
-const UVIA_SHM: &[(&str, &str)] = &[("FI_PROVIDER", "uvia;ofi_rxm"), ("FI_UVIA_DOMAIN", "shm")];
+/// On shm the provider's own reliable-datagram endpoints carry MPI (no
+/// `ofi_rxm`: the provider offers shm to no utility provider by default).
+const UVIA_SHM: &[(&str, &str)] = &[("FI_PROVIDER", "uvia"), ("FI_UVIA_DOMAIN", "shm")];
 pub(super) const MPICH_OFI: [(&str, &str); 2] =
     [("MPIR_CVAR_CH4_NETMOD", "ofi"), ("MPIR_CVAR_NOLOCAL", "1")];
 
@@ -131,7 +133,7 @@ pub fn variants() -> Vec<Variant> {
         ),
         v(
             "ompi-uvia-shm",
-            "Open MPI over uvia;ofi_rxm, shm",
+            "Open MPI over uvia (FI_EP_RDM), shm",
             OpenMpi,
             Some("shm"),
             UVIA_SHM,
@@ -176,7 +178,7 @@ pub fn variants() -> Vec<Variant> {
         ),
         v(
             "mpich-uvia-shm",
-            "MPICH over uvia;ofi_rxm, shm",
+            "MPICH over uvia (FI_EP_RDM), shm",
             Mpich,
             Some("shm"),
             UVIA_SHM,
