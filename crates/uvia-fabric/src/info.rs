@@ -133,16 +133,13 @@ fn list(
         .map(|d| unsafe { CStr::from_ptr(d.name) }.to_string_lossy());
     // Reliable datagrams: the provider's own endpoints, on shm, listed
     // first; not to a utility provider looking for a core to layer on
-    // (which asks for other types), nor where node or service name an
-    // address of the other formats.
+    // (which asks for other types). A node or service is no address of
+    // theirs (their names come from fi_getname, through the program's own
+    // exchange, as fi_pingpong's): not looked at.
     let layering = flags & OFI_CORE_PROV_ONLY != 0;
     let ep_type = hints.and_then(|h| h.ep).map_or(FI_EP_UNSPEC, |e| e.type_);
     let mut rdm = None;
-    if !layering
-        && matches!(ep_type, FI_EP_UNSPEC | FI_EP_RDM)
-        && node.is_none()
-        && service.is_none()
-    {
+    if !layering && matches!(ep_type, FI_EP_UNSPEC | FI_EP_RDM) {
         match crate::rdm::info::entry(version, hints, asked.as_deref()) {
             Ok(e) => rdm = Some(NonNull::new(e).ok_or(err::ENOMEM)?),
             Err(e) if ep_type == FI_EP_RDM => return Err(e),
@@ -565,7 +562,11 @@ mod tests {
     fn hints_with(
         f: impl FnOnce(&mut fi_info, &mut fi_ep_attr, &mut fi_domain_attr),
     ) -> Option<usize> {
-        let mut ep = fi_ep_attr::default();
+        // Connected endpoints unless `f` says otherwise.
+        let mut ep = fi_ep_attr {
+            type_: FI_EP_MSG,
+            ..Default::default()
+        };
         let mut domain = fi_domain_attr {
             mr_mode: FI_MR_LOCAL as c_int | MR_MODE,
             ..Default::default()
@@ -595,6 +596,12 @@ mod tests {
     fn hints_it_can_meet_list_every_medium() {
         let every = Some(Medium::listed(None, None).len());
         assert_eq!(hints_with(|_, _, _| {}), every);
+        // Any endpoint type: the reliable datagrams on shm too, first.
+        assert_eq!(
+            hints_with(|_, e, _| e.type_ = FI_EP_UNSPEC),
+            every.map(|n| n + 1)
+        );
+        assert_eq!(hints_with(|_, e, _| e.type_ = FI_EP_RDM), Some(1));
         assert_eq!(
             hints_with(|i, e, _| {
                 i.caps = FI_MSG | FI_RMA;
@@ -606,8 +613,22 @@ mod tests {
 
     #[test]
     fn hints_it_cannot_meet_list_nothing() {
-        assert_eq!(hints_with(|i, _, _| i.caps = FI_TAGGED), None);
-        assert_eq!(hints_with(|_, e, _| e.type_ = FI_EP_RDM), None);
+        assert_eq!(
+            hints_with(|i, e, _| {
+                i.caps = FI_TAGGED;
+                e.type_ = FI_EP_MSG;
+            }),
+            None
+        );
+        assert_eq!(
+            hints_with(|i, e, _| {
+                i.caps = FI_RMA;
+                e.type_ = FI_EP_RDM;
+            }),
+            None,
+            "reliable datagrams without RMA"
+        );
+        assert_eq!(hints_with(|_, e, _| e.type_ = FI_EP_DGRAM), None);
         assert_eq!(
             hints_with(|_, e, _| e.rx_ctx_cnt = FI_SHARED_CONTEXT as usize),
             None

@@ -126,14 +126,21 @@ fn settings_it_cannot_honour_list_nothing_and_say_why() {
 #[test]
 fn ofi_rxm_layers_reliable_tagged_endpoints_on_top() {
     let dir = ProviderDir::new("rxm");
+    // On the network domains by default; on shm only when asked for, as
+    // shm has reliable datagrams of the provider's own.
     let o = dir.fi_info(&["-p", "uvia;ofi_rxm"], &[]);
     assert!(o.status.success(), "{o:?}");
+    let out = text(&o);
+    let layered = domains(&out, "uvia;ofi_rxm");
+    assert!(layered.contains(&"udp".to_string()), "{out}");
+    assert!(!layered.contains(&"shm".to_string()), "{out}");
+    assert!(out.contains("type: FI_EP_RDM"), "{out}");
+    let o = dir.fi_info(&["-p", "uvia;ofi_rxm"], &[("FI_UVIA_RXM_SHM", "1")]);
     let out = text(&o);
     assert!(
         domains(&out, "uvia;ofi_rxm").contains(&"shm".to_string()),
         "{out}"
     );
-    assert!(out.contains("type: FI_EP_RDM"), "{out}");
     let o = dir.fi_info(
         &[
             "-p",
@@ -153,6 +160,41 @@ fn ofi_rxm_layers_reliable_tagged_endpoints_on_top() {
             .any(|l| l.trim_start().starts_with("caps:") && l.contains("FI_TAGGED")),
         "{out}"
     );
+}
+
+/// The provider's own reliable-datagram endpoints: on shm only, tagged,
+/// with directed receives; refused for what they do not offer.
+#[test]
+fn reliable_datagrams_of_its_own_are_listed_on_shm() {
+    let dir = ProviderDir::new("rdm-info");
+    let o = dir.fi_info(&["-p", "uvia", "-t", "FI_EP_RDM"], &[]);
+    assert!(o.status.success(), "{o:?}");
+    let out = text(&o);
+    assert_eq!(domains(&out, "uvia"), vec!["shm".to_string()], "{out}");
+    // With shm the one domain, ofi_rxm has nothing to layer on: the entry
+    // is the provider's own.
+    let o = dir.fi_info(
+        &["-p", "uvia", "-t", "FI_EP_RDM", "-v"],
+        &[("FI_UVIA_DOMAIN", "shm")],
+    );
+    let out = text(&o);
+    assert!(out.contains("prov_name: uvia\n"), "{out}");
+    assert!(!out.contains("ofi_rxm"), "{out}");
+    let caps = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("caps:"))
+        .unwrap_or_default();
+    for cap in ["FI_TAGGED", "FI_MSG", "FI_DIRECTED_RECV"] {
+        assert!(caps.contains(cap), "{cap}: {out}");
+    }
+    // Asked of udp, or for RMA, there is none.
+    let o = dir.fi_info(
+        &["-p", "uvia", "-t", "FI_EP_RDM"],
+        &[("FI_UVIA_DOMAIN", "udp")],
+    );
+    assert!(domains(&text(&o), "uvia").is_empty(), "{}", text(&o));
+    let o = dir.fi_info(&["-p", "uvia", "-t", "FI_EP_RDM", "-c", "FI_RMA"], &[]);
+    assert!(domains(&text(&o), "uvia").is_empty(), "{}", text(&o));
 }
 
 #[test]
@@ -229,10 +271,26 @@ fn fi_pingpong_msg_runs_on_udp() {
     );
 }
 
-/// `fi_pingpong -e rdm` over `uvia;ofi_rxm` on shm: ofi_rxm connects on
-/// the first send (its connection data through the private data, the
-/// peer found by the request's address), sends small messages eagerly and
-/// large ones by rendezvous (an RDMA read from the receiver).
+/// `fi_pingpong -e rdm` over the provider's own reliable datagrams on
+/// shm: a link made by the first send, every size through the ring (a
+/// megabyte in chunks), each message's bytes checked (`-c`).
+#[test]
+fn fi_pingpong_rdm_runs_on_the_providers_own_endpoints_on_shm() {
+    pingpong(
+        "pp-rdm-shm",
+        "uvia",
+        "rdm",
+        "shm",
+        &["1 ", "4k", "64k", "1m"],
+        &[],
+    );
+}
+
+/// `fi_pingpong -e rdm` over `uvia;ofi_rxm` on shm (offered to `ofi_rxm`
+/// when `FI_UVIA_RXM_SHM=1`): ofi_rxm connects on the first send (its
+/// connection data through the private data, the peer found by the
+/// request's address), sends small messages eagerly and large ones by
+/// rendezvous (an RDMA read from the receiver).
 #[test]
 fn fi_pingpong_rdm_runs_over_rxm_on_shm() {
     pingpong(
@@ -241,7 +299,7 @@ fn fi_pingpong_rdm_runs_over_rxm_on_shm() {
         "rdm",
         "shm",
         &["1 ", "4k", "64k", "1m"],
-        &[],
+        &[("FI_UVIA_RXM_SHM", "1")],
     );
 }
 

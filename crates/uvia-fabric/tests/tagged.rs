@@ -1,7 +1,8 @@
 //! Tagged messages as an MPI library sends them: `tests/c/rdm_cost.c`
-//! drives two `FI_EP_RDM` endpoints of one process through `ofi_rxm` over
-//! the provider (tagged receives, `fi_tinject`, manual progress,
-//! `FI_THREAD_DOMAIN`), every message's round number checked where it
+//! drives two `FI_EP_RDM` endpoints of one process (the provider's own on
+//! shm, `ofi_rxm` over the provider's connected endpoints on udp, and on
+//! shm when offered to it) with tagged receives, `fi_tinject`, manual progress,
+//! `FI_THREAD_DOMAIN`, every message's round number checked where it
 //! arrives. The same program, run under callgrind, counts what a round
 //! trip costs by library (docs/BENCHMARKS.md).
 
@@ -20,14 +21,14 @@ fn program() -> &'static PathBuf {
     })
 }
 
-/// Runs `rounds` round trips over `uvia;ofi_rxm` on `domain` with `env`;
+/// Runs `rounds` round trips over `prov` on `domain` with `env`;
 /// fails unless every message came with its data. `test` names the
 /// provider's folder: a library copied over one a running test has mapped
 /// would kill it.
-fn round_trips(test: &str, domain: &str, rounds: u32, env: &[(&str, &str)]) {
+fn round_trips(test: &str, prov: &str, domain: &str, rounds: u32, env: &[(&str, &str)]) {
     let dir = ProviderDir::new(test);
     let o = Command::new(program())
-        .args(["uvia;ofi_rxm", &rounds.to_string()])
+        .args([prov, &rounds.to_string()])
         .with_provider(&dir)
         .env("FI_UVIA_DOMAIN", domain)
         .envs(env.iter().copied())
@@ -36,7 +37,7 @@ fn round_trips(test: &str, domain: &str, rounds: u32, env: &[(&str, &str)]) {
     let out = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        o.status.success() && out.starts_with(&format!("uvia;ofi_rxm: {rounds} round trips, ")),
+        o.status.success() && out.starts_with(&format!("{prov}: {rounds} round trips, ")),
         "status {:?}\n{out}\n{err}",
         o.status
     );
@@ -44,12 +45,23 @@ fn round_trips(test: &str, domain: &str, rounds: u32, env: &[(&str, &str)]) {
 
 #[test]
 fn tagged_messages_between_two_endpoints_of_one_process_on_shm() {
-    round_trips("tagged-shm", "shm", 20_000, &[]);
+    round_trips("tagged-shm", "uvia", "shm", 20_000, &[]);
+}
+
+#[test]
+fn tagged_messages_over_rxm_on_shm() {
+    round_trips(
+        "tagged-rxm-shm",
+        "uvia;ofi_rxm",
+        "shm",
+        20_000,
+        &[("FI_UVIA_RXM_SHM", "1")],
+    );
 }
 
 #[test]
 fn tagged_messages_between_two_endpoints_of_one_process_on_udp() {
-    round_trips("tagged-udp", "udp", 5_000, &[]);
+    round_trips("tagged-udp", "uvia;ofi_rxm", "udp", 5_000, &[]);
 }
 
 /// At 5% injected loss every message still comes, in order, once.
@@ -57,6 +69,7 @@ fn tagged_messages_between_two_endpoints_of_one_process_on_udp() {
 fn tagged_messages_on_udp_at_injected_loss() {
     round_trips(
         "tagged-udp-loss",
+        "uvia;ofi_rxm",
         "udp",
         2_000,
         &[("FI_UVIA_INJECT", "loss=0.05,seed=3")],

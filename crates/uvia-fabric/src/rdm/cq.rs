@@ -4,7 +4,6 @@
 //! to it (their rings are looked at, their queued sends written), so a
 //! program that only reads its CQ moves every message.
 
-use super::av::FI_ADDR_NOTAVAIL;
 use super::Ep;
 use crate::domain::Domain;
 use crate::guard;
@@ -405,24 +404,16 @@ pub fn entry(
     }
 }
 
-/// The error entry of an operation that failed with `err` (positive).
-pub fn error(
-    context: *mut c_void,
-    flags: u64,
-    len: usize,
-    buf: *mut c_void,
-    data: u64,
-    tag: u64,
-    olen: usize,
-    err: c_int,
-) -> fi_cq_err_entry {
+/// The error entry of an operation that failed with `err` (positive):
+/// `e`'s fields, and `olen` bytes cut (for a truncation).
+pub fn error(e: fi_cq_tagged_entry, olen: usize, err: c_int) -> fi_cq_err_entry {
     fi_cq_err_entry {
-        op_context: context,
-        flags,
-        len,
-        buf,
-        data,
-        tag,
+        op_context: e.op_context,
+        flags: e.flags,
+        len: e.len,
+        buf: e.buf,
+        data: e.data,
+        tag: e.tag,
         olen,
         err,
         prov_errno: err,
@@ -430,6 +421,3 @@ pub fn error(
         err_data_size: 0,
     }
 }
-
-#[allow(dead_code)]
-const _UNUSED: fi_addr_t = FI_ADDR_NOTAVAIL;

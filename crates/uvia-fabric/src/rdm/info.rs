@@ -1,6 +1,7 @@
 //! The `fi_info` of the reliable-datagram endpoints: listed for the shm
 //! domain when the hints ask for `FI_EP_RDM`.
 
+use super::link::{Name, NAME_LEN};
 use super::{INJECT_SIZE, MAX_MSG, TAG_FORMAT};
 use crate::info::Hints;
 use crate::medium::Medium;
@@ -40,9 +41,11 @@ pub fn entry(
     if h.info.caps & !CAPS != 0 {
         return none;
     }
+    // Addresses the hints give are names of these endpoints (a program
+    // that got its peer's over its own channel, as fi_pingpong does).
     if h.info.addr_format != FI_FORMAT_UNSPEC
-        || !h.info.src_addr.is_null()
-        || !h.info.dest_addr.is_null()
+        || !is_name(h.info.src_addr, h.info.src_addrlen)
+        || !is_name(h.info.dest_addr, h.info.dest_addrlen)
     {
         return none;
     }
@@ -85,7 +88,18 @@ pub fn entry(
     Ok(build(version, Some(h)))
 }
 
-/// One entry, copied with `fi_dupinfo` (NULL if that fails).
+/// True for no address, or one that is an endpoint's name.
+fn is_name(addr: *mut std::ffi::c_void, len: usize) -> bool {
+    if addr.is_null() {
+        return true;
+    }
+    // SAFETY: the hints' address holds `len` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+    len == NAME_LEN && Name::parse(bytes).is_some()
+}
+
+/// One entry, copied with `fi_dupinfo` (NULL if that fails). The hints'
+/// destination, a name, is kept in it.
 fn build(version: u32, h: Option<&Hints>) -> *mut fi_info {
     let caps = h.map_or(0, |h| h.info.caps);
     let caps = if caps != 0 { caps } else { CAPS };
@@ -178,15 +192,22 @@ fn build(version: u32, h: Option<&Hints>) -> *mut fi_info {
         prov_version: 0,
         api_version: version,
     };
+    let mut dest = h
+        .map(|h| (h.info.dest_addr, h.info.dest_addrlen))
+        .filter(|(a, _)| !a.is_null())
+        // SAFETY: checked by `entry` to be a name's NAME_LEN bytes.
+        .and_then(|(a, n)| Name::parse(unsafe { std::slice::from_raw_parts(a as *const u8, n) }));
     let template = fi_info {
         next: null_mut(),
         caps,
         mode: 0,
         addr_format: FI_FORMAT_UNSPEC,
         src_addrlen: 0,
-        dest_addrlen: 0,
+        dest_addrlen: dest.map_or(0, |_| NAME_LEN),
         src_addr: null_mut(),
-        dest_addr: null_mut(),
+        dest_addr: dest
+            .as_mut()
+            .map_or(null_mut(), |d| d.0.as_mut_ptr() as *mut _),
         handle: null_mut(),
         tx_attr: &mut tx,
         rx_attr: &mut rx,

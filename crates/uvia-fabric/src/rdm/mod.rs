@@ -262,16 +262,8 @@ impl Sink for Sinks<'_> {
 
     fn failed(&mut self, r: &Recv, len: usize, data: u64, tag: u64, olen: usize, err: c_int) {
         if let Some(cq) = self.0.rx_cq() {
-            cq.push_error(cq::error(
-                r.context,
-                r.flags,
-                len,
-                r.buf as *mut c_void,
-                data,
-                tag,
-                olen,
-                err,
-            ));
+            let e = cq::entry(r.context, r.flags, len, r.buf as *mut c_void, data, tag, 0);
+            cq.push_error(cq::error(e.e, olen, err));
         }
     }
 
@@ -439,11 +431,7 @@ impl Ep {
 ///
 /// # Safety
 /// `iov` holds `count` entries, each naming valid bytes.
-unsafe fn gather<'a>(
-    iov: *const iovec,
-    count: usize,
-    keep: &'a mut Vec<u8>,
-) -> Result<&'a [u8], c_int> {
+unsafe fn gather(iov: *const iovec, count: usize, keep: &mut Vec<u8>) -> Result<&[u8], c_int> {
     if count == 0 {
         return Ok(&[]);
     }

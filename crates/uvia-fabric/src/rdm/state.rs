@@ -353,7 +353,7 @@ impl State {
         } else {
             DOOR_EVERY
         };
-        if self.looks % every == 0 {
+        if self.looks.is_multiple_of(every) {
             self.open_door(sink);
         }
         let mut i = 0;
