@@ -337,8 +337,8 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
             "<= 0.5x",
         ),
         (
-            "libfabric rdm 8 B: uvia;ofi_rxm on shm vs libfabric shm",
-            "uvia;ofi_rxm mean / shm mean",
+            "libfabric rdm 8 B: uvia (its own FI_EP_RDM) on shm vs libfabric shm",
+            "uvia mean / shm mean",
             "ns",
             "<= 1.0x",
         ),
@@ -371,22 +371,18 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
                 .collect();
         }
     };
-    // fi_pingpong has no warm-up: over FI_EP_RDM its timed loop holds
-    // ofi_rxm's connection, made on the first message. That is ofi_rxm's
-    // own cost more than the core provider's: each side zeroes two
-    // buffer pools of 1,024 buffers of 16 KiB (17 MiB each), 15-20 ms in
-    // all, the same over tcp (`-I 10` runs of `uvia;ofi_rxm` on shm and
-    // `tcp;ofi_rxm` both take 17-21 ms). Over 100,000 round trips that
-    // still added 0.04 us to a 0.25 us message; over 2,000,000 (about a
-    // second) it is 0.01 us, so the rdm row measures the messages, with
-    // the connection still inside it. Short runs of 8 B on shm take a
-    // tenth of a second either way, so the quick run keeps the full
-    // counts. The same for 1 MiB: the first messages move the program's
-    // buffers into shared memory and fault in the peer's mappings of
-    // them, some 2 ms (`-I 10` runs take 1.8 ms more than ten round trips
-    // of 9 us), which 1,000 round trips turned into 1 us of a 10 us
-    // transfer; 5,000 (a tenth of a second) make it 0.2 us, as `uvia bw`,
-    // the row's baseline, leaves its own first messages out as a warm-up.
+    // fi_pingpong has no warm-up. Over the provider's own FI_EP_RDM the
+    // first message makes its link (a segment and a socket's connect, some
+    // 100 us), so the rdm row takes 2,000,000 round trips (about a second),
+    // as it did over ofi_rxm, whose connection cost 15-20 ms. Short runs
+    // of 8 B on shm take a tenth of a second either way, so the quick run
+    // keeps the full counts. For 1 MiB, the first messages move the
+    // program's buffers into shared memory and fault in the peer's
+    // mappings of them, some 2 ms (`-I 10` runs take 1.8 ms more than ten
+    // round trips of 9 us), which 1,000 round trips turned into 1 us of a
+    // 10 us transfer; 5,000 (a tenth of a second) make it 0.2 us, as `uvia
+    // bw`, the row's baseline, leaves its own first messages out as a
+    // warm-up.
     let iters = 100_000;
     let rdm_iters = 2_000_000;
     let udp_iters = if quick { 5_000 } else { 20_000 };
@@ -426,7 +422,7 @@ pub fn headlines(pb: &ProgressBar, quick: bool, pairs: usize, timeout: Duration)
             Box::new(|r| r <= 0.5),
         ),
         (
-            Box::new(|| mean(fi("uvia;ofi_rxm", "rdm", Some("shm"), 8, rdm_iters))),
+            Box::new(|| mean(fi("uvia", "rdm", Some("shm"), 8, rdm_iters))),
             Box::new(|| mean(fi("shm", "rdm", None, 8, rdm_iters))),
             Box::new(|r| r <= 1.0),
         ),

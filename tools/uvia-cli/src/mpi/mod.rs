@@ -9,8 +9,9 @@
 //! - native uvia (`uvia pingpong`, reliable delivery) on udp and shm, and
 //!   blocking on udp: the "spin" effect (Open MPI's MPI_Recv always polls,
 //!   so the effect is shown where uvia offers both waits);
-//! - Open MPI over `uvia;ofi_rxm` on udp and shm (reliable VIs, no
-//!   acknowledgements of MPI's own);
+//! - Open MPI over `uvia;ofi_rxm` on udp (reliable VIs, no
+//!   acknowledgements of MPI's own) and over the provider's own
+//!   reliable-datagram endpoints on shm (`FI_PROVIDER=uvia`);
 //! - Open MPI over `udp;ofi_rxd`: acknowledgements in software over
 //!   unreliable datagrams, the closest to the source's MPI over unreliable
 //!   VIs that libfabric offers (uvia's provider has no datagram endpoint):
