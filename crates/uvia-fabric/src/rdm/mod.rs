@@ -442,25 +442,26 @@ unsafe fn gather(iov: *const iovec, count: usize, keep: &mut Vec<u8>) -> Result<
     let v = unsafe { std::slice::from_raw_parts(iov, count) };
     if count == 1 {
         // SAFETY: per the contract.
-        return Ok(unsafe { bytes(v[0].iov_base, v[0].iov_len) });
+        return unsafe { bytes(v[0].iov_base, v[0].iov_len) };
     }
     for e in v {
         // SAFETY: per the contract.
-        keep.extend_from_slice(unsafe { bytes(e.iov_base, e.iov_len) });
+        keep.extend_from_slice(unsafe { bytes(e.iov_base, e.iov_len) }?);
     }
     Ok(keep)
 }
 
-/// The `len` bytes at `buf` (none for a NULL or empty buffer).
+/// The `len` bytes at `buf` (none for an empty buffer, which may be
+/// NULL); a NULL buffer of some length is `-FI_EINVAL`.
 ///
 /// # Safety
 /// `buf` holds `len` bytes, or `len` is 0.
-unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> &'a [u8] {
-    if len == 0 || buf.is_null() {
-        &[]
-    } else {
+unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], c_int> {
+    match (len, buf.is_null()) {
+        (0, _) => Ok(&[]),
+        (_, true) => Err(err::EINVAL),
         // SAFETY: per the contract.
-        unsafe { std::slice::from_raw_parts(buf as *const u8, len) }
+        _ => Ok(unsafe { std::slice::from_raw_parts(buf as *const u8, len) }),
     }
 }
 
@@ -688,7 +689,7 @@ unsafe extern "C" fn send(
     guard::call_ssize("send", || {
         let e = unsafe { this(ep) }?;
         e.send(
-            unsafe { bytes(buf, len) },
+            unsafe { bytes(buf, len) }?,
             dest,
             0,
             None,
@@ -754,7 +755,7 @@ unsafe extern "C" fn inject(
     guard::call_ssize("inject", || {
         let e = unsafe { this(ep) }?;
         e.send(
-            unsafe { bytes(buf, len) },
+            unsafe { bytes(buf, len) }?,
             dest,
             0,
             None,
@@ -778,7 +779,7 @@ unsafe extern "C" fn senddata(
     guard::call_ssize("senddata", || {
         let e = unsafe { this(ep) }?;
         e.send(
-            unsafe { bytes(buf, len) },
+            unsafe { bytes(buf, len) }?,
             dest,
             0,
             Some(data),
@@ -800,7 +801,7 @@ unsafe extern "C" fn injectdata(
     guard::call_ssize("injectdata", || {
         let e = unsafe { this(ep) }?;
         e.send(
-            unsafe { bytes(buf, len) },
+            unsafe { bytes(buf, len) }?,
             dest,
             0,
             Some(data),
@@ -878,7 +879,7 @@ unsafe extern "C" fn tsend(
     guard::call_ssize("tsend", || {
         let e = unsafe { this(ep) }?;
         e.send(
-            unsafe { bytes(buf, len) },
+            unsafe { bytes(buf, len) }?,
             dest,
             tag,
             None,
@@ -946,7 +947,7 @@ unsafe extern "C" fn tinject(
     guard::call_ssize("tinject", || {
         let e = unsafe { this(ep) }?;
         e.send(
-            unsafe { bytes(buf, len) },
+            unsafe { bytes(buf, len) }?,
             dest,
             tag,
             None,
@@ -971,7 +972,7 @@ unsafe extern "C" fn tsenddata(
     guard::call_ssize("tsenddata", || {
         let e = unsafe { this(ep) }?;
         e.send(
-            unsafe { bytes(buf, len) },
+            unsafe { bytes(buf, len) }?,
             dest,
             tag,
             Some(data),
@@ -994,7 +995,7 @@ unsafe extern "C" fn tinjectdata(
     guard::call_ssize("tinjectdata", || {
         let e = unsafe { this(ep) }?;
         e.send(
-            unsafe { bytes(buf, len) },
+            unsafe { bytes(buf, len) }?,
             dest,
             tag,
             Some(data),

@@ -432,7 +432,7 @@ impl State {
                         l.src = sink.source(&l.link.peer);
                     }
                     let src = l.src;
-                    let p = self.first(head, src, bytes, sink);
+                    let p = self.first(head, src, bytes, sink)?;
                     self.ins[i].partial = p;
                 }
                 Some(mut p) => {
@@ -466,11 +466,11 @@ impl State {
         src: fi_addr_t,
         bytes: &[u8],
         sink: &mut dyn Sink,
-    ) -> Option<Partial> {
+    ) -> std::io::Result<Option<Partial>> {
         let k = kind(head.flags & TAGGED != 0);
         let whole = bytes.len() == head.len as usize;
         let at = self.posted[k].iter().position(|r| r.takes(src, head.tag));
-        match at {
+        Ok(match at {
             Some(at) => {
                 let r = self.posted[k].remove(at).expect("found");
                 copy_into(&r, 0, bytes);
@@ -487,7 +487,12 @@ impl State {
                 }
             }
             None => {
-                let mut v = Vec::with_capacity(head.len as usize);
+                // The whole message is held: room for what the header
+                // says, refused (the link dropped) where memory has none.
+                let mut v = Vec::new();
+                v.try_reserve_exact(head.len as usize).map_err(|_| {
+                    corrupt("no memory for a message of the length its header says")
+                })?;
                 v.extend_from_slice(bytes);
                 let u = Unexpected {
                     src,
@@ -507,7 +512,7 @@ impl State {
                     })
                 }
             }
-        }
+        })
     }
 
     /// A message whose last record came: its receive completes, or, held,
