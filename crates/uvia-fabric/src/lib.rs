@@ -1,5 +1,7 @@
-//! A libfabric provider named `uvia`: libfabric programs (and `ofi_rxm`
-//! layered on top, hence MPI) over uvia's media.
+//! A libfabric provider named `uvia`: libfabric programs over uvia's
+//! media, connected endpoints (VIs) on each, reliable datagrams with tag
+//! matching of its own on shm (`rdm`) and through `ofi_rxm` layered on
+//! the VIs elsewhere, hence MPI.
 //!
 //! Built as `libuvia-fi.so`, which libfabric loads from `FI_PROVIDER_PATH`
 //! or its own provider folder and enters through [`prov::fi_prov_ini`].

@@ -79,8 +79,8 @@ enum Cmd {
     Bench(BenchArgs),
     /// The libfabric provider under libfabric's own ping-pong
     /// (fi_pingpong, from libfabric-bin): uvia on udp against libfabric's
-    /// tcp provider, uvia and uvia;ofi_rxm on shm against libfabric's shm
-    /// provider, and the provider against uvia's own pingpong (8 B, 1 MiB)
+    /// tcp provider, uvia's connected and reliable-datagram endpoints on
+    /// shm against libfabric's shm provider, and the provider against uvia's own pingpong (8 B, 1 MiB)
     /// and, streaming 1 MiB messages (fi_msg_bw, built here with cc from
     /// tools/uvia-cli/c), against uvia bw, in interleaved pairs (also a
     /// section of `uvia bench`). Needs the provider built beside this
@@ -88,7 +88,8 @@ enum Cmd {
     /// UVIA_FI_LIB.
     Fabric(FabricArgs),
     /// MPI over uvia, source document 001's study redone with real MPIs:
-    /// Open MPI (and MPICH with --mpich) over uvia;ofi_rxm on udp and shm
+    /// Open MPI (and MPICH with --mpich) over uvia (uvia;ofi_rxm on udp, the
+    /// provider's own reliable datagrams on shm)
     /// against native uvia, against software acknowledgements over
     /// datagrams (udp;ofi_rxd), eager copies against rendezvous, polling
     /// against blocking, and beside them Open MPI over tcp;ofi_rxm and its
