@@ -142,17 +142,25 @@ impl Av {
         let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
         let mut n = 0;
         for (i, bytes) in names.iter().enumerate() {
-            let addr = match Name::parse(bytes) {
-                Some(name) if t.names.len() < MAX_ENTRIES => {
-                    let addr = t.names.len() as fi_addr_t;
-                    t.names.push(Some(name));
+            if t.names.len() >= MAX_ENTRIES {
+                out(i, FI_ADDR_NOTAVAIL);
+                continue;
+            }
+            // Every entry takes its index, a refused one too, so that the
+            // addresses of `FI_AV_TABLE` stay the positions the program
+            // inserted at (MPICH takes rank r's address to be r).
+            let addr = t.names.len() as fi_addr_t;
+            let name = Name::parse(bytes);
+            t.names.push(name);
+            let addr = match name {
+                Some(name) => {
                     // A name inserted twice gets a second address; a
                     // message from it reports the first.
                     t.by_name.entry(name).or_insert(addr);
                     n += 1;
                     addr
                 }
-                _ => FI_ADDR_NOTAVAIL,
+                None => FI_ADDR_NOTAVAIL,
             };
             out(i, addr);
         }
@@ -328,10 +336,11 @@ mod tests {
         let mut got = vec![];
         let n = a.insert(&[x.0, [7; NAME_LEN], y.0], |_, v| got.push(v));
         assert_eq!(n, 2);
-        assert_eq!(got, vec![0, FI_ADDR_NOTAVAIL, 1]);
+        assert_eq!(got, vec![0, FI_ADDR_NOTAVAIL, 2]);
         assert_eq!(a.name(0), Some(x));
-        assert_eq!(a.name(1), Some(y));
-        assert_eq!(a.name(2), None);
-        assert_eq!(a.addr_of(&y), Some(1));
+        assert_eq!(a.name(1), None, "the refused entry keeps its index");
+        assert_eq!(a.name(2), Some(y));
+        assert_eq!(a.name(3), None);
+        assert_eq!(a.addr_of(&y), Some(2));
     }
 }

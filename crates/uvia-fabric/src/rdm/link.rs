@@ -94,14 +94,17 @@ pub struct Out {
 }
 
 impl Out {
-    /// Makes a link to the endpoint `peer` names: creates the ring, connects
-    /// to the peer's socket and passes the ring with this endpoint's name.
+    /// Makes a link to the endpoint `peer` names: connects to the peer's
+    /// socket (once: an error if nobody listens or its backlog is full),
+    /// creates the ring and passes it with this endpoint's name.
     pub fn connect(dir: &SocketDir, me: &Name, peer: &Name) -> io::Result<Out> {
+        // One try, not a wait: the caller holds its endpoint's lock, and
+        // tries again after progress while the peer's backlog is full.
+        let stream = Stream::connect(&peer.socket(dir), Duration::ZERO)
+            .map_err(|e| io::Error::new(io::ErrorKind::ConnectionRefused, e.to_string()))?;
         let bytes = ring_bytes(RING_LINES);
         let name = CString::new("uvia-rdm").expect("no NUL");
         let seg = Segment::create(&name, bytes)?;
-        let stream = Stream::connect(&peer.socket(dir), Duration::from_secs(1))
-            .map_err(|e| io::Error::new(io::ErrorKind::ConnectionRefused, e.to_string()))?;
         let mut hello = [0u8; 8 + NAME_LEN + 4];
         hello[..8].copy_from_slice(&HELLO_MAGIC);
         hello[8..8 + NAME_LEN].copy_from_slice(&me.0);

@@ -267,6 +267,13 @@ impl Sink for Sinks<'_> {
         }
     }
 
+    fn send_failed(&mut self, context: *mut c_void, flags: u64, len: usize, err: c_int) {
+        if let Some(cq) = self.0.tx_cq() {
+            let e = cq::entry(context, flags, len, std::ptr::null_mut(), 0, 0, 0);
+            cq.push_error(cq::error(e.e, 0, err));
+        }
+    }
+
     fn source(&mut self, peer: &Name) -> fi_addr_t {
         self.0
             .av()
@@ -518,6 +525,14 @@ unsafe extern "C" fn bind(p: *mut fid, bfid: *mut fid, flags: u64) -> c_int {
                     return Err(err::EINVAL);
                 }
                 let selective = flags & FI_SELECTIVE_COMPLETION != 0;
+                // Both slots checked before either is taken: a bind that
+                // fails binds nothing.
+                let taken = |bit: u64, slot: &AtomicPtr<cq::Cq>| {
+                    flags & bit != 0 && !slot.load(Ordering::Acquire).is_null()
+                };
+                if taken(FI_TRANSMIT, &ep.tx_cq) || taken(FI_RECV, &ep.rx_cq) {
+                    return Err(err::EINVAL);
+                }
                 let ptr = cq as *const cq::Cq as *mut cq::Cq;
                 if flags & FI_TRANSMIT != 0 {
                     once(&ep.tx_cq, ptr)?;

@@ -14,6 +14,7 @@ use super::link::{Door, Head, In, Name, Out, CHUNK, DATA, HEAD_LEN, TAGGED};
 use crate::sys::*;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
+use std::time::{Duration, Instant};
 
 /// Where completions go: the endpoint's CQs, or a test's lists.
 pub trait Sink {
@@ -23,6 +24,8 @@ pub trait Sink {
     /// A receive that failed: truncated (`olen` bytes cut) or cancelled,
     /// or a peek that found nothing.
     fn failed(&mut self, r: &Recv, len: usize, data: u64, tag: u64, olen: usize, err: c_int);
+    /// A send that failed (its peer gone with part of it unwritten).
+    fn send_failed(&mut self, context: *mut c_void, flags: u64, len: usize, err: c_int);
     /// The address a link's peer has in the AV, if it has one.
     fn source(&mut self, peer: &Name) -> fi_addr_t;
 }
@@ -53,7 +56,10 @@ impl Recv {
 
 /// A message that came before a receive for it.
 pub struct Unexpected {
+    /// The sender's address, `FI_ADDR_UNSPEC` until the AV has its name.
     pub src: fi_addr_t,
+    /// The sender's name, by which `src` is found once the AV has it.
+    pub peer: Name,
     pub head: Head,
     pub bytes: Vec<u8>,
     /// The context of the `FI_PEEK | FI_CLAIM` that claimed it (NULL: none).
@@ -114,6 +120,13 @@ struct OutLink {
 
 /// Sends refused for a full ring between checks that the peer lives.
 const FULL_CHECK: u32 = 4096;
+/// How long sends to a new peer are refused with `-FI_EAGAIN` while its
+/// endpoint takes no link (its socket's backlog full, the program busy
+/// elsewhere) before they fail: a connect's timeout.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
+/// Door looks between looks at whether links' senders are gone (a system
+/// call a link).
+const SWEEP_EVERY: u32 = 64;
 /// Progress calls between looks for new links (a system call or two
 /// each): often while none came, rarely once some have (a new peer's first
 /// message then waits a few thousand looks at the rings, some
@@ -146,6 +159,10 @@ pub struct State {
     unexpected: [VecDeque<Unexpected>; 2],
     /// Links with a send part written.
     pending: usize,
+    /// Unexpected messages whose sender the AV did not have when they came.
+    unresolved: usize,
+    /// Links being made: the address, and when its first try was.
+    connecting: Vec<(usize, Instant)>,
     looks: u32,
 }
 
@@ -169,6 +186,8 @@ impl State {
             posted: Default::default(),
             unexpected: Default::default(),
             pending: 0,
+            unresolved: 0,
+            connecting: Vec::new(),
             looks: 0,
         })
     }
@@ -192,10 +211,11 @@ impl State {
         let i = usize::try_from(dest).map_err(|_| SendError::Unreachable)?;
         if i >= self.outs.len() || self.outs[i].is_none() {
             let name = name().ok_or(SendError::NoAddress)?;
-            let link = Out::connect(&self.dir, &self.me, &name).map_err(|e| {
-                eprintln!("libfabric:uvia: no link to the endpoint at address {dest}: {e}");
-                SendError::Unreachable
-            })?;
+            let link = match Out::connect(&self.dir, &self.me, &name) {
+                Ok(l) => l,
+                Err(e) => return Err(self.not_yet(i, dest, e)),
+            };
+            self.connecting.retain(|(a, _)| *a != i);
             if i >= self.outs.len() {
                 self.outs.resize_with(i + 1, || None);
             }
@@ -207,6 +227,14 @@ impl State {
         }
         let out = self.outs[i].as_mut().expect("made above");
         if out.pending.is_some() {
+            out.full += 1;
+            if out.full >= FULL_CHECK {
+                out.full = 0;
+                if out.link.peer_gone() {
+                    self.drop_out(i, sink);
+                    return Err(SendError::Unreachable);
+                }
+            }
             return Err(SendError::Busy);
         }
         let first = bytes.len().min(CHUNK);
@@ -252,9 +280,61 @@ impl State {
         Ok(())
     }
 
+    /// A link to address `i` could not be made now: busy while the peer
+    /// may still take it, unreachable after [`CONNECT_PATIENCE`].
+    #[cold]
+    fn not_yet(&mut self, i: usize, dest: fi_addr_t, e: std::io::Error) -> SendError {
+        let now = Instant::now();
+        let since = match self.connecting.iter().find(|(a, _)| *a == i) {
+            Some(&(_, t)) => t,
+            None => {
+                self.connecting.push((i, now));
+                now
+            }
+        };
+        if now - since < CONNECT_PATIENCE {
+            return SendError::Busy;
+        }
+        self.connecting.retain(|(a, _)| *a != i);
+        eprintln!("libfabric:uvia: no link to the endpoint at address {dest}: {e}");
+        SendError::Unreachable
+    }
+
+    /// Drops the link to address `i`, its peer gone: a send part written
+    /// fails.
+    #[cold]
+    fn drop_out(&mut self, i: usize, sink: &mut dyn Sink) {
+        if let Some(p) = self.outs[i].take().and_then(|o| o.pending) {
+            self.pending -= 1;
+            sink.send_failed(
+                p.context,
+                p.flags,
+                p.bytes.as_slice().len(),
+                FI_EIO as c_int,
+            );
+        }
+    }
+
+    /// Finds the senders of unexpected messages that came before the AV
+    /// had their names, where it has them now.
+    fn resolve(&mut self, sink: &mut dyn Sink) {
+        if self.unresolved == 0 {
+            return;
+        }
+        let mut left = 0;
+        for u in self.unexpected.iter_mut().flatten() {
+            if u.src == FI_ADDR_UNSPEC {
+                u.src = sink.source(&u.peer);
+                left += (u.src == FI_ADDR_UNSPEC) as usize;
+            }
+        }
+        self.unresolved = left;
+    }
+
     /// Posts a receive, or completes it at once with a message that came
     /// unexpected.
     pub fn post(&mut self, r: Recv, tagged: bool, sink: &mut dyn Sink) {
+        self.resolve(sink);
         let k = kind(tagged);
         let found = self.unexpected[k]
             .iter()
@@ -262,6 +342,7 @@ impl State {
         match found {
             Some(at) => {
                 let u = self.unexpected[k].remove(at).expect("found");
+                self.unresolved -= (u.src == FI_ADDR_UNSPEC) as usize;
                 deliver(&r, &u, sink);
             }
             None => self.posted[k].push_back(r),
@@ -279,6 +360,7 @@ impl State {
         tagged: bool,
         sink: &mut dyn Sink,
     ) {
+        self.resolve(sink);
         let k = kind(tagged);
         let found = self.unexpected[k]
             .iter()
@@ -297,6 +379,7 @@ impl State {
         );
         if discard {
             self.unexpected[k].remove(at);
+            self.unresolved -= (src == FI_ADDR_UNSPEC) as usize;
         } else if claim {
             u.claimed = r.context;
         }
@@ -318,6 +401,7 @@ impl State {
             return false;
         };
         let u = self.unexpected[k].remove(at).expect("found");
+        self.unresolved -= (u.src == FI_ADDR_UNSPEC) as usize;
         if discard {
             let gone = Recv {
                 buf: std::ptr::null_mut(),
@@ -360,7 +444,7 @@ impl State {
         while i < self.ins.len() {
             if let Err(e) = self.drain(i, sink) {
                 eprintln!("libfabric:uvia: dropped a link from a peer: {e}");
-                self.ins.swap_remove(i);
+                self.drop_in(i, sink);
                 continue;
             }
             i += 1;
@@ -370,8 +454,43 @@ impl State {
         }
     }
 
+    /// Drops link `i` from a peer: a receive its message was going into
+    /// fails (`FI_EIO`) rather than wait for bytes that cannot come.
+    #[cold]
+    fn drop_in(&mut self, i: usize, sink: &mut dyn Sink) {
+        let l = self.ins.swap_remove(i);
+        if let Some(Partial {
+            head,
+            dest: Dest::Recv(r),
+            got,
+            ..
+        }) = l.partial
+        {
+            sink.failed(&r, got.min(r.len), head.data, head.tag, 0, FI_EIO as c_int);
+        }
+    }
+
+    /// Drops the links whose senders are gone and that hold nothing more.
+    #[cold]
+    fn sweep(&mut self, sink: &mut dyn Sink) {
+        let mut i = 0;
+        while i < self.ins.len() {
+            let l = &mut self.ins[i];
+            // Gone first, then empty: a record written before it went is
+            // still taken.
+            if l.link.peer_gone() && matches!(l.link.peek(), Ok(None) | Err(_)) {
+                self.drop_in(i, sink);
+                continue;
+            }
+            i += 1;
+        }
+    }
+
     #[cold]
     fn open_door(&mut self, sink: &mut dyn Sink) {
+        if (self.looks / DOOR_EVERY).is_multiple_of(SWEEP_EVERY) {
+            self.sweep(sink);
+        }
         for link in self.door.look() {
             let src = sink.source(&link.peer);
             self.ins.push(InLink {
@@ -384,11 +503,16 @@ impl State {
 
     #[cold]
     fn push_pending(&mut self, sink: &mut dyn Sink) {
-        for out in self.outs.iter_mut().flatten() {
+        let mut gone = Vec::new();
+        for (i, o) in self.outs.iter_mut().enumerate() {
+            let Some(out) = o.as_mut() else {
+                continue;
+            };
             let Some(p) = out.pending.as_mut() else {
                 continue;
             };
             let bytes = p.bytes.as_slice();
+            let was = p.off;
             while p.off < bytes.len() {
                 let n = (bytes.len() - p.off).min(CHUNK);
                 if !out.link.more(&bytes[p.off..p.off + n]) {
@@ -396,6 +520,17 @@ impl State {
                 }
                 p.off += n;
             }
+            if p.off == was {
+                out.full += 1;
+                if out.full >= FULL_CHECK {
+                    out.full = 0;
+                    if out.link.peer_gone() {
+                        gone.push(i);
+                    }
+                }
+                continue;
+            }
+            out.full = 0;
             if p.off == bytes.len() {
                 let p = out.pending.take().expect("there");
                 if p.complete {
@@ -403,6 +538,9 @@ impl State {
                 }
                 self.pending -= 1;
             }
+        }
+        for i in gone {
+            self.drop_out(i, sink);
         }
     }
 
@@ -431,8 +569,8 @@ impl State {
                     if l.src == FI_ADDR_UNSPEC {
                         l.src = sink.source(&l.link.peer);
                     }
-                    let src = l.src;
-                    let p = self.first(head, src, bytes, sink)?;
+                    let (src, peer) = (l.src, l.link.peer);
+                    let p = self.first(head, src, peer, bytes, sink)?;
                     self.ins[i].partial = p;
                 }
                 Some(mut p) => {
@@ -464,6 +602,7 @@ impl State {
         &mut self,
         head: Head,
         src: fi_addr_t,
+        peer: Name,
         bytes: &[u8],
         sink: &mut dyn Sink,
     ) -> std::io::Result<Option<Partial>> {
@@ -496,12 +635,13 @@ impl State {
                 v.extend_from_slice(bytes);
                 let u = Unexpected {
                     src,
+                    peer,
                     head,
                     bytes: v,
                     claimed: std::ptr::null_mut(),
                 };
                 if whole {
-                    self.unexpected[k].push_back(u);
+                    self.hold(k, u);
                     None
                 } else {
                     Some(Partial {
@@ -520,7 +660,10 @@ impl State {
     fn finish(&mut self, p: Partial, sink: &mut dyn Sink) {
         match p.dest {
             Dest::Recv(r) => complete(&r, &p.head, p.src, sink),
-            Dest::Held(u) => {
+            Dest::Held(mut u) => {
+                if u.src == FI_ADDR_UNSPEC {
+                    u.src = sink.source(&u.peer);
+                }
                 let k = kind(u.head.flags & TAGGED != 0);
                 match self.posted[k]
                     .iter()
@@ -530,10 +673,17 @@ impl State {
                         let r = self.posted[k].remove(at).expect("found");
                         deliver(&r, &u, sink);
                     }
-                    None => self.unexpected[k].push_back(u),
+                    None => self.hold(k, u),
                 }
             }
         }
+    }
+
+    /// Keeps a whole message no receive took, counting it among those to
+    /// resolve if the AV has no name for its sender yet.
+    fn hold(&mut self, k: usize, u: Unexpected) {
+        self.unresolved += (u.src == FI_ADDR_UNSPEC) as usize;
+        self.unexpected[k].push_back(u);
     }
 }
 
@@ -605,6 +755,8 @@ mod tests {
         sent: Vec<usize>,
         got: Vec<(usize, u64, fi_addr_t)>,
         failed: Vec<(usize, c_int)>,
+        /// The address the AV gives every peer.
+        src: fi_addr_t,
     }
 
     impl Sink for Log {
@@ -617,8 +769,11 @@ mod tests {
         fn failed(&mut self, _r: &Recv, _len: usize, _d: u64, _t: u64, olen: usize, err: c_int) {
             self.failed.push((olen, err));
         }
+        fn send_failed(&mut self, _c: *mut c_void, _f: u64, _len: usize, err: c_int) {
+            self.failed.push((0, err));
+        }
         fn source(&mut self, _peer: &Name) -> fi_addr_t {
-            0
+            self.src
         }
     }
 
@@ -823,5 +978,41 @@ mod tests {
         assert_eq!(other, [0; 4]);
         assert!(b.claimed(&rr, false, true, &mut lb));
         assert_eq!(r[..2], [1, 2]);
+    }
+
+    /// A message that came before the AV had its sender's name is taken
+    /// by a receive directed at that sender once the AV has it.
+    #[test]
+    fn a_sender_the_av_learns_later_is_matched_by_address() {
+        let (mut a, mut b, bname, _d) = pair();
+        let (mut la, mut lb) = (Log::default(), Log::default());
+        lb.src = FI_ADDR_UNSPEC;
+        a.send(
+            0,
+            || Some(bname),
+            head(6, None, 4, true),
+            &[4; 4],
+            true,
+            std::ptr::null_mut(),
+            0,
+            true,
+            &mut la,
+        )
+        .unwrap();
+        for _ in 0..1000 {
+            b.progress(&mut lb);
+        }
+        lb.src = 3;
+        let mut buf = [0u8; 4];
+        b.post(
+            Recv {
+                src: 3,
+                ..recv(&mut buf, 6, 0)
+            },
+            true,
+            &mut lb,
+        );
+        assert_eq!(buf, [4; 4]);
+        assert_eq!(lb.got, vec![(4, 6, 3)]);
     }
 }
