@@ -292,7 +292,14 @@ mod tests {
         for m in &t.marks {
             assert!(m.ns + 50 >= before && m.ns <= after + 50, "{m:?}");
         }
-        assert!(t.mark_cost_ns > 0.0 && t.mark_cost_ns < 1_000.0);
+        // The checkpoint's cost is a calibration (a median difference of
+        // timed work, clamped at zero): a number, never negative; on a
+        // loaded host it may read zero or large, so no bound is a test.
+        assert!(
+            t.mark_cost_ns.is_finite() && t.mark_cost_ns >= 0.0,
+            "{}",
+            t.mark_cost_ns
+        );
         // Taken means stopped and emptied.
         crate::mark!(AppSend);
         assert!(take().marks.is_empty());
