@@ -1049,36 +1049,46 @@ unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags:
             return Err(err::EINVAL);
         }
         let mut errors = lock(&q.errors);
-        let mut e = errors.pop_front().ok_or(-FI_EAGAIN)?;
+        let e = errors.pop_front().ok_or(-FI_EAGAIN)?;
         q.erred.store(!errors.is_empty(), Ordering::Release);
         drop(errors);
-        // SAFETY: a CQ keeps its domain, and the domain its fabric, open.
+        // SAFETY: a CQ keeps its domain, and the domain its fabric, open;
+        // `buf` is the caller's entry.
         let api = unsafe { &*q.domain().fabric }.fid.api_version;
-        if version_lt(api, API_1_5) {
-            // The entry of 1.0, which ends before `err_data_size`: the
-            // caller's struct may be no longer.
-            let n = std::mem::offset_of!(fi_cq_err_entry, err_data_size);
-            // SAFETY: the caller's entry holds the 1.0 fields; `e` is ours.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    &e as *const fi_cq_err_entry as *const u8,
-                    buf as *mut u8,
-                    n,
-                )
-            };
-            return Ok(1);
-        }
-        // SAFETY: the caller's entry, of the interface's whole size.
-        let out = unsafe { &mut *buf };
-        // The provider has no error data of its own: a buffer the caller
-        // offered keeps its place and gets no bytes (fi_cq(3)).
-        if out.err_data_size > 0 {
-            e.err_data = out.err_data;
-            e.err_data_size = 0;
-        }
-        *out = e;
+        unsafe { put_error(api, e, buf) };
         Ok(1)
     })
+}
+
+/// Writes error entry `e` into the caller's `buf` as a program of
+/// interface `api` reads it: for 1.4 and older the entry of 1.0 (which
+/// ends before `err_data_size`: the caller's struct may be no longer);
+/// later, the whole entry, a buffer the caller offered for `err_data`
+/// keeping its place with no bytes (the provider has no error data of its
+/// own, fi_cq(3)).
+///
+/// # Safety
+/// `buf` is the caller's entry, of the size its interface version has.
+pub unsafe fn put_error(api: u32, mut e: fi_cq_err_entry, buf: *mut fi_cq_err_entry) {
+    if version_lt(api, API_1_5) {
+        let n = std::mem::offset_of!(fi_cq_err_entry, err_data_size);
+        // SAFETY: the caller's entry holds the 1.0 fields; `e` is ours.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                &e as *const fi_cq_err_entry as *const u8,
+                buf as *mut u8,
+                n,
+            )
+        };
+        return;
+    }
+    // SAFETY: the caller's entry, of the interface's whole size.
+    let out = unsafe { &mut *buf };
+    if out.err_data_size > 0 {
+        e.err_data = out.err_data;
+        e.err_data_size = 0;
+    }
+    *out = e;
 }
 
 /// `fi_cq_strerror`: the text of a completion's VIA status, the

@@ -316,29 +316,13 @@ fn check_common(version: u32, h: &Hints) -> Result<(), c_int> {
     if h.info.caps & !CAPS != 0 {
         return none;
     }
-    if let Some(ep) = h.ep {
-        if ep.type_ != FI_EP_UNSPEC && ep.type_ != FI_EP_MSG {
-            return none;
-        }
-        if ep.protocol != FI_PROTO_UNSPEC || ep.auth_key_size != 0 {
-            return none;
-        }
-        // One transmit and one receive context per endpoint, none shared.
-        if ep.tx_ctx_cnt > 1 || ep.rx_ctx_cnt > 1 {
-            return none;
-        }
-    }
-    if let Some(f) = h.fabric {
-        // SAFETY: a NUL-terminated name or NULL.
-        if !f.name.is_null() && unsafe { CStr::from_ptr(f.name) } != prov::NAME {
-            return none;
-        }
+    if h.ep
+        .is_some_and(|ep| ep.type_ != FI_EP_UNSPEC && ep.type_ != FI_EP_MSG)
+        || !any_type_fits(h)
+    {
+        return none;
     }
     if let Some(d) = h.domain {
-        let manual = |p: fi_progress| p == FI_PROGRESS_UNSPEC || p == FI_PROGRESS_MANUAL;
-        if !manual(d.data_progress) || !manual(d.control_progress) {
-            return none;
-        }
         if d.caps & !DOMAIN_CAPS != 0 || d.cq_data_size > CQ_DATA_SIZE || d.mr_key_size > 8 {
             return none;
         }
@@ -374,6 +358,29 @@ fn check_common(version: u32, h: &Hints) -> Result<(), c_int> {
         }
     }
     Ok(())
+}
+
+/// The checks every endpoint type's entry makes: no protocol or
+/// authorization key asked for, one transmit and one receive context per
+/// endpoint (none shared), this provider's fabric, manual progress.
+pub fn any_type_fits(h: &Hints) -> bool {
+    if let Some(ep) = h.ep {
+        if ep.protocol != FI_PROTO_UNSPEC || ep.auth_key_size != 0 {
+            return false;
+        }
+        if ep.tx_ctx_cnt > 1 || ep.rx_ctx_cnt > 1 {
+            return false;
+        }
+    }
+    if let Some(f) = h.fabric {
+        // SAFETY: a NUL-terminated name or NULL.
+        if !f.name.is_null() && unsafe { CStr::from_ptr(f.name) } != prov::NAME {
+            return false;
+        }
+    }
+    let manual = |p: fi_progress| p == FI_PROGRESS_UNSPEC || p == FI_PROGRESS_MANUAL;
+    h.domain
+        .is_none_or(|d| manual(d.data_progress) && manual(d.control_progress))
 }
 
 /// True if a program that says `user` (mr_mode) and `mode` can use the

@@ -324,30 +324,13 @@ unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags:
             return Err(err::EINVAL);
         }
         let mut queue = q.queue.lock();
-        let mut e = queue.errors.pop_front().ok_or(-FI_EAGAIN)?;
+        let e = queue.errors.pop_front().ok_or(-FI_EAGAIN)?;
         q.erred.store(!queue.errors.is_empty(), Ordering::Release);
         drop(queue);
-        // SAFETY: a CQ keeps its domain, and the domain its fabric, open.
+        // SAFETY: a CQ keeps its domain, and the domain its fabric, open;
+        // `buf` is the caller's entry.
         let api = unsafe { &*q.domain().fabric }.fid.api_version;
-        if version_lt(api, API_1_5) {
-            let n = std::mem::offset_of!(fi_cq_err_entry, err_data_size);
-            // SAFETY: the caller's entry holds the 1.0 fields.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    &e as *const fi_cq_err_entry as *const u8,
-                    buf as *mut u8,
-                    n,
-                )
-            };
-            return Ok(1);
-        }
-        // SAFETY: the caller's entry, of the interface's whole size.
-        let out = unsafe { &mut *buf };
-        if out.err_data_size > 0 {
-            e.err_data = out.err_data;
-            e.err_data_size = 0;
-        }
-        *out = e;
+        unsafe { crate::cq::put_error(api, e, buf) };
         Ok(1)
     })
 }

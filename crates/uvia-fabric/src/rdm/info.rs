@@ -7,7 +7,7 @@ use crate::info::Hints;
 use crate::medium::Medium;
 use crate::prov;
 use crate::sys::*;
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int, CString};
 use std::ptr::null_mut;
 
 /// What the endpoints offer: messages, tagged or not, with directed
@@ -49,25 +49,10 @@ pub fn entry(
     {
         return none;
     }
-    if let Some(ep) = h.ep {
-        if ep.protocol != FI_PROTO_UNSPEC || ep.auth_key_size != 0 {
-            return none;
-        }
-        if ep.tx_ctx_cnt > 1 || ep.rx_ctx_cnt > 1 || ep.max_msg_size > MAX_MSG {
-            return none;
-        }
-    }
-    if let Some(f) = h.fabric {
-        // SAFETY: a NUL-terminated name or NULL.
-        if !f.name.is_null() && unsafe { CStr::from_ptr(f.name) } != prov::NAME {
-            return none;
-        }
+    if !crate::info::any_type_fits(h) || h.ep.is_some_and(|ep| ep.max_msg_size > MAX_MSG) {
+        return none;
     }
     if let Some(d) = h.domain {
-        let manual = |p: fi_progress| p == FI_PROGRESS_UNSPEC || p == FI_PROGRESS_MANUAL;
-        if !manual(d.data_progress) || !manual(d.control_progress) {
-            return none;
-        }
         if d.cq_data_size > CQ_DATA_SIZE || d.max_ep_stx_ctx > 0 || d.max_ep_srx_ctx > 0 {
             return none;
         }
