@@ -38,6 +38,7 @@ use crate::ready::ReadySet;
 use crate::vi::{Queue, Vi, ViShared, DEFAULT_WAIT_SPIN};
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::hint::spin_loop;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -945,6 +946,8 @@ impl Cq {
             if let Some(c) = self.done()? {
                 return Ok(c);
             }
+            // A pause between looks, as in `Vi::wait`.
+            spin_loop();
             k = k.wrapping_add(1);
             if k.is_multiple_of(64) {
                 if kicked() {
