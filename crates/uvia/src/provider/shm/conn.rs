@@ -837,7 +837,7 @@ impl ShmConn {
     ///
     /// # Safety
     /// `src` is readable for `len` bytes in all.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn write_direct(
         &mut self,
         handle: MemHandle,
@@ -845,8 +845,39 @@ impl ShmConn {
         src: &[LocalRange],
         len: usize,
     ) -> bool {
-        let side = self.side;
-        let mine = &block_in(&self.seg, side).grants;
+        // The common case in few instructions, inlined into the write's
+        // call (a ping-pong's reply waits for each one): no grant or
+        // withdrawal since the last write, into the window written last.
+        // Anything else goes the long way, out of line.
+        let grants = &block_in(&self.seg, self.side).grants;
+        if grants.revoked.load(Ordering::Acquire) != self.seen_revoked
+            || grants.sent.load(Ordering::Acquire) != self.grants_read
+            || self
+                .windows
+                .get(self.hot)
+                .is_none_or(|w| w.handle != handle.0)
+        {
+            return self.write_direct_found(handle, raddr, src, len);
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.write_hot(raddr, src, len) }
+    }
+
+    /// [`write_direct`](Self::write_direct) after news of grants or
+    /// withdrawals, or into another window than the last one.
+    ///
+    /// # Safety
+    /// As for `write_direct`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn write_direct_found(
+        &mut self,
+        handle: MemHandle,
+        raddr: u64,
+        src: &[LocalRange],
+        len: usize,
+    ) -> bool {
+        let mine = &block_in(&self.seg, self.side).grants;
         let revoked = mine.revoked.load(Ordering::Acquire);
         let news = mine.sent.load(Ordering::Acquire) != self.grants_read;
         if revoked != self.seen_revoked {
@@ -856,7 +887,6 @@ impl ShmConn {
         if news {
             self.read_grants();
         }
-        let mine = &block_in(&self.seg, side).grants;
         if self
             .windows
             .get(self.hot)
@@ -867,6 +897,17 @@ impl ShmConn {
                 None => return false,
             }
         }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.write_hot(raddr, src, len) }
+    }
+
+    /// The write into window `hot`, which holds the handle written to.
+    ///
+    /// # Safety
+    /// As for `write_direct`; `hot` indexes a window.
+    #[inline(always)]
+    unsafe fn write_hot(&mut self, raddr: u64, src: &[LocalRange], len: usize) -> bool {
+        let side = self.side;
         let w = &self.windows[self.hot];
         let fits = raddr >= w.start
             && raddr
@@ -875,6 +916,7 @@ impl ShmConn {
         if w.epoch != self.seen_revoked || !fits {
             return false;
         }
+        let mine = &block_in(&self.seg, side).grants;
         let busy = &block_in(&self.seg, 1 - side).busy.busy;
         // The target's withdrawal adds to `revoked` and then reads `busy`
         // ([`Grants`]): the barrier between this store and the load below

@@ -424,7 +424,7 @@ impl ShmVi {
     /// [`TransportOps::write_copy`]: the direct write of the fast path
     /// above, from the caller's bytes and without a descriptor: no slot,
     /// no completion, nothing to reap.
-    #[inline]
+    #[inline(always)]
     fn write_inline(&mut self, q: &Queues, bytes: &[&[u8]], remote: Segment) -> bool {
         const MAX_PARTS: usize = 2;
         if bytes.len() > MAX_PARTS || q.sq_sent != q.sq.len() || !self.may_write_directly() {
@@ -1335,6 +1335,7 @@ impl TransportOps for ShmVi {
         self.copy_inline(q, bytes, imm)
     }
 
+    #[inline(always)]
     fn write_copy(&mut self, _vi: &Vi, q: &mut Queues, bytes: &[&[u8]], remote: Segment) -> bool {
         self.write_inline(q, bytes, remote)
     }
