@@ -18,9 +18,33 @@ fn free_device() -> (String, String) {
         let host = i.trim_start_matches("udp:").to_string();
         return (i, host);
     }
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let host = s.local_addr().unwrap().to_string();
-    (format!("udp:{host}"), host)
+    // A port below the kernel's ephemeral range, free now: the tests here
+    // let the device's address go (its owner exits) and take it again,
+    // and an ephemeral port could be handed to another program's socket
+    // in between (seen once in CI). Nothing binds below the range unasked.
+    let below = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let from = 10_000.min(below / 2);
+    let span = u64::from(below - from);
+    let mut seed = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    for _ in 0..1000 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let port = from + ((seed >> 33) % span) as u16;
+        let host = format!("127.0.0.1:{port}");
+        if std::net::UdpSocket::bind(&host).is_ok() {
+            return (format!("udp:{host}"), host);
+        }
+    }
+    panic!("no free udp port below {below} on 127.0.0.1");
 }
 
 /// True once some socket holds `host` (a peer has opened the device).
