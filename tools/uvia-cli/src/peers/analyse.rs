@@ -78,6 +78,27 @@ pub(super) fn rows(infos: &[PeerInfo], comps: &[Comparison]) -> Vec<PeerRun> {
     out
 }
 
+/// What the two sides of a comparison do differently where that is known
+/// to decide it, said beside a loss in the report: the peers' own tests
+/// are not always doing uvia's work.
+pub(super) fn difference(c: &Comparison) -> Option<&'static str> {
+    match (c.peer.as_str(), c.form) {
+        ("ucx-uct-am", Form::Latency) if c.size > 8 => Some(
+            "the peer's test handler reads the message's first byte (its sequence number) \
+             in the receive FIFO and never the payload, whose lines stay in the sender's cache; \
+             uvia's receive places every byte into the posted buffer, and the payload \
+             crosses the cores",
+        ),
+        ("ucx-uct-put", Form::Latency) => Some(
+            "UCT's short put is a copy into the peer's mapped memory with no checks; \
+             uvia's write by copy checks, under the VI's lock, that the VI is connected, \
+             nothing is queued ahead of it and the peer's grant of the window stands \
+             (about 120 instructions on the reply's path)",
+        ),
+        _ => None,
+    }
+}
+
 /// The issue's comparisons, from the pairs already measured.
 pub(super) fn headlines(comps: &[Comparison]) -> Vec<Headline> {
     let find = |peer: &str, form: Form, size: usize| {
@@ -254,6 +275,18 @@ mod tests {
         assert_eq!(v[1]["command"], "bw");
         assert_eq!(v[1]["results"][0]["mbytes_per_s"], 5000.0);
         assert_eq!(v[1]["results"][0]["size"], 1 << 20);
+    }
+
+    #[test]
+    fn a_loss_whose_cause_is_known_says_it_and_others_say_nothing() {
+        let am_1k = comparison("ucx-uct-am", Form::Latency, 1024, Stat::P50, 100.0, 150.0);
+        assert!(difference(&am_1k).unwrap().contains("payload"));
+        let am_8 = comparison("ucx-uct-am", Form::Latency, 8, Stat::P50, 80.0, 90.0);
+        assert_eq!(difference(&am_8), None);
+        let put = comparison("ucx-uct-put", Form::Latency, 8, Stat::P50, 50.0, 55.0);
+        assert!(difference(&put).unwrap().contains("grant"));
+        let shm = comparison("libfabric-shm", Form::Latency, 8, Stat::Mean, 90.0, 95.0);
+        assert_eq!(difference(&shm), None);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The peers' tables and plots.
 
-use super::analyse::form_name;
+use super::analyse::{difference, form_name};
 use super::defs::peers;
 use super::defs::{Form, Medium, Stat};
 use super::{Comparison, PeersResult};
@@ -137,7 +137,7 @@ pub fn render(res: &PeersResult) -> (String, String) {
         .iter()
         .filter(|c| uvia_wins(c) == Some(false))
         .map(|c| {
-            format!(
+            let mut l = format!(
                 "{} {} {}: uvia {} vs {} (x{:.2})",
                 c.peer,
                 form_name(c.form),
@@ -145,7 +145,11 @@ pub fn render(res: &PeersResult) -> (String, String) {
                 fmt_val(c.uvia_median, &c.unit),
                 fmt_val(c.peer_median, &c.unit),
                 c.ratio.unwrap_or(f64::NAN)
-            )
+            );
+            if let Some(d) = difference(c) {
+                l += &format!(": {d}");
+            }
+            l
         })
         .collect();
     let failed: Vec<String> = res
