@@ -377,7 +377,21 @@ impl Endpoint for ViaEndpoint {
             .pop()
             .ok_or_else(|| anyhow!("no free send descriptor"))?;
         *d = match one_sided {
-            None => Descriptor::send(&[self.s.send.segment(0, len)]),
+            None => {
+                // A descriptor that sent this size before is posted as it
+                // is, as for the one-sided writes below.
+                let seg = self.s.send.segment(0, len);
+                if d.cs.seg_count == 1 && d.ds[0] == seg {
+                    d.cs.status = 0;
+                    d.cs.length = 0;
+                    self.s
+                        .vi
+                        .post_send(d)
+                        .map_err(|e| anyhow!("post send: {e}"))?;
+                    return self.posted();
+                }
+                Descriptor::send(&[seg])
+            }
             Some((remote, at)) => {
                 // A descriptor that wrote this size before is posted as it
                 // is (its segments are the same), as a program that sends

@@ -346,7 +346,7 @@ impl MsgHeader {
     ///
     /// # Safety
     /// `p` is valid for `self.size()` bytes of writes.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn write(&self, p: *mut u8) {
         let w0 = self.kind as u32 | (self.flags as u32) << 8 | (self.nranges as u32) << 16;
         let common = w0 as u128

@@ -271,8 +271,10 @@ impl ShmVi {
 
     /// The common case in few instructions: a plain send of one segment that
     /// fits inline, nothing queued ahead of it, completing when written
-    /// (Unreliable and Reliable Delivery). `None` leaves the descriptor to
-    /// the general path, which gives the same result for these cases.
+    /// (Unreliable and Reliable Delivery). `false` leaves the descriptor to
+    /// the general path, which gives the same result for these cases and
+    /// names what is wrong with one it refuses (a flag in a register, where
+    /// a result that could carry the error went through memory).
     ///
     /// # Safety
     /// As for [`Vi::post_send_raw`].
@@ -283,7 +285,7 @@ impl ShmVi {
         q: &mut Queues,
         d: NonNull<Descriptor>,
         owned: bool,
-    ) -> Option<Result<(), PostError>> {
+    ) -> bool {
         // SAFETY: the caller guarantees a valid control segment.
         let cs = unsafe { &mut (*d.as_ptr()).cs };
         if cs.control & !control::IMMEDIATE != 0
@@ -292,25 +294,29 @@ impl ShmVi {
             || q.attrs.reliability == Reliability::ReliableReception
             || self.draining.is_some()
         {
-            return None;
+            return false;
         }
         // SAFETY: one segment follows the control segment (caller's contract).
         let s = unsafe { *((d.as_ptr() as *const u8).add(32) as *const Segment) };
         let len = s.length as usize;
-        if len > INLINE_MAX || s.length > q.attrs.max_transfer_size {
-            return None;
-        }
-        let regions = &vi.s.nic.regions;
-        if !regions.allows(s.handle, q.attrs.ptag, s.addr, len as u64) {
-            // The same question again, for the error that says why.
-            if let Err(error) = regions.check(s.handle, q.attrs.ptag, s.addr, len as u64) {
-                return Some(Err(PostError::Segment { index: 0, error }));
-            }
+        if len > INLINE_MAX
+            || s.length > q.attrs.max_transfer_size
+            || !vi
+                .s
+                .nic
+                .regions
+                .allows(s.handle, q.attrs.ptag, s.addr, len as u64)
+        {
+            return false;
         }
         let id = q.next_id;
-        let slot = q.sq.next_free()?;
+        let Some(slot) = q.sq.next_free() else {
+            return false;
+        };
         let conn = &mut self.conn;
-        let p = conn.tx.reserve(MSG_HEADER + len)?;
+        let Some(p) = conn.tx.reserve(MSG_HEADER + len) else {
+            return false;
+        };
         let imm = cs.control & control::IMMEDIATE != 0;
         let hdr = MsgHeader {
             kind: kind::SEND,
@@ -334,7 +340,7 @@ impl ShmVi {
         cs.status = status::DONE | status::OP_SEND;
         done_at_post(slot, d, owned, Op::SendRecv, len as u64, id);
         queue_done_at_post(vi, q, id);
-        Some(Ok(()))
+        true
     }
 
     /// Whether an RDMA write may be placed here now: everything sent before
@@ -1265,15 +1271,13 @@ impl TransportOps for ShmVi {
         let control = unsafe { (*d.as_ptr()).cs.control };
         // One fast path by the operation, the one-sided write's without
         // the send's looks first: a peer may be watching for it.
-        let fast = if control == control::OP_RDMAWRITE {
-            // SAFETY: forwarded from the caller.
-            unsafe { self.rdma_write_fast(vi, q, d, owned) }
-        } else {
-            // SAFETY: forwarded from the caller.
-            unsafe { self.send_inline_fast(vi, q, d, owned) }
-        };
-        if let Some(r) = fast {
-            return r;
+        // SAFETY (both fast paths): forwarded from the caller.
+        if control == control::OP_RDMAWRITE {
+            if let Some(r) = unsafe { self.rdma_write_fast(vi, q, d, owned) } {
+                return r;
+            }
+        } else if unsafe { self.send_inline_fast(vi, q, d, owned) } {
+            return Ok(());
         }
         let (attrs, id) = (q.attrs, q.next_id);
         let len = q.sq.len();
