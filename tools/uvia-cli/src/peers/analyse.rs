@@ -2,7 +2,7 @@
 //! headline rows: no process run, no file touched.
 
 use super::defs::{Form, Medium, Stat};
-use super::{Comparison, PeerInfo, PeerRun};
+use super::{Comparison, Floor, PeerInfo, PeerRun};
 use crate::bench::Headline;
 use crate::run::{CpuUse, RunResult, SizeResult};
 use crate::stats::Stats;
@@ -97,6 +97,34 @@ pub(super) fn difference(c: &Comparison) -> Option<&'static str> {
         ),
         _ => None,
     }
+}
+
+/// The 8-byte shared-memory latencies against the floor ([`Floor`]): one
+/// line per comparison, uvia's and the peer's medians as multiples of it,
+/// so that a loss at the floor reads as what it is.
+pub(super) fn at_floor(comps: &[Comparison], floor: &Floor) -> Vec<String> {
+    let f = floor.ns();
+    if f <= 0.0 {
+        return Vec::new();
+    }
+    comps
+        .iter()
+        .filter(|c| c.medium == Medium::Shm && c.form == Form::Latency && c.size == 8)
+        .filter_map(|c| {
+            let (u, q) = (c.uvia_median?, c.peer_median?);
+            let uvia = if c.uvia_command.contains("--rdma-write") {
+                "uvia's one-sided write"
+            } else {
+                "uvia's send"
+            };
+            Some(format!(
+                "{} 8 B: {uvia} {u:.0} ns ({:.2}x the floor), the peer {q:.0} ns ({:.2}x)",
+                c.peer,
+                u / f,
+                q / f
+            ))
+        })
+        .collect()
 }
 
 /// The comparisons, from the pairs already measured.
@@ -287,6 +315,49 @@ mod tests {
         assert!(difference(&put).unwrap().contains("grant"));
         let shm = comparison("libfabric-shm", Form::Latency, 8, Stat::Mean, 90.0, 95.0);
         assert_eq!(difference(&shm), None);
+    }
+
+    #[test]
+    fn the_floor_lines_name_the_8_byte_shared_memory_latencies_only() {
+        let mut put = comparison("ucx-uct-put", Form::Latency, 8, Stat::P50, 45.0, 50.0);
+        put.uvia_command = "uvia pingpong --provider shm --sizes 8 --rdma-write".into();
+        let am = comparison("ucx-uct-am", Form::Latency, 8, Stat::P50, 80.0, 60.0);
+        let big = comparison("ucx-uct-am", Form::Latency, 1024, Stat::P50, 100.0, 150.0);
+        let mut unmeasured =
+            comparison("openmpi-vader", Form::Latency, 8, Stat::BestMean, 1.0, 1.0);
+        unmeasured.uvia_median = None;
+        // The lower reading is the floor.
+        let floor = Floor {
+            start_ns: 60.0,
+            end_ns: 50.0,
+        };
+        let lines = at_floor(&[put, am, big, unmeasured], &floor);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(
+            lines[0],
+            "ucx-uct-put 8 B: uvia's one-sided write 50 ns (1.00x the floor), the peer 45 ns (0.90x)"
+        );
+        assert!(
+            lines[1].starts_with("ucx-uct-am 8 B: uvia's send 60 ns (1.20x"),
+            "{}",
+            lines[1]
+        );
+        let none = Floor {
+            start_ns: 0.0,
+            end_ns: 0.0,
+        };
+        assert!(at_floor(
+            &[comparison(
+                "ucx-uct-am",
+                Form::Latency,
+                8,
+                Stat::P50,
+                1.0,
+                1.0
+            )],
+            &none
+        )
+        .is_empty());
     }
 
     #[test]

@@ -116,6 +116,29 @@ pub struct PeersResult {
     /// ([`crate::bench::placement_note`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
+    /// The floor of a shared-memory exchange on these two cores, read at
+    /// the run's start and end; `None` where no shared-memory peer ran or
+    /// the probe could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<Floor>,
+}
+
+/// The one-way p50 of `uvia limit`'s cache-line ping-pong with a line each
+/// way and a pause between looks ([`crate::limit::Lines::EachWayPaused`]),
+/// the wait uvia's and UCX's loops make: what no shared-memory message
+/// layer on these cores goes below.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+pub struct Floor {
+    pub start_ns: f64,
+    pub end_ns: f64,
+}
+
+impl Floor {
+    /// The lower of the two readings: the placement the cores were in at
+    /// their best during the run.
+    pub fn ns(&self) -> f64 {
+        self.start_ns.min(self.end_ns)
+    }
 }
 
 /// What to run: the peers (all, or those named), sizes.

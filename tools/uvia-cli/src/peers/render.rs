@@ -1,6 +1,6 @@
 //! The peers' tables and plots.
 
-use super::analyse::{difference, form_name};
+use super::analyse::{at_floor, difference, form_name};
 use super::defs::peers;
 use super::defs::{Form, Medium, Stat};
 use super::{Comparison, PeersResult};
@@ -201,6 +201,28 @@ pub fn render(res: &PeersResult) -> (String, String) {
         }
     }
     push(&mut md, "");
+    if let Some(f) = &res.floor {
+        let lines = at_floor(&res.comparisons, f);
+        let head = format!(
+            "The floor on these cores: {:.0} ns one way at the run's start, {:.0} at its end \
+             (`uvia limit`'s cache-line ping-pong, a line each way and a pause between looks, \
+             as uvia's and UCX's waits make; no shared-memory message layer goes below it). \
+             At 8 B, against the lower reading:",
+            f.start_ns, f.end_ns
+        );
+        if !lines.is_empty() {
+            push(&mut md, "### At the floor");
+            push(&mut md, "");
+            push(&mut md, &head);
+            push(&mut md, "");
+            push(&mut text, format!("\n{head}"));
+            for l in &lines {
+                push(&mut md, format!("- {l}"));
+                push(&mut text, format!("  {l}"));
+            }
+            push(&mut md, "");
+        }
+    }
     if !failed.is_empty() {
         push(&mut md, "### Not measured or failed");
         push(&mut md, "");
