@@ -12,7 +12,7 @@
 
 mod common;
 
-use uvia::{Descriptor, MemAttributes, Nic, ViAttributes};
+use uvia::{Descriptor, MemAttributes, Nic, Segment, Vi, ViAttributes};
 
 /// Posts between two looks at the send completions, as in `uvia pingpong`.
 const REAP_EVERY: usize = 16;
@@ -82,17 +82,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The same bytes by copy (`Vi::write_copy`): no descriptor, nothing to reap.
     let bytes = send.as_slice();
     let (msg, flag) = (&bytes[..8], &bytes[8..16]);
-    let mut copy_ticks = 0u64;
-    for _ in 0..n {
-        let t0 = uvia_trace::ticks();
-        if !a.write_copy(&[msg, flag], target.remote(48))? {
-            return Err("the write by copy was declined".into());
-        }
-        copy_ticks += uvia_trace::ticks() - t0;
-    }
+    let copy_ticks = writes_by_copy(&a, [msg, flag], target.remote(48), n)?;
     println!(
         "{:.1} ticks per write by copy",
         copy_ticks as f64 / n as f64
     );
     Ok(())
+}
+
+/// `n` writes by copy of `parts` at `remote`, the ticks they took: a
+/// function of its own, so that an instruction counter can be pointed at
+/// the loop (`--toggle-collect` under callgrind) with the write inlined.
+#[inline(never)]
+fn writes_by_copy(
+    vi: &Vi,
+    parts: [&[u8]; 2],
+    remote: Segment,
+    n: usize,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    let mut ticks = 0u64;
+    for _ in 0..n {
+        let t0 = uvia_trace::ticks();
+        if !vi.write_copy(&parts, remote)? {
+            return Err("the write by copy was declined".into());
+        }
+        ticks += uvia_trace::ticks() - t0;
+    }
+    Ok(ticks)
 }

@@ -765,6 +765,7 @@ impl Vi {
     /// direct write or in more pieces than it gathers (two on shm), or
     /// sends are queued ahead); post an RDMA write descriptor instead,
     /// which also earns the grant.
+    #[inline]
     pub fn write_copy(&self, parts: &[&[u8]], remote: Segment) -> Result<bool, PostError> {
         self.by_copy(|t, q| t.write_copy(self, q, parts, remote))
     }

@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use uvia_shm::cma::{LocalRange, RemoteRange};
@@ -486,13 +487,59 @@ pub(crate) struct ShmConn {
     /// ([`fence`]).
     light: bool,
     side: usize,
+    blocks: Blocks,
     seg: Arc<Segment>,
 }
 
-/// Writes the 16 bytes of `src` (one range, or two of 8) to `dst` with
+/// This side's block and the peer's in the segment, found once: a direct
+/// write reads or writes them four times, and finding one from the
+/// segment's mapping took a few instructions each time (some 20 of a
+/// write by copy's 157).
+struct Blocks {
+    mine: NonNull<SideBlock>,
+    peers: NonNull<SideBlock>,
+}
+
+// SAFETY: the blocks are atomics that both processes share by design, and
+// the pointers stay valid while the connection holds the segment.
+unsafe impl Send for Blocks {}
+
+/// The bytes of a direct write ([`ShmConn::write_direct`]), in pieces
+/// written one after the other: a descriptor's local ranges, or a caller's
+/// slices (`Vi::write_copy`, taken as they are: gathering them into ranges
+/// first cost some 15 instructions on a ping-pong's reply).
+pub(crate) trait Pieces {
+    /// Each piece's start and length, in order.
+    fn piece(&self, i: usize) -> (*const u8, usize);
+    fn count(&self) -> usize;
+}
+
+impl Pieces for [LocalRange] {
+    #[inline(always)]
+    fn piece(&self, i: usize) -> (*const u8, usize) {
+        (self[i].ptr, self[i].len)
+    }
+    #[inline(always)]
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Pieces for [&[u8]] {
+    #[inline(always)]
+    fn piece(&self, i: usize) -> (*const u8, usize) {
+        (self[i].as_ptr(), self[i].len())
+    }
+    #[inline(always)]
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+/// Writes the 16 bytes of `src` (one piece, or two of 8) to `dst` with
 /// one store, where the CPU has 16-byte registers. A small one-sided write
 /// is often a message and its flag word (8 and 8 bytes) that the target
-/// spins on: written as two ranges, four stores (`copy::copy` moves 8
+/// spins on: written as two pieces, four stores (`copy::copy` moves 8
 /// bytes with two), the target's looks could take the line back between
 /// them, and each time the writer's next store had to fetch it again.
 /// The bytes go through registers: gathered in memory first, the 16-byte
@@ -500,23 +547,23 @@ pub(crate) struct ShmConn {
 /// False (nothing written) for any other shape.
 ///
 /// # Safety
-/// `dst` is valid for 16 bytes of writes; the ranges of `src` are valid
+/// `dst` is valid for 16 bytes of writes; the pieces of `src` are valid
 /// for reads.
 #[inline(always)]
-unsafe fn store_16(dst: *mut u8, src: &[LocalRange]) -> bool {
+unsafe fn store_16<P: Pieces + ?Sized>(dst: *mut u8, src: &P) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_set_epi64x, _mm_storeu_si128};
         use std::ptr::read_unaligned;
-        // SAFETY: each range read is within its length (checked by the
+        // SAFETY: each piece read is within its length (checked by the
         // match), and `dst` is valid for 16 bytes (caller); SSE2 is part
         // of x86_64, and the unaligned forms take any address.
         unsafe {
-            let v = match src {
-                [a] if a.len == 16 => _mm_loadu_si128(a.ptr as *const __m128i),
-                [a, b] if a.len == 8 && b.len == 8 => _mm_set_epi64x(
-                    read_unaligned(b.ptr as *const i64),
-                    read_unaligned(a.ptr as *const i64),
+            let v = match src.count() {
+                1 if src.piece(0).1 == 16 => _mm_loadu_si128(src.piece(0).0 as *const __m128i),
+                2 if src.piece(0).1 == 8 && src.piece(1).1 == 8 => _mm_set_epi64x(
+                    read_unaligned(src.piece(1).0 as *const i64),
+                    read_unaligned(src.piece(0).0 as *const i64),
                 ),
                 _ => return false,
             };
@@ -619,13 +666,12 @@ impl ShmConn {
             granted_any: false,
             light: false,
             side,
+            blocks: Blocks {
+                mine: NonNull::from(block_in(&seg, side)),
+                peers: NonNull::from(block_in(&seg, 1 - side)),
+            },
             seg,
         }
-    }
-
-    #[inline(always)]
-    fn block(&self, side: usize) -> &SideBlock {
-        block_in(&self.seg, side)
     }
 
     /// 0 for the client, 1 for the server.
@@ -634,13 +680,17 @@ impl ShmConn {
     }
 
     /// What this side observes.
+    #[inline(always)]
     pub fn mine(&self) -> &SideBlock {
-        self.block(self.side)
+        // SAFETY: a block of the segment this connection holds (`Blocks`).
+        unsafe { self.blocks.mine.as_ref() }
     }
 
     /// What the peer observes.
+    #[inline(always)]
     pub fn peers(&self) -> &SideBlock {
-        self.block(1 - self.side)
+        // SAFETY: as for `mine`.
+        unsafe { self.blocks.peers.as_ref() }
     }
 
     /// Wakes the peer if it sleeps (futex) or waits on a completion queue
@@ -838,18 +888,18 @@ impl ShmConn {
     /// # Safety
     /// `src` is readable for `len` bytes in all.
     #[inline(always)]
-    pub unsafe fn write_direct(
+    pub unsafe fn write_direct<P: Pieces + ?Sized>(
         &mut self,
         handle: MemHandle,
         raddr: u64,
-        src: &[LocalRange],
+        src: &P,
         len: usize,
     ) -> bool {
         // The common case in few instructions, inlined into the write's
         // call (a ping-pong's reply waits for each one): no grant or
         // withdrawal since the last write, into the window written last.
         // Anything else goes the long way, out of line.
-        let grants = &block_in(&self.seg, self.side).grants;
+        let grants = &self.mine().grants;
         if grants.revoked.load(Ordering::Acquire) != self.seen_revoked
             || grants.sent.load(Ordering::Acquire) != self.grants_read
             || self
@@ -870,14 +920,14 @@ impl ShmConn {
     /// As for `write_direct`.
     #[cold]
     #[inline(never)]
-    unsafe fn write_direct_found(
+    unsafe fn write_direct_found<P: Pieces + ?Sized>(
         &mut self,
         handle: MemHandle,
         raddr: u64,
-        src: &[LocalRange],
+        src: &P,
         len: usize,
     ) -> bool {
-        let mine = &block_in(&self.seg, self.side).grants;
+        let mine = &self.mine().grants;
         let revoked = mine.revoked.load(Ordering::Acquire);
         let news = mine.sent.load(Ordering::Acquire) != self.grants_read;
         if revoked != self.seen_revoked {
@@ -906,8 +956,7 @@ impl ShmConn {
     /// # Safety
     /// As for `write_direct`; `hot` indexes a window.
     #[inline(always)]
-    unsafe fn write_hot(&mut self, raddr: u64, src: &[LocalRange], len: usize) -> bool {
-        let side = self.side;
+    unsafe fn write_hot<P: Pieces + ?Sized>(&mut self, raddr: u64, src: &P, len: usize) -> bool {
         let w = &self.windows[self.hot];
         let fits = raddr >= w.start
             && raddr
@@ -916,8 +965,8 @@ impl ShmConn {
         if w.epoch != self.seen_revoked || !fits {
             return false;
         }
-        let mine = &block_in(&self.seg, side).grants;
-        let busy = &block_in(&self.seg, 1 - side).busy.busy;
+        let mine = &self.mine().grants;
+        let busy = &self.peers().busy.busy;
         // The target's withdrawal adds to `revoked` and then reads `busy`
         // ([`Grants`]): the barrier between this store and the load below
         // is the withdrawal's where the initiator is light ([`fence`]).
@@ -938,9 +987,10 @@ impl ShmConn {
             let at = w.seg.as_ptr().add((raddr - w.base) as usize);
             if len != 16 || !store_16(at, src) {
                 let mut at = at;
-                for r in src {
-                    crate::copy::copy(at, r.ptr, r.len);
-                    at = at.add(r.len);
+                for i in 0..src.count() {
+                    let (p, n) = src.piece(i);
+                    crate::copy::copy(at, p, n);
+                    at = at.add(n);
                 }
             }
         }
@@ -951,10 +1001,7 @@ impl ShmConn {
     /// Unmaps the windows a withdrawal made stale ([`Grants`]).
     #[cold]
     pub fn drop_withdrawn_windows(&mut self) {
-        let revoked = block_in(&self.seg, self.side)
-            .grants
-            .revoked
-            .load(Ordering::Acquire);
+        let revoked = self.mine().grants.revoked.load(Ordering::Acquire);
         if revoked != self.seen_revoked {
             self.windows.retain(|w| w.epoch == revoked);
             self.hot = 0;
@@ -969,16 +1016,10 @@ impl ShmConn {
             // Before any write that relies on it: a withdrawal that does
             // not see it yet comes before this in their order, and the
             // writes after this see the withdrawal.
-            block_in(&self.seg, 1 - self.side)
-                .busy
-                .light
-                .swap(1, Ordering::SeqCst);
+            self.peers().busy.light.swap(1, Ordering::SeqCst);
             self.light = true;
         }
-        let sent = block_in(&self.seg, self.side)
-            .grants
-            .sent
-            .load(Ordering::Acquire);
+        let sent = self.mine().grants.sent.load(Ordering::Acquire);
         while self.grants_read != sent {
             if self.take_announcement().is_none() {
                 // Not there, or a malformed message in the way: stop looking

@@ -436,25 +436,14 @@ impl ShmVi {
         if bytes.len() > MAX_PARTS || q.sq_sent != q.sq.len() || !self.may_write_directly() {
             return false;
         }
-        let mut local = [LocalRange {
-            ptr: std::ptr::null_mut(),
-            len: 0,
-        }; MAX_PARTS];
-        let mut len = 0usize;
-        for (l, b) in local.iter_mut().zip(bytes) {
-            *l = LocalRange {
-                ptr: b.as_ptr() as *mut u8,
-                len: b.len(),
-            };
-            len += b.len();
-        }
+        let len: usize = bytes.iter().map(|b| b.len()).sum();
         if len > DIRECT_MAX || len as u64 > q.attrs.max_transfer_size as u64 {
             return false;
         }
-        // SAFETY: the ranges are the caller's live slices.
+        // SAFETY: the pieces are the caller's live slices.
         unsafe {
             self.conn
-                .write_direct(remote.handle, remote.addr, &local[..bytes.len()], len)
+                .write_direct(remote.handle, remote.addr, bytes, len)
         }
     }
 
