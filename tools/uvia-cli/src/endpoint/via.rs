@@ -354,18 +354,20 @@ impl Endpoint for ViaEndpoint {
             Some((addr, handle)) => {
                 self.sent = self.sent.wrapping_add(1);
                 let at = self.s.flag_at;
-                let flag = (self.sent as u64) << 32 | len as u64;
-                self.s.send.as_mut_slice()[at..at + 8].copy_from_slice(&flag.to_le_bytes());
+                let flag = ((self.sent as u64) << 32 | len as u64).to_le_bytes();
                 let remote = Segment::remote(addr + (at - len) as u64, handle);
-                let bytes = self.s.send.as_slice();
+                // The flag word from here: by copy, the bytes need not be
+                // registered, and read back from the buffer they would
+                // wait for the store that put them there.
                 if self
                     .s
                     .vi
-                    .write_copy(&[&bytes[..len], &bytes[at..at + 8]], remote)
+                    .write_copy(&[&self.s.send.as_slice()[..len], &flag], remote)
                     .map_err(|e| anyhow!("RDMA write by copy: {e}"))?
                 {
                     return Ok(());
                 }
+                self.s.send.as_mut_slice()[at..at + 8].copy_from_slice(&flag);
                 Some((remote, at))
             }
         };
