@@ -278,7 +278,7 @@ impl ShmVi {
     ///
     /// # Safety
     /// As for [`Vi::post_send_raw`].
-    #[inline]
+    #[inline(always)]
     unsafe fn send_inline_fast(
         &mut self,
         vi: &Vi,
