@@ -2,7 +2,7 @@
 //! headline rows: no process run, no file touched.
 
 use super::defs::{Form, Medium, Stat};
-use super::{Comparison, Floor, PeerInfo, PeerRun};
+use super::{Bare, Comparison, PeerInfo, PeerRun};
 use crate::bench::Headline;
 use crate::run::{CpuUse, RunResult, SizeResult};
 use crate::stats::Stats;
@@ -99,11 +99,11 @@ pub(super) fn difference(c: &Comparison) -> Option<&'static str> {
     }
 }
 
-/// The 8-byte shared-memory latencies against the floor ([`Floor`]): one
-/// line per comparison, uvia's and the peer's medians as multiples of it,
-/// so that a loss at the floor reads as what it is.
-pub(super) fn at_floor(comps: &[Comparison], floor: &Floor) -> Vec<String> {
-    let f = floor.ns();
+/// The 8-byte shared-memory latencies against the bare exchange
+/// ([`Bare`]): one line per comparison, uvia's and the peer's medians as
+/// multiples of it, so that a loss there reads as what it is.
+pub(super) fn against_bare(comps: &[Comparison], bare: &Bare) -> Vec<String> {
+    let f = bare.ns();
     if f <= 0.0 {
         return Vec::new();
     }
@@ -118,7 +118,7 @@ pub(super) fn at_floor(comps: &[Comparison], floor: &Floor) -> Vec<String> {
                 "uvia's send"
             };
             Some(format!(
-                "{} 8 B: {uvia} {u:.0} ns ({:.2}x the floor), the peer {q:.0} ns ({:.2}x)",
+                "{} 8 B: {uvia} {u:.0} ns ({:.2}x the bare exchange), the peer {q:.0} ns ({:.2}x)",
                 c.peer,
                 u / f,
                 q / f
@@ -318,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn the_floor_lines_name_the_8_byte_shared_memory_latencies_only() {
+    fn the_bare_exchange_lines_name_the_8_byte_shared_memory_latencies_only() {
         let mut put = comparison("ucx-uct-put", Form::Latency, 8, Stat::P50, 45.0, 50.0);
         put.uvia_command = "uvia pingpong --provider shm --sizes 8 --rdma-write".into();
         let am = comparison("ucx-uct-am", Form::Latency, 8, Stat::P50, 80.0, 60.0);
@@ -326,27 +326,27 @@ mod tests {
         let mut unmeasured =
             comparison("openmpi-vader", Form::Latency, 8, Stat::BestMean, 1.0, 1.0);
         unmeasured.uvia_median = None;
-        // The lower reading is the floor.
-        let floor = Floor {
+        // The lower reading is the one compared with.
+        let bare = Bare {
             start_ns: 60.0,
             end_ns: 50.0,
         };
-        let lines = at_floor(&[put, am, big, unmeasured], &floor);
+        let lines = against_bare(&[put, am, big, unmeasured], &bare);
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert_eq!(
             lines[0],
-            "ucx-uct-put 8 B: uvia's one-sided write 50 ns (1.00x the floor), the peer 45 ns (0.90x)"
+            "ucx-uct-put 8 B: uvia's one-sided write 50 ns (1.00x the bare exchange), the peer 45 ns (0.90x)"
         );
         assert!(
             lines[1].starts_with("ucx-uct-am 8 B: uvia's send 60 ns (1.20x"),
             "{}",
             lines[1]
         );
-        let none = Floor {
+        let none = Bare {
             start_ns: 0.0,
             end_ns: 0.0,
         };
-        assert!(at_floor(
+        assert!(against_bare(
             &[comparison(
                 "ucx-uct-am",
                 Form::Latency,

@@ -116,24 +116,26 @@ pub struct PeersResult {
     /// ([`crate::bench::placement_note`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
-    /// The floor of a shared-memory exchange on these two cores, read at
-    /// the run's start and end; `None` where no shared-memory peer ran or
-    /// the probe could not.
+    /// The bare exchange with uvia's wait on these two cores, read at the
+    /// run's start and end; `None` where no shared-memory peer ran or the
+    /// probe could not.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub floor: Option<Floor>,
+    pub bare: Option<Bare>,
 }
 
 /// The one-way p50 of `uvia limit`'s cache-line ping-pong with a line each
-/// way and a pause between looks ([`crate::limit::Lines::EachWayPaused`]),
-/// the wait uvia's and UCX's loops make: what no shared-memory message
-/// layer on these cores goes below.
+/// way and a pause between looks ([`crate::limit::Lines::EachWayPaused`]):
+/// what uvia's shared-memory path would read with no work of its own
+/// between a look that finds a message and the store of the answer (its
+/// waits pause as this one does). A peer whose wait loop differs may read
+/// below it.
 #[derive(Serialize, Clone, Copy, Debug, PartialEq)]
-pub struct Floor {
+pub struct Bare {
     pub start_ns: f64,
     pub end_ns: f64,
 }
 
-impl Floor {
+impl Bare {
     /// The lower of the two readings: the placement the cores were in at
     /// their best during the run.
     pub fn ns(&self) -> f64 {

@@ -4,7 +4,7 @@
 use super::analyse::{form_name, headlines, rows};
 use super::defs::{installed, peers, version, Form, Medium, PeerDef, Stat, Tool};
 use super::parse::{parse_netpipe, parse_sockperf, parse_ucx, strip_ansi};
-use super::{sizes, Comparison, Floor, Options, PairVal, PeerInfo, PeersResult};
+use super::{sizes, Bare, Comparison, Options, PairVal, PeerInfo, PeersResult};
 use crate::bench::interleave;
 use crate::run::SizeResult;
 use crate::size::human;
@@ -509,16 +509,16 @@ fn uvia_value(r: &SizeResult, form: Form, stat: Stat) -> f64 {
 }
 
 /// Runs every comparison.
-/// Round trips of one reading of the floor (some 10 ms).
-const FLOOR_ROUNDS: usize = 100_000;
+/// Round trips of one reading of the bare exchange (some 10 ms).
+const BARE_ROUNDS: usize = 100_000;
 
-/// The floor's one-way p50 now ([`Floor`]); `None` where the probe cannot
+/// The bare exchange's one-way p50 now ([`Bare`]); `None` where the probe cannot
 /// run (one core, or no shared memory).
-fn floor_now() -> Option<f64> {
+fn bare_now() -> Option<f64> {
     if std::thread::available_parallelism().map_or(true, |n| n.get() < 2) {
         return None;
     }
-    crate::limit::cacheline(FLOOR_ROUNDS, crate::limit::Lines::EachWayPaused)
+    crate::limit::cacheline(BARE_ROUNDS, crate::limit::Lines::EachWayPaused)
         .ok()
         .filter(|v| !v.is_empty())
         .map(|v| median(&v))
@@ -534,7 +534,7 @@ pub fn run_all(pb: &ProgressBar, o: &Options, timeout: Duration) -> PeersResult 
         .iter()
         .filter(selected)
         .any(|p| p.medium == Medium::Shm && installed(p).is_ok());
-    let floor_start = if shm { floor_now() } else { None };
+    let bare_start = if shm { bare_now() } else { None };
     for p in peers().iter().filter(selected) {
         let missing = installed(p).err();
         infos.push(PeerInfo {
@@ -627,8 +627,7 @@ pub fn run_all(pb: &ProgressBar, o: &Options, timeout: Duration) -> PeersResult 
             measured.push(h);
         }
     }
-    let floor =
-        floor_start.and_then(|start_ns| floor_now().map(|end_ns| Floor { start_ns, end_ns }));
+    let bare = bare_start.and_then(|start_ns| bare_now().map(|end_ns| Bare { start_ns, end_ns }));
     let headline = headlines(&comps);
     let runs = rows(&infos, &comps);
     PeersResult {
@@ -640,7 +639,7 @@ pub fn run_all(pb: &ProgressBar, o: &Options, timeout: Duration) -> PeersResult 
         headline,
         runs,
         placement: crate::bench::placement_note(&measured),
-        floor,
+        bare,
     }
 }
 

@@ -1,6 +1,6 @@
 //! The peers' tables and plots.
 
-use super::analyse::{at_floor, difference, form_name};
+use super::analyse::{against_bare, difference, form_name};
 use super::defs::peers;
 use super::defs::{Form, Medium, Stat};
 use super::{Comparison, PeersResult};
@@ -201,17 +201,18 @@ pub fn render(res: &PeersResult) -> (String, String) {
         }
     }
     push(&mut md, "");
-    if let Some(f) = &res.floor {
-        let lines = at_floor(&res.comparisons, f);
+    if let Some(f) = &res.bare {
+        let lines = against_bare(&res.comparisons, f);
         let head = format!(
-            "The floor on these cores: {:.0} ns one way at the run's start, {:.0} at its end \
-             (`uvia limit`'s cache-line ping-pong, a line each way and a pause between looks, \
-             as uvia's and UCX's waits make; no shared-memory message layer goes below it). \
-             At 8 B, against the lower reading:",
+            "The bare exchange on these cores: {:.0} ns one way at the run's start, {:.0} at \
+             its end (`uvia limit`'s cache-line ping-pong, a line each way and a pause between \
+             looks as uvia's waits make: uvia's shared-memory path with no work of its own; a \
+             peer whose wait loop differs may read below it). At 8 B, against the lower \
+             reading:",
             f.start_ns, f.end_ns
         );
         if !lines.is_empty() {
-            push(&mut md, "### At the floor");
+            push(&mut md, "### Against the bare exchange");
             push(&mut md, "");
             push(&mut md, &head);
             push(&mut md, "");
