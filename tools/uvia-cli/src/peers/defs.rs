@@ -207,6 +207,30 @@ impl PeerDef {
         }
     }
 
+    /// The step of the latency its tool prints (ns), where uvia's figure
+    /// of a pair is given at the same step: ucx_perftest and sockperf print
+    /// microseconds with three decimals, so that two figures the peer's
+    /// print cannot tell apart compare equal (a uvia median of 50.06 ns
+    /// against UCX's printed 0.050 us read as a loss of 0.1%, though both
+    /// are the same step of the time-stamp counter). `None` elsewhere:
+    /// fi_pingpong's time comes from its rate, with four digits, and
+    /// NetPIPE's two decimals (10 ns) are coarser than the clock, where a
+    /// uvia mean rounded to them would only add an error of up to 5 ns.
+    pub(super) fn printed_step_ns(&self, form: Form) -> Option<f64> {
+        match (self.tool, form) {
+            (Tool::Uct { .. } | Tool::UcpTag | Tool::Sockperf, Form::Latency) => Some(1.0),
+            _ => None,
+        }
+    }
+
+    /// `v` (uvia's figure in `form`) at the step of the peer's print.
+    pub(super) fn at_printed_step(&self, form: Form, v: f64) -> f64 {
+        match self.printed_step_ns(form) {
+            Some(step) => (v / step).round() * step,
+            None => v,
+        }
+    }
+
     /// Its bandwidth form, or why it has none.
     pub(super) fn bw_form(&self) -> std::result::Result<Form, &'static str> {
         match self.tool {
@@ -310,6 +334,26 @@ pub(super) fn peer(name: &str) -> PeerDef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uvias_latency_is_compared_at_the_step_of_the_peers_print() {
+        let put = peer("ucx-uct-put");
+        // The same step of the clock as UCX's printed 0.050 us.
+        assert_eq!(put.at_printed_step(Form::Latency, 50.06), 50.0);
+        assert_eq!(put.at_printed_step(Form::Latency, 55.07), 55.0);
+        assert_eq!(put.at_printed_step(Form::Latency, 49.6), 50.0);
+        // NetPIPE's coarser print leaves uvia's mean as measured.
+        let np = peer("openmpi-vader");
+        assert_eq!(np.at_printed_step(Form::Latency, 71.3), 71.3);
+        // Bandwidth, and fi_pingpong's time from its rate, stay as measured.
+        assert_eq!(put.at_printed_step(Form::Stream, 12345.6), 12345.6);
+        let fi = peer("libfabric-shm");
+        assert_eq!(fi.at_printed_step(Form::Latency, 71.3), 71.3);
+        assert_eq!(
+            peer("sockperf-udp").printed_step_ns(Form::Latency),
+            Some(1.0)
+        );
+    }
 
     #[test]
     fn peers_that_cannot_do_a_size_say_why() {

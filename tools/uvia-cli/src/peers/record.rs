@@ -599,6 +599,7 @@ pub fn run_all(pb: &ProgressBar, o: &Options, timeout: Duration) -> PeersResult 
                     best_of(stat.runs(), form, || {
                         crate::bench::measure(&a, timeout).map(|r| uvia_value(&r, form, stat))
                     })
+                    .map(|v| p.at_printed_step(form, v))
                 },
                 || run_peer(p, form, size, n, timeout),
                 |u, q| u / q,
