@@ -18,13 +18,28 @@ fn fmt_val(v: Option<f64>, unit: &str) -> String {
     }
 }
 
+/// How a comparison ends for uvia.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Wins,
+    /// The median pair is even: the two figures in one step of the clock,
+    /// or of the peer's print.
+    Ties,
+    Loses,
+}
+
 /// Whether uvia wins a comparison (lower time, higher bandwidth).
-fn uvia_wins(c: &Comparison) -> Option<bool> {
+fn outcome(c: &Comparison) -> Option<Outcome> {
     c.ratio.map(|r| {
-        if c.form == Form::Latency {
+        let better = if c.form == Form::Latency {
             r < 1.0
         } else {
             r > 1.0
+        };
+        match (better, r == 1.0) {
+            (_, true) => Outcome::Ties,
+            (true, false) => Outcome::Wins,
+            (false, false) => Outcome::Loses,
         }
     })
 }
@@ -59,9 +74,10 @@ pub fn table_rows(res: &PeersResult) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 (Some(e), None) => (e.clone(), "-".into()),
                 (_, Some(r)) => (
                     format!("{r:.2}x"),
-                    match uvia_wins(c) {
-                        Some(true) => "yes".into(),
-                        Some(false) => "NO".into(),
+                    match outcome(c) {
+                        Some(Outcome::Wins) => "yes".into(),
+                        Some(Outcome::Ties) => "even".into(),
+                        Some(Outcome::Loses) => "NO".into(),
                         None => "-".into(),
                     },
                 ),
@@ -135,7 +151,7 @@ pub fn render(res: &PeersResult) -> (String, String) {
     let losses: Vec<String> = res
         .comparisons
         .iter()
-        .filter(|c| uvia_wins(c) == Some(false))
+        .filter(|c| outcome(c) == Some(Outcome::Loses))
         .map(|c| {
             let mut l = format!(
                 "{} {} {}: uvia {} vs {} (x{:.2})",
@@ -333,4 +349,43 @@ pub fn plots(res: &PeersResult, dir: &Path) -> Result<()> {
         crate::report::plot(&dir.join(file), title, y, &series)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_ratio(form: Form, ratio: f64) -> Comparison {
+        Comparison {
+            peer: "ucx-uct-put".into(),
+            medium: Medium::Shm,
+            form,
+            size: 8,
+            stat: Stat::P50,
+            unit: "ns".into(),
+            iters: 1,
+            peer_command: String::new(),
+            uvia_command: String::new(),
+            pairs: Vec::new(),
+            uvia_median: None,
+            peer_median: None,
+            ratio: Some(ratio),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn an_even_pair_is_neither_a_win_nor_a_loss() {
+        let lat = |r| outcome(&with_ratio(Form::Latency, r));
+        assert_eq!(lat(0.9), Some(Outcome::Wins));
+        assert_eq!(lat(1.0), Some(Outcome::Ties));
+        assert_eq!(lat(1.001), Some(Outcome::Loses));
+        let bw = |r| outcome(&with_ratio(Form::Stream, r));
+        assert_eq!(bw(1.2), Some(Outcome::Wins));
+        assert_eq!(bw(1.0), Some(Outcome::Ties));
+        assert_eq!(bw(0.8), Some(Outcome::Loses));
+        let mut none = with_ratio(Form::Latency, 1.0);
+        none.ratio = None;
+        assert_eq!(outcome(&none), None);
+    }
 }
