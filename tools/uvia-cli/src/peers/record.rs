@@ -508,7 +508,6 @@ fn uvia_value(r: &SizeResult, form: Form, stat: Stat) -> f64 {
     }
 }
 
-/// Runs every comparison.
 /// Round trips of one reading of the bare exchange (some 10 ms).
 const BARE_ROUNDS: usize = 100_000;
 
@@ -524,6 +523,7 @@ fn bare_now() -> Option<f64> {
         .map(|v| median(&v))
 }
 
+/// Runs every comparison.
 pub fn run_all(pb: &ProgressBar, o: &Options, timeout: Duration) -> PeersResult {
     let (lat_sizes, bw_sizes) = sizes(o.quick);
     let mut infos = Vec::new();
