@@ -378,45 +378,29 @@ impl Endpoint for ViaEndpoint {
             .free
             .pop()
             .ok_or_else(|| anyhow!("no free send descriptor"))?;
-        *d = match one_sided {
-            None => {
-                // A descriptor that sent this size before is posted as it
-                // is, as for the one-sided writes below.
-                let seg = self.s.send.segment(0, len);
-                if d.cs.seg_count == 1 && d.ds[0] == seg {
-                    d.cs.status = 0;
-                    d.cs.length = 0;
-                    self.s
-                        .vi
-                        .post_send(d)
-                        .map_err(|e| anyhow!("post send: {e}"))?;
-                    return self.posted();
-                }
-                Descriptor::send(&[seg])
-            }
-            Some((remote, at)) => {
-                // A descriptor that wrote this size before is posted as it
-                // is (its segments are the same), as a program that sends
-                // one shape of message keeps its descriptors built.
-                if d.ds[0] == remote && d.cs.seg_count == 3 {
-                    d.cs.status = 0;
-                    d.cs.length = 0;
-                    self.s
-                        .vi
-                        .post_send(d)
-                        .map_err(|e| anyhow!("post RDMA write: {e}"))?;
-                    return self.posted();
-                }
-                Descriptor::rdma_write(
+        // A descriptor that moved this size before is posted as it is (its
+        // segments are the same), as a program that sends one shape of
+        // message keeps its descriptors built.
+        let (reuse, what) = match one_sided {
+            None => (
+                d.cs.seg_count == 1 && d.ds[0] == self.s.send.segment(0, len),
+                "post send",
+            ),
+            Some((remote, _)) => (d.cs.seg_count == 3 && d.ds[0] == remote, "post RDMA write"),
+        };
+        if reuse {
+            d.cs.status = 0;
+            d.cs.length = 0;
+        } else {
+            *d = match one_sided {
+                None => Descriptor::send(&[self.s.send.segment(0, len)]),
+                Some((remote, at)) => Descriptor::rdma_write(
                     remote,
                     &[self.s.send.segment(0, len), self.s.send.segment(at, 8)],
-                )
-            }
-        };
-        self.s
-            .vi
-            .post_send(d)
-            .map_err(|e| anyhow!("post send: {e}"))?;
+                ),
+            };
+        }
+        self.s.vi.post_send(d).map_err(|e| anyhow!("{what}: {e}"))?;
         self.posted()
     }
 

@@ -99,6 +99,16 @@ pub(super) fn difference(c: &Comparison) -> Option<&'static str> {
     }
 }
 
+/// What uvia ran in a comparison's pairs: its send, or (against a peer's
+/// put) its one-sided write.
+fn uvia_side(c: &Comparison) -> &'static str {
+    if c.uvia_command.contains("--rdma-write") {
+        "uvia's one-sided RDMA write"
+    } else {
+        "uvia's send"
+    }
+}
+
 /// The 8-byte shared-memory latencies against the bare exchange
 /// ([`Bare`]): one line per comparison, uvia's and the peer's medians as
 /// multiples of it, so that a loss there reads as what it is.
@@ -112,14 +122,10 @@ pub(super) fn against_bare(comps: &[Comparison], bare: &Bare) -> Vec<String> {
         .filter(|c| c.medium == Medium::Shm && c.form == Form::Latency && c.size == 8)
         .filter_map(|c| {
             let (u, q) = (c.uvia_median?, c.peer_median?);
-            let uvia = if c.uvia_command.contains("--rdma-write") {
-                "uvia's one-sided write"
-            } else {
-                "uvia's send"
-            };
             Some(format!(
-                "{} 8 B: {uvia} {u:.0} ns ({:.2}x the bare exchange), the peer {q:.0} ns ({:.2}x)",
+                "{} 8 B: {} {u:.0} ns ({:.2}x the bare exchange), the peer {q:.0} ns ({:.2}x)",
                 c.peer,
+                uvia_side(c),
                 u / f,
                 q / f
             ))
@@ -187,18 +193,11 @@ pub(super) fn headlines(comps: &[Comparison]) -> Vec<Headline> {
         };
     let mut hs = Vec::new();
     let fastest = best(Medium::Shm, true, 8);
-    let uvia_form = |c: &Comparison| {
-        if c.uvia_command.contains("--rdma-write") {
-            "uvia's one-sided RDMA write"
-        } else {
-            "uvia's send"
-        }
-    };
     hs.push(from(
         format!(
             "peers: shm 8 B one-way, uvia vs the fastest peer on shared memory ({}; {})",
             fastest.map(|c| c.peer.as_str()).unwrap_or("none measured"),
-            fastest.map(uvia_form).unwrap_or("-")
+            fastest.map(uvia_side).unwrap_or("-")
         ),
         fastest,
         "ns",
@@ -335,7 +334,7 @@ mod tests {
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert_eq!(
             lines[0],
-            "ucx-uct-put 8 B: uvia's one-sided write 50 ns (1.00x the bare exchange), the peer 45 ns (0.90x)"
+            "ucx-uct-put 8 B: uvia's one-sided RDMA write 50 ns (1.00x the bare exchange), the peer 45 ns (0.90x)"
         );
         assert!(
             lines[1].starts_with("ucx-uct-am 8 B: uvia's send 60 ns (1.20x"),
