@@ -303,12 +303,7 @@ fn check_bytes(b: &[u8], want: u8) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn expect_len(n: usize, want: usize) -> Result<()> {
-    if n != want {
-        bail!("received a {n} byte message where {want} bytes were expected");
-    }
-    Ok(())
-}
+pub(crate) use crate::endpoint::expect_len;
 
 // ---------------------------------------------------------------- server side
 
@@ -381,19 +376,17 @@ fn serve_inner(plan: &Plan) -> Result<ServerReport> {
         let c = match plan.kind {
             Kind::Pingpong => {
                 let ep = &mut eps[0];
-                for _ in 0..warm {
-                    expect_len(ep.recv()?, size)?;
-                    ep.send(size)?;
-                }
+                ep.rounds(size, warm, false, &mut || {})?;
                 crate::tracefile::begin(i, iters)?;
                 let m = CpuMeter::start();
-                for k in 0..iters {
-                    expect_len(ep.recv()?, size)?;
-                    if die_after == Some(k) {
+                match die_after {
+                    Some(k) if k < iters => {
+                        ep.rounds(size, k, false, &mut || {})?;
+                        expect_len(ep.recv()?, size)?;
                         // Test hook: vanish without a word, as a crashed server would.
                         std::process::exit(9);
                     }
-                    ep.send(size)?;
+                    _ => ep.rounds(size, iters, false, &mut || {})?,
                 }
                 let c = m.stop();
                 crate::tracefile::end("server", i)?;
@@ -801,21 +794,15 @@ fn pingpong_client(
         // (some 10 ns here) between a reply and the next send would sit in
         // the time measured; UCX's perftest likewise reads its clock once
         // an iteration, after the send.
-        uvia_trace::mark!(AppClock);
-        ep.send(size)?;
-        let mut t0 = clock::ticks();
-        for i in 0..iters {
-            let n = ep.recv()?;
-            expect_len(n, size)?;
-            if i + 1 < iters {
-                uvia_trace::mark!(AppClock);
-                ep.send(size)?;
-            }
+        let mut t0 = None;
+        ep.rounds(size, iters, true, &mut || {
             let t1 = clock::ticks();
             uvia_trace::mark!(AppClock);
-            ticks.push(t1.wrapping_sub(t0));
-            t0 = t1;
-        }
+            if let Some(t0) = t0 {
+                ticks.push(t1.wrapping_sub(t0));
+            }
+            t0 = Some(t1);
+        })?;
     }
     let cpu = m.stop();
     crate::tracefile::end("client", slice)?;

@@ -69,6 +69,60 @@ pub trait Endpoint {
     fn drive(&self) {}
     /// Waits until every send has completed.
     fn flush(&mut self) -> Result<()>;
+    /// `n` round trips of `size`-byte messages, back to back. The client
+    /// (`client`) sends first and calls `mark` after that send and after
+    /// each round (its send, or the last reply: the client reads its clock
+    /// there, outside the time measured); the server answers each
+    /// message it receives. The same calls as [`send`](Self::send) and
+    /// [`recv`](Self::recv) in a loop; an endpoint may run them in one
+    /// loop of its own that prepares each reply before its message comes.
+    fn rounds(
+        &mut self,
+        size: usize,
+        n: usize,
+        client: bool,
+        mark: &mut dyn FnMut(),
+    ) -> Result<()> {
+        rounds_by_calls(self, size, n, client, mark)
+    }
+}
+
+/// [`Endpoint::rounds`] as [`Endpoint::send`] and [`Endpoint::recv`] calls.
+pub(crate) fn rounds_by_calls<E: Endpoint + ?Sized>(
+    ep: &mut E,
+    size: usize,
+    n: usize,
+    client: bool,
+    mark: &mut dyn FnMut(),
+) -> Result<()> {
+    // The client's checkpoint before each send opens the stretch `uvia
+    // anatomy` charges to its loop (`AppClock` to `AppSend`).
+    if client {
+        uvia_trace::mark!(AppClock);
+        ep.send(size)?;
+        mark();
+    }
+    for i in 0..n {
+        expect_len(ep.recv()?, size)?;
+        if !client || i + 1 < n {
+            if client {
+                uvia_trace::mark!(AppClock);
+            }
+            ep.send(size)?;
+        }
+        if client {
+            mark();
+        }
+    }
+    Ok(())
+}
+
+/// A received message of `n` bytes where `want` were expected is an error.
+pub(crate) fn expect_len(n: usize, want: usize) -> Result<()> {
+    if n != want {
+        anyhow::bail!("received a {n} byte message where {want} bytes were expected");
+    }
+    Ok(())
 }
 
 /// The server half before a client has connected.
@@ -78,4 +132,76 @@ pub trait Listener {
     fn info(&self) -> String;
     /// Waits for the client and returns the connected endpoint.
     fn accept(self: Box<Self>) -> Result<Box<dyn Endpoint>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers every send with a message of `reply_len` bytes; counts calls.
+    struct Echo {
+        buf: Vec<u8>,
+        reply_len: usize,
+        sends: usize,
+        recvs: usize,
+        pending: usize,
+    }
+
+    impl Echo {
+        fn new(reply_len: usize) -> Echo {
+            Echo {
+                buf: vec![0; 64],
+                reply_len,
+                sends: 0,
+                recvs: 0,
+                pending: 0,
+            }
+        }
+    }
+
+    impl Endpoint for Echo {
+        fn send_buf(&mut self) -> &mut [u8] {
+            &mut self.buf
+        }
+        fn send(&mut self, _len: usize) -> Result<()> {
+            self.sends += 1;
+            self.pending += 1;
+            Ok(())
+        }
+        fn recv(&mut self) -> Result<usize> {
+            self.recvs += 1;
+            // A server's peer sends whenever it is asked.
+            self.pending = self.pending.saturating_sub(1);
+            Ok(self.reply_len)
+        }
+        fn recv_buf(&self) -> &[u8] {
+            &self.buf
+        }
+        fn flush(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The client sends once per round, marks after the first send and
+    /// after each round; the server answers each message, marks nothing.
+    #[test]
+    fn rounds_send_and_mark_once_a_round() {
+        let mut marks = 0;
+        let mut c = Echo::new(8);
+        rounds_by_calls(&mut c, 8, 5, true, &mut || marks += 1).unwrap();
+        assert_eq!((c.sends, c.recvs, c.pending, marks), (5, 5, 0, 6));
+        let mut s = Echo::new(8);
+        rounds_by_calls(&mut s, 8, 5, false, &mut || marks += 1).unwrap();
+        assert_eq!((s.sends, s.recvs, marks), (5, 5, 6));
+    }
+
+    /// A message of another length stops the rounds with an error that
+    /// names both lengths; nothing is sent after it.
+    #[test]
+    fn rounds_stop_at_a_message_of_the_wrong_length() {
+        let mut s = Echo::new(7);
+        let err = rounds_by_calls(&mut s, 8, 5, false, &mut || {}).unwrap_err();
+        assert!(err.to_string().contains("7 byte message where 8"), "{err}");
+        assert_eq!((s.sends, s.recvs), (0, 1));
+    }
 }

@@ -2,7 +2,7 @@
 //! receive buffers, receives kept posted ahead, descriptors reused (no
 //! allocation in the measured loop).
 
-use super::{Endpoint, EndpointConfig, Listener, Mode};
+use super::{expect_len, Endpoint, EndpointConfig, Listener, Mode};
 use crate::sock::{SpinDeadline, IO_TIMEOUT};
 use anyhow::{anyhow, bail, Context, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -223,6 +223,7 @@ impl ViaEndpoint {
     /// then the flag, so the flag comes last; a write the target places
     /// (the first, before its grant) is one copy whose stores may land in
     /// any order, which only the warm-up's bytes can meet.
+    #[inline]
     fn recv_watching(&mut self) -> Result<usize> {
         let want = self.received.wrapping_add(1);
         // SAFETY: the flag word lies inside the receive region (`side`),
@@ -333,7 +334,66 @@ impl ViaEndpoint {
     }
 }
 
+/// A one-sided message's flag word: its number and its length.
+fn flag_word(number: u32, len: usize) -> [u8; 8] {
+    ((number as u64) << 32 | len as u64).to_le_bytes()
+}
+
+impl Side {
+    /// Where a one-sided message of `len` bytes lands in the peer's buffer
+    /// `peer`: just before the flag word.
+    fn landing(&self, (addr, handle): (u64, MemHandle), len: usize) -> Segment {
+        Segment::remote(addr + (self.flag_at - len) as u64, handle)
+    }
+}
+
 impl Endpoint for ViaEndpoint {
+    /// One-sided, one loop: each reply's flag word and place are made
+    /// while its message is on the way, so that between finding the
+    /// message and writing the reply there is only the write.
+    fn rounds(
+        &mut self,
+        size: usize,
+        n: usize,
+        client: bool,
+        mark: &mut dyn FnMut(),
+    ) -> Result<()> {
+        let Some(peer) = self.remote else {
+            return super::rounds_by_calls(self, size, n, client, mark);
+        };
+        if size > self.s.max {
+            // Refused there, with the reason.
+            return self.send(size);
+        }
+        let remote = self.s.landing(peer, size);
+        if client {
+            self.send(size)?;
+            mark();
+        }
+        for i in 0..n {
+            let number = self.sent.wrapping_add(1);
+            let flag = flag_word(number, size);
+            expect_len(self.recv_watching()?, size)?;
+            if !client || i + 1 < n {
+                let msg = &self.s.send.as_slice()[..size];
+                if self
+                    .s
+                    .vi
+                    .write_copy(&[msg, &flag], remote)
+                    .map_err(|e| anyhow!("RDMA write by copy: {e}"))?
+                {
+                    self.sent = number;
+                } else {
+                    self.send(size)?;
+                }
+            }
+            if client {
+                mark();
+            }
+        }
+        Ok(())
+    }
+
     fn send_buf(&mut self) -> &mut [u8] {
         let max = self.s.max;
         &mut self.s.send.as_mut_slice()[..max]
@@ -351,11 +411,11 @@ impl Endpoint for ViaEndpoint {
         // libfabric's inject write go): no descriptor to take back.
         let one_sided = match self.remote {
             None => None,
-            Some((addr, handle)) => {
+            Some(peer) => {
                 self.sent = self.sent.wrapping_add(1);
                 let at = self.s.flag_at;
-                let flag = ((self.sent as u64) << 32 | len as u64).to_le_bytes();
-                let remote = Segment::remote(addr + (at - len) as u64, handle);
+                let flag = flag_word(self.sent, len);
+                let remote = self.s.landing(peer, len);
                 // The flag word from here: by copy, the bytes need not be
                 // registered, and read back from the buffer they would
                 // wait for the store that put them there.

@@ -486,6 +486,8 @@ pub(crate) struct ShmConn {
     /// This side writes into the peer's windows with the light barrier
     /// ([`fence`]).
     light: bool,
+    /// The CPU has `prefetchw` ([`claim_target`](Self::claim_target)).
+    prefetchw: bool,
     side: usize,
     blocks: Blocks,
     seg: Arc<Segment>,
@@ -534,6 +536,48 @@ impl Pieces for [&[u8]] {
     fn count(&self) -> usize {
         self.len()
     }
+}
+
+/// Whether this CPU has `prefetchw` (CPUID leaf 0x8000_0001, ECX bit 8),
+/// asked once. The standard library's feature detection does not name it,
+/// and on a CPU without it the instruction is not defined.
+fn has_prefetchw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        // The extended leaf is read only where the highest one reported
+        // covers it.
+        *HAS.get_or_init(|| {
+            __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Asks for the cache line at `at` in the state a store needs, where the
+/// CPU can (`has`, from [`has_prefetchw`]). The compiler's prefetch
+/// intrinsic falls back to a read prefetch unless the whole build targets
+/// a CPU with the instruction, hence the assembly.
+#[inline(always)]
+fn prefetch_for_store(at: *const u8, has: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if has {
+        // SAFETY: a prefetch reads no memory the program sees and never
+        // faults, whatever the address; `has` says the CPU defines it.
+        unsafe {
+            std::arch::asm!(
+                "prefetchw [{}]",
+                in(reg) at,
+                options(nostack, preserves_flags, readonly)
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, has);
 }
 
 /// Writes the 16 bytes of `src` (one piece, or two of 8) to `dst` with
@@ -665,6 +709,7 @@ impl ShmConn {
             grant_epoch: 0,
             granted_any: false,
             light: false,
+            prefetchw: has_prefetchw(),
             side,
             blocks: Blocks {
                 mine: NonNull::from(block_in(&seg, side)),
@@ -878,6 +923,27 @@ impl ShmConn {
         }
         map.insert(h, (s, seg));
         Some(())
+    }
+
+    /// Starts taking the cache line a direct write at `raddr` into the
+    /// window written last would store to, before the checks that decide
+    /// the write ([`write_direct`](Self::write_direct)): the target's core
+    /// holds that line, watching it for the write, and its transfer then
+    /// overlaps the checks instead of following them. Measured in one
+    /// process at 8 B, pinned, a write by copy answering each message went
+    /// from a step of the clock (5 ns) above two bare stores' exchange to
+    /// even with it. Only a hint: an address outside the window, or a
+    /// window since withdrawn, costs nothing (a prefetch never faults),
+    /// and the checks still decide.
+    #[inline(always)]
+    pub fn claim_target(&self, raddr: u64) {
+        if let Some(w) = self.windows.get(self.hot) {
+            let at = w
+                .seg
+                .as_ptr()
+                .wrapping_add(raddr.wrapping_sub(w.base) as usize);
+            prefetch_for_store(at, self.prefetchw);
+        }
     }
 
     /// Places an RDMA write of `len` bytes from `src` at the peer's address

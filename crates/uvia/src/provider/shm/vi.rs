@@ -433,6 +433,8 @@ impl ShmVi {
     #[inline(always)]
     fn write_inline(&mut self, q: &Queues, bytes: &[&[u8]], remote: Segment) -> bool {
         const MAX_PARTS: usize = 2;
+        // First, while the checks below run.
+        self.conn.claim_target(remote.addr);
         if bytes.len() > MAX_PARTS || q.sq_sent != q.sq.len() || !self.may_write_directly() {
             return false;
         }
