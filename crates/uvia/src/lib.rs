@@ -21,6 +21,7 @@ pub mod cq;
 pub mod desc;
 pub mod error;
 mod lock;
+mod look;
 pub mod mem;
 mod membarrier;
 pub mod nic;
@@ -44,6 +45,7 @@ pub use error::{
     WaitError,
 };
 pub use lock::SpinLock;
+pub use look::between_looks;
 pub use mem::{AccessError, MemAttributes, Ptag, RegionInfo};
 pub use nic::{
     MemoryRegion, Nic, NicAttributes, NicOptions, WeakNic, DEFAULT_IDLE_TIMEOUT, MAX_TRANSFER,

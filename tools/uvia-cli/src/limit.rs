@@ -170,10 +170,9 @@ impl Drop for PinA {
 /// a message exchange moves, as uvia's rings and every shared-memory
 /// messaging layer do; on this host about twice the other, as the reader of
 /// a line keeps taking it back from the writer), or a line each way watched
-/// with a pause between looks (`Lines::EachWayPaused`: uvia's waits, with
-/// no work between finding a message and answering it; a look every
-/// few cycles takes the line back from the writer's store, so here it
-/// reads below the tight spin). Returns one-way times in ns (round trip /
+/// as uvia's one-sided waits watch (`Lines::EachWayPaced`: paced by
+/// [`uvia::between_looks`], with no work between finding a message and
+/// answering it; here it reads below the tight spin). Returns one-way times in ns (round trip /
 /// 2), one per measured round trip (after a tenth as many warm-up rounds).
 pub fn cacheline(rounds: usize, lines: Lines) -> Result<Vec<f64>> {
     // Calibrated first (a 50 ms spin, once a process): each round's time
@@ -189,14 +188,14 @@ pub fn cacheline(rounds: usize, lines: Lines) -> Result<Vec<f64>> {
     // not pull one with the other.
     let pong = match lines {
         Lines::One => ping,
-        Lines::EachWay | Lines::EachWayPaused => sh.u64_at(256),
+        Lines::EachWay | Lines::EachWayPaced => sh.u64_at(256),
     };
-    let paused = lines == Lines::EachWayPaused;
+    let paced = lines == Lines::EachWayPaced;
     let mut peer = Peer::fork(|| {
         for k in 0..total {
             while ping.load(Ordering::Acquire) != 2 * k + 1 {
-                if paused {
-                    std::hint::spin_loop();
+                if paced {
+                    uvia::between_looks();
                 }
             }
             pong.store(2 * k + 2, Ordering::Release);
@@ -210,8 +209,8 @@ pub fn cacheline(rounds: usize, lines: Lines) -> Result<Vec<f64>> {
     let mut t0 = clock::ticks();
     for k in 0..total {
         while pong.load(Ordering::Acquire) != 2 * k + 2 {
-            if paused {
-                std::hint::spin_loop();
+            if paced {
+                uvia::between_looks();
             }
             peer.check()?;
         }
@@ -232,7 +231,7 @@ pub fn cacheline(rounds: usize, lines: Lines) -> Result<Vec<f64>> {
 pub enum Lines {
     One,
     EachWay,
-    EachWayPaused,
+    EachWayPaced,
 }
 
 fn futex(word: &AtomicU32, op: i32, val: u32) {
@@ -447,7 +446,7 @@ pub fn xdp_medium(size: usize, rounds: usize) -> Result<Vec<f64>> {
 }
 
 /// How each probe is measured, for the report.
-pub const HOW: &str = "How each limit is measured. Cache-line ping-pong: two processes on cores 0 and 1 bounce one 64-byte line (each spins on a load until the other's store), one-way = round trip / 2, the clock read once a round trip just after the store (while the line travels, as in uvia's ping-pong), several runs, p50 the median of their medians. With a line each way, each side writes its own line and watches the other's, as a message exchange does (uvia's rings, and every shared-memory messaging layer): the floor the shm ping-pong is compared with, about twice the single line's here (the reader of a line keeps taking it back from its writer). With a pause between looks, a line each way again, each side executing the CPU's spin-wait hint (`pause`) after every look that finds nothing, as uvia's waits do: uvia's shared-memory path with no work of its own, below the tight spin's here (fewer looks take the line back from the writer's store); a wait loop that does other work between looks (UCX's calls its progress) may read below it. Futex hand-off: the same bounce, but each side sleeps in FUTEX_WAIT on a shared word until the other stores and calls FUTEX_WAKE. memcpy: one process copies between two page-aligned private buffers, both written beforehand and one untimed copy first, about 64 MiB of copies per run, the median of 5 runs (the buffers are placed so that the destination is not a few bytes past a 4 KiB multiple from the source, where the CPU's 4 KiB aliasing slows the string copy twenty-fold). Cross-core copy: the process on core 1 writes the buffer in shared memory, the one on core 0 copies it into a page-aligned private buffer and hands it back; each copy is timed, the median taken. AF_XDP medium (root only): two network namespaces joined by a veth pair, an AF_XDP socket in each (the mode the xdp provider picks), 8-byte frames bounced between two threads on cores 0 and 1 with no protocol above them, one-way = round trip / 2, the floor under uvia's xdp provider between the same two test hosts. MB/s are 10^6 B/s; times from the TSC.";
+pub const HOW: &str = "How each limit is measured. Cache-line ping-pong: two processes on cores 0 and 1 bounce one 64-byte line (each spins on a load until the other's store), one-way = round trip / 2, the clock read once a round trip just after the store (while the line travels, as in uvia's ping-pong), several runs, p50 the median of their medians. With a line each way, each side writes its own line and watches the other's, as a message exchange does (uvia's rings, and every shared-memory messaging layer): the floor the shm ping-pong is compared with, about twice the single line's here (the reader of a line keeps taking it back from its writer). With uvia's wait between looks, a line each way again, each side storing to a slot of its own and loading it back after every look that finds nothing, as uvia's one-sided waits do: uvia's one-sided shared-memory path with no work of its own, below the tight spin's here (a tight spin's looks, already issued when the line comes back changed, are thrown away and issued again); a wait loop that does other work between looks may read below it. Futex hand-off: the same bounce, but each side sleeps in FUTEX_WAIT on a shared word until the other stores and calls FUTEX_WAKE. memcpy: one process copies between two page-aligned private buffers, both written beforehand and one untimed copy first, about 64 MiB of copies per run, the median of 5 runs (the buffers are placed so that the destination is not a few bytes past a 4 KiB multiple from the source, where the CPU's 4 KiB aliasing slows the string copy twenty-fold). Cross-core copy: the process on core 1 writes the buffer in shared memory, the one on core 0 copies it into a page-aligned private buffer and hands it back; each copy is timed, the median taken. AF_XDP medium (root only): two network namespaces joined by a veth pair, an AF_XDP socket in each (the mode the xdp provider picks), 8-byte frames bounced between two threads on cores 0 and 1 with no protocol above them, one-way = round trip / 2, the floor under uvia's xdp provider between the same two test hosts. MB/s are 10^6 B/s; times from the TSC.";
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct MinP50 {
@@ -476,11 +475,11 @@ pub struct LimitResult {
     /// exchange, which the shm ping-pong is compared with.
     #[serde(default)]
     pub cacheline_each_way_one_way_ns: MinP50,
-    /// A line each way, watched with a pause between looks
-    /// ([`Lines::EachWayPaused`]): an exchange whose waits pause, as
-    /// uvia's do.
-    #[serde(default)]
-    pub cacheline_paused_one_way_ns: MinP50,
+    /// A line each way, watched with uvia's wait between looks
+    /// ([`Lines::EachWayPaced`]). (Named `cacheline_paused_one_way_ns`
+    /// while that wait was a pause.)
+    #[serde(default, alias = "cacheline_paused_one_way_ns")]
+    pub cacheline_paced_one_way_ns: MinP50,
     pub futex_one_way_ns: P50,
     pub memcpy: Vec<SizeMbps>,
     pub cross_core_copy: Vec<SizeMbps>,
@@ -530,10 +529,10 @@ pub fn run_all(quick: bool) -> Result<LimitResult> {
             min,
         })
     };
-    let (one, each_way, paused) = (
+    let (one, each_way, paced) = (
         line(Lines::One)?,
         line(Lines::EachWay)?,
-        line(Lines::EachWayPaused)?,
+        line(Lines::EachWayPaced)?,
     );
     let fut = Stats::of(&futex_pingpong(if quick { 5_000 } else { 20_000 })?);
     let mut memcpy = Vec::new();
@@ -568,7 +567,7 @@ pub fn run_all(quick: bool) -> Result<LimitResult> {
         command: "limit".into(),
         cacheline_one_way_ns: one,
         cacheline_each_way_one_way_ns: each_way,
-        cacheline_paused_one_way_ns: paused,
+        cacheline_paced_one_way_ns: paced,
         futex_one_way_ns: P50 { p50: fut.p50 },
         memcpy,
         cross_core_copy: cross,

@@ -197,12 +197,12 @@ pub fn limit_rows(r: &LimitResult) -> Vec<Vec<String>> {
             fmt_ns(r.cacheline_each_way_one_way_ns.min),
         ],
         vec![
-            "cache-line ping-pong, a line each way, a pause between looks, one-way p50".into(),
-            fmt_ns(r.cacheline_paused_one_way_ns.p50),
+            "cache-line ping-pong, a line each way, uvia's wait between looks, one-way p50".into(),
+            fmt_ns(r.cacheline_paced_one_way_ns.p50),
         ],
         vec![
-            "cache-line ping-pong, a line each way, a pause between looks, one-way min".into(),
-            fmt_ns(r.cacheline_paused_one_way_ns.min),
+            "cache-line ping-pong, a line each way, uvia's wait between looks, one-way min".into(),
+            fmt_ns(r.cacheline_paced_one_way_ns.min),
         ],
         vec![
             "futex hand-off, one-way p50".into(),

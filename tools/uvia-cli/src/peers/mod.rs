@@ -124,11 +124,11 @@ pub struct PeersResult {
 }
 
 /// The one-way p50 of `uvia limit`'s cache-line ping-pong with a line each
-/// way and a pause between looks ([`crate::limit::Lines::EachWayPaused`]):
-/// what uvia's shared-memory path would read with no work of its own
-/// between a look that finds a message and the store of the answer (its
-/// waits pause as this one does). A peer whose wait loop differs may read
-/// below it.
+/// way watched with uvia's wait between looks
+/// ([`crate::limit::Lines::EachWayPaced`]): what uvia's one-sided
+/// shared-memory path would read with no work of its own between a look
+/// that finds a message and the store of the answer. A peer whose wait
+/// loop differs may read below it.
 #[derive(Serialize, Clone, Copy, Debug, PartialEq)]
 pub struct Bare {
     pub start_ns: f64,

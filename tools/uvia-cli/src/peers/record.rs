@@ -517,7 +517,7 @@ fn bare_now() -> Option<f64> {
     if std::thread::available_parallelism().map_or(true, |n| n.get() < 2) {
         return None;
     }
-    crate::limit::cacheline(BARE_ROUNDS, crate::limit::Lines::EachWayPaused)
+    crate::limit::cacheline(BARE_ROUNDS, crate::limit::Lines::EachWayPaced)
         .ok()
         .filter(|v| !v.is_empty())
         .map(|v| median(&v))

@@ -221,8 +221,8 @@ pub fn render(res: &PeersResult) -> (String, String) {
         let lines = against_bare(&res.comparisons, f);
         let head = format!(
             "The bare exchange on these cores: {:.0} ns one way at the run's start, {:.0} at \
-             its end (`uvia limit`'s cache-line ping-pong, a line each way and a pause between \
-             looks as uvia's waits make: uvia's shared-memory path with no work of its own; a \
+             its end (`uvia limit`'s cache-line ping-pong, a line each way watched with uvia's \
+             wait between looks: uvia's one-sided shared-memory path with no work of its own; a \
              peer whose wait loop differs may read below it). At 8 B, against the lower \
              reading:",
             f.start_ns, f.end_ns
