@@ -9,6 +9,7 @@
 
 pub mod cma;
 pub mod doorbell;
+pub mod prefetch;
 pub mod ring;
 pub mod segment;
 pub mod socket;

@@ -538,48 +538,6 @@ impl Pieces for [&[u8]] {
     }
 }
 
-/// Whether this CPU has `prefetchw` (CPUID leaf 0x8000_0001, ECX bit 8),
-/// asked once. The standard library's feature detection does not name it,
-/// and on a CPU without it the instruction is not defined.
-fn has_prefetchw() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::__cpuid;
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        // The extended leaf is read only where the highest one reported
-        // covers it.
-        *HAS.get_or_init(|| {
-            __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Asks for the cache line at `at` in the state a store needs, where the
-/// CPU can (`has`, from [`has_prefetchw`]). The compiler's prefetch
-/// intrinsic falls back to a read prefetch unless the whole build targets
-/// a CPU with the instruction, hence the assembly.
-#[inline(always)]
-fn prefetch_for_store(at: *const u8, has: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if has {
-        // SAFETY: a prefetch reads no memory the program sees and never
-        // faults, whatever the address; `has` says the CPU defines it.
-        unsafe {
-            std::arch::asm!(
-                "prefetchw [{}]",
-                in(reg) at,
-                options(nostack, preserves_flags, readonly)
-            );
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, has);
-}
-
 /// Writes the 16 bytes of `src` (one piece, or two of 8) to `dst` with
 /// one store, where the CPU has 16-byte registers. A small one-sided write
 /// is often a message and its flag word (8 and 8 bytes) that the target
@@ -709,7 +667,7 @@ impl ShmConn {
             grant_epoch: 0,
             granted_any: false,
             light: false,
-            prefetchw: has_prefetchw(),
+            prefetchw: uvia_shm::prefetch::has_prefetchw(),
             side,
             blocks: Blocks {
                 mine: NonNull::from(block_in(&seg, side)),
@@ -942,7 +900,7 @@ impl ShmConn {
                 .seg
                 .as_ptr()
                 .wrapping_add(raddr.wrapping_sub(w.base) as usize);
-            prefetch_for_store(at, self.prefetchw);
+            uvia_shm::prefetch::for_store(at, self.prefetchw);
         }
     }
 
