@@ -93,7 +93,9 @@ pub(super) fn difference(c: &Comparison) -> Option<&'static str> {
             "UCT's short put is a copy into the peer's mapped memory with no checks; \
              uvia's write by copy checks, under the VI's lock, that the VI is connected, \
              nothing is queued ahead of it and the peer's grant of the window stands \
-             (about 120 instructions on the reply's path)",
+             (about 80 instructions, the target's line asked for before them); both sit \
+             near the bare exchange below, where a step of the clock either way is often \
+             the host's",
         ),
         _ => None,
     }
