@@ -490,10 +490,11 @@ impl Endpoint for ViaEndpoint {
                     if let Some(d) = self.s.vi.recv_done() {
                         break d;
                     }
-                    // A pause between empty looks, as the one-sided
-                    // watcher makes: on shm a look every few cycles keeps
-                    // taking the ring's line back from the sender's store
-                    // (8 B one way 80-85 ns without it, 75-80 with it).
+                    // A pause between empty looks: on shm a look every
+                    // few cycles keeps taking the ring's line back from
+                    // the sender's store (8 B one way 80-85 ns without it,
+                    // 75-80 with it). A look here is a whole call, and
+                    // `uvia::between_looks` measured no different.
                     std::hint::spin_loop();
                     spins = spins.wrapping_add(1);
                     if spins.is_multiple_of(DRIVE_OTHER_EVERY) {
