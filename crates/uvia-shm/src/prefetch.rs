@@ -46,3 +46,37 @@ pub fn for_store(at: *const u8, has: bool) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (at, has);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CPUID bit read is the one the kernel reports as
+    /// `3dnowprefetch` (AMD's name, Intel's PRFCHW).
+    #[test]
+    fn prefetchw_is_found_as_the_kernel_reports_it() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            eprintln!("skipped: no /proc/cpuinfo");
+            return;
+        };
+        let Some(flags) = info.lines().find(|l| l.starts_with("flags")) else {
+            eprintln!("skipped: /proc/cpuinfo lists no flags");
+            return;
+        };
+        let listed = flags.split_whitespace().any(|f| f == "3dnowprefetch");
+        assert_eq!(has_prefetchw(), cfg!(target_arch = "x86_64") && listed);
+    }
+
+    /// A request for a line the program could not store to (no mapping
+    /// there, or none readable) is a hint the CPU drops, never a fault.
+    #[test]
+    fn a_request_for_a_wild_address_does_not_fault() {
+        let has = has_prefetchw();
+        for at in [0usize, 8, 0xdead_beef_000, usize::MAX - 63] {
+            for_store(at as *const u8, has);
+        }
+        let line = [0u8; 64];
+        for_store(line.as_ptr(), has);
+        assert_eq!(line, [0u8; 64]);
+    }
+}
