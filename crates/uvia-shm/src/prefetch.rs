@@ -72,7 +72,7 @@ mod tests {
     #[test]
     fn a_request_for_a_wild_address_does_not_fault() {
         let has = has_prefetchw();
-        for at in [0usize, 8, 0xdead_beef_000, usize::MAX - 63] {
+        for at in [0usize, 8, 0x0dea_dbee_f000, usize::MAX - 63] {
             for_store(at as *const u8, has);
         }
         let line = [0u8; 64];
