@@ -95,6 +95,33 @@ pub(crate) fn rounds_by_calls<E: Endpoint + ?Sized>(
     client: bool,
     mark: &mut dyn FnMut(),
 ) -> Result<()> {
+    rounds_with(
+        ep,
+        size,
+        n,
+        client,
+        mark,
+        |_| (),
+        |ep| ep.recv(),
+        |ep, ()| ep.send(size),
+    )
+}
+
+/// The shape of [`Endpoint::rounds`]: each round `prepare` makes what the
+/// answer needs before its message comes, `recv` waits for the message and
+/// `answer` sends the reply (the client's first message is a plain send).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn rounds_with<E: Endpoint + ?Sized, T>(
+    ep: &mut E,
+    size: usize,
+    n: usize,
+    client: bool,
+    mark: &mut dyn FnMut(),
+    prepare: impl Fn(&E) -> T,
+    recv: impl Fn(&mut E) -> Result<usize>,
+    answer: impl Fn(&mut E, T) -> Result<()>,
+) -> Result<()> {
     // The client's checkpoint before each send opens the stretch `uvia
     // anatomy` charges to its loop (`AppClock` to `AppSend`).
     if client {
@@ -103,12 +130,13 @@ pub(crate) fn rounds_by_calls<E: Endpoint + ?Sized>(
         mark();
     }
     for i in 0..n {
-        expect_len(ep.recv()?, size)?;
+        let ready = prepare(ep);
+        expect_len(recv(ep)?, size)?;
         if !client || i + 1 < n {
             if client {
                 uvia_trace::mark!(AppClock);
             }
-            ep.send(size)?;
+            answer(ep, ready)?;
         }
         if client {
             mark();

@@ -2,7 +2,7 @@
 //! receive buffers, receives kept posted ahead, descriptors reused (no
 //! allocation in the measured loop).
 
-use super::{expect_len, Endpoint, EndpointConfig, Listener, Mode};
+use super::{Endpoint, EndpointConfig, Listener, Mode};
 use crate::sock::{SpinDeadline, IO_TIMEOUT};
 use anyhow::{anyhow, bail, Context, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -364,32 +364,32 @@ impl Endpoint for ViaEndpoint {
             return self.send(size);
         }
         let remote = self.s.landing(peer, size);
-        if client {
-            self.send(size)?;
-            mark();
-        }
-        for i in 0..n {
-            let number = self.sent.wrapping_add(1);
-            let flag = flag_word(number, size);
-            expect_len(self.recv_watching()?, size)?;
-            if !client || i + 1 < n {
-                let msg = &self.s.send.as_slice()[..size];
-                if self
+        super::rounds_with(
+            self,
+            size,
+            n,
+            client,
+            mark,
+            |ep| {
+                let number = ep.sent.wrapping_add(1);
+                (number, flag_word(number, size))
+            },
+            |ep| ep.recv_watching(),
+            |ep, (number, flag)| {
+                let msg = &ep.s.send.as_slice()[..size];
+                if ep
                     .s
                     .vi
                     .write_copy(&[msg, &flag], remote)
                     .map_err(|e| anyhow!("RDMA write by copy: {e}"))?
                 {
-                    self.sent = number;
+                    ep.sent = number;
+                    Ok(())
                 } else {
-                    self.send(size)?;
+                    ep.send(size)
                 }
-            }
-            if client {
-                mark();
-            }
-        }
-        Ok(())
+            },
+        )
     }
 
     fn send_buf(&mut self) -> &mut [u8] {
